@@ -1,0 +1,48 @@
+r"""meanfield: the smoothness of self-attention, on sequences and on measures.
+
+Notation (THEORY.md §1.5; code names follow it):
+
+====================  ===========================================================================
+symbol (code)         meaning
+====================  ===========================================================================
+``A`` (d, d)          score matrix, :math:`\mathrm{score}(x_i, x_j) = x_i^\top A x_j` (query i, key j)
+``V`` (d_v, d)        value matrix; one head maps :math:`f(X)_i = \sum_j P_{ij} V x_j`
+``P``                 row-stochastic attention matrix (``P^m`` when causal)
+``mu``                weighted Dirac measure :math:`\sum_j a_j\delta_{x_j}` (:class:`DiracMeasure`)
+``a``                 masses (weights) of the atoms, on the simplex
+``Gamma_mu``          transport map :math:`\Gamma_\mu(x)=\sum_j\mathrm{softmax}_j(x^\top Ax_j+\log a_j)Vx_j`
+``F``                 mean-field attention :math:`F(\mu) = (\Gamma_\mu)_\#\mu`
+``W_2``               2-Wasserstein distance; ``W_c`` its position-preserving (conditional) version
+``R``                 radius of the ball containing the tokens (maximum token norm)
+``n``, ``d``          number of tokens (atoms), model width
+``H``, ``k``          number of heads, head width
+====================  ===========================================================================
+
+Tensors in, tensors out; dtype and device follow the inputs; float64 is the reference precision.
+"""
+
+from .attention import (
+    attention,
+    attention_map,
+    attention_points,
+    attention_weights,
+    l2_self_attention,
+    self_attention,
+)
+from .measures import DiracMeasure
+from .params import AttentionParams, L2AttentionParams, MultiHeadParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionParams",
+    "DiracMeasure",
+    "L2AttentionParams",
+    "MultiHeadParams",
+    "attention",
+    "attention_map",
+    "attention_points",
+    "attention_weights",
+    "l2_self_attention",
+    "self_attention",
+]

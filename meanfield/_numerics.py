@@ -1,0 +1,121 @@
+"""Log-domain helpers shared by attention, Jacobians and estimators.
+
+Attention weights are always formed as ``softmax(logits)`` with
+``logits[i, j] = score(x_i, x_j) + log a_j`` and masked entries set to ``-inf``
+(THEORY.md §1.4, §2.4). Nothing here exponentiates a raw score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "as_float_tensor",
+    "causal_mask",
+    "check_finite",
+    "iter_chunks",
+    "masked_softmax",
+    "safe_log",
+]
+
+
+def as_float_tensor(
+    x: object,
+    name: str,
+    *,
+    like: Tensor | None = None,
+) -> Tensor:
+    """Convert ``x`` to a floating tensor without changing a floating dtype.
+
+    Integer and boolean inputs become ``torch.get_default_dtype()`` (or the dtype of ``like``).
+    When ``like`` is given, the result is moved to its dtype and device; a tensor already on
+    another device is an error rather than a silent copy.
+    """
+    if isinstance(x, Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{name} must be a tensor or array-like, got {type(x).__name__}") from err
+    if like is not None:
+        if t.device != like.device and isinstance(x, Tensor):
+            raise ValueError(f"{name} is on {t.device} but the points are on {like.device}")
+        return t.to(dtype=like.dtype, device=like.device)
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.to(torch.get_default_dtype())
+    if t.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {t.dtype}")
+    return t
+
+
+def check_finite(t: Tensor, name: str) -> None:
+    """Raise a one-line ``ValueError`` if ``t`` holds NaN or infinite entries."""
+    if not bool(torch.isfinite(t).all()):
+        bad = "NaN" if bool(torch.isnan(t).any()) else "infinite"
+        raise ValueError(f"{name} contains {bad} values")
+
+
+def safe_log(w: Tensor) -> Tensor:
+    """Elementwise ``log`` with ``log 0 = -inf`` and no warning (weights are ``>= 0``)."""
+    return torch.where(w > 0, torch.log(torch.where(w > 0, w, torch.ones_like(w))), -torch.inf)
+
+
+def causal_mask(query_positions: Tensor, key_positions: Tensor) -> Tensor:
+    """Boolean mask ``allowed[..., i, j] = key_position[j] <= query_position[i]``.
+
+    Parameters
+    ----------
+    query_positions : Tensor, shape (..., n_q)
+    key_positions : Tensor, shape (..., n_k)
+
+    Returns
+    -------
+    Tensor of bool, shape (..., n_q, n_k)
+        ``True`` where query ``i`` may attend to key ``j`` (THEORY.md §3.3: ``t' <= t``,
+        so a token always sees itself and every token at the same position).
+    """
+    return key_positions.unsqueeze(-2) <= query_positions.unsqueeze(-1)
+
+
+def masked_softmax(logits: Tensor, allowed: Tensor | None = None, *, dim: int = -1) -> Tensor:
+    """Softmax of ``logits`` along ``dim`` with disallowed entries at ``-inf``.
+
+    Rows in which every entry is ``-inf`` (every key masked, or every key of zero mass) have no
+    attention distribution. The policy is to raise: such a row is always a caller error here,
+    because causal rows contain their own token and measures have positive total mass.
+    """
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, -torch.inf)
+    row_max = logits.amax(dim=dim, keepdim=True)
+    if not bool(torch.isfinite(row_max).all()):
+        if bool(torch.isnan(row_max).any()):
+            raise ValueError("attention logits contain NaN")
+        if bool((row_max == torch.inf).any()):
+            raise ValueError("attention logits overflowed to +inf; inputs are too large for this dtype")
+        raise ValueError(
+            "an attention row has no admissible key (all keys masked or of zero mass)"
+        )
+    return torch.softmax(logits, dim=dim)
+
+
+def iter_chunks(n: int, chunk_size: int | None) -> Iterator[slice]:
+    """Slices covering ``range(n)`` in blocks of ``chunk_size`` (one block when ``None``)."""
+    if chunk_size is None or chunk_size >= n:
+        yield slice(0, n)
+        return
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    for start in range(0, n, chunk_size):
+        yield slice(start, min(start + chunk_size, n))
+
+
+def chunked_over_queries(
+    fn: Callable[[slice], Tensor], n_queries: int, chunk_size: int | None, *, dim: int = -2
+) -> Tensor:
+    """Evaluate ``fn`` on blocks of query indices and concatenate along ``dim``."""
+    parts = [fn(sl) for sl in iter_chunks(n_queries, chunk_size)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)

@@ -1,0 +1,322 @@
+r"""Self-attention on sequences and mean-field attention on measures, in the log domain.
+
+For one head with score matrix :math:`A`, value matrix :math:`V` (THEORY.md §2.1, §3.1):
+
+.. math::
+    \Gamma_\mu(x) = \sum_j \mathrm{softmax}_j\big(x^\top A x_j + c^\top x_j + \log a_j\big)\,(Vx_j + b),
+    \qquad F(\mu) = (\Gamma_\mu)_\#\mu,\qquad f(X)_i = \Gamma_{\mathrm m(X)}(x_i).
+
+Masked (causal) attention restricts query :math:`i` to keys :math:`j\le i` on sequences and to keys
+at positions :math:`t_j\le t_i` on position-tagged measures (THEORY.md §2.4, §3.3). Logits are
+formed as scores plus log-weights and normalised by ``logsumexp``; masked keys get ``-inf``.
+Raw scores are never exponentiated, so inputs of radius 100 give finite outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._numerics import as_float_tensor, causal_mask, check_finite, iter_chunks, masked_softmax
+from .measures import DiracMeasure
+from .params import AttentionParams, L2AttentionParams, MultiHeadParams
+
+__all__ = [
+    "attention",
+    "attention_map",
+    "attention_points",
+    "attention_weights",
+    "l2_self_attention",
+    "self_attention",
+]
+
+Params = AttentionParams | MultiHeadParams
+
+
+def _check_points(X: Tensor, d: int, name: str = "X") -> Tensor:
+    X = as_float_tensor(X, name)
+    if X.ndim < 2:
+        raise ValueError(f"{name} must have shape (..., n, d), got {tuple(X.shape)}")
+    if X.shape[-1] != d:
+        raise ValueError(f"{name} has dimension {X.shape[-1]} but the parameters expect d = {d}")
+    check_finite(X, name)
+    return X
+
+
+def head_logits(Xq: Tensor, Xk: Tensor, head: AttentionParams, log_weights: Tensor | None = None) -> Tensor:
+    r"""Logits :math:`x_i^\top A x_j + c^\top x_j + \log a_j`, shape (..., n_q, n_k).
+
+    Uses the factorisation :math:`A = Q^\top K` when the head carries one.
+    """
+    if head.Q is not None:
+        logits = (Xq @ head.Q.mT) @ (Xk @ head.K.mT).mT
+    else:
+        logits = (Xq @ head.A) @ Xk.mT
+    if head.c is not None:
+        logits = logits + (Xk @ head.c).unsqueeze(-2)
+    if log_weights is not None:
+        logits = logits + log_weights.unsqueeze(-2)
+    return logits
+
+
+def _allowed(
+    masked: bool,
+    n_q: int,
+    n_k: int,
+    positions: Tensor | None,
+    query_positions: Tensor | None,
+    device: torch.device,
+) -> Tensor | None:
+    """Boolean admissibility mask (..., n_q, n_k), or ``None`` when unmasked."""
+    if not masked:
+        return None
+    if positions is None:
+        if query_positions is not None:
+            raise ValueError("query_positions were given but the keys have no positions")
+        if n_q != n_k:
+            raise ValueError("masked attention at arbitrary queries needs positions for keys and queries")
+        return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
+    if query_positions is None:
+        if n_q != n_k:
+            raise ValueError("masked attention at arbitrary queries needs query_positions")
+        query_positions = positions
+    return causal_mask(query_positions, positions)
+
+
+def attention_points(
+    X: Tensor,
+    params: Params,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+    positions: Tensor | None = None,
+    queries: Tensor | None = None,
+    query_positions: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    r"""The differentiable kernel behind every attention map: plain tensors in, tensor out.
+
+    Returns :math:`\Gamma_\mu(q)` for the atoms ``X`` with log-masses ``log_weights`` at the
+    query points ``queries`` (default: the atoms themselves), for one head or a multi-head layer.
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, d)
+        Keys (atoms).
+    params : AttentionParams or MultiHeadParams
+    log_weights : Tensor, shape (..., n), optional
+        :math:`\log a_j`; uniform weights when omitted (they cancel in the softmax).
+    masked : bool, default False
+        Causal attention. Without ``positions`` query ``i`` sees keys ``j <= i`` (sequences);
+        with ``positions`` it sees keys with ``positions[j] <= query_positions[i]``.
+    positions : Tensor, shape (..., n), optional
+        Positions of the keys (position-tagged measures).
+    queries : Tensor, shape (..., m, d), optional
+        Query points; default ``X``.
+    query_positions : Tensor, shape (..., m), optional
+        Positions of the queries; default ``positions``.
+    chunk_size : int, optional
+        Process queries in blocks of this size, so at most ``chunk_size x n`` logits are held per
+        head; the result equals the unchunked one.
+
+    Returns
+    -------
+    Tensor, shape (..., m, d_out)
+    """
+    heads = params.heads
+    X = _check_points(X, heads[0].d)
+    Xq = X if queries is None else _check_points(queries, heads[0].d, "queries")
+    Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
+    allowed = _allowed(masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device)
+
+    def block(sl: slice) -> Tensor:
+        q = Xq[..., sl, :]
+        mask = None if allowed is None else allowed[..., sl, :]
+        outs = []
+        for h, vals in zip(heads, Xk_vals):
+            P = masked_softmax(head_logits(q, X, h, log_weights), mask)
+            out = P @ vals
+            outs.append(out if h.b is None else out + h.b)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        if isinstance(params, MultiHeadParams) and params.W_O is not None:
+            out = out @ params.W_O.mT
+            if params.b_O is not None:
+                out = out + params.b_O
+        return out
+
+    parts = [block(sl) for sl in iter_chunks(Xq.shape[-2], chunk_size)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+
+def self_attention(
+    X: Tensor, params: Params, *, masked: bool = False, chunk_size: int | None = None
+) -> Tensor:
+    r"""The sequence map :math:`f(X)` (or the causal :math:`f^m(X)`), THEORY.md §2.1–§2.4.
+
+    .. math:: f(X)_i = \sum_j P_{ij}Vx_j,\qquad
+              P_{ij} = \frac{\exp(x_i^\top Ax_j)}{\sum_l\exp(x_i^\top Ax_l)}\quad(l\le i\text{ if masked}),
+
+    with biases and the output projection of ``params`` when present.
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, d)
+        Tokens, one per row; leading dimensions are a batch.
+    params : AttentionParams or MultiHeadParams
+    masked : bool, default False
+        Causal mask: token ``i`` attends to tokens ``j <= i``.
+    chunk_size : int, optional
+        Query block size (see :func:`attention_points`).
+
+    Returns
+    -------
+    Tensor, shape (..., n, d_out)
+    """
+    return attention_points(X, params, masked=masked, chunk_size=chunk_size)
+
+
+def attention(
+    mu: DiracMeasure, params: Params, *, masked: bool = False, chunk_size: int | None = None
+) -> DiracMeasure:
+    r"""The mean-field map :math:`F(\mu) = (\Gamma_\mu)_\#\mu` (THEORY.md §3.1, §3.3).
+
+    Output atoms keep their masses and positions. With ``masked=True`` the measure must be
+    position-tagged, and the atom at position :math:`t` attends to the atoms at positions
+    :math:`t' \le t` (masked mean-field attention :math:`F^m`).
+
+    Parameters
+    ----------
+    mu : DiracMeasure
+        Input measure, possibly batched.
+    params : AttentionParams or MultiHeadParams
+    masked : bool, default False
+    chunk_size : int, optional
+        Query block size (see :func:`attention_points`).
+
+    Returns
+    -------
+    DiracMeasure
+        :math:`F(\mu)`, with the same weights and positions as ``mu``.
+    """
+    if masked and mu.positions is None:
+        raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
+    Y = attention_points(
+        mu.points,
+        params,
+        log_weights=mu.log_weights,
+        masked=masked,
+        positions=mu.positions,
+        chunk_size=chunk_size,
+    )
+    return DiracMeasure(Y, mu.weights, mu.positions, normalize=True)
+
+
+def attention_map(
+    mu: DiracMeasure,
+    params: Params,
+    queries: Tensor | None = None,
+    *,
+    masked: bool = False,
+    query_positions: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    r"""The transport map :math:`\Gamma_\mu` evaluated at arbitrary query points.
+
+    Parameters
+    ----------
+    mu : DiracMeasure
+    params : AttentionParams or MultiHeadParams
+    queries : Tensor, shape (..., m, d), optional
+        Query points :math:`x`; default the atoms of ``mu``.
+    masked : bool, default False
+        Masked mean-field kernel :math:`\Gamma^m_\mu(t, x)`; needs ``mu.positions`` and, for
+        arbitrary queries, ``query_positions``.
+    query_positions : Tensor, shape (..., m), optional
+    chunk_size : int, optional
+
+    Returns
+    -------
+    Tensor, shape (..., m, d_out)
+    """
+    if masked and mu.positions is None:
+        raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
+    if query_positions is not None:
+        query_positions = as_float_tensor(query_positions, "query_positions", like=mu.points)
+    return attention_points(
+        mu.points,
+        params,
+        log_weights=mu.log_weights,
+        masked=masked,
+        positions=mu.positions,
+        queries=queries,
+        query_positions=query_positions,
+        chunk_size=chunk_size,
+    )
+
+
+def attention_weights(
+    X: Tensor,
+    params: Params,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+    positions: Tensor | None = None,
+) -> Tensor:
+    r"""Attention matrices :math:`P` (row-stochastic), one per head.
+
+    Returns
+    -------
+    Tensor
+        Shape (..., n, n) for an :class:`AttentionParams`, (..., H, n, n) for a
+        :class:`MultiHeadParams`.
+    """
+    heads = params.heads
+    X = _check_points(X, heads[0].d)
+    allowed = _allowed(masked, X.shape[-2], X.shape[-2], positions, None, X.device)
+    Ps = [masked_softmax(head_logits(X, X, h, log_weights), allowed) for h in heads]
+    return Ps[0] if isinstance(params, AttentionParams) else torch.stack(Ps, dim=-3)
+
+
+def l2_self_attention(
+    X: Tensor,
+    params: L2AttentionParams,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+) -> Tensor:
+    r"""L2 multi-head self-attention of Kim et al. (2021), THEORY.md §10.2 (row convention).
+
+    .. math::
+        \text{logit}^h_{ij} = -\frac{\|(x_i-x_j)^\top W^{Q,h}\|^2}{\sqrt{D/H}} + \log a_j,\qquad
+        F(X) = \big[P^1XA_1W^{V,1},\dots,P^HXA_HW^{V,H}\big]W^O .
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, D)
+    params : L2AttentionParams
+    log_weights : Tensor, shape (..., n), optional
+        Log-masses of weighted atoms (uniform when omitted).
+    masked : bool, default False
+        Causal variant (not in Kim et al.; provided for comparison).
+
+    Returns
+    -------
+    Tensor, shape (..., n, D_out)
+    """
+    X = _check_points(X, params.D)
+    s = params.scale()
+    allowed = _allowed(masked, X.shape[-2], X.shape[-2], None, None, X.device)
+    outs = []
+    for h in range(params.n_heads):
+        WQ = params.W_Q[h]  # (D, D/H)
+        Z = X @ WQ  # (..., n, D/H)
+        # ||z_i - z_j||^2 from differences (no cancellation; the diagonal is exactly 0).
+        dist2 = (Z.unsqueeze(-2) - Z.unsqueeze(-3)).square().sum(-1)
+        logits = -dist2 / s
+        if log_weights is not None:
+            logits = logits + log_weights.unsqueeze(-2)
+        P = masked_softmax(logits, allowed)
+        A_h = WQ @ WQ.mT / s  # (D, D)
+        outs.append(P @ (X @ A_h) @ params.W_V[h])
+    out = torch.cat(outs, dim=-1)
+    return out if params.W_O is None else out @ params.W_O

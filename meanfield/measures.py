@@ -1,0 +1,299 @@
+r"""Weighted Dirac measures, the inputs of mean-field attention.
+
+A measure :math:`\mu = \sum_j a_j \delta_{x_j}` is stored as ``points`` (..., n, d) and
+``weights`` (..., n) on the probability simplex (THEORY.md §1.4). A causal (position-tagged)
+measure also carries ``positions`` (..., n) in [0, 1] and lives on :math:`[0, 1]\times\mathbb R^d`
+(THEORY.md §3.3). Leading dimensions are a batch of measures with the same number of atoms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
+
+import torch
+from torch import Tensor
+
+from ._numerics import as_float_tensor, check_finite, safe_log
+
+__all__ = ["DiracMeasure"]
+
+
+def _sum_tolerance(n: int, dtype: torch.dtype) -> float:
+    """Tolerance on ``|sum(a) - 1|``: a few rounding errors per summand."""
+    return 8.0 * max(n, 16) * torch.finfo(dtype).eps
+
+
+@dataclass(frozen=True, eq=False)
+class DiracMeasure:
+    r"""A (batch of) weighted atomic probability measure(s) :math:`\sum_j a_j\delta_{x_j}`.
+
+    Parameters
+    ----------
+    points : Tensor, shape (..., n, d)
+        Atom locations :math:`x_j`. Integer inputs are converted to the default float dtype.
+    weights : Tensor, shape (..., n), optional
+        Masses :math:`a_j \ge 0` summing to 1 along the last axis. Default: uniform ``1/n``.
+        Cast to the dtype of ``points``.
+    positions : Tensor, shape (..., n), optional
+        Positions :math:`t_j \in [0, 1]` of a causal measure (THEORY.md §3.3). ``None`` for an
+        ordinary (unmasked) measure.
+    normalize : bool, default False
+        Divide ``weights`` by their sum instead of rejecting weights that do not sum to 1.
+
+    Raises
+    ------
+    ValueError
+        On wrong shapes, non-finite values, negative weights, weights that do not sum to 1
+        (unless ``normalize=True``), or positions outside [0, 1]. Each message is one line.
+
+    Notes
+    -----
+    Masses enter attention only as log-weights, so an atom duplicated ``k`` times equals one atom
+    of ``k`` times the mass (see :meth:`split` and :meth:`merge`). Zero masses are allowed and
+    behave as absent atoms (log-weight ``-inf``).
+    """
+
+    points: Tensor
+    weights: Tensor = None  # type: ignore[assignment]
+    positions: Tensor | None = None
+    normalize: InitVar[bool] = False
+    _log_weights: Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self, normalize: bool) -> None:
+        points = as_float_tensor(self.points, "points")
+        if points.ndim < 2:
+            raise ValueError(f"points must have shape (..., n, d), got {tuple(points.shape)}")
+        n, d = points.shape[-2], points.shape[-1]
+        if n < 1 or d < 1:
+            raise ValueError(f"a measure needs at least one atom in dimension >= 1, got n={n}, d={d}")
+        check_finite(points, "points")
+
+        if self.weights is None:
+            weights = torch.full(points.shape[:-1], 1.0 / n, dtype=points.dtype, device=points.device)
+        else:
+            weights = as_float_tensor(self.weights, "weights", like=points)
+            if weights.shape != points.shape[:-1]:
+                raise ValueError(
+                    f"weights must have shape {tuple(points.shape[:-1])} to match points "
+                    f"{tuple(points.shape)}, got {tuple(weights.shape)}"
+                )
+            check_finite(weights, "weights")
+            if bool((weights < 0).any()):
+                raise ValueError(f"weights must be non-negative, got a minimum of {weights.min().item():.3g}")
+            total = weights.sum(-1)
+            if normalize:
+                if bool((total <= 0).any()):
+                    raise ValueError("weights sum to zero and cannot be normalized")
+                weights = weights / total.unsqueeze(-1)
+            else:
+                err = (total - 1).abs().max().item()
+                if err > _sum_tolerance(n, points.dtype):
+                    raise ValueError(
+                        f"weights must sum to 1 (off by {err:.3g}); pass normalize=True to rescale them"
+                    )
+
+        positions = self.positions
+        if positions is not None:
+            positions = as_float_tensor(positions, "positions", like=points)
+            if positions.shape != points.shape[:-1]:
+                raise ValueError(
+                    f"positions must have shape {tuple(points.shape[:-1])} to match points "
+                    f"{tuple(points.shape)}, got {tuple(positions.shape)}"
+                )
+            check_finite(positions, "positions")
+            if bool(((positions < 0) | (positions > 1)).any()):
+                raise ValueError("positions must lie in [0, 1]")
+
+        object.__setattr__(self, "points", points)
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "_log_weights", safe_log(weights))
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_sequence(cls, X: Tensor, *, causal: bool = False) -> DiracMeasure:
+        r"""The empirical measure :math:`\mathrm m(X) = \frac1n\sum_i\delta_{x_i}` of a sequence.
+
+        Parameters
+        ----------
+        X : Tensor, shape (..., n, d)
+        causal : bool, default False
+            Tag token ``i`` (1-based) with position ``i/n`` (THEORY.md §3.3), so that masked
+            mean-field attention reproduces causal self-attention.
+        """
+        X = as_float_tensor(X, "X")
+        if X.ndim < 2:
+            raise ValueError(f"X must have shape (..., n, d), got {tuple(X.shape)}")
+        positions = None
+        if causal:
+            n = X.shape[-2]
+            positions = torch.arange(1, n + 1, dtype=X.dtype, device=X.device) / n
+            positions = positions.expand(X.shape[:-1])
+        return cls(X, positions=positions)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n(self) -> int:
+        """Number of atoms."""
+        return self.points.shape[-2]
+
+    @property
+    def d(self) -> int:
+        """Ambient dimension."""
+        return self.points.shape[-1]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Leading (batch) dimensions."""
+        return self.points.shape[:-2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of points and weights."""
+        return self.points.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of points and weights."""
+        return self.points.device
+
+    @property
+    def log_weights(self) -> Tensor:
+        r"""Log-masses :math:`\log a_j` (``-inf`` for zero masses), shape (..., n)."""
+        return self._log_weights
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether the measure is position-tagged."""
+        return self.positions is not None
+
+    def radius(self) -> Tensor:
+        r"""Support radius :math:`\max_{j: a_j>0}\|x_j\|`, shape (...)."""
+        norms = torch.linalg.vector_norm(self.points, dim=-1)
+        return torch.where(self.weights > 0, norms, torch.zeros_like(norms)).amax(-1)
+
+    def rms_radius(self) -> Tensor:
+        r"""Root mean square norm :math:`(\sum_j a_j\|x_j\|^2)^{1/2}`, shape (...).
+
+        For uniform weights this is the experiments' "mean radius" (EXPERIMENTS.md §1.3).
+        """
+        return (self.weights * self.points.square().sum(-1)).sum(-1).sqrt()
+
+    def mean(self) -> Tensor:
+        r"""Barycentre :math:`\sum_j a_j x_j`, shape (..., d)."""
+        return (self.weights.unsqueeze(-1) * self.points).sum(-2)
+
+    # ------------------------------------------------------------------ operations
+    def _require_unbatched(self, what: str) -> None:
+        if self.points.ndim != 2:
+            raise ValueError(f"{what} needs a single measure, got batch shape {tuple(self.batch_shape)}")
+
+    def split(self, i: int, k: int, *, fractions: Tensor | None = None) -> DiracMeasure:
+        """Duplicate atom ``i`` into ``k`` coincident copies (the same measure).
+
+        The copies replace atom ``i`` at indices ``i, ..., i+k-1`` and keep its position, so in a
+        causal measure they see each other (THEORY.md §3.3).
+
+        Parameters
+        ----------
+        i : int
+            Index of the atom to split (negative indices count from the end).
+        k : int
+            Number of copies, ``k >= 1``.
+        fractions : Tensor, shape (k,), optional
+            Shares of the atom's mass for each copy, non-negative and summing to 1.
+            Default: equal shares ``1/k``.
+        """
+        self._require_unbatched("split")
+        n = self.n
+        if not -n <= i < n:
+            raise IndexError(f"atom index {i} out of range for a measure with {n} atoms")
+        i %= n
+        if k < 1:
+            raise ValueError(f"k must be a positive integer, got {k}")
+        if fractions is None:
+            shares = torch.full((k,), 1.0 / k, dtype=self.dtype, device=self.device)
+        else:
+            shares = as_float_tensor(fractions, "fractions", like=self.points)
+            if shares.shape != (k,):
+                raise ValueError(f"fractions must have shape ({k},), got {tuple(shares.shape)}")
+            check_finite(shares, "fractions")
+            if bool((shares < 0).any()) or abs(shares.sum().item() - 1) > _sum_tolerance(k, self.dtype):
+                raise ValueError("fractions must be non-negative and sum to 1")
+        reps = torch.ones(n, dtype=torch.long, device=self.device)
+        reps[i] = k
+        idx = torch.repeat_interleave(torch.arange(n, device=self.device), reps)
+        weights = self.weights[idx].clone()
+        weights[i : i + k] = self.weights[i] * shares
+        positions = None if self.positions is None else self.positions[idx]
+        return DiracMeasure(self.points[idx], weights, positions, normalize=True)
+
+    def merge(self, *, atol: float = 0.0) -> DiracMeasure:
+        """Merge coincident atoms (and equal positions) into one, summing their masses.
+
+        Atoms within ``atol`` (max-norm over coordinates and position) of the first atom of a
+        group are merged into it; the merged atom keeps the first atom's location. Groups are
+        returned in order of first occurrence. Zero-mass atoms are kept.
+        """
+        self._require_unbatched("merge")
+        keys = self.points if self.positions is None else torch.cat(
+            [self.points, self.positions.unsqueeze(-1)], dim=-1
+        )
+        n = self.n
+        group = torch.full((n,), -1, dtype=torch.long)
+        reps: list[int] = []
+        keys_cpu = keys.detach().cpu()
+        for j in range(n):
+            if group[j] >= 0:
+                continue
+            g = len(reps)
+            reps.append(j)
+            close = (keys_cpu - keys_cpu[j]).abs().amax(-1) <= atol
+            close &= group < 0
+            group[close] = g
+        group = group.to(self.device)
+        rep_idx = torch.tensor(reps, dtype=torch.long, device=self.device)
+        weights = torch.zeros(len(reps), dtype=self.dtype, device=self.device).index_add(
+            0, group, self.weights
+        )
+        positions = None if self.positions is None else self.positions[rep_idx]
+        return DiracMeasure(self.points[rep_idx], weights, positions, normalize=True)
+
+    def push_forward(self, T: Callable[[Tensor], Tensor]) -> DiracMeasure:
+        r"""The image measure :math:`T_\#\mu = \sum_j a_j\delta_{T(x_j)}`.
+
+        ``T`` maps points of shape (..., n, d) to (..., n, d'); masses and positions are kept.
+        """
+        return DiracMeasure(T(self.points), self.weights, self.positions)
+
+    def to(self, *args: object, **kwargs: object) -> DiracMeasure:
+        """Move points, weights and positions, as :meth:`torch.Tensor.to`."""
+        points = self.points.to(*args, **kwargs)
+        return DiracMeasure(
+            points,
+            self.weights.to(points),
+            None if self.positions is None else self.positions.to(points),
+            normalize=True,
+        )
+
+    def __getitem__(self, index: int | slice | tuple) -> DiracMeasure:
+        """Index the batch dimensions (never the atoms)."""
+        if self.points.ndim == 2:
+            raise IndexError("an unbatched measure cannot be indexed; use .points or .weights")
+        if not isinstance(index, tuple):
+            index = (index,)
+        return DiracMeasure(
+            self.points[index],
+            self.weights[index],
+            None if self.positions is None else self.positions[index],
+        )
+
+    def __len__(self) -> int:
+        """Number of atoms."""
+        return self.n
+
+    def __repr__(self) -> str:
+        batch = f", batch_shape={tuple(self.batch_shape)}" if self.batch_shape else ""
+        causal = ", causal" if self.is_causal else ""
+        return f"DiracMeasure(n={self.n}, d={self.d}{batch}, dtype={self.dtype}{causal})"

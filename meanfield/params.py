@@ -1,0 +1,437 @@
+r"""Parameters of attention layers, in the toolkit's score convention.
+
+One head (THEORY.md §1.2, §2.1–§2.2) is a score matrix :math:`A\in\mathbb R^{d\times d}` with
+:math:`\mathrm{score}(x_i, x_j) = x_i^\top A x_j` (query :math:`i`, key :math:`j`), a value matrix
+:math:`V\in\mathbb R^{d_v\times d}`, and two optional bias terms: the key logit
+:math:`c^\top x_j` produced by a query bias and the value bias :math:`b`. Several heads plus an
+output projection :math:`W^O` form a :class:`MultiHeadParams` (THEORY.md §2.3):
+
+.. math:: f^{\mathrm{MH}}(X)_i = W^O\,\big[V_1 m^1_i + b_1; \dots; V_H m^H_i + b_H\big] + b^O .
+
+The released code of Castin et al. uses the transposed convention
+:math:`A_{\mathrm{code}} = A^\top`; constructors take it only through the explicit option
+``score="key_query"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import InitVar, dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ._numerics import as_float_tensor, check_finite
+
+__all__ = ["AttentionParams", "L2AttentionParams", "MultiHeadParams", "ScoreConvention"]
+
+ScoreConvention = Literal["query_key", "key_query"]
+
+
+def _check_score(score: str) -> None:
+    if score not in ("query_key", "key_query"):
+        raise ValueError(f"score must be 'query_key' or 'key_query', got {score!r}")
+
+
+def _matrix(x: object, name: str, like: Tensor | None = None) -> Tensor:
+    t = as_float_tensor(x, name, like=like)
+    if t.ndim != 2:
+        raise ValueError(f"{name} must be a matrix, got shape {tuple(t.shape)}")
+    check_finite(t, name)
+    return t
+
+
+def _vector(x: object, name: str, size: int, like: Tensor) -> Tensor:
+    t = as_float_tensor(x, name, like=like)
+    if t.shape != (size,):
+        raise ValueError(f"{name} must have shape ({size},), got {tuple(t.shape)}")
+    check_finite(t, name)
+    return t
+
+
+def spectral_norm(M: Tensor) -> Tensor:
+    """Largest singular value of a matrix (exact SVD, in the matrix's dtype)."""
+    return torch.linalg.matrix_norm(M, ord=2)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionParams:
+    r"""One attention head: :math:`f(X)_i = \sum_j P_{ij}(Vx_j + b)`, :math:`P = \mathrm{softmax}(XAX^\top + \mathbf 1 c^\top X^\top)`.
+
+    Parameters
+    ----------
+    A : Tensor, shape (d, d)
+        Score matrix, :math:`\mathrm{score}(x_i, x_j) = x_i^\top A x_j` (query :math:`i`, key
+        :math:`j`). For a head with query/key maps :math:`Q, K\in\mathbb R^{k\times d}`,
+        :math:`A = Q^\top K/\sqrt k`.
+    V : Tensor, shape (d_v, d)
+        Value matrix.
+    c : Tensor, shape (d,), optional
+        Key logit term :math:`c = W_k^\top b_q/\sqrt k` produced by a query bias (THEORY.md §2.2):
+        the logit of key :math:`j` gains :math:`c^\top x_j`. Key biases cancel in the softmax.
+    b : Tensor, shape (d_v,), optional
+        Value bias; it shifts every output by the same vector and does not enter Jacobians.
+    Q, K : Tensor, shape (k, d), optional
+        A factorisation :math:`A = Q^\top K` (scale folded into ``Q``). When given, logits are
+        computed as :math:`(Qx_i)^\top(Kx_j)`, which costs :math:`O(ndk)` instead of
+        :math:`O(nd^2)`. They must reproduce ``A``.
+    score : {"query_key", "key_query"}, default "query_key"
+        Convention of the ``A`` (and ``Q``, ``K``) passed in. ``"key_query"`` means the released
+        code's :math:`A_{\mathrm{code}}` with score :math:`x_j^\top A_{\mathrm{code}} x_i`; it is
+        transposed on construction (and ``Q``, ``K`` swapped), so the stored ``A`` always follows
+        the query-key convention.
+    """
+
+    A: Tensor
+    V: Tensor
+    c: Tensor | None = None
+    b: Tensor | None = None
+    Q: Tensor | None = None
+    K: Tensor | None = None
+    score: InitVar[ScoreConvention] = "query_key"
+
+    def __post_init__(self, score: ScoreConvention) -> None:
+        _check_score(score)
+        A = _matrix(self.A, "A")
+        d = A.shape[0]
+        if A.shape != (d, d):
+            raise ValueError(f"A must be square, got shape {tuple(A.shape)}")
+        V = _matrix(self.V, "V", like=A)
+        if V.shape[1] != d:
+            raise ValueError(f"V must have shape (d_v, {d}) to match A, got {tuple(V.shape)}")
+        Q = K = None
+        if (self.Q is None) != (self.K is None):
+            raise ValueError("Q and K must be given together")
+        if self.Q is not None:
+            Q = _matrix(self.Q, "Q", like=A)
+            K = _matrix(self.K, "K", like=A)
+            if Q.shape != K.shape or Q.shape[1] != d:
+                raise ValueError(
+                    f"Q and K must both have shape (k, {d}), got {tuple(Q.shape)} and {tuple(K.shape)}"
+                )
+        if score == "key_query":
+            A = A.mT
+            Q, K = K, Q
+        if Q is not None:
+            QK = Q.mT @ K
+            tol = 1e3 * torch.finfo(A.dtype).eps * max(1.0, float(A.abs().max()))
+            if float((QK - A).abs().max()) > tol:
+                raise ValueError("Q and K do not reproduce A (A must equal Q^T K)")
+        object.__setattr__(self, "A", A)
+        object.__setattr__(self, "V", V)
+        object.__setattr__(self, "Q", Q)
+        object.__setattr__(self, "K", K)
+        if self.c is not None:
+            object.__setattr__(self, "c", _vector(self.c, "c", d, A))
+        if self.b is not None:
+            object.__setattr__(self, "b", _vector(self.b, "b", V.shape[0], A))
+
+    @property
+    def d(self) -> int:
+        """Input dimension."""
+        return self.A.shape[0]
+
+    @property
+    def d_v(self) -> int:
+        """Output (value) dimension."""
+        return self.V.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the parameters."""
+        return self.A.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the parameters."""
+        return self.A.device
+
+    @property
+    def heads(self) -> tuple[AttentionParams]:
+        """The head itself, so one head and many heads iterate alike."""
+        return (self,)
+
+    def A_norm(self) -> Tensor:
+        r""":math:`\|A\|_2`."""
+        return spectral_norm(self.A)
+
+    def V_norm(self) -> Tensor:
+        r""":math:`\|V\|_2`."""
+        return spectral_norm(self.V)
+
+    def without_biases(self) -> AttentionParams:
+        """The same head with ``c`` and ``b`` removed (the theory's bias-free map)."""
+        return replace(self, c=None, b=None)
+
+    def to(self, *args: object, **kwargs: object) -> AttentionParams:
+        """Move every tensor, as :meth:`torch.Tensor.to`."""
+
+        def mv(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(*args, **kwargs)
+
+        return AttentionParams(
+            mv(self.A), mv(self.V), c=mv(self.c), b=mv(self.b), Q=mv(self.Q), K=mv(self.K)
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class MultiHeadParams:
+    r"""Several heads and an optional output projection (THEORY.md §2.3).
+
+    .. math:: f^{\mathrm{MH}}(X)_i = W^O\big[f^1(X)_i;\dots;f^H(X)_i\big] + b^O
+              = \sum_h W_h f^h(X)_i + b^O,
+
+    where :math:`W_h` is column block :math:`h` of :math:`W^O`. Without ``W_O`` the heads are
+    concatenated, as in ``BertSelfAttention``.
+
+    Parameters
+    ----------
+    heads : sequence of AttentionParams
+        Heads with a common input dimension ``d`` and value dimension ``d_v``.
+    W_O : Tensor, shape (d_out, H * d_v), optional
+        Output projection (``nn.Linear`` layout: out, in).
+    b_O : Tensor, shape (d_out,), optional
+        Output bias; requires ``W_O``.
+    """
+
+    heads: tuple[AttentionParams, ...]
+    W_O: Tensor | None = None
+    b_O: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        heads = tuple(self.heads)
+        if not heads:
+            raise ValueError("MultiHeadParams needs at least one head")
+        if not all(isinstance(h, AttentionParams) for h in heads):
+            raise TypeError("heads must be AttentionParams instances")
+        h0 = heads[0]
+        for i, h in enumerate(heads):
+            if h.d != h0.d or h.d_v != h0.d_v:
+                raise ValueError(
+                    f"head {i} has (d, d_v) = ({h.d}, {h.d_v}), head 0 has ({h0.d}, {h0.d_v})"
+                )
+            if h.dtype != h0.dtype or h.device != h0.device:
+                raise ValueError(f"head {i} has dtype/device {h.dtype}/{h.device}, head 0 {h0.dtype}/{h0.device}")
+        object.__setattr__(self, "heads", heads)
+        if self.W_O is not None:
+            W_O = _matrix(self.W_O, "W_O", like=h0.A)
+            if W_O.shape[1] != len(heads) * h0.d_v:
+                raise ValueError(
+                    f"W_O must have {len(heads) * h0.d_v} columns (heads x d_v), got {tuple(W_O.shape)}"
+                )
+            object.__setattr__(self, "W_O", W_O)
+        if self.b_O is not None:
+            if self.W_O is None:
+                raise ValueError("b_O requires W_O")
+            object.__setattr__(self, "b_O", _vector(self.b_O, "b_O", self.W_O.shape[0], h0.A))
+
+    @property
+    def n_heads(self) -> int:
+        """Number of heads ``H``."""
+        return len(self.heads)
+
+    @property
+    def d(self) -> int:
+        """Input dimension."""
+        return self.heads[0].d
+
+    @property
+    def d_out(self) -> int:
+        """Output dimension (``W_O`` rows, or ``H * d_v`` without projection)."""
+        return self.W_O.shape[0] if self.W_O is not None else self.n_heads * self.heads[0].d_v
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the parameters."""
+        return self.heads[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the parameters."""
+        return self.heads[0].device
+
+    def head_projection(self, h: int) -> Tensor | None:
+        r"""Column block :math:`W_h` of :math:`W^O` acting on head ``h`` (``None`` without projection)."""
+        if self.W_O is None:
+            return None
+        d_v = self.heads[0].d_v
+        return self.W_O[:, h * d_v : (h + 1) * d_v]
+
+    def head_output_matrix(self, h: int) -> Tensor:
+        r""":math:`W_hV_h` (or :math:`V_h` without projection), shape (d_out_h, d)."""
+        W = self.head_projection(h)
+        V = self.heads[h].V
+        return V if W is None else W @ V
+
+    def without_biases(self) -> MultiHeadParams:
+        """The same layer with every bias removed."""
+        return MultiHeadParams(tuple(h.without_biases() for h in self.heads), W_O=self.W_O)
+
+    def to(self, *args: object, **kwargs: object) -> MultiHeadParams:
+        """Move every tensor, as :meth:`torch.Tensor.to`."""
+        return MultiHeadParams(
+            tuple(h.to(*args, **kwargs) for h in self.heads),
+            W_O=None if self.W_O is None else self.W_O.to(*args, **kwargs),
+            b_O=None if self.b_O is None else self.b_O.to(*args, **kwargs),
+        )
+
+    @classmethod
+    def from_qkv(
+        cls,
+        W_Q: Tensor,
+        W_K: Tensor,
+        W_V: Tensor,
+        W_O: Tensor | None = None,
+        *,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        b_Q: Tensor | None = None,
+        b_K: Tensor | None = None,
+        b_V: Tensor | None = None,
+        b_O: Tensor | None = None,
+        layout: Literal["linear", "conv1d"] = "linear",
+        scale: float | None = None,
+        score: ScoreConvention = "query_key",
+    ) -> MultiHeadParams:
+        r"""Build a layer from projection weights, slicing heads correctly (THEORY.md §1.3).
+
+        Head ``h`` has :math:`Q_h` = row block ``h`` of ``W_Q`` (``nn.Linear`` layout, (out, in)),
+        :math:`K_h, V_h` = row block ``g(h)`` of ``W_K``, ``W_V`` with
+        ``g(h) = h // (n_heads // n_kv_heads)`` (grouped-query attention), and
+
+        .. math:: A_h = \mathrm{scale}\;Q_h^\top K_h,\qquad c_h = \mathrm{scale}\;K_h^\top b_{Q,h},
+
+        so that :math:`x_i^\top A_hx_j + c_h^\top x_j` equals the logit
+        :math:`\mathrm{scale}\,\langle Q_hx_i + b_{Q,h}, K_hx_j + b_{K,h}\rangle` up to terms that
+        depend on the query only and cancel in the softmax (THEORY.md §2.2). ``b_K`` is accepted
+        for completeness and drops out.
+
+        Parameters
+        ----------
+        W_Q, W_K, W_V : Tensor
+            Projection weights. ``layout="linear"``: shapes (H k, d), (H_kv k, d), (H_kv k_v, d),
+            as stored by ``nn.Linear``. ``layout="conv1d"``: the transposes, as stored by GPT-2's
+            ``Conv1D`` (in, out); heads are then *column* blocks.
+        W_O : Tensor, optional
+            Output projection, (d_out, H k_v) for ``linear`` and (H k_v, d_out) for ``conv1d``.
+        n_heads : int
+            Number of query heads ``H``.
+        n_kv_heads : int, optional
+            Number of key/value heads (grouped-query attention); default ``n_heads``.
+        b_Q, b_K, b_V, b_O : Tensor, optional
+            Biases.
+        layout : {"linear", "conv1d"}
+            Storage layout of the weight matrices.
+        scale : float, optional
+            Logit scale, default :math:`1/\sqrt k`.
+        score : {"query_key", "key_query"}
+            ``"key_query"`` swaps the roles of ``W_Q`` and ``W_K``, reproducing the released
+            code's :math:`A_{\mathrm{code}} = K^\top Q/\sqrt k` as this toolkit's ``A``.
+        """
+        _check_score(score)
+        if layout not in ("linear", "conv1d"):
+            raise ValueError(f"layout must be 'linear' or 'conv1d', got {layout!r}")
+        W_Q, W_K, W_V = (_matrix(W, name) for W, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
+        W_K, W_V = W_K.to(W_Q), W_V.to(W_Q)
+        if W_O is not None:
+            W_O = _matrix(W_O, "W_O", like=W_Q)
+        if layout == "conv1d":
+            W_Q, W_K, W_V = W_Q.mT, W_K.mT, W_V.mT
+            W_O = None if W_O is None else W_O.mT
+        if score == "key_query":
+            W_Q, W_K = W_K, W_Q
+            b_Q, b_K = b_K, b_Q
+        H = int(n_heads)
+        H_kv = H if n_kv_heads is None else int(n_kv_heads)
+        if H < 1 or H_kv < 1 or H % H_kv:
+            raise ValueError(f"n_heads ({H}) must be a positive multiple of n_kv_heads ({H_kv})")
+        d = W_Q.shape[1]
+        if W_K.shape[1] != d or W_V.shape[1] != d:
+            raise ValueError(
+                f"W_Q, W_K, W_V must share the input dimension, got {d}, {W_K.shape[1]}, {W_V.shape[1]}"
+            )
+        if W_Q.shape[0] % H or W_K.shape[0] % H_kv or W_V.shape[0] % H_kv:
+            raise ValueError(
+                f"projection sizes {W_Q.shape[0]}, {W_K.shape[0]}, {W_V.shape[0]} are not divisible "
+                f"by the head counts ({H}, {H_kv}, {H_kv})"
+            )
+        k = W_Q.shape[0] // H
+        if W_K.shape[0] // H_kv != k:
+            raise ValueError(f"query and key heads differ in width: {k} and {W_K.shape[0] // H_kv}")
+        k_v = W_V.shape[0] // H_kv
+        s = 1.0 / k**0.5 if scale is None else float(scale)
+        b_Qv = None if b_Q is None else _vector(b_Q, "b_Q", W_Q.shape[0], W_Q)
+        b_Vv = None if b_V is None else _vector(b_V, "b_V", W_V.shape[0], W_Q)
+        if b_K is not None:
+            _vector(b_K, "b_K", W_K.shape[0], W_Q)  # validated; cancels in the softmax
+        rep = H // H_kv
+        heads = []
+        for h in range(H):
+            g = h // rep
+            Qh = s * W_Q[h * k : (h + 1) * k]
+            Kh = W_K[g * k : (g + 1) * k]
+            c = None if b_Qv is None else Kh.mT @ b_Qv[h * k : (h + 1) * k] * s
+            b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
+            heads.append(AttentionParams(Qh.mT @ Kh, W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh))
+        return cls(tuple(heads), W_O=W_O, b_O=b_O)
+
+
+@dataclass(frozen=True, eq=False)
+class L2AttentionParams:
+    r"""L2 multi-head self-attention of Kim, Papamakarios & Mnih (ICML 2021), THEORY.md §10.2.
+
+    Row-vector convention, width :math:`D`, :math:`H` heads of width :math:`D/H`, **tied**
+    query and key maps :math:`W^{Q,h}\in\mathbb R^{D\times D/H}`:
+
+    .. math::
+        P^h_{ij}\propto\exp\Big(-\frac{\|x_i^\top W^{Q,h}-x_j^\top W^{Q,h}\|^2}{\sqrt{D/H}}\Big),\quad
+        f^h(X) = P^hXA_h,\quad A_h = \frac{W^{Q,h}W^{Q,h\top}}{\sqrt{D/H}},\quad
+        F(X) = \big[f^1(X)W^{V,1},\dots,f^H(X)W^{V,H}\big]W^O .
+
+    Parameters
+    ----------
+    W_Q : Tensor, shape (H, D, D/H)
+    W_V : Tensor, shape (H, D, D_v)
+    W_O : Tensor, shape (H * D_v, D_out), optional (identity when omitted)
+
+    Notes
+    -----
+    Provenance: definition *recalled and unverified*, consistent with public implementations
+    (THEORY.md §10.2). Tying the query and key maps is required for Lipschitz continuity.
+    """
+
+    W_Q: Tensor
+    W_V: Tensor
+    W_O: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        W_Q = as_float_tensor(self.W_Q, "W_Q")
+        if W_Q.ndim != 3:
+            raise ValueError(f"W_Q must have shape (H, D, D/H), got {tuple(W_Q.shape)}")
+        check_finite(W_Q, "W_Q")
+        H, D, _ = W_Q.shape
+        W_V = as_float_tensor(self.W_V, "W_V", like=W_Q)
+        if W_V.ndim != 3 or W_V.shape[:2] != (H, D):
+            raise ValueError(f"W_V must have shape ({H}, {D}, D_v), got {tuple(W_V.shape)}")
+        check_finite(W_V, "W_V")
+        object.__setattr__(self, "W_Q", W_Q)
+        object.__setattr__(self, "W_V", W_V)
+        if self.W_O is not None:
+            W_O = _matrix(self.W_O, "W_O", like=W_Q)
+            if W_O.shape[0] != H * W_V.shape[2]:
+                raise ValueError(f"W_O must have {H * W_V.shape[2]} rows, got {tuple(W_O.shape)}")
+            object.__setattr__(self, "W_O", W_O)
+
+    @property
+    def n_heads(self) -> int:
+        """Number of heads ``H``."""
+        return self.W_Q.shape[0]
+
+    @property
+    def D(self) -> int:
+        """Model width ``D``."""
+        return self.W_Q.shape[1]
+
+    def scale(self) -> float:
+        r""":math:`\sqrt{D/H}` with :math:`D/H` the query width."""
+        return float(self.W_Q.shape[2]) ** 0.5
