@@ -30,7 +30,7 @@ from .attention import (
     self_attention,
 )
 from .measures import DiracMeasure
-from .params import AttentionParams, L2AttentionParams, MultiHeadParams
+from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryEmbedding
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ __all__ = [
     "DiracMeasure",
     "L2AttentionParams",
     "MultiHeadParams",
+    "RotaryEmbedding",
     "attention",
     "attention_map",
     "attention_points",

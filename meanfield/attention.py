@@ -43,12 +43,29 @@ def _check_points(X: Tensor, d: int, name: str = "X") -> Tensor:
     return X
 
 
-def head_logits(Xq: Tensor, Xk: Tensor, head: AttentionParams, log_weights: Tensor | None = None) -> Tensor:
+def head_logits(
+    Xq: Tensor,
+    Xk: Tensor,
+    head: AttentionParams,
+    log_weights: Tensor | None = None,
+    *,
+    query_index: Tensor | None = None,
+    key_index: Tensor | None = None,
+) -> Tensor:
     r"""Logits :math:`x_i^\top A x_j + c^\top x_j + \log a_j`, shape (..., n_q, n_k).
 
-    Uses the factorisation :math:`A = Q^\top K` when the head carries one.
+    Uses the factorisation :math:`A = Q^\top K` when the head carries one. A head with a rotary
+    embedding rotates :math:`Qx_i` and :math:`Kx_j` at the integer token indices ``query_index``
+    and ``key_index`` (default ``0, 1, ...``).
     """
-    if head.Q is not None:
+    if head.rope is not None:
+        if query_index is None:
+            query_index = torch.arange(Xq.shape[-2], device=Xq.device)
+        if key_index is None:
+            key_index = torch.arange(Xk.shape[-2], device=Xk.device)
+        q = head.rope.apply(Xq @ head.Q.mT, query_index)
+        logits = q @ head.rope.apply(Xk @ head.K.mT, key_index).mT
+    elif head.Q is not None:
         logits = (Xq @ head.Q.mT) @ (Xk @ head.K.mT).mT
     else:
         logits = (Xq @ head.A) @ Xk.mT
@@ -92,6 +109,8 @@ def attention_points(
     positions: Tensor | None = None,
     queries: Tensor | None = None,
     query_positions: Tensor | None = None,
+    token_index: Tensor | None = None,
+    query_token_index: Tensor | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
     r"""The differentiable kernel behind every attention map: plain tensors in, tensor out.
@@ -115,6 +134,11 @@ def attention_points(
         Query points; default ``X``.
     query_positions : Tensor, shape (..., m), optional
         Positions of the queries; default ``positions``.
+    token_index : Tensor, shape (..., n) or (n,), optional
+        Integer token positions of the keys for rotary embeddings (default ``0, ..., n-1``).
+    query_token_index : Tensor, shape (..., m) or (m,), optional
+        Integer token positions of the queries (default ``token_index`` when the queries are the
+        atoms).
     chunk_size : int, optional
         Process queries in blocks of this size, so at most ``chunk_size x n`` logits are held per
         head; the result equals the unchunked one.
@@ -128,13 +152,22 @@ def attention_points(
     Xq = X if queries is None else _check_points(queries, heads[0].d, "queries")
     Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
     allowed = _allowed(masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device)
+    if any(h.rope is not None for h in heads):
+        if token_index is None:
+            token_index = torch.arange(X.shape[-2], device=X.device)
+        if query_token_index is None:
+            if queries is not None:
+                raise ValueError("rotary attention at arbitrary queries needs query_token_index")
+            query_token_index = token_index
 
     def block(sl: slice) -> Tensor:
         q = Xq[..., sl, :]
         mask = None if allowed is None else allowed[..., sl, :]
+        q_index = None if query_token_index is None else query_token_index[..., sl]
         outs = []
         for h, vals in zip(heads, Xk_vals):
-            P = masked_softmax(head_logits(q, X, h, log_weights), mask)
+            logits = head_logits(q, X, h, log_weights, query_index=q_index, key_index=token_index)
+            P = masked_softmax(logits, mask)
             out = P @ vals
             outs.append(out if h.b is None else out + h.b)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -261,6 +294,7 @@ def attention_weights(
     log_weights: Tensor | None = None,
     masked: bool = False,
     positions: Tensor | None = None,
+    token_index: Tensor | None = None,
 ) -> Tensor:
     r"""Attention matrices :math:`P` (row-stochastic), one per head.
 
@@ -273,7 +307,12 @@ def attention_weights(
     heads = params.heads
     X = _check_points(X, heads[0].d)
     allowed = _allowed(masked, X.shape[-2], X.shape[-2], positions, None, X.device)
-    Ps = [masked_softmax(head_logits(X, X, h, log_weights), allowed) for h in heads]
+    Ps = [
+        masked_softmax(
+            head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index), allowed
+        )
+        for h in heads
+    ]
     return Ps[0] if isinstance(params, AttentionParams) else torch.stack(Ps, dim=-3)
 
 

@@ -23,7 +23,13 @@ from torch import Tensor
 
 from ._numerics import as_float_tensor, check_finite
 
-__all__ = ["AttentionParams", "L2AttentionParams", "MultiHeadParams", "ScoreConvention"]
+__all__ = [
+    "AttentionParams",
+    "L2AttentionParams",
+    "MultiHeadParams",
+    "RotaryEmbedding",
+    "ScoreConvention",
+]
 
 ScoreConvention = Literal["query_key", "key_query"]
 
@@ -55,6 +61,54 @@ def spectral_norm(M: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True, eq=False)
+class RotaryEmbedding:
+    r"""Rotary position embedding (RoPE) in the ``rotate_half`` layout of Llama-style models.
+
+    A query or key vector :math:`z\in\mathbb R^k` at integer position :math:`p` becomes
+    :math:`z\odot\cos(p\theta) + \mathrm{rot}(z)\odot\sin(p\theta)`, with
+    :math:`\theta = [\omega;\omega]` (``inv_freq`` repeated), :math:`\mathrm{rot}(z) = [-z_2; z_1]`
+    for the halves :math:`z_1, z_2`, and cosines and sines multiplied by ``attention_scaling``.
+    The score then depends on the relative position, :math:`x_i^\top A_{j-i}x_j` (THEORY.md §2.3).
+
+    Parameters
+    ----------
+    inv_freq : Tensor, shape (k/2,)
+        Angular frequencies :math:`\omega`.
+    attention_scaling : float, default 1.0
+        Factor applied to cosines and sines (1 for plain RoPE).
+    """
+
+    inv_freq: Tensor
+    attention_scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        inv_freq = as_float_tensor(self.inv_freq, "inv_freq")
+        if inv_freq.ndim != 1:
+            raise ValueError(f"inv_freq must be a vector, got shape {tuple(inv_freq.shape)}")
+        check_finite(inv_freq, "inv_freq")
+        object.__setattr__(self, "inv_freq", inv_freq)
+
+    @property
+    def k(self) -> int:
+        """Head width the embedding acts on."""
+        return 2 * self.inv_freq.shape[0]
+
+    def apply(self, Z: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``Z`` (..., n, k) at integer ``positions`` (..., n) or (n,)."""
+        angles = positions.to(Z.dtype).unsqueeze(-1) * self.inv_freq.to(Z)
+        angles = torch.cat([angles, angles], dim=-1)
+        cos = angles.cos() * self.attention_scaling
+        sin = angles.sin() * self.attention_scaling
+        half = Z.shape[-1] // 2
+        rotated = torch.cat([-Z[..., half:], Z[..., :half]], dim=-1)
+        return Z * cos + rotated * sin
+
+    def to(self, *args: object, **kwargs: object) -> RotaryEmbedding:
+        """Move ``inv_freq``, as :meth:`torch.Tensor.to`."""
+        return RotaryEmbedding(self.inv_freq.to(*args, **kwargs), self.attention_scaling)
+
+
+@dataclass(frozen=True, eq=False)
 class AttentionParams:
     r"""One attention head: :math:`f(X)_i = \sum_j P_{ij}(Vx_j + b)`, :math:`P = \mathrm{softmax}(XAX^\top + \mathbf 1 c^\top X^\top)`.
 
@@ -80,6 +134,10 @@ class AttentionParams:
         code's :math:`A_{\mathrm{code}}` with score :math:`x_j^\top A_{\mathrm{code}} x_i`; it is
         transposed on construction (and ``Q``, ``K`` swapped), so the stored ``A`` always follows
         the query-key convention.
+    rope : RotaryEmbedding, optional
+        Rotary embedding applied to :math:`Qx_i` and :math:`Kx_j` at their token positions
+        (requires ``Q`` and ``K``; no bias terms). ``A`` is then the score at relative position 0.
+        The analytic Jacobian and the theory's bounds assume no rotary embedding.
     """
 
     A: Tensor
@@ -88,6 +146,7 @@ class AttentionParams:
     b: Tensor | None = None
     Q: Tensor | None = None
     K: Tensor | None = None
+    rope: RotaryEmbedding | None = None
     score: InitVar[ScoreConvention] = "query_key"
 
     def __post_init__(self, score: ScoreConvention) -> None:
@@ -121,6 +180,14 @@ class AttentionParams:
         object.__setattr__(self, "V", V)
         object.__setattr__(self, "Q", Q)
         object.__setattr__(self, "K", K)
+        if self.rope is not None:
+            if Q is None:
+                raise ValueError("a rotary embedding needs the factors Q and K")
+            if self.rope.k != Q.shape[0]:
+                raise ValueError(f"rotary embedding of width {self.rope.k} for heads of width {Q.shape[0]}")
+            if self.c is not None:
+                raise ValueError("query biases with a rotary embedding are not supported")
+            object.__setattr__(self, "rope", self.rope.to(dtype=A.dtype, device=A.device))
         if self.c is not None:
             object.__setattr__(self, "c", _vector(self.c, "c", d, A))
         if self.b is not None:
@@ -169,8 +236,9 @@ class AttentionParams:
         def mv(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(*args, **kwargs)
 
+        rope = None if self.rope is None else self.rope.to(*args, **kwargs)
         return AttentionParams(
-            mv(self.A), mv(self.V), c=mv(self.c), b=mv(self.b), Q=mv(self.Q), K=mv(self.K)
+            mv(self.A), mv(self.V), c=mv(self.c), b=mv(self.b), Q=mv(self.Q), K=mv(self.K), rope=rope
         )
 
 
@@ -292,6 +360,7 @@ class MultiHeadParams:
         layout: Literal["linear", "conv1d"] = "linear",
         scale: float | None = None,
         score: ScoreConvention = "query_key",
+        rope: RotaryEmbedding | None = None,
     ) -> MultiHeadParams:
         r"""Build a layer from projection weights, slicing heads correctly (THEORY.md §1.3).
 
@@ -327,6 +396,8 @@ class MultiHeadParams:
         score : {"query_key", "key_query"}
             ``"key_query"`` swaps the roles of ``W_Q`` and ``W_K``, reproducing the released
             code's :math:`A_{\mathrm{code}} = K^\top Q/\sqrt k` as this toolkit's ``A``.
+        rope : RotaryEmbedding, optional
+            Rotary embedding shared by every head (Llama-style models).
         """
         _check_score(score)
         if layout not in ("linear", "conv1d"):
@@ -372,7 +443,9 @@ class MultiHeadParams:
             Kh = W_K[g * k : (g + 1) * k]
             c = None if b_Qv is None else Kh.mT @ b_Qv[h * k : (h + 1) * k] * s
             b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
-            heads.append(AttentionParams(Qh.mT @ Kh, W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh))
+            heads.append(
+                AttentionParams(Qh.mT @ Kh, W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh, rope=rope)
+            )
         return cls(tuple(heads), W_O=W_O, b_O=b_O)
 
 
