@@ -241,7 +241,7 @@ def attention(
         positions=mu.positions,
         chunk_size=chunk_size,
     )
-    return DiracMeasure(Y, mu.weights, mu.positions, normalize=True)
+    return DiracMeasure(Y, mu.weights, mu.positions)
 
 
 def attention_map(

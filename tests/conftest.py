@@ -1,0 +1,43 @@
+"""Shared fixtures: seeded generators, float64 reference, devices, headless plotting."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded numpy generator (fresh per test)."""
+    return np.random.default_rng(20240613)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A seeded torch CPU generator (fresh per test)."""
+    return torch.Generator().manual_seed(20240613)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """CPU always; CUDA too when present."""
+    return torch.device(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu` tests when no CUDA device is present."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
