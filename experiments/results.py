@@ -1,0 +1,194 @@
+"""Results I/O: atomic writes, run metadata, JSON/npz/CSV readers used by ``paper_figs``.
+
+Every file is written to a temporary sibling and renamed into place, so an interrupted run never
+leaves a half-written file. No pickle anywhere: arrays go to ``.npz`` (loaded with
+``allow_pickle=False``) and everything else to JSON or CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "append_jsonl",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "load_json",
+    "load_jsonl",
+    "load_npz",
+    "run_metadata",
+    "save_npz",
+    "write_csv",
+    "write_json",
+]
+
+SCHEMA_VERSION = 1
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Atomic text write (UTF-8)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None if np.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if hasattr(obj, "tolist"):  # torch tensors without importing torch here
+        return _jsonable(obj.tolist())
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> Path:
+    """Atomically write a JSON document (numpy and torch values converted)."""
+    return atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def load_json(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a JSON document."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Append one record as a single line, flushed and fsynced (a crash loses at most this line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(_jsonable(record), sort_keys=True) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read records written by :func:`append_jsonl`, ignoring a torn last line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash: that record is simply not finished
+    return records
+
+
+def save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
+    """Atomically write compressed arrays (``None`` values are skipped; object arrays refused)."""
+    converted = {k: np.asarray(_to_numpy(v)) for k, v in arrays.items() if v is not None}
+    for k, v in converted.items():
+        if v.dtype == object:
+            raise ValueError(f"array {k!r} has dtype object, which would need pickle")
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **converted)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _to_numpy(v: Any) -> Any:
+    if hasattr(v, "detach"):
+        return v.detach().cpu().numpy()
+    return v
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read arrays written by :func:`save_npz` (never unpickles)."""
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Atomically write long-format CSV; columns are the union of keys in order of appearance."""
+    rows = [dict(r) for r in rows]
+    fields: list[str] = []
+    for r in rows:
+        fields.extend(k for k in r if k not in fields)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(_jsonable(r) for r in rows)
+    return atomic_write_text(path, buf.getvalue())
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def run_metadata(*, seed: int | None = None, device: str | None = None, dtype: str | None = None,
+                 config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Provenance recorded in every result: versions, device, dtype, git commit, seed, time."""
+    import torch  # local: paper_figs reads results without importing torch
+
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__}
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    import meanfield
+
+    versions["meanfield"] = meanfield.__version__
+    device_name = device
+    if device is not None and device.startswith("cuda") and torch.cuda.is_available():
+        device_name = f"{device} ({torch.cuda.get_device_name()})"
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+        "versions": versions,
+        "platform": platform.platform(),
+        "device": device_name,
+        "dtype": dtype,
+        "seed": seed,
+        "config": dict(config) if config is not None else None,
+    }

@@ -1,0 +1,78 @@
+"""Shared figure style: one rc_context, column widths, palette, and a PDF+PNG save.
+
+Style is applied inside :func:`style` (a ``matplotlib.rc_context``); importing this module
+never changes global rcParams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+ONE_COLUMN = 3.25  # inches
+TWO_COLUMNS = 6.75
+PALETTE = {
+    "input": "0.45",
+    "unmasked": "#1f4e9c",  # dark blue, as the paper's fitted curves
+    "masked": "#c0392b",
+    "bound": "#2c7d3f",
+    "released": "#e08a1e",
+    "fit": "#1f2a5c",
+}
+
+RC = {
+    "pdf.fonttype": 42,  # TrueType, no Type 3 fonts
+    "ps.fonttype": 42,
+    "text.usetex": False,
+    "mathtext.fontset": "cm",
+    "font.size": 8.5,
+    "axes.titlesize": 9,
+    "axes.labelsize": 8.5,
+    "legend.fontsize": 7.5,
+    "xtick.labelsize": 7.5,
+    "ytick.labelsize": 7.5,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "lines.linewidth": 1.0,
+    "savefig.dpi": 300,
+    "savefig.bbox": "tight",
+    "figure.constrained_layout.use": True,
+}
+
+
+@contextlib.contextmanager
+def style() -> Iterator[None]:
+    """Apply the shared style for the duration of a ``with`` block."""
+    with plt.rc_context(RC):
+        yield
+
+
+def save(fig: plt.Figure, stem: str | os.PathLike, *, formats: tuple[str, ...] = ("pdf", "png")) -> list[Path]:
+    """Save ``fig`` as ``stem.pdf`` and ``stem.png`` atomically, then close it."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    try:
+        for ext in formats:
+            target = stem.with_suffix(f".{ext}")
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".{ext}", dir=target.parent)
+            os.close(fd)
+            try:
+                fig.savefig(tmp, format=ext)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            written.append(target)
+    finally:
+        plt.close(fig)
+    return written

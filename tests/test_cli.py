@@ -1,0 +1,72 @@
+"""The `meanfield` command: subcommands, --json on stdout, one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from experiments.results import load_json, load_npz
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_demo_json_and_files(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # exactly one JSON object on stdout
+    assert doc["kind"] == "demo"
+    for name in ("demo.npz", "demo.json", "demo.pdf", "demo.png"):
+        assert (out / name).stat().st_size > 0
+    data = load_npz(out / "demo.npz")
+    assert data["points"].shape == data["unmasked"].shape == data["masked"].shape == (12, 2)
+    assert np.isclose(data["weights"].sum(), 1.0)
+    saved = load_json(out / "demo.json")
+    assert saved["metadata"]["schema_version"] == 1 and saved["metadata"]["seed"] == 0
+    assert saved["distances"] == doc["distances"]
+    # the W_2 numbers are exact distances between the saved measures
+    from meanfield import DiracMeasure
+    from meanfield.distances import wasserstein
+
+    import torch
+
+    mu = DiracMeasure(torch.from_numpy(data["points"]), torch.from_numpy(data["weights"]))
+    nu = DiracMeasure(torch.from_numpy(data["unmasked"]), torch.from_numpy(data["weights"]))
+    assert np.isclose(float(wasserstein(mu, nu)), doc["distances"]["W2(mu, F(mu))"], rtol=1e-12)
+    # no temporary files left behind by the atomic writes
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_pdf_has_no_type3_fonts(tmp_path):
+    assert main(["demo", "--out", str(tmp_path), "--json"]) == 0
+    pdf = (tmp_path / "demo.pdf").read_bytes()
+    assert b"/Type3" not in pdf
+
+
+def test_bad_input_is_one_line_error():
+    proc = run_cli("demo", "--n", "1", "--no-plot", "--out", "/tmp/meanfield-never-written")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "meanfield: error: n must be at least 2, got 1"
+    assert proc.stdout == ""
+
+
+def test_unknown_subcommand_exits_nonzero():
+    proc = run_cli("no-such-command")
+    assert proc.returncode != 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_demo_dtypes(tmp_path, dtype, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--dtype", dtype, "--no-plot", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["metadata"]["dtype"] == dtype
+    assert load_npz(tmp_path / "demo.npz")["points"].dtype == np.dtype(dtype)

@@ -1,0 +1,48 @@
+"""Results I/O: atomic writes leave either the old file or the new one, never a torn one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments import results
+
+
+def test_failed_write_keeps_previous_file(tmp_path):
+    path = tmp_path / "r.json"
+    results.write_json(path, {"a": 1})
+    with pytest.raises(TypeError):
+        results.write_json(path, {"a": object()})
+    assert results.load_json(path) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_npz_roundtrip_without_pickle(tmp_path):
+    path = results.save_npz(tmp_path / "x.npz", a=np.arange(3.0), b=np.eye(2))
+    data = results.load_npz(path)
+    assert np.array_equal(data["a"], np.arange(3.0)) and np.array_equal(data["b"], np.eye(2))
+    with pytest.raises(ValueError, match="pickle"):
+        results.save_npz(tmp_path / "y.npz", obj=np.array([object()], dtype=object))
+    assert not (tmp_path / "y.npz").exists()
+
+
+def test_jsonl_ignores_a_torn_last_line(tmp_path):
+    path = tmp_path / "records.jsonl"
+    results.append_jsonl(path, {"n": 2, "value": 1.5})
+    results.append_jsonl(path, {"n": 4, "value": float("inf")})
+    with open(path, "a") as fh:
+        fh.write('{"n": 6, "val')  # a crash mid-record
+    assert results.load_jsonl(path) == [{"n": 2, "value": 1.5}, {"n": 4, "value": "inf"}]
+
+
+def test_csv_long_format(tmp_path):
+    path = results.write_csv(tmp_path / "c.csv", [{"n": 2, "v": 1.0}, {"n": 4, "v": 2.0, "seed": 3}])
+    lines = path.read_text().splitlines()
+    assert lines[0] == "n,v,seed" and lines[2] == "4,2.0,3"
+
+
+def test_metadata_fields():
+    meta = results.run_metadata(seed=3, device="cpu", dtype="float64", config={"x": 1})
+    assert meta["schema_version"] == results.SCHEMA_VERSION
+    assert {"python", "numpy", "torch", "meanfield"} <= set(meta["versions"])
+    assert meta["seed"] == 3 and meta["config"] == {"x": 1}
