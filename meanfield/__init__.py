@@ -29,6 +29,16 @@ from .attention import (
     l2_self_attention,
     self_attention,
 )
+from .distances import (
+    SinkhornResult,
+    TransportError,
+    TransportResult,
+    conditional_wasserstein,
+    optimal_transport,
+    sinkhorn_wasserstein,
+    wasserstein,
+    wasserstein_inf,
+)
 from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryEmbedding
 
@@ -40,10 +50,18 @@ __all__ = [
     "L2AttentionParams",
     "MultiHeadParams",
     "RotaryEmbedding",
+    "SinkhornResult",
+    "TransportError",
+    "TransportResult",
     "attention",
     "attention_map",
     "attention_points",
     "attention_weights",
+    "conditional_wasserstein",
     "l2_self_attention",
+    "optimal_transport",
     "self_attention",
+    "sinkhorn_wasserstein",
+    "wasserstein",
+    "wasserstein_inf",
 ]
