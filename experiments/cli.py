@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="random 2-d attention on a weighted measure: W2 distances and a picture")
+    p = sub.add_parser(
+        "demo", help="random 2-d attention on a weighted measure: W2 distances and a picture"
+    )
     _common(p)
     p.add_argument("--out", default="demo_out", help="output directory (default demo_out)")
     p.add_argument("--n", type=int, default=12, help="number of atoms (default 12)")

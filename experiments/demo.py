@@ -50,7 +50,9 @@ def build(config: DemoConfig) -> tuple[DiracMeasure, AttentionParams]:
     g = torch.Generator().manual_seed(config.seed)
     A = torch.randn(2, 2, generator=g, dtype=torch.float64)
     A = A / torch.linalg.matrix_norm(A, ord=2)  # ||A||_2 = 1, non-symmetric
-    V = torch.eye(2, dtype=torch.float64) + 0.3 * torch.randn(2, 2, generator=g, dtype=torch.float64)
+    V = torch.eye(2, dtype=torch.float64) + 0.3 * torch.randn(
+        2, 2, generator=g, dtype=torch.float64
+    )
     directions = torch.randn(config.n, 2, generator=g, dtype=torch.float64)
     directions /= directions.norm(dim=-1, keepdim=True)
     radii = config.R * torch.rand(config.n, 1, generator=g, dtype=torch.float64).sqrt()
@@ -88,7 +90,9 @@ def run(config: DemoConfig) -> dict[str, Any]:
     )
     doc = {
         "kind": "demo",
-        "metadata": run_metadata(seed=config.seed, device="cpu", dtype=config.dtype, config=asdict(config)),
+        "metadata": run_metadata(
+            seed=config.seed, device="cpu", dtype=config.dtype, config=asdict(config)
+        ),
         "distances": summary,
     }
     write_json(out / "demo.json", doc)

@@ -163,12 +163,21 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def run_metadata(*, seed: int | None = None, device: str | None = None, dtype: str | None = None,
-                 config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def run_metadata(
+    *,
+    seed: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Provenance recorded in every result: versions, device, dtype, git commit, seed, time."""
     import torch  # local: paper_figs reads results without importing torch
 
-    versions = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__}
+    versions = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+    }
     try:
         import transformers
 

@@ -89,8 +89,11 @@ class Sweep:
         if not self.meta_path.exists():
             write_json(
                 self.meta_path,
-                {"name": name, "config_hash": self.digest,
-                 **run_metadata(seed=seed, device=device, dtype=dtype, config=self.config)},
+                {
+                    "name": name,
+                    "config_hash": self.digest,
+                    **run_metadata(seed=seed, device=device, dtype=dtype, config=self.config),
+                },
             )
 
     def records(self) -> list[dict[str, Any]]:
@@ -120,7 +123,9 @@ class Sweep:
         done = self.done()
         todo = [p for p in points if point_key(self.digest, p) not in done]
         if len(todo) < len(points):
-            log.info("%s: %d of %d points already done", self.name, len(points) - len(todo), len(points))
+            log.info(
+                "%s: %d of %d points already done", self.name, len(points) - len(todo), len(points)
+            )
         bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
         for p in bar:
             t0 = time.perf_counter()

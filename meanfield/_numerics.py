@@ -40,7 +40,9 @@ def as_float_tensor(
         try:
             t = torch.as_tensor(x)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"{name} must be a tensor or array-like, got {type(x).__name__}") from err
+            raise TypeError(
+                f"{name} must be a tensor or array-like, got {type(x).__name__}"
+            ) from err
     if like is not None:
         if t.device != like.device and isinstance(x, Tensor):
             raise ValueError(f"{name} is on {t.device} but the points are on {like.device}")
@@ -54,8 +56,12 @@ def as_float_tensor(
 
 def check_finite(t: Tensor, name: str) -> None:
     """Raise a one-line ``ValueError`` if ``t`` holds NaN or infinite entries."""
-    if not bool(torch.isfinite(t).all()):
-        bad = "NaN" if bool(torch.isnan(t).any()) else "infinite"
+    if t.numel() == 0:
+        return
+    # Two reductions, no temporary: max and min propagate NaN, and +-inf show up in them.
+    hi, lo = t.amax(), t.amin()
+    if not (bool(torch.isfinite(hi)) and bool(torch.isfinite(lo))):
+        bad = "NaN" if bool(torch.isnan(hi) | torch.isnan(lo)) else "infinite"
         raise ValueError(f"{name} contains {bad} values")
 
 
@@ -95,10 +101,10 @@ def masked_softmax(logits: Tensor, allowed: Tensor | None = None, *, dim: int = 
         if bool(torch.isnan(row_max).any()):
             raise ValueError("attention logits contain NaN")
         if bool((row_max == torch.inf).any()):
-            raise ValueError("attention logits overflowed to +inf; inputs are too large for this dtype")
-        raise ValueError(
-            "an attention row has no admissible key (all keys masked or of zero mass)"
-        )
+            raise ValueError(
+                "attention logits overflowed to +inf; inputs are too large for this dtype"
+            )
+        raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
     return torch.softmax(logits, dim=dim)
 
 

@@ -91,7 +91,9 @@ def _allowed(
         if query_positions is not None:
             raise ValueError("query_positions were given but the keys have no positions")
         if n_q != n_k:
-            raise ValueError("masked attention at arbitrary queries needs positions for keys and queries")
+            raise ValueError(
+                "masked attention at arbitrary queries needs positions for keys and queries"
+            )
         return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
     if query_positions is None:
         if n_q != n_k:
@@ -309,7 +311,8 @@ def attention_weights(
     allowed = _allowed(masked, X.shape[-2], X.shape[-2], positions, None, X.device)
     Ps = [
         masked_softmax(
-            head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index), allowed
+            head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index),
+            allowed,
         )
         for h in heads
     ]

@@ -66,11 +66,15 @@ class DiracMeasure:
             raise ValueError(f"points must have shape (..., n, d), got {tuple(points.shape)}")
         n, d = points.shape[-2], points.shape[-1]
         if n < 1 or d < 1:
-            raise ValueError(f"a measure needs at least one atom in dimension >= 1, got n={n}, d={d}")
+            raise ValueError(
+                f"a measure needs at least one atom in dimension >= 1, got n={n}, d={d}"
+            )
         check_finite(points, "points")
 
         if self.weights is None:
-            weights = torch.full(points.shape[:-1], 1.0 / n, dtype=points.dtype, device=points.device)
+            weights = torch.full(
+                points.shape[:-1], 1.0 / n, dtype=points.dtype, device=points.device
+            )
         else:
             weights = as_float_tensor(self.weights, "weights", like=points)
             if weights.shape != points.shape[:-1]:
@@ -80,7 +84,9 @@ class DiracMeasure:
                 )
             check_finite(weights, "weights")
             if bool((weights < 0).any()):
-                raise ValueError(f"weights must be non-negative, got a minimum of {weights.min().item():.3g}")
+                raise ValueError(
+                    f"weights must be non-negative, got a minimum of {weights.min().item():.3g}"
+                )
             total = weights.sum(-1)
             if normalize:
                 if bool((total <= 0).any()):
@@ -187,7 +193,9 @@ class DiracMeasure:
     # ------------------------------------------------------------------ operations
     def _require_unbatched(self, what: str) -> None:
         if self.points.ndim != 2:
-            raise ValueError(f"{what} needs a single measure, got batch shape {tuple(self.batch_shape)}")
+            raise ValueError(
+                f"{what} needs a single measure, got batch shape {tuple(self.batch_shape)}"
+            )
 
     def split(self, i: int, k: int, *, fractions: Tensor | None = None) -> DiracMeasure:
         """Duplicate atom ``i`` into ``k`` coincident copies (the same measure).
@@ -219,7 +227,9 @@ class DiracMeasure:
             if shares.shape != (k,):
                 raise ValueError(f"fractions must have shape ({k},), got {tuple(shares.shape)}")
             check_finite(shares, "fractions")
-            if bool((shares < 0).any()) or abs(shares.sum().item() - 1) > _sum_tolerance(k, self.dtype):
+            if bool((shares < 0).any()) or abs(shares.sum().item() - 1) > _sum_tolerance(
+                k, self.dtype
+            ):
                 raise ValueError("fractions must be non-negative and sum to 1")
         reps = torch.ones(n, dtype=torch.long, device=self.device)
         reps[i] = k
@@ -237,8 +247,10 @@ class DiracMeasure:
         returned in order of first occurrence. Zero-mass atoms are kept.
         """
         self._require_unbatched("merge")
-        keys = self.points if self.positions is None else torch.cat(
-            [self.points, self.positions.unsqueeze(-1)], dim=-1
+        keys = (
+            self.points
+            if self.positions is None
+            else torch.cat([self.points, self.positions.unsqueeze(-1)], dim=-1)
         )
         n = self.n
         group = torch.full((n,), -1, dtype=torch.long)

@@ -114,10 +114,11 @@ class AttentionParams:
 
     Parameters
     ----------
-    A : Tensor, shape (d, d)
+    A : Tensor, shape (d, d), or None
         Score matrix, :math:`\mathrm{score}(x_i, x_j) = x_i^\top A x_j` (query :math:`i`, key
         :math:`j`). For a head with query/key maps :math:`Q, K\in\mathbb R^{k\times d}`,
-        :math:`A = Q^\top K/\sqrt k`.
+        :math:`A = Q^\top K/\sqrt k`. May be ``None`` when ``Q`` and ``K`` are given; it is then
+        computed as :math:`Q^\top K`.
     V : Tensor, shape (d_v, d)
         Value matrix.
     c : Tensor, shape (d,), optional
@@ -140,7 +141,7 @@ class AttentionParams:
         The analytic Jacobian and the theory's bounds assume no rotary embedding.
     """
 
-    A: Tensor
+    A: Tensor | None
     V: Tensor
     c: Tensor | None = None
     b: Tensor | None = None
@@ -151,30 +152,33 @@ class AttentionParams:
 
     def __post_init__(self, score: ScoreConvention) -> None:
         _check_score(score)
-        A = _matrix(self.A, "A")
+        if (self.Q is None) != (self.K is None):
+            raise ValueError("Q and K must be given together")
+        if self.A is None and self.Q is None:
+            raise ValueError("A is required unless the factors Q and K are given")
+        Q = K = None
+        if self.Q is not None:
+            Q = _matrix(self.Q, "Q")
+            K = _matrix(self.K, "K", like=Q)
+            if Q.shape != K.shape:
+                raise ValueError(
+                    f"Q and K must have the same shape, got {tuple(Q.shape)} and {tuple(K.shape)}"
+                )
+        A = Q.mT @ K if self.A is None else _matrix(self.A, "A", like=Q)
         d = A.shape[0]
         if A.shape != (d, d):
             raise ValueError(f"A must be square, got shape {tuple(A.shape)}")
+        if Q is not None and Q.shape[1] != d:
+            raise ValueError(f"Q and K must have shape (k, {d}) to match A, got {tuple(Q.shape)}")
         V = _matrix(self.V, "V", like=A)
         if V.shape[1] != d:
             raise ValueError(f"V must have shape (d_v, {d}) to match A, got {tuple(V.shape)}")
-        Q = K = None
-        if (self.Q is None) != (self.K is None):
-            raise ValueError("Q and K must be given together")
-        if self.Q is not None:
-            Q = _matrix(self.Q, "Q", like=A)
-            K = _matrix(self.K, "K", like=A)
-            if Q.shape != K.shape or Q.shape[1] != d:
-                raise ValueError(
-                    f"Q and K must both have shape (k, {d}), got {tuple(Q.shape)} and {tuple(K.shape)}"
-                )
         if score == "key_query":
             A = A.mT
             Q, K = K, Q
-        if Q is not None:
-            QK = Q.mT @ K
+        if Q is not None and self.A is not None:
             tol = 1e3 * torch.finfo(A.dtype).eps * max(1.0, float(A.abs().max()))
-            if float((QK - A).abs().max()) > tol:
+            if float((Q.mT @ K - A).abs().max()) > tol:
                 raise ValueError("Q and K do not reproduce A (A must equal Q^T K)")
         object.__setattr__(self, "A", A)
         object.__setattr__(self, "V", V)
@@ -184,7 +188,9 @@ class AttentionParams:
             if Q is None:
                 raise ValueError("a rotary embedding needs the factors Q and K")
             if self.rope.k != Q.shape[0]:
-                raise ValueError(f"rotary embedding of width {self.rope.k} for heads of width {Q.shape[0]}")
+                raise ValueError(
+                    f"rotary embedding of width {self.rope.k} for heads of width {Q.shape[0]}"
+                )
             if self.c is not None:
                 raise ValueError("query biases with a rotary embedding are not supported")
             object.__setattr__(self, "rope", self.rope.to(dtype=A.dtype, device=A.device))
@@ -192,6 +198,14 @@ class AttentionParams:
             object.__setattr__(self, "c", _vector(self.c, "c", d, A))
         if self.b is not None:
             object.__setattr__(self, "b", _vector(self.b, "b", V.shape[0], A))
+
+    @classmethod
+    def _from_validated(cls, **fields: Tensor | RotaryEmbedding | None) -> AttentionParams:
+        """Build a head from pieces of matrices that the caller has already validated."""
+        head = object.__new__(cls)
+        for name in ("A", "V", "c", "b", "Q", "K", "rope"):
+            object.__setattr__(head, name, fields.get(name))
+        return head
 
     @property
     def d(self) -> int:
@@ -227,7 +241,7 @@ class AttentionParams:
         return spectral_norm(self.V)
 
     def without_biases(self) -> AttentionParams:
-        """The same head with ``c`` and ``b`` removed (the theory's bias-free map)."""
+        """Return the same head without ``c`` and ``b`` (the theory's bias-free map)."""
         return replace(self, c=None, b=None)
 
     def to(self, *args: object, **kwargs: object) -> AttentionParams:
@@ -238,7 +252,13 @@ class AttentionParams:
 
         rope = None if self.rope is None else self.rope.to(*args, **kwargs)
         return AttentionParams(
-            mv(self.A), mv(self.V), c=mv(self.c), b=mv(self.b), Q=mv(self.Q), K=mv(self.K), rope=rope
+            mv(self.A),
+            mv(self.V),
+            c=mv(self.c),
+            b=mv(self.b),
+            Q=mv(self.Q),
+            K=mv(self.K),
+            rope=rope,
         )
 
 
@@ -279,7 +299,9 @@ class MultiHeadParams:
                     f"head {i} has (d, d_v) = ({h.d}, {h.d_v}), head 0 has ({h0.d}, {h0.d_v})"
                 )
             if h.dtype != h0.dtype or h.device != h0.device:
-                raise ValueError(f"head {i} has dtype/device {h.dtype}/{h.device}, head 0 {h0.dtype}/{h0.device}")
+                raise ValueError(
+                    f"head {i} has dtype/device {h.dtype}/{h.device}, head 0 {h0.dtype}/{h0.device}"
+                )
         object.__setattr__(self, "heads", heads)
         if self.W_O is not None:
             W_O = _matrix(self.W_O, "W_O", like=h0.A)
@@ -332,7 +354,7 @@ class MultiHeadParams:
         return V if W is None else W @ V
 
     def without_biases(self) -> MultiHeadParams:
-        """The same layer with every bias removed."""
+        """Return the same layer without any bias."""
         return MultiHeadParams(tuple(h.without_biases() for h in self.heads), W_O=self.W_O)
 
     def to(self, *args: object, **kwargs: object) -> MultiHeadParams:
@@ -435,6 +457,12 @@ class MultiHeadParams:
         b_Vv = None if b_V is None else _vector(b_V, "b_V", W_V.shape[0], W_Q)
         if b_K is not None:
             _vector(b_K, "b_K", W_K.shape[0], W_Q)  # validated; cancels in the softmax
+        if rope is not None:
+            if not isinstance(rope, RotaryEmbedding) or rope.k != k:
+                raise ValueError(f"rope must be a RotaryEmbedding of width {k}")
+            if b_Q is not None:
+                raise ValueError("query biases with a rotary embedding are not supported")
+            rope = rope.to(dtype=W_Q.dtype, device=W_Q.device)
         rep = H // H_kv
         heads = []
         for h in range(H):
@@ -443,8 +471,11 @@ class MultiHeadParams:
             Kh = W_K[g * k : (g + 1) * k]
             c = None if b_Qv is None else Kh.mT @ b_Qv[h * k : (h + 1) * k] * s
             b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
+            # Slices of matrices validated above: skip re-checking every head.
             heads.append(
-                AttentionParams(Qh.mT @ Kh, W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh, rope=rope)
+                AttentionParams._from_validated(
+                    A=Qh.mT @ Kh, V=W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh, rope=rope
+                )
             )
         return cls(tuple(heads), W_O=W_O, b_O=b_O)
 

@@ -56,7 +56,9 @@ def style() -> Iterator[None]:
         yield
 
 
-def save(fig: plt.Figure, stem: str | os.PathLike, *, formats: tuple[str, ...] = ("pdf", "png")) -> list[Path]:
+def save(
+    fig: plt.Figure, stem: str | os.PathLike, *, formats: tuple[str, ...] = ("pdf", "png")
+) -> list[Path]:
     """Save ``fig`` as ``stem.pdf`` and ``stem.png`` atomically, then close it."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,9 @@ def save(fig: plt.Figure, stem: str | os.PathLike, *, formats: tuple[str, ...] =
     try:
         for ext in formats:
             target = stem.with_suffix(f".{ext}")
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".{ext}", dir=target.parent)
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{target.name}.", suffix=f".{ext}", dir=target.parent
+            )
             os.close(fd)
             try:
                 fig.savefig(tmp, format=ext)

@@ -40,14 +40,33 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         for ax, (key, title, w2) in zip(axes, panels):
             Y = data[key]
             for x, y in zip(X, Y):
-                ax.annotate("", xy=y, xytext=x, arrowprops=dict(arrowstyle="->", lw=0.5, color="0.6"))
-            ax.scatter(X[:, 0], X[:, 1], s=_sizes(a), c=PALETTE["input"], alpha=0.6, label=r"input $\mu$", zorder=3)
-            ax.scatter(Y[:, 0], Y[:, 1], s=_sizes(a), c=PALETTE[key], alpha=0.85, label="output", zorder=4)
+                ax.annotate(
+                    "", xy=y, xytext=x, arrowprops=dict(arrowstyle="->", lw=0.5, color="0.6")
+                )
+            ax.scatter(
+                X[:, 0],
+                X[:, 1],
+                s=_sizes(a),
+                c=PALETTE["input"],
+                alpha=0.6,
+                label=r"input $\mu$",
+                zorder=3,
+            )
+            ax.scatter(
+                Y[:, 0], Y[:, 1], s=_sizes(a), c=PALETTE[key], alpha=0.85, label="output", zorder=4
+            )
             if key == "masked" and "positions" in data:
                 # causal rank of each input atom: it attends to atoms of rank <= its own
                 ranks = np.argsort(np.argsort(data["positions"], kind="stable"), kind="stable") + 1
                 for x, r in zip(X, ranks):
-                    ax.annotate(str(r), x, xytext=(3, 3), textcoords="offset points", fontsize=6, color="0.3")
+                    ax.annotate(
+                        str(r),
+                        x,
+                        xytext=(3, 3),
+                        textcoords="offset points",
+                        fontsize=6,
+                        color="0.3",
+                    )
             ax.set_title(f"{title}\n$W_2$(input, output) = {w2:.3f}")
             ax.set_xlim(center[0] - half, center[0] + half)
             ax.set_ylim(center[1] - half, center[1] + half)

@@ -19,7 +19,11 @@ def weighted_measure_data(draw, *, max_n: int = 7, max_d: int = 4, radius: float
     d = draw(st.integers(1, max_d))
     rng = np.random.default_rng(draw(seeds()))
     X = rng.standard_normal((n, d))
-    X *= radius * rng.uniform(0, 1, (n, 1)) / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    X *= (
+        radius
+        * rng.uniform(0, 1, (n, 1))
+        / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    )
     # log-uniform masses over many decades, as worst-case measures have
     log_a = rng.uniform(-30, 0, n)
     a = np.exp(log_a - log_a.max())

@@ -21,7 +21,7 @@ from meanfield import (
     self_attention,
 )
 
-from .oracles import causal_index, naive_head, naive_multihead
+from .oracles import causal_index, naive_head
 from .strategies import head_data, weighted_measure_data
 from .tolerances import F32_VS_F64, F64_EXACT, F64_LARGE_RADIUS, assert_close
 
@@ -90,7 +90,9 @@ def test_single_head_with_bias_terms_matches_naive(gen):
     c, b = torch.randn(d, generator=gen, dtype=D64), torch.randn(3, generator=gen, dtype=D64)
     X = torch.randn(6, d, generator=gen, dtype=D64)
     ref = naive_head(X.numpy(), A.numpy(), V.numpy(), c=c.numpy(), b=b.numpy())
-    assert_close(self_attention(X, AttentionParams(A, V, c=c, b=b)), torch.from_numpy(ref), **F64_EXACT)
+    assert_close(
+        self_attention(X, AttentionParams(A, V, c=c, b=b)), torch.from_numpy(ref), **F64_EXACT
+    )
 
 
 def test_score_convention_switch_transposes(gen):
@@ -148,7 +150,9 @@ def test_duplicated_atom_equals_doubled_weight(data, draw):
     split = mu.split(i, k)
     # Gamma_mu is the same map: compare at arbitrary queries and at the atoms.
     queries = torch.randn(3, X.shape[1], dtype=D64)
-    assert_close(attention_map(split, params, queries), attention_map(mu, params, queries), **F64_EXACT)
+    assert_close(
+        attention_map(split, params, queries), attention_map(mu, params, queries), **F64_EXACT
+    )
     out = attention(split, params).merge()
     assert_close(out.points, attention(mu, params).merge().points, **F64_EXACT)
 
@@ -175,7 +179,9 @@ def test_masked_is_not_permutation_equivariant(gen):
     _, params = random_layer(gen)
     X = torch.randn(6, 6, generator=gen, dtype=D64)
     perm = torch.tensor([5, 4, 3, 2, 1, 0])
-    assert not torch.allclose(self_attention(X[perm], params, masked=True), self_attention(X, params, masked=True)[perm])
+    assert not torch.allclose(
+        self_attention(X[perm], params, masked=True), self_attention(X, params, masked=True)[perm]
+    )
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -256,11 +262,15 @@ def test_input_errors_are_clear(gen):
     with pytest.raises(ValueError, match="W_O must have"):
         MultiHeadParams(params.heads, W_O=torch.randn(5, 7, dtype=D64))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        MultiHeadParams.from_qkv(torch.randn(6, 4), torch.randn(6, 4), torch.randn(6, 4), n_heads=3, n_kv_heads=2)
+        MultiHeadParams.from_qkv(
+            torch.randn(6, 4), torch.randn(6, 4), torch.randn(6, 4), n_heads=3, n_kv_heads=2
+        )
 
 
 def test_zero_mass_row_raises():
-    mu = DiracMeasure(torch.randn(2, 2), torch.tensor([0.0, 1.0]), positions=torch.tensor([0.0, 1.0]))
+    mu = DiracMeasure(
+        torch.randn(2, 2), torch.tensor([0.0, 1.0]), positions=torch.tensor([0.0, 1.0])
+    )
     with pytest.raises(ValueError, match="no admissible key"):
         attention(mu, AttentionParams(torch.eye(2), torch.eye(2)), masked=True)
 
@@ -275,7 +285,9 @@ def l2_naive(X, W_Q, W_V, W_O):
         A_h = WQ @ WQ.T / np.sqrt(m)
         rows = []
         for i in range(X.shape[0]):
-            s = np.array([-np.sum(((X[i] - X[j]) @ WQ) ** 2) / np.sqrt(m) for j in range(X.shape[0])])
+            s = np.array(
+                [-np.sum(((X[i] - X[j]) @ WQ) ** 2) / np.sqrt(m) for j in range(X.shape[0])]
+            )
             w = np.exp(s - s.max())
             w /= w.sum()
             rows.append(sum(w[j] * X[j] for j in range(X.shape[0])) @ A_h @ W_V[h].numpy())

@@ -34,10 +34,10 @@ def test_demo_json_and_files(tmp_path, capsys):
     assert saved["metadata"]["schema_version"] == 1 and saved["metadata"]["seed"] == 0
     assert saved["distances"] == doc["distances"]
     # the W_2 numbers are exact distances between the saved measures
+    import torch
+
     from meanfield import DiracMeasure
     from meanfield.distances import wasserstein
-
-    import torch
 
     mu = DiracMeasure(torch.from_numpy(data["points"]), torch.from_numpy(data["weights"]))
     nu = DiracMeasure(torch.from_numpy(data["unmasked"]), torch.from_numpy(data["weights"]))

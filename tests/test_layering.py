@@ -17,7 +17,10 @@ def loaded_after(statement: str) -> set[str]:
 @pytest.mark.parametrize(
     ("statement", "forbidden"),
     [
-        ("import meanfield", {"sympy", "matplotlib", "experiments", "paper_figs", "theory", "transformers", "ot"}),
+        (
+            "import meanfield",
+            {"sympy", "matplotlib", "experiments", "paper_figs", "theory", "transformers", "ot"},
+        ),
         ("import theory", {"torch", "matplotlib", "meanfield", "experiments", "paper_figs"}),
     ],
 )

@@ -16,7 +16,9 @@ D64 = torch.float64
 
 @pytest.fixture
 def head(gen):
-    return AttentionParams(torch.randn(4, 4, generator=gen, dtype=D64), torch.randn(3, 4, generator=gen, dtype=D64))
+    return AttentionParams(
+        torch.randn(4, 4, generator=gen, dtype=D64), torch.randn(3, 4, generator=gen, dtype=D64)
+    )
 
 
 def test_matches_causal_token_loop(gen, head):
@@ -56,7 +58,13 @@ def test_masked_mean_field_with_shared_positions(gen, head):
     a = torch.tensor([0.1, 0.3, 0.2, 0.25, 0.15], dtype=D64)
     mu = DiracMeasure(X, a, positions=t)
     out = attention(mu, head, masked=True)
-    ref = naive_head(X.numpy(), head.A.numpy(), head.V.numpy(), log_w=np.log(a.numpy()), allowed=lambda i, j: t[j] <= t[i])
+    ref = naive_head(
+        X.numpy(),
+        head.A.numpy(),
+        head.V.numpy(),
+        log_w=np.log(a.numpy()),
+        allowed=lambda i, j: t[j] <= t[i],
+    )
     assert_close(out.points, torch.from_numpy(ref), **F64_EXACT)
     assert torch.equal(out.positions, t)
 
@@ -79,7 +87,13 @@ def test_masked_map_at_arbitrary_queries(gen, head):
     qt = torch.tensor([0.4, 1.0], dtype=D64)
     out = attention_map(mu, head, q, masked=True, query_positions=qt)
     pos = mu.positions.numpy()
-    ref = naive_head(X.numpy(), head.A.numpy(), head.V.numpy(), queries=q.numpy(), allowed=lambda i, j: pos[j] <= qt[i])
+    ref = naive_head(
+        X.numpy(),
+        head.A.numpy(),
+        head.V.numpy(),
+        queries=q.numpy(),
+        allowed=lambda i, j: pos[j] <= qt[i],
+    )
     assert_close(out, torch.from_numpy(ref), **F64_EXACT)
     with pytest.raises(ValueError, match="query_positions"):
         attention_map(mu, head, q, masked=True)

@@ -35,9 +35,15 @@ def test_integer_points_become_floating():
         (dict(points=torch.tensor([[1.0, float("inf")]])), "points contains infinite"),
         (dict(points=torch.randn(3, 2), weights=torch.ones(4) / 4), "weights must have shape"),
         (dict(points=torch.randn(2, 2), weights=torch.tensor([1.2, -0.2])), "non-negative"),
-        (dict(points=torch.randn(2, 2), weights=torch.tensor([0.5, float("nan")])), "weights contains NaN"),
+        (
+            dict(points=torch.randn(2, 2), weights=torch.tensor([0.5, float("nan")])),
+            "weights contains NaN",
+        ),
         (dict(points=torch.randn(2, 2), weights=torch.tensor([0.5, 0.6])), "sum to 1"),
-        (dict(points=torch.randn(2, 2), positions=torch.tensor([0.5])), "positions must have shape"),
+        (
+            dict(points=torch.randn(2, 2), positions=torch.tensor([0.5])),
+            "positions must have shape",
+        ),
         (dict(points=torch.randn(2, 2), positions=torch.tensor([0.5, 1.5])), r"\[0, 1\]"),
         (dict(points=torch.randn(2, 2), positions=torch.tensor([-0.1, 0.5])), r"\[0, 1\]"),
     ],
@@ -49,7 +55,9 @@ def test_validation_errors_are_one_line(kwargs, message):
 
 
 def test_normalize_rescales_instead_of_rejecting():
-    mu = DiracMeasure(torch.randn(3, 2, dtype=torch.float64), torch.tensor([1.0, 2.0, 1.0]), normalize=True)
+    mu = DiracMeasure(
+        torch.randn(3, 2, dtype=torch.float64), torch.tensor([1.0, 2.0, 1.0]), normalize=True
+    )
     assert torch.allclose(mu.weights, torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64))
     with pytest.raises(ValueError, match="sum to zero"):
         DiracMeasure(torch.randn(2, 2), torch.zeros(2), normalize=True)
@@ -89,7 +97,9 @@ def test_split_then_merge_is_identity(data):
 def test_split_with_fractions_and_positions():
     mu = DiracMeasure.from_sequence(torch.randn(3, 2, dtype=torch.float64), causal=True)
     s = mu.split(-1, 2, fractions=torch.tensor([0.25, 0.75]))
-    assert torch.allclose(s.weights, torch.tensor([1 / 3, 1 / 3, 1 / 12, 1 / 4], dtype=torch.float64))
+    assert torch.allclose(
+        s.weights, torch.tensor([1 / 3, 1 / 3, 1 / 12, 1 / 4], dtype=torch.float64)
+    )
     assert torch.equal(s.positions[-2:], mu.positions[-1].expand(2))
     with pytest.raises(ValueError, match="sum to 1"):
         mu.split(0, 2, fractions=torch.tensor([0.5, 0.6]))

@@ -36,7 +36,9 @@ def test_jsonl_ignores_a_torn_last_line(tmp_path):
 
 
 def test_csv_long_format(tmp_path):
-    path = results.write_csv(tmp_path / "c.csv", [{"n": 2, "v": 1.0}, {"n": 4, "v": 2.0, "seed": 3}])
+    path = results.write_csv(
+        tmp_path / "c.csv", [{"n": 2, "v": 1.0}, {"n": 4, "v": 2.0, "seed": 3}]
+    )
     lines = path.read_text().splitlines()
     assert lines[0] == "n,v,seed" and lines[2] == "4,2.0,3"
 

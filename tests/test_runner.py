@@ -23,7 +23,9 @@ def test_rerun_skips_finished_points(tmp_path):
     sweep = Sweep(tmp_path, "s", {"model": "toy"})
     first = sweep.run([{"n": n} for n in (2, 4, 6)], compute, progress=False)
     assert [r["value"] for r in first] == [4, 16, 36]
-    again = Sweep(tmp_path, "s", {"model": "toy"}).run([{"n": n} for n in (2, 4, 6, 8)], compute, progress=False)
+    again = Sweep(tmp_path, "s", {"model": "toy"}).run(
+        [{"n": n} for n in (2, 4, 6, 8)], compute, progress=False
+    )
     assert calls == [2, 4, 6, 8]
     assert [r["value"] for r in again] == [4, 16, 36, 64]
     # another configuration does not reuse those records
