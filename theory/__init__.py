@@ -1,0 +1,160 @@
+r"""Closed-form and symbolic Lipschitz bounds for self-attention (numpy, scipy, sympy; no torch).
+
+Reference: Castin, Ablin & Peyré, *How Smooth Is Attention?*, ICML 2024, arXiv:2312.14820v2
+(pinned). Formulas, derivations and provenance labels are those of THEORY.md; derivations of the
+reconstructed constants are in ``docs/theory.md``.
+
+Notation (THEORY.md §1.5; code names in parentheses)
+-----------------------------------------------------
+A (``A``, ``A_norm`` = :math:`\|A\|_2`)
+    Score matrix: the score of query :math:`i` on key :math:`j` is :math:`x_i^\top Ax_j`,
+    :math:`A = Q^\top K/\sqrt k`. The released code uses :math:`A^\top` (same norm and spectrum).
+V (``V``, ``V_norm`` = :math:`\|V\|_2`, ``Vu_norm`` = :math:`\|Vu\|_2`)
+    Value matrix, shape (d_v, d).
+mu (``mu``)
+    A probability measure on :math:`B_R`; atomic measures :math:`\sum_ja_j\delta_{x_j}` (masses
+    :math:`a_j`).
+n, N
+    Number of tokens (:math:`N` in Kim et al.'s notation, §10).
+d
+    Token dimension.
+R (``R``)
+    Radius of the ball :math:`B_R` (maximum token norm).
+gamma (``gamma``; ``s`` in the two-Dirac and splitting functions)
+    Logit gap of a construction: :math:`\lambda R^2/4` (case +) or :math:`2|\lambda|R^2` (case −).
+lambda (``lam``)
+    Rayleigh quotient :math:`u^\top Au` of a unit direction :math:`u`.
+p
+    Attention that a query pays to the distinguished token of the :math:`n`-token construction,
+    :math:`e^\gamma/(e^\gamma + n - 1)`.
+eps (``eps``)
+    Mass of the light atom of the two-Dirac construction.
+w, v
+    Attention the heavy atom pays to the light one, and :math:`v = 1 - w`.
+N_j
+    Number of queries whose arg-max key is :math:`j` (large-radius regime).
+theta (``theta``)
+    :math:`\|A\|_2R^2`, a shorthand of this package (not THEORY.md's).
+
+Modules
+-------
+:mod:`theory.bounds`
+    One numpy function per result (broadcasting; log domain where :math:`e^{\gamma}` appears).
+:mod:`theory.lambert`
+    Real Lambert W with domain checks.
+:mod:`theory.regimes`
+    Regime classification and thresholds.
+:mod:`theory.symbolic`
+    Sympy derivations; imported lazily (``theory.symbolic`` loads sympy on first access).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from theory import bounds, lambert, regimes
+from theory.bounds import (
+    ConstructionGap,
+    RayleighExtremes,
+    TwoDiracOptimum,
+    construction_gap,
+    gap_for_target,
+    kim_l2_norms,
+    kim_l2_upper,
+    kim_softmax_lemma,
+    kim_softmax_lemma_mean_field,
+    large_radius_counts,
+    large_radius_deviation,
+    large_radius_limit,
+    masked_sqrt_n_lower,
+    mean_field_lower,
+    mean_field_upper,
+    multihead_upper,
+    off_axis_two_atom,
+    radius_for_target,
+    radius_for_upper,
+    rayleigh_extremes,
+    released_data_dependent,
+    selection_gap,
+    sequence_lower,
+    split_gain,
+    split_gain_general,
+    split_optimal_k,
+    sqrt_n_constant,
+    sqrt_n_lower,
+    sqrt_n_upper,
+    trivial_lower,
+    two_dirac_asymptote,
+    two_dirac_g,
+    two_dirac_half,
+    two_dirac_log_g,
+    two_dirac_lower,
+    two_dirac_optimal_mass,
+)
+from theory.lambert import lambertw, lambertw_asymptotic, lambertw_derivative, lambertw_exp
+from theory.regimes import RadiusBracket, Regime, classify, crossover_n, peak_n, radius_bracket
+
+__all__ = [
+    "ConstructionGap",
+    "RadiusBracket",
+    "RayleighExtremes",
+    "Regime",
+    "TwoDiracOptimum",
+    "bounds",
+    "classify",
+    "construction_gap",
+    "crossover_n",
+    "gap_for_target",
+    "kim_l2_norms",
+    "kim_l2_upper",
+    "kim_softmax_lemma",
+    "kim_softmax_lemma_mean_field",
+    "lambert",
+    "lambertw",
+    "lambertw_asymptotic",
+    "lambertw_derivative",
+    "lambertw_exp",
+    "large_radius_counts",
+    "large_radius_deviation",
+    "large_radius_limit",
+    "masked_sqrt_n_lower",
+    "mean_field_lower",
+    "mean_field_upper",
+    "multihead_upper",
+    "off_axis_two_atom",
+    "peak_n",
+    "radius_bracket",
+    "radius_for_target",
+    "radius_for_upper",
+    "rayleigh_extremes",
+    "regimes",
+    "released_data_dependent",
+    "selection_gap",
+    "sequence_lower",
+    "split_gain",
+    "split_gain_general",
+    "split_optimal_k",
+    "sqrt_n_constant",
+    "sqrt_n_lower",
+    "sqrt_n_upper",
+    "symbolic",
+    "trivial_lower",
+    "two_dirac_asymptote",
+    "two_dirac_g",
+    "two_dirac_half",
+    "two_dirac_log_g",
+    "two_dirac_lower",
+    "two_dirac_optimal_mass",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import :mod:`theory.symbolic` (and sympy) on first access."""
+    if name == "symbolic":
+        return importlib.import_module("theory.symbolic")
+    raise AttributeError(f"module 'theory' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,89 @@
+r"""Sympy symbols with assumptions, named as in THEORY.md §1.5.
+
+Python names follow the code notation (``A_norm`` for :math:`\|A\|_2`, ``lam`` for :math:`\lambda`,
+``eps`` for :math:`\varepsilon`); :data:`LATEX_NAMES` maps each symbol to its THEORY.md notation for
+LaTeX output. Assumptions are the ones the derivations need: counts are positive integers, norms,
+radii, gaps and masses are positive.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+__all__ = [
+    "A_norm",
+    "C",
+    "H",
+    "L",
+    "LATEX_NAMES",
+    "M",
+    "N",
+    "R",
+    "V_norm",
+    "Vu_norm",
+    "a",
+    "b",
+    "c",
+    "d",
+    "eps",
+    "gamma",
+    "k",
+    "lam",
+    "m",
+    "n",
+    "p",
+    "q",
+    "s",
+    "t",
+    "theta",
+    "v",
+    "w",
+    "x",
+    "y",
+]
+
+# Counts.
+n = sp.Symbol("n", positive=True, integer=True)  # tokens
+N = sp.Symbol("N", positive=True, integer=True)  # tokens, Kim et al. notation (§10)
+d = sp.Symbol("d", positive=True, integer=True)  # model width
+k = sp.Symbol("k", positive=True, integer=True)  # copies (§12) / head width (§1.2)
+H = sp.Symbol("H", positive=True, integer=True)  # heads
+M = sp.Symbol("M", positive=True)  # N - 1, the number of other tokens (§10.4)
+m = sp.Symbol("m", positive=True)  # k - 1 or n - 1 as a continuous variable
+
+# Norms and geometry.
+A_norm = sp.Symbol("A_norm", positive=True)  # ||A||_2
+V_norm = sp.Symbol("V_norm", positive=True)  # ||V||_2
+Vu_norm = sp.Symbol("Vu_norm", positive=True)  # ||V u||_2
+R = sp.Symbol("R", positive=True)  # radius of the ball B_R
+theta = sp.Symbol("theta", positive=True)  # ||A||_2 R^2 (package notation)
+lam = sp.Symbol("lambda", positive=True)  # lambda = u^T A u > 0 (case +)
+
+# Constructions.
+gamma = sp.Symbol("gamma", positive=True)  # logit gap
+s = sp.Symbol("s", positive=True)  # gap in the two-Dirac / splitting API
+p = sp.Symbol("p", positive=True)  # attention paid to the distinguished token
+eps = sp.Symbol("epsilon", positive=True)  # light mass
+w = sp.Symbol("w", positive=True)  # attention of the heavy atom to the light one
+v = sp.Symbol("v", positive=True)  # v = 1 - w
+q = sp.Symbol("q", positive=True)  # mass of the zero-cost atom (§10.4)
+t = sp.Symbol("t", positive=True)  # a cost (§10.4) or a ratio (n - 1)/e^gamma (§6.3)
+
+# Targets and bound parameters.
+L = sp.Symbol("L", positive=True)  # target Lipschitz constant
+C = sp.Symbol("C", positive=True)  # constant of the asymptotic lower bound (§11.2)
+a = sp.Symbol("a", positive=True)  # bound a(1 + b R^2) e^{c R^2} (§11.5)
+b = sp.Symbol("b", positive=True)
+c = sp.Symbol("c", positive=True)  # also c', the exponent coefficient of §7.1
+x = sp.Symbol("x", positive=True)  # auxiliary unknown
+y = sp.Symbol("y", positive=True)  # auxiliary unknown
+
+#: LaTeX names in THEORY.md notation.
+LATEX_NAMES: dict[sp.Symbol, str] = {
+    A_norm: r"\|A\|_2",
+    V_norm: r"\|V\|_2",
+    Vu_norm: r"\|Vu\|_2",
+    theta: r"\theta",
+    lam: r"\lambda",
+    eps: r"\varepsilon",
+}
