@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
     p.set_defaults(handler=_cmd_demo, printer=_print_demo)
+
+    from . import theory_cli
+
+    theory_cli.add_parsers(sub, _common)
     return parser
 
 

@@ -70,3 +70,86 @@ def test_demo_dtypes(tmp_path, dtype, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["metadata"]["dtype"] == dtype
     assert load_npz(tmp_path / "demo.npz")["points"].dtype == np.dtype(dtype)
+
+
+def test_bound_matches_theory_on_a_grid(capsys):
+    from theory import bounds
+
+    assert (
+        main(
+            [
+                "bound",
+                "sqrt-n-upper",
+                "--A-norm",
+                "2",
+                "--V-norm",
+                "0.5",
+                "--R",
+                "1,3",
+                "--n",
+                "2:10:4",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"] == {
+        "A_norm": [2.0],
+        "V_norm": [0.5],
+        "R": [1.0, 3.0],
+        "n": [2.0, 6.0, 10.0],
+    }
+    value = np.asarray(doc["value"])
+    assert value.shape == (1, 1, 2, 3)
+    for i, R in enumerate((1.0, 3.0)):
+        for j, n in enumerate((2.0, 6.0, 10.0)):
+            assert value[0, 0, i, j] == bounds.sqrt_n_upper(2.0, 0.5, R, n)
+
+
+def test_bound_forwards_options(capsys):
+    from theory import bounds
+
+    assert (
+        main(
+            [
+                "bound",
+                "mean-field-upper",
+                "--A-norm",
+                "1",
+                "--V-norm",
+                "1",
+                "--R",
+                "2",
+                "--c",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["value"] == [[[float(bounds.mean_field_upper(1.0, 1.0, 2.0, c=2.0))]]]
+    assert doc["value"] != [[[float(bounds.mean_field_upper(1.0, 1.0, 2.0, c=1.0))]]]
+
+
+def test_derive_kim_lemma_yields_lambert_w(capsys):
+    assert main(["derive", "kim-softmax-lemma", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["expression"] == "LambertW((N - 1)*exp(-1))"
+    assert main(["derive", "kim-softmax-lemma", "--latex"]) == 0
+    assert capsys.readouterr().out.strip() == r"W\left(\frac{N - 1}{e}\right)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bound", "sqrt-n-upper", "--n", "3"], "needs --A-norm"),
+        (["bound", "split-gain", "--k", "x", "--s", "1"], "cannot read 'x'"),
+        (["derive", "no-such-thing"], "unknown derivation 'no-such-thing'"),
+    ],
+)
+def test_theory_commands_fail_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("meanfield: error: ") and message in err and "\n" not in err
