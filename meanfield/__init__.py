@@ -39,6 +39,7 @@ from .distances import (
     wasserstein,
     wasserstein_inf,
 )
+from .lipschitz import LipschitzEstimate, local_lipschitz, local_lipschitz_fn, released_metric
 from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryEmbedding
 
@@ -48,6 +49,7 @@ __all__ = [
     "AttentionParams",
     "DiracMeasure",
     "L2AttentionParams",
+    "LipschitzEstimate",
     "MultiHeadParams",
     "RotaryEmbedding",
     "SinkhornResult",
@@ -59,7 +61,10 @@ __all__ = [
     "attention_weights",
     "conditional_wasserstein",
     "l2_self_attention",
+    "local_lipschitz",
+    "local_lipschitz_fn",
     "optimal_transport",
+    "released_metric",
     "self_attention",
     "sinkhorn_wasserstein",
     "wasserstein",

@@ -251,8 +251,10 @@ class AttentionParams:
             return None if t is None else t.to(*args, **kwargs)
 
         rope = None if self.rope is None else self.rope.to(*args, **kwargs)
+        # With factors, A is recomputed from the moved Q and K: a cast of A rounded in another
+        # dtype would not reproduce Q^T K to the new dtype's precision.
         return AttentionParams(
-            mv(self.A),
+            None if self.Q is not None else mv(self.A),
             mv(self.V),
             c=mv(self.c),
             b=mv(self.b),

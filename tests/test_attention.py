@@ -307,3 +307,13 @@ def test_l2_attention_matches_naive(gen):
     Z = X @ W_Q[0]
     logits = -torch.cdist(Z, Z).square()
     assert torch.equal(logits.argmax(-1), torch.arange(5))
+
+
+def test_factored_params_change_dtype_both_ways(gen):
+    _, params = random_layer(gen)
+    p32 = params.to(torch.float32)
+    p64 = p32.to(torch.float64)
+    assert p64.heads[0].A.dtype == torch.float64
+    torch.testing.assert_close(
+        p64.heads[0].A, p64.heads[0].Q.T @ p64.heads[0].K, rtol=0, atol=1e-15
+    )

@@ -1,0 +1,664 @@
+r"""Local Lipschitz constants of attention with certified brackets (THEORY.md §5, §13).
+
+:func:`local_lipschitz` estimates, at a sequence or a weighted atomic measure,
+
+* ``geometry="euclidean"``: :math:`\|Df(X)\|_2` (§5.1; masked: :math:`\|Df^m(X)\|_2`);
+* ``geometry="wasserstein"``: :math:`L_W(\mu) = \|D_a^{1/2}JD_a^{-1/2}\|_2` (§5.2), which equals
+  the Euclidean value for uniform weights; for a causal (position-tagged) measure this is the
+  conditional-distance constant of §5.4;
+* ``geometry="split"``: :math:`\max\big(L_W(\mu),\max_i\|\sum_hW_hV_hC^h_iA_h^\top\|_2\big)`
+  (§5.3, mass splitting allowed).
+
+Every :class:`LipschitzEstimate` carries a bracket ``lower <= exact <= upper``:
+
+* ``lower`` is :math:`\|Jv\|/\|v\|` for the returned vector, recomputed from one explicit product
+  (in float64 when the inputs are float32), so it is a true lower bound;
+* ``upper`` is, for dense problems, Gram iteration on the assembled Jacobian certified by a
+  Cholesky test (§13.2), and for large problems the block-norm bound of §13.3 with a
+  Collatz–Wielandt certificate, computed in :math:`O(Hn^2d)` without :math:`(nd)^2` storage.
+
+Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024 (arXiv
+2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
+numerically*; they are not quoted from the paper.
+
+Both ends include a small relative margin for the float64 evaluation of :math:`J`
+(:math:`64(n+d)u`, first-order error model) and are rounded outwards when cast to float32.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.func as tfunc
+from torch import Tensor
+
+from ._numerics import as_float_tensor, iter_chunks
+from ._spectral import (
+    SpectralResult,
+    collatz_wielandt_bound,
+    spectral_norm_upper,
+    top_singular_value,
+)
+from .jacobian import (
+    AttentionLinearization,
+    _dense_from_lin,
+    _self_blocks,
+    block_norm_bounds,
+    jvp,
+    linearize,
+    self_jvp,
+    self_norm_trace_bound,
+    self_vjp,
+    vjp,
+)
+from .measures import DiracMeasure
+from .params import AttentionParams, MultiHeadParams
+
+__all__ = ["LipschitzEstimate", "local_lipschitz", "local_lipschitz_fn", "released_metric"]
+
+Params = AttentionParams | MultiHeadParams
+Geometry = Literal["euclidean", "wasserstein", "split"]
+Method = Literal["auto", "dense", "lanczos", "power"]
+UpperMethod = Literal["auto", "gram", "block", "none"]
+
+#: ``method="auto"`` assembles the Jacobian when ``n * d`` is at most this.
+DENSE_AUTO_MAX = 1500
+#: Relative margin covering the closed-form rank-one norms (square-root cancellation, ~1e-8).
+_BLOCK_RTOL = 1e-6
+#: Per-atom self-Jacobians are formed explicitly below this many flops (n * d_out * d * min).
+_EXPLICIT_SELF_FLOPS = 2e9
+#: Entries of explicit self-Jacobian blocks held at once (atoms are processed in chunks).
+_EXPLICIT_SELF_ENTRIES = 2**22
+#: Gram steps run on a dense Jacobian before certification of the SVD value.
+_DENSE_GRAM_STEPS = 8
+
+_U64 = torch.finfo(torch.float64).eps / 2
+
+
+@dataclass(frozen=True, eq=False)
+class LipschitzEstimate:
+    r"""A local Lipschitz constant with its certified bracket.
+
+    Tensor fields have the batch shape of the input (``()`` for one input).
+
+    Attributes
+    ----------
+    value : Tensor
+        Best estimate (dense: the top singular value; iterative: the final Ritz value).
+    lower, upper : Tensor
+        Certified bracket ``lower <= exact <= upper``; ``upper = +inf`` when no certificate is
+        available (``upper="none"``, rotary heads without ``method="dense"``, or
+        :func:`local_lipschitz_fn` without ``method="dense"``).
+    converged : Tensor of bool
+        Whether the iterative solver met its stopping rule (always true for ``"dense"``).
+    n_iter, n_matvec : Tensor of int64
+        Solver iterations and products with :math:`J` or :math:`J^\top` (0 for ``"dense"``).
+    residual : Tensor
+        :math:`\|J^\top Jv - \sigma^2v\|` for the returned vector.
+    method : str
+        ``"dense"``, ``"lanczos"`` or ``"power"`` (the resolved method).
+    geometry : str
+    upper_method : str
+        ``"gram"``, ``"block"`` or ``"none"``.
+    vector : Tensor or None, shape (..., n, d)
+        Unit top right singular vector estimate of the operator of ``geometry`` (for ``"split"``,
+        of the Wasserstein operator).
+    history : Tensor or None, shape (n_steps, ...)
+        Estimates after each iteration (``None`` for ``"dense"``).
+    self_value : Tensor or None
+        ``geometry="split"`` only: :math:`\max_i\|S_i\|_2`, the splitting term.
+    """
+
+    value: Tensor
+    lower: Tensor
+    upper: Tensor
+    converged: Tensor
+    n_iter: Tensor
+    n_matvec: Tensor
+    residual: Tensor
+    method: str
+    geometry: str
+    upper_method: str
+    vector: Tensor | None = None
+    history: Tensor | None = None
+    self_value: Tensor | None = None
+
+    @property
+    def ratio(self) -> Tensor:
+        """Bracket tightness ``upper / lower``."""
+        return self.upper / self.lower
+
+
+# ------------------------------------------------------------------------------- helpers
+def _round_down(x64: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast ``x64`` to ``dtype`` rounding towards ``-inf``."""
+    y = x64.to(dtype)
+    if dtype == torch.float64:
+        return y
+    return torch.where(y.to(torch.float64) > x64, torch.nextafter(y, y.new_tensor(-math.inf)), y)
+
+
+def _round_up(x64: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast ``x64`` to ``dtype`` rounding towards ``+inf``."""
+    y = x64.to(dtype)
+    if dtype == torch.float64:
+        return y
+    return torch.where(y.to(torch.float64) < x64, torch.nextafter(y, y.new_tensor(math.inf)), y)
+
+
+def _eval_margin(n: int, d: int) -> float:
+    """Relative evaluation margin of J in float64 (first-order model, heuristic constant)."""
+    return 64 * (n + d) * _U64
+
+
+_F64_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _params_to_float64(params: Params) -> Params:
+    """Float64 copy (cached per ``params``, so certified weight norms are computed once).
+
+    Factored heads get ``A = Q^T K`` recomputed in float64, because ``AttentionParams.to`` checks
+    the factorisation at float64 precision against an ``A`` rounded in float32 and rejects it.
+    """
+    if params.dtype == torch.float64:
+        return params
+    cached = _F64_CACHE.get(params)
+    if cached is None:
+        cached = _F64_CACHE[params] = _convert_float64(params)
+    return cached
+
+
+def _convert_float64(params: Params) -> Params:
+
+    def head64(h: AttentionParams) -> AttentionParams:
+        f = torch.float64
+        c = None if h.c is None else h.c.to(f)
+        b = None if h.b is None else h.b.to(f)
+        rope = getattr(h, "rope", None)
+        if h.Q is not None:
+            Q, K = h.Q.to(f), h.K.to(f)
+            extra = {} if rope is None else {"rope": rope.to(dtype=f)}
+            return AttentionParams(Q.mT @ K, h.V.to(f), c=c, b=b, Q=Q, K=K, **extra)
+        return AttentionParams(h.A.to(f), h.V.to(f), c=c, b=b)
+
+    if isinstance(params, AttentionParams):
+        return head64(params)
+    return MultiHeadParams(
+        tuple(head64(h) for h in params.heads),
+        W_O=None if params.W_O is None else params.W_O.to(torch.float64),
+        b_O=None if params.b_O is None else params.b_O.to(torch.float64),
+    )
+
+
+def _to_float64(lin: AttentionLinearization, params64: Params | None) -> AttentionLinearization:
+    if lin.X.dtype == torch.float64:
+        return lin
+    p64 = _params_to_float64(lin.params) if params64 is None else params64
+
+    def f(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(torch.float64)
+
+    return linearize(
+        lin.X.to(torch.float64), p64, log_weights=f(lin.log_weights), masked=lin.masked,
+        positions=f(lin.positions), token_index=lin.token_index, chunk_size=lin.chunk_size,
+    )
+
+
+def _start(
+    shape: tuple[int, ...], like: Tensor, seed: int | None, generator: torch.Generator | None
+) -> Tensor:
+    if generator is None and seed is not None:
+        generator = torch.Generator().manual_seed(int(seed))
+    if generator is not None and generator.device.type != "cpu":
+        x0 = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float64)
+    else:
+        x0 = torch.randn(shape, generator=generator, dtype=torch.float64)
+    return x0.to(dtype=like.dtype, device=like.device)
+
+
+def _flat_ops(lin: AttentionLinearization, geometry: str):
+    shape_in = lin.batch_shape + (lin.n, lin.d)
+    shape_out = lin.batch_shape + (lin.n, lin.d_out)
+
+    def matvec(v: Tensor) -> Tensor:
+        return jvp(lin, v.reshape(shape_in), geometry=geometry).reshape(lin.batch_shape + (-1,))
+
+    def rmatvec(u: Tensor) -> Tensor:
+        return vjp(lin, u.reshape(shape_out), geometry=geometry).reshape(lin.batch_shape + (-1,))
+
+    return matvec, rmatvec
+
+
+def _self_ops(lin: AttentionLinearization):
+    def matvec(v: Tensor) -> Tensor:
+        return self_jvp(lin, v)
+
+    def rmatvec(u: Tensor) -> Tensor:
+        return self_vjp(lin, u)
+
+    return matvec, rmatvec
+
+
+def _parse_input(
+    x: Tensor | DiracMeasure, masked: bool | None
+) -> tuple[Tensor, Tensor | None, Tensor | None, bool]:
+    if isinstance(x, DiracMeasure):
+        is_masked = x.is_causal if masked is None else bool(masked)
+        if is_masked and not x.is_causal:
+            raise ValueError(
+                "masked estimates on a measure need a position-tagged (causal) measure"
+            )
+        lw = x.log_weights
+        uniform = bool((x.weights == x.weights[..., :1]).all())
+        return x.points, None if uniform else lw, x.positions if is_masked else None, is_masked
+    X = as_float_tensor(x, "x")
+    return X, None, None, bool(masked) if masked is not None else False
+
+
+def _block_upper(
+    lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None
+) -> Tensor:
+    if lin64.rope_heads:
+        return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
+    N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
+    return collatz_wielandt_bound(N) * (1 + _BLOCK_RTOL)
+
+
+@dataclass(frozen=True)
+class _SelfTerm:
+    value: Tensor  # (...,) max_i estimate, float64
+    lower: Tensor  # (...,)
+    upper: Tensor  # (...,)
+    upper_atoms: Tensor | None  # (..., n) certified per-atom bounds, when explicit
+    converged: Tensor
+    n_matvec: Tensor
+
+
+def _self_term(
+    lin: AttentionLinearization,
+    lin64: AttentionLinearization,
+    *,
+    explicit: bool,
+    method: str,
+    tol: float,
+    max_iter: int | None,
+    krylov_dim: int,
+    seed: int | None,
+    generator: torch.Generator | None,
+    chunk_size: int | None,
+) -> _SelfTerm:
+    """max_i ||S_i||_2 with a bracket: explicit blocks + SVD, or batched per-atom Lanczos."""
+    em = _eval_margin(lin.n, lin.d)
+    batch = lin64.batch_shape
+    dev = lin64.X.device
+    if explicit:
+        sv, low, up = [], [], []
+        per_atom = max(1, math.prod(batch)) * lin64.d_out * lin64.d
+        block = chunk_size if chunk_size is not None else max(1, _EXPLICIT_SELF_ENTRIES // per_atom)
+        for sl in iter_chunks(lin64.n, block):
+            S = _self_blocks(lin64, sl)  # (..., c, d_out, d)
+            _, s, Vh = torch.linalg.svd(S, full_matrices=False)
+            v = Vh[..., 0, :]
+            low.append(torch.linalg.vector_norm((S @ v.unsqueeze(-1)).squeeze(-1), dim=-1))
+            sv.append(s[..., 0])
+            up.append(spectral_norm_upper(S, candidate=s[..., 0], max_iter=0))
+        val = torch.cat(sv, -1)
+        up_atoms = torch.cat(up, -1) * (1 + em)
+        return _SelfTerm(
+            value=val.amax(-1),
+            lower=torch.cat(low, -1).amax(-1) * (1 - em),
+            upper=up_atoms.amax(-1),
+            upper_atoms=up_atoms,
+            converged=torch.ones(batch, dtype=torch.bool, device=dev),
+            n_matvec=torch.zeros(batch, dtype=torch.int64, device=dev),
+        )
+    mv, rmv = _self_ops(lin)
+    x0 = _start(lin.batch_shape + (lin.n, lin.d), lin.X, seed, generator)
+    res = top_singular_value(
+        mv, rmv, x0, method=method, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
+    )
+    if lin64 is lin:
+        low = res.sigma
+    else:
+        low = torch.linalg.vector_norm(self_jvp(lin64, res.vector.to(torch.float64)), dim=-1)
+    up_atoms = self_norm_trace_bound(lin64) * (1 + em)
+    return _SelfTerm(
+        value=res.sigma.to(torch.float64).amax(-1),
+        lower=(low * (1 - em)).amax(-1),
+        upper=up_atoms.amax(-1),
+        upper_atoms=None,
+        converged=res.converged.all(-1),
+        n_matvec=res.n_matvec.amax(-1),
+    )
+
+
+# --------------------------------------------------------------------------- main estimator
+def local_lipschitz(
+    x: Tensor | DiracMeasure,
+    params: Params,
+    *,
+    geometry: Geometry = "euclidean",
+    masked: bool | None = None,
+    method: Method = "auto",
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+    krylov_dim: int = 32,
+    seed: int | None = 0,
+    generator: torch.Generator | None = None,
+    upper: UpperMethod = "auto",
+    chunk_size: int | None = None,
+    token_index: Tensor | None = None,
+) -> LipschitzEstimate:
+    r"""Local Lipschitz constant of attention at a sequence or a measure, with a certified bracket.
+
+    Parameters
+    ----------
+    x : Tensor, shape (..., n, d), or DiracMeasure
+        A sequence (uniform weights) or a batch of them, or a weighted measure. A causal measure
+        implies ``masked=True`` with its positions (THEORY.md §3.3).
+    params : AttentionParams or MultiHeadParams
+    geometry : {"euclidean", "wasserstein", "split"}, default "euclidean"
+        The constant (module docstring; THEORY.md §5.1–§5.4). For sequences and uniform
+        weights ``"wasserstein"`` equals ``"euclidean"``.
+    masked : bool, optional
+        Causal attention. Default: ``x.is_causal`` for a measure, ``False`` for a tensor.
+    method : {"auto", "dense", "lanczos", "power"}, default "auto"
+        ``"dense"`` assembles :math:`J` and takes an SVD (float64); ``"lanczos"`` is matrix-free
+        Golub–Kahan–Lanczos with a residual stopping rule; ``"power"`` is the baseline power
+        iteration with a relative-change rule. ``"auto"``: dense when ``n * d <= 1500``.
+    tol : float, default 1e-6
+        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`
+        (relative change for ``"power"``). For float32 inputs use ``tol >= 1e-4``.
+    max_iter : int, optional
+        Iteration cap of the solver (defaults: 300 Lanczos steps, 1000 power steps).
+    krylov_dim : int, default 32
+        Lanczos basis size before a restart.
+    seed : int or None, default 0
+        Seed of the random start (ignored when ``generator`` is given; ``None``: global RNG).
+    generator : torch.Generator, optional
+    upper : {"auto", "gram", "block", "none"}, default "auto"
+        Upper-bound certificate. ``"auto"``: ``"gram"`` for the dense method, ``"block"``
+        otherwise. ``"gram"`` needs ``method="dense"``.
+    chunk_size : int, optional
+        Query-block size of the matrix-free products.
+    token_index : Tensor, optional
+        Integer token positions of rotary heads.
+
+    Returns
+    -------
+    LipschitzEstimate
+        Tensor fields of the batch shape of ``x``, in its dtype.
+
+    Notes
+    -----
+    Products are batched over the leading dimensions, so a (B, n, d) input costs one batched
+    product per iteration. Heads with a rotary embedding use autograd products; their block
+    bound is unavailable (``upper = inf`` unless ``method="dense"``) and ``geometry="split"`` is
+    not supported for them.
+    """
+    if geometry not in ("euclidean", "wasserstein", "split"):
+        raise ValueError(
+            f"geometry must be 'euclidean', 'wasserstein' or 'split', got {geometry!r}"
+        )
+    if method not in ("auto", "dense", "lanczos", "power"):
+        raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
+    if upper not in ("auto", "gram", "block", "none"):
+        raise ValueError(f"upper must be 'auto', 'gram', 'block' or 'none', got {upper!r}")
+    X, lw, positions, is_masked = _parse_input(x, masked)
+    if X.dtype != params.dtype:
+        raise ValueError(f"inputs have dtype {X.dtype} but the parameters have {params.dtype}")
+    lin = linearize(
+        X, params, log_weights=lw, masked=is_masked, positions=positions, token_index=token_index,
+        chunk_size=chunk_size,
+    )
+    op_geometry = "euclidean" if geometry == "euclidean" else "wasserstein"
+    if geometry == "split" and lin.rope_heads:
+        raise NotImplementedError(
+            "geometry='split' is not available for heads with a rotary embedding"
+        )
+    n, d = lin.n, lin.d
+    resolved = method if method != "auto" else ("dense" if n * d <= DENSE_AUTO_MAX else "lanczos")
+    up_method = upper if upper != "auto" else ("gram" if resolved == "dense" else "block")
+    if up_method == "gram" and resolved != "dense":
+        raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
+    dtype, dev, batch = X.dtype, X.device, lin.batch_shape
+    lin64 = _to_float64(lin, None)
+    em = _eval_margin(n, d)
+
+    self_term = None
+    if geometry == "split":
+        explicit = resolved == "dense" or (
+            n * lin.d_out * d * min(lin.d_out, d) * max(1, math.prod(batch)) <= _EXPLICIT_SELF_FLOPS
+        )
+        self_term = _self_term(
+            lin, lin64, explicit=explicit, method="lanczos" if resolved == "dense" else resolved,
+            tol=tol, max_iter=max_iter, krylov_dim=krylov_dim, seed=seed, generator=generator,
+            chunk_size=chunk_size,
+        )
+
+    history = None
+    if resolved == "dense":
+        J = _dense_from_lin(lin64, op_geometry)
+        _, S, Vh = torch.linalg.svd(J, full_matrices=False)
+        v = Vh[..., 0, :]
+        Jv = (J @ v.unsqueeze(-1)).squeeze(-1)
+        sigma = torch.linalg.vector_norm(Jv, dim=-1)
+        residual = torch.linalg.vector_norm(
+            (J.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
+        )
+        value64 = S[..., 0]
+        lower64 = sigma * (1 - em)
+        vector = v.reshape(batch + (n, d)).to(dtype)
+        converged = torch.ones(batch, dtype=torch.bool, device=dev)
+        n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
+        n_matvec = torch.zeros(batch, dtype=torch.int64, device=dev)
+        if up_method == "gram":
+            upper64 = spectral_norm_upper(J, candidate=value64, max_iter=_DENSE_GRAM_STEPS)
+            upper64 = upper64 * (1 + em)
+    else:
+        mv, rmv = _flat_ops(lin, op_geometry)
+        x0 = _start(batch + (n * d,), X, seed, generator)
+        res: SpectralResult = top_singular_value(
+            mv, rmv, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
+        )
+        if lin64 is lin:
+            sigma = res.sigma
+        else:
+            v64 = res.vector.to(torch.float64).reshape(batch + (n, d))
+            sigma = torch.linalg.vector_norm(
+                jvp(lin64, v64, geometry=op_geometry).flatten(-2), dim=-1
+            ) / torch.linalg.vector_norm(v64.flatten(-2), dim=-1)
+        value64 = res.sigma.to(torch.float64)
+        lower64 = sigma * (1 - em)
+        residual = res.residual
+        vector = res.vector.reshape(batch + (n, d))
+        converged, n_iter, n_matvec = res.converged, res.n_iter, res.n_matvec
+        history = res.history
+    if up_method == "block":
+        self_norms = None if self_term is None else self_term.upper_atoms
+        upper64 = _block_upper(lin64, op_geometry, self_norms) * (1 + em)
+    elif up_method == "none":
+        upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
+
+    self_value = None
+    if self_term is not None:
+        value64 = torch.maximum(value64, self_term.value)
+        lower64 = torch.maximum(lower64, self_term.lower)
+        upper64 = torch.maximum(upper64, self_term.upper)
+        converged = converged & self_term.converged
+        n_matvec = n_matvec + self_term.n_matvec
+        self_value = self_term.value.to(dtype)
+    return LipschitzEstimate(
+        value=value64.to(dtype),
+        lower=_round_down(lower64, dtype),
+        upper=_round_up(upper64, dtype),
+        converged=converged,
+        n_iter=n_iter,
+        n_matvec=n_matvec,
+        residual=residual.to(dtype),
+        method=resolved,
+        geometry=geometry,
+        upper_method=up_method,
+        vector=vector,
+        history=history,
+        self_value=self_value,
+    )
+
+
+# ------------------------------------------------------------------ arbitrary differentiable maps
+def _sample_fn(fn: Callable[[Tensor], Tensor], batch_dims: int, sample_shape: torch.Size):
+    def f(x: Tensor) -> Tensor:
+        return fn(x.reshape((1,) * batch_dims + tuple(sample_shape))).reshape(-1)
+
+    return f
+
+
+def local_lipschitz_fn(
+    fn: Callable[[Tensor], Tensor],
+    X: Tensor,
+    *,
+    method: Method = "auto",
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+    krylov_dim: int = 32,
+    seed: int | None = 0,
+    generator: torch.Generator | None = None,
+    upper: Literal["auto", "gram", "none"] = "auto",
+    batch_dims: int = 0,
+) -> LipschitzEstimate:
+    r"""Estimate the local Lipschitz constant of any differentiable torch callable.
+
+    The same estimator as :func:`local_lipschitz`, on a general map.
+
+    Products use ``torch.func.jvp`` — its **tangent** output, element ``[1]`` (the released
+    estimator took element ``[0]``, the primal :math:`f(X)`; EXPERIMENTS.md D1) — and
+    ``torch.func.vjp``. ``method="dense"`` builds :math:`J` with ``torch.func.jacrev``.
+
+    Parameters
+    ----------
+    fn : callable
+        Differentiable map of tensors. With ``batch_dims > 0`` it must act independently on each
+        sample of the leading ``batch_dims`` dimensions (as attention does).
+    X : Tensor
+        Input; ``X.shape[batch_dims:]`` is one sample.
+    method : {"auto", "dense", "lanczos", "power"}, default "auto"
+        ``"auto"``: dense when a sample has at most 1500 entries.
+    tol, max_iter, krylov_dim, seed, generator
+        As in :func:`local_lipschitz`.
+    upper : {"auto", "gram", "none"}, default "auto"
+        Dense: Gram iteration certified by Cholesky. Matrix-free methods have no upper
+        certificate for a general map: ``upper = +inf``.
+    batch_dims : int, default 0
+        Number of leading batch dimensions.
+
+    Returns
+    -------
+    LipschitzEstimate
+        Fields of shape ``X.shape[:batch_dims]``, in the dtype of ``X``. ``lower`` is
+        :math:`\|Jv\|` from an explicit final product in that dtype; the dense upper bound
+        includes a relative evaluation margin :math:`64\sqrt N\varepsilon` of the dtype.
+    """
+    if method not in ("auto", "dense", "lanczos", "power"):
+        raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
+    if upper not in ("auto", "gram", "none"):
+        raise ValueError(f"upper must be 'auto', 'gram' or 'none', got {upper!r}")
+    batch = X.shape[:batch_dims]
+    sample = X.shape[batch_dims:]
+    N = math.prod(sample)
+    dtype, dev = X.dtype, X.device
+    resolved = method if method != "auto" else ("dense" if N <= DENSE_AUTO_MAX else "lanczos")
+    if resolved == "dense":
+        f = _sample_fn(fn, batch_dims, sample)
+        Xf = X.reshape((-1, N))
+        J = torch.stack([tfunc.jacrev(f)(Xf[k]) for k in range(Xf.shape[0])])
+        J = J.reshape(batch + J.shape[1:])
+        J64 = J.to(torch.float64)
+        _, S, Vh = torch.linalg.svd(J64, full_matrices=False)
+        v = Vh[..., 0, :]
+        Jv = (J64 @ v.unsqueeze(-1)).squeeze(-1)
+        sigma = torch.linalg.vector_norm(Jv, dim=-1)
+        residual = torch.linalg.vector_norm(
+            (J64.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
+        )
+        em = 64 * math.sqrt(N) * torch.finfo(dtype).eps
+        if upper == "none":
+            up64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
+        else:
+            up64 = spectral_norm_upper(J64, candidate=S[..., 0], max_iter=_DENSE_GRAM_STEPS)
+            up64 = up64 * (1 + em)
+        zeros = torch.zeros(batch, dtype=torch.int64, device=dev)
+        return LipschitzEstimate(
+            value=S[..., 0].to(dtype),
+            lower=_round_down(sigma * (1 - em), dtype),
+            upper=_round_up(up64, dtype),
+            converged=torch.ones(batch, dtype=torch.bool, device=dev),
+            n_iter=zeros,
+            n_matvec=zeros,
+            residual=residual.to(dtype),
+            method="dense",
+            geometry="euclidean",
+            upper_method="none" if upper == "none" else "gram",
+            vector=v.reshape(X.shape).to(dtype),
+        )
+    if upper == "gram":
+        raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
+    out, pullback = tfunc.vjp(fn, X)
+    out_shape = out.shape
+
+    def matvec(v: Tensor) -> Tensor:
+        return tfunc.jvp(fn, (X,), (v.reshape(X.shape),))[1].reshape(batch + (-1,))
+
+    def rmatvec(u: Tensor) -> Tensor:
+        return pullback(u.reshape(out_shape))[0].reshape(batch + (-1,))
+
+    x0 = _start(batch + (N,), X, seed, generator)
+    res = top_singular_value(
+        matvec, rmatvec, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
+    )
+    return LipschitzEstimate(
+        value=res.sigma,
+        lower=res.sigma,
+        upper=torch.full(batch, math.inf, dtype=dtype, device=dev),
+        converged=res.converged,
+        n_iter=res.n_iter,
+        n_matvec=res.n_matvec,
+        residual=res.residual,
+        method=resolved,
+        geometry="euclidean",
+        upper_method="none",
+        vector=res.vector.reshape(X.shape),
+        history=res.history,
+    )
+
+
+def released_metric(fn: Callable[[Tensor], Tensor], X: Tensor, *, batch_dims: int = 0) -> Tensor:
+    r"""Reproduce the released estimator's output :math:`\sqrt{\|J(X)^\top f(X)\|}`.
+
+    The released power iteration took ``torch.func.jvp(f, (X,), (u,))[0]``, the **primal**
+    :math:`f(X)`, instead of the tangent :math:`Ju`, so every iterate is :math:`J^\top f(X)`,
+    independent of :math:`u`, and the loop returns :math:`\sqrt{\|J(X)^\top f(X)\|}`
+    (EXPERIMENTS.md D1, *from the authors' released code*). **This is not a Lipschitz constant**;
+    it is provided to reproduce and compare with the published y-axes. It is not even
+    homogeneous of degree one in :math:`f`.
+
+    Parameters
+    ----------
+    fn : callable
+        The differentiated map.
+    X : Tensor
+        Input; ``X.shape[batch_dims:]`` is one sample.
+    batch_dims : int, default 0
+        Leading dimensions treated as independent samples.
+
+    Returns
+    -------
+    Tensor, shape ``X.shape[:batch_dims]``
+    """
+    out, pullback = tfunc.vjp(fn, X)
+    g = pullback(out)[0]
+    return torch.linalg.vector_norm(g.reshape(X.shape[:batch_dims] + (-1,)), dim=-1).sqrt()

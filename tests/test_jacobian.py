@@ -1,0 +1,370 @@
+"""Closed-form attention Jacobians against torch.func, finite differences and token loops."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.func import jacrev
+
+from meanfield import AttentionParams, DiracMeasure, MultiHeadParams, attention_points
+from meanfield.attention import attention_map
+from meanfield.jacobian import (
+    block_norm_bounds,
+    dense_jacobian,
+    jvp,
+    linearize,
+    self_jacobian_blocks,
+    self_jvp,
+    self_norm_trace_bound,
+    self_vjp,
+    vjp,
+)
+from meanfield.params import RotaryEmbedding
+
+from .oracles_jacobian import (
+    block_formula_loops,
+    central_fd_jacobian,
+    random_log_weights,
+    random_params,
+)
+
+D64 = torch.float64
+
+# Closed form against reverse-mode autograd, both float64 sums of O(n) terms of size O(1):
+# a few hundred ulps.
+TOL_AUTOGRAD = dict(rtol=1e-11, atol=1e-12)
+# Central differences with h = 1e-6 in float64: truncation O(h^2) ~ 1e-12 times third
+# derivatives of size O(10), rounding O(eps/h) ~ 1e-10 times O(1) outputs.
+TOL_FD = dict(rtol=1e-6, atol=1e-7)
+# Adjointness <Jh, g> = <h, J^T g>: two float64 reductions of O(n d) products of size O(10).
+TOL_ADJOINT = 1e-11
+# Bounds against exact block norms: only rounding can make N_ij dip below ||J_ij||.
+TOL_BOUND = 1e-12
+
+KINDS = ["single", "concat", "wo"]
+KIND_MASK = list(itertools.product(KINDS, [False, True]))
+
+
+def _fn(params, **kw):
+    return lambda Y: attention_points(Y, params, **kw)
+
+
+def _jacrev(params, X, **kw):
+    J = jacrev(_fn(params, **kw))(X)
+    n, d = X.shape
+    return J.reshape(J.shape[0] * J.shape[1], n * d)
+
+
+@pytest.mark.parametrize(
+    "kind,masked,weighted", [(k, m, w) for k, m in KIND_MASK for w in (False, True)]
+)
+def test_dense_matches_jacrev(gen, kind, masked, weighted):
+    n, d = 6, 4
+    params = random_params(gen, d, kind=kind)
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (n,)) if weighted else None
+    J = dense_jacobian(X, params, log_weights=lw, masked=masked)
+    ref = _jacrev(params, X, log_weights=lw, masked=masked)
+    assert J.dtype == D64 and J.shape == ref.shape
+    torch.testing.assert_close(J, ref, **TOL_AUTOGRAD)
+
+
+@pytest.mark.parametrize("kind,masked", KIND_MASK)
+def test_dense_matches_finite_differences(gen, kind, masked):
+    n, d = 5, 3
+    params = random_params(gen, d, kind=kind)
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (n,))
+    J = dense_jacobian(X, params, log_weights=lw, masked=masked)
+    fd = central_fd_jacobian(_fn(params, log_weights=lw, masked=masked), X, h=1e-6)
+    torch.testing.assert_close(J, fd, **TOL_FD)
+
+
+@pytest.mark.parametrize("masked,weighted", list(itertools.product([False, True], [False, True])))
+def test_dense_matches_token_loop_formula(gen, masked, weighted):
+    """The block formula of THEORY §4.1 written with loops (independent of the products)."""
+    n, d = 5, 3
+    head = random_params(gen, d, kind="single")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (n,)) if weighted else None
+    J = dense_jacobian(X, head, log_weights=lw, masked=masked)
+    ref = block_formula_loops(
+        X.numpy(), head.A.numpy(), head.V.numpy(), c=head.c.numpy(),
+        log_w=None if lw is None else lw.numpy(),
+        allowed=(lambda i, j: j <= i) if masked else None,
+    )
+    torch.testing.assert_close(J, torch.from_numpy(ref), **TOL_AUTOGRAD)
+
+
+def test_query_bias_enters_key_derivative_only(gen):
+    """With c: d logit_il/dx_l = A^T x_i + c, d logit_il/dx_i = A x_l (transposition check)."""
+    n, d = 4, 3
+    head = random_params(gen, d, kind="single")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    J = dense_jacobian(X, head)
+    J_wrong = block_formula_loops(X.numpy(), head.A.T.numpy(), head.V.numpy(), c=head.c.numpy())
+    assert float((J - torch.from_numpy(J_wrong)).abs().max()) > 1e-3
+    torch.testing.assert_close(J, _jacrev(head, X), **TOL_AUTOGRAD)
+
+
+def test_masked_jacobian_is_block_lower_triangular(gen):
+    n, d = 6, 3
+    params = random_params(gen, d, kind="wo")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    J = dense_jacobian(X, params, masked=True).reshape(n, params.d_out, n, d)
+    for i, j in itertools.product(range(n), range(n)):
+        norm = float(J[i, :, j, :].abs().max())
+        assert (norm == 0.0) if j > i else (norm > 0.0)
+
+
+def test_causal_measure_ties_see_each_other(gen):
+    n, d = 5, 2
+    head = random_params(gen, d, kind="single")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    pos = torch.tensor([0.2, 0.2, 0.6, 0.6, 1.0], dtype=D64)
+    J = dense_jacobian(X, head, masked=True, positions=pos).reshape(n, head.d_v, n, d)
+    ref = _jacrev(head, X, masked=True, positions=pos).reshape(n, head.d_v, n, d)
+    torch.testing.assert_close(J, ref, **TOL_AUTOGRAD)
+    assert float(J[0, :, 1, :].abs().max()) > 0  # same position: visible
+    assert float(J[1, :, 2, :].abs().max()) == 0  # later position: masked
+
+
+@pytest.mark.parametrize("kind,masked", KIND_MASK)
+@pytest.mark.parametrize("geometry", ["euclidean", "wasserstein"])
+def test_jvp_vjp_match_dense_and_are_adjoint(gen, kind, masked, geometry):
+    B, n, d = 3, 7, 4
+    params = random_params(gen, d, kind=kind)
+    X = torch.randn(B, n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (B, n))
+    J = dense_jacobian(X, params, log_weights=lw, masked=masked, geometry=geometry)
+    for chunk in (None, 3):
+        lin = linearize(X, params, log_weights=lw, masked=masked, chunk_size=chunk)
+        H = torch.randn(B, n, d, generator=gen, dtype=D64)
+        G = torch.randn(B, n, params.d_out if kind != "single" else params.d_v, generator=gen,
+                        dtype=D64)
+        JH = jvp(lin, H, geometry=geometry)
+        JtG = vjp(lin, G, geometry=geometry)
+        torch.testing.assert_close(JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1),
+                                   **TOL_AUTOGRAD)
+        torch.testing.assert_close(JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1),
+                                   **TOL_AUTOGRAD)
+        lhs = (JH * G).sum((-2, -1))
+        rhs = (H * JtG).sum((-2, -1))
+        assert float(((lhs - rhs).abs() / (lhs.abs() + rhs.abs() + 1)).max()) < TOL_ADJOINT
+
+
+def test_jvp_matches_forward_autograd_tangent(gen):
+    """Against torch.func.jvp's tangent output (element [1], not the primal, EXPERIMENTS D1)."""
+    n, d = 6, 4
+    params = random_params(gen, d, kind="wo")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    H = torch.randn(n, d, generator=gen, dtype=D64)
+    primal, tangent = torch.func.jvp(_fn(params), (X,), (H,))
+    torch.testing.assert_close(jvp(linearize(X, params), H), tangent, **TOL_AUTOGRAD)
+    assert float((tangent - primal).abs().max()) > 1e-3
+
+
+def test_wasserstein_blocks_are_rescaled(gen):
+    n, d = 5, 3
+    params = random_params(gen, d, kind="concat")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (n,), spread=8.0)
+    J = dense_jacobian(X, params, log_weights=lw).reshape(n, params.d_out, n, d)
+    Jw = dense_jacobian(X, params, log_weights=lw, geometry="wasserstein")
+    ratio = torch.exp(0.5 * (lw[:, None] - lw[None, :]))
+    ref = (J * ratio[:, None, :, None]).reshape(Jw.shape)
+    torch.testing.assert_close(Jw, ref, **TOL_AUTOGRAD)
+
+
+def test_wasserstein_rejects_zero_masses(gen):
+    n, d = 4, 2
+    head = random_params(gen, d, kind="single")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lw = torch.log(torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=D64))
+    lin = linearize(X, head, log_weights=lw)
+    jvp(lin, torch.ones(n, d, dtype=D64))  # the Euclidean operator is fine
+    with pytest.raises(ValueError, match="positive masses"):
+        jvp(lin, torch.ones(n, d, dtype=D64), geometry="wasserstein")
+
+
+@pytest.mark.parametrize("kind,masked", KIND_MASK)
+def test_self_blocks(gen, kind, masked):
+    n, d = 5, 3
+    params = random_params(gen, d, kind=kind)
+    X = torch.randn(2, n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (2, n))
+    S = self_jacobian_blocks(X, params, log_weights=lw, masked=masked, chunk_size=2)
+    # sum_h W_h V_h C_i^h A_h^T from explicit covariances
+    heads = params.heads
+    allowed = torch.ones(n, n, dtype=torch.bool).tril() if masked else None
+    ref = torch.zeros_like(S)
+    for h, head in enumerate(heads):
+        W = torch.eye(len(heads) * head.d_v, dtype=D64)[:, h * head.d_v:(h + 1) * head.d_v]
+        if isinstance(params, MultiHeadParams) and params.W_O is not None:
+            W = params.head_projection(h)
+        logits = X @ head.A @ X.mT + (X @ head.c).unsqueeze(-2) + lw.unsqueeze(-2)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, -torch.inf)
+        P = torch.softmax(logits, -1)
+        m = P @ X
+        diff = X.unsqueeze(-3) - m.unsqueeze(-2)  # (B, i, l, d)
+        C = torch.einsum("bil,bilp,bilq->bipq", P, diff, diff)
+        ref = ref + W @ head.V @ C @ head.A.mT
+    torch.testing.assert_close(S, ref, **TOL_AUTOGRAD)
+    lin = linearize(X, params, log_weights=lw, masked=masked)
+    U = torch.randn(2, n, d, generator=gen, dtype=D64)
+    G = torch.randn(2, n, S.shape[-2], generator=gen, dtype=D64)
+    torch.testing.assert_close(self_jvp(lin, U), (S @ U.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
+    torch.testing.assert_close(self_vjp(lin, G), (S.mT @ G.unsqueeze(-1)).squeeze(-1),
+                               **TOL_AUTOGRAD)
+
+
+def test_self_block_is_derivative_of_gamma_in_the_query(gen):
+    """J_mu(x) = V C_x A^T = d Gamma_mu(x)/dx (THEORY §4.2), at the atoms of a weighted measure."""
+    n, d = 4, 3
+    head = random_params(gen, d, kind="single", biases=False)
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    w = torch.softmax(torch.randn(n, generator=gen, dtype=D64), -1)
+    mu = DiracMeasure(X, w)
+    S = self_jacobian_blocks(X, head, log_weights=mu.log_weights)
+    for i in range(n):
+        Ji = jacrev(lambda q: attention_map(mu, head, q.unsqueeze(0))[0])(X[i])
+        torch.testing.assert_close(S[i], Ji, **TOL_AUTOGRAD)
+
+
+def test_sanity_check_d1(gen):
+    """d = 1, V = 1, A = a: at a token x_i = 0, df_i/dx_i = 1/N + a Var_unif(x) (THEORY §4.1)."""
+    a = 0.7
+    X = torch.tensor([[0.0], [1.0], [-2.0], [0.5]], dtype=D64)
+    head = AttentionParams(torch.tensor([[a]], dtype=D64), torch.tensor([[1.0]], dtype=D64))
+    J = dense_jacobian(X, head)
+    expected = 1 / 4 + a * float(X.var(unbiased=False))
+    assert abs(float(J[0, 0]) - expected) < 1e-14
+
+
+def _rope_params(gen, d=6, k=4, H=2):
+    W_Q, W_K, W_V = (torch.randn(H * k, d, generator=gen, dtype=D64) for _ in range(3))
+    W_O = torch.randn(5, H * k, generator=gen, dtype=D64)
+    base = MultiHeadParams.from_qkv(W_Q, W_K, W_V, W_O, n_heads=H)
+    rope = RotaryEmbedding(1.0 / (100.0 ** (torch.arange(0, k, 2, dtype=D64) / k)))
+    heads = tuple(
+        AttentionParams(h.A, h.V, Q=h.Q, K=h.K, rope=rope) if i == 0 else h
+        for i, h in enumerate(base.heads)
+    )
+    return MultiHeadParams(heads, W_O=W_O)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_rotary_heads_fall_back_to_autograd(gen, masked):
+    n, d = 5, 6
+    params = _rope_params(gen, d=d)
+    X = torch.randn(2, n, d, generator=gen, dtype=D64)
+    lin = linearize(X, params, masked=masked)
+    assert lin.rope_heads == (0,) and lin.analytic_heads == (1,)
+    J = dense_jacobian(X, params, masked=masked)
+    for b in range(2):
+        torch.testing.assert_close(J[b], _jacrev(params, X[b], masked=masked), **TOL_AUTOGRAD)
+    H = torch.randn(2, n, d, generator=gen, dtype=D64)
+    G = torch.randn(2, n, params.d_out, generator=gen, dtype=D64)
+    torch.testing.assert_close(jvp(lin, H).reshape(2, -1), (J @ H.reshape(2, -1, 1)).squeeze(-1),
+                               **TOL_AUTOGRAD)
+    torch.testing.assert_close(vjp(lin, G).reshape(2, -1), (J.mT @ G.reshape(2, -1, 1)).squeeze(-1),
+                               **TOL_AUTOGRAD)
+    with pytest.raises(NotImplementedError):
+        block_norm_bounds(lin)
+
+
+def test_dense_size_guard(gen):
+    head = random_params(gen, 8, kind="single")
+    X = torch.randn(20, 8, generator=gen, dtype=D64)
+    with pytest.raises(ValueError, match="max_size"):
+        dense_jacobian(X, head, max_size=100)
+    assert dense_jacobian(X, head, max_size=100, force=True).shape == (20 * 3, 20 * 8)
+
+
+def test_products_finite_at_radius_100(gen):
+    n, d = 6, 4
+    params = random_params(gen, d, kind="wo")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    X = 100 * X / X.norm(dim=-1, keepdim=True)
+    lin = linearize(X, params)
+    out = vjp(lin, jvp(lin, torch.randn(n, d, generator=gen, dtype=D64)))
+    assert bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize("kind,masked", KIND_MASK)
+@pytest.mark.parametrize("geometry", ["euclidean", "wasserstein"])
+def test_block_norm_bounds_dominate_blocks(gen, kind, masked, geometry):
+    B, n, d = 8, 5, 3
+    params = random_params(gen, d, kind=kind, scale=2.0)
+    X = 2 * torch.randn(B, n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (B, n), spread=4.0)
+    lin = linearize(X, params, log_weights=lw, masked=masked)
+    N = block_norm_bounds(lin, geometry=geometry)
+    J = dense_jacobian(X, params, log_weights=lw, masked=masked, geometry=geometry)
+    blocks = J.reshape(B, n, -1, n, d).permute(0, 1, 3, 2, 4)
+    exact = torch.linalg.matrix_norm(blocks, ord=2)
+    assert bool((N >= exact * (1 - TOL_BOUND)).all())
+    S = self_jacobian_blocks(X, params, log_weights=lw, masked=masked)
+    exact_self = torch.linalg.matrix_norm(S, 2)
+    assert bool((self_norm_trace_bound(lin) >= exact_self * (1 - TOL_BOUND)).all())
+
+
+@pytest.mark.parametrize("w_scale", [0.1, 10.0])
+def test_block_norm_bounds_with_output_projection_scale(gen, w_scale):
+    """||W^O|| far from 1 exposes a missing or misplaced projection norm in the head combination."""
+    B, n, d = 8, 5, 3
+    base = random_params(gen, d, kind="wo", scale=2.0)
+    params = MultiHeadParams(base.heads, W_O=w_scale * base.W_O)
+    X = 2 * torch.randn(B, n, d, generator=gen, dtype=D64)
+    lin = linearize(X, params)
+    N = block_norm_bounds(lin)
+    J = dense_jacobian(X, params)
+    exact = torch.linalg.matrix_norm(J.reshape(B, n, -1, n, d).permute(0, 1, 3, 2, 4), ord=2)
+    assert bool((N >= exact * (1 - TOL_BOUND)).all())
+    # tight enough to mean something: within a factor 20 of the exact block norms on average
+    assert float(N.sum() / exact.sum()) < 20
+
+
+def test_factored_heads_with_query_bias(gen):
+    """Heads built by from_qkv carry A = Q^T K (products through the factors) and c from b_Q."""
+    d, k, H, n = 6, 2, 3, 5
+    W_Q, W_K, W_V = (torch.randn(H * k, d, generator=gen, dtype=D64) for _ in range(3))
+    W_O = torch.randn(4, H * k, generator=gen, dtype=D64)
+    b = {name: torch.randn(H * k, generator=gen, dtype=D64) for name in ("b_Q", "b_K", "b_V")}
+    params = MultiHeadParams.from_qkv(W_Q, W_K, W_V, W_O, n_heads=H, **b)
+    X = torch.randn(2, n, d, generator=gen, dtype=D64)
+    lin = linearize(X, params, masked=True)
+    assert lin.QK is not None
+    J = dense_jacobian(X, params, masked=True)
+    for s in range(2):
+        torch.testing.assert_close(J[s], _jacrev(params, X[s], masked=True), **TOL_AUTOGRAD)
+    H_ = torch.randn(2, n, d, generator=gen, dtype=D64)
+    G = torch.randn(2, n, 4, generator=gen, dtype=D64)
+    torch.testing.assert_close(jvp(lin, H_).reshape(2, -1), (J @ H_.reshape(2, -1, 1)).squeeze(-1),
+                               **TOL_AUTOGRAD)
+    torch.testing.assert_close(vjp(lin, G).reshape(2, -1), (J.mT @ G.reshape(2, -1, 1)).squeeze(-1),
+                               **TOL_AUTOGRAD)
+    S = self_jacobian_blocks(X, params, masked=True)
+    U = torch.randn(2, n, d, generator=gen, dtype=D64)
+    torch.testing.assert_close(self_jvp(lin, U), (S @ U.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
+    N = block_norm_bounds(lin)
+    exact = torch.linalg.matrix_norm(J.reshape(2, n, 4, n, d).permute(0, 1, 3, 2, 4), ord=2)
+    assert bool((N >= exact * (1 - TOL_BOUND)).all())
+
+
+def test_float32_linearization_bounds_in_float64(gen):
+    params = random_params(gen, 3, kind="wo")
+    p32 = MultiHeadParams(
+        tuple(AttentionParams(h.A.float(), h.V.float(), c=h.c.float()) for h in params.heads),
+        W_O=params.W_O.float(),
+    )
+    X = torch.randn(4, 5, 3, generator=gen, dtype=D64).float()
+    lin = linearize(X, p32)
+    N = block_norm_bounds(lin)
+    assert N.dtype == D64
+    J = dense_jacobian(X.double(), p32.to(D64)).reshape(4, 5, -1, 5, 3).permute(0, 1, 3, 2, 4)
+    # the float32 P differs from the float64 one by ~1e-7 relative; bounds carry no such margin
+    assert bool((N >= torch.linalg.matrix_norm(J, ord=2) * (1 - 1e-5)).all())

@@ -1,0 +1,231 @@
+"""Spectral drivers and certificates: Gram iteration, Cholesky check, Collatz–Wielandt, rank one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from meanfield._spectral import (
+    certify_upper,
+    collatz_wielandt_bound,
+    gram_iteration,
+    gram_sequence,
+    lanczos_svd,
+    power_iteration,
+    rank_one_sigma_max,
+    spectral_norm_upper,
+    top_singular_value,
+)
+
+D64 = torch.float64
+
+# float64 rounding of Gram products and of the final 2^-T root: a few hundred ulps.
+TOL_ROUND = 1e-12
+# Lanczos with tol = 1e-10 on J^T J: the singular value error is <= tol/2 relative (Weyl), and
+# in practice quadratic in the residual.
+TOL_LANCZOS = 1e-9
+# Power iteration stopped by a relative change of 1e-10 on problems with sigma2/sigma1 <= 0.9:
+# the remaining error is about tol / (1 - rho^2) ~ 1e-9.
+TOL_POWER = 1e-8
+# The certified bound for an explicit matrix: inflation of order m^2 u plus Gram excess 1e-9.
+TOL_CERT_GAP = 1e-7
+
+
+def _ops(M: torch.Tensor):
+    def mv(v):
+        return (M @ v.unsqueeze(-1)).squeeze(-1)
+
+    def rmv(u):
+        return (M.mT @ u.unsqueeze(-1)).squeeze(-1)
+
+    return mv, rmv
+
+
+def _with_spectrum(gen, p, q, s):
+    """A p x q matrix with singular values ``s`` (a list of length min(p, q))."""
+    U, _ = torch.linalg.qr(torch.randn(p, p, generator=gen, dtype=D64))
+    V, _ = torch.linalg.qr(torch.randn(q, q, generator=gen, dtype=D64))
+    k = len(s)
+    return U[:, :k] @ torch.diag(torch.tensor(s, dtype=D64)) @ V[:, :k].mT
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (9, 4), (4, 9), (3, 6, 5)])
+def test_gram_monotone_and_bracketed(gen, shape):
+    W = torch.randn(*shape, generator=gen, dtype=D64)
+    T = 8
+    seq = gram_sequence(W, T)
+    sigma1 = torch.linalg.matrix_norm(W, 2)
+    r = min(shape[-2:])
+    assert seq.shape == (T + 1,) + tuple(shape[:-2]) and seq.dtype == D64
+    assert bool((seq[1:] <= seq[:-1] * (1 + TOL_ROUND)).all())
+    for t in range(T + 1):
+        assert bool((seq[t] >= sigma1 * (1 - TOL_ROUND)).all())
+        assert bool((seq[t] <= sigma1 * r ** (2.0 ** -(t + 1)) * (1 + TOL_ROUND)).all())
+    torch.testing.assert_close(gram_iteration(W, T), seq[-1], rtol=0, atol=0)
+
+
+def test_gram_equals_schatten_norm(gen):
+    W = torch.randn(6, 5, generator=gen, dtype=D64)
+    s = torch.linalg.svdvals(W)
+    for t in range(5):
+        p = 2.0 ** (t + 1)
+        expected = s.pow(p).sum().pow(1 / p)
+        torch.testing.assert_close(gram_sequence(W, t)[-1], expected, rtol=1e-12, atol=0)
+
+
+def test_gram_rank_bound_is_attained_for_flat_spectrum(gen):
+    """All singular values equal: Schatten norm = r^(2^-(T+1)) sigma1 exactly."""
+    r = 5
+    W = 3.0 * _with_spectrum(gen, 8, 6, [1.0] * r)
+    for t in range(6):
+        torch.testing.assert_close(
+            gram_sequence(W, t)[-1], torch.tensor(3.0 * r ** (2.0 ** -(t + 1)), dtype=D64),
+            rtol=1e-12, atol=0,
+        )
+
+
+def test_gram_handles_huge_and_zero_matrices(gen):
+    W = 1e200 * torch.randn(5, 5, generator=gen, dtype=D64)
+    val = gram_iteration(W, 12)
+    assert math.isfinite(float(val))
+    assert float(val) >= float(torch.linalg.matrix_norm(W, 2)) * (1 - TOL_ROUND)
+    assert float(gram_iteration(torch.zeros(3, 4, dtype=D64), 5)) == 0.0
+
+
+def test_certify_upper(gen):
+    W = torch.randn(3, 12, 8, generator=gen, dtype=D64)
+    s1 = torch.linalg.matrix_norm(W, 2)
+    assert bool(certify_upper(W, s1 * (1 + 1e-8)).all())
+    assert not bool(certify_upper(W, s1 * (1 - 1e-8)).any())
+    assert bool(certify_upper(W, torch.full_like(s1, math.inf)).all())
+    assert not bool(certify_upper(W, torch.full_like(s1, math.nan)).any())
+    assert bool(certify_upper(torch.zeros(4, 3, dtype=D64), 0.0))
+    assert not bool(certify_upper(W[0], 0.0))
+
+
+@pytest.mark.parametrize("spectrum", [[5.0, 4.0, 1.0], [2.0, 2.0, 2.0, 0.5], [1.0, 1.0 - 1e-9]])
+def test_spectral_norm_upper_is_tight_and_certified(gen, spectrum):
+    W = _with_spectrum(gen, 9, 7, spectrum)
+    s1 = max(spectrum)
+    up = spectral_norm_upper(W)
+    assert s1 <= float(up) <= s1 * (1 + TOL_CERT_GAP)
+    up_c = spectral_norm_upper(W, candidate=torch.linalg.matrix_norm(W, 2), max_iter=0)
+    assert s1 <= float(up_c) <= s1 * (1 + TOL_CERT_GAP)
+
+
+def test_spectral_norm_upper_rejects_a_wrong_candidate(gen):
+    W = _with_spectrum(gen, 6, 6, [3.0, 1.0])
+    up = spectral_norm_upper(W, candidate=torch.tensor(1.0, dtype=D64), max_iter=3)
+    assert float(up) >= 3.0
+
+
+def test_collatz_wielandt_bounds_nonnegative_matrices(gen):
+    cases = [
+        torch.rand(20, 7, 7, generator=gen, dtype=D64),
+        torch.rand(20, 9, 4, generator=gen, dtype=D64).square() ** 3,  # spread entries
+        torch.rand(20, 6, 6, generator=gen, dtype=D64).tril(),  # reducible (masked blocks)
+    ]
+    zero_col = torch.rand(20, 5, 5, generator=gen, dtype=D64)
+    zero_col[..., 2] = 0
+    zero_col[..., 3, :] = 0
+    cases.append(zero_col)
+    for N in cases:
+        exact = torch.linalg.matrix_norm(N, 2)
+        cw0 = collatz_wielandt_bound(N, 0)
+        cw = collatz_wielandt_bound(N, 64)
+        assert bool((cw0 >= exact).all()) and bool((cw >= exact).all())
+        assert bool((cw <= cw0).all())
+    positive = cases[0]
+    ratio = collatz_wielandt_bound(positive, 200) / torch.linalg.matrix_norm(positive, 2)
+    assert float(ratio.max()) < 1 + 1e-8
+
+
+def test_collatz_wielandt_rejects_negative_entries():
+    with pytest.raises(ValueError, match="nonnegative"):
+        collatz_wielandt_bound(torch.tensor([[1.0, -1.0]], dtype=D64))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 7])
+def test_rank_one_closed_form_against_svd(gen, d):
+    a = 3 * torch.randn(50, d, generator=gen, dtype=D64)
+    b = torch.randn(50, d, generator=gen, dtype=D64)
+    M = torch.eye(d, dtype=D64) + a.unsqueeze(-1) * b.unsqueeze(-2)
+    torch.testing.assert_close(rank_one_sigma_max(a, b), torch.linalg.matrix_norm(M, 2),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_rank_one_closed_form_special_cases():
+    u = torch.tensor([0.6, 0.8], dtype=D64)
+    # reflection I - 2uu^T: every singular value is 1
+    torch.testing.assert_close(rank_one_sigma_max(-2 * u, u), torch.tensor(1.0, dtype=D64),
+                               rtol=1e-7, atol=0)
+    # orthogonal a, b: sigma_max = (1 + s^2/2 + s sqrt(1 + s^2/4))^(1/2) with s = |a||b|
+    a, b = torch.tensor([2.0, 0.0], dtype=D64), torch.tensor([0.0, 1.5], dtype=D64)
+    s = 3.0
+    expected = math.sqrt(1 + s**2 / 2 + s * math.sqrt(1 + s**2 / 4))
+    assert abs(float(rank_one_sigma_max(a, b)) - expected) < 1e-13
+    assert float(rank_one_sigma_max(torch.tensor([-3.0], dtype=D64),
+                                    torch.tensor([1.0], dtype=D64))) == 2.0
+
+
+def test_lanczos_matches_svd_batched(gen):
+    M = torch.randn(4, 30, 20, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(M, 2)
+    x0 = torch.randn(4, 20, generator=gen, dtype=D64)
+    res = lanczos_svd(*_ops(M), x0, tol=1e-10)
+    assert res.sigma.shape == (4,) and res.vector.shape == (4, 20)
+    assert bool(res.converged.all())
+    torch.testing.assert_close(res.sigma, exact, rtol=TOL_LANCZOS, atol=0)
+    assert bool((res.sigma <= exact * (1 + TOL_ROUND)).all())  # a lower bound
+    assert bool((res.residual <= 1e-10 * res.sigma.square()).all())
+    # the residual reported is the explicit one for the returned vector
+    Jv = (M @ res.vector.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(Jv.norm(dim=-1), res.sigma, rtol=1e-14, atol=0)
+    assert bool((res.n_matvec == 2 * res.n_iter + 2).all())  # no restart: 2 per step, 2 checks
+
+
+def test_lanczos_restarts_and_degenerate_top(gen):
+    M = _with_spectrum(gen, 40, 40, [3.0, 3.0] + [2.9 - 0.05 * k for k in range(38)])
+    res = lanczos_svd(*_ops(M), torch.randn(40, generator=gen, dtype=D64), tol=1e-10,
+                      krylov_dim=4, max_iter=2000)
+    assert bool(res.converged)
+    assert abs(float(res.sigma) - 3.0) < 1e-9
+
+
+def test_lanczos_reports_non_convergence(gen):
+    M = _with_spectrum(gen, 50, 50, [1.0 - 0.01 * k for k in range(50)])
+    res = lanczos_svd(*_ops(M), torch.randn(50, generator=gen, dtype=D64), tol=1e-12,
+                      max_iter=2)
+    assert not bool(res.converged)
+    assert float(res.sigma) <= 1.0 + TOL_ROUND
+
+
+def test_zero_operator():
+    M = torch.zeros(3, 5, 4, dtype=D64)
+    x0 = torch.ones(3, 4, dtype=D64)
+    for method in ("lanczos", "power"):
+        res = top_singular_value(*_ops(M), x0, method=method)
+        assert bool((res.sigma == 0).all()) and bool(res.converged.all())
+
+
+def test_power_iteration_matches_svd_and_lanczos(gen):
+    s = [4.0, 3.6] + [1.0] * 10
+    M = torch.stack([_with_spectrum(gen, 15, 12, s) for _ in range(3)])
+    x0 = torch.randn(3, 12, generator=gen, dtype=D64)
+    pw = power_iteration(*_ops(M), x0, tol=1e-10, max_iter=5000)
+    lz = lanczos_svd(*_ops(M), x0, tol=1e-10)
+    assert bool(pw.converged.all())
+    torch.testing.assert_close(pw.sigma, torch.full((3,), 4.0, dtype=D64), rtol=TOL_POWER, atol=0)
+    torch.testing.assert_close(pw.sigma, lz.sigma, rtol=TOL_POWER, atol=0)
+    assert bool((pw.n_iter > lz.n_iter).all())  # Lanczos needs fewer iterations
+    assert pw.history.shape[1:] == (3,)
+
+
+def test_start_vector_validation():
+    M = torch.eye(3, dtype=D64)
+    with pytest.raises(ValueError, match="nonzero"):
+        lanczos_svd(*_ops(M), torch.zeros(3, dtype=D64))
+    with pytest.raises(ValueError, match="method"):
+        top_singular_value(*_ops(M), torch.ones(3, dtype=D64), method="lobpcg")
