@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     from . import theory_cli
 
     theory_cli.add_parsers(sub, _common)
+
+    from . import attacks_cli
+
+    attacks_cli.add_parser(sub)
     return parser
 
 

@@ -138,6 +138,26 @@ class DiracMeasure:
             positions = positions.expand(X.shape[:-1])
         return cls(X, positions=positions)
 
+    @classmethod
+    def from_log_weights(
+        cls, points: Tensor, log_weights: Tensor, positions: Tensor | None = None
+    ) -> DiracMeasure:
+        r"""A measure given by its log-masses, kept exact even below the float range.
+
+        ``log_weights`` are normalised by ``logsumexp``. ``weights = exp(log_weights)`` may
+        underflow to 0 for masses below ~1e-308, but :attr:`log_weights`, which is what attention
+        uses (THEORY.md §1.4), keeps the exact values, so worst-case measures with masses such as
+        :math:`e^{-2\lambda R^2}` at large :math:`R` are represented faithfully.
+        """
+        points = as_float_tensor(points, "points")
+        lw = as_float_tensor(log_weights, "log_weights", like=points)
+        if bool(torch.isnan(lw).any()) or bool((lw == torch.inf).any()):
+            raise ValueError("log_weights must not contain NaN or +inf")
+        lw = lw - torch.logsumexp(lw, -1, keepdim=True)
+        mu = cls(points, torch.exp(lw), positions, normalize=True)
+        object.__setattr__(mu, "_log_weights", lw)
+        return mu
+
     # ------------------------------------------------------------------ properties
     @property
     def n(self) -> int:

@@ -151,3 +151,15 @@ def test_dtype_conversion():
     m32 = mu.to(torch.float32)
     assert m32.points.dtype == m32.weights.dtype == torch.float32
     assert causal_positions is None
+
+
+def test_from_log_weights_keeps_masses_below_the_float_range():
+    X = torch.tensor([[0.0], [1.0], [2.0]], dtype=torch.float64)
+    log_a = torch.tensor([0.0, -800.0, -1000.0], dtype=torch.float64)  # e^-800 underflows to 0
+    mu = DiracMeasure.from_log_weights(X, log_a)
+    assert mu.weights[1] == 0 and mu.weights[2] == 0
+    torch.testing.assert_close(
+        mu.log_weights, log_a - torch.logsumexp(log_a, 0), rtol=0, atol=1e-12
+    )
+    with pytest.raises(ValueError, match="NaN"):
+        DiracMeasure.from_log_weights(X, torch.tensor([0.0, float("nan"), 0.0]))

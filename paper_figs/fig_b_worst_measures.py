@@ -1,0 +1,102 @@
+"""Figure B: atoms of worst-case measures for several radii (d = 1 on a line, d = 2 in the plane).
+
+Reads ``worst_measures.npz`` and ``worst_measures.json`` written by
+``meanfield attack search --figure-b`` (:func:`experiments.attacks_cli.figure_b_results`); marker
+colour is log10 of the mass, so masses spread over many decades show as a colour range. No
+computation here (THEORY.md §7.4; EXPERIMENTS.md §2, figure B).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from experiments.results import load_json, load_npz
+
+from ._style import TWO_COLUMNS, save, style
+
+__all__ = ["draw"]
+
+STEM = "fig_b_worst_measures"
+
+
+def _paths(results_path: str | Path) -> tuple[Path, Path]:
+    p = Path(results_path)
+    if p.is_dir():
+        p = p / "worst_measures.npz"
+    return p.with_suffix(".npz"), p.with_suffix(".json")
+
+
+def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw ``fig_b_worst_measures.{pdf,png}`` from a saved results file (or its directory)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
+
+    npz, js = _paths(results_path)
+    data = load_npz(npz)
+    meta = load_json(js)
+    out_dir = npz.parent if out_dir is None else Path(out_dir)
+    radii = data["radii"]
+    nR = len(radii)
+    lw_all = np.concatenate([data[k].ravel() for k in data if k.endswith("_log_weights")])
+    log10 = lw_all / math.log(10.0)
+    norm = Normalize(vmin=min(float(log10[np.isfinite(log10)].min()), -1.0), vmax=0.0)
+    cmap = "viridis"
+    labels = {k: v["label"] for k, v in meta.get("settings", {}).items()}
+
+    with style():
+        fig = plt.figure(figsize=(TWO_COLUMNS, 0.62 * TWO_COLUMNS))
+        gs = fig.add_gridspec(2, max(nR, 1), height_ratios=[1.0, 1.0])
+        sc = None
+        if "d1_points" in data:
+            ax = fig.add_subplot(gs[0, :])
+            for r_i, R in enumerate(radii):
+                x = data["d1_points"][r_i, :, 0] / R
+                c = data["d1_log_weights"][r_i] / math.log(10.0)
+                order = np.argsort(-c)  # light atoms drawn on top
+                ax.axhline(r_i, color="0.85", lw=0.6, zorder=0)
+                sc = ax.scatter(x[order], np.full(x.shape, r_i), c=c[order], cmap=cmap, norm=norm,
+                                s=36, edgecolors="k", linewidths=0.4, zorder=3)
+                val = data["d1_value"][r_i]
+                td = data["d1_two_dirac"][r_i]
+                ax.annotate(f"$L$ = {val:.3g} (two-Dirac {td:.3g})", (1.04, r_i), xycoords=("axes fraction", "data"),
+                            va="center", fontsize=6.5, annotation_clip=False)
+            ax.set_yticks(range(nR), [f"R = {R:g}" for R in radii])
+            ax.set_xlim(-1.08, 1.08)
+            ax.set_ylim(-0.6, nR - 0.4)
+            ax.set_xlabel("atom position $x/R$")
+            ax.set_title(f"worst-case measures, {labels.get('d1', 'd = 1')}", loc="left")
+        if "d2_points" in data:
+            theta = np.linspace(0, 2 * np.pi, 200)
+            for r_i, R in enumerate(radii):
+                ax = fig.add_subplot(gs[1, r_i])
+                P = data["d2_points"][r_i] / R
+                c = data["d2_log_weights"][r_i] / math.log(10.0)
+                order = np.argsort(-c)
+                ax.plot(np.cos(theta), np.sin(theta), color="0.6", lw=0.6)
+                sc = ax.scatter(P[order, 0], P[order, 1], c=c[order], cmap=cmap, norm=norm, s=30,
+                                edgecolors="k", linewidths=0.4, zorder=3)
+                ax.set_aspect("equal", adjustable="box")
+                ax.set_xlim(-1.15, 1.15)
+                ax.set_ylim(-1.15, 1.15)
+                ax.set_xticks([-1, 0, 1])
+                ax.set_yticks([-1, 0, 1])
+                ax.set_title(f"R = {R:g}\n$L$ = {data['d2_value'][r_i]:.3g}", fontsize=7.5)
+                ax.set_xlabel("$x_1/R$")
+                if r_i == 0:
+                    ax.set_ylabel(f"{labels.get('d2', 'd = 2')}\n$x_2/R$", fontsize=7)
+        if sc is not None:
+            fig.colorbar(sc, ax=fig.axes, shrink=0.8, label=r"$\log_{10}$ mass")
+        return save(fig, out_dir / STEM)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("results", nargs="?", default="attack_out", help="worst_measures.npz or its directory")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    for p in draw(args.results, args.out):
+        print(p)
