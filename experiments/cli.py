@@ -44,6 +44,12 @@ def _print_demo(doc: dict[str, Any]) -> None:
     print("meanfield demo: one attention head in d = 2 on a weighted measure")
     for key, value in doc["distances"].items():
         print(f"  {key:<20s} {value:.6f}")
+    for key, est in doc["local_lipschitz"].items():
+        geometry = "W_c, masked" if key == "Fm" else "W_2"
+        print(
+            f"  local Lip of {key:<3s} at mu ({geometry}): {est['value']:.6f} "
+            f"(certified bracket [{est['lower']:.6f}, {est['upper']:.6f}])"
+        )
     for f in doc["files"]:
         print(f"  wrote {f}")
 

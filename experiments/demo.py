@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from meanfield import AttentionParams, DiracMeasure, attention
+from meanfield import AttentionParams, DiracMeasure, attention, local_lipschitz
 from meanfield.distances import conditional_wasserstein, wasserstein
 
 from .results import run_metadata, save_npz, write_json
@@ -77,6 +77,18 @@ def run(config: DemoConfig) -> dict[str, Any]:
         "A_norm": float(head.A_norm()),
         "V_norm": float(head.V_norm()),
     }
+    # Local Lipschitz constants of F at mu: W_2 geometry (unmasked) and the conditional distance
+    # W_c (masked, positions fixed), each as a certified bracket (THEORY.md §5.2, §5.4).
+    unmasked_mu = DiracMeasure(mu.points, mu.weights)
+    lipschitz = {}
+    for name, measure in (("F", unmasked_mu), ("Fm", mu)):
+        est = local_lipschitz(measure, head, geometry="wasserstein")
+        lipschitz[name] = {
+            "value": float(est.value),
+            "lower": float(est.lower),
+            "upper": float(est.upper),
+            "method": est.method,
+        }
     out = Path(config.out)
     save_npz(
         out / "demo.npz",
@@ -94,6 +106,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
             seed=config.seed, device="cpu", dtype=config.dtype, config=asdict(config)
         ),
         "distances": summary,
+        "local_lipschitz": lipschitz,
     }
     write_json(out / "demo.json", doc)
     log.info("wrote %s", out / "demo.npz")

@@ -26,7 +26,9 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     results_dir = Path(results_dir)
     out_dir = results_dir if out_dir is None else Path(out_dir)
     data = load_npz(results_dir / "demo.npz")
-    dist = load_json(results_dir / "demo.json")["distances"]
+    doc = load_json(results_dir / "demo.json")
+    dist = doc["distances"]
+    lip = doc.get("local_lipschitz", {})
     X, a = data["points"], data["weights"]
     with style():
         fig, axes = plt.subplots(1, 2, figsize=(TWO_COLUMNS, 0.5 * TWO_COLUMNS + 0.3))
@@ -34,10 +36,15 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         lo, hi = every.min(0), every.max(0)
         center, half = (lo + hi) / 2, 0.55 * float((hi - lo).max())
         panels = [
-            ("unmasked", r"$F(\mu)$, unmasked", dist["W2(mu, F(mu))"]),
-            ("masked", r"$F^m(\mu)$, masked (labels: causal order)", dist["W2(mu, Fm(mu))"]),
+            ("unmasked", r"$F(\mu)$, unmasked", dist["W2(mu, F(mu))"], lip.get("F")),
+            (
+                "masked",
+                r"$F^m(\mu)$, masked (labels: causal order)",
+                dist["W2(mu, Fm(mu))"],
+                lip.get("Fm"),
+            ),
         ]
-        for ax, (key, title, w2) in zip(axes, panels):
+        for ax, (key, title, w2, est) in zip(axes, panels):
             Y = data[key]
             for x, y in zip(X, Y):
                 ax.annotate(
@@ -67,7 +74,8 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
                         fontsize=6,
                         color="0.3",
                     )
-            ax.set_title(f"{title}\n$W_2$(input, output) = {w2:.3f}")
+            local = "" if est is None else f", local Lip = {est['value']:.3f}"
+            ax.set_title(f"{title}\n$W_2$(input, output) = {w2:.3f}{local}")
             ax.set_xlim(center[0] - half, center[0] + half)
             ax.set_ylim(center[1] - half, center[1] + half)
             ax.set_aspect("equal", adjustable="box")

@@ -153,3 +153,21 @@ def test_theory_commands_fail_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("meanfield: error: ") and message in err and "\n" not in err
+
+
+def test_demo_local_constants_are_certified_brackets(tmp_path, capsys):
+    import torch
+
+    from meanfield import AttentionParams, DiracMeasure, local_lipschitz
+
+    assert main(["demo", "--out", str(tmp_path), "--no-plot", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    data = load_npz(tmp_path / "demo.npz")
+    head = AttentionParams(torch.from_numpy(data["A"]), torch.from_numpy(data["V"]))
+    mu = DiracMeasure(torch.from_numpy(data["points"]), torch.from_numpy(data["weights"]))
+    est = local_lipschitz(mu, head, geometry="wasserstein")
+    F = doc["local_lipschitz"]["F"]
+    assert F["lower"] <= F["value"] <= F["upper"]
+    assert np.isclose(F["value"], float(est.value), rtol=1e-10)
+    # the masked constant is a different number (conditional geometry, causal kernel)
+    assert not np.isclose(doc["local_lipschitz"]["Fm"]["value"], F["value"])
