@@ -76,7 +76,7 @@ def head_logits(
     return logits
 
 
-def _allowed(
+def admissible_keys(
     masked: bool,
     n_q: int,
     n_k: int,
@@ -84,7 +84,11 @@ def _allowed(
     query_positions: Tensor | None,
     device: torch.device,
 ) -> Tensor | None:
-    """Boolean admissibility mask (..., n_q, n_k), or ``None`` when unmasked."""
+    """Boolean admissibility mask (..., n_q, n_k), or ``None`` when unmasked.
+
+    Sequences (no ``positions``): query ``i`` sees keys ``j <= i``. Position-tagged measures:
+    key ``j`` is admissible when ``positions[j] <= query_positions[i]`` (THEORY.md §3.3).
+    """
     if not masked:
         return None
     if positions is None:
@@ -153,7 +157,7 @@ def attention_points(
     X = _check_points(X, heads[0].d)
     Xq = X if queries is None else _check_points(queries, heads[0].d, "queries")
     Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
-    allowed = _allowed(masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device)
+    allowed = admissible_keys(masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device)
     if any(h.rope is not None for h in heads):
         if token_index is None:
             token_index = torch.arange(X.shape[-2], device=X.device)
@@ -308,7 +312,7 @@ def attention_weights(
     """
     heads = params.heads
     X = _check_points(X, heads[0].d)
-    allowed = _allowed(masked, X.shape[-2], X.shape[-2], positions, None, X.device)
+    allowed = admissible_keys(masked, X.shape[-2], X.shape[-2], positions, None, X.device)
     Ps = [
         masked_softmax(
             head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index),
@@ -347,7 +351,7 @@ def l2_self_attention(
     """
     X = _check_points(X, params.D)
     s = params.scale()
-    allowed = _allowed(masked, X.shape[-2], X.shape[-2], None, None, X.device)
+    allowed = admissible_keys(masked, X.shape[-2], X.shape[-2], None, None, X.device)
     outs = []
     for h in range(params.n_heads):
         WQ = params.W_Q[h]  # (D, D/H)

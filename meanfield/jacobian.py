@@ -42,9 +42,9 @@ import torch
 import torch.func as tfunc
 from torch import Tensor
 
-from ._numerics import as_float_tensor, causal_mask, check_finite, iter_chunks
+from ._numerics import as_float_tensor, check_finite, iter_chunks
 from ._spectral import rank_one_sigma_max_from_stats, spectral_norm_upper
-from .attention import attention_points, head_logits
+from .attention import admissible_keys, attention_points, head_logits
 from .params import AttentionParams, MultiHeadParams
 
 __all__ = [
@@ -169,11 +169,7 @@ def _head_output_matrices(params: Params) -> tuple[Tensor, bool]:
 def _admissible(
     masked: bool, n: int, positions: Tensor | None, device: torch.device
 ) -> Tensor | None:
-    if not masked:
-        return None
-    if positions is None:
-        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    return causal_mask(positions, positions)
+    return admissible_keys(masked, n, n, positions, None, device)
 
 
 def _log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
