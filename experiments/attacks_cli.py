@@ -229,27 +229,16 @@ def cmd_construct(args: argparse.Namespace) -> dict[str, Any]:
         "exact": exact,
     }
     if args.out:
-        out = Path(args.out)
-        files = [
-            save_npz(
-                out / "construct.npz",
-                X=con.X,
-                A=params.A,
-                V=params.V,
-                u=con.u,
-                direction=con.direction,
-            ),
-            write_json(
-                out / "construct.json",
-                {
-                    **doc,
-                    "metadata": run_metadata(
-                        seed=args.seed, device="cpu", dtype="float64", config=_config(args)
-                    ),
-                },
-            ),
-        ]
-        doc["files"] = [str(f) for f in files]
+        _save_outputs(
+            args,
+            doc,
+            "construct",
+            X=con.X,
+            A=params.A,
+            V=params.V,
+            u=con.u,
+            direction=con.direction,
+        )
     return doc
 
 
@@ -451,27 +440,16 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
             {"start": lab, "value": float(v)} for lab, v in zip(res.labels, res.restart_values)
         ]
     if args.out:
-        out = Path(args.out)
-        files = [
-            save_npz(
-                out / "search.npz",
-                A=params.A,
-                V=params.V,
-                history=res.history,
-                history_steps=res.history_steps,
-                **arrays,
-            ),
-            write_json(
-                out / "search.json",
-                {
-                    **doc,
-                    "metadata": run_metadata(
-                        seed=args.seed, device="cpu", dtype="float64", config=_config(args)
-                    ),
-                },
-            ),
-        ]
-        doc["files"] = [str(f) for f in files]
+        _save_outputs(
+            args,
+            doc,
+            "search",
+            A=params.A,
+            V=params.V,
+            history=res.history,
+            history_steps=res.history_steps,
+            **arrays,
+        )
     return doc
 
 
@@ -717,19 +695,7 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     if args.s is None and args.budget is None:
         raise ValueError("give --s S (closed-form gain), --budget EPS (attack) or --figure-c")
     if args.out:
-        out = Path(args.out)
-        files = [
-            write_json(
-                out / "split.json",
-                {
-                    **doc,
-                    "metadata": run_metadata(
-                        seed=args.seed, device="cpu", dtype="float64", config=_config(args)
-                    ),
-                },
-            )
-        ]
-        doc["files"] = [str(f) for f in files]
+        _save_outputs(args, doc, "split")
     return doc
 
 
@@ -766,6 +732,18 @@ def print_split(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- parser
+def _save_outputs(args: argparse.Namespace, doc: dict[str, Any], stem: str, **arrays: Any) -> None:
+    """Write ``<out>/<stem>.npz`` (if arrays) and ``<out>/<stem>.json`` with run metadata.
+
+    The written paths are listed in ``doc["files"]``.
+    """
+    out = Path(args.out)
+    files = [save_npz(out / f"{stem}.npz", **arrays)] if arrays else []
+    metadata = run_metadata(seed=args.seed, device="cpu", dtype="float64", config=_config(args))
+    files.append(write_json(out / f"{stem}.json", {**doc, "metadata": metadata}))
+    doc["files"] = [str(f) for f in files]
+
+
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
 
