@@ -1,0 +1,351 @@
+r"""Theory figure: the bounds of :mod:`theory.bounds` against :math:`n` and :math:`R`, with regimes.
+
+Panels (all curves computed from closed forms; no experiment needed):
+
+(a) against :math:`n` at :math:`\|A\|_2 = \|V\|_2 = 1`, :math:`R = 1.5`: the three √n upper
+    forms (THEORY.md §6.1), the eigenvector-construction lower bound (§6.3) for three gaps, its
+    :math:`k`-copy and masked versions (§9), the :math:`n`-free mean-field upper bounds
+    (:math:`c' = 1, 2`, §7.1) and the two-Dirac level (§7.2); the crossover :math:`n^*`
+    (:func:`theory.regimes.crossover_n`) and the peak of the construction
+    (:func:`theory.regimes.peak_n`) are marked;
+(b) against :math:`R` in the worst case :math:`\lambda = -\|A\|_2` (:math:`\gamma = 2R^2`): the
+    mean-field upper candidates, the two-Dirac optimum, its :math:`w = 1/2` form and asymptote, the
+    trivial bound :math:`\|V\|_2`, the √n bound at :math:`n = 16` and the range
+    :math:`[\|V\|, \sqrt n\|V\|]` of the large-radius limit (§8); the radius bracket of
+    :func:`theory.regimes.radius_bracket` for a target :math:`L = 10` is marked;
+(c) the regime map in the :math:`(R, n)` plane: :math:`n^*(R)` for :math:`c' = 1, 2` and the
+    peak :math:`n` of the construction;
+(d) only when ``results_dir/verify_bounds/report.json`` exists: the tightness ratios
+    ``bound / engine value`` measured by :mod:`experiments.verify_bounds` (min–max range and
+    median per bound; refuted candidates in red).
+
+Every constant is a reconstruction of THEORY.md (labels there); none is the paper's printed
+constant. STEM ``fig_theory_bounds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from experiments.results import load_json
+
+from ._style import PALETTE, TWO_COLUMNS, save, style
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_theory_bounds"
+
+#: Parameters of panels (a) and (b).
+A_NORM, V_NORM, R_N_PANEL, N_R_PANEL, L_TARGET = 1.0, 1.0, 1.5, 16, 10.0
+
+
+def _float(x: object) -> float:
+    """JSON numbers, with the "inf" strings written by ``experiments.results``."""
+    if isinstance(x, str):
+        return math.inf if x == "inf" else (-math.inf if x == "-inf" else math.nan)
+    return math.nan if x is None else float(x)
+
+
+def _panel_n(ax) -> None:
+    from theory import bounds, regimes
+
+    n = np.unique(np.round(np.logspace(math.log10(2.0), 5, 400)))
+    theta = A_NORM * R_N_PANEL**2
+    gamma_w = 2.0 * theta  # worst case lambda = -||A||
+    for form, ls in (("sqrt3", ":"), ("sharp", "--"), ("triangle", "-")):
+        ax.plot(
+            n,
+            bounds.sqrt_n_upper(A_NORM, V_NORM, R_N_PANEL, n, form=form),
+            ls,
+            color=PALETTE["bound"],
+            label=rf"$\sqrt{{n}}$ upper ({form})",
+        )
+    for c, ls in ((1.0, "-"), (2.0, "--")):
+        ax.axhline(
+            float(bounds.mean_field_upper(A_NORM, V_NORM, R_N_PANEL, c=c)),
+            ls=ls,
+            color=PALETTE["fit"],
+            lw=0.9,
+            label=f"mean-field upper, $c'={c:g}$",
+        )
+    ax.axhline(
+        float(bounds.two_dirac_lower(gamma_w, V_NORM)),
+        color=PALETTE["masked"],
+        lw=0.8,
+        ls="-.",
+        label=r"two-Dirac $\sup_\varepsilon g$",
+    )
+    for gamma, alpha in ((1.0, 0.45), (2.5, 0.7), (gamma_w, 1.0)):
+        ax.plot(
+            n,
+            bounds.sqrt_n_lower(gamma, n, V_NORM),
+            color=PALETTE["unmasked"],
+            alpha=alpha,
+            label=rf"construction, $\gamma={gamma:g}$",
+        )
+        pk = float(regimes.peak_n(gamma))
+        ax.plot(
+            [pk],
+            [float(bounds.sqrt_n_lower(gamma, pk, V_NORM))],
+            "v",
+            ms=3.5,
+            color=PALETTE["unmasked"],
+            alpha=alpha,
+        )
+    ax.plot(
+        n,
+        bounds.sequence_lower(gamma_w, n, V_NORM),
+        ":",
+        color=PALETTE["unmasked"],
+        label=rf"$k$ copies, $\gamma={gamma_w:g}$",
+    )
+    nm = n[(n >= 2) & (n <= 2e4)]
+    ax.plot(
+        nm,
+        bounds.masked_sqrt_n_lower(gamma_w, nm, V_NORM),
+        color=PALETTE["released"],
+        label=rf"masked construction, $\gamma={gamma_w:g}$",
+    )
+    n_star = float(regimes.crossover_n(A_NORM, V_NORM, R_N_PANEL, c=1.0))
+    ax.axvline(n_star, color="0.4", lw=0.7, ls="--")
+    ax.annotate(
+        rf"$n^*={n_star:.0f}$",
+        (n_star, 0.03),
+        xycoords=("data", "axes fraction"),
+        fontsize=6.5,
+        rotation=90,
+        ha="right",
+        va="bottom",
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(0.3, 1e4)
+    ax.set_xlabel("number of tokens $n$")
+    ax.set_ylabel("Lipschitz bound")
+    ax.set_title(rf"(a) against $n$ ($\|A\|=\|V\|=1$, $R={R_N_PANEL:g}$)", loc="left")
+
+
+def _radius_for_n(n: float, c: float) -> float:
+    """Radius at which the crossover n*(R) equals n (bisection on the increasing n*)."""
+    from theory import regimes
+
+    lo, hi = 1e-3, 10.0
+    log_n = math.log(n)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if float(regimes.crossover_n(A_NORM, V_NORM, mid, c=c, log=True)) < log_n:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _panel_R(ax) -> None:
+    from theory import bounds, regimes
+
+    R = np.logspace(-1.3, math.log10(3.0), 300)
+    gamma = 2.0 * A_NORM * R**2
+    for c, ls in ((1.0, "-"), (2.0, "--")):
+        ax.plot(
+            R,
+            bounds.mean_field_upper(A_NORM, V_NORM, R, c=c),
+            ls,
+            color=PALETTE["fit"],
+            label=f"mean-field upper, $c'={c:g}$",
+        )
+    ax.plot(
+        R,
+        bounds.two_dirac_lower(gamma, V_NORM),
+        color=PALETTE["masked"],
+        label=r"two-Dirac $\sup_\varepsilon g$",
+    )
+    ax.plot(
+        R,
+        bounds.two_dirac_half(gamma, V_NORM),
+        "--",
+        color=PALETTE["masked"],
+        label=r"two-Dirac, $w=1/2$",
+    )
+    ax.plot(
+        R,
+        bounds.two_dirac_asymptote(gamma, V_NORM),
+        ":",
+        color=PALETTE["masked"],
+        label="two-Dirac asymptote",
+    )
+    ax.plot(
+        R,
+        np.full_like(R, float(bounds.trivial_lower(V_NORM))),
+        color=PALETTE["input"],
+        label=r"trivial $\|V\|$",
+    )
+    ax.plot(
+        R,
+        bounds.sqrt_n_upper(A_NORM, V_NORM, R, N_R_PANEL, form="triangle"),
+        color=PALETTE["bound"],
+        label=rf"$\sqrt{{n}}$ upper (triangle), $n={N_R_PANEL}$",
+    )
+    ax.fill_between(
+        R,
+        V_NORM,
+        math.sqrt(N_R_PANEL) * V_NORM,
+        color=PALETTE["released"],
+        alpha=0.15,
+        lw=0,
+        label=rf"large-$R$ limit range, $n={N_R_PANEL}$",
+    )
+    r_star = _radius_for_n(N_R_PANEL, 1.0)
+    ax.axvline(r_star, color="0.4", lw=0.7, ls="--")
+    ax.annotate(
+        rf"$n^*(R)={N_R_PANEL}$",
+        (r_star, 0.5),
+        xycoords=("data", "axes fraction"),
+        fontsize=6.5,
+        rotation=90,
+        ha="right",
+        va="center",
+    )
+    br = regimes.radius_bracket(L_TARGET, A_NORM, V_NORM, c=1.0)
+    ax.axhline(L_TARGET, color="0.6", lw=0.5)
+    for r, mk in ((br.R_certified, "o"), (br.R_violated, "x")):
+        ax.plot([r], [L_TARGET], mk, color="k", ms=4, mfc="none")
+    ax.annotate(
+        rf"$L={L_TARGET:g}$: certified for $R\leq{br.R_certified:.2f}$ (o),"
+        "\n"
+        rf"impossible for $R\geq{br.R_violated:.2f}$ (x)",
+        (0.03, 0.97),
+        xycoords="axes fraction",
+        fontsize=6,
+        va="top",
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("radius $R$")
+    ax.set_title(r"(b) against $R$ ($\lambda=-\|A\|$, $\gamma=2R^2$)", loc="left")
+
+
+def _panel_regimes(ax) -> None:
+    from theory import regimes
+
+    R = np.linspace(0.15, 3.0, 200)
+    for c, ls in ((1.0, "-"), (2.0, "--")):
+        log10_n = np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=c, log=True)) / math.log(10)
+        ax.plot(R, log10_n, ls, color=PALETTE["fit"], label=f"crossover $n^*$, $c'={c:g}$")
+    gamma = 2.0 * A_NORM * R**2
+    t_star = (3 * gamma + np.sqrt(9 * gamma**2 + 4 * gamma + 4)) / (2 * (1 + gamma))
+    ax.plot(
+        R,
+        np.log10(1.0 + t_star * np.exp(gamma)),
+        color=PALETTE["unmasked"],
+        label=r"peak of construction, $1+t^*e^\gamma$",
+    )
+    n1 = np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=1.0, log=True)) / math.log(10)
+    top = max(float(n1.max()), 1.0) * 1.05
+    ax.fill_between(R, 0, np.clip(n1, 0, None), color=PALETTE["bound"], alpha=0.12, lw=0)
+    ax.fill_between(R, np.clip(n1, 0, None), top, color=PALETTE["fit"], alpha=0.08, lw=0)
+    ax.text(
+        0.97,
+        0.05,
+        r"$\sqrt{n}$ bound" "\nsmaller",
+        transform=ax.transAxes,
+        fontsize=6.5,
+        ha="right",
+    )
+    ax.text(0.03, 0.85, "mean-field\nbound smaller", transform=ax.transAxes, fontsize=6.5)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("radius $R$")
+    ax.set_ylabel(r"$\log_{10} n$")
+    ax.set_title(r"(c) regimes ($\|A\|=\|V\|=1$)", loc="left")
+
+
+def _panel_tightness(ax, report: dict) -> None:
+    names, rows = [], []
+    for name, b in report["bounds"].items():
+        t = b["tightness"]
+        lo, med, hi = (_float(t[k]) for k in ("min", "median", "max"))
+        if b["side"] == "limit" or not np.isfinite(med) or med <= 0:
+            continue
+        names.append(name)
+        rows.append((lo, med, hi, b))
+    y = np.arange(len(rows))
+    for yi, (lo, med, hi, b) in zip(y, rows):
+        refuted = b["status"] == "candidate" and (b["n_violations"] or 0) > 0
+        color = (
+            PALETTE["masked"]
+            if refuted
+            else PALETTE["bound"]
+            if b["side"] == "upper"
+            else PALETTE["unmasked"]
+        )
+        lo_c = max(lo, 1e-6) if np.isfinite(lo) else 1e-6
+        hi_c = min(hi, 1e12) if np.isfinite(hi) else 1e12
+        ax.plot([lo_c, hi_c], [yi, yi], color=color, lw=1.6, alpha=0.6, solid_capstyle="butt")
+        ax.plot([min(max(med, 1e-6), 1e12)], [yi], "o", color=color, ms=2.5)
+    ax.axvline(1.0, color="k", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_xlim(1e-6, 1e12)
+    ax.set_yticks(y, names, fontsize=5.5)
+    ax.invert_yaxis()
+    ax.set_xlabel("bound / engine value (range, median)")
+    ax.set_title(f"(d) tightness over {report['n_instances']} instances", loc="left")
+
+
+def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Draw ``fig_theory_bounds.{pdf,png}`` into ``out_dir``.
+
+    Parameters
+    ----------
+    results_dir : path
+        Results root; ``results_dir/verify_bounds/report.json`` adds the tightness panel when it
+        exists (the figure is otherwise theory-only and needs no results).
+    out_dir : path
+        Output directory.
+
+    Returns
+    -------
+    list of Path
+        The PDF and PNG files.
+    """
+    import matplotlib.pyplot as plt
+
+    report_path = Path(results_dir) / "verify_bounds" / "report.json"
+    report = load_json(report_path) if report_path.exists() else None
+    with style():
+        if report is None:
+            fig, axes = plt.subplots(1, 3, figsize=(TWO_COLUMNS, 0.72 * TWO_COLUMNS))
+            ax_n, ax_R, ax_reg = axes
+        else:
+            fig, axes = plt.subplots(2, 2, figsize=(TWO_COLUMNS, 1.25 * TWO_COLUMNS))
+            (ax_n, ax_R), (ax_reg, ax_t) = axes
+            _panel_tightness(ax_t, report)
+        _panel_n(ax_n)
+        _panel_R(ax_R)
+        _panel_regimes(ax_reg)
+        for ax in (ax_n, ax_R, ax_reg):
+            ax.legend(
+                fontsize=5,
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.2),
+                ncol=1,
+                frameon=False,
+                handlelength=2.2,
+            )
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_theory_bounds --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default="results", help="results root (optional report)")
+    parser.add_argument("--out", default="figures", help="output directory")
+    args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()
