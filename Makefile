@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo paper figures test test-all lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,18 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# The main job: every experiment of the quick preset, every figure and report.md in demo_out/
+# (about ten minutes on 2 CPU cores; rerunning resumes). `make paper` runs the full grids.
+DEMO_OUT ?= demo_out
+DEVICE ?= cpu
 demo: $(STAMP)
-	$(VENV)/bin/meanfield demo --out demo_out
+	$(VENV)/bin/meanfield reproduce --preset quick --out $(DEMO_OUT) --device $(DEVICE)
+
+paper: $(STAMP)
+	$(VENV)/bin/meanfield reproduce --preset paper --out paper_out --device $(DEVICE)
+
+figures: $(STAMP)
+	$(VENV)/bin/meanfield figures --results $(DEMO_OUT)/results
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -44,7 +54,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_jacobian.py
+	$(PY) benchmarks/bench_jacobian.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) demo_out paper_out .pytest_cache .ruff_cache .hypothesis

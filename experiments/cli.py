@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["build_parser", "main"]
@@ -54,6 +55,64 @@ def _print_demo(doc: dict[str, Any]) -> None:
         print(f"  wrote {f}")
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> dict[str, Any]:
+    from .reproduce import reproduce
+
+    only = args.only.split(",") if args.only else None
+    doc = reproduce(
+        args.out,
+        args.preset,
+        device=args.device,
+        only=only,
+        figures=not args.no_figures,
+        progress=not args.no_progress,
+    )
+    failed = [k for k, e in doc["stages"].items() if e["status"] != "ok"]
+    failed += [f"figure {k}" for k, e in doc.get("figures", {}).items() if e["status"] == "failed"]
+    if failed:
+        raise CLIError(
+            f"{', '.join(failed)} failed (details in {args.out}/reproduce.json"
+            + (f" and {doc['report']}" if "report" in doc else "")
+            + "); rerun the same command to resume"
+        )
+    return doc
+
+
+def _print_reproduce(doc: dict[str, Any]) -> None:
+    print(f"meanfield reproduce: preset {doc['preset']}, {doc['total_seconds']:.0f} s")
+    for name, e in doc["stages"].items():
+        print(f"  {name:<14s} {e['status']:<7s} {e['seconds']:7.1f} s")
+    for fid, e in doc.get("figures", {}).items():
+        if e["status"] != "ok":
+            print(f"  figure {fid:<4s} {e['status']}: {e.get('error', '')}")
+    n_ok = sum(e["status"] == "ok" for e in doc.get("figures", {}).values())
+    if "figures" in doc:
+        print(f"  {n_ok} of {len(doc['figures'])} figures drawn")
+    if "report" in doc:
+        print(f"  wrote {doc['report']}")
+
+
+def _cmd_figures(args: argparse.Namespace) -> dict[str, Any]:
+    from paper_figs.make_all import draw_all
+
+    results = Path(args.results)
+    if not results.is_dir():
+        raise FileNotFoundError(
+            f"no results directory {results}; run `meanfield reproduce --out DIR` first"
+        )
+    out = Path(args.out) if args.out else results.parent / "figures"
+    status = draw_all(results, out, only=args.only.split(",") if args.only else None)
+    if not any(e["status"] == "ok" for e in status.values()):
+        raise CLIError(f"no figure could be drawn from {results}")
+    return {"kind": "figures", "results": str(results), "out": str(out), "figures": status}
+
+
+def _print_figures(doc: dict[str, Any]) -> None:
+    for fid, e in doc["figures"].items():
+        what = ", ".join(f for f in e["files"] if f.endswith(".pdf")) or e.get("error", "")
+        print(f"  {fid:<3s} {e['status']:<8s} {what}")
+
+
 # --------------------------------------------------------------------------- parser
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -81,13 +140,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
     p.set_defaults(handler=_cmd_demo, printer=_print_demo)
 
+    p = sub.add_parser(
+        "reproduce",
+        help="run the experiments of a preset, draw every figure and write report.md",
+        description="Run every experiment stage of a preset (resumable: rerun to continue), "
+        "draw all figures and write OUT/report.md.",
+    )
+    _common(p)
+    p.add_argument(
+        "--preset",
+        choices=("tiny", "quick", "paper"),
+        default="quick",
+        help="quick: every figure in about 10 min on 2 CPU cores; paper: full grids (hours)",
+    )
+    p.add_argument(
+        "--out", default="reproduce_out", help="output directory (default reproduce_out)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--only", default=None, help="comma-separated stages to run")
+    p.add_argument("--no-figures", action="store_true", help="run the experiments only")
+    p.set_defaults(handler=_cmd_reproduce, printer=_print_reproduce)
+
+    p = sub.add_parser("figures", help="redraw every figure from saved results")
+    _common(p)
+    p.add_argument(
+        "--results",
+        default="reproduce_out/results",
+        help="results root (default reproduce_out/results)",
+    )
+    p.add_argument("--out", default=None, help="figure directory (default: next to the results)")
+    p.add_argument("--only", default=None, help="comma-separated figure ids, e.g. F1,F4,B")
+    p.set_defaults(handler=_cmd_figures, printer=_print_figures)
+
     from . import theory_cli
 
     theory_cli.add_parsers(sub, _common)
 
-    from . import attacks_cli
+    from . import attacks_cli, verify_bounds
 
     attacks_cli.add_parser(sub)
+    verify_bounds.add_parser(sub)
     return parser
 
 
