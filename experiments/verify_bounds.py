@@ -390,9 +390,9 @@ def _kim(p: Any, squared: bool = False) -> Callable[[Target], float | None]:
         WQ, WV, WO = t.ctx["WQ"], t.ctx["WV"], t.ctx["WO"]
         H, D = WQ.shape[0], WQ.shape[1]
         norms = bounds.kim_l2_norms(WQ, WV, WO, p=p)
-        if squared:  # ||W^{Q,h}||_2^2: degree 2 in W^Q, like the map itself
-            norms["WQ_norms"] = norms["WQ_norms"] ** 2
-        return float(bounds.kim_l2_upper(t.ctx["n"], D=D, H=H, p=p, **norms))
+        # wq_power=2: ||W^{Q,h}||_2^2, degree 2 in W^Q like the map itself
+        extra = {"wq_power": 2} if squared else {}
+        return float(bounds.kim_l2_upper(t.ctx["n"], D=D, H=H, p=p, **norms, **extra))
 
     return ev
 

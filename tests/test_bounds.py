@@ -624,6 +624,21 @@ def test_kim_l2_upper_formula():
     assert val == pytest.approx((4 * w + 0.5) * 1.5 * 2.0 * 3.0, rel=1e-14)
     with pytest.raises(ValueError):
         B.kim_l2_upper(10, D=8, H=3, WQ_norms=[1, 1, 1], WV_norms=[1, 1, 1], WO_norm=1)
+    sq = B.kim_l2_upper(
+        10, D=8, H=2, WQ_norms=[1.0, 2.0], WV_norms=[3.0, 1.0], WO_norm=1.5, wq_power=2
+    )
+    assert sq == pytest.approx(np.sqrt(10) / 2 * (4 * w + 1) * np.sqrt(9 + 16) * 1.5, rel=1e-14)
+
+
+def test_kim_recalled_p2_form_fails_for_large_query_weights():
+    """Counterexample of the verification harness: the recalled p=2 form is linear in ||W^Q||."""
+    N, D, H = 2, 1, 1
+    WQ, WV, WO = np.full((1, 1, 1), 2.32), np.ones((1, 1, 1)), np.ones((1, 1))
+    X = np.array([[-0.005], [0.72]])
+    J = fd_jacobian(lambda Z: kim_l2_attention(Z, WQ, WV, WO), X, h=1e-6)
+    norms = B.kim_l2_norms(WQ, WV, WO)
+    assert spec(J) > B.kim_l2_upper(N, D=D, H=H, **norms)
+    assert spec(J) <= B.kim_l2_upper(N, D=D, H=H, **norms, wq_power=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,6 +661,9 @@ def test_multihead_rules_bound_the_multihead_jacobian(rng):
     assert B.multihead_upper(local) == pytest.approx(local.sum())
     with pytest.raises(ValueError):
         B.multihead_upper(local, rule="l2")
+    assert B.multihead_upper([1.0, np.inf]) == np.inf  # an overflowed head bound propagates
+    with pytest.raises(ValueError, match="head_bounds"):
+        B.multihead_upper([1.0, np.nan])
 
 
 # ---------------------------------------------------------------------------------------------

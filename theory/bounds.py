@@ -311,7 +311,7 @@ def multihead_upper(
     Parameters
     ----------
     head_bounds : array_like, shape (..., H)
-        Per-head bounds, heads on the last axis.
+        Per-head bounds, heads on the last axis; ``+inf`` (an overflowed bound) propagates.
     W_norms : array_like, shape (..., H), optional
         :math:`\|W_h\|_2` for ``rule="sum"``.
     WO_norm : array_like, optional
@@ -330,7 +330,7 @@ def multihead_upper(
     omission of :math:`W^O` is *from the authors' released code*.
     """
     _choice(rule, "rule", ("sum", "l2"))
-    b = _norm(head_bounds, "head_bounds")
+    b = _float(head_bounds, "head_bounds", min_value=0.0, allow_inf=True)  # +inf propagates
     b = np.atleast_1d(b)
     if rule == "sum":
         if WO_norm is not None:
@@ -1567,6 +1567,7 @@ def kim_l2_upper(
     WO_norm: ArrayLike,
     p: Literal[2, "inf"] = 2,
     variant: Literal["N-1", "N"] = "N-1",
+    wq_power: Literal[1, 2] = 1,
 ) -> Any:
     r"""Kim et al.'s Lipschitz bounds for L2 multi-head attention (THEORY.md §10.3).
 
@@ -1593,8 +1594,13 @@ def kim_l2_upper(
         Which bound.
     variant : {"N-1", "N"}
         :math:`W_0((N - 1)/e)` (default) or :math:`W_0(N/e)` as in two public implementations
-        (larger,
-        so still valid).
+        (larger, so still valid).
+    wq_power : {1, 2}, default 1
+        ``p=2`` only: the power of :math:`\|W^{Q,h}\|_2` inside the sum. ``1`` is the form as
+        recalled in THEORY.md §10.3, **refuted** by our verification harness for large
+        :math:`W^Q` (see Warnings); ``2`` is our repaired candidate
+        :math:`(\sum_h\|W^{Q,h}\|_2^4\|W^{V,h}\|_2^2)^{1/2}`, which never failed in the harness
+        but is not proved.
 
     Returns
     -------
@@ -1607,6 +1613,17 @@ def kim_l2_upper(
     Theorem 3.2 as *recollection, unverified*; the structure matches independent public
     implementations. The :math:`\phi^{-1}` term rests on :func:`kim_softmax_lemma` (*derived and
     checked numerically*). Whether the paper prints :math:`(N - 1)/e` or :math:`N/e` is unverified.
+
+    Warnings
+    --------
+    With the L2 attention of THEORY.md §10.2 (:func:`meanfield.l2_self_attention`), the ``p=2``
+    form as recalled is **not a valid bound**: the map is quadratic in :math:`W^Q` (through the
+    logits and :math:`A_h = W^QW^{Q\top}/\sqrt{D/H}`), so at equal tokens
+    :math:`\|DF\| = \|A_hW^{V,h}W^O\|` grows like :math:`\|W^Q\|^2` while the recalled bound
+    grows like :math:`\|W^Q\|`. Counterexample found by ``meanfield verify-bounds``: :math:`N = 2`,
+    :math:`D = H = 1`, :math:`W^Q = 2.32` (docs/theory.md §14). Either the recollection of the
+    theorem or of the definition is wrong; use ``wq_power=2`` until it is checked against the
+    paper. The ``p="inf"`` form is already quadratic in :math:`W^Q` and survived.
     """
     if p not in (2, "inf"):
         raise ValueError(f"p must be 2 or 'inf', got {p!r}")
@@ -1621,8 +1638,11 @@ def kim_l2_upper(
     o = _norm(WO_norm, "WO_norm")
     head_dim = D / H
     lam = _phi_inv(N_, variant)
+    if wq_power not in (1, 2):
+        raise ValueError(f"wq_power must be 1 or 2, got {wq_power!r}")
     if p == 2:
-        out = np.sqrt(N_ / head_dim) * (4.0 * lam + 1.0) * np.sqrt(np.sum(q**2 * v**2, axis=-1)) * o
+        qq = q ** (2 * wq_power)
+        out = np.sqrt(N_ / head_dim) * (4.0 * lam + 1.0) * np.sqrt(np.sum(qq * v**2, axis=-1)) * o
     else:
         out = (4.0 * lam + 1.0 / np.sqrt(head_dim)) * o * q.max(axis=-1) * v.max(axis=-1)
     return _ret(out)
