@@ -1,0 +1,155 @@
+r"""Figure A: the mean-field Lipschitz constant against :math:`R` in the style of v1 (EXPERIMENTS.md §2).
+
+One panel per setting (:math:`d = 1` with :math:`A = \pm1`, :math:`V = 1`; :math:`d = 2` with
+:math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`; a random Gaussian :math:`A = Q^\top K/\sqrt k`
+with :math:`V = I`), log y: the **candidate** upper bounds :math:`c' = 1, 2` (THEORY.md §7.1,
+reconstructed constants, not the paper's), the exact two-Dirac optimum :math:`\sup_\varepsilon g`
+at the best gap :math:`\gamma^*` (§7.2), the :math:`w = 1/2` form, the asymptote, the global lower
+bound :math:`\max(\|V\|_2, \sup_\varepsilon g)`, and the values reached by optimized worst measures
+with 2, 3 and 5 atoms (§7.4).
+
+Reads ``<results>/synthetic/a.npz`` and ``a.json`` written by :func:`experiments.synthetic.run`;
+no computation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from experiments.results import load_json, load_npz
+
+from ._style import PALETTE, TWO_COLUMNS, save, style
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_a_lipschitz_vs_R"
+
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def _load(results_dir: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    base = Path(results_dir) / "synthetic"
+    p, j = base / "a.npz", base / "a.json"
+    if not (p.exists() and j.exists()):
+        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
+    return load_npz(p), load_json(j)
+
+
+def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Draw ``fig_a_lipschitz_vs_R.{pdf,png}`` into ``out_dir`` from the saved A results."""
+    import matplotlib.pyplot as plt
+
+    d, meta = _load(results_dir)
+    settings = [str(s) for s in d["settings"]]
+    Rc, radii = d["curve_R"], d["radii"]
+    ncol = 2 if len(settings) > 1 else 1
+    nrow = math.ceil(len(settings) / ncol)
+    with style():
+        fig, axes = plt.subplots(
+            nrow, ncol, figsize=(TWO_COLUMNS, 0.33 * TWO_COLUMNS * nrow + 0.6), squeeze=False
+        )
+        for ax in axes.ravel()[len(settings) :]:
+            ax.set_visible(False)
+        for i, s in enumerate(settings):
+            ax = axes.ravel()[i]
+
+            def g(key: str, s: str = s) -> np.ndarray:
+                return d[f"{s}__{key}"]
+
+            ax.plot(
+                Rc,
+                g("curve_global_lower"),
+                color="0.75",
+                lw=3.0,
+                label=r"global lower bound $\max(\|V\|_2, \sup_\varepsilon g)$",
+            )
+            ax.plot(
+                Rc,
+                g("curve_upper_c1"),
+                color=PALETTE["bound"],
+                ls="-.",
+                lw=1.0,
+                label=r"upper bound, candidate $c'=1$ (reconstructed)",
+            )
+            ax.plot(
+                Rc,
+                g("curve_upper_c2"),
+                color="#8aa61c",
+                ls=(0, (5, 2, 1, 2, 1, 2)),
+                lw=1.0,
+                label=r"upper bound, candidate $c'=2$ (reconstructed)",
+            )
+            ax.plot(
+                Rc,
+                g("curve_sup_g"),
+                color="k",
+                lw=1.1,
+                label=r"exact two-Dirac optimum at $\gamma^*$ (lower bound)",
+            )
+            ax.plot(
+                Rc,
+                g("curve_half"),
+                color="k",
+                ls="--",
+                lw=0.7,
+                label=r"two Diracs at $w = 1/2$ (lower bound)",
+            )
+            ax.plot(
+                Rc,
+                g("curve_asymptote"),
+                color="k",
+                ls=":",
+                lw=0.9,
+                label=r"asymptote $\frac{3\sqrt{3}}{16}\gamma^* e^{\gamma^*/2}$ (lower bound)",
+            )
+            atoms = g("atoms")
+            colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(atoms)))
+            for j, k in enumerate(atoms):
+                ax.plot(
+                    radii,
+                    g("opt_value")[j],
+                    ls="none",
+                    marker=_MARKERS[j % len(_MARKERS)],
+                    ms=3.8,
+                    mfc="none",
+                    mec=colors[j],
+                    mew=0.9,
+                    label=f"optimized measure, {k} atoms (measured)",
+                )
+            ax.set_yscale("log")
+            ax.set_xlim(Rc.min(), Rc.max())
+            sup = g("curve_sup_g")
+            lo = min(float(g("curve_trivial").min()), float(sup[sup > 0].min(initial=np.inf)))
+            top = max(float(np.nanmax(g("opt_value"))), float(sup.max()))
+            ax.set_ylim(lo / 3.0, top * 1e6)  # the candidates may leave the axis
+            ax.set_title(meta.get("settings", {}).get(s, s), loc="left", fontsize=8)
+            ax.set_xlabel("radius $R$")
+            ax.set_ylabel("Lipschitz constant")
+        fig.legend(
+            *axes.ravel()[0].get_legend_handles_labels(),
+            loc="outside lower center",
+            ncol=2,
+            frameon=False,
+            fontsize=6.5,
+        )
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_a_lipschitz_vs_R --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--results", default="results", help="results directory (contains synthetic/)"
+    )
+    parser.add_argument("--out", default="figures", help="output directory for the figure")
+    args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+r"""Figure F5: the √n regime on the eigenvector construction (EXPERIMENTS.md §2, THEORY.md §6, §9).
+
+One panel per gap :math:`\gamma` (head :math:`d = 1`, :math:`A = -\gamma/(2R^2)`, :math:`V = 1`):
+:math:`\|Df(X)\|_2` against :math:`n` (log–log) for the construction of THEORY.md §6.3, unmasked
+(exact, closed form at every integer :math:`n`, with certified engine brackets at a few :math:`n`)
+and masked (certified engine brackets). Overlays: the lower-bound formulas of §6.3 and §9, the best
+:math:`k`-copy input (a lower bound on :math:`\mathrm{Lip}(f\,|\,B_R^n)`), the √n upper bounds of
+§6.1, the mean-field level :math:`\sup_\varepsilon g` and the candidate :math:`c' = 1` bound (§7),
+and :math:`n - 1 = e^\gamma`. It shows the √n rise, the peak at :math:`n` of order
+:math:`e^\gamma`, and decay (unmasked) against saturation (masked).
+
+Reads ``<results>/synthetic/f5.npz`` written by :func:`experiments.synthetic.run`; no computation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from experiments.results import load_npz
+
+from ._style import PALETTE, TWO_COLUMNS, save, style
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_f5_sqrt_n"
+
+
+def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
+    p = Path(results_dir) / "synthetic" / "f5.npz"
+    if not p.exists():
+        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
+    return load_npz(p)
+
+
+def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Draw ``fig_f5_sqrt_n.{pdf,png}`` into ``out_dir`` from the saved F5 results."""
+    import matplotlib.pyplot as plt
+
+    d = _load(results_dir)
+    gammas = d["gammas"]
+    G = len(gammas)
+    with style():
+        fig, axes = plt.subplots(
+            1, G, figsize=(TWO_COLUMNS, 0.40 * TWO_COLUMNS + 0.45), squeeze=False, sharey=False
+        )
+        for gi, g in enumerate(gammas):
+            ax = axes[0, gi]
+            n_all, n = d["n_all"], d["n_grid"]
+            ax.plot(
+                n_all,
+                d["closed_all"][gi],
+                color=PALETTE["unmasked"],
+                lw=1.2,
+                label="unmasked: exact $\\|Df(X)\\|_2$ (closed form)",
+            )
+            ax.plot(
+                d["check_n"],
+                d["check_value"][gi],
+                "s",
+                mfc="none",
+                mec=PALETTE["unmasked"],
+                ms=5,
+                mew=0.8,
+                label="unmasked: certified engine bracket",
+            )
+            if d["masked_n"].size:
+                mv, lo, up = d["masked_value"][gi], d["masked_lower"][gi], d["masked_upper"][gi]
+                ax.errorbar(
+                    d["masked_n"],
+                    mv,
+                    yerr=[mv - lo, up - mv],
+                    fmt="o-",
+                    ms=2.5,
+                    lw=0.9,
+                    color=PALETTE["masked"],
+                    label="masked: certified engine bracket",
+                )
+            ax.plot(
+                n,
+                d["lower_formula"][gi],
+                "--",
+                color=PALETTE["unmasked"],
+                lw=0.8,
+                label="lower bound, §6.3 formula",
+            )
+            ax.plot(
+                n,
+                d["masked_lower_formula"][gi],
+                ":",
+                color=PALETTE["masked"],
+                lw=1.0,
+                label="masked lower bound, §9 formula",
+            )
+            ax.plot(
+                n,
+                d["k_copy_lower"][gi],
+                "-.",
+                color="0.45",
+                lw=0.8,
+                label="best $k$-copy input (lower bound on sup over $B_R^n$)",
+            )
+            ax.plot(
+                n,
+                d["upper_triangle"][gi],
+                color=PALETTE["bound"],
+                lw=1.0,
+                label="√n upper bound, §6.1 (triangle form)",
+            )
+            ax.plot(
+                n,
+                d["upper_sqrt3"][gi],
+                "--",
+                color=PALETTE["bound"],
+                lw=0.7,
+                alpha=0.7,
+                label="√n upper bound, §6.1 ($\\sqrt{3}$ form)",
+            )
+            ax.axhline(
+                d["sup_g"][gi],
+                color="k",
+                ls="--",
+                lw=0.7,
+                label="mean-field lower bound $\\sup_\\varepsilon g$ (§7.2)",
+            )
+            ax.axhline(
+                d["mf_upper_c1"][gi],
+                color="k",
+                ls="-.",
+                lw=0.7,
+                label="mean-field upper bound, candidate $c'=1$ (§7.1)",
+            )
+            ax.axhline(
+                d["masked_limit"][gi],
+                color=PALETTE["masked"],
+                ls=(0, (1, 3)),
+                lw=0.7,
+                label="§9 masked bound, limit $n\\to\\infty$",
+            )
+            ax.axvline(1 + np.exp(g), color="0.6", ls=":", lw=0.8, label="$n - 1 = e^{\\gamma}$")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(n_all.min(), n_all.max())
+            ax.set_title(f"$\\gamma = {g:g}$  ($\\|A\\|_2R^2 = {g / 2:g}$)")
+            ax.set_xlabel("sequence length $n$")
+            if gi == 0:
+                ax.set_ylabel("local Lipschitz constant $\\|Df(X)\\|_2$")
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=6.5)
+        fig.suptitle(
+            "√n regime: construction of THEORY §6.3, $d = 1$, $A = -\\gamma/(2R^2)$, "
+            "$V = 1$, $R = 1$",
+            fontsize=8.5,
+        )
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_f5_sqrt_n --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--results", default="results", help="results directory (contains synthetic/)"
+    )
+    parser.add_argument("--out", default="figures", help="output directory for the figure")
+    args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+r"""Figure F6: the mean-field constant against the radius (EXPERIMENTS.md §2, THEORY.md §7).
+
+Head :math:`d = 2`, :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`. Left (log y):
+:math:`\sup_\varepsilon g` of the two unbalanced Diracs (§7.2) at the best gap, the :math:`w = 1/2`
+form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`, the trivial :math:`\|V\|_2`, the
+**candidate** upper bounds :math:`c' = 1, 2` (§7.1, reconstructed constants, not the paper's), the
+values reached by the multi-start search over 2–5 weighted atoms (§7.4) and the maximised off-axis
+two-atom bound (§7.3). Right: the same values divided by :math:`\sup_\varepsilon g`.
+
+Reads ``<results>/synthetic/f6.npz`` written by :func:`experiments.synthetic.run`; no computation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from experiments.results import load_npz
+
+from ._style import PALETTE, TWO_COLUMNS, save, style
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_f6_mean_field"
+
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
+    p = Path(results_dir) / "synthetic" / "f6.npz"
+    if not p.exists():
+        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
+    return load_npz(p)
+
+
+def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Draw ``fig_f6_mean_field.{pdf,png}`` into ``out_dir`` from the saved F6 results."""
+    import matplotlib.pyplot as plt
+
+    d = _load(results_dir)
+    Rc, radii, atoms = d["curve_R"], d["radii"], d["atoms"]
+    sup_c, sup_r = d["curve_sup_g"], d["at_radii_sup_g"]
+    colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(atoms)))
+    with style():
+        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(TWO_COLUMNS, 0.45 * TWO_COLUMNS + 0.5))
+        curves = [
+            ("curve_sup_g", "k", "-", 1.3, r"two-Dirac optimum $\sup_\varepsilon g$ (lower bound)"),
+            ("curve_half", "k", "--", 0.8, r"two Diracs at $w = 1/2$ (lower bound)"),
+            (
+                "curve_asymptote",
+                "k",
+                ":",
+                0.9,
+                r"asymptote $\frac{3\sqrt{3}}{16}\gamma e^{\gamma/2}$ (lower bound)",
+            ),
+            ("curve_trivial", "0.5", "-", 0.8, r"trivial lower bound $\|V\|_2$"),
+            (
+                "curve_upper_c1",
+                PALETTE["bound"],
+                "-.",
+                1.0,
+                r"upper bound, candidate $c'=1$ (reconstructed)",
+            ),
+            (
+                "curve_upper_c2",
+                "#8aa61c",
+                (0, (5, 2, 1, 2, 1, 2)),
+                1.0,
+                r"upper bound, candidate $c'=2$ (reconstructed)",
+            ),
+        ]
+        for key, c, ls, lw, label in curves:
+            ax0.plot(Rc, d[key], color=c, ls=ls, lw=lw, label=label)
+            ax1.plot(Rc, d[key] / sup_c, color=c, ls=ls, lw=lw)
+        for i, k in enumerate(atoms):
+            kw = dict(
+                ls="none",
+                marker=_MARKERS[i % len(_MARKERS)],
+                ms=3.8,
+                mfc="none",
+                mec=colors[i],
+                mew=0.9,
+            )
+            ax0.plot(
+                radii, d["opt_value"][i], label=f"optimized measure, {k} atoms (measured)", **kw
+            )
+            ax1.plot(radii, d["opt_value"][i] / sup_r, **kw)
+        kw = dict(ls="none", marker="x", ms=4.5, color=PALETTE["masked"], mew=0.9)
+        ax0.plot(
+            radii,
+            d["off_axis_value"],
+            label="off-axis two atoms, §7.3 maximised (lower bound)",
+            **kw,
+        )
+        ax1.plot(radii, d["off_axis_value"] / sup_r, **kw)
+        for ax in (ax0, ax1):
+            ax.set_yscale("log")
+            ax.set_xlabel("radius $R$")
+            ax.set_xlim(Rc.min(), Rc.max())
+        measured = np.concatenate(
+            [d["opt_value"].ravel() / np.tile(sup_r, len(atoms)), d["off_axis_value"] / sup_r]
+        )
+        low = min(float(d["curve_trivial"].min()), float(np.nanmin(d["opt_value"])))
+        ax0.set_ylim(low / 3.0, 30.0 * float(d["curve_upper_c1"].max()))  # c' = 2 may leave it
+        ax1.set_ylim(0.2, max(3.0, 3.0 * float(np.nanmax(measured))))  # zoom: bounds leave it
+        ax0.set_ylabel(r"$\mathrm{Lip}_{W_2}(F\,|\,\mathcal{P}(B_R))$ and bounds")
+        ax1.set_ylabel(r"ratio to $\sup_\varepsilon g$")
+        ax0.set_title("values", loc="left")
+        ax1.set_title(r"relative to the two-Dirac optimum (zoom)", loc="left")
+        fig.legend(
+            *ax0.get_legend_handles_labels(),
+            loc="outside lower center",
+            ncol=2,
+            frameon=False,
+            fontsize=6.5,
+        )
+        fig.suptitle(
+            r"mean-field regime: $d = 2$, $A = \mathrm{diag}(1, -0.3)$, $V = I$", fontsize=8.5
+        )
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_f6_mean_field --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--results", default="results", help="results directory (contains synthetic/)"
+    )
+    parser.add_argument("--out", default="figures", help="output directory for the figure")
+    args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()
