@@ -1,0 +1,278 @@
+r"""Figure F4: adversarial inputs, local Lipschitz constant against the sequence length.
+
+One panel per configuration of EXPERIMENTS.md §1.4 found in ``results_dir / "adversarial"``
+(written by :mod:`experiments.adversarial`), log–log axes so that :math:`C\sqrt n` is a line of
+slope ½:
+
+* red points: :math:`\|Df(X)\|_2` of the whole multi-head map at the construction of THEORY.md
+  §6.3 (released variant, −8 rule), with the certified bracket as error bars where its upper end
+  is finite; open squares: the symmetric-part variant;
+* dark blue: the least-squares fit :math:`C\sqrt n` ("Cn^{1/2}") of the released series;
+* dashed grey: the paper's printed :math:`C\sqrt n` (a hand-set curve for the paper's model,
+  defect D7);
+* green: the global √n bound (THEORY.md §6.1, triangle form, summed over heads with
+  :math:`\|W_hV_h\|`) and the certified local bound (§6.2) at the released construction;
+* orange dotted: the released data-dependent quantity, labelled as a heuristic (it is not a
+  bound as written, §6.2).
+
+A last panel shows the worst-case search on a small synthetic head when it was run. Panel titles
+name the model actually used. Reads saved results only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ._style import PALETTE, TWO_COLUMNS, save, style
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_f4_adversarial"
+
+_SHORT = {
+    "minilm": "all-MiniLM-L6-v2",
+    "smollm2": "SmolLM2-135M (RoPE)",
+    "gpt2-random": "random GPT-2 small",
+    "bert-random": "random BERT-base",
+    "gpt2-random-tiny": "tiny random GPT-2",
+    "bert-random-tiny": "tiny random BERT",
+}
+
+
+def _num(x: object) -> float:
+    if x is None:
+        return math.nan
+    return float(x)  # also parses "inf"
+
+
+def _column(records: list[dict], key: str) -> np.ndarray:
+    return np.array([_num(r.get(key)) for r in records], dtype=float)
+
+
+def _log_axes(ax) -> None:
+    """Log-log axes with plain tick labels on x (sequence lengths are small integers)."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("Sequence length")
+    ax.set_ylabel("Lipschitz constant")
+
+
+def _panel(ax, cid: str, entry: dict) -> None:
+    from experiments.adversarial import fit_sqrt_n
+
+    info, recs = entry["info"], entry["records"]
+    settings, conf = info["settings"], info["config"]
+    ok = [r for r in recs if r.get("status") == "ok"]
+    rel = sorted((r for r in ok if r["variant"] == "released"), key=lambda r: r["n"])
+    sym = sorted((r for r in ok if r["variant"] == "symmetric"), key=lambda r: r["n"])
+    all_n = np.array(sorted({r["n"] for r in ok}), dtype=float)
+    if all_n.size == 0:
+        ax.text(0.5, 0.5, "no finished record", transform=ax.transAxes, ha="center")
+        return
+    grid = np.geomspace(all_n.min(), all_n.max(), 200)
+
+    main = rel if rel else sym
+    n = _column(main, "n")
+    y = _column(main, "value")
+    lo, up = _column(main, "lower"), _column(main, "upper")
+    fin = np.isfinite(up)
+    yerr = np.vstack([np.clip(y - lo, 0, None), np.where(fin, np.clip(up - y, 0, None), 0.0)])
+    name = "released construction" if rel else "symmetric construction"
+    ax.errorbar(
+        n,
+        y,
+        yerr=yerr,
+        fmt="o",
+        ms=3,
+        color="red",
+        ecolor="red",
+        elinewidth=0.6,
+        capsize=1.5,
+        label=rf"$\|Df(X)\|_2$, {name}",
+        zorder=3,
+    )
+    if rel and sym:
+        ax.plot(
+            _column(sym, "n"),
+            _column(sym, "value"),
+            "s",
+            ms=3,
+            mfc="none",
+            mec="#8e1b1b",
+            mew=0.7,
+            label="symmetric-part construction",
+            zorder=3,
+        )
+    C = fit_sqrt_n(n, y)
+    ax.plot(
+        grid,
+        C * np.sqrt(grid),
+        color=PALETTE["fit"],
+        lw=0.9,
+        label=r"$Cn^{1/2}$ (least-squares fit)",
+    )
+    ax.plot(
+        grid,
+        conf["paper_C"] * np.sqrt(grid),
+        "--",
+        color="0.45",
+        lw=0.9,
+        label=r"paper's hand-set $C\sqrt{n}$ (for the paper's model)",
+    )
+    ax.text(
+        0.03,
+        0.97,
+        f"fit C = {C:.3g}\npaper C = {conf['paper_C']:g}",
+        transform=ax.transAxes,
+        va="top",
+        fontsize=6.5,
+        color=PALETTE["fit"],
+    )
+    ax.plot(
+        n,
+        _column(main, "global_bound_triangle"),
+        "-",
+        color=PALETTE["bound"],
+        lw=0.9,
+        label=r"global $\sqrt{n}$ bound (§6.1)",
+    )
+    ax.plot(
+        n,
+        _column(main, "local_bound"),
+        "-.",
+        color=PALETTE["bound"],
+        lw=0.9,
+        label="certified local bound (§6.2)",
+    )
+    ax.plot(
+        n,
+        _column(main, "released_heuristic"),
+        ":",
+        color=PALETTE["released"],
+        lw=1.0,
+        label="released quantity: heuristic (not a bound)",
+    )
+    _log_axes(ax)
+    short = _SHORT.get(settings["model"], info["label"])
+    mask = "causal" if settings["masked"] else "unmasked"
+    approx = "; construction approx. (RoPE)" if not info.get("construction_exact", True) else ""
+    ax.set_title(
+        f"{conf['paper_model'].split(' (')[0]} L{conf['paper_layer']} → {short}\n"
+        f"L{settings['layer']} head {settings['head']}, R = {settings['R']:g}, "
+        f"{settings['map']}, {mask}{approx}",
+        fontsize=7,
+    )
+
+
+def _worst_panel(ax, wc: dict) -> None:
+    from experiments.adversarial import fit_sqrt_n
+
+    recs = wc["records"]
+    n, y = _column(recs, "n"), _column(recs, "value")
+    grid = np.geomspace(n.min(), n.max(), 200)
+    ax.plot(n, y, "o", ms=3, color="red", label=r"worst case found, $\|Df(X)\|_2$")
+    ax.plot(
+        n,
+        _column(recs, "construction_value"),
+        "s",
+        ms=3,
+        mfc="none",
+        mec="#8e1b1b",
+        mew=0.7,
+        label="best construction start",
+    )
+    C = fit_sqrt_n(n, y)
+    ax.plot(
+        grid,
+        C * np.sqrt(grid),
+        color=PALETTE["fit"],
+        lw=0.9,
+        label=r"$Cn^{1/2}$ (least-squares fit)",
+    )
+    ax.text(
+        0.03,
+        0.97,
+        f"fit C = {C:.3g}",
+        transform=ax.transAxes,
+        va="top",
+        fontsize=6.5,
+        color=PALETTE["fit"],
+    )
+    ax.plot(
+        n,
+        _column(recs, "global_bound_triangle"),
+        "-",
+        color=PALETTE["bound"],
+        lw=0.9,
+        label=r"global $\sqrt{n}$ bound (§6.1)",
+    )
+    _log_axes(ax)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.set_xticks(n, [str(int(v)) for v in n])
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    R = wc["info"]["settings"]["R"]
+    ax.set_title(f"worst-case search: {wc['info']['label']}, R = {R:g}", fontsize=7)
+
+
+def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Draw ``fig_f4_adversarial.{pdf,png}`` from ``results_dir / "adversarial"``.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the adversarial experiment has not been run.
+    """
+    import matplotlib.pyplot as plt
+
+    from experiments.adversarial import load_results
+
+    data = load_results(Path(results_dir))
+    panels = [("config", cid, e) for cid, e in data["configs"].items()]
+    if data["worst_case"] is not None and data["worst_case"]["records"]:
+        panels.append(("worst", "worst_case", data["worst_case"]))
+    ncols = 2 if len(panels) > 1 else 1
+    nrows = math.ceil(len(panels) / ncols)
+    with style():
+        fig, axes = plt.subplots(
+            nrows, ncols, figsize=(TWO_COLUMNS, 2.45 * nrows + 0.9), squeeze=False
+        )
+        for ax, (kind, cid, entry) in zip(axes.flat, panels):
+            if kind == "config":
+                _panel(ax, cid, entry)
+            else:
+                _worst_panel(ax, entry)
+        for ax in list(axes.flat)[len(panels) :]:
+            ax.set_visible(False)
+        # one shared legend: the union of the panels' series, in order of appearance
+        handles: dict[str, object] = {}
+        for ax in axes.flat[: len(panels)]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+        fig.legend(
+            list(handles.values()), list(handles), loc="outside lower center", ncol=2, frameon=False
+        )
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_f4_adversarial --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, required=True, help="results root directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()
