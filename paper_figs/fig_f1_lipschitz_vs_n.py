@@ -1,0 +1,240 @@
+r"""Figure F1: local Lipschitz constant of attention on real text against sequence length n.
+
+One panel per saved sweep of :mod:`experiments.real_data` (configuration × corpus × grid), all
+in one file, ``fig_f1_lipschitz_vs_n.{pdf,png}`` (at most three panels per row). Log–log axes
+only (EXPERIMENTS.md §2 also mentions linear versions; not drawn); 10 windows per n (the paper's
+protocol, EXPERIMENTS.md §1.3). Each panel shows
+
+- the true local constant :math:`\|Df(X)\|_2` (circles), with its certified bracket as error
+  bars where the upper end is finite (rotary heads and the "block" map have none);
+- the released code's metric :math:`\sqrt{\|J(X)^\top f(X)\|}` (triangles; not a Lipschitz
+  constant, EXPERIMENTS.md D1);
+- both coloured by the window's mean radius :math:`R(X)`, min–max normalized within the panel
+  (``autumn``, as the released BERT and GPT-2-rand plots);
+- the least-squares fits :math:`c\,n^{\alpha}` with their 95 % bootstrap intervals
+  (:func:`experiments.fits.fit_power_law`), and the paper's printed curve for the configuration
+  the stand-in replaces, dashed and labelled as hand-set (D7).
+
+Legends name the model actually measured (EXPERIMENTS.md §4.5). Reads saved results only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.fits import PAPER_CURVES, fit_power_law
+from experiments.real_data import CORPUS_STANDS_IN, load_sweeps
+
+from ._style import PALETTE, TWO_COLUMNS, save, style
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_f1_lipschitz_vs_n"
+
+
+def sweeps_or_raise(results_dir: Path) -> list[dict[str, Any]]:
+    """Saved real-data sweeps, or FileNotFoundError naming the experiment to run."""
+    sweeps = load_sweeps(Path(results_dir))
+    if not sweeps:
+        raise FileNotFoundError(
+            f"no finished real-data records in {Path(results_dir) / 'real_data'}; run "
+            "`meanfield reproduce --only real_data` first"
+        )
+    return sweeps
+
+
+def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 1.95):
+    """A figure with ``n_panels`` axes on a grid of at most 3 columns (unused axes removed)."""
+    import matplotlib.pyplot as plt
+
+    ncols = min(3, n_panels)
+    nrows = math.ceil(n_panels / ncols)
+    w = width if ncols > 1 else 3.2
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w, height * nrows + 0.4), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n_panels:]:
+        ax.remove()
+    return fig, flat[:n_panels]
+
+
+def panel_title(s: Mapping[str, Any]) -> str:
+    """Stand-in label, corpus and the paper configuration it replaces."""
+    corpus = s["corpus"] if s["corpus"] in CORPUS_STANDS_IN else Path(s["corpus"]).name
+    paper = s.get("paper_configuration")
+    stands = CORPUS_STANDS_IN.get(s["corpus"])
+    tail = f"\n→ paper: {paper}" + (f", {stands}" if stands else "") if paper else ""
+    grid = "" if s.get("grid", "short") == "short" else f", {s['grid']} grid"
+    return f"{s['model_short']}\n{s['map_desc']}, {corpus}{grid}{tail}"
+
+
+def paper_curve_for(s: Mapping[str, Any]):
+    """The paper's hand-set curve for the configuration a sweep stands in for, if any."""
+    stands = CORPUS_STANDS_IN.get(s["corpus"])
+    if not s.get("paper_configuration") or not stands:
+        return None
+    return PAPER_CURVES.get(f"{s['paper_configuration']} {stands}")
+
+
+def _fit_label(name: str, fit) -> str:
+    lo, hi = fit.alpha_ci
+    return rf"{name}: ${fit.c:.3g}\,n^{{{fit.alpha:.2f}}}$, $\alpha\in[{lo:.2f},{hi:.2f}]$"
+
+
+def _fit(n: np.ndarray, y: np.ndarray):
+    ok = np.isfinite(y) & (y > 0)
+    try:
+        return fit_power_law(n[ok], y[ok], n_boot=1000, seed=0)
+    except ValueError:  # fewer than two distinct n
+        return None
+
+
+def normalized_radius(R: np.ndarray) -> np.ndarray:
+    """Mean radius rescaled to [0, 1] within a panel (min–max; 0.5 when constant)."""
+    lo, hi = float(np.nanmin(R)), float(np.nanmax(R))
+    if not hi > lo * (1 + 1e-9):
+        return np.full(R.shape, 0.5)
+    return (R - lo) / (hi - lo)
+
+
+def log_axes(ax, *, x: bool = True) -> None:
+    """Log axes with plain-number labels at 1, 2, 5 × 10^k (no minor labels)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis, on in ((ax.xaxis, x), (ax.yaxis, True)):
+        if not on:
+            continue
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def panel_legend(ax) -> None:
+    """A compact legend below the panel (keeps the data visible)."""
+    ax.legend(
+        fontsize=5.2,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.4),
+        ncol=1,
+        frameon=False,
+        handlelength=1.6,
+        borderaxespad=0.0,
+    )
+
+
+def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm) -> Any:
+    a = s["arrays"]
+    n = a["n"].astype(float)
+    val, low, up, rel = a["value"], a["lower"], a["upper"], a["released"]
+    radius = normalized_radius(a["mean_radius"])
+    fin = np.isfinite(up)
+    if fin.any():
+        ax.errorbar(
+            n[fin],
+            val[fin],
+            yerr=[val[fin] - low[fin], up[fin] - val[fin]],
+            fmt="none",
+            ecolor="0.75",
+            elinewidth=0.4,
+            capsize=0,
+            zorder=1,
+        )
+    sc = ax.scatter(
+        n,
+        val,
+        c=radius,
+        cmap=cmap,
+        norm=norm,
+        s=8,
+        marker="o",
+        edgecolors="0.15",
+        linewidths=0.25,
+        zorder=3,
+        label=r"$\|J\|_2$ (true)",
+    )
+    ax.scatter(
+        n,
+        rel,
+        c=radius,
+        cmap=cmap,
+        norm=norm,
+        s=9,
+        marker="^",
+        edgecolors="0.15",
+        linewidths=0.25,
+        zorder=3,
+        label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
+    )
+    grid = np.geomspace(n.min(), n.max(), 100)
+    for y, name, color in (
+        (val, r"$\|J\|_2$ fit", PALETTE["fit"]),
+        (rel, "released fit", PALETTE["released"]),
+    ):
+        fit = _fit(n, y)
+        if fit is not None:
+            ax.plot(grid, fit(grid), color=color, lw=0.9, zorder=4, label=_fit_label(name, fit))
+    curve = paper_curve_for(s)
+    if curve is not None:
+        ax.plot(
+            grid,
+            curve(grid),
+            color="k",
+            lw=0.8,
+            ls="--",
+            zorder=4,
+            label=rf"paper (hand-set, D7): ${curve.c:g}\,n^{{{curve.alpha:g}}}$",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    log_axes(ax)
+    ax.set_xlabel("sequence length $n$")
+    ax.set_ylabel("local Lipschitz constant")
+    ax.set_title(panel_title(s), fontsize=6.5, loc="left")
+    panel_legend(ax)
+    return sc
+
+
+def draw(results_dir: Path, out_dir: Path) -> list[Path]:
+    """Draw ``fig_f1_lipschitz_vs_n.{pdf,png}`` (one panel per sweep) from saved results.
+
+    Parameters
+    ----------
+    results_dir : Path
+        The results root holding ``real_data/``.
+    out_dir : Path
+
+    Returns
+    -------
+    list of Path
+        The PDF and PNG.
+    """
+    from matplotlib.colors import Normalize
+
+    sweeps = sweeps_or_raise(results_dir)
+    with style():
+        fig, axes = panel_grid(len(sweeps))
+        norm = Normalize(0.0, 1.0)
+        sc = None
+        for ax, s in zip(axes, sweeps):
+            sc = _draw_panel(ax, s, "autumn", norm)
+        fig.colorbar(sc, ax=axes, shrink=0.5, label="mean radius (min–max\nnormalized per panel)")
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_f1_lipschitz_vs_n --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results", help="results root (holds real_data/)")
+    parser.add_argument("--out", default="figures", help="output directory")
+    args = parser.parse_args(argv)
+    for p in draw(Path(args.results), Path(args.out)):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

