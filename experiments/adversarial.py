@@ -1119,6 +1119,8 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     s = summary(results_dir)
     rel = Path(figures_dir).name
     lines = [
+        "## Adversarial inputs on real models (F4)",
+        "",
         "| paper configuration | model used | layer, head | R | map, mask | C fit (released) "
         "| α (free) | C fit (symmetric) | paper's C | bounds hold |",
         "|---|---|---|---|---|---|---|---|---|---|",
