@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .results import _jsonable, append_jsonl, load_jsonl, run_metadata, write_json
+from .results import _jsonable, append_jsonl, load_json, load_jsonl, run_metadata, write_json
 
 __all__ = ["Sweep", "config_hash", "point_key"]
 
@@ -59,7 +59,9 @@ class Sweep:
     Parameters
     ----------
     out_dir : path
-        Directory for ``<name>.jsonl`` (records) and ``<name>.meta.json`` (metadata).
+        Directory for ``<name>.jsonl`` (records) and ``<name>.meta.json`` (metadata of the latest
+        configuration run; records of earlier configurations stay in the JSONL file, each
+        tagged with its ``config_hash``).
     name : str
         Sweep name (file stem).
     config : mapping
@@ -86,7 +88,7 @@ class Sweep:
         self.meta_path = self.out_dir / f"{name}.meta.json"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         _repair_torn_tail(self.path)
-        if not self.meta_path.exists():
+        if self._stored_digest() != self.digest:  # new file, or a run with another configuration
             write_json(
                 self.meta_path,
                 {
@@ -95,6 +97,12 @@ class Sweep:
                     **run_metadata(seed=seed, device=device, dtype=dtype, config=self.config),
                 },
             )
+
+    def _stored_digest(self) -> str | None:
+        try:
+            return load_json(self.meta_path).get("config_hash")
+        except (OSError, ValueError):
+            return None
 
     def records(self) -> list[dict[str, Any]]:
         """Finished records of this configuration."""

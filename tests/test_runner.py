@@ -33,6 +33,18 @@ def test_rerun_skips_finished_points(tmp_path):
     assert other.done() == set()
 
 
+def test_metadata_follows_the_latest_configuration(tmp_path):
+    a = Sweep(tmp_path, "s", {"preset": "quick"})
+    a.run([{"n": 2}], lambda p: {"v": 1}, progress=False)
+    meta = json.loads((tmp_path / "s.meta.json").read_text())
+    assert meta["config_hash"] == a.digest and meta["config"] == {"preset": "quick"}
+    b = Sweep(tmp_path, "s", {"preset": "paper"})
+    meta = json.loads((tmp_path / "s.meta.json").read_text())
+    assert meta["config_hash"] == b.digest != a.digest
+    assert meta["config"] == {"preset": "paper"}
+    assert [r["v"] for r in a.records()] == [1]  # earlier records are kept
+
+
 def test_keys_are_stable_and_order_free():
     h = config_hash({"b": 1, "a": [1, 2]})
     assert h == config_hash({"a": [1, 2], "b": 1})
