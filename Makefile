@@ -16,6 +16,8 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
+# Busy-waiting OpenMP threads slow dense LAPACK calls 10-30x when the cores are shared.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install demo paper figures test test-all lint bench clean
 
