@@ -87,17 +87,17 @@ loaded when one of its points is missing.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._threads import torch_threads
 from .results import load_json, load_jsonl, write_json
 from .runner import Sweep, config_hash, point_key
 
@@ -704,21 +704,6 @@ def _config_settings(c: AdvConfig, cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    import torch
-
-    if n is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def _f(x: Any) -> float | None:
     """Finite float or None (JSON)."""
     v = float(x)
@@ -970,7 +955,7 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     cache: dict[tuple[str, int], Any] = {}
-    with _threads(cfg["torch_threads"]):
+    with torch_threads(cfg["torch_threads"]):
         for cid in cfg["configs"]:
             c = CONFIGS[cid]
             files += _run_config(

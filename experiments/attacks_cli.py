@@ -22,15 +22,15 @@ The library (``meanfield``) never imports this module.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._threads import torch_threads
 from .results import run_metadata, save_npz, write_json
 
 __all__ = [
@@ -51,17 +51,6 @@ FIG_B_SETTINGS = {
 
 
 # --------------------------------------------------------------------------- helpers
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Tiny dense problems run fastest on one intra-op thread; restore the setting afterwards."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _check_matrix(M: np.ndarray, name: str, source: str) -> np.ndarray:
@@ -196,7 +185,7 @@ def cmd_construct(args: argparse.Namespace) -> dict[str, Any]:
     if args.n < 1:
         raise ValueError(f"--n must be a positive integer, got {args.n}")
     params, source = _params(args)
-    with _single_thread():
+    with torch_threads(1):
         con = adversarial_sequence(
             params,
             args.R,
@@ -323,7 +312,7 @@ def figure_b_results(
     two-Dirac bound and the best construction value.
     """
     out = Path(out_dir)
-    with _single_thread():
+    with torch_threads(1):
         arrays, summary = _worst_measures_sweep(
             radii,
             n_atoms=n_atoms,
@@ -379,7 +368,7 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
         "masked": args.masked,
         "sphere": args.sphere,
     }
-    with _single_thread():
+    with torch_threads(1):
         if args.sequence:
             res = worst_case_sequence(
                 params,
@@ -564,7 +553,7 @@ def figure_c_results(
     }
     params, inputs = _attack_inputs(R_attack)
     attacks: dict[str, Any] = {}
-    with _single_thread():
+    with torch_threads(1):
         for name, mu in inputs.items():
             rows = {f: [] for f in ("move_w2", "split_w2", "move_winf", "split_winf", "split_k")}
             attacks[name] = []
@@ -675,7 +664,7 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
         else:
             params, inputs = _attack_inputs(args.R)
             mu, source = inputs["dirac"], {"head": "d = 2, A = diag(1, -0.3), V = I"}
-        with _single_thread():
+        with torch_threads(1):
             res = mass_splitting_attack(
                 mu,
                 params,

@@ -66,12 +66,11 @@ with the key numbers and run metadata). Figures: ``paper_figs/fig_f5_sqrt_n.py``
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +79,7 @@ from scipy import special
 
 from theory import bounds, regimes
 
+from ._threads import torch_threads
 from .results import load_json, run_metadata, save_npz, write_json
 from .runner import Sweep
 
@@ -197,17 +197,6 @@ _F5_TOL = 1e-8
 
 
 # ============================================================================ helpers
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Tiny dense problems run fastest on one intra-op thread; restore the setting afterwards."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -1058,7 +1047,7 @@ def run(
     t0 = time.perf_counter()
     files: list[Path] = []
     timings = {}
-    with _single_thread():
+    with torch_threads(1):
         for key, fn in (("f5", _run_f5), ("f7", _run_f7), ("mean_field", _run_mean_field)):
             t = time.perf_counter()
             files += fn(cfg, out, device, progress)

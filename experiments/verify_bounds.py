@@ -48,17 +48,17 @@ carry the THEORY.md labels), plus the certified data-dependent bound of THEORY.m
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._threads import torch_threads
 from .results import load_json, run_metadata, write_json
 
 __all__ = [
@@ -679,17 +679,6 @@ BOUNDS: tuple[BoundSpec, ...] = (
 # =============================================================================================
 # the engine
 # =============================================================================================
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Tiny dense problems run fastest on one intra-op thread; restore the setting afterwards."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _t(a: np.ndarray) -> Any:
@@ -1275,7 +1264,7 @@ def make_targets(seed: int, index: int, kind: str) -> list[Target]:
     if kind not in _KIND_FN:
         raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     rng = np.random.default_rng([int(seed), int(index)])
-    with _single_thread():
+    with torch_threads(1):
         return _KIND_FN[kind](rng)
 
 

@@ -6,10 +6,11 @@ never changes global rcParams.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -80,3 +81,23 @@ def save(
     finally:
         plt.close(fig)
     return written
+
+
+def figure_main(
+    draw: Callable[[Path, Path], list[Path]], doc: str | None, argv: Sequence[str] | None = None
+) -> None:
+    """The command line shared by the figure scripts: ``--results DIR --out DIR``.
+
+    ``python -m paper_figs.<module> --results OUT/results --out OUT/figures`` draws one figure
+    from the saved results of ``meanfield reproduce`` and prints the files written.
+    """
+    parser = argparse.ArgumentParser(description=(doc or "").strip().split("\n\n")[0])
+    parser.add_argument(
+        "--results", type=Path, default=Path("results"), help="results root (default ./results)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("figures"), help="output directory (default ./figures)"
+    )
+    args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)

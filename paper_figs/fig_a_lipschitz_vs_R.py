@@ -14,15 +14,15 @@ no computation.
 
 from __future__ import annotations
 
-import argparse
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_json, load_npz
 
-from ._style import PALETTE, TWO_COLUMNS, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -139,16 +139,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m paper_figs.fig_a_lipschitz_vs_R --results DIR --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--results", default="results", help="results directory (contains synthetic/)"
-    )
-    parser.add_argument("--out", default="figures", help="output directory for the figure")
-    args = parser.parse_args(argv)
-    for p in draw(args.results, args.out):
-        print(p)
+    figure_main(draw, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -58,12 +58,27 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
                 c = data["d1_log_weights"][r_i] / math.log(10.0)
                 order = np.argsort(-c)  # light atoms drawn on top
                 ax.axhline(r_i, color="0.85", lw=0.6, zorder=0)
-                sc = ax.scatter(x[order], np.full(x.shape, r_i), c=c[order], cmap=cmap, norm=norm,
-                                s=36, edgecolors="k", linewidths=0.4, zorder=3)
+                sc = ax.scatter(
+                    x[order],
+                    np.full(x.shape, r_i),
+                    c=c[order],
+                    cmap=cmap,
+                    norm=norm,
+                    s=36,
+                    edgecolors="k",
+                    linewidths=0.4,
+                    zorder=3,
+                )
                 val = data["d1_value"][r_i]
                 td = data["d1_two_dirac"][r_i]
-                ax.annotate(f"$L$ = {val:.3g} (two-Dirac {td:.3g})", (1.04, r_i), xycoords=("axes fraction", "data"),
-                            va="center", fontsize=6.5, annotation_clip=False)
+                ax.annotate(
+                    f"$L$ = {val:.3g} (two-Dirac {td:.3g})",
+                    (1.04, r_i),
+                    xycoords=("axes fraction", "data"),
+                    va="center",
+                    fontsize=6.5,
+                    annotation_clip=False,
+                )
             ax.set_yticks(range(nR), [f"R = {R:g}" for R in radii])
             ax.set_xlim(-1.08, 1.08)
             ax.set_ylim(-0.6, nR - 0.4)
@@ -77,8 +92,17 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
                 c = data["d2_log_weights"][r_i] / math.log(10.0)
                 order = np.argsort(-c)
                 ax.plot(np.cos(theta), np.sin(theta), color="0.6", lw=0.6)
-                sc = ax.scatter(P[order, 0], P[order, 1], c=c[order], cmap=cmap, norm=norm, s=30,
-                                edgecolors="k", linewidths=0.4, zorder=3)
+                sc = ax.scatter(
+                    P[order, 0],
+                    P[order, 1],
+                    c=c[order],
+                    cmap=cmap,
+                    norm=norm,
+                    s=30,
+                    edgecolors="k",
+                    linewidths=0.4,
+                    zorder=3,
+                )
                 ax.set_aspect("equal", adjustable="box")
                 ax.set_xlim(-1.15, 1.15)
                 ax.set_ylim(-1.15, 1.15)
@@ -95,7 +119,9 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results", nargs="?", default="attack_out", help="worst_measures.npz or its directory")
+    parser.add_argument(
+        "results", nargs="?", default="attack_out", help="worst_measures.npz or its directory"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     for p in draw(args.results, args.out):

@@ -57,7 +57,10 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
         from matplotlib.lines import Line2D
 
         b = data["budgets"]
-        inputs = {"dirac": ("Dirac", PALETTE["unmasked"]), "few_atom": ("3 atoms", PALETTE["masked"])}
+        inputs = {
+            "dirac": ("Dirac", PALETTE["unmasked"]),
+            "few_atom": ("3 atoms", PALETTE["masked"]),
+        }
         for key, (_name, col) in inputs.items():
             if f"{key}_split_w2" not in data:
                 continue
@@ -84,7 +87,9 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results", nargs="?", default="attack_out", help="mass_splitting.npz or its directory")
+    parser.add_argument(
+        "results", nargs="?", default="attack_out", help="mass_splitting.npz or its directory"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     for p in draw(args.results, args.out):

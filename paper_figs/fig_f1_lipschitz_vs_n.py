@@ -20,7 +20,6 @@ Legends name the model actually measured (EXPERIMENTS.md §4.5). Reads saved res
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 from experiments.fits import PAPER_CURVES, fit_power_law
 from experiments.real_data import CORPUS_STANDS_IN, load_sweeps
 
-from ._style import PALETTE, TWO_COLUMNS, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -228,12 +227,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m paper_figs.fig_f1_lipschitz_vs_n --results DIR --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", help="results root (holds real_data/)")
-    parser.add_argument("--out", default="figures", help="output directory")
-    args = parser.parse_args(argv)
-    for p in draw(Path(args.results), Path(args.out)):
-        print(p)
+    figure_main(draw, __doc__, argv)
 
 
 if __name__ == "__main__":

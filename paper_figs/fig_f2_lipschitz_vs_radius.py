@@ -10,13 +10,12 @@ radius plots). Legends name the model actually measured. Reads saved results onl
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ._style import save, style
+from ._style import figure_main, save, style
 from .fig_f1_lipschitz_vs_n import log_axes, panel_grid, panel_legend, panel_title, sweeps_or_raise
 
 __all__ = ["STEM", "draw", "main"]
@@ -88,12 +87,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m paper_figs.fig_f2_lipschitz_vs_radius --results DIR --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", help="results root (holds real_data/)")
-    parser.add_argument("--out", default="figures", help="output directory")
-    args = parser.parse_args(argv)
-    for p in draw(Path(args.results), Path(args.out)):
-        print(p)
+    figure_main(draw, __doc__, argv)
 
 
 if __name__ == "__main__":

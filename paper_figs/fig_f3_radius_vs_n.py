@@ -12,7 +12,6 @@ preset), every saved sweep is drawn instead and the title says so. Output:
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from experiments.fits import fit_power_law
 
-from ._style import PALETTE, save, style
+from ._style import PALETTE, figure_main, save, style
 from .fig_f1_lipschitz_vs_n import panel_grid, panel_legend, panel_title, sweeps_or_raise
 
 __all__ = ["STEM", "TARGET", "draw", "main"]
@@ -81,12 +80,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m paper_figs.fig_f3_radius_vs_n --results DIR --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", help="results root (holds real_data/)")
-    parser.add_argument("--out", default="figures", help="output directory")
-    args = parser.parse_args(argv)
-    for p in draw(Path(args.results), Path(args.out)):
-        print(p)
+    figure_main(draw, __doc__, argv)
 
 
 if __name__ == "__main__":

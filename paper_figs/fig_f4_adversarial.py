@@ -21,13 +21,13 @@ name the model actually used. Reads saved results only.
 
 from __future__ import annotations
 
-import argparse
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ._style import PALETTE, TWO_COLUMNS, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -264,14 +264,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m paper_figs.fig_f4_adversarial --results DIR --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, required=True, help="results root directory")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    args = parser.parse_args(argv)
-    for p in draw(args.results, args.out):
-        print(p)
+    figure_main(draw, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ Reads ``<results>/synthetic/f6.npz`` written by :func:`experiments.synthetic.run
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_npz
 
-from ._style import PALETTE, TWO_COLUMNS, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -122,16 +122,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m paper_figs.fig_f6_mean_field --results DIR --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--results", default="results", help="results directory (contains synthetic/)"
-    )
-    parser.add_argument("--out", default="figures", help="output directory for the figure")
-    args = parser.parse_args(argv)
-    for p in draw(args.results, args.out):
-        print(p)
+    figure_main(draw, __doc__, argv)
 
 
 if __name__ == "__main__":
