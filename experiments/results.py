@@ -26,6 +26,7 @@ __all__ = [
     "append_jsonl",
     "atomic_write_bytes",
     "atomic_write_text",
+    "default_file_mode",
     "load_json",
     "load_jsonl",
     "load_npz",
@@ -38,8 +39,23 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """Mode of a new regular file under the current umask (``mkstemp`` would give 0o600)."""
+    return 0o666 & ~_umask()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename.
+
+    The file gets the permissions of an ordinary new file (0o666 minus the umask), not the
+    owner-only mode of the temporary file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -48,6 +64,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), default_file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -19,6 +19,8 @@ matplotlib.use("Agg", force=False)
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.results import default_file_mode  # noqa: E402
+
 ONE_COLUMN = 3.25  # inches
 TWO_COLUMNS = 6.75
 PALETTE = {
@@ -73,6 +75,7 @@ def save(
             os.close(fd)
             try:
                 fig.savefig(tmp, format=ext)
+                os.chmod(tmp, default_file_mode())  # mkstemp's owner-only mode otherwise
                 os.replace(tmp, target)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)

@@ -48,3 +48,18 @@ def test_metadata_fields():
     assert meta["schema_version"] == results.SCHEMA_VERSION
     assert {"python", "numpy", "torch", "meanfield"} <= set(meta["versions"])
     assert meta["seed"] == 3 and meta["config"] == {"x": 1}
+
+
+def test_atomic_files_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from experiments.results import atomic_write_text, default_file_mode
+
+    p = atomic_write_text(tmp_path / "a.txt", "x")
+    assert stat.S_IMODE(os.stat(p).st_mode) == default_file_mode()
+    old = os.umask(0o022)
+    try:
+        assert default_file_mode() == 0o644
+    finally:
+        os.umask(old)
