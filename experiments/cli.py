@@ -177,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     theory_cli.add_parsers(sub, _common)
 
-    from . import attacks_cli, verify_bounds
+    from . import attacks_cli, lipschitz_cli, verify_bounds
 
+    lipschitz_cli.add_parser(sub)
     attacks_cli.add_parser(sub)
     verify_bounds.add_parser(sub)
     return parser

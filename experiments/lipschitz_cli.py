@@ -1,0 +1,525 @@
+r"""The ``meanfield lipschitz`` subcommand: local Lipschitz constants with certified brackets.
+
+Three sources of inputs, one per mode:
+
+``--model NAME|PATH``
+    A real layer on text windows: ``minilm``, ``smollm2``, ``gpt2-random``, ``bert-random`` or a
+    local checkpoint (:func:`meanfield.models.load_model`), layer ``--layer``, ``--windows``
+    consecutive windows of ``--n`` tokens of ``--corpus`` (``kjv``, ``pydoc`` or a text file)
+    from token ``--start``, captured at the layer's input (:func:`meanfield.models.hidden_states`,
+    EXPERIMENTS.md §1.3). ``--map`` chooses the differentiated map (EXPERIMENTS.md §3, "What the
+    toolkit does instead"); the mask defaults to the model's own (``--masked``/``--unmasked``
+    override it).
+``--random-d D``
+    A random synthetic layer: ``--heads`` heads with :math:`A_h` of i.i.d. :math:`\mathcal N(0,
+    1/d)` entries (non-symmetric); one head has :math:`V = I` (as ``meanfield attack``), several
+    heads have :math:`V_h` of :math:`\mathcal N(0, 1/d)` entries and an output projection of
+    :math:`\mathcal N(0, 1/(Hd))` entries. ``--n`` Gaussian tokens are rescaled so that the largest
+    norm is ``--R`` (the theory's radius, THEORY.md §1.5).
+``--input X.npy --params P.npz``
+    Tokens from a ``.npy`` array of shape (n, d) or (B, n, d); the layer from a ``.npz`` holding
+    ``A`` ((d, d) or (H, d, d)) and optionally ``V`` ((d_v, d) or (H, d_v, d); default
+    :math:`I`), ``W_O`` ((d_out, H d_v)), ``b_O``, ``c`` ((H, d), key-logit term) and ``b``
+    ((H, d_v), value bias), in the toolkit's score convention :math:`x_i^\top A x_j` (query
+    :math:`i`, key :math:`j`). Files are read with ``allow_pickle=False``.
+
+Every input is estimated by one call of :func:`meanfield.local_lipschitz` (``--map block``:
+:func:`meanfield.local_lipschitz_fn` on the ``BertAttention`` map, whose matrix-free estimates
+carry no upper certificate). Each row reports the value, the certified bracket ``[lower,
+upper]``, ``upper / lower``, convergence, the number of products with :math:`J` or
+:math:`J^\top` and the wall time; ``--released`` adds the released estimator's quantity
+:math:`\sqrt{\|J^\top f(X)\|}` (:func:`meanfield.released_metric`, EXPERIMENTS.md D1: *not* a
+Lipschitz constant). The handler returns a JSON-serialisable dict; bad input raises a one-line
+``ValueError``. The library (``meanfield``) never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .results import run_metadata, write_json
+
+__all__ = ["add_parser", "cmd_lipschitz", "load_params_npz", "print_lipschitz"]
+
+_DTYPES = ("float64", "float32")
+
+
+# --------------------------------------------------------------------------- input loading
+def _array(z: Any, key: str, source: str, ndims: tuple[int, ...]) -> np.ndarray:
+    try:
+        a = np.asarray(z[key])
+    except ValueError as err:  # object arrays in an .npz fail only when read
+        if "pickle" in str(err).lower():
+            raise ValueError(
+                f"{key} in {source} holds pickled objects, which are never loaded"
+            ) from err
+        raise
+    if a.dtype.kind not in "fiu":
+        raise ValueError(f"{key} in {source} must be a real numeric array, got dtype {a.dtype}")
+    if a.ndim not in ndims:
+        want = " or ".join(f"{k}-d" for k in ndims)
+        raise ValueError(f"{key} in {source} must be {want}, got shape {a.shape}")
+    a = np.asarray(a, dtype=np.float64)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{key} in {source} contains NaN or infinite values")
+    return a
+
+
+def _np_load(path: Path) -> Any:
+    if not path.exists():
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, EOFError) as err:
+        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
+    except ValueError as err:
+        if "pickle" in str(err).lower():
+            raise ValueError(f"{path} holds pickled objects, which are never loaded") from err
+        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
+
+
+def load_inputs(path: str | Path) -> np.ndarray:
+    """Tokens from a ``.npy`` file: shape (n, d) or (B, n, d), finite, never unpickled."""
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise ValueError(f"--input must be a .npy file, got {path.name}")
+    X = _np_load(path)
+    return _array({"X": X}, "X", path.name, (2, 3))
+
+
+def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dict[str, Any]]:
+    """A layer from a ``.npz`` of ``A``, optional ``V``, ``W_O``, ``b_O``, ``c``, ``b``.
+
+    ``A`` of shape (d, d) is one head (an :class:`~meanfield.AttentionParams`, unless ``W_O`` is
+    given); (H, d, d) is ``H`` heads (:class:`~meanfield.MultiHeadParams`, concatenated without
+    ``W_O``). ``V`` defaults to the identity.
+    """
+    import torch
+
+    from meanfield import AttentionParams, MultiHeadParams
+
+    path = Path(path)
+    if path.suffix != ".npz":
+        raise ValueError(f"--params must be a .npz file, got {path.name}")
+    with _np_load(path) as z:
+        if "A" not in z.files:
+            raise ValueError(
+                f"{path.name} has no array 'A' (found: {', '.join(z.files) or 'none'})"
+            )
+        unknown = sorted(set(z.files) - {"A", "V", "W_O", "b_O", "c", "b"})
+        if unknown:
+            raise ValueError(
+                f"{path.name} has unknown arrays {unknown}; expected A, V, W_O, b_O, c, b"
+            )
+        A = _array(z, "A", path.name, (2, 3))
+        single = A.ndim == 2
+        A3 = A[None] if single else A
+        H, d = A3.shape[0], A3.shape[-1]
+        if A3.shape[1] != d:
+            raise ValueError(f"A in {path.name} must be square per head, got shape {A.shape}")
+        arrs = {
+            k: _array(z, k, path.name, (1, 2, 3))
+            for k in ("V", "W_O", "b_O", "c", "b")
+            if k in z.files
+        }
+    V = arrs.get("V")
+    V3 = np.broadcast_to(np.eye(d), (H, d, d)) if V is None else (V[None] if V.ndim == 2 else V)
+    if V3.ndim != 3 or V3.shape[0] != H or V3.shape[2] != d:
+        raise ValueError(
+            f"V in {path.name} must have shape (d_v, {d}) or ({H}, d_v, {d}), got {V.shape}"
+        )
+    c = arrs.get("c")
+    b = arrs.get("b")
+    if c is not None:
+        c = c.reshape(1, -1) if c.ndim == 1 else c
+        if c.shape != (H, d):
+            raise ValueError(f"c in {path.name} must have shape ({H}, {d}), got {arrs['c'].shape}")
+    if b is not None:
+        b = b.reshape(1, -1) if b.ndim == 1 else b
+        if b.shape != (H, V3.shape[1]):
+            raise ValueError(
+                f"b in {path.name} must have shape ({H}, {V3.shape[1]}), got {arrs['b'].shape}"
+            )
+
+    def t(a: np.ndarray | None) -> Any:
+        return (
+            None if a is None else torch.tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
+        )
+
+    heads = [
+        AttentionParams(
+            t(A3[h]), t(V3[h]), c=t(None if c is None else c[h]), b=t(None if b is None else b[h])
+        )
+        for h in range(H)
+    ]
+    W_O, b_O = arrs.get("W_O"), arrs.get("b_O")
+    if b_O is not None and W_O is None:
+        raise ValueError(f"b_O in {path.name} needs W_O")
+    if W_O is not None and W_O.ndim != 2:
+        raise ValueError(f"W_O in {path.name} must be a matrix, got shape {W_O.shape}")
+    if single and W_O is None:
+        params: Any = heads[0]
+    else:
+        params = MultiHeadParams(tuple(heads), W_O=t(W_O), b_O=t(b_O))
+    source = {
+        "params": str(path),
+        "n_heads": H,
+        "d": d,
+        "d_v": int(V3.shape[1]),
+        "V": "identity" if V is None else "file",
+        "W_O": W_O is not None,
+    }
+    return params, source
+
+
+def random_layer(
+    d: int, heads: int, seed: int, dtype: Any, device: str
+) -> tuple[Any, dict[str, Any]]:
+    """The synthetic layer of ``--random-d`` (module docstring), drawn from ``seed``."""
+    import torch
+
+    from meanfield import AttentionParams, MultiHeadParams
+
+    if d < 1:
+        raise ValueError(f"--random-d must be a positive integer, got {d}")
+    if heads < 1:
+        raise ValueError(f"--heads must be a positive integer, got {heads}")
+    g = torch.Generator().manual_seed(int(seed))
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(shape, generator=g, dtype=torch.float64)
+
+    if heads == 1:
+        A = randn(d, d) / math.sqrt(d)
+        params: Any = AttentionParams(A, torch.eye(d, dtype=torch.float64))
+        desc = {"A": "N(0, 1/d), non-symmetric", "V": "identity"}
+    else:
+        hs = [
+            AttentionParams(randn(d, d) / math.sqrt(d), randn(d, d) / math.sqrt(d))
+            for _ in range(heads)
+        ]
+        W_O = randn(d, heads * d) / math.sqrt(heads * d)
+        params = MultiHeadParams(tuple(hs), W_O=W_O)
+        desc = {"A": "N(0, 1/d), non-symmetric", "V": "N(0, 1/d)", "W_O": "N(0, 1/(H d))"}
+    return params.to(dtype=dtype, device=device), {
+        "random_d": d,
+        "heads": heads,
+        "seed": seed,
+        **desc,
+    }
+
+
+def random_tokens(n: int, d: int, R: float, seed: int) -> np.ndarray:
+    """``n`` Gaussian tokens rescaled so that the largest norm is ``R`` (seed ``seed + 1``)."""
+    rng = np.random.default_rng(int(seed) + 1)
+    Z = rng.standard_normal((n, d))
+    return R * Z / np.linalg.norm(Z, axis=-1).max()
+
+
+# --------------------------------------------------------------------------- handler
+def _check_common(args: argparse.Namespace) -> None:
+    if not (math.isfinite(args.tol) and args.tol > 0):
+        raise ValueError(f"--tol must be a positive number, got {args.tol}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device is available")
+
+
+def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:
+    """(X, params or None, source, fn or None) for ``--model``."""
+    from meanfield.data import corpus_token_ids
+    from meanfield.models import hf_attention, hidden_states, layer_info, load_model, random_gpt2
+
+    if args.n is None or args.n < 1:
+        raise ValueError(f"--n must be a positive integer, got {args.n}")
+    if args.windows < 1:
+        raise ValueError(f"--windows must be a positive integer, got {args.windows}")
+    if args.start < 0:
+        raise ValueError(f"--start must be >= 0, got {args.start}")
+    if args.n_layer is not None:
+        if args.model != "gpt2-random":
+            raise ValueError("--n-layer only applies to --model gpt2-random")
+        if args.n_layer < 1:
+            raise ValueError(f"--n-layer must be a positive integer, got {args.n_layer}")
+        loaded = random_gpt2(args.seed, n_layer=args.n_layer)
+    else:
+        try:
+            loaded = load_model(args.model, seed=args.seed)
+        except OSError as err:
+            raise ValueError(" ".join(str(err).split())) from err
+    model, tok = loaded.model, loaded.tokenizer
+    info = layer_info(model, args.layer, map=args.map)
+    if tok is None:
+        raise ValueError(f"{loaded.label} has no tokenizer available offline")
+    need = args.start + args.windows * args.n
+    ids, corp = corpus_token_ids(args.corpus, tok, min_tokens=need)
+    hs = hidden_states(
+        model,
+        None,
+        ids,
+        args.layer,
+        args.n,
+        n_windows=args.windows,
+        start=args.start,
+        dtype=dtype,
+        device=args.device,
+    )
+    att = hf_attention(model, args.layer, map=args.map, dtype=dtype).to(device=args.device)
+    masked = info.causal if args.masked is None else args.masked
+    source = {
+        "model": loaded.label,
+        "model_arg": args.model,
+        "layer": info.layer,
+        "map": args.map,
+        "module": info.module,
+        "model_causal": info.causal,
+        "corpus": corp.label,
+        "capture_point": hs.capture_point,
+        "window_starts": list(hs.starts),
+        "rope": info.has_rope,
+    }
+    if args.map == "block":
+
+        def fn(X: Any) -> Any:
+            return att(X, masked=masked)
+
+        return hs.X, None, {**source, "masked": masked}, fn
+    return hs.X, att.params, {**source, "masked": masked}, None
+
+
+def cmd_lipschitz(args: argparse.Namespace) -> dict[str, Any]:
+    """``meanfield lipschitz``: estimate the local constant of each input (module docstring)."""
+    import torch
+
+    from meanfield import local_lipschitz, local_lipschitz_fn, released_metric, self_attention
+
+    _check_common(args)
+    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    fn = None
+    if args.model is not None:
+        X, params, source, fn = _model_inputs(args, dtype)
+        mode = "model"
+        masked = source.pop("masked")
+    elif args.random_d is not None:
+        if args.n is None or args.n < 1:
+            raise ValueError(f"--n must be a positive integer, got {args.n}")
+        if not (math.isfinite(args.R) and args.R > 0):
+            raise ValueError(f"--R must be a positive number, got {args.R}")
+        params, source = random_layer(args.random_d, args.heads, args.seed, dtype, args.device)
+        X = torch.tensor(
+            random_tokens(args.n, args.random_d, args.R, args.seed), dtype=dtype, device=args.device
+        )
+        source = {**source, "tokens": "Gaussian, rescaled to max norm R", "R": args.R}
+        mode = "random"
+        masked = bool(args.masked)
+    else:
+        if args.params is None:
+            raise ValueError(
+                "--input needs the layer: --params P.npz (arrays A, optional V, W_O, ...)"
+            )
+        params, source = load_params_npz(args.params, dtype, args.device)
+        Xn = load_inputs(args.input)
+        if Xn.shape[-1] != params.d:
+            raise ValueError(
+                f"--input tokens have dimension {Xn.shape[-1]}, the layer expects {params.d}"
+            )
+        X = torch.tensor(Xn, dtype=dtype, device=args.device)
+        source = {**source, "input": str(args.input)}
+        mode = "input"
+        masked = bool(args.masked)
+    batch = X.reshape(-1, X.shape[-2], X.shape[-1])
+    if fn is not None and args.geometry != "euclidean":
+        raise ValueError(
+            "--map block supports --geometry euclidean only (the map is not attention on a measure)"
+        )
+    if fn is None:
+
+        def fn(Y: Any) -> Any:
+            return self_attention(Y, params, masked=masked)
+
+    rows = []
+    for i in range(batch.shape[0]):
+        Xi = batch[i]
+        t0 = time.perf_counter()
+        if params is None:
+            est = local_lipschitz_fn(fn, Xi, method=args.method, tol=args.tol, seed=args.seed)
+        else:
+            est = local_lipschitz(
+                Xi,
+                params,
+                geometry=args.geometry,
+                masked=masked,
+                method=args.method,
+                tol=args.tol,
+                seed=args.seed,
+            )
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        lower, upper = float(est.lower), float(est.upper)
+        row = {
+            "index": i,
+            "value": float(est.value),
+            "lower": lower,
+            "upper": upper,
+            "ratio": upper / lower if lower > 0 else math.inf,
+            "converged": bool(est.converged),
+            "n_matvec": int(est.n_matvec),
+            "n_iter": int(est.n_iter),
+            "residual": float(est.residual),
+            "method": est.method,
+            "upper_method": est.upper_method,
+            "seconds": seconds,
+            "max_radius": float(Xi.norm(dim=-1).max()),
+        }
+        if args.released:
+            row["released_metric"] = float(released_metric(fn, Xi))
+        rows.append(row)
+    doc: dict[str, Any] = {
+        "kind": "lipschitz",
+        "mode": mode,
+        "source": source,
+        "n": int(X.shape[-2]),
+        "d": int(X.shape[-1]),
+        "masked": masked,
+        "geometry": args.geometry,
+        "method": args.method,
+        "tol": args.tol,
+        "dtype": args.dtype,
+        "device": args.device,
+        "inputs": rows,
+        "all_converged": all(r["converged"] for r in rows),
+    }
+    if args.out:
+        config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
+        meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
+        path = write_json(args.out, {**doc, "metadata": meta})
+        doc["files"] = [str(path)]
+    return doc
+
+
+def print_lipschitz(doc: dict[str, Any]) -> None:
+    """Human-readable summary of ``meanfield lipschitz``."""
+    src = doc["source"]
+    what = {
+        "model": lambda: f"{src['model']}, layer {src['layer']}, map {src['map']}",
+        "random": lambda: (
+            f"random layer d = {src['random_d']}, {src['heads']} head(s), R = {src['R']}"
+        ),
+        "input": lambda: f"{src['input']} with {src['params']}",
+    }[doc["mode"]]()
+    print(
+        f"local Lipschitz constant ({doc['geometry']}, {'masked' if doc['masked'] else 'unmasked'}), "
+        f"{what}, n = {doc['n']}, d = {doc['d']}"
+    )
+    released = any("released_metric" in r for r in doc["inputs"])
+    head = f"  {'#':>3} {'value':>12} {'certified bracket':>27} {'up/low':>7} {'conv':>5} {'matvec':>6} {'sec':>7}"
+    print(head + ("  released" if released else ""))
+    for r in doc["inputs"]:
+        line = (
+            f"  {r['index']:>3} {r['value']:>12.6g} [{r['lower']:>11.6g}, {r['upper']:>11.6g}] "
+            f"{r['ratio']:>7.3g} {'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
+        )
+        if released:
+            line += f"  {r['released_metric']:.6g}"
+        print(line)
+    if released:
+        print(
+            "  (released = sqrt(||J^T f(X)||), the released estimator's quantity; not a Lipschitz constant)"
+        )
+    for f in doc.get("files", []):
+        print(f"  wrote {f}")
+
+
+# --------------------------------------------------------------------------- parser
+def _common(p: argparse.ArgumentParser) -> None:
+    """The flags every ``meanfield`` subcommand accepts (as in ``experiments.cli``)."""
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="disable progress bars")
+    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``lipschitz`` on ``subparsers`` (``experiments.cli.build_parser``)."""
+    p = subparsers.add_parser(
+        "lipschitz",
+        help="local Lipschitz constant of attention at inputs, with a certified bracket",
+        description=(
+            "Local Lipschitz constant ||Df(X)|| (or its Wasserstein/splitting variants) of an "
+            "attention layer at inputs from a model on text, a random layer, or files."
+        ),
+    )
+    _common(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        help="minilm, smollm2, gpt2-random, bert-random, or a local checkpoint",
+    )
+    src.add_argument(
+        "--random-d",
+        dest="random_d",
+        type=int,
+        metavar="D",
+        help="random synthetic layer of width D",
+    )
+    src.add_argument("--input", metavar="X.npy", help="tokens (n, d) or (B, n, d) from a .npy file")
+    m = p.add_argument_group("model mode")
+    m.add_argument("--layer", type=int, default=0, help="layer index (default 0)")
+    m.add_argument("--corpus", default="kjv", help="kjv, pydoc or a text file (default kjv)")
+    m.add_argument("--windows", type=int, default=1, help="number of windows (default 1)")
+    m.add_argument("--start", type=int, default=0, help="token offset of the first window")
+    m.add_argument(
+        "--map",
+        choices=("heads", "heads+WO", "block"),
+        default="heads+WO",
+        help="differentiated map (default heads+WO; block: BERT residual + LayerNorm)",
+    )
+    m.add_argument(
+        "--n-layer",
+        dest="n_layer",
+        type=int,
+        default=None,
+        help="layers of gpt2-random (fewer is faster; default 12)",
+    )
+    r = p.add_argument_group("random mode")
+    r.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
+    r.add_argument("--R", type=float, default=1.0, help="largest token norm (default 1)")
+    f = p.add_argument_group("input-file mode")
+    f.add_argument("--params", metavar="P.npz", help="layer arrays A, V, W_O, b_O, c, b (.npz)")
+    p.add_argument("--n", type=int, default=None, help="tokens per window / sequence")
+    mask = p.add_mutually_exclusive_group()
+    mask.add_argument(
+        "--masked",
+        dest="masked",
+        action="store_true",
+        default=None,
+        help="causal attention (default: the model's own mask; unmasked otherwise)",
+    )
+    mask.add_argument("--unmasked", dest="masked", action="store_false")
+    p.add_argument("--geometry", choices=("euclidean", "wasserstein", "split"), default="euclidean")
+    p.add_argument("--method", choices=("auto", "dense", "lanczos", "power"), default="auto")
+    p.add_argument(
+        "--tol", type=float, default=1e-6, help="relative residual tolerance (default 1e-6)"
+    )
+    p.add_argument("--dtype", choices=_DTYPES, default="float64")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument(
+        "--released",
+        action="store_true",
+        help="also print the released estimator's quantity sqrt(||J^T f(X)||)",
+    )
+    p.add_argument(
+        "--out", default=None, metavar="FILE.json", help="write the result with run metadata"
+    )
+    p.set_defaults(handler=cmd_lipschitz, printer=print_lipschitz)
+    return p
