@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ def reproduce(
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but no CUDA device is available")
     stages = _select(only)
+    if not progress:
+        _quiet_loaders()
     out = Path(out)
     results_dir, figures_dir = out / "results", out / "figures"
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +169,16 @@ def reproduce(
         doc["report"] = str(report)
     write_json(out / "reproduce.json", doc)
     return doc
+
+
+def _quiet_loaders() -> None:
+    """Silence the model loaders' own progress bars (weights, GGUF de-quantization)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
 
 
 # ------------------------------------------------------------------------------------ report
