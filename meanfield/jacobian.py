@@ -26,15 +26,19 @@ Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024
 2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
 numerically*; they are not quoted from the paper.
 
-Products :func:`jvp` and :func:`vjp` cost :math:`O(n^2d + nd^2)` per head and never form a block;
-their matrix-product form is derived in ``docs/derivations/jacobian_products.md``. Heads with a
-rotary embedding (``head.rope``) fall back to ``torch.func`` products of
-:func:`~meanfield.attention.attention_points`.
+Products :func:`jvp` and :func:`vjp` never form a block; their matrix-product form is derived in
+``docs/derivations/jacobian_products.md``. For heads with factors :math:`A = Q^\top K`
+(:math:`Q, K\in\mathbb R^{k\times d}`) every :math:`n\times n` contraction runs in head space
+(through :math:`Qx, Kx, Vx`, precomputed by :func:`linearize`), so a product costs
+:math:`O(n^2(k + d_v) + nd(2k + d_v))` per head, the order of the forward pass; heads given only
+by :math:`A` cost :math:`O(n^2d + nd^2)`. Heads with a rotary embedding (``head.rope``) fall back
+to ``torch.func`` products of :func:`~meanfield.attention.attention_points`.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -105,6 +109,20 @@ class AttentionLinearization:
     masked : bool
     chunk_size : int or None
         Query-block size of the products.
+    Qx : Tensor, shape (..., H_a, n, k)
+        Head-space queries :math:`q^h_i = Q_hx_i`, with :math:`b^h_i = K_h^\top q^h_i + c_h`.
+        Without factors (``QK is None``) the identity stands for :math:`Q_h` and :math:`A_h` for
+        :math:`K_h` (:math:`k = d`, ``Qx`` is ``X`` broadcast over the heads).
+    KXc, KMc : Tensor, shape (..., H_a, n, k)
+        :math:`K_h(x_l - \bar x)` and :math:`K_h(m^h_i - \bar x)` (:math:`A_h` in place of
+        :math:`K_h` without factors).
+    VXc, VMc : Tensor, shape (..., H_a, n, d_v)
+        :math:`V_h(x_l - \bar x)` and :math:`V_h(m^h_i - \bar x)`.
+    C : Tensor, shape (H_a, d), or None
+        Key-logit terms :math:`c_h` (``None`` when no analytic head has one).
+    QKV : Tensor, shape (H_a (2k + d_v), d), or None
+        Rows :math:`[Q_h; K_h; V_h]` stacked head after head (factored heads only), so that the
+        three head-space projections of a tangent are one matrix product.
     """
 
     X: Tensor
@@ -126,6 +144,13 @@ class AttentionLinearization:
     token_index: Tensor | None
     masked: bool
     chunk_size: int | None
+    Qx: Tensor | None = None
+    KXc: Tensor | None = None
+    KMc: Tensor | None = None
+    VXc: Tensor | None = None
+    VMc: Tensor | None = None
+    C: Tensor | None = None
+    QKV: Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -199,12 +224,20 @@ def _right_A(
     return torch.einsum("...hnk,hke->...hne", torch.einsum(f"{lhs},hkd->...hnk", Y, Q), K)
 
 
-def _right_AT_sum(A: Tensor, QK: tuple[Tensor, Tensor] | None, Y: Tensor) -> Tensor:
-    """``sum_h y_h^T A_h^T`` for ``Y`` (..., H, n, d) -> (..., n, d)."""
-    if QK is None:
-        return torch.einsum("...hnd,hed->...ne", Y, A)
-    Q, K = QK
-    return torch.einsum("...hnk,hke->...ne", torch.einsum("...hnd,hkd->...hnk", Y, K), Q)
+def _head_rows(
+    QK: tuple[Tensor, Tensor] | None, A: Tensor, V: Tensor, QKV: Tensor | None, Y: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Head-space rows ``(Q_h y, K_h y, V_h y)`` of ``Y`` (..., n, d), each (..., H_a, n, .).
+
+    Without factors the identity stands for ``Q_h`` and ``A_h`` for ``K_h`` (the first output is
+    then ``Y`` broadcast over the heads). With them, one product with the stacked ``QKV``.
+    """
+    if QKV is not None:
+        H_a, k = QK[0].shape[0], QK[0].shape[1]
+        Z = (Y @ QKV.mT).unflatten(-1, (H_a, -1)).movedim(-2, -3)  # (..., H_a, n, 2k + d_v)
+        return Z[..., :k], Z[..., k : 2 * k], Z[..., 2 * k :]
+    qY = Y.unsqueeze(-3).expand(Y.shape[:-2] + (A.shape[0],) + Y.shape[-2:])
+    return qY, torch.einsum("...nd,hed->...hne", Y, A), torch.einsum("...nd,hvd->...hnv", Y, V)
 
 
 def linearize(
@@ -275,24 +308,42 @@ def linearize(
         )
         P = logP.exp()
         QK = None
-        if all(heads[h].Q is not None for h in analytic) and len(
-            {tuple(heads[h].Q.shape) for h in analytic}
-        ) == 1:
-            QK = (torch.stack([heads[h].Q for h in analytic]),
-                  torch.stack([heads[h].K for h in analytic]))
+        if (
+            all(heads[h].Q is not None for h in analytic)
+            and len({tuple(heads[h].Q.shape) for h in analytic}) == 1
+        ):
+            QK = (
+                torch.stack([heads[h].Q for h in analytic]),
+                torch.stack([heads[h].K for h in analytic]),
+            )
         m = torch.einsum("...hin,...nd->...hid", P, X)
         B = _right_A(A, QK, X)
         cs = [heads[h].c for h in analytic]
+        C = None
         if any(c is not None for c in cs):
             zero = X.new_zeros(d)
             C = torch.stack([zero if c is None else c for c in cs])
             B = B + C.unsqueeze(-2)
+        # head-space features (factors Q_h, K_h of width k; A_h and the identity without them)
+        Xc = X - x_bar
+        Mc = m - x_bar.unsqueeze(-3)
+        QKV = None
+        if QK is not None:
+            QKV = torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, d)
+        _, KXc, VXc = _head_rows(QK, A, V, QKV, Xc)
+        if QK is None:
+            Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
+            KMc = torch.einsum("...hnd,hed->...hne", Mc, A)
+        else:
+            Qx = torch.einsum("...nd,hkd->...hnk", X, QK[0])
+            KMc = torch.einsum("...hnd,hkd->...hnk", Mc, QK[1])
+        VMc = torch.einsum("...hnd,hvd->...hnv", Mc, V)
         P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             half = 0.5 * log_weights.unsqueeze(-2)  # (..., 1, n)
             P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
     else:
-        QK = None
+        QK = C = QKV = Qx = KXc = KMc = VXc = VMc = None
         A = X.new_zeros(0, d, d)
         V = X.new_zeros(0, heads[0].d_v, d)
         P = X.new_zeros(batch + (0, n, n))
@@ -302,10 +353,32 @@ def linearize(
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             P_w = P
     return AttentionLinearization(
-        X=X, P=P, P_w=P_w, m=m, B=B, x_bar=x_bar, A=A, V=V, W=W, concat=concat, QK=QK,
+        X=X,
+        P=P,
+        P_w=P_w,
+        m=m,
+        B=B,
+        x_bar=x_bar,
+        A=A,
+        V=V,
+        W=W,
+        concat=concat,
+        QK=QK,
         params=params,
-        analytic_heads=analytic, rope_heads=rope, log_weights=log_weights, positions=positions,
-        token_index=token_index, masked=masked, chunk_size=chunk_size,
+        analytic_heads=analytic,
+        rope_heads=rope,
+        log_weights=log_weights,
+        positions=positions,
+        token_index=token_index,
+        masked=masked,
+        chunk_size=chunk_size,
+        Qx=Qx,
+        KXc=KXc,
+        KMc=KMc,
+        VXc=VXc,
+        VMc=VMc,
+        C=C,
+        QKV=QKV,
     )
 
 
@@ -333,7 +406,11 @@ def _rope_fn(lin: AttentionLinearization, h: int):
 
     def fn(Y: Tensor) -> Tensor:
         out = attention_points(
-            Y, head, log_weights=lin.log_weights, masked=lin.masked, positions=lin.positions,
+            Y,
+            head,
+            log_weights=lin.log_weights,
+            masked=lin.masked,
+            positions=lin.positions,
             token_index=lin.token_index,
         )
         return out @ W_h.mT
@@ -358,10 +435,54 @@ def _combine(lin: AttentionLinearization, vals: Tensor, heads: tuple[int, ...]) 
     return torch.einsum("...hnv,hov->...no", vals, lin.W[list(heads)])
 
 
-def _values_adjoint(lin: AttentionLinearization, G: Tensor) -> Tensor:
-    """Per-head rows ``V_h^T W_h^T g_i`` for outputs ``G`` (..., n, d_out) -> (..., H_a, n, d)."""
-    Gv = torch.einsum("...no,hov->...hnv", G, lin.W[list(lin.analytic_heads)])
-    return torch.einsum("...hnv,hvd->...hnd", Gv, lin.V)
+def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
+    r"""Query blocks ``sl`` with the keys ``ks`` they can see.
+
+    Causal sequences (``masked`` without ``positions``): query ``i`` sees keys ``j <= i``, so the
+    block ending at ``sl.stop`` needs keys ``[0, sl.stop)`` only (the others have
+    :math:`P_{ij} = 0` exactly): with query blocks of size :math:`b` this skips the all-zero
+    upper blocks, a fraction :math:`(1 - b/n)/2` of the :math:`n\times n` work. Otherwise every
+    key.
+    """
+    causal = lin.masked and lin.positions is None
+    for sl in iter_chunks(lin.n, lin.chunk_size):
+        yield sl, slice(0, sl.stop if causal else lin.n)
+
+
+def _output_rows(lin: AttentionLinearization, G: Tensor) -> Tensor:
+    """Per-head rows ``W_h^T g_i`` for outputs ``G`` (..., n, d_out) -> (..., H_a, n, d_v)."""
+    return torch.einsum("...no,hov->...hnv", G, lin.W[list(lin.analytic_heads)])
+
+
+def _query_rows(lin: AttentionLinearization, Y: Tensor) -> Tensor:
+    """Per-head rows ``Q_h y`` (``y`` itself, broadcast over the heads, without factors)."""
+    if lin.QK is None:
+        return Y.unsqueeze(-3).expand(Y.shape[:-2] + (lin.A.shape[0],) + Y.shape[-2:])
+    return torch.einsum("...nd,hkd->...hnk", Y, lin.QK[0])
+
+
+def _head_rows_adjoint(
+    lin: AttentionLinearization, Yq: Tensor, Yk: Tensor | None = None, Yv: Tensor | None = None
+) -> Tensor:
+    r"""Rows :math:`\sum_h(Q_h^\top y^q_h + K_h^\top y^k_h + V_h^\top y^v_h)` -> (..., n, d).
+
+    The adjoint of :func:`_head_rows` (``None`` terms are zero); without factors the identity
+    stands for :math:`Q_h` and :math:`A_h` for :math:`K_h`.
+    """
+    if lin.QKV is not None and Yk is not None and Yv is not None:
+        Z = torch.cat([Yq, Yk, Yv], dim=-1)  # (..., H_a, n, 2k + d_v), rows of QKV per head
+        return Z.movedim(-3, -2).flatten(-2) @ lin.QKV
+    if lin.QK is None:
+        out = Yq.sum(-3)
+        if Yk is not None:
+            out = out + torch.einsum("...hne,hed->...nd", Yk, lin.A)
+    else:
+        out = torch.einsum("...hnk,hkd->...nd", Yq, lin.QK[0])
+        if Yk is not None:
+            out = out + torch.einsum("...hnk,hkd->...nd", Yk, lin.QK[1])
+    if Yv is not None:
+        out = out + torch.einsum("...hnv,hvd->...nd", Yv, lin.V)
+    return out
 
 
 def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclidean") -> Tensor:
@@ -375,7 +496,18 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
                  (x_l - m_i)\Big),
 
     summed over heads through :math:`W_h`; :math:`\tilde P = P` except in the Wasserstein
-    geometry. Cost :math:`O(H(n^2d + nd^2))`.
+    geometry.
+
+    Every :math:`n\times n` contraction runs in head space *(our derivation;
+    docs/derivations/jacobian_products.md §2 in factored form)*: with :math:`A = Q^\top K`
+    (:math:`Q, K\in\mathbb R^{k\times d}`),
+    :math:`S_{il} = \langle Qx_i, Kh_l\rangle + \langle c, h_l\rangle`,
+    :math:`R_{il} = \langle Qh_i, K(x_l - \bar x)\rangle` and
+    :math:`V\sum_lT_{il}(x_l - m_i) = \sum_lT_{il}V(x_l-\bar x) - (\sum_lT_{il})V(m_i-\bar x)`,
+    with :math:`Kx, Vx, Vm` precomputed by :func:`linearize`. Cost per head
+    :math:`O(n^2(k + d_v) + nd(2k + d_v))`, plus :math:`O(nd_vd_{\mathrm{out}})` for the output
+    map; heads without factors use :math:`Q = I`, :math:`K = A` (:math:`k = d`,
+    :math:`O(n^2d + nd^2)`).
 
     Parameters
     ----------
@@ -394,21 +526,31 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
     out = H.new_zeros(lin.batch_shape + (lin.n, lin.d_out))
     if lin.analytic_heads:
         Pi_all = _interaction(lin, weighted)
-        Xc = lin.X - lin.x_bar  # (..., n, d)
-        Mc = lin.m - lin.x_bar.unsqueeze(-3)  # (..., H, n, d)
-        U = _right_A(lin.A, lin.QK, H)  # rows h_i^T A_h
+        qH, kH, vH = _head_rows(lin.QK, lin.A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
+        cH = None if lin.C is None else (H @ lin.C.mT).mT.unsqueeze(-2)  # (..., H_a, 1, n)
+        # Euclidean geometry (Pi = P): T = P o (S + R) with S + R one product of width 2k
+        merged = Pi_all is lin.P
+        if merged:
+            left = torch.cat([lin.Qx, qH], dim=-1)
+            right = torch.cat([kH, lin.KXc], dim=-1)
         parts = []
-        for sl in iter_chunks(lin.n, lin.chunk_size):
-            P = lin.P[..., sl, :]
-            Pi = Pi_all[..., sl, :]
-            S = torch.einsum("...hid,...ld->...hil", lin.B[..., sl, :], H)  # <b_i, h_l>
-            R = torch.einsum("...hid,...ld->...hil", U[..., sl, :], Xc)  # <A(x_l - x_bar), h_i>
-            T = Pi * S + P * R
-            dM = torch.einsum("...hil,...ld->...hid", Pi, H)
-            dM = dM + torch.einsum("...hil,...ld->...hid", T, Xc)
-            parts.append(dM - T.sum(-1, keepdim=True) * Mc[..., sl, :])
-        dM = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
-        vals = torch.einsum("...hnd,hvd->...hnv", dM, lin.V)
+        for sl, ks in _key_blocks(lin):
+            P = lin.P[..., sl, ks]
+            Pi = Pi_all[..., sl, ks]
+            if merged:
+                S = left[..., sl, :] @ right[..., ks, :].mT  # S + R
+            else:
+                S = lin.Qx[..., sl, :] @ kH[..., ks, :].mT  # <b_i, h_l> = <Q x_i, K h_l>
+            if cH is not None:
+                S = S + cH[..., ks]  # + <c, h_l>
+            if merged:
+                T = P * S
+            else:
+                R = qH[..., sl, :] @ lin.KXc[..., ks, :].mT  # <A(x_l - x_bar), h_i>
+                T = Pi * S + P * R
+            vals = Pi @ vH[..., ks, :] + T @ lin.VXc[..., ks, :]  # V(Pi h + T (x - x_bar))
+            parts.append(vals - T.sum(-1, keepdim=True) * lin.VMc[..., sl, :])
+        vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
         out = out + _combine(lin, vals, lin.analytic_heads)
     if lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
@@ -429,7 +571,16 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
         (J^\top G)_l = \sum_i\tilde P_{il}\tilde g_i + \sum_i\tilde P_{il}Z_{il}\,b_i
                        + A\sum_jP_{lj}Z_{lj}\,x_j ,
 
-    summed over heads; the last term is :math:`AC_l\tilde g_l`. Cost as :func:`jvp`.
+    summed over heads; the last term is :math:`AC_l\tilde g_l`.
+
+    In head space *(our derivation)*, with :math:`\gamma_i = W_h^\top g_i\in\mathbb R^{d_v}`,
+    :math:`A = Q^\top K` and :math:`b_i = K^\top Qx_i + c`:
+    :math:`Z_{il} = \langle\gamma_i, V(x_l-\bar x)\rangle - \langle\gamma_i, V(m_i-\bar x)\rangle`,
+    the first two terms are :math:`V^\top\sum_i\tilde P_{il}\gamma_i +
+    K^\top\sum_i\tilde P_{il}Z_{il}Qx_i + c\sum_i\tilde P_{il}Z_{il}` and the last is
+    :math:`Q^\top\sum_jP_{lj}Z_{lj}K(x_j-\bar x)` (centring is free: :math:`\sum_jP_{lj}Z_{lj}
+    = 0`). The maps back to :math:`\mathbb R^d` are one product with the stacked
+    :math:`[Q_h; K_h; V_h]`. Cost as :func:`jvp`.
 
     Parameters
     ----------
@@ -446,22 +597,27 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
     out = G.new_zeros(lin.batch_shape + (lin.n, lin.d))
     if lin.analytic_heads:
         Pi_all = _interaction(lin, weighted)
-        Xc = lin.X - lin.x_bar
-        Mc = lin.m - lin.x_bar.unsqueeze(-3)
-        Gt = _values_adjoint(lin, G)  # (..., H_a, n, d): V_h^T W_h^T g_i
-        acc = torch.zeros_like(lin.m)
+        gv = _output_rows(lin, G)  # (..., H_a, n, d_v): W_h^T g_i
+        acc_v = G.new_zeros(lin.VXc.shape)  # sum_i Pi_il W_h^T g_i
+        acc_k = G.new_zeros(lin.Qx.shape)  # sum_i Pi_il Z_il Q x_i
+        acc_c = None if lin.C is None else G.new_zeros(lin.VXc.shape[:-1])  # sum_i Pi_il Z_il
         rows = []
-        for sl in iter_chunks(lin.n, lin.chunk_size):
-            P = lin.P[..., sl, :]
-            Pi = Pi_all[..., sl, :]
-            Gc = Gt[..., sl, :]
-            Z = torch.einsum("...hid,...ld->...hil", Gc, Xc)
-            Z = Z - (Gc * Mc[..., sl, :]).sum(-1, keepdim=True)  # <g_i, x_l - m_i>
-            acc = acc + torch.einsum("...hil,...hid->...hld", Pi, Gc)
-            acc = acc + torch.einsum("...hil,...hid->...hld", Pi * Z, lin.B[..., sl, :])
-            rows.append(torch.einsum("...hil,...ld->...hid", P * Z, Xc))
-        selfpart = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
-        out = out + acc.sum(-3) + _right_AT_sum(lin.A, lin.QK, selfpart)
+        for sl, ks in _key_blocks(lin):
+            P = lin.P[..., sl, ks]
+            Pi = Pi_all[..., sl, ks]
+            g = gv[..., sl, :]
+            Z = g @ lin.VXc[..., ks, :].mT  # <g~_i, x_l - m_i>
+            Z = Z - (g * lin.VMc[..., sl, :]).sum(-1, keepdim=True)
+            PiZ = Pi * Z
+            acc_v[..., ks, :] += Pi.mT @ g
+            acc_k[..., ks, :] += PiZ.mT @ lin.Qx[..., sl, :]
+            if acc_c is not None:
+                acc_c[..., ks] += PiZ.sum(-2)
+            rows.append((P * Z) @ lin.KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
+        acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
+        out = out + _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
+        if acc_c is not None:
+            out = out + acc_c.mT @ lin.C
     if lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
         Gs = G if scale is None else G * scale
@@ -483,9 +639,11 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     r"""Per-atom self-Jacobian products :math:`u_i\mapsto S_iu_i`, all atoms at once.
 
     :math:`S_i = \sum_hW_hV_hC^h_iA_h^\top` is the self-Jacobian :math:`J_\mu(x_i)` of
-    THEORY.md §4.2 (multi-head form of §5.3). With :math:`w_i = A^\top u_i`,
-    :math:`C_iw_i = \sum_lP_{il}(x_l-m_i)\langle x_l-m_i, w_i\rangle`, one :math:`n\times n`
-    product per head: cost :math:`O(H(n^2d + nd^2))`.
+    THEORY.md §4.2 (multi-head form of §5.3). With :math:`A = Q^\top K`,
+    :math:`VC_iA^\top u_i = \sum_lP_{il}\langle K(x_l-m_i), Qu_i\rangle V(x_l-m_i)`: one
+    :math:`n\times n` product per head in head space, cost
+    :math:`O(H(n^2(k + d_v) + ndk))` (:math:`k = d`, :math:`Q = I`, :math:`K = A` without
+    factors).
 
     Parameters
     ----------
@@ -499,14 +657,15 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     """
     _require_analytic(lin, "self_jvp")
     U = _check_shape(U, lin, lin.d, "U")
-    Cw = _cov_apply(lin, _right_A(lin.A, lin.QK, U))
-    return _combine(lin, torch.einsum("...hnd,hvd->...hnv", Cw, lin.V), lin.analytic_heads)
+    vals = _cov_apply(lin, _query_rows(lin, U), lin.KXc, lin.KMc, lin.VXc, lin.VMc)
+    return _combine(lin, vals, lin.analytic_heads)
 
 
 def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
     r"""Per-atom adjoint products :math:`g_i\mapsto S_i^\top g_i`, all atoms at once.
 
-    :math:`S_i^\top g_i = \sum_hA_hC^h_iV_h^\top W_h^\top g_i`, cost as :func:`self_jvp`.
+    :math:`S_i^\top g_i = \sum_hA_hC^h_iV_h^\top W_h^\top g_i = \sum_hQ_h^\top\sum_lP_{il}
+    \langle V_h(x_l-m_i), W_h^\top g_i\rangle K_h(x_l-m_i)`, cost as :func:`self_jvp`.
 
     Parameters
     ----------
@@ -519,21 +678,25 @@ def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
     """
     _require_analytic(lin, "self_vjp")
     G = _check_shape(G, lin, lin.d_out, "G")
-    return _right_AT_sum(lin.A, lin.QK, _cov_apply(lin, _values_adjoint(lin, G)))
+    rows = _cov_apply(lin, _output_rows(lin, G), lin.VXc, lin.VMc, lin.KXc, lin.KMc)
+    return _head_rows_adjoint(lin, rows)
 
 
-def _cov_apply(lin: AttentionLinearization, Wv: Tensor) -> Tensor:
-    """Rows ``C^h_i w^h_i`` for per-head, per-atom vectors ``Wv`` (..., H_a, n, d)."""
-    Xc = lin.X - lin.x_bar
-    Mc = lin.m - lin.x_bar.unsqueeze(-3)
+def _cov_apply(
+    lin: AttentionLinearization, Wv: Tensor, Fx: Tensor, Fm: Tensor, Gx: Tensor, Gm: Tensor
+) -> Tensor:
+    r"""Rows :math:`\sum_lP_{il}\langle w_i, F(x_l - m_i)\rangle\,G(x_l - m_i)` per head.
+
+    ``Wv`` (..., H_a, n, p) holds the :math:`w_i`; ``Fx``, ``Fm`` (..., H_a, n, p) and ``Gx``,
+    ``Gm`` (..., H_a, n, r) the centred projections :math:`F(x_l-\bar x)`, :math:`F(m_i-\bar x)`
+    (likewise for :math:`G`). Returns (..., H_a, n, r): :math:`GC_iF^\top w_i`.
+    """
     parts = []
-    for sl in iter_chunks(lin.n, lin.chunk_size):
-        Wc = Wv[..., sl, :]
-        Z = torch.einsum("...hid,...ld->...hil", Wc, Xc)
-        Z = Z - (Wc * Mc[..., sl, :]).sum(-1, keepdim=True)
-        PZ = lin.P[..., sl, :] * Z
-        out = torch.einsum("...hil,...ld->...hid", PZ, Xc)
-        parts.append(out - PZ.sum(-1, keepdim=True) * Mc[..., sl, :])
+    for sl, ks in _key_blocks(lin):
+        w = Wv[..., sl, :]
+        Z = w @ Fx[..., ks, :].mT - (w * Fm[..., sl, :]).sum(-1, keepdim=True)
+        PZ = lin.P[..., sl, ks] * Z
+        parts.append(PZ @ Gx[..., ks, :] - PZ.sum(-1, keepdim=True) * Gm[..., sl, :])
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
@@ -579,7 +742,11 @@ def self_jacobian_blocks(
     Tensor, shape (..., n, d_out, d)
     """
     lin = linearize(
-        X, params, log_weights=log_weights, masked=masked, positions=positions,
+        X,
+        params,
+        log_weights=log_weights,
+        masked=masked,
+        positions=positions,
         chunk_size=chunk_size,
     )
     _require_analytic(lin, "self_jacobian_blocks")
@@ -625,7 +792,11 @@ def _dense_rope(lin: AttentionLinearization, h: int) -> Tensor:
 
         def fn(Y: Tensor, lw_k: Tensor | None = lw_k, pos_k: Tensor | None = pos_k) -> Tensor:
             out = attention_points(
-                Y, head, log_weights=lw_k, masked=lin.masked, positions=pos_k,
+                Y,
+                head,
+                log_weights=lw_k,
+                masked=lin.masked,
+                positions=pos_k,
                 token_index=lin.token_index,
             )
             return out @ W_h.mT
@@ -680,7 +851,11 @@ def dense_jacobian(
             "use the matrix-free jvp/vjp or pass force=True"
         )
     lin = linearize(
-        X, params, log_weights=log_weights, masked=masked, positions=positions,
+        X,
+        params,
+        log_weights=log_weights,
+        masked=masked,
+        positions=positions,
         token_index=token_index,
     )
     return _dense_from_lin(lin, geometry)
@@ -920,9 +1095,24 @@ def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
         return None if t is None else t.to(torch.float64)
 
     return replace(
-        lin, X=f(lin.X), P=f(lin.P), P_w=f(lin.P_w), m=f(lin.m), B=f(lin.B), x_bar=f(lin.x_bar),
-        A=f(lin.A), V=f(lin.V), W=f(lin.W),
+        lin,
+        X=f(lin.X),
+        P=f(lin.P),
+        P_w=f(lin.P_w),
+        m=f(lin.m),
+        B=f(lin.B),
+        x_bar=f(lin.x_bar),
+        A=f(lin.A),
+        V=f(lin.V),
+        W=f(lin.W),
         QK=None if lin.QK is None else (f(lin.QK[0]), f(lin.QK[1])),
+        Qx=f(lin.Qx),
+        KXc=f(lin.KXc),
+        KMc=f(lin.KMc),
+        VXc=f(lin.VXc),
+        VMc=f(lin.VMc),
+        C=f(lin.C),
+        QKV=f(lin.QKV),
     )
 
 

@@ -91,7 +91,10 @@ def test_dense_matches_token_loop_formula(gen, masked, weighted):
     lw = random_log_weights(gen, (n,)) if weighted else None
     J = dense_jacobian(X, head, log_weights=lw, masked=masked)
     ref = block_formula_loops(
-        X.numpy(), head.A.numpy(), head.V.numpy(), c=head.c.numpy(),
+        X.numpy(),
+        head.A.numpy(),
+        head.V.numpy(),
+        c=head.c.numpy(),
         log_w=None if lw is None else lw.numpy(),
         allowed=(lambda i, j: j <= i) if masked else None,
     )
@@ -142,14 +145,17 @@ def test_jvp_vjp_match_dense_and_are_adjoint(gen, kind, masked, geometry):
     for chunk in (None, 3):
         lin = linearize(X, params, log_weights=lw, masked=masked, chunk_size=chunk)
         H = torch.randn(B, n, d, generator=gen, dtype=D64)
-        G = torch.randn(B, n, params.d_out if kind != "single" else params.d_v, generator=gen,
-                        dtype=D64)
+        G = torch.randn(
+            B, n, params.d_out if kind != "single" else params.d_v, generator=gen, dtype=D64
+        )
         JH = jvp(lin, H, geometry=geometry)
         JtG = vjp(lin, G, geometry=geometry)
-        torch.testing.assert_close(JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1),
-                                   **TOL_AUTOGRAD)
-        torch.testing.assert_close(JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1),
-                                   **TOL_AUTOGRAD)
+        torch.testing.assert_close(
+            JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+        )
+        torch.testing.assert_close(
+            JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+        )
         lhs = (JH * G).sum((-2, -1))
         rhs = (H * JtG).sum((-2, -1))
         assert float(((lhs - rhs).abs() / (lhs.abs() + rhs.abs() + 1)).max()) < TOL_ADJOINT
@@ -201,7 +207,7 @@ def test_self_blocks(gen, kind, masked):
     allowed = torch.ones(n, n, dtype=torch.bool).tril() if masked else None
     ref = torch.zeros_like(S)
     for h, head in enumerate(heads):
-        W = torch.eye(len(heads) * head.d_v, dtype=D64)[:, h * head.d_v:(h + 1) * head.d_v]
+        W = torch.eye(len(heads) * head.d_v, dtype=D64)[:, h * head.d_v : (h + 1) * head.d_v]
         if isinstance(params, MultiHeadParams) and params.W_O is not None:
             W = params.head_projection(h)
         logits = X @ head.A @ X.mT + (X @ head.c).unsqueeze(-2) + lw.unsqueeze(-2)
@@ -217,8 +223,9 @@ def test_self_blocks(gen, kind, masked):
     U = torch.randn(2, n, d, generator=gen, dtype=D64)
     G = torch.randn(2, n, S.shape[-2], generator=gen, dtype=D64)
     torch.testing.assert_close(self_jvp(lin, U), (S @ U.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
-    torch.testing.assert_close(self_vjp(lin, G), (S.mT @ G.unsqueeze(-1)).squeeze(-1),
-                               **TOL_AUTOGRAD)
+    torch.testing.assert_close(
+        self_vjp(lin, G), (S.mT @ G.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD
+    )
 
 
 def test_self_block_is_derivative_of_gamma_in_the_query(gen):
@@ -268,10 +275,12 @@ def test_rotary_heads_fall_back_to_autograd(gen, masked):
         torch.testing.assert_close(J[b], _jacrev(params, X[b], masked=masked), **TOL_AUTOGRAD)
     H = torch.randn(2, n, d, generator=gen, dtype=D64)
     G = torch.randn(2, n, params.d_out, generator=gen, dtype=D64)
-    torch.testing.assert_close(jvp(lin, H).reshape(2, -1), (J @ H.reshape(2, -1, 1)).squeeze(-1),
-                               **TOL_AUTOGRAD)
-    torch.testing.assert_close(vjp(lin, G).reshape(2, -1), (J.mT @ G.reshape(2, -1, 1)).squeeze(-1),
-                               **TOL_AUTOGRAD)
+    torch.testing.assert_close(
+        jvp(lin, H).reshape(2, -1), (J @ H.reshape(2, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+    )
+    torch.testing.assert_close(
+        vjp(lin, G).reshape(2, -1), (J.mT @ G.reshape(2, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+    )
     with pytest.raises(NotImplementedError):
         block_norm_bounds(lin)
 
@@ -343,10 +352,12 @@ def test_factored_heads_with_query_bias(gen):
         torch.testing.assert_close(J[s], _jacrev(params, X[s], masked=True), **TOL_AUTOGRAD)
     H_ = torch.randn(2, n, d, generator=gen, dtype=D64)
     G = torch.randn(2, n, 4, generator=gen, dtype=D64)
-    torch.testing.assert_close(jvp(lin, H_).reshape(2, -1), (J @ H_.reshape(2, -1, 1)).squeeze(-1),
-                               **TOL_AUTOGRAD)
-    torch.testing.assert_close(vjp(lin, G).reshape(2, -1), (J.mT @ G.reshape(2, -1, 1)).squeeze(-1),
-                               **TOL_AUTOGRAD)
+    torch.testing.assert_close(
+        jvp(lin, H_).reshape(2, -1), (J @ H_.reshape(2, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+    )
+    torch.testing.assert_close(
+        vjp(lin, G).reshape(2, -1), (J.mT @ G.reshape(2, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+    )
     S = self_jacobian_blocks(X, params, masked=True)
     U = torch.randn(2, n, d, generator=gen, dtype=D64)
     torch.testing.assert_close(self_jvp(lin, U), (S @ U.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
@@ -368,3 +379,119 @@ def test_float32_linearization_bounds_in_float64(gen):
     J = dense_jacobian(X.double(), p32.to(D64)).reshape(4, 5, -1, 5, 3).permute(0, 1, 3, 2, 4)
     # the float32 P differs from the float64 one by ~1e-7 relative; bounds carry no such margin
     assert bool((N >= torch.linalg.matrix_norm(J, ord=2) * (1 - 1e-5)).all())
+
+
+# ------------------------------------------------------------------ head-space products (issue 3)
+def _factored_params(gen, d=7, k=2, H=3, d_out=5, with_wo=True, scale=0.6):
+    """A layer with factored heads A_h = scale Q_h^T K_h and query-bias terms c_h (k < d)."""
+    W_Q, W_K, W_V = (torch.randn(H * k, d, generator=gen, dtype=D64) for _ in range(3))
+    W_O = torch.randn(d_out, H * k, generator=gen, dtype=D64) if with_wo else None
+    b_Q = torch.randn(H * k, generator=gen, dtype=D64)
+    return MultiHeadParams.from_qkv(W_Q, W_K, W_V, W_O, n_heads=H, b_Q=b_Q, scale=scale)
+
+
+def _unfactored(params):
+    """The same layer with the factors dropped: every product then runs on A_h in R^d."""
+    heads = tuple(AttentionParams(h.A, h.V, c=h.c, b=h.b) for h in params.heads)
+    return MultiHeadParams(heads, W_O=params.W_O)
+
+
+@pytest.mark.parametrize("with_wo,masked", list(itertools.product([True, False], [False, True])))
+@pytest.mark.parametrize("geometry", ["euclidean", "wasserstein"])
+def test_head_space_products_match_dense_and_unfactored(gen, with_wo, masked, geometry):
+    """Factored heads (products in R^k) against the dense closed form and the d-space path."""
+    B, n, d = 2, 6, 7
+    params = _factored_params(gen, d=d, with_wo=with_wo)
+    plain = _unfactored(params)
+    X = torch.randn(B, n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (B, n))
+    J = dense_jacobian(X, params, log_weights=lw, masked=masked, geometry=geometry)
+    d_out = J.shape[-2] // n
+    S = self_jacobian_blocks(X, params, log_weights=lw, masked=masked)
+    H = torch.randn(B, n, d, generator=gen, dtype=D64)
+    G = torch.randn(B, n, d_out, generator=gen, dtype=D64)
+    U = torch.randn(B, n, d, generator=gen, dtype=D64)
+    for chunk in (None, 4):
+        lin = linearize(X, params, log_weights=lw, masked=masked, chunk_size=chunk)
+        ref = linearize(X, plain, log_weights=lw, masked=masked, chunk_size=chunk)
+        assert lin.QKV is not None and lin.Qx.shape[-1] == 2  # head width k, not d
+        assert ref.QKV is None and ref.Qx.shape[-1] == d
+        JH = jvp(lin, H, geometry=geometry)
+        JtG = vjp(lin, G, geometry=geometry)
+        torch.testing.assert_close(
+            JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+        )
+        torch.testing.assert_close(
+            JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+        )
+        torch.testing.assert_close(JH, jvp(ref, H, geometry=geometry), **TOL_AUTOGRAD)
+        torch.testing.assert_close(JtG, vjp(ref, G, geometry=geometry), **TOL_AUTOGRAD)
+        SU = self_jvp(lin, U)
+        StG = self_vjp(lin, G)
+        torch.testing.assert_close(SU, (S @ U.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
+        torch.testing.assert_close(StG, (S.mT @ G.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
+        torch.testing.assert_close(SU, self_jvp(ref, U), **TOL_AUTOGRAD)
+        torch.testing.assert_close(StG, self_vjp(ref, G), **TOL_AUTOGRAD)
+
+
+def test_head_space_jvp_matches_forward_autograd_large_offset(gen):
+    """Hidden states with a large common component: the centred head-space features keep the
+    products accurate (against torch.func.jvp / vjp of the forward pass)."""
+    n, d = 8, 7
+    params = _factored_params(gen, d=d)
+    X = torch.randn(n, d, generator=gen, dtype=D64) + 30.0 * torch.randn(
+        d, generator=gen, dtype=D64
+    )
+    X = X / 12.0  # keep the logits O(1) while the offset dominates the token spread
+    H = torch.randn(n, d, generator=gen, dtype=D64)
+    G = torch.randn(n, params.d_out, generator=gen, dtype=D64)
+    lin = linearize(X, params, masked=True)
+    _, tangent = torch.func.jvp(_fn(params, masked=True), (X,), (H,))
+    _, pullback = torch.func.vjp(_fn(params, masked=True), X)
+    torch.testing.assert_close(jvp(lin, H), tangent, **TOL_AUTOGRAD)
+    torch.testing.assert_close(vjp(lin, G), pullback(G)[0], **TOL_AUTOGRAD)
+
+
+def test_mixed_factored_and_plain_heads_fall_back(gen):
+    """One head without factors (or of another width) sends every head down the d-space path."""
+    n, d = 5, 7
+    fact = _factored_params(gen, d=d, H=2)
+    Q3, K3 = (torch.randn(3, d, generator=gen, dtype=D64) / 2 for _ in range(2))
+    other = AttentionParams(None, fact.heads[1].V, Q=Q3, K=K3)  # factored, width 3 != 2
+    plain = AttentionParams(fact.heads[1].A, fact.heads[1].V)  # no factors, no c
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lw = random_log_weights(gen, (n,))
+    for heads in ((fact.heads[0], plain), (fact.heads[0], other)):
+        W_O = torch.randn(4, 2 * heads[0].d_v, generator=gen, dtype=D64)
+        params = MultiHeadParams(heads, W_O=W_O)
+        lin = linearize(X, params, log_weights=lw, masked=True)
+        assert lin.QK is None and lin.QKV is None
+        J = dense_jacobian(X, params, log_weights=lw, masked=True)
+        torch.testing.assert_close(
+            J, _jacrev(params, X, log_weights=lw, masked=True), **TOL_AUTOGRAD
+        )
+        H = torch.randn(n, d, generator=gen, dtype=D64)
+        G = torch.randn(n, 4, generator=gen, dtype=D64)
+        torch.testing.assert_close(jvp(lin, H).reshape(-1), J @ H.reshape(-1), **TOL_AUTOGRAD)
+        torch.testing.assert_close(vjp(lin, G).reshape(-1), J.mT @ G.reshape(-1), **TOL_AUTOGRAD)
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_chunked_products_with_position_ties(gen, factored):
+    """Tied positions let query 0 see key 1: chunked products must not truncate keys causally."""
+    n, d = 6, 7
+    params = _factored_params(gen, d=d) if factored else random_params(gen, d, kind="wo")
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    pos = torch.tensor([0.1, 0.1, 0.3, 0.5, 0.5, 0.9], dtype=D64)
+    J = dense_jacobian(X, params, masked=True, positions=pos)
+    lin = linearize(X, params, masked=True, positions=pos, chunk_size=1)
+    H = torch.randn(n, d, generator=gen, dtype=D64)
+    G = torch.randn(n, J.shape[0] // n, generator=gen, dtype=D64)
+    torch.testing.assert_close(jvp(lin, H).reshape(-1), J @ H.reshape(-1), **TOL_AUTOGRAD)
+    torch.testing.assert_close(vjp(lin, G).reshape(-1), J.mT @ G.reshape(-1), **TOL_AUTOGRAD)
+    S = self_jacobian_blocks(X, params, masked=True, positions=pos)
+    U = torch.randn(n, d, generator=gen, dtype=D64)
+    torch.testing.assert_close(self_jvp(lin, U), (S @ U.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD)
+    torch.testing.assert_close(
+        self_vjp(lin, G), (S.mT @ G.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD
+    )
