@@ -102,9 +102,7 @@ def _check_start(x0: Tensor) -> Tensor:
     return x0 / nrm.unsqueeze(-1)
 
 
-def _final_check(
-    matvec: Operator, rmatvec: Operator, v: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def _final_check(matvec: Operator, rmatvec: Operator, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Explicit ``sigma = ||J v||`` and residual ``||J^T J v - sigma^2 v||`` for unit ``v``."""
     w = matvec(v)
     sigma = _norm(w)
@@ -332,7 +330,11 @@ def top_singular_value(
     """
     if method == "lanczos":
         return lanczos_svd(
-            matvec, rmatvec, x0, tol=tol, max_iter=300 if max_iter is None else max_iter,
+            matvec,
+            rmatvec,
+            x0,
+            tol=tol,
+            max_iter=300 if max_iter is None else max_iter,
             krylov_dim=krylov_dim,
         )
     if method == "power":

@@ -200,9 +200,7 @@ def _extreme_directions(
     return dirs[-1], dirs[0]
 
 
-def _choose_case(
-    hi: _Direction | None, lo: _Direction | None, case: str
-) -> tuple[str, _Direction]:
+def _choose_case(hi: _Direction | None, lo: _Direction | None, case: str) -> tuple[str, _Direction]:
     """The −8 rule (THEORY.md §6.3): case + iff lambda_max > -8 lambda_min, i.e. the larger gap."""
     if case not in ("auto", "+", "-"):
         raise ValueError(f"case must be 'auto', '+' or '-', got {case!r}")
@@ -434,7 +432,11 @@ def adversarial_sequence(
             x1 - y, A64.mT @ y
         )
         PT = torch.eye(d, dtype=torch.float64, device=A64.device) - torch.outer(a, a)
-        Vm = _f64(V_mat) if V_mat is not None else torch.eye(d, dtype=torch.float64, device=A64.device)
+        Vm = (
+            _f64(V_mat)
+            if V_mat is not None
+            else torch.eye(d, dtype=torch.float64, device=A64.device)
+        )
         _, sv, Vh = torch.linalg.svd(Vm @ M @ PT)
         direction = Vh[0]
         lower = math.sqrt(n - 1) * p * float(sv[0]) if V_mat is not None else None
@@ -801,7 +803,11 @@ def off_axis_two_atoms(
         yAh = ((y @ A) * h).sum(-1)
         vec = h + ((1 - torch.sigmoid(t)) * yAh).unsqueeze(-1) * (x - y)
         nrm = torch.linalg.vector_norm(vec @ V.mT, dim=-1)
-        return s / 2 + 0.5 * (torch.nn.functional.logsigmoid(t) + torch.nn.functional.logsigmoid(-t)) + torch.log(nrm)
+        return (
+            s / 2
+            + 0.5 * (torch.nn.functional.logsigmoid(t) + torch.nn.functional.logsigmoid(-t))
+            + torch.log(nrm)
+        )
 
     def objective(zx: Tensor, zy: Tensor, hz: Tensor, t: Tensor) -> Tensor:
         return log_bound(_ball(zx, R), _ball(zy, R), hz, t)
@@ -815,8 +821,12 @@ def off_axis_two_atoms(
     x, y = _ball(best_p[0][k], R), _ball(best_p[1][k], R)
     hz, t = best_p[2][k], best_p[3][k]
     if starts_x:
-        ex = log_bound(torch.stack(starts_x), torch.stack(starts_y), torch.stack(starts_h),
-                       torch.tensor(starts_t, dtype=torch.float64, device=dev))
+        ex = log_bound(
+            torch.stack(starts_x),
+            torch.stack(starts_y),
+            torch.stack(starts_h),
+            torch.tensor(starts_t, dtype=torch.float64, device=dev),
+        )
         j = int(ex.argmax())
         if float(ex[j]) > lv:
             lv = float(ex[j])
@@ -947,7 +957,12 @@ def _measure_constant(
 
         def gq(Q: Tensor) -> Tensor:
             return attention_points(
-                X, params, log_weights=la, masked=masked, positions=positions, queries=Q,
+                X,
+                params,
+                log_weights=la,
+                masked=masked,
+                positions=positions,
+                queries=Q,
                 query_positions=positions,
             ).sum(0)
 
@@ -1041,7 +1056,8 @@ def _pad(pts: Tensor, lw: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
     extra = n_atoms - pts.shape[0]
     if extra > 0:
         shares = torch.tensor(
-            [-3.0 * math.log(10.0) * j for j in range(extra + 1)], dtype=torch.float64,
+            [-3.0 * math.log(10.0) * j for j in range(extra + 1)],
+            dtype=torch.float64,
             device=lw.device,
         )
         shares = shares - torch.logsumexp(shares, 0)
@@ -1093,15 +1109,17 @@ def _construction_starts(
             if hi.lam > 0:
                 u, lr2 = hi.u, hi.lam * R * R
                 cb = 0.7
-                cands.append(
-                    ("balanced +", 0.0, [-R * u, cb * R * u], [0.0, -lr2 * cb * (1 + cb)])
-                )
+                cands.append(("balanced +", 0.0, [-R * u, cb * R * u], [0.0, -lr2 * cb * (1 + cb)]))
                 if n_atoms >= 3:
                     cc = 0.5
-                    cands.append((
-                        "chain +", 0.0, [-R * u, cc * R * u, R * u],
-                        [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc],
-                    ))
+                    cands.append(
+                        (
+                            "chain +",
+                            0.0,
+                            [-R * u, cc * R * u, R * u],
+                            [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc],
+                        )
+                    )
         for name, gamma, xs, ls in cands:
             if len(xs) > n_atoms:
                 continue
@@ -1115,8 +1133,14 @@ def _construction_starts(
 
 
 def _random_starts(
-    n_starts: int, n_atoms: int, d: int, R: float, sphere: bool, spread: float,
-    gen: torch.Generator, device: torch.device,
+    n_starts: int,
+    n_atoms: int,
+    d: int,
+    R: float,
+    sphere: bool,
+    spread: float,
+    gen: torch.Generator,
+    device: torch.device,
 ) -> tuple[Tensor, Tensor]:
     D = torch.randn(n_starts, n_atoms, d, generator=gen, dtype=torch.float64)
     D = D / torch.linalg.vector_norm(D, dim=-1, keepdim=True)
@@ -1285,7 +1309,9 @@ def worst_case_measure(
         with torch.no_grad():
             Xc = torch.stack(pts[:n_cons])
             Lc = log_masses(torch.stack(lws[:n_cons]))
-            vc = _measure_constant(Xc, Lc, p64, geometry=geometry, masked=masked, positions=positions)
+            vc = _measure_constant(
+                Xc, Lc, p64, geometry=geometry, masked=masked, positions=positions
+            )
         j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
         cons_value = float(vc[j])
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
@@ -1296,12 +1322,19 @@ def worst_case_measure(
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
     with torch.no_grad():
         value = float(
-            _measure_constant(Xb[k : k + 1], Lb[k : k + 1], p64, geometry=geometry, masked=masked,
-                              positions=positions)[0]
+            _measure_constant(
+                Xb[k : k + 1],
+                Lb[k : k + 1],
+                p64,
+                geometry=geometry,
+                masked=masked,
+                positions=positions,
+            )[0]
         )
     like = params.heads[0].A
     mu = _measure_from_log_weights(
-        Xb[k].detach().to(like), Lb[k].detach().to(like.dtype),
+        Xb[k].detach().to(like),
+        Lb[k].detach().to(like.dtype),
         None if positions is None else positions.to(like),
     )
     if certify:
@@ -1704,8 +1737,11 @@ def split_constant(
     p64 = _params64(params)
     with torch.no_grad():
         val = _measure_constant(
-            _f64(mu.points).unsqueeze(0), _f64(mu.log_weights).unsqueeze(0), p64,
-            geometry="split", masked=masked,
+            _f64(mu.points).unsqueeze(0),
+            _f64(mu.log_weights).unsqueeze(0),
+            p64,
+            geometry="split",
+            masked=masked,
             positions=None if not masked else _f64(mu.positions),
         )[0]
     return val.to(mu.dtype)
@@ -1825,9 +1861,16 @@ def _measure_perturbation(
     iw, ow = float(wasserstein(nu, mu)), float(wasserstein(Fnu, Fmu))
     ii, oi = float(wasserstein_inf(nu, mu)), float(wasserstein_inf(Fnu, Fmu))
     return Perturbation(
-        kind=kind, nu=nu, input_w2=iw, output_w2=ow, ratio_w2=ow / iw if iw > 0 else math.nan,
-        input_winf=ii, output_winf=oi, ratio_winf=oi / ii if ii > 0 else math.nan,
-        cost_bound=cost_bound, **extra,
+        kind=kind,
+        nu=nu,
+        input_w2=iw,
+        output_w2=ow,
+        ratio_w2=ow / iw if iw > 0 else math.nan,
+        input_winf=ii,
+        output_winf=oi,
+        ratio_winf=oi / ii if ii > 0 else math.nan,
+        cost_bound=cost_bound,
+        **extra,
     )
 
 
@@ -1944,7 +1987,9 @@ def mass_splitting_attack(
     if not isinstance(mu, DiracMeasure) or mu.points.ndim != 2:
         raise ValueError("mass_splitting_attack needs one unbatched DiracMeasure")
     if mu.is_causal:
-        raise ValueError("mass_splitting_attack is for unmasked attention: pass an untagged measure")
+        raise ValueError(
+            "mass_splitting_attack is for unmasked attention: pass an untagged measure"
+        )
     budget = float(budget)
     if not (budget > 0 and math.isfinite(budget)):
         raise ValueError(f"budget must be a positive number, got {budget}")
@@ -1981,8 +2026,9 @@ def mass_splitting_attack(
 
     # ------------------------------------------------------------------ move-only
     with torch.no_grad():
-        J = _batched_jacobian(lambda Y: attention_points(Y, p64, log_weights=la.unsqueeze(0)),
-                              X.unsqueeze(0))[0]
+        J = _batched_jacobian(
+            lambda Y: attention_points(Y, p64, log_weights=la.unsqueeze(0)), X.unsqueeze(0)
+        )[0]
         d_out = J.shape[0] // n
         so = (0.5 * la).repeat_interleave(d_out)
         si = (0.5 * la).repeat_interleave(d)
@@ -2058,8 +2104,15 @@ def mass_splitting_attack(
         lan = torch.cat([base_lw[:i_s], la[i_s] + frac, base_lw[i_s:]])
         Xs = _project_ball(_f64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_proj)
         split_by_k.append(
-            emit("split", Xs.detach(), lan.detach(), budget, k=k, atom=i_s,
-                 fractions=frac.detach().exp().to(like))
+            emit(
+                "split",
+                Xs.detach(),
+                lan.detach(),
+                budget,
+                k=k,
+                atom=i_s,
+                fractions=frac.detach().exp().to(like),
+            )
         )
     split = max(split_by_k, key=lambda q: q.ratio_w2)
 
@@ -2084,8 +2137,10 @@ def mass_splitting_attack(
         return torch.sqrt(out.clamp_min(0.0)) / torch.sqrt(inp.clamp_min(1e-300))
 
     zs = [R_ * dv for dv in _candidate_directions(p64, X)]
-    zs += [R_ * torch.randn(d, generator=gen, dtype=torch.float64).to(dev) / math.sqrt(d)
-           for _ in range(max(0, n_restarts - 1))]
+    zs += [
+        R_ * torch.randn(d, generator=gen, dtype=torch.float64).to(dev) / math.sqrt(d)
+        for _ in range(max(0, n_restarts - 1))
+    ]
     best_ins = (-math.inf, None)
     for z0 in zs:
         zz0 = _ball_inverse(z0.unsqueeze(0), R_)[0]

@@ -157,7 +157,9 @@ def attention_points(
     X = _check_points(X, heads[0].d)
     Xq = X if queries is None else _check_points(queries, heads[0].d, "queries")
     Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
-    allowed = admissible_keys(masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device)
+    allowed = admissible_keys(
+        masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device
+    )
     if any(h.rope is not None for h in heads):
         if token_index is None:
             token_index = torch.arange(X.shape[-2], device=X.device)

@@ -204,8 +204,13 @@ def _to_float64(lin: AttentionLinearization, params64: Params | None) -> Attenti
         return None if t is None else t.to(torch.float64)
 
     return linearize(
-        lin.X.to(torch.float64), p64, log_weights=f(lin.log_weights), masked=lin.masked,
-        positions=f(lin.positions), token_index=lin.token_index, chunk_size=lin.chunk_size,
+        lin.X.to(torch.float64),
+        p64,
+        log_weights=f(lin.log_weights),
+        masked=lin.masked,
+        positions=f(lin.positions),
+        token_index=lin.token_index,
+        chunk_size=lin.chunk_size,
     )
 
 
@@ -260,9 +265,7 @@ def _parse_input(
     return X, None, None, bool(masked) if masked is not None else False
 
 
-def _block_upper(
-    lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None
-) -> Tensor:
+def _block_upper(lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None) -> Tensor:
     if lin64.rope_heads:
         return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
     N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
@@ -413,7 +416,12 @@ def local_lipschitz(
     if X.dtype != params.dtype:
         raise ValueError(f"inputs have dtype {X.dtype} but the parameters have {params.dtype}")
     lin = linearize(
-        X, params, log_weights=lw, masked=is_masked, positions=positions, token_index=token_index,
+        X,
+        params,
+        log_weights=lw,
+        masked=is_masked,
+        positions=positions,
+        token_index=token_index,
         chunk_size=chunk_size,
     )
     op_geometry = "euclidean" if geometry == "euclidean" else "wasserstein"
@@ -436,8 +444,15 @@ def local_lipschitz(
             n * lin.d_out * d * min(lin.d_out, d) * max(1, math.prod(batch)) <= _EXPLICIT_SELF_FLOPS
         )
         self_term = _self_term(
-            lin, lin64, explicit=explicit, method="lanczos" if resolved == "dense" else resolved,
-            tol=tol, max_iter=max_iter, krylov_dim=krylov_dim, seed=seed, generator=generator,
+            lin,
+            lin64,
+            explicit=explicit,
+            method="lanczos" if resolved == "dense" else resolved,
+            tol=tol,
+            max_iter=max_iter,
+            krylov_dim=krylov_dim,
+            seed=seed,
+            generator=generator,
             chunk_size=chunk_size,
         )
 

@@ -94,8 +94,12 @@ def test_jacobian_oracle_matches_jacrev(rng):
     X = torch.tensor(rng.standard_normal((4, 3)))
     lw = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=F64))
     for masked in (False, True):
-        J = jacrev(lambda Y, m=masked: attention_points(Y, AttentionParams(A, V), log_weights=lw, masked=m))(X)
-        np.testing.assert_allclose(J.reshape(8, 12).numpy(), jacobian_oracle(X, A, V, lw, masked), atol=1e-12)
+        J = jacrev(
+            lambda Y, m=masked: attention_points(Y, AttentionParams(A, V), log_weights=lw, masked=m)
+        )(X)
+        np.testing.assert_allclose(
+            J.reshape(8, 12).numpy(), jacobian_oracle(X, A, V, lw, masked), atol=1e-12
+        )
 
 
 def random_head(rng, d, scale=1.0):
@@ -118,8 +122,10 @@ def slope(x, y):
 
 
 # ----------------------------------------------------------------------------- §6.3 construction
-@pytest.mark.parametrize("variant,case", [("released", "auto"), ("symmetric", "+"), ("symmetric", "-"),
-                                          ("symmetric", "auto")])
+@pytest.mark.parametrize(
+    "variant,case",
+    [("released", "auto"), ("symmetric", "+"), ("symmetric", "-"), ("symmetric", "auto")],
+)
 @pytest.mark.parametrize("n", [2, 5, 17])
 def test_construction_bound_below_exact_norm(rng, variant, case, n):
     for trial in range(4):
@@ -203,8 +209,12 @@ def test_released_variant_uses_real_eigenvectors():
     with pytest.raises(ValueError, match="no real eigenvalue"):
         adversarial_sequence(torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=F64), 1.0, 3)
     # the symmetric variant always exists
-    assert adversarial_sequence(torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=F64), 1.0, 3,
-                                variant="symmetric").gamma >= 0
+    assert (
+        adversarial_sequence(
+            torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=F64), 1.0, 3, variant="symmetric"
+        ).gamma
+        >= 0
+    )
 
 
 def test_construction_inputs_and_errors(rng):
@@ -274,7 +284,9 @@ def test_sphere_construction_grows_like_sqrt_n(rng):
         tangent.append(np.linalg.norm(J @ P, 2))
         lows.append(con.lower_bound)
     assert con.gamma > 2 * math.log(ns[-1])  # n << e^gamma on this grid
-    assert all(lo <= t * (1 + 1e-10) and t <= f * (1 + 1e-12) for lo, t, f in zip(lows, tangent, full))
+    assert all(
+        lo <= t * (1 + 1e-10) and t <= f * (1 + 1e-12) for lo, t, f in zip(lows, tangent, full)
+    )
     assert slope(ns - 1, tangent) == pytest.approx(0.5, abs=0.1)
     # the sphere gap dominates case '-' (already on the sphere)
     minus = adversarial_sequence(A, R, 3, variant="symmetric", case="-")
@@ -325,7 +337,9 @@ def test_two_dirac_log_masses_survive_underflow():
     assert float(td.measure.weights[1]) == 0.0  # below float64: only the log-mass survives
     # the attention of the heavy atom to the light one is w* (log-domain attention)
     Y = attention(td.measure, AttentionParams(A, torch.ones(1, 1, dtype=F64))).points
-    w = float((Y[0, 0] - td.measure.points[0, 0]) / (td.measure.points[1, 0] - td.measure.points[0, 0]))
+    w = float(
+        (Y[0, 0] - td.measure.points[0, 0]) / (td.measure.points[1, 0] - td.measure.points[0, 0])
+    )
     assert w == pytest.approx(1 - v, rel=1e-9)
     # a given tiny mass is kept exactly
     mu = two_dirac_measure(A, 2.0, eps=1e-300)
@@ -386,7 +400,9 @@ def test_worst_case_measure_masked_sphere_split(rng):
     assert torch.allclose(s.measure.points.norm(dim=-1), torch.full((3,), 1.5, dtype=F64))
     sp = worst_case_measure(params, 1.5, 3, n_restarts=2, steps=30, geometry="split")
     assert sp.value >= lw_norm(sp.measure, A, V) * (1 - 1e-12)
-    assert sp.value == pytest.approx(float(split_constant(sp.measure, params, method="jacrev")), rel=1e-9)
+    assert sp.value == pytest.approx(
+        float(split_constant(sp.measure, params, method="jacrev")), rel=1e-9
+    )
     with pytest.raises(ValueError):
         worst_case_measure(params, 1.5, 0)
 
@@ -435,7 +451,9 @@ def test_split_gain_equals_exact_w2_ratio_of_the_attack(k, R):
     mu = DiracMeasure(y.unsqueeze(0))
     nu = DiracMeasure(torch.stack([y, z]), torch.tensor([1 - 1 / k, 1 / k], dtype=F64))
     params = AttentionParams(A, V)
-    ratio = float(wasserstein(attention(nu, params), attention(mu, params))) / float(wasserstein(nu, mu))
+    ratio = float(wasserstein(attention(nu, params), attention(mu, params))) / float(
+        wasserstein(nu, mu)
+    )
     d = z - y
     expect = float((V @ d).norm() / d.norm()) * float(split_gain(k, lam * R * R / 4))
     assert ratio == pytest.approx(expect, rel=1e-10)
@@ -454,7 +472,8 @@ def test_split_constant(rng):
     params = AttentionParams(A, V)
     mu = DiracMeasure(torch.tensor([[0.4, -0.7]], dtype=F64))
     assert float(split_constant(mu, params, method="jacrev")) == pytest.approx(
-        float(torch.linalg.matrix_norm(V, ord=2)), rel=1e-12)
+        float(torch.linalg.matrix_norm(V, ord=2)), rel=1e-12
+    )
     X = torch.tensor(rng.standard_normal((3, 2)))
     mu3 = DiracMeasure(X, torch.tensor([0.6, 0.3, 0.1], dtype=F64))
     ls = float(split_constant(mu3, params, method="jacrev"))
@@ -490,7 +509,9 @@ def test_mass_splitting_attack_at_a_dirac():
     R = 4.0
     u = torch.tensor([1.0, 0.0], dtype=F64)
     mu = DiracMeasure((0.5 * R * u).unsqueeze(0))
-    res = mass_splitting_attack(mu, params, 0.3, R=R, k_max=3, n_restarts=2, steps=40, insert_steps=20)
+    res = mass_splitting_attack(
+        mu, params, 0.3, R=R, k_max=3, n_restarts=2, steps=40, insert_steps=20
+    )
     V_norm = float(torch.linalg.matrix_norm(V, ord=2))
     perts = [res.move, res.split, res.insert, *res.split_by_k]
     for q in perts:
@@ -521,7 +542,8 @@ def test_winf_ratio_at_a_dirac_is_at_most_V_norm(rng):
         Z = torch.tensor(rng.standard_normal((3, 2))) * 2
         nu = DiracMeasure(Z, torch.softmax(torch.tensor(rng.standard_normal(3) * 5), 0))
         ratio = float(wasserstein_inf(attention(nu, params), attention(mu, params))) / float(
-            wasserstein_inf(nu, mu))
+            wasserstein_inf(nu, mu)
+        )
         assert ratio <= float(torch.linalg.matrix_norm(V, ord=2)) * (1 + 1e-12)
 
 
@@ -530,8 +552,9 @@ def test_mass_splitting_attack_few_atoms_and_token_costs(rng):
     params = AttentionParams(A, V)
     X = torch.tensor([[1.0, 0.0], [-0.5, 0.5]], dtype=F64)
     mu = DiracMeasure(X)  # two uniform tokens
-    res = mass_splitting_attack(mu, params, 0.2, R=1.5, k_max=2, atoms=[0], n_restarts=1, steps=20,
-                                insert_steps=10)
+    res = mass_splitting_attack(
+        mu, params, 0.2, R=1.5, k_max=2, atoms=[0], n_restarts=1, steps=20, insert_steps=10
+    )
     for q in (res.move, res.split, res.insert, *res.duplicate):
         w2, wi = _recompute(q, mu, params)
         assert q.ratio_w2 == pytest.approx(w2, rel=1e-10)
@@ -565,8 +588,9 @@ def test_attack_input_validation(rng):
     with pytest.raises(ValueError, match="budget"):
         mass_splitting_attack(DiracMeasure(torch.ones(1, 2, dtype=F64)), params, -1.0)
     with pytest.raises(ValueError, match="unmasked"):
-        mass_splitting_attack(DiracMeasure.from_sequence(torch.ones(2, 2, dtype=F64), causal=True),
-                              params, 0.1, R=2.0)
+        mass_splitting_attack(
+            DiracMeasure.from_sequence(torch.ones(2, 2, dtype=F64), causal=True), params, 0.1, R=2.0
+        )
 
 
 # ----------------------------------------------------------------------------- layering
@@ -603,8 +627,28 @@ def _main(argv):
 
 def test_cli_construct_json_and_files(tmp_path, capsys):
     out = tmp_path / "c"
-    assert _main(["attack", "construct", "--random-d", "3", "--seed", "2", "--R", "2", "--n", "6",
-                  "--variant", "symmetric", "--json", "--out", str(out)]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "construct",
+                "--random-d",
+                "3",
+                "--seed",
+                "2",
+                "--R",
+                "2",
+                "--n",
+                "6",
+                "--variant",
+                "symmetric",
+                "--json",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "attack construct" and doc["n"] == 6
     assert doc["lower_bound"] <= doc["exact"]["value"] * (1 + 1e-12)
@@ -612,7 +656,9 @@ def test_cli_construct_json_and_files(tmp_path, capsys):
 
     data = load_npz(out / "construct.npz")
     assert data["X"].shape == (6, 3)
-    assert seq_norm(data["X"], data["A"], data["V"]) == pytest.approx(doc["exact"]["value"], rel=1e-9)
+    assert seq_norm(data["X"], data["A"], data["V"]) == pytest.approx(
+        doc["exact"]["value"], rel=1e-9
+    )
     assert load_json(out / "construct.json")["gamma"] == doc["gamma"]
 
 
@@ -620,20 +666,56 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
     A = np.array([[0.5, 1.0], [-0.3, -1.2]])
     np.save(tmp_path / "A.npy", A)
     np.savez(tmp_path / "AV.npz", A=A, V=2 * np.eye(2))
-    assert _main(["attack", "construct", "--A-file", str(tmp_path / "A.npy"), "--R", "1.5", "--n", "4",
-                  "--json"]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "construct",
+                "--A-file",
+                str(tmp_path / "A.npy"),
+                "--R",
+                "1.5",
+                "--n",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d1 = json.loads(capsys.readouterr().out)
-    assert _main(["attack", "construct", "--A-file", str(tmp_path / "AV.npz"), "--R", "1.5", "--n", "4",
-                  "--json"]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "construct",
+                "--A-file",
+                str(tmp_path / "AV.npz"),
+                "--R",
+                "1.5",
+                "--n",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d2 = json.loads(capsys.readouterr().out)
     assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=1e-12)  # V = 2I
     np.save(tmp_path / "obj.npy", np.array([{"A": 1}], dtype=object), allow_pickle=True)
     np.save(tmp_path / "rect.npy", np.ones((2, 3)))
     np.savez(tmp_path / "noA.npz", B=A)
     (tmp_path / "A.txt").write_text("1")
-    for f, msg in (("obj.npy", "pickle"), ("rect.npy", "square"), ("noA.npz", "no array 'A'"),
-                   ("A.txt", ".npy or .npz"), ("missing.npy", "no such file")):
-        assert _main(["attack", "construct", "--A-file", str(tmp_path / f), "--R", "1", "--n", "3"]) == 2
+    for f, msg in (
+        ("obj.npy", "pickle"),
+        ("rect.npy", "square"),
+        ("noA.npz", "no array 'A'"),
+        ("A.txt", ".npy or .npz"),
+        ("missing.npy", "no such file"),
+    ):
+        assert (
+            _main(["attack", "construct", "--A-file", str(tmp_path / f), "--R", "1", "--n", "3"])
+            == 2
+        )
         err = capsys.readouterr().err.strip()
         assert err.startswith("meanfield: error:") and msg in err and "\n" not in err
     assert _main(["attack", "construct", "--random-d", "2", "--R", "-1", "--n", "3"]) == 2
@@ -641,19 +723,73 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
 
 
 def test_cli_search_and_split(tmp_path, capsys):
-    assert _main(["attack", "search", "--random-d", "2", "--R", "1.5", "--atoms", "2", "--restarts", "1",
-                  "--steps", "10", "--json", "--out", str(tmp_path / "s")]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "search",
+                "--random-d",
+                "2",
+                "--R",
+                "1.5",
+                "--atoms",
+                "2",
+                "--restarts",
+                "1",
+                "--steps",
+                "10",
+                "--json",
+                "--out",
+                str(tmp_path / "s"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["value"] >= doc["construction_value"] * (1 - 1e-12)
     assert (tmp_path / "s" / "search.npz").exists() and (tmp_path / "s" / "search.json").exists()
-    assert _main(["attack", "search", "--random-d", "2", "--R", "1.5", "--sequence", "4", "--restarts", "1",
-                  "--steps", "5", "--json"]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "search",
+                "--random-d",
+                "2",
+                "--R",
+                "1.5",
+                "--sequence",
+                "4",
+                "--restarts",
+                "1",
+                "--steps",
+                "5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["target"] == "sequence"
     assert _main(["attack", "split", "--s", "3", "--k-max", "30", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["k_opt"] == optimal_split_k(3.0) and doc["G_k"]["1"] == 1.0
-    assert _main(["attack", "split", "--budget", "0.3", "--k-max", "2", "--restarts", "1", "--steps", "10",
-                  "--json"]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "split",
+                "--budget",
+                "0.3",
+                "--k-max",
+                "2",
+                "--restarts",
+                "1",
+                "--steps",
+                "10",
+                "--json",
+            ]
+        )
+        == 0
+    )
     a = json.loads(capsys.readouterr().out)["attack"]
     assert a["split"]["ratio_w2"] >= a["move"]["ratio_w2"]
     assert _main(["attack", "split"]) == 2
@@ -665,21 +801,39 @@ def _tiny_results(tmp_path):
     from experiments.results import save_npz, write_json
 
     radii = np.array([1.0, 3.0])
-    save_npz(tmp_path / "worst_measures.npz", radii=radii,
-             d1_points=np.array([[[-1.0], [0.9], [1.0]], [[-3.0], [1.5], [3.0]]]),
-             d1_log_weights=np.log(np.array([[0.9, 0.09, 0.01], [1 - 2e-9, 1e-9, 1e-9]])),
-             d1_value=np.array([2.0, 30.0]), d1_two_dirac=np.array([0.6, 12.0]),
-             d2_points=np.array([[[-1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], [[0.0, 3.0], [2.0, -2.0], [0.0, -3.0]]]),
-             d2_log_weights=np.log(np.array([[0.5, 0.4, 0.1], [1 - 2e-6, 1e-6, 1e-6]])),
-             d2_value=np.array([2.0, 300.0]))
-    write_json(tmp_path / "worst_measures.json", {"settings": {"d1": {"label": "d = 1"}, "d2": {"label": "d = 2"}}})
+    save_npz(
+        tmp_path / "worst_measures.npz",
+        radii=radii,
+        d1_points=np.array([[[-1.0], [0.9], [1.0]], [[-3.0], [1.5], [3.0]]]),
+        d1_log_weights=np.log(np.array([[0.9, 0.09, 0.01], [1 - 2e-9, 1e-9, 1e-9]])),
+        d1_value=np.array([2.0, 30.0]),
+        d1_two_dirac=np.array([0.6, 12.0]),
+        d2_points=np.array(
+            [[[-1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], [[0.0, 3.0], [2.0, -2.0], [0.0, -3.0]]]
+        ),
+        d2_log_weights=np.log(np.array([[0.5, 0.4, 0.1], [1 - 2e-6, 1e-6, 1e-6]])),
+        d2_value=np.array([2.0, 300.0]),
+    )
+    write_json(
+        tmp_path / "worst_measures.json",
+        {"settings": {"d1": {"label": "d = 1"}, "d2": {"label": "d = 2"}}},
+    )
     k = np.unique(np.round(np.logspace(0, 3, 30)))
     s = np.array([1.0, 4.0])
-    save_npz(tmp_path / "mass_splitting.npz", k=k, radii=np.array([2.0, 4.0]), s=s,
-             G=np.stack([split_gain(k, si) for si in s]), k_opt=np.array([2.0, 56.0]),
-             budgets=np.array([0.1, 0.5]), dirac_move_w2=np.array([1.0, 1.0]),
-             dirac_split_w2=np.array([2.5, 3.0]), dirac_move_winf=np.array([1.0, 1.0]),
-             dirac_split_winf=np.array([0.9, 1.0]), V_norm=np.float64(1.0))
+    save_npz(
+        tmp_path / "mass_splitting.npz",
+        k=k,
+        radii=np.array([2.0, 4.0]),
+        s=s,
+        G=np.stack([split_gain(k, si) for si in s]),
+        k_opt=np.array([2.0, 56.0]),
+        budgets=np.array([0.1, 0.5]),
+        dirac_move_w2=np.array([1.0, 1.0]),
+        dirac_split_w2=np.array([2.5, 3.0]),
+        dirac_move_winf=np.array([1.0, 1.0]),
+        dirac_split_winf=np.array([0.9, 1.0]),
+        V_norm=np.float64(1.0),
+    )
 
 
 def test_figures_render_from_tiny_results(tmp_path):
@@ -690,15 +844,37 @@ def test_figures_render_from_tiny_results(tmp_path):
 
     _tiny_results(tmp_path)
     out = tmp_path / "out"
-    for mod, arg in ((fig_b_worst_measures, tmp_path), (fig_c_mass_splitting, tmp_path / "mass_splitting.npz")):
+    for mod, arg in (
+        (fig_b_worst_measures, tmp_path),
+        (fig_c_mass_splitting, tmp_path / "mass_splitting.npz"),
+    ):
         files = mod.draw(arg, out)
         assert {f.suffix for f in files} == {".pdf", ".png"}
         assert all(f.stat().st_size > 0 for f in files)
 
 
 def test_figure_b_from_cli_results(tmp_path, capsys):
-    assert _main(["attack", "search", "--figure-b", "--radii", "1,2", "--atoms", "2", "--restarts", "1",
-                  "--steps", "5", "--out", str(tmp_path), "--json"]) == 0
+    assert (
+        _main(
+            [
+                "attack",
+                "search",
+                "--figure-b",
+                "--radii",
+                "1,2",
+                "--atoms",
+                "2",
+                "--restarts",
+                "1",
+                "--steps",
+                "5",
+                "--out",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["settings"]) == {"d1", "d2"}
     from paper_figs import fig_b_worst_measures
@@ -711,8 +887,15 @@ def test_figure_c_from_results_function(tmp_path):
     from experiments.attacks_cli import figure_c_results
     from paper_figs import fig_c_mass_splitting
 
-    files = figure_c_results(tmp_path, radii=(2.0, 4.0), budgets=(0.1, 0.5), k_max=2, n_restarts=1,
-                             steps=10, k_curve_max=1000)
+    files = figure_c_results(
+        tmp_path,
+        radii=(2.0, 4.0),
+        budgets=(0.1, 0.5),
+        k_max=2,
+        n_restarts=1,
+        steps=10,
+        k_curve_max=1000,
+    )
     assert all(f.exists() for f in files)
     assert all(p.exists() for p in fig_c_mass_splitting.draw(tmp_path))
 
@@ -736,7 +919,10 @@ def test_sqrt_n_slope_random_heads(rng):
         ns = ns[ns - 1 < math.exp(con0.gamma) / 20]
         if len(ns) < 4:
             continue
-        vals = [seq_norm(adversarial_sequence(A, 2.0, int(n), variant="symmetric", V=V).X, A, V) for n in ns]
+        vals = [
+            seq_norm(adversarial_sequence(A, 2.0, int(n), variant="symmetric", V=V).X, A, V)
+            for n in ns
+        ]
         assert slope(ns - 1, vals) == pytest.approx(0.5, abs=0.08)
         tested += 1
     assert tested >= 2

@@ -61,9 +61,7 @@ def lp_cost(x, a, y, b, p, *, allowed=None) -> float:
 
 def perm_w2_squared(X: np.ndarray, Y: np.ndarray) -> float:
     n = len(X)
-    return min(
-        float(np.square(X - Y[list(s)]).sum()) / n for s in itertools.permutations(range(n))
-    )
+    return min(float(np.square(X - Y[list(s)]).sum()) / n for s in itertools.permutations(range(n)))
 
 
 def perm_winf(X: np.ndarray, Y: np.ndarray) -> float:
@@ -118,8 +116,9 @@ def random_measure(rng: np.random.Generator, n: int, d: int, *, uniform: bool = 
 
 def to_measure(x: np.ndarray, a: np.ndarray, positions=None) -> DiracMeasure:
     pos = None if positions is None else torch.as_tensor(positions, dtype=F64)
-    return DiracMeasure(torch.as_tensor(x, dtype=F64), torch.as_tensor(a, dtype=F64), pos,
-                        normalize=True)
+    return DiracMeasure(
+        torch.as_tensor(x, dtype=F64), torch.as_tensor(a, dtype=F64), pos, normalize=True
+    )
 
 
 def entropy(a: np.ndarray) -> float:
@@ -269,13 +268,15 @@ def test_dtype_and_gradient():
     mu32 = to_measure(x, a).to(torch.float32)
     w32 = wasserstein(mu32, to_measure(y, b))
     assert w32.dtype == torch.float32 and w32.shape == ()
-    assert float(w32) == pytest.approx(float(wasserstein(to_measure(x, a), to_measure(y, b))),
-                                       rel=TOL_F32)
+    assert float(w32) == pytest.approx(
+        float(wasserstein(to_measure(x, a), to_measure(y, b))), rel=TOL_F32
+    )
     assert optimal_transport(mu32, to_measure(y, b)).plan.dtype == torch.float32
 
     Y, B = torch.as_tensor(y), torch.as_tensor(b)
     A = torch.as_tensor(a)
     for p in (1, 2):
+
         def fn(X, p=p):
             return wasserstein(DiracMeasure(X, A), DiracMeasure(Y, B), p=p)
 
@@ -567,8 +568,9 @@ def test_sinkhorn_large_radius_small_eps_is_finite():
     w22 = float(wasserstein(mu, nu)) ** 2
     for dtype in (F64, torch.float32):
         for scaling in (None, 0.8):
-            res = sinkhorn_wasserstein(mu.to(dtype), nu.to(dtype), eps=1e-3, max_iter=300,
-                                       scaling=scaling)
+            res = sinkhorn_wasserstein(
+                mu.to(dtype), nu.to(dtype), eps=1e-3, max_iter=300, scaling=scaling
+            )
             assert res.cost.dtype == dtype
             assert torch.isfinite(res.cost) and torch.isfinite(res.plan).all()
             assert math.isfinite(res.marginal_error)

@@ -70,8 +70,14 @@ def test_lanczos_matches_exact_svd(gen, kind, geometry, masked):
     B, n, d = 3, 9, 4
     params = random_params(gen, d, kind=kind, scale=1.5)
     mu = _measure(gen, B, n, d, causal=masked)
-    exact = _exact(mu.points, params, lw=mu.log_weights, masked=masked, positions=mu.positions,
-                   geometry=geometry)
+    exact = _exact(
+        mu.points,
+        params,
+        lw=mu.log_weights,
+        masked=masked,
+        positions=mu.positions,
+        geometry=geometry,
+    )
     est = local_lipschitz(mu, params, geometry=geometry, method="lanczos")
     assert est.value.shape == (B,) and est.value.dtype == D64
     assert est.method == "lanczos" and est.geometry == geometry and est.upper_method == "block"
@@ -102,8 +108,14 @@ def _bracket_ratios(gen, method: str, n_instances: int = 50):
         d = 2 + k % 3
         params = random_params(gen, d, kind=kind, scale=1.0 + k % 4)
         mu = _measure(gen, 5, 6, d, causal=masked, spread=1.0 + k % 5)
-        exact = _exact(mu.points, params, lw=mu.log_weights, masked=masked,
-                       positions=mu.positions, geometry=geometry)
+        exact = _exact(
+            mu.points,
+            params,
+            lw=mu.log_weights,
+            masked=masked,
+            positions=mu.positions,
+            geometry=geometry,
+        )
         est = local_lipschitz(mu, params, geometry=geometry, method=method)
         _check_bracket(est, exact)
         ratios.append(est.upper / est.lower)
@@ -213,9 +225,12 @@ def test_batched_equals_per_sample(gen):
 def test_float32_within_looser_tolerance(gen):
     params64 = random_params(gen, 4, kind="wo")
     params32 = MultiHeadParams(
-        tuple(AttentionParams(h.A.float(), h.V.float(), c=h.c.float(), b=h.b.float())
-              for h in params64.heads),
-        W_O=params64.W_O.float(), b_O=params64.b_O.float(),
+        tuple(
+            AttentionParams(h.A.float(), h.V.float(), c=h.c.float(), b=h.b.float())
+            for h in params64.heads
+        ),
+        W_O=params64.W_O.float(),
+        b_O=params64.b_O.float(),
     )
     X32 = torch.randn(3, 9, 4, generator=gen, dtype=D64).float()
     exact = _exact(X32.double(), params32.to(D64))
@@ -294,8 +309,10 @@ def test_lanczos_matches_exact_svd_larger(gen):
     exact = _exact(mu.points, params, lw=mu.log_weights, geometry="wasserstein")
     for geometry in ("wasserstein", "split"):
         est = local_lipschitz(mu, params, geometry=geometry, method="lanczos", chunk_size=50)
-        ex = exact if geometry == "wasserstein" else _exact(
-            mu.points, params, lw=mu.log_weights, geometry="split"
+        ex = (
+            exact
+            if geometry == "wasserstein"
+            else _exact(mu.points, params, lw=mu.log_weights, geometry="split")
         )
         torch.testing.assert_close(est.value, ex, rtol=TOL_VALUE, atol=0)
         _check_bracket(est, ex)

@@ -81,8 +81,10 @@ def test_gram_rank_bound_is_attained_for_flat_spectrum(gen):
     W = 3.0 * _with_spectrum(gen, 8, 6, [1.0] * r)
     for t in range(6):
         torch.testing.assert_close(
-            gram_sequence(W, t)[-1], torch.tensor(3.0 * r ** (2.0 ** -(t + 1)), dtype=D64),
-            rtol=1e-12, atol=0,
+            gram_sequence(W, t)[-1],
+            torch.tensor(3.0 * r ** (2.0 ** -(t + 1)), dtype=D64),
+            rtol=1e-12,
+            atol=0,
         )
 
 
@@ -152,22 +154,26 @@ def test_rank_one_closed_form_against_svd(gen, d):
     a = 3 * torch.randn(50, d, generator=gen, dtype=D64)
     b = torch.randn(50, d, generator=gen, dtype=D64)
     M = torch.eye(d, dtype=D64) + a.unsqueeze(-1) * b.unsqueeze(-2)
-    torch.testing.assert_close(rank_one_sigma_max(a, b), torch.linalg.matrix_norm(M, 2),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        rank_one_sigma_max(a, b), torch.linalg.matrix_norm(M, 2), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_rank_one_closed_form_special_cases():
     u = torch.tensor([0.6, 0.8], dtype=D64)
     # reflection I - 2uu^T: every singular value is 1
-    torch.testing.assert_close(rank_one_sigma_max(-2 * u, u), torch.tensor(1.0, dtype=D64),
-                               rtol=1e-7, atol=0)
+    torch.testing.assert_close(
+        rank_one_sigma_max(-2 * u, u), torch.tensor(1.0, dtype=D64), rtol=1e-7, atol=0
+    )
     # orthogonal a, b: sigma_max = (1 + s^2/2 + s sqrt(1 + s^2/4))^(1/2) with s = |a||b|
     a, b = torch.tensor([2.0, 0.0], dtype=D64), torch.tensor([0.0, 1.5], dtype=D64)
     s = 3.0
     expected = math.sqrt(1 + s**2 / 2 + s * math.sqrt(1 + s**2 / 4))
     assert abs(float(rank_one_sigma_max(a, b)) - expected) < 1e-13
-    assert float(rank_one_sigma_max(torch.tensor([-3.0], dtype=D64),
-                                    torch.tensor([1.0], dtype=D64))) == 2.0
+    assert (
+        float(rank_one_sigma_max(torch.tensor([-3.0], dtype=D64), torch.tensor([1.0], dtype=D64)))
+        == 2.0
+    )
 
 
 def test_lanczos_matches_svd_batched(gen):
@@ -188,16 +194,16 @@ def test_lanczos_matches_svd_batched(gen):
 
 def test_lanczos_restarts_and_degenerate_top(gen):
     M = _with_spectrum(gen, 40, 40, [3.0, 3.0] + [2.9 - 0.05 * k for k in range(38)])
-    res = lanczos_svd(*_ops(M), torch.randn(40, generator=gen, dtype=D64), tol=1e-10,
-                      krylov_dim=4, max_iter=2000)
+    res = lanczos_svd(
+        *_ops(M), torch.randn(40, generator=gen, dtype=D64), tol=1e-10, krylov_dim=4, max_iter=2000
+    )
     assert bool(res.converged)
     assert abs(float(res.sigma) - 3.0) < 1e-9
 
 
 def test_lanczos_reports_non_convergence(gen):
     M = _with_spectrum(gen, 50, 50, [1.0 - 0.01 * k for k in range(50)])
-    res = lanczos_svd(*_ops(M), torch.randn(50, generator=gen, dtype=D64), tol=1e-12,
-                      max_iter=2)
+    res = lanczos_svd(*_ops(M), torch.randn(50, generator=gen, dtype=D64), tol=1e-12, max_iter=2)
     assert not bool(res.converged)
     assert float(res.sigma) <= 1.0 + TOL_ROUND
 
