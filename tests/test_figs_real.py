@@ -25,7 +25,10 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.STEM)
 def test_figure_renders_pdf_and_png(results, tmp_path, mod):
     paths = mod.draw(results, tmp_path)
-    assert sorted(p.suffix for p in paths) == [".pdf", ".png"]
+    stems = {mod.STEM, getattr(mod, "STEM_LINEAR", mod.STEM)}
+    assert sorted((p.stem, p.suffix) for p in paths) == sorted(
+        (s, ext) for s in stems for ext in (".pdf", ".png")
+    )
     for p in paths:
         assert p.name.startswith(mod.STEM) and p.stat().st_size > 1000
     assert paths[0].read_bytes()[:4] in (b"%PDF", b"\x89PNG")
