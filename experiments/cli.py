@@ -193,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "no_progress", False) and "tqdm" not in sys.modules:
+        # Also silences third-party bars (e.g. GGUF de-quantization), which take no flag;
+        # tqdm reads this variable when it is first imported, which happens in the handlers.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
