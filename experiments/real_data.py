@@ -217,14 +217,13 @@ CONFIGS: Mapping[str, RealConfig] = {c.id: c for c in _CONFIGS}
 
 _PAPER_CONFIGS = [c for c in CONFIGS if c != "gpt2rand2L-L1"]
 
-#: Presets (the ``run`` keyword arguments they stand for). Measured on 2 CPU cores shared with
-#: other jobs (load 3–7), model loads included: ``tiny`` about 10 s; ``quick`` (MiniLM L0, random
-#: GPT-2 L6, SmolLM2 L15 on KJV, n = 2, 8, 16, 32, 64, 10 windows) 216 s. ``paper`` (every
-#: stand-in on both corpora, n = 2…98 step 2, and 2…492 step 10 for the MiniLM encoder maps) is
-#: estimated from per-n costs fitted on the quick run (cost ~ n^1.25–1.3 for the random 768-wide
-#: models and MiniLM) at about 13 hours under that contention: the random GPT-2/BERT short grids
-#: about 40 min per (config, corpus), MiniLM short grids about 7 min, SmolLM2 about 7 min, and
-#: each MiniLM long grid about 1 hour. Restrict it with ``configs=``/``corpora=`` overrides.
+#: Presets (the ``run`` keyword arguments they stand for). Measured on 2 CPU cores, model loads
+#: included: ``tiny`` about 10 s; ``quick`` (six stand-ins on KJV, n = 2…96, 7 values, 10 windows)
+#: 138 s from a fresh clone. ``paper`` (every stand-in on both corpora, n = 2…98 step 2, and
+#: 2…492 step 10 for the MiniLM encoder maps) has not been run as a whole: one full short grid of
+#: the random GPT-2 L6 takes 4.3 min; the stage is estimated at 3–4 hours, mostly in the
+#: autograd-only maps (SmolLM2 with RoPE, the "block" map) and the long MiniLM grids. Restrict
+#: it with ``configs=``/``corpora=`` overrides.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         configs=["gpt2rand2L-L1"],
