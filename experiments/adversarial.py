@@ -99,7 +99,7 @@ import numpy as np
 
 from ._threads import torch_threads
 from .results import load_json, load_jsonl, write_json
-from .runner import Sweep, config_hash, point_key
+from .runner import Sweep, config_hash, point_key, preset_config
 
 log = logging.getLogger(__name__)
 
@@ -643,12 +643,7 @@ def _is_standin(key: str) -> bool:
 # configuration
 # ==============================================================================================
 def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    cfg = copy.deepcopy(PRESETS[preset])
-    unknown = sorted(set(overrides) - set(cfg))
-    if unknown:
-        raise ValueError(f"unknown override(s) {', '.join(unknown)}; known: {', '.join(cfg)}")
+    cfg = preset_config(PRESETS, preset, overrides)
     cfg.update(copy.deepcopy(dict(overrides)))
     configs = list(cfg["configs"])
     bad = [c for c in configs if c not in CONFIGS]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .results import load_json
+from .runner import preset_config
 
 __all__ = ["NAME", "PRESETS", "report_section", "run", "summary"]
 
@@ -69,12 +70,8 @@ _FILES = {"figure_b": "worst_measures", "figure_c": "mass_splitting"}
 
 
 def _resolve(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[preset].items()}
+    config = preset_config(PRESETS, preset, overrides, what=f"{NAME} setting(s)")
     for key, value in overrides.items():
-        if key not in config:
-            raise ValueError(f"unknown setting {key!r} for {NAME}; known: {', '.join(config)}")
         config[key] = {**config[key], **value} if isinstance(config[key], dict) else value
     return config
 

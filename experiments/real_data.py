@@ -46,7 +46,7 @@ from typing import Any
 
 from .fits import PAPER_CURVES, fit_power_law
 from .results import load_json, load_jsonl, write_json
-from .runner import Sweep, point_key
+from .runner import Sweep, point_key, preset_config
 
 __all__ = [
     "CONFIGS",
@@ -289,14 +289,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    cfg = dict(PRESETS[preset])
-    unknown = sorted(set(overrides) - set(cfg))
-    if unknown:
-        raise ValueError(
-            f"unknown real_data option(s) {', '.join(unknown)}; known: {', '.join(sorted(cfg))}"
-        )
+    cfg = preset_config(PRESETS, preset, overrides, what="real_data option(s)")
     cfg.update(overrides)
     for key in ("configs", "corpora", "models"):
         val = cfg[key]

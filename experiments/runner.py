@@ -9,6 +9,7 @@ reopened.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -20,7 +21,7 @@ from typing import Any
 
 from .results import _jsonable, append_jsonl, load_json, load_jsonl, run_metadata, write_json
 
-__all__ = ["Sweep", "config_hash", "point_key"]
+__all__ = ["Sweep", "config_hash", "point_key", "preset_config"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,32 @@ def config_hash(config: Mapping[str, Any]) -> str:
 def point_key(config_digest: str, point: Mapping[str, Any]) -> str:
     """Stable key of one sweep point under a configuration."""
     return hashlib.sha256((config_digest + _canonical(point)).encode()).hexdigest()[:20]
+
+
+def preset_config(
+    presets: Mapping[str, Mapping[str, Any]],
+    preset: str,
+    overrides: Mapping[str, Any],
+    *,
+    what: str = "override(s)",
+) -> dict[str, Any]:
+    """A deep copy of ``presets[preset]``, after checking the preset name and the override keys.
+
+    Every experiment stage resolves its settings this way; the caller then applies the overrides
+    (plain replacement or its own merge) and its own validation.
+
+    Raises
+    ------
+    ValueError
+        ``unknown preset ...`` or ``unknown <what> ...`` with the known names.
+    """
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
+    cfg = copy.deepcopy(dict(presets[preset]))
+    unknown = sorted(set(overrides) - set(cfg))
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(cfg)}")
+    return cfg
 
 
 def _repair_torn_tail(path: Path) -> None:

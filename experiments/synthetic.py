@@ -81,7 +81,7 @@ from theory import bounds, regimes
 
 from ._threads import torch_threads
 from .results import load_json, run_metadata, save_npz, write_json
-from .runner import Sweep
+from .runner import Sweep, preset_config
 
 __all__ = [
     "MF_SETTINGS",
@@ -200,12 +200,7 @@ _F5_TOL = 1e-8
 
 
 def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    cfg = dict(PRESETS[preset])
-    unknown = sorted(set(overrides) - set(cfg))
-    if unknown:
-        raise ValueError(f"unknown override(s) {unknown}; valid keys: {sorted(cfg)}")
+    cfg = preset_config(PRESETS, preset, overrides)
     for k, v in overrides.items():
         cfg[k] = list(v) if isinstance(v, (tuple, list, np.ndarray)) else v
     bad = sorted(set(cfg["mf_settings"]) - set(MF_SETTINGS))

@@ -60,6 +60,7 @@ import numpy as np
 
 from ._threads import torch_threads
 from .results import load_json, run_metadata, write_json
+from .runner import preset_config
 
 __all__ = [
     "BOUNDS",
@@ -1640,15 +1641,9 @@ def run(
     list of Path
         The report and the per-instance records (``instances.jsonl``, resumable).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    cfg = dict(PRESETS[preset])
-    cfg.setdefault("kinds", list(KINDS))
-    unknown = set(overrides) - set(cfg)
-    if unknown:
-        raise ValueError(
-            f"unknown override(s) {', '.join(sorted(unknown))}; allowed: {', '.join(cfg)}"
-        )
+    cfg = preset_config(
+        {k: {"kinds": list(KINDS), **v} for k, v in PRESETS.items()}, preset, overrides
+    )
     cfg.update(overrides)
     if device != "cpu":
         raise ValueError(f"verify_bounds runs on the CPU only, got device={device!r}")

@@ -95,3 +95,18 @@ def test_killed_run_resumes_losing_at_most_the_record_in_flight(tmp_path):
     assert [r["value"] for r in out] == [10 * n for n in range(200)]
     lines = path.read_text().splitlines()
     assert len(lines) == 200 and all(json.loads(line) for line in lines)
+
+
+def test_preset_config_checks_names_and_copies_deeply():
+    import pytest
+
+    from experiments.runner import preset_config
+
+    presets = {"quick": {"grid": [2, 4], "seed": 0}}
+    cfg = preset_config(presets, "quick", {"seed": 1})
+    cfg["grid"].append(8)
+    assert presets["quick"]["grid"] == [2, 4]  # the preset itself is never mutated
+    with pytest.raises(ValueError, match="unknown preset 'paper'; choose from quick"):
+        preset_config(presets, "paper", {})
+    with pytest.raises(ValueError, match="unknown option bogus; known: grid, seed"):
+        preset_config(presets, "quick", {"bogus": 1}, what="option")
