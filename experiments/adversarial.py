@@ -643,7 +643,7 @@ def _is_standin(key: str) -> bool:
 # configuration
 # ==============================================================================================
 def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = preset_config(PRESETS, preset, overrides)
+    cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     cfg.update(copy.deepcopy(dict(overrides)))
     configs = list(cfg["configs"])
     bad = [c for c in configs if c not in CONFIGS]

@@ -70,7 +70,7 @@ _FILES = {"figure_b": "worst_measures", "figure_c": "mass_splitting"}
 
 
 def _resolve(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    config = preset_config(PRESETS, preset, overrides, what=f"{NAME} setting(s)")
+    config = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     for key, value in overrides.items():
         config[key] = {**config[key], **value} if isinstance(config[key], dict) else value
     return config

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "parse_setting"]
 
 log = logging.getLogger("meanfield")
 
@@ -67,6 +67,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> dict[str, Any]:
         only=only,
         figures=not args.no_figures,
         progress=not args.no_progress,
+        seed=args.seed,
     )
     failed = [k for k, e in doc["stages"].items() if e["status"] != "ok"]
     failed += [f"figure {k}" for k, e in doc.get("figures", {}).items() if e["status"] == "failed"]
@@ -108,6 +109,93 @@ def _cmd_figures(args: argparse.Namespace) -> dict[str, Any]:
     return {"kind": "figures", "results": str(results), "out": str(out), "figures": status}
 
 
+def parse_setting(text: str) -> tuple[str, Any]:
+    """Parse ``KEY=VALUE`` of ``meanfield experiment --set``.
+
+    The value is JSON when it parses (numbers, ``null``, ``true``, ``[2, 4, 8]``,
+    ``{"a": 1}``), a list when it has commas (``minilm-L0,gpt2rand-L6``; a trailing comma makes
+    a list of one), else a string.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise CLIError(f"--set takes KEY=VALUE, got {text!r}")
+
+    def one(v: str) -> Any:
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v.strip()
+
+    raw = raw.strip()
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        pass
+    if "," in raw:
+        return key, [one(v) for v in raw.split(",") if v.strip()]
+    return key, raw
+
+
+def _cmd_experiment(args: argparse.Namespace) -> dict[str, Any]:
+    import time
+
+    from .reproduce import STAGES
+
+    stages = {s.name: s for s in STAGES}
+    if args.stage not in stages:
+        raise CLIError(f"unknown stage {args.stage!r}; known: {', '.join(stages)}")
+    stage = stages[args.stage]
+    mod = stage.load()
+    if args.preset not in mod.PRESETS:
+        raise CLIError(f"unknown preset {args.preset!r}; choose from {', '.join(mod.PRESETS)}")
+    overrides = dict(parse_setting(s) for s in args.set)
+    if args.seed is not None:
+        overrides.setdefault("seed", args.seed)
+    doc: dict[str, Any] = {
+        "kind": "experiment",
+        "stage": stage.name,
+        "title": stage.title,
+        "preset": args.preset,
+        "options": {**mod.PRESETS[args.preset], **overrides},
+        "overrides": overrides,
+    }
+    if args.list_options:
+        return doc
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CLIError("device 'cuda' requested but no CUDA device is available")
+    results = Path(args.out)
+    t0 = time.perf_counter()
+    files = mod.run(
+        results,
+        args.preset,
+        device=args.device if stage.uses_device else "cpu",
+        progress=not args.no_progress,
+        **overrides,
+    )
+    doc.update(
+        results=str(results / stage.name),
+        seconds=time.perf_counter() - t0,
+        files=[str(p) for p in files],
+        summary=mod.summary(results),
+    )
+    return doc
+
+
+def _print_experiment(doc: dict[str, Any]) -> None:
+    head = f"meanfield experiment {doc['stage']} ({doc['title']}), preset {doc['preset']}"
+    if "seconds" not in doc:
+        print(f"{head}: options (change with --set KEY=VALUE)")
+        for key, value in doc["options"].items():
+            print(f"  {key} = {json.dumps(value)}")
+        return
+    print(f"{head}: {doc['seconds']:.1f} s, {len(doc['files'])} files in {doc['results']}")
+    print("  --json prints the summary; `meanfield figures --results DIR` draws the figures")
+
+
 def _print_figures(doc: dict[str, Any]) -> None:
     for fid, e in doc["figures"].items():
         what = ", ".join(f for f in e["files"] if f.endswith(".pdf")) or e.get("error", "")
@@ -115,9 +203,9 @@ def _print_figures(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- parser
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, seed_help: str = "random seed (default 0)") -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
 
@@ -147,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every experiment stage of a preset (resumable: rerun to continue), "
         "draw all figures and write OUT/report.md.",
     )
-    _common(p)
+    _common(p, "replaces the seed of every stage whose preset has one (default: keep them)")
     p.add_argument(
         "--preset",
         choices=("tiny", "quick", "paper"),
@@ -160,7 +248,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--only", default=None, help="comma-separated stages to run")
     p.add_argument("--no-figures", action="store_true", help="run the experiments only")
-    p.set_defaults(handler=_cmd_reproduce, printer=_print_reproduce)
+    p.set_defaults(handler=_cmd_reproduce, printer=_print_reproduce, seed=None)
+
+    p = sub.add_parser(
+        "experiment",
+        help="run one experiment stage (resumable), with preset options changed by --set",
+        description="Run one stage of `meanfield reproduce` into OUT/<stage> (resumable: rerun "
+        "to continue). Options of the preset are replaced with --set KEY=VALUE, e.g. "
+        "--set configs=minilm-L0,gpt2rand-L6 --set n_grid=[2,4,8] --set long_grid=null.",
+    )
+    _common(p, "the same as --set seed=SEED (default: the preset's)")
+    p.add_argument("stage", help="real_data, adversarial, synthetic, attacks or verify_bounds")
+    p.add_argument("--preset", default="quick", help="tiny, quick (default) or paper")
+    p.add_argument(
+        "--out",
+        default="reproduce_out/results",
+        help="results root (default reproduce_out/results, where `meanfield figures` looks)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace a preset option (JSON value, comma list or string); repeatable",
+    )
+    p.add_argument(
+        "--list",
+        dest="list_options",
+        action="store_true",
+        help="print the preset's options and exit",
+    )
+    p.set_defaults(handler=_cmd_experiment, printer=_print_experiment, seed=None)
 
     p = sub.add_parser("figures", help="redraw every figure from saved results")
     _common(p)

@@ -85,6 +85,7 @@ def reproduce(
     only: Iterable[str] | None = None,
     figures: bool = True,
     progress: bool = True,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Run the stages of ``preset`` into ``out/results``, draw figures, write ``out/report.md``.
 
@@ -104,6 +105,9 @@ def reproduce(
         Draw the figures and write the report (default True).
     progress : bool
         Progress bars on stderr.
+    seed : int, optional
+        Replaces the preset's seed in every stage that has one (the adversarial stage's seeds
+        are the paper's own); ``None`` keeps the presets' seeds.
 
     Returns
     -------
@@ -133,11 +137,13 @@ def reproduce(
         entry: dict[str, Any] = {"title": stage.title}
         try:
             mod = stage.load()
+            seeded = seed is not None and "seed" in mod.PRESETS[preset]
             files = mod.run(
                 results_dir,
                 preset,
                 device=device if stage.uses_device else "cpu",
                 progress=progress,
+                **({"seed": int(seed)} if seeded else {}),
             )
             entry.update(status="ok", files=[str(p) for p in files])
         except KeyboardInterrupt:
@@ -162,7 +168,9 @@ def reproduce(
         doc["figures_seconds"] = time.perf_counter() - t0
     doc["total_seconds"] = time.perf_counter() - t_start
     doc["budget_seconds"] = BUDGET_SECONDS[preset]
-    doc["metadata"] = run_metadata(device=device, config={"preset": preset, "only": only})
+    doc["metadata"] = run_metadata(
+        device=device, config={"preset": preset, "only": only, "seed": seed}
+    )
     if figures:
         report = out / "report.md"
         atomic_write_text(report, render_report(out, doc))

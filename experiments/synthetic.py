@@ -200,7 +200,7 @@ _F5_TOL = 1e-8
 
 
 def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = preset_config(PRESETS, preset, overrides)
+    cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     for k, v in overrides.items():
         cfg[k] = list(v) if isinstance(v, (tuple, list, np.ndarray)) else v
     bad = sorted(set(cfg["mf_settings"]) - set(MF_SETTINGS))

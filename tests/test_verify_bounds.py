@@ -270,7 +270,7 @@ def test_run_resumes_without_recomputing(tiny_results, monkeypatch):
 
 
 def test_run_rejects_bad_options(tmp_path):
-    with pytest.raises(ValueError, match="unknown override"):
+    with pytest.raises(ValueError, match="unknown verify_bounds option"):
         vb.run(tmp_path, "tiny", progress=False, n_points=3)
     with pytest.raises(ValueError, match="unknown preset"):
         vb.run(tmp_path, "huge", progress=False)
