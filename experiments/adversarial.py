@@ -61,17 +61,9 @@ With :math:`W_hV_h` the output matrix of head :math:`h` (:math:`V_h` without :ma
   factors; for a rotary head the relative-position forms :math:`A_r=\alpha^2Q_h^\top
   \mathrm{Rot}_rK_h` all satisfy :math:`\|A_r\|_2\le\alpha^2\|Q_h\|_2\|K_h\|_2`, which the proof
   of §6.1 only needs (:math:`T_3` by Cauchy–Schwarz), so that product is used.
-* **Certified local** (THEORY.md §6.2, *derived*), per head
-  :math:`\|P\|_2+(\max_j\sum_iP_{ij}\kappa_i^2\beta_{ij}^2)^{1/2}+\max_i\|M_i\|_2`, with
-  :math:`\kappa_i^2=\sum_jP_{ij}\|x_j-m_i\|^2`, :math:`\beta_{ij}=\|\partial_{x_j}s_{ij}\|`
-  and :math:`M_i=\sum_jP_{ij}(x_j-m_i)(\partial_{x_i}s_{ij})^\top`, for the logits
-  :math:`s_{ij}`. Without rotary embedding :math:`\partial_{x_j}s_{ij}=A^\top x_i+c`,
-  :math:`\partial_{x_i}s_{ij}=Ax_j` and this is exactly §6.2 (:math:`M_i=C_iA^\top`); with it,
-  the same proof holds with the position-dependent gradients (our extension). Summed over heads
-  with :math:`\|W_hV_h\|_2`. :math:`\|P\|_2` is the smaller of the exact value and
-  :math:`(\max_j\sum_iP_{ij})^{1/2}`; :math:`\|M_i\|_2^2=\lambda_{\max}(K^L_iK^R_i)` with the
-  :math:`n\times n` Gram matrices of :math:`\sqrt{P_{ij}}(x_j-m_i)` and
-  :math:`\sqrt{P_{ij}}\,\partial_{x_i}s_{ij}`. A relative margin of ``1e-9`` covers rounding.
+* **Certified local** (THEORY.md §6.2, *derived*): :func:`meanfield.certified_local_upper`, the
+  data-dependent three-term bound summed over heads with :math:`\|W_hV_h\|_2`, biases, masks and
+  rotary heads included (the rotary form is our extension).
 * **Released heuristic** (THEORY.md §6.2, *from the authors' released code*):
   :math:`\sum_h\|V_h\|_2(R_h^2r^2(n+1)+n)^{1/2}` (:func:`theory.bounds.released_data_dependent`);
   not a bound as written.
@@ -109,7 +101,6 @@ __all__ = [
     "PAPER_N_GRID",
     "PRESETS",
     "AdvConfig",
-    "certified_local_bound",
     "fit_power_law",
     "fit_sqrt_n",
     "global_bound",
@@ -122,8 +113,6 @@ __all__ = [
 NAME = "adversarial"
 #: The paper's grid ``range(2, 100, 5)`` (EXPERIMENTS.md §1.4).
 PAPER_N_GRID: tuple[int, ...] = tuple(range(2, 100, 5))
-#: Relative margin applied to the float64 evaluation of the certified local bound.
-_BOUND_MARGIN = 1e-9
 VARIANTS = ("released", "symmetric")
 
 
@@ -462,120 +451,6 @@ def released_heuristic(X: Any, params: Any) -> float:
     return float(released_data_dependent(V_norms, R_h, r, n))
 
 
-def _lambda_max_product(KL: Any, KR: Any) -> Any:
-    r""":math:`\lambda_{\max}(K^LK^R)` for batches of PSD matrices, via :math:`(K^L)^{1/2}K^R(K^L)^{1/2}`."""
-    import torch
-
-    e, U = torch.linalg.eigh(KL)
-    S = (U * e.clamp_min(0.0).sqrt().unsqueeze(-2)) @ U.mT
-    M = S @ KR @ S
-    return torch.linalg.eigvalsh(0.5 * (M + M.mT))[..., -1].clamp_min(0.0)
-
-
-def _head_local_terms(X: Any, head: Any, masked: bool) -> tuple[float, float, float]:
-    """(T1, T2, T3) of the certified local bound for one head, float64, V factor excluded."""
-    import torch
-
-    n, d = X.shape
-    pos = torch.arange(n, device=X.device)
-    if head.rope is None:
-        A = head.A.to(X)
-        c = None if head.c is None else head.c.to(X)
-        S = X @ A @ X.mT
-        if c is not None:
-            S = S + (X @ c).unsqueeze(0)
-    else:
-        Q, K = head.Q.to(X), head.K.to(X)
-        q = head.rope.apply(X @ Q.mT, pos)  # (n, k) rotated queries rho_i Q x_i
-        k = head.rope.apply(X @ K.mT, pos)  # rotated keys rho_j K x_j
-        S = q @ k.mT
-    if masked:
-        S = S.masked_fill(torch.ones(n, n, dtype=torch.bool, device=X.device).triu(1), -math.inf)
-    P = torch.softmax(S, dim=-1)
-    sqP = P.sqrt()
-    # Differences x_j - m_i in coordinates of an orthonormal basis of the span of the tokens
-    # (at most n of them): exact differences without forming (n, n, d) tensors or the
-    # cancellation-prone |x_j|^2 - 2 x_j.m_i + |m_i|^2.
-    Y = X if n >= d else X @ torch.linalg.qr(X.mT)[0]
-    m = P @ Y
-    D = Y.unsqueeze(0) - m.unsqueeze(1)  # D[i, j] = x_j - m_i
-    dist2 = D.square().sum(-1)
-    kappa2 = (P * dist2).sum(-1)
-    # T1 = ||P||_2: the exact value or the column-sum bound, whichever is smaller
-    t1_col = float(P.sum(0).max().sqrt())
-    t1 = min(t1_col, float(torch.linalg.matrix_norm(P, ord=2)) * (1 + _BOUND_MARGIN))
-    # beta_ij = ||d s_ij / d x_j|| and the Gram matrices of the query gradients d s_ij / d x_i
-    if head.rope is None:
-        g = X @ A  # rows (A^T x_i)^T
-        if c is not None:
-            g = g + c
-        beta2 = g.square().sum(-1).unsqueeze(-1).expand(n, n)
-        a = X @ A.mT  # rows (A x_j)^T, the same for every query
-        KR = sqP.unsqueeze(-1) * (a @ a.mT).unsqueeze(0) * sqP.unsqueeze(-2)
-    else:
-        # d s_ij / d x_j = K^T rho_j^T q~_i and d s_ij / d x_i = Q^T rho_i^T k~_j, where
-        # rho_p = alpha Rot(p theta), so rho_p^T = alpha Rot(-p theta): rope.apply at -p.
-        neg = -pos
-        zq = head.rope.apply(q.unsqueeze(1).expand(n, n, -1), neg.unsqueeze(0).expand(n, n))
-        beta2 = ((zq @ (K @ K.mT)) * zq).sum(-1)  # [i, j] = |K^T rho_j^T q~_i|^2
-        zk = head.rope.apply(k.unsqueeze(0).expand(n, n, -1), neg.unsqueeze(1).expand(n, n))
-        KR = sqP.unsqueeze(-1) * (zk @ (Q @ Q.mT) @ zk.mT) * sqP.unsqueeze(-2)
-    t2 = float((P * kappa2.unsqueeze(-1) * beta2).sum(0).max().clamp_min(0.0).sqrt())
-    L = sqP.unsqueeze(-1) * D  # L_i rows sqrt(P_ij) (x_j - m_i)
-    KL = L @ L.mT
-    t3 = float(_lambda_max_product(KL, KR).max().sqrt())
-    return t1, t2, t3
-
-
-def certified_local_bound(
-    X: Any, params: Any, *, masked: bool, WV_norms: Sequence[float] | None = None
-) -> dict[str, float]:
-    r"""Certified data-dependent bound on :math:`\|Df(X)\|_2` (THEORY.md §6.2, extended to RoPE).
-
-    .. math:: \|Df(X)\|_2\le\sum_h\|W_hV_h\|_2\Big(\|P^h\|_2
-              +\big(\max_j\textstyle\sum_iP^h_{ij}\kappa_i^2\beta_{ij}^2\big)^{1/2}
-              +\max_i\|M^h_i\|_2\Big)
-
-    (module docstring for the notation). *Derived and checked numerically* (tests compare it with
-    dense Jacobians, with biases, masks and rotary heads).
-
-    Parameters
-    ----------
-    X : Tensor, shape (n, d)
-    params : MultiHeadParams or AttentionParams
-    masked : bool
-        Causal mask.
-    WV_norms : sequence of float, optional
-        Precomputed :math:`\|W_hV_h\|_2` (default: computed here, one SVD per head).
-
-    Returns
-    -------
-    dict
-        ``bound`` and the head-weighted sums ``T1``, ``T2``, ``T3`` of the three terms.
-    """
-    import torch
-
-    if X.ndim != 2:
-        raise ValueError(f"X must have shape (n, d), got {tuple(X.shape)}")
-    X64 = X.detach().to(torch.float64)
-    terms = np.zeros(3)
-    with torch.no_grad():
-        for h, head in enumerate(params.heads):
-            if WV_norms is None:
-                WV = (
-                    params.head_output_matrix(h)
-                    if hasattr(params, "head_output_matrix")
-                    else head.V
-                )
-                w = float(torch.linalg.matrix_norm(WV.detach().to(torch.float64), ord=2))
-            else:
-                w = float(WV_norms[h])
-            h64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
-            terms += w * np.asarray(_head_local_terms(X64, h64, masked))
-    bound = float(terms.sum()) * (1 + _BOUND_MARGIN)
-    return {"bound": bound, "T1": float(terms[0]), "T2": float(terms[1]), "T3": float(terms[2])}
-
-
 # ==============================================================================================
 # models
 # ==============================================================================================
@@ -720,7 +595,7 @@ def _run_config(
     import torch
 
     from meanfield.attacks import adversarial_sequence
-    from meanfield.lipschitz import local_lipschitz
+    from meanfield.lipschitz import certified_local_upper, local_lipschitz
     from meanfield.models import hf_attention
 
     sweep = Sweep(out, c.id, settings, seed=c.seed, device=device, dtype="float64")
@@ -803,7 +678,7 @@ def _run_config(
             max_iter=settings["max_iter"],
             seed=c.seed,
         )
-        loc = certified_local_bound(
+        loc = certified_local_upper(
             X, params, masked=settings["masked"], WV_norms=[f["WV_norm"] for f in facts]
         )
         g3 = global_bound(facts, R, n, form="sqrt3")
@@ -827,12 +702,12 @@ def _run_config(
             "residual": float(est.residual),
             "global_bound": g3,
             "global_bound_triangle": gt,
-            "local_bound": loc["bound"],
-            "local_terms": {k: loc[k] for k in ("T1", "T2", "T3")},
+            "local_bound": loc.value,
+            "local_terms": {"T1": loc.T1, "T2": loc.T2, "T3": loc.T3},
             "released_heuristic": released_heuristic(X, params),
             "max_token_norm": float(norms.max()),
             "rms_radius": float(norms.square().mean().sqrt()),
-            "bounds_hold": bool(lower <= gt <= g3 and lower <= loc["bound"]),
+            "bounds_hold": bool(lower <= gt <= g3 and lower <= loc.value),
         }
 
     sweep.run(points, compute, progress=progress, desc=f"adversarial {c.id}")

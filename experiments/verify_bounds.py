@@ -277,60 +277,12 @@ def _softmax_rows(S: np.ndarray) -> np.ndarray:
     return E / E.sum(axis=1, keepdims=True)
 
 
-def _logits(X: np.ndarray, A: np.ndarray, masked: bool) -> np.ndarray:
-    S = X @ A @ X.T
-    if masked:
-        S = np.where(np.tril(np.ones(S.shape, dtype=bool)), S, -np.inf)
-    return S
-
-
-def certified_local_bound(X: np.ndarray, heads: Sequence[tuple], masked: bool) -> float:
-    r"""Certified data-dependent bound of THEORY.md §6.2 (evaluated here from its formula).
-
-    .. math:: \|Df(X)\|_2 \le \sum_h\|W_hV_h\|_2\Big(\|P^h\|_2
-              + \big(\max_j\textstyle\sum_iP^h_{ij}\kappa_i^2\beta_i^2\big)^{1/2}
-              + \max_i\|C^h_iA_h^\top\|_2\Big),
-
-    :math:`\kappa_i^2 = \operatorname{tr}C_i`, :math:`\beta_i = \|A_h^\top x_i\|`; masked or not.
-
-    Parameters
-    ----------
-    X : numpy.ndarray, shape (n, d)
-    heads : sequence of (A, V, W)
-        ``W`` is the column block of :math:`W^O` (``None``: identity).
-    masked : bool
-
-    Returns
-    -------
-    float
-
-    Notes
-    -----
-    Provenance: *derived and checked numerically* (THEORY.md §6.2); not in :mod:`theory.bounds`.
-    Proof: :math:`Df(X)[H] = V(T_1 + T_2 + T_3)` (§4.1); :math:`\|T_1\| \le \|P\|_2\|H\|`;
-    Cauchy–Schwarz with the attention variance bounds :math:`T_2`; :math:`\|C_iA^\top h_i\|`
-    bounds :math:`T_3`.
-    """
-    total = 0.0
-    for A, V, W in heads:
-        P = _softmax_rows(_logits(X, A, masked))
-        m = P @ X
-        D = X[None, :, :] - m[:, None, :]  # (i, j, d): x_j - m_i
-        C = np.einsum("ij,ijk,ijl->ikl", P, D, D)
-        kappa2 = np.einsum("ikk->i", C)
-        beta2 = np.sum((X @ A) ** 2, axis=1)  # ||A^T x_i||^2 = ||x_i^T A||^2
-        t1 = float(np.linalg.norm(P, 2))
-        t2 = math.sqrt(float(np.max(P.T @ (kappa2 * beta2))))
-        t3 = float(np.max(np.linalg.norm(C @ A.T, ord=2, axis=(1, 2))))
-        WV = V if W is None else W @ V
-        total += float(np.linalg.norm(WV, 2)) * (t1 + t2 + t3)
-    return total
-
-
 def _certified_local(t: Target) -> float | None:
     if not _is_sequence(t):
         return None
-    return certified_local_bound(t.ctx["X"], t.ctx["heads"], t.ctx["masked"])
+    from theory.bounds import certified_local_upper
+
+    return certified_local_upper(t.ctx["X"], t.ctx["heads"], masked=t.ctx["masked"])
 
 
 def _released(fixed: bool) -> Callable[[Target], float | None]:

@@ -39,7 +39,14 @@ from .distances import (
     wasserstein,
     wasserstein_inf,
 )
-from .lipschitz import LipschitzEstimate, local_lipschitz, local_lipschitz_fn, released_metric
+from .lipschitz import (
+    LipschitzEstimate,
+    LocalUpperBound,
+    certified_local_upper,
+    local_lipschitz,
+    local_lipschitz_fn,
+    released_metric,
+)
 from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryEmbedding
 
@@ -50,6 +57,7 @@ __all__ = [
     "DiracMeasure",
     "L2AttentionParams",
     "LipschitzEstimate",
+    "LocalUpperBound",
     "MultiHeadParams",
     "RotaryEmbedding",
     "SinkhornResult",
@@ -59,6 +67,7 @@ __all__ = [
     "attention_map",
     "attention_points",
     "attention_weights",
+    "certified_local_upper",
     "conditional_wasserstein",
     "l2_self_attention",
     "local_lipschitz",

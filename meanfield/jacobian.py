@@ -952,7 +952,7 @@ def _combine_heads(bV: Tensor, bO: Tensor | None, norms: WeightNorms, concat: bo
 class _Projected:
     """Centred statistics of the keys seen through a matrix M (per head)."""
 
-    dist2: Tensor  # (..., H, n, n): ||M (x_j - m_i)||^2, over-estimated
+    dist2: Tensor | None  # (..., H, n, n): ||M (x_j - m_i)||^2, over-estimated (None: not asked)
     var: Tensor  # (..., H, n): sum_l P_il ||M (x_l - m_i)||^2 = tr(M C_i M^T), over-estimated
 
 
@@ -984,10 +984,13 @@ def _projectors(lin: AttentionLinearization) -> dict:
     return {"V": proj_V, "O": proj_O, "A": proj_A}
 
 
-def _projected(project, Xc: Tensor, Mc: Tensor, P: Tensor, M_norm: Tensor | None) -> _Projected:
+def _projected(
+    project, Xc: Tensor, Mc: Tensor, P: Tensor, M_norm: Tensor | None, *, dist: bool = True
+) -> _Projected:
     """Statistics through a projector of :func:`_projectors`, or the identity when ``None``.
 
-    ``Xc`` (..., n, d) and ``Mc`` (..., H, n, d) are centred float64 keys and means.
+    ``Xc`` (..., n, d) and ``Mc`` (..., H, n, d) are centred float64 keys and means. With
+    ``dist=False`` only the variances are formed (no (H, n, n) tensors).
     """
     Z = Xc.unsqueeze(-3) if project is None else project(Xc, False)  # (..., 1 or H, n, k)
     Zm = Mc if project is None else project(Mc, True)  # (..., H, n, k)
@@ -996,20 +999,23 @@ def _projected(project, Xc: Tensor, Mc: Tensor, P: Tensor, M_norm: Tensor | None
     zn2 = Z.square().sum(-1).unsqueeze(-2)  # (..., ., 1, n)
     zmn2 = Zm.square().sum(-1, keepdim=True)  # (..., H, n, 1)
     second = (P @ zn2.mT).squeeze(-1)  # sum_l P_il ||z_l||^2
-    scale = zn2 + zmn2
     var_scale = second + zmn2.squeeze(-1)
     if project is not None:  # absolute rounding of the projections themselves
         xn2 = Xc.square().sum(-1).unsqueeze(-2).unsqueeze(-3)
         mn2 = Mc.square().sum(-1, keepdim=True)
         nM2 = M_norm.reshape(-1, 1, 1).square()
-        scale = scale + nM2 * (xn2 + mn2)
         var_scale = var_scale + nM2.squeeze(-1) * ((P @ xn2.mT) + mn2).squeeze(-1)
+    var = (second - zmn2.squeeze(-1)).clamp_min(0) + slack * var_scale
+    if not dist:
+        return _Projected(dist2=None, var=var)
+    scale = zn2 + zmn2
+    if project is not None:
+        scale = scale + nM2 * (xn2 + mn2)
     if project is None:
         cross = torch.einsum("...hik,...jk->...hij", Zm, Xc)
     else:
         cross = torch.einsum("...hik,...hjk->...hij", Zm, Z)
     dist2 = (zn2 - 2 * cross + zmn2).clamp_min(0) + slack * scale
-    var = (second - zmn2.squeeze(-1)).clamp_min(0) + slack * var_scale
     return _Projected(dist2=dist2, var=var)
 
 
@@ -1142,12 +1148,12 @@ def self_norm_trace_bound(lin: AttentionLinearization) -> Tensor:
     Xc = lin.X - lin.x_bar
     Mc = lin.m - lin.x_bar.unsqueeze(-3)
     proj = _projectors(lin)
-    tr_C = _projected(None, Xc, Mc, P, None).var  # (..., H, n)
-    tr_A = _projected(proj["A"], Xc, Mc, P, norms.A).var
+    tr_C = _projected(None, Xc, Mc, P, None, dist=False).var  # (..., H, n)
+    tr_A = _projected(proj["A"], Xc, Mc, P, norms.A, dist=False).var
     nA = norms.A.reshape(-1, 1)
 
     def per_head(kind: str, M_norm: Tensor) -> Tensor:
-        tr_M = _projected(proj[kind], Xc, Mc, P, M_norm).var
+        tr_M = _projected(proj[kind], Xc, Mc, P, M_norm, dist=False).var
         return torch.minimum(M_norm.reshape(-1, 1) * nA * tr_C, (tr_M * tr_A).sqrt())
 
     bV = per_head("V", norms.V).unsqueeze(-1)

@@ -16,6 +16,7 @@ import torch
 
 from experiments import adversarial as adv
 from experiments.results import load_jsonl
+from meanfield import certified_local_upper
 
 F64 = torch.float64
 
@@ -211,7 +212,7 @@ def test_certified_and_global_bounds_dominate_dense_norm(kind, masked, gen):
     for n, R in ((3, 0.7), (6, 2.0), (9, 4.0)):
         X = _random_inputs(gen, n, 16, R)
         exact = _dense_norm(X, params, masked)
-        loc = adv.certified_local_bound(X, params, masked=masked)["bound"]
+        loc = certified_local_upper(X, params, masked=masked).value
         assert exact <= loc
         assert exact <= adv.global_bound(facts, R, n, form="triangle")
         assert adv.global_bound(facts, R, n, form="triangle") <= adv.global_bound(facts, R, n)
@@ -225,9 +226,9 @@ def test_certified_bound_is_exact_for_constant_scores():
     V = torch.randn(3, 3, generator=g, dtype=F64)
     head = AttentionParams(torch.zeros(3, 3, dtype=F64), V)
     X = torch.randn(5, 3, generator=g, dtype=F64)
-    out = adv.certified_local_bound(X, head, masked=False)
-    assert out["T2"] == pytest.approx(0.0, abs=1e-12) and out["T3"] == pytest.approx(0.0, abs=1e-12)
-    assert out["bound"] == pytest.approx(_dense_norm(X, head, False), rel=1e-8)
+    out = certified_local_upper(X, head)
+    assert out.T2 == pytest.approx(0.0, abs=1e-12) and out.T3 == pytest.approx(0.0, abs=1e-12)
+    assert out.value == pytest.approx(_dense_norm(X, head, False), rel=1e-8)
 
 
 def test_released_heuristic_is_not_a_bound():
@@ -241,7 +242,7 @@ def test_released_heuristic_is_not_a_bound():
     assert heuristic == pytest.approx(math.sqrt(3), rel=1e-12)  # ||V|| sqrt(n) since R_h = 0
     exact = _dense_norm(X, head, False)
     assert exact > heuristic
-    assert exact <= adv.certified_local_bound(X, head, masked=False)["bound"]
+    assert exact <= certified_local_upper(X, head).value
 
 
 # ----------------------------------------------------------------------------------------------

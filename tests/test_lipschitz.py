@@ -316,3 +316,68 @@ def test_lanczos_matches_exact_svd_larger(gen):
         )
         torch.testing.assert_close(est.value, ex, rtol=TOL_VALUE, atol=0)
         _check_bracket(est, ex)
+
+
+# ----------------------------------------------------------------------------------------------
+# certified data-dependent bound (THEORY.md §6.2): torch version against the numpy one
+# ----------------------------------------------------------------------------------------------
+def _numpy_heads(params):
+    if isinstance(params, AttentionParams):
+        params = MultiHeadParams((params,))
+    out = []
+    for h, head in enumerate(params.heads):
+        W = params.head_projection(h)
+        out.append(
+            (
+                head.A.numpy(),
+                head.V.numpy(),
+                None if W is None else W.numpy(),
+                None if head.c is None else head.c.numpy(),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("kind", ["single", "concat", "wo"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_certified_local_upper_matches_numpy_and_dominates_dense(gen, kind, masked):
+    from meanfield import certified_local_upper
+    from theory.bounds import certified_local_upper as reference
+
+    for d, n in ((2, 5), (4, 3), (3, 7)):  # n > d and n < d (projected differences)
+        params = random_params(gen, d, kind=kind, scale=1.5)
+        X = 2.0 * torch.randn(n, d, generator=gen, dtype=D64)
+        got = certified_local_upper(X, params, masked=masked)
+        ref = reference(X.numpy(), _numpy_heads(params), masked=masked)
+        # equal up to the relative 1e-9 rounding margins of the torch version (on ||P|| and the sum)
+        assert ref * (1 - 1e-12) <= got.value <= ref * (1 + 2.5e-9)
+        assert got.value == pytest.approx((got.T1 + got.T2 + got.T3) * (1 + 1e-9), rel=1e-14)
+        J = dense_jacobian(X, params, masked=masked).reshape(-1, n * d)
+        assert float(torch.linalg.matrix_norm(J, ord=2)) <= got.value
+        # float32 inputs give the same float64 evaluation
+        p32 = params.to(dtype=torch.float32)
+        low = certified_local_upper(X.float(), p32, masked=masked).value
+        assert low == pytest.approx(got.value, rel=1e-5)
+
+
+def test_certified_local_upper_rejects_bad_input(gen):
+    from meanfield import certified_local_upper
+    from theory.bounds import certified_local_upper as reference
+
+    params = random_params(gen, 3, kind="wo")
+    X = torch.randn(4, 3, generator=gen, dtype=D64)
+    with pytest.raises(ValueError, match=r"shape \(n, d\)"):
+        certified_local_upper(X[None], params)
+    with pytest.raises(ValueError, match="d = 2"):
+        certified_local_upper(X[:, :2], params)
+    with pytest.raises(ValueError, match="non-finite"):
+        certified_local_upper(X.clone().fill_(float("nan")), params)
+    with pytest.raises(ValueError, match="WV_norms has 1 entries for 3 heads"):
+        certified_local_upper(X, params, WV_norms=[1.0])
+    heads = _numpy_heads(params)
+    with pytest.raises(ValueError, match=r"A must be \(3, 3\)"):
+        reference(X.numpy(), [(heads[0][0][:2], heads[0][1])])
+    with pytest.raises(ValueError, match="non-finite"):
+        reference(X.numpy() * float("inf"), heads)
+    with pytest.raises(ValueError, match="heads is empty"):
+        reference(X.numpy(), [])
