@@ -613,7 +613,8 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
             acc_k[..., ks, :] += PiZ.mT @ lin.Qx[..., sl, :]
             if acc_c is not None:
                 acc_c[..., ks] += PiZ.sum(-2)
-            rows.append((P * Z) @ lin.KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
+            PZ = PiZ if Pi_all is lin.P else P * Z  # Euclidean geometry: Pi = P
+            rows.append(PZ @ lin.KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
         acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
         out = out + _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
         if acc_c is not None:
