@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 
 from ._threads import torch_threads
-from .results import load_json, load_jsonl, write_json
+from .results import load_json, load_jsonl, write_csv, write_json
 from .runner import Sweep, config_hash, point_key, preset_config
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ __all__ = [
     "PAPER_N_GRID",
     "PRESETS",
     "AdvConfig",
+    "export_csv",
     "fit_power_law",
     "fit_sqrt_n",
     "global_bound",
@@ -837,7 +838,41 @@ def run(
         out / "run.json",
         {"preset": preset, "configs": cfg["configs"], "worst_case": cfg["worst_case"] is not None},
     )
-    return files + [out / "run.json"]
+    return files + [out / "run.json"] + export_csv(results_dir)
+
+
+def export_csv(results_dir: Path) -> list[Path]:
+    """Write ``adversarial/records.csv`` from the saved records.
+
+    One row per (configuration, n, variant) and per point of the worst-case search, with every
+    scalar field of the records (lists and mappings, such as the per-term bounds, stay in the
+    JSONL files; metadata in ``<id>.json`` and ``.meta.json``).
+
+    Returns
+    -------
+    list of Path
+        The file, or nothing when there are no results.
+    """
+    try:
+        res = load_results(results_dir)
+    except FileNotFoundError:
+        return []
+    groups = [(cid, entry["records"]) for cid, entry in res["configs"].items()]
+    if res["worst_case"] is not None:
+        groups.append(("worst_case", res["worst_case"]["records"]))
+    rows = []
+    for cid, recs in groups:
+        for r in sorted(recs, key=lambda r: (r["n"], str(r.get("variant", "")))):
+            scalars = {
+                k: v
+                for k, v in r.items()
+                if k not in ("key", "config_hash")
+                and (v is None or isinstance(v, (str, int, float)))
+            }
+            rows.append({"config": cid, **scalars})
+    if not rows:
+        return []
+    return [write_csv(Path(results_dir) / NAME / "records.csv", rows)]
 
 
 # ==============================================================================================

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .fits import PAPER_CURVES, fit_power_law
-from .results import load_json, load_jsonl, write_json
+from .results import load_json, load_jsonl, write_csv, write_json
 from .runner import Sweep, point_key, preset_config
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "NAME",
     "PRESETS",
     "RealConfig",
+    "export_csv",
     "load_sweeps",
     "report_section",
     "run",
@@ -625,6 +626,7 @@ def run(
                 sweep.run(points, compute, progress=progress, desc=f"{NAME} {name}")
             files += [sweep.path, sweep.meta_path]
         files.append(manifest_path)
+        files += export_csv(results_dir)
         return files
     finally:
         torch.set_num_threads(old_threads)
@@ -820,6 +822,97 @@ def summary(results_dir: Path) -> dict[str, Any]:
             }
         )
     return {"experiment": NAME, "sweeps": rows}
+
+
+#: Columns of ``windows.csv`` taken from the per-window arrays of :func:`load_sweeps`.
+_WINDOW_COLUMNS = (
+    "n",
+    "start",
+    "lower",
+    "value",
+    "upper",
+    "released",
+    "mean_radius",
+    "max_radius",
+    "converged",
+)
+
+
+def export_csv(results_dir: Path) -> list[Path]:
+    """Write ``real_data/windows.csv`` and ``real_data/fits.csv`` from the saved sweeps.
+
+    ``windows.csv`` is long format, one row per (sweep, n, window): the sweep's identity
+    (``sweep``, ``config``, ``model``, ``layer``, ``map``, ``masked``, ``corpus``, ``grid``,
+    ``paper_configuration``) then ``n``, the window's first token ``start``, the certified
+    bracket ``lower <= value <= upper`` of ``||J||_2`` (``inf`` when no upper certificate
+    exists), the released metric, the RMS and maximum token norms and ``converged``.
+    ``fits.csv`` has one row per (sweep, quantity) with the power-law fit of
+    :func:`summary` (``alpha``, its 95 % bootstrap interval, ``c``, ``r2``, ``n_points``) and the
+    paper's printed curve where one exists. Run metadata (versions, seeds, git commit) stays in
+    the sweeps' ``.meta.json`` and ``manifest.json``.
+
+    Returns
+    -------
+    list of Path
+        The two files, or nothing when no sweep has results.
+    """
+    root = Path(results_dir) / NAME
+    try:
+        sweeps = load_sweeps(results_dir)
+    except FileNotFoundError:
+        return []
+    if not sweeps:
+        return []
+    rows = []
+    for s in sweeps:
+        cfg = s["config"]
+        ident = {
+            "sweep": s["name"],
+            "config": cfg["id"],
+            "model": s["model_short"],
+            "layer": cfg["layer"],
+            "map": cfg["map"],
+            "masked": cfg["masked"],
+            "corpus": s["corpus"],
+            "grid": s["grid"],
+            "paper_configuration": s.get("paper_configuration") or "",
+        }
+        a = s["arrays"]
+        for i in range(a["n"].size):
+            rows.append({**ident, **{k: a[k][i].item() for k in _WINDOW_COLUMNS}})
+    fit_rows = []
+    for row in summary(results_dir)["sweeps"]:
+        curve = row["paper_curve"] or {}
+        for quantity, key in (
+            ("true", "fit_true"),
+            ("released", "fit_released"),
+            ("mean_radius", "fit_radius"),
+        ):
+            fit = row[key]
+            if fit is None:
+                continue
+            fit_rows.append(
+                {
+                    "sweep": row["name"],
+                    "config": row["config"],
+                    "corpus": row["corpus"],
+                    "grid": row["grid"],
+                    "quantity": quantity,
+                    "alpha": fit["alpha"],
+                    "alpha_lo": fit["alpha_ci"][0],
+                    "alpha_hi": fit["alpha_ci"][1],
+                    "c": fit["c"],
+                    "c_lo": fit["c_ci"][0],
+                    "c_hi": fit["c_ci"][1],
+                    "r2": fit["r2"],
+                    "n_points": fit["n_points"],
+                    "complete": row["complete"],
+                    "paper_configuration": row["paper_configuration"] or "",
+                    "paper_c": curve.get("c", "") if quantity != "mean_radius" else "",
+                    "paper_alpha": curve.get("alpha", "") if quantity != "mean_radius" else "",
+                }
+            )
+    return [write_csv(root / "windows.csv", rows), write_csv(root / "fits.csv", fit_rows)]
 
 
 def _fmt_fit(fit: Mapping[str, Any] | None) -> str:

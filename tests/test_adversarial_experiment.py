@@ -166,6 +166,29 @@ def test_bracket_contains_dense_value_and_construction(tiny):
     assert r["value"] == pytest.approx(exact, rel=1e-8)
 
 
+def test_csv_export_has_one_row_per_record(tiny):
+    import csv
+
+    root, files = tiny
+    path = root / "adversarial" / "records.csv"
+    assert path in files
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    res = adv.load_results(root)
+    expected = sum(len(e["records"]) for e in res["configs"].values())
+    expected += len(res["worst_case"]["records"]) if res["worst_case"] else 0
+    assert len(rows) == expected
+    for cid, entry in res["configs"].items():
+        by_key = {(r["n"], r["variant"]): r for r in entry["records"]}
+        mine = [row for row in rows if row["config"] == cid]
+        assert len(mine) == len(by_key)
+        for row in mine:
+            rec = by_key[(int(row["n"]), row["variant"])]
+            assert float(row["value"]) == rec["value"] and float(row["lower"]) == rec["lower"]
+            assert float(row["local_bound"]) == rec["local_bound"]
+    assert "local_terms" not in rows[0] and "key" not in rows[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # bounds against dense Jacobians (biases, masks, rotary heads)
 # ----------------------------------------------------------------------------------------------

@@ -293,3 +293,30 @@ def test_user_checkpoints_by_path_get_both_layers_maps_and_masks(tmp_path):
             assert np.all(lo > 0) and np.all(lo <= val * (1 + 1e-12)) and np.all(val <= up)
             # the block map has autograd products only: no matrix-free upper certificate
             assert np.all(np.isinf(up)) == (map_ == "block")
+
+
+def test_csv_exports_match_the_records(tiny):
+    import csv
+
+    root, files = tiny
+    names = {p.name for p in files}
+    assert {"windows.csv", "fits.csv"} <= names
+    with open(root / "real_data" / "windows.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    recs = _records(root)
+    w = TINY["n_windows"]
+    assert len(rows) == w * len(recs)
+    for r in recs:
+        mine = [row for row in rows if int(row["n"]) == r["n"]]
+        assert [int(row["start"]) for row in mine] == r["starts"]
+        for key in ("lower", "value", "upper", "released", "mean_radius"):
+            assert [float(row[key]) for row in mine] == [float(v) for v in r[key]], key
+        assert all(row["sweep"] == SWEEP and row["masked"] == "True" for row in mine)
+    with open(root / "real_data" / "fits.csv", newline="") as fh:
+        fits = {row["quantity"]: row for row in csv.DictReader(fh)}
+    summ = real_data.summary(root)["sweeps"][0]
+    assert set(fits) == {"true", "released", "mean_radius"}
+    assert float(fits["true"]["alpha"]) == pytest.approx(summ["fit_true"]["alpha"], rel=1e-12)
+    lo, hi = float(fits["released"]["alpha_lo"]), float(fits["released"]["alpha_hi"])
+    assert lo <= float(fits["released"]["alpha"]) <= hi
+    assert fits["true"]["paper_configuration"] == "GPT-2-rand L6"
