@@ -207,7 +207,13 @@ def _common(p: argparse.ArgumentParser, seed_help: str = "random seed (default 0
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--seed", type=int, default=0, help=seed_help)
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
-    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr (-vv: also one line per finished point of a sweep)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -321,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.verbose >= 2:
+        for name in ("experiments", "meanfield"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     logging.getLogger("fontTools").setLevel(logging.ERROR)  # font subsetting chatter on PDF save
     try:
         result = args.handler(args)

@@ -162,6 +162,7 @@ class Sweep:
                 "%s: %d of %d points already done", self.name, len(points) - len(todo), len(points)
             )
         bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
+        t_start = time.perf_counter()
         for p in bar:
             t0 = time.perf_counter()
             values = dict(compute(p))
@@ -173,5 +174,14 @@ class Sweep:
                 **values,
             }
             append_jsonl(self.path, record)
+            # one line per point for logs (the bar is off when stderr is not a terminal)
+            log.debug("%s: %s done in %.1f s", self.name, p, record["seconds"])
+        if todo:
+            log.info(
+                "%s: %d point(s) computed in %.1f s",
+                self.name,
+                len(todo),
+                time.perf_counter() - t_start,
+            )
         by_key = {r["key"]: r for r in self.records()}
         return [by_key[point_key(self.digest, p)] for p in points]

