@@ -12,6 +12,8 @@ EXPERIMENTS.md §1.3). Each panel shows
   constant, EXPERIMENTS.md D1);
 - both coloured by the window's mean radius :math:`R(X)`, min–max normalized within the panel
   (``autumn``, as the released BERT and GPT-2-rand plots);
+- a dotted vertical line at the model's training length where the grid goes beyond it
+  (all-MiniLM-L6-v2 was fine-tuned on at most 128 tokens, :data:`experiments.real_data.TRAINING_LENGTH`);
 - the least-squares fits :math:`c\,n^{\alpha}` with their 95 % bootstrap intervals
   (:func:`experiments.fits.fit_power_law`), and the paper's printed curve for the configuration
   the stand-in replaces, dashed and labelled as hand-set (D7).
@@ -29,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from experiments.fits import PAPER_CURVES, fit_power_law
-from experiments.real_data import CORPUS_STANDS_IN, load_sweeps
+from experiments.real_data import CORPUS_STANDS_IN, TRAINING_LENGTH, load_sweeps
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
@@ -104,13 +106,22 @@ def normalized_radius(R: np.ndarray) -> np.ndarray:
 
 
 def log_axes(ax, *, x: bool = True) -> None:
-    """Log axes with plain-number labels at 1, 2, 5 × 10^k (no minor labels)."""
+    """Log axes with plain-number labels at 1, 2, 5 × 10^k (no minor labels).
+
+    An x axis spanning more than 1.8 decades (the long grid, n up to 492) is labelled at
+    1, 3 × 10^k instead, so that the labels of a narrow panel do not run into each other.
+    """
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     for axis, on in ((ax.xaxis, x), (ax.yaxis, True)):
         if not on:
             continue
-        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        subs = (1.0, 2.0, 5.0)
+        if axis is ax.xaxis:
+            lo, hi = ax.get_xlim()
+            if lo > 0 and math.log10(hi / lo) > 1.8:
+                subs = (1.0, 3.0)
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(NullFormatter())
 
@@ -120,7 +131,7 @@ def panel_legend(ax) -> None:
     ax.legend(
         fontsize=5.2,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.4),
+        bbox_to_anchor=(0.5, -0.47),
         ncol=1,
         frameon=False,
         handlelength=1.6,
@@ -189,6 +200,16 @@ def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm, *, log: bool = True) 
             ls="--",
             zorder=4,
             label=rf"paper (hand-set, D7): ${curve.c:g}\,n^{{{curve.alpha:g}}}$",
+        )
+    train_len = TRAINING_LENGTH.get(s["config"]["model"])
+    if train_len is not None and n.max() > train_len:
+        ax.axvline(
+            train_len,
+            color="0.35",
+            lw=0.7,
+            ls=":",
+            zorder=2,
+            label=f"training length ({train_len} tokens)",
         )
     if log:
         ax.set_xscale("log")

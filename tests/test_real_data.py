@@ -320,3 +320,31 @@ def test_csv_exports_match_the_records(tiny):
     lo, hi = float(fits["released"]["alpha_lo"]), float(fits["released"]["alpha_hi"])
     assert lo <= float(fits["released"]["alpha"]) <= hi
     assert fits["true"]["paper_configuration"] == "GPT-2-rand L6"
+
+
+def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeypatch):
+    """Sweeps beyond a model's training length get medians on both sides and a fit within."""
+    import csv
+
+    root, _ = tiny
+    monkeypatch.setattr(real_data, "TRAINING_LENGTH", {"gpt2-random-2L": 4})
+    row = real_data.summary(root)["sweeps"][0]
+    tl = row["training_length"]
+    recs = _records(root)
+    within = [v for r in recs if r["n"] <= 4 for v in r["value"]]
+    beyond = [v for r in recs if r["n"] > 4 for v in r["value"]]
+    assert tl["training_length"] == 4 and (tl["n_within"], tl["n_beyond"]) == (4, 2)
+    assert tl["median_within"] == pytest.approx(float(np.median(within)), rel=1e-12)
+    assert tl["median_beyond"] == pytest.approx(float(np.median(beyond)), rel=1e-12)
+    assert tl["fit_true_within"]["n_points"] == 4
+    text = real_data.report_section(root, tmp_path / "figures")
+    assert "fine-tuned on at most 4 tokens" in text
+    real_data.export_csv(root)
+    with open(root / "real_data" / "fits.csv", newline="") as fh:
+        quantities = {r["quantity"]: r for r in csv.DictReader(fh)}
+    assert float(quantities["true_within_training_length"]["alpha"]) == pytest.approx(
+        tl["fit_true_within"]["alpha"], rel=1e-12
+    )
+    monkeypatch.undo()
+    real_data.export_csv(root)  # leave the shared fixture's tables as the run wrote them
+    assert real_data.summary(root)["sweeps"][0]["training_length"] is None
