@@ -6,7 +6,8 @@ This figure plots the mean radius :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` of
 (10 points per n, size 2, alpha 0.5, as released) against n for the sweeps standing in for
 GPT-2 L6 (the middle SmolLM2 layer), one panel per corpus, with the fitted drift
 :math:`R\propto n^{\beta}` (95 % bootstrap interval). When no such sweep was run (e.g. the tiny
-preset), every saved sweep is drawn instead and the title says so. Output:
+preset), every saved input set (model, layer, corpus, grid; maps of the same layer share their
+inputs) is drawn instead and the titles say so. Output:
 ``fig_f3_radius_vs_n.{pdf,png}``. Reads saved results only.
 """
 
@@ -29,6 +30,21 @@ STEM = "fig_f3_radius_vs_n"
 TARGET = "GPT-2 L6"
 
 
+def _distinct_inputs(sweeps: Sequence[dict]) -> list[dict]:
+    """Keep one sweep per input set.
+
+    The radius depends on the model, layer, corpus and grid only, not on the map differentiated
+    (a "block" sweep sees the same windows as "heads+WO").
+    """
+    seen, out = set(), []
+    for s in sweeps:
+        key = (s["config"]["model"], s["config"]["layer"], s["corpus"], s["grid"])
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
 def draw(results_dir: Path, out_dir: Path) -> list[Path]:
     """Draw ``fig_f3_radius_vs_n.{pdf,png}`` from saved results.
 
@@ -48,6 +64,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
     fallback = not chosen
     if fallback:
         chosen = sweeps
+    chosen = _distinct_inputs(chosen)
     with style():
         fig, axes = panel_grid(len(chosen), height=2.0)
         for ax, s in zip(axes, chosen):

@@ -53,3 +53,25 @@ def test_panel_title_names_the_stand_in_not_the_paper_model(results):
 def test_missing_results_name_the_experiment(tmp_path, mod):
     with pytest.raises(FileNotFoundError, match="real_data"):
         mod.draw(tmp_path / "nothing", tmp_path)
+
+
+def test_f3_draws_each_input_set_once():
+    """Maps of one layer share their windows, hence their radii: one F3 panel for both."""
+    from paper_figs.fig_f3_radius_vs_n import _distinct_inputs
+
+    def sweep(cid, layer, map_, corpus, grid):
+        return {
+            "name": cid,
+            "config": {"model": "minilm", "layer": layer, "map": map_},
+            "corpus": corpus,
+            "grid": grid,
+        }
+
+    sweeps = [
+        sweep("a", 0, "heads+WO", "kjv", "short"),
+        sweep("b", 0, "block", "kjv", "short"),
+        sweep("c", 0, "block", "kjv", "long"),
+        sweep("d", 3, "block", "kjv", "short"),
+        sweep("e", 0, "heads+WO", "pydoc", "short"),
+    ]
+    assert [s["name"] for s in _distinct_inputs(sweeps)] == ["a", "c", "d", "e"]
