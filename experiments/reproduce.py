@@ -210,13 +210,15 @@ def render_report(out: Path, doc: dict[str, Any]) -> str:
         f"torch {meta['versions'].get('torch')}, transformers "
         f"{meta['versions'].get('transformers', 'not installed')}).",
         "",
-        f"Total time {_fmt_seconds(total)}"
+        f"Time of this invocation {_fmt_seconds(total)}"
         + (
             f" against a budget of {_fmt_seconds(budget)} "
-            f"({'within' if total <= budget else 'over'} budget)."
+            f"({'within' if total <= budget else 'over'} budget)"
             if budget
-            else "."
-        ),
+            else ""
+        )
+        + "; a resumed run counts only the work it did itself (per-stage times below, per-point "
+        "times in the results).",
         "",
         "Models and texts are the offline stand-ins of EXPERIMENTS.md §4 unless a stage says "
         "otherwise; legends name the model actually used. Constants marked *reconstructed* or "

@@ -127,16 +127,30 @@ def log_axes(ax, *, x: bool = True) -> None:
 
 
 def panel_legend(ax) -> None:
-    """A compact legend below the panel (keeps the data visible)."""
+    """A compact legend below the panel (keeps the data visible).
+
+    Anchored a fixed number of points below the axes, under the tick labels and the x label,
+    so that it clears them whatever height the layout gives the panel.
+    """
+    from matplotlib.transforms import offset_copy
+
     ax.legend(
         fontsize=5.2,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.47),
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, y=-31, units="points"),
         ncol=1,
         frameon=False,
         handlelength=1.6,
         borderaxespad=0.0,
     )
+
+
+def panel_ylabel(ax, text: str) -> None:
+    """The y label, on the first column of a panel grid only (titles need the room)."""
+    spec = ax.get_subplotspec()
+    if spec is None or spec.is_first_col():
+        ax.set_ylabel(text)
 
 
 def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm, *, log: bool = True) -> Any:
@@ -218,7 +232,7 @@ def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm, *, log: bool = True) 
     else:
         ax.set_ylim(bottom=0.0)
     ax.set_xlabel("sequence length $n$")
-    ax.set_ylabel("local Lipschitz constant")
+    panel_ylabel(ax, "local Lipschitz constant")
     ax.set_title(panel_title(s), fontsize=6.5, loc="left")
     panel_legend(ax)
     return sc

@@ -16,7 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from ._style import figure_main, save, style
-from .fig_f1_lipschitz_vs_n import log_axes, panel_grid, panel_legend, panel_title, sweeps_or_raise
+from .fig_f1_lipschitz_vs_n import (
+    log_axes,
+    panel_grid,
+    panel_legend,
+    panel_title,
+    panel_ylabel,
+    sweeps_or_raise,
+)
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -78,7 +85,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
             ax.xaxis.set_major_locator(MaxNLocator(3))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
             ax.set_xlabel("mean radius $R(X)$")
-            ax.set_ylabel("local Lipschitz constant")
+            panel_ylabel(ax, "local Lipschitz constant")
             ax.set_title(panel_title(s), fontsize=6.5, loc="left")
             panel_legend(ax)
         fig.colorbar(sc, ax=axes, shrink=0.5, label="sequence length $n$")

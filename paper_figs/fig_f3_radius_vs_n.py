@@ -21,7 +21,13 @@ import numpy as np
 from experiments.fits import fit_power_law
 
 from ._style import PALETTE, figure_main, save, style
-from .fig_f1_lipschitz_vs_n import panel_grid, panel_legend, panel_title, sweeps_or_raise
+from .fig_f1_lipschitz_vs_n import (
+    panel_grid,
+    panel_legend,
+    panel_title,
+    panel_ylabel,
+    sweeps_or_raise,
+)
 
 __all__ = ["STEM", "TARGET", "draw", "main"]
 
@@ -86,7 +92,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
                     label=rf"fit $R\propto n^{{{fit.alpha:.3f}}}$, $\beta\in[{lo:.3f},{hi:.3f}]$",
                 )
             ax.set_xlabel("sequence length $n$")
-            ax.set_ylabel("mean radius $R(X)$")
+            panel_ylabel(ax, "mean radius $R(X)$")
             title = panel_title(s)
             if fallback:
                 title += f"\n(no {TARGET} stand-in in these results)"
