@@ -140,7 +140,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
 def _cmd_experiment(args: argparse.Namespace) -> dict[str, Any]:
     import time
 
-    from .reproduce import STAGES
+    from .reproduce import STAGES, check_device
 
     stages = {s.name: s for s in STAGES}
     if args.stage not in stages:
@@ -162,11 +162,7 @@ def _cmd_experiment(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.list_options:
         return doc
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise CLIError("device 'cuda' requested but no CUDA device is available")
+    check_device(args.device)
     results = Path(args.out)
     t0 = time.perf_counter()
     files = mod.run(

@@ -782,9 +782,13 @@ def summary(results_dir: Path) -> dict[str, Any]:
     dict
         ``{"experiment": "real_data", "sweeps": [...]}`` (JSON-able).
     """
+    return {"experiment": NAME, "sweeps": _summary_rows(load_sweeps(results_dir))}
+
+
+def _summary_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of :func:`summary` for sweeps already loaded by :func:`load_sweeps`."""
     import numpy as np
 
-    sweeps = load_sweeps(results_dir)
     rows = []
     for s in sweeps:
         a = s["arrays"]
@@ -854,7 +858,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
                 "training_length": beyond,
             }
         )
-    return {"experiment": NAME, "sweeps": rows}
+    return rows
 
 
 #: Columns of ``windows.csv`` taken from the per-window arrays of :func:`load_sweeps`.
@@ -914,7 +918,7 @@ def export_csv(results_dir: Path) -> list[Path]:
         for i in range(a["n"].size):
             rows.append({**ident, **{k: a[k][i].item() for k in _WINDOW_COLUMNS}})
     fit_rows = []
-    for row in summary(results_dir)["sweeps"]:
+    for row in _summary_rows(sweeps):
         curve = row["paper_curve"] or {}
         fits = {
             "true": row["fit_true"],

@@ -28,7 +28,7 @@ from typing import Any
 
 from .results import atomic_write_text, run_metadata, write_json
 
-__all__ = ["BUDGET_SECONDS", "PRESET_NAMES", "STAGES", "Stage", "reproduce"]
+__all__ = ["BUDGET_SECONDS", "PRESET_NAMES", "STAGES", "Stage", "check_device", "reproduce"]
 
 log = logging.getLogger("meanfield.reproduce")
 
@@ -58,6 +58,17 @@ STAGES: tuple[Stage, ...] = (
     Stage("attacks", "experiments.attack_figures", "Worst-case measures and mass splitting", False),
     Stage("verify_bounds", "experiments.verify_bounds", "Bounds checked against the engine", False),
 )
+
+
+def check_device(device: str) -> None:
+    """Raise ValueError unless ``device`` is ``"cpu"`` or an available ``"cuda[:k]"``."""
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but no CUDA device is available")
 
 
 def _select(only: Iterable[str] | None) -> list[Stage]:
@@ -116,13 +127,7 @@ def reproduce(
     """
     if preset not in PRESET_NAMES:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but no CUDA device is available")
+    check_device(device)
     stages = _select(only)
     if not progress:
         _quiet_loaders()

@@ -818,7 +818,7 @@ def certified_local_upper(
         raise ValueError(f"X has d = {X.shape[-1]} but the parameters have d = {params.d}")
     if not bool(torch.isfinite(X).all()):
         raise ValueError("X has non-finite entries")
-    heads = params.heads if isinstance(params, MultiHeadParams) else (params,)
+    heads = params.heads  # an AttentionParams is its own single head
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
     X64 = X.detach().to(torch.float64)
