@@ -46,6 +46,7 @@ the bound instead (same type and shape).
 
 from __future__ import annotations
 
+from theory.bounds import registry as registry
 from theory.bounds.inversions import gap_for_target, radius_for_target, radius_for_upper
 from theory.bounds.kim import (
     kim_l2_norms,

@@ -22,7 +22,7 @@ from theory.lambert import lambertw_exp
 
 
 def gap_for_target(L: ArrayLike) -> Any:
-    r"""Gap with :math:`\gamma e^{\gamma/2} = L`: :math:`\gamma = 2W_0(L/2)` (THEORY.md §11.4).
+    r"""Gap with :math:`\gamma e^{\gamma/2} = L`: :math:`\gamma = 2W_0(L/2)` (docs/theory.md §9).
 
     Parameters
     ----------
@@ -54,7 +54,7 @@ def radius_for_target(
     *,
     form: Literal["asymptote", "half", "exact"] = "asymptote",
 ) -> Any:
-    r"""Radius beyond which the two-Dirac lower bound exceeds :math:`L` (THEORY.md §11 items 2–3).
+    r"""Radius beyond which the two-Dirac lower bound exceeds :math:`L` (docs/theory.md §9).
 
     The gap is :math:`\gamma = \lambda R^2/4` (case +, :math:`\lambda > 0`) or
     :math:`\gamma = 2|\lambda|R^2`
@@ -140,7 +140,7 @@ def radius_for_upper(
     *,
     form: Literal["exact", "lambert"] = "exact",
 ) -> Any:
-    r"""Largest radius with :math:`a(1 + bR^2)e^{cR^2} \le L` (THEORY.md §11.5).
+    r"""Largest radius with :math:`a(1 + bR^2)e^{cR^2} \le L` (docs/theory.md §9).
 
     * ``form="exact"``: the exact radius, in closed form:
 
@@ -150,7 +150,7 @@ def radius_for_upper(
       :func:`theory.lambert.lambertw_exp` in the log domain and polished by Newton steps on
       :math:`\log(1 + bt) + ct = \log(L/a)`; :math:`c = 0` or :math:`b = 0` use the elementary
       solutions.
-    * ``form="lambert"``: THEORY's conservative radius :math:`R^2 = W_0\big(\frac{cL}{2ab}\big)/c`,
+    * ``form="lambert"``: the conservative radius :math:`R^2 = W_0\big(\frac{cL}{2ab}\big)/c`,
       valid
       only when it satisfies :math:`R^2 \ge 1/b` (there :math:`1 + bR^2 \le 2bR^2`); NaN elsewhere.
 
@@ -172,8 +172,8 @@ def radius_for_upper(
 
     Notes
     -----
-    THEORY.md §11.5 proposes bisection for the exact radius; the closed form above makes it
-    unnecessary (the tests check it against bisection). Provenance: *derived and checked
+    The exact radius needs no bisection (docs/theory.md §9, §13 item 2): the closed form above makes
+    it unnecessary (the tests check it against bisection). Provenance: *derived and checked
     numerically*.
     """
     _choice(form, "form", ("exact", "lambert"))

@@ -1,4 +1,7 @@
-r"""Kim, Papamakarios & Mnih (ICML 2021): softmax lemma and L2-attention bounds (docs/theory.md §8)."""
+r"""Kim, Papamakarios & Mnih (ICML 2021): softmax lemma and L2-attention bounds.
+
+See docs/theory.md §8.
+"""
 
 from __future__ import annotations
 
@@ -27,12 +30,12 @@ def _phi_inv(N: NDArray[np.float64], variant: str) -> NDArray[np.float64]:
 
 
 def kim_softmax_lemma(N: ArrayLike, *, variant: Literal["N-1", "N"] = "N-1") -> Any:
-    r"""Softmax-variance bound of THEORY.md §10.4.
+    r"""Softmax-variance bound of docs/theory.md §8.
 
     :math:`\sum_j \mathrm{softmax}(-t)_j\,t_j \le W_0\big(\frac{N - 1}{e}\big)`.
 
-    For costs :math:`t \in \mathbb R_{\ge 0}^N` with :math:`t_{\mathrm{self}} = 0` (THEORY.md
-    §10.4).
+    For costs :math:`t \in \mathbb R_{\ge 0}^N` with :math:`t_{\mathrm{self}} = 0` (docs/theory.md
+    §8).
 
     Parameters
     ----------
@@ -65,7 +68,7 @@ def kim_softmax_lemma_mean_field(q: ArrayLike) -> Any:
 
     An atom of mass :math:`q` at zero cost and the remaining mass :math:`1 - q` at costs
     :math:`\ge 0`
-    (THEORY.md §10.4). :math:`q = 1/N` recovers :func:`kim_softmax_lemma`.
+    (docs/theory.md §8). :math:`q = 1/N` recovers :func:`kim_softmax_lemma`.
 
     Parameters
     ----------
@@ -115,7 +118,7 @@ def kim_l2_norms(
 
     Notes
     -----
-    THEORY.md §10.3. Provenance: *standard* (operator norms).
+    docs/theory.md §8. Provenance: *standard* (operator norms).
     """
     if p not in (2, "inf"):
         raise ValueError(f"p must be 2 or 'inf', got {p!r}")
@@ -154,7 +157,7 @@ def kim_l2_upper(
     variant: Literal["N-1", "N"] = "N-1",
     wq_power: Literal[1, 2] = 1,
 ) -> Any:
-    r"""Kim et al.'s Lipschitz bounds for L2 multi-head attention (THEORY.md §10.3).
+    r"""Kim et al.'s Lipschitz bounds for L2 multi-head attention (docs/theory.md §8).
 
     With :math:`\phi^{-1}(N - 1) = W_0((N - 1)/e)`:
 
@@ -182,7 +185,7 @@ def kim_l2_upper(
         (larger, so still valid).
     wq_power : {1, 2}, default 1
         ``p=2`` only: the power of :math:`\|W^{Q,h}\|_2` inside the sum. ``1`` is the form as
-        recalled in THEORY.md §10.3, **refuted** by our verification harness for large
+        recalled in docs/theory.md §8, **refuted** by our verification harness for large
         :math:`W^Q` (see Warnings); ``2`` is our repaired candidate
         :math:`(\sum_h\|W^{Q,h}\|_2^4\|W^{V,h}\|_2^2)^{1/2}`, which never failed in the harness
         but is not proved.
@@ -201,7 +204,7 @@ def kim_l2_upper(
 
     Warnings
     --------
-    With the L2 attention of THEORY.md §10.2 (:func:`meanfield.l2_self_attention`), the ``p=2``
+    With the L2 attention of docs/theory.md §8 (:func:`meanfield.l2_self_attention`), the ``p=2``
     form as recalled is **not a valid bound**: the map is quadratic in :math:`W^Q` (through the
     logits and :math:`A_h = W^QW^{Q\top}/\sqrt{D/H}`), so at equal tokens
     :math:`\|DF\| = \|A_hW^{V,h}W^O\|` grows like :math:`\|W^Q\|^2` while the recalled bound

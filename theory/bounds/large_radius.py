@@ -22,7 +22,9 @@ from theory.bounds._common import (
 def large_radius_limit(
     counts: ArrayLike, V_norm: ArrayLike, *, kind: Literal["counts", "argmax"] = "counts"
 ) -> Any:
-    r"""Limit :math:`\lim_{R\to\infty}\|Df(RX)\|_2 = \|V\|_2\,(\max_j N_j)^{1/2}` (THEORY.md §8).
+    r"""Limit :math:`\lim_{R\to\infty}\|Df(RX)\|_2 = \|V\|_2\,(\max_j N_j)^{1/2}`.
+
+    See docs/theory.md §7.
 
     Parameters
     ----------
@@ -82,7 +84,7 @@ def _scores(X: ArrayLike, A: ArrayLike, masked: bool) -> NDArray[np.float64]:
 
 
 def large_radius_counts(X: ArrayLike, A: ArrayLike, *, masked: bool = False) -> NDArray[np.int64]:
-    r"""Count the queries of each arg-max key (THEORY.md §8).
+    r"""Count the queries of each arg-max key (docs/theory.md §7).
 
     :math:`N_j = \#\{i : j^*(i) = j\}`.
 
@@ -102,7 +104,7 @@ def large_radius_counts(X: ArrayLike, A: ArrayLike, *, masked: bool = False) -> 
 
     Notes
     -----
-    Provenance: *derived and checked numerically* (THEORY.md §8).
+    Provenance: *derived and checked numerically* (docs/theory.md §7).
     """
     S = _scores(X, A, masked)
     j_star = np.argmax(S, axis=1)
@@ -144,7 +146,7 @@ def selection_gap(X: ArrayLike, A: ArrayLike, *, masked: bool = False) -> float:
 def large_radius_deviation(
     gap: ArrayLike, n: ArrayLike, A_norm: ArrayLike, V_norm: ArrayLike, R: ArrayLike
 ) -> Any:
-    r"""Distance between :math:`\|Df(X)\|_2` and its hard-max limit (ours; THEORY.md §8).
+    r"""Distance between :math:`\|Df(X)\|_2` and its hard-max limit (ours; docs/theory.md §7).
 
     With :math:`\eta = \min(1, (n - 1)e^{-\Delta})`, where :math:`\Delta` is the smallest logit
     margin
@@ -176,10 +178,11 @@ def large_radius_deviation(
     :math:`\|P - S\|_2 \le 2\sqrt n\,\eta`; the attention variance is at most
     :math:`\sum_jP_{ij}\|x_j - x_{j^*}\|^2 \le 4R^2\eta`, which bounds :math:`T_2` (Cauchy–Schwarz
     as in
-    §6.1) and :math:`\|C_i\|_2 \le 4R^2\eta` bounds :math:`T_3`; finally
+    docs/theory.md §1) and :math:`\|C_i\|_2 \le 4R^2\eta` bounds :math:`T_3`; finally
     :math:`|\|Df\| - \|S \otimes V\|| \le \|Df - S\otimes V\|`. Also valid masked. Provenance:
     *derived
-    and checked numerically* (ours; it quantifies "large radius", which THEORY.md leaves open).
+    and checked numerically* (ours; it quantifies "large radius", which the statement of the limit
+    leaves open).
     """
     D = _float(gap, "gap", min_value=0.0, allow_inf=True)
     n_ = _float(n, "n", min_value=1.0)

@@ -36,7 +36,7 @@ def released_data_dependent(V_norms: ArrayLike, R_h: ArrayLike, r: ArrayLike, n:
         :math:`\|V_h\|_2` per head, heads on the last axis (a scalar is one head).
     R_h : array_like, shape (..., H)
         :math:`\max_i\|A_{\mathrm{code},h}x_i\|` per head, with
-        :math:`A_{\mathrm{code}} = A^\top` (THEORY.md §1.2).
+        :math:`A_{\mathrm{code}} = A^\top` (docs/conventions.md §1).
     r : array_like, shape (...)
         Diameter of the token set.
     n : array_like, shape (...)
@@ -49,9 +49,10 @@ def released_data_dependent(V_norms: ArrayLike, R_h: ArrayLike, r: ArrayLike, n:
 
     Notes
     -----
-    THEORY.md §6.2. Provenance: *from the authors' released code* (vcastin/how-smooth-is-attention),
-    which computes it for the adversarial inputs only and never plots it. It is the three-term
-    bound with :math:`\|x_j - m_i\| \le r`, without the √3 and without :math:`W^O`.
+    docs/theory.md §2. Provenance: *from the authors' released code*
+    (vcastin/how-smooth-is-attention), which computes it for the adversarial inputs only and never
+    plots it. It is the three-term bound with :math:`\|x_j - m_i\| \le r`, without the √3 and
+    without :math:`W^O`.
 
     **Caveat** (*derived and checked numerically*): as written it is not an upper bound, because
     :math:`R_h` controls :math:`\|A^\top x_i\|` but the self term :math:`T_3 = C_iA^\top h_i`
@@ -69,7 +70,7 @@ def released_data_dependent(V_norms: ArrayLike, R_h: ArrayLike, r: ArrayLike, n:
 def certified_local_upper(
     X: ArrayLike, heads: Sequence[Sequence[Any]], *, masked: bool = False
 ) -> float:
-    r"""Certified data-dependent upper bound on :math:`\|Df(X)\|_2` at one sequence (§6.2).
+    r"""Certified data-dependent bound on :math:`\|Df(X)\|_2` at one sequence (docs/theory.md §2).
 
     .. math:: \|Df(X)\|_2 \le \sum_h\|W_hV_h\|_2\Big(\|P^h\|_2
               + \big(\max_j\textstyle\sum_iP^h_{ij}\kappa_i^2\beta_i^2\big)^{1/2}
@@ -95,14 +96,14 @@ def certified_local_upper(
 
     Notes
     -----
-    THEORY.md §6.2. Provenance: *derived and checked numerically* (THEORY.md §6.2): never below
-    the certified dense constant in ``meanfield verify-bounds``, exact for constant scores and for
-    equal tokens. Proof: :math:`Df(X)[H] = V(T_1+T_2+T_3)` (THEORY.md §4.1);
+    docs/theory.md §2. Provenance: *derived and checked numerically* (docs/theory.md §2): never
+    below the certified dense constant in ``meanfield verify-bounds``, exact for constant scores and
+    for equal tokens. Proof: :math:`Df(X)[H] = V(T_1+T_2+T_3)` (docs/theory.md §1);
     :math:`\|T_1\|\le\|P\|_2\|H\|`; Cauchy–Schwarz with the attention variance bounds
     :math:`T_2`; :math:`\|C_iA^\top h_i\|` bounds :math:`T_3`. Substituting
     :math:`\kappa_i\le R`, :math:`\beta_i\le\|A\|R`, :math:`\|C_i\|\le R^2` and column sums
-    :math:`\le n` gives the triangle form of §6.1. This is a plain numpy evaluation of the
-    formula; :func:`meanfield.certified_local_upper` is the torch version for model layers
+    :math:`\le n` gives the triangle form of docs/theory.md §1. This is a plain numpy evaluation of
+    the formula; :func:`meanfield.certified_local_upper` is the torch version for model layers
     (rotary heads included) and is tested against this one.
     """
     X_ = np.asarray(X, dtype=np.float64)

@@ -63,10 +63,10 @@ def mean_field_upper(
 
     Notes
     -----
-    THEORY.md §7.1. Derivation for :math:`c' = 1`: along a :math:`W_2` geodesic, output particles
+    docs/theory.md §6. Derivation for :math:`c' = 1`: along a :math:`W_2` geodesic, output particles
     move
-    with :math:`L_\mu h` (§4.2); the self term is at most :math:`\|V\|\theta`, the interaction
-    kernel
+    with :math:`L_\mu h` (docs/theory.md §16); the self term is at most :math:`\|V\|\theta`, the
+    interaction kernel
     :math:`\|I + (y - m_x)(A^\top x)^\top\| \le 1 + 2\theta`, and
     :math:`d\pi_x/d\mu \le e^{2\theta}` with Cauchy–Schwarz gives :math:`e^{\theta}`.
     Provenance: an :math:`n`-free upper bound with a matching lower bound is *stated in the paper
@@ -93,7 +93,7 @@ def mean_field_upper(
 
 
 def trivial_lower(V_norm: ArrayLike) -> Any:
-    r"""Trivial lower bound :math:`\|V\|_2` (THEORY.md §5.2).
+    r"""Trivial lower bound :math:`\|V\|_2` (docs/theory.md §16).
 
     :math:`F(\delta_x) = \delta_{Vx}`, so :math:`\mathrm{Lip}(F\,|\,\mathcal P(B_R)) \ge \|V\|_2`;
     the
@@ -111,7 +111,7 @@ def trivial_lower(V_norm: ArrayLike) -> Any:
 
     Notes
     -----
-    Provenance: *derived* (THEORY.md §5.2), elementary.
+    Provenance: *derived* (docs/theory.md §16), elementary.
     """
     return _ret(_norm(V_norm, "V_norm"))
 
@@ -127,7 +127,7 @@ def mean_field_lower(
 ) -> Any:
     r"""Global lower bound :math:`\max(\|V\|_2,\ \sup_\varepsilon g)` on the mean-field constant.
 
-    Both cases of §7.2 are evaluated and the larger is kept:
+    Both cases of docs/theory.md §5 are evaluated and the larger is kept:
     :math:`\max\big(\|V\|_2,\ \sup g(\lambda_+R^2/4)\,\|Vu_+\|,\
     \sup g(2|\lambda_-|R^2)\,\|Vu_-\|\big)`, where case + needs :math:`\lambda_+ >
     0` and case − needs :math:`\lambda_- < 0`.
@@ -158,7 +158,7 @@ def mean_field_lower(
 
     Notes
     -----
-    THEORY.md §7.2 ("Global lower bound", "Best gap"). For small :math:`\gamma` the trivial bound
+    docs/theory.md §5 ("Global lower bound", "Best gap"). For small :math:`\gamma` the trivial bound
     wins. Provenance: *derived and checked numerically*.
     """
     R_ = _norm(R, "R")

@@ -34,7 +34,7 @@ def _split_log_g2(k: NDArray[np.float64], s_y: NDArray, s_z: NDArray) -> NDArray
 
 
 def split_gain(k: ArrayLike, s: ArrayLike) -> Any:
-    r"""Gain :math:`G_k` of the duplicate-then-move attack at a Dirac (THEORY.md §12.2).
+    r"""Gain :math:`G_k` of the duplicate-then-move attack at a Dirac (docs/theory.md §10).
 
     .. math:: \frac{W_2(F\mu, F\nu)}{W_2(\mu, \nu)} = \frac{\|V\delta\|}{\|\delta\|}\,G_k,\qquad
               G_k = \sqrt{(k - 1)w_y^2 + w_z^2},\quad w_y = \frac{e^s}{k - 1 + e^s},\quad
@@ -93,7 +93,7 @@ def split_gain_general(k: ArrayLike, r: ArrayLike, R: ArrayLike, lam: ArrayLike)
 
     Notes
     -----
-    THEORY.md §12.2 ("General position"). Provenance: *derived and checked numerically*.
+    docs/theory.md §10 ("General position"). Provenance: *derived and checked numerically*.
     """
     k_ = _float(k, "k", min_value=1.0)
     r_ = _float(r, "r")
@@ -107,7 +107,7 @@ def split_gain_general(k: ArrayLike, r: ArrayLike, R: ArrayLike, lam: ArrayLike)
 
 
 def split_optimal_k(s: ArrayLike) -> Any:
-    r"""Integer number of copies :math:`k \ge 1` maximising :func:`split_gain` (THEORY.md §12.2).
+    r"""Integer number of copies :math:`k \ge 1` maximising :func:`split_gain` (docs/theory.md §10).
 
     Parameters
     ----------

@@ -56,7 +56,7 @@ def sqrt_n_upper(
 ) -> Any:
     r"""Global upper bound on :math:`\mathrm{Lip}(f\,|\,B_R^n)` in the √n regime.
 
-    With :math:`\theta = \|A\|_2R^2` (notation of this package, not THEORY.md's):
+    With :math:`\theta = \|A\|_2R^2` (notation of this package, not the paper's):
 
     * ``form="sqrt3"`` (default): :math:`\sqrt3\,\|V\|_2\,(\theta^2(4n + 1) + n)^{1/2}`;
     * ``form="sharp"`` (or ``sharp=True``): :math:`\sqrt3\,\|V\|_2\,(\theta^2(n + 1) + n)^{1/2}`;
@@ -82,7 +82,7 @@ def sqrt_n_upper(
 
     Notes
     -----
-    THEORY.md §6.1. Proof: :math:`Df(X)[H] = V(T_1 + T_2 + T_3)` (§4.1) with
+    docs/theory.md §1. Proof: :math:`Df(X)[H] = V(T_1 + T_2 + T_3)` with
     :math:`\|T_1\| \le \sqrt n\|H\|` (row sums 1, column sums :math:`\le n`),
     :math:`\|T_2\| \le 2\sqrt n\,\theta\|H\|` from :math:`\|x_j - m_i\| \le 2R` (or
     :math:`\sqrt n\,\theta\|H\|` by Cauchy–Schwarz with the attention variance
@@ -145,7 +145,7 @@ def sqrt_n_constant(
 
     Notes
     -----
-    THEORY.md §6.1; provenance as in :func:`sqrt_n_upper` (the ``"sqrt3"`` constant is a
+    docs/theory.md §1; provenance as in :func:`sqrt_n_upper` (the ``"sqrt3"`` constant is a
     *recollection, unverified*; the other two forms are *derived and checked numerically*).
     """
     _choice(form, "form", ("sqrt3", "sharp", "triangle"))
@@ -170,7 +170,7 @@ def multihead_upper(
     WO_norm: ArrayLike | None = None,
     rule: Literal["sum", "l2"] = "sum",
 ) -> Any:
-    r"""Combine per-head Lipschitz bounds into a multi-head bound (THEORY.md §2.3).
+    r"""Combine per-head Lipschitz bounds into a multi-head bound (docs/theory.md §1).
 
     * ``rule="sum"``: :math:`\sum_h \|W_h\|_2\,\mathrm{Lip}(f^h)` (``W_norms`` = the norms of the
       column blocks :math:`W_h` of :math:`W^O`; all 1 when omitted, which is what the released
@@ -257,7 +257,7 @@ class RayleighExtremes:
 def rayleigh_extremes(
     A: ArrayLike, *, variant: Literal["symmetric", "released"] = "symmetric"
 ) -> RayleighExtremes:
-    r"""Directions for the constructions of THEORY.md §6.3 and §7.2.
+    r"""Directions for the constructions of docs/theory.md §3 and §5.
 
     Parameters
     ----------
@@ -276,9 +276,9 @@ def rayleigh_extremes(
 
     Notes
     -----
-    THEORY.md §6.3 remarks. Provenance: the ``"released"`` choice is *from the authors' released
-    code*; the ``"symmetric"`` variant is *derived* (only :math:`u^\top Au` enters the logits, so
-    it gives gaps at least as large).
+    docs/theory.md §3 ("Gap rules"). Provenance: the ``"released"`` choice is *from the authors'
+    released code*; the ``"symmetric"`` variant is *derived* (only :math:`u^\top Au` enters the
+    logits, so it gives gaps at least as large).
     """
     _choice(variant, "variant", ("symmetric", "released"))
     A_ = _float(A, "A")
@@ -307,7 +307,7 @@ def construction_gap(
     *,
     rule: Literal["released", "best"] = "released",
 ) -> ConstructionGap:
-    r"""Gap :math:`\gamma` of the eigenvector construction and its case (THEORY.md §6.3, §7.2).
+    r"""Gap :math:`\gamma` of the eigenvector construction and its case (docs/theory.md §3, §5).
 
     * Case ``"+"``: :math:`\gamma_+ = \lambda_{\max}R^2/4`; case ``"-"``:
       :math:`\gamma_- = -2\lambda_{\min}R^2`.
@@ -367,7 +367,7 @@ def _p_log(gamma: NDArray[np.float64], m: NDArray[np.float64]) -> tuple[NDArray,
 
 
 def sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> Any:
-    r"""Lower bound of the eigenvector construction (THEORY.md §6.3).
+    r"""Lower bound of the eigenvector construction (docs/theory.md §3).
 
     .. math:: \|Df(X)\|_2 \ \ge\ \sqrt{n - 1}\;p\,\big(1 + (1 - p)\gamma\big)\,\|Vu\|_2,
               \qquad p = \frac{e^{\gamma}}{e^{\gamma} + n - 1},
@@ -414,7 +414,7 @@ def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> 
 
     Put :math:`k` tokens at the light position and :math:`n - k` at the heavy one (positions of
     :func:`sqrt_n_lower`), and move the :math:`k` light tokens by :math:`u/\sqrt k` each. The
-    :math:`n - k` heavy rows give exactly the two-Dirac function of THEORY.md §7.2 at
+    :math:`n - k` heavy rows give exactly the two-Dirac function of docs/theory.md §5 at
     :math:`\varepsilon = k/n`:
 
     .. math:: \mathrm{Lip}(f\,|\,B_R^n) \ \ge\ \max_{1 \le k \le n - 1} g(k/n).
@@ -442,7 +442,8 @@ def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> 
     Notes
     -----
     Provenance: *derived and checked numerically* (ours; exact Jacobian in the tests). It makes
-    precise THEORY.md §6.3 (iii): "the supremum over inputs does not decay".
+    quantitative the claim that the supremum over inputs does not decay (docs/theory.md §3,
+    "k copies").
     """
     g = _float(gamma, "gamma", min_value=0.0)
     n_ = _count(n, "n")
@@ -464,7 +465,7 @@ def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> 
 
 
 def masked_sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> Any:
-    r"""Lower bound for causal attention on the construction of §6.3 (THEORY.md §9).
+    r"""Lower bound for causal attention on the eigenvector construction (docs/theory.md §4).
 
     .. math:: \|Df^m(X)\|_2 \ \ge\ \|Vu\|_2\Big(\sum_{i=2}^n p_i^2\big(1 + (1 -
     p_i)\gamma\big)^2\Big)^{1/2},

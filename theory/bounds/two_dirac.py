@@ -54,7 +54,7 @@ def two_dirac_log_g(log_eps: ArrayLike, gamma: ArrayLike, Vu_norm: ArrayLike = 1
 
     Notes
     -----
-    THEORY.md §7.2; provenance as in :func:`two_dirac_g`.
+    docs/theory.md §5; provenance as in :func:`two_dirac_g`.
     """
     le = _float(log_eps, "log_eps", allow_inf=True)
     if (le >= 0).any() or (le == -np.inf).any():
@@ -73,10 +73,11 @@ def two_dirac_log_g(log_eps: ArrayLike, gamma: ArrayLike, Vu_norm: ArrayLike = 1
 def two_dirac_g(
     eps: ArrayLike, gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool = False
 ) -> Any:
-    r"""Two-Dirac lower bound at light mass :math:`\varepsilon` (THEORY.md §7.2).
+    r"""Two-Dirac lower bound at light mass :math:`\varepsilon` (docs/theory.md §5).
 
     For :math:`\mu_\varepsilon = (1 - \varepsilon)\delta_{x_0} + \varepsilon\delta_{x_1}` (heavy
-    :math:`x_0`, light :math:`x_1`; positions of §6.3) and moving the light atom along :math:`u`:
+    :math:`x_0`, light :math:`x_1`; positions of docs/theory.md §3) and moving the light atom along
+    :math:`u`:
 
     .. math:: g(\varepsilon) = \sqrt{\tfrac{1 - \varepsilon}{\varepsilon}}\,w\,\big(1 + (1 -
     w)\gamma\big)\|Vu\|_2
@@ -117,7 +118,7 @@ def two_dirac_g(
 
 @dataclass(frozen=True)
 class TwoDiracOptimum:
-    r"""Optimal mass of the two-Dirac construction (THEORY.md §7.2).
+    r"""Optimal mass of the two-Dirac construction (docs/theory.md §5).
 
     Attributes
     ----------
@@ -139,7 +140,7 @@ class TwoDiracOptimum:
 
 
 def two_dirac_optimal_mass(gamma: ArrayLike) -> TwoDiracOptimum:
-    r"""Exact maximiser of :math:`g` over the light mass (THEORY.md §7.2).
+    r"""Exact maximiser of :math:`g` over the light mass (docs/theory.md §5).
 
     Maximising :math:`e^\gamma v(1 - v)(1 + \gamma v)^2` over :math:`v = 1 - w` gives the quadratic
     :math:`4\gamma v^2 - (3\gamma - 2)v - 1 = 0`, whose root in :math:`(0, 1)` is
@@ -216,7 +217,7 @@ def two_dirac_lower(
 
     Notes
     -----
-    THEORY.md §7.2. :math:`\sup g \sim \frac{3\sqrt3}{16}\,s\,e^{s/2}\|Vu\|`
+    docs/theory.md §5. :math:`\sup g \sim \frac{3\sqrt3}{16}\,s\,e^{s/2}\|Vu\|`
     (:func:`two_dirac_asymptote`),
     i.e. :math:`\frac{3\sqrt3}{64}\|Vu\|\lambda R^2e^{\lambda R^2/8}` in case +. Provenance:
     *derived and
@@ -252,7 +253,7 @@ def two_dirac_half(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool = Fa
 
     Notes
     -----
-    THEORY.md §7.2. Provenance: *derived and checked numerically*; that the paper states a form
+    docs/theory.md §5. Provenance: *derived and checked numerically*; that the paper states a form
     like this is a *recollection, unverified*.
     """
     g = _float(gamma, "gamma", min_value=0.0)
@@ -282,7 +283,7 @@ def two_dirac_asymptote(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool
 
     Notes
     -----
-    THEORY.md §7.2. In case + it is :math:`\frac{3\sqrt3}{64}\|Vu\|\lambda R^2e^{\lambda R^2/8}`;
+    docs/theory.md §5. In case + it is :math:`\frac{3\sqrt3}{64}\|Vu\|\lambda R^2e^{\lambda R^2/8}`;
     with
     :math:`\gamma = 2\|A\|_2R^2` (when :math:`-\|A\|_2` is an eigenvalue) it is
     :math:`\frac{3\sqrt3}{8}\|Vu\|\|A\|_2R^2e^{\|A\|_2R^2}`, the rate of the :math:`c' = 1` upper
@@ -309,7 +310,7 @@ def off_axis_two_atom(
     *,
     log: bool = False,
 ) -> Any:
-    r"""General two-atom lower bound (THEORY.md §7.3).
+    r"""General two-atom lower bound (docs/theory.md §5).
 
     .. math:: \mathrm{Lip}(F\,|\,\mathcal P(B_R)) \ \ge\ e^{s/2}\sqrt{w(1 - w)}\;
               \big\|V\big(h + (1 - w)\,(y^\top Ah)\,(x - y)\big)\big\|_2,\qquad s = y^\top A(x - y),
