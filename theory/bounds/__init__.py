@@ -66,7 +66,6 @@ from theory.bounds.splitting import split_gain, split_gain_general, split_optima
 from theory.bounds.sqrt_n import (
     ConstructionGap,
     RayleighExtremes,
-    SqrtNForm,
     construction_gap,
     masked_sqrt_n_lower,
     multihead_upper,
@@ -76,8 +75,9 @@ from theory.bounds.sqrt_n import (
     sqrt_n_lower,
     sqrt_n_upper,
 )
+from theory.bounds.sqrt_n import SqrtNForm as SqrtNForm
+from theory.bounds.two_dirac import ASYMPTOTE_COEFF as ASYMPTOTE_COEFF
 from theory.bounds.two_dirac import (
-    ASYMPTOTE_COEFF,
     TwoDiracOptimum,
     off_axis_two_atom,
     two_dirac_asymptote,
@@ -129,6 +129,3 @@ __all__ = [
 ]
 
 PAPER = "Castin, Ablin & Peyré, How Smooth Is Attention?, ICML 2024, arXiv:2312.14820v2"
-
-# not in __all__ (as before the split), importable all the same
-_ = (ASYMPTOTE_COEFF, SqrtNForm)
