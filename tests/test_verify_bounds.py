@@ -1,9 +1,9 @@
-"""Tests of the verification harness (experiments/verify_bounds.py).
+"""Tests of the verification harness (the package experiments/verify_bounds/).
 
 The harness checks theory.bounds against the certified engine; these tests check the harness:
 that it runs clean on a fast subset, that it does catch a wrong bound (theorem violations fail,
 candidate failures are recorded as refutations), that its instances are reproducible, that its
-own bound (THEORY.md §6.2, certified data-dependent) is a bound by an engine-free finite
+own bound (docs/theory.md §2a, certified data-dependent) is a bound by an engine-free finite
 difference check, and the experiment-module contract (presets, resume, schema, CLI).
 """
 
@@ -18,6 +18,7 @@ import pytest
 
 from experiments import verify_bounds as vb
 from experiments.results import load_json, load_jsonl
+from experiments.verify_bounds.generation import _construction_ctx
 from theory.bounds import certified_local_upper
 
 
@@ -203,7 +204,7 @@ def test_construction_gap_from_the_input_matches_the_attack(rng):
             torch.from_numpy(A), 1.7, 5, variant="symmetric", V=torch.from_numpy(V)
         )
         X = con.X.numpy()
-        ctx = vb._construction_ctx(X, X[0], X[1], A, V)
+        ctx = _construction_ctx(X, X[0], X[1], A, V)
         assert ctx["gamma"] == pytest.approx(con.gamma, rel=1e-12, abs=1e-12)
         assert ctx["Vu_norm"] == pytest.approx(np.linalg.norm(V @ con.u.numpy()), rel=1e-12)
 
@@ -312,7 +313,7 @@ def test_cli_writes_report(tmp_path, capsys):
 
 
 def test_cli_fails_loudly_on_a_violation(tmp_path, monkeypatch):
-    monkeypatch.setattr(vb, "BOUNDS", vb.BOUNDS + (WRONG_UPPER,))
+    monkeypatch.setattr(vb.checks, "BOUNDS", vb.BOUNDS + (WRONG_UPPER,))
     out = tmp_path / "rep.json"
     args = _parser().parse_args(
         [
@@ -340,6 +341,68 @@ def test_thousands_of_instances_run_clean():
     assert rep["n_instances"] == 3000
     assert sum(b["n_checked"] for b in rep["bounds"].values()) > 20000
     assert rep["candidates"]["mean_field_upper[c'=1/2]"]["verdict"] == "refuted"
-    # the THEORY.md §6.2 counterexample family is generated: the released quantity fails
+    # the docs/theory.md §2 counterexample family is generated: the released quantity fails
     assert rep["known_invalid"]["released_data_dependent"]["n_fail"] > 0
     assert math.isfinite(rep["bounds"]["certified_local"]["tightness"]["median"])
+
+
+def test_checked_bounds_are_the_verified_records_of_the_registry():
+    """The harness reads names, sides and statuses from theory.bounds.registry, in its order."""
+    from theory.bounds import registry
+
+    records = registry.verified()
+    assert [(s.name, s.side, s.status) for s in vb.BOUNDS] == [
+        (r.name, r.side, r.status) for r in records
+    ]
+    assert set(vb.EVALUATORS) == {r.name for r in records}
+    assert all(s.source.startswith("docs/theory.md §") for s in vb.BOUNDS)
+    # the report names of the harness before the registry existed: reports stay comparable
+    assert [s.name for s in vb.BOUNDS] == [
+        "sqrt_n_upper[sqrt3]",
+        "sqrt_n_upper[sharp]",
+        "sqrt_n_upper[triangle]",
+        "multihead_upper[l2,triangle]",
+        "certified_local",
+        "released_data_dependent",
+        "released_data_dependent+max_Ax",
+        "mean_field_upper[c'=2]",
+        "mean_field_upper[c'=1]",
+        "mean_field_upper[c'=1/2]",
+        "mean_field_upper[c'=2,masked]",
+        "mean_field_upper[c'=1,masked]",
+        "mean_field_upper[c'=1,masked,Hardy]",
+        "trivial_lower",
+        "sqrt_n_lower",
+        "masked_sqrt_n_lower",
+        "sequence_lower",
+        "two_dirac_lower",
+        "two_dirac_g",
+        "two_dirac_half",
+        "two_dirac_asymptote",
+        "mean_field_lower",
+        "off_axis_two_atom",
+        "large_radius[limit+deviation]",
+        "large_radius[limit-deviation]",
+        "large_radius_limit",
+        "kim_l2_upper[p=2]",
+        "kim_l2_upper[p=2,WQ^2]",
+        "kim_l2_upper[p=inf]",
+        "kim_softmax_lemma",
+    ]
+
+
+def test_stage_interface_is_importable_from_the_package():
+    """What experiments.reproduce and experiments.cli use, at the old import path."""
+    import inspect
+
+    for name in ("PRESETS", "run", "summary", "report_section", "add_parser", "verify"):
+        assert hasattr(vb, name), name
+    assert list(inspect.signature(vb.run).parameters) == [
+        "results_dir",
+        "preset",
+        "device",
+        "progress",
+        "overrides",
+    ]
+    assert list(inspect.signature(vb.report_section).parameters) == ["results_dir", "figures_dir"]
+    assert set(vb.PRESETS) == {"tiny", "quick", "paper"}

@@ -86,7 +86,7 @@ def verify(
         return check_instance(seed, point["index"], point["kind"], specs)
 
     if sweep_dir is not None:
-        from .runner import Sweep
+        from ..runner import Sweep
 
         config = {
             "harness_version": HARNESS_VERSION,
