@@ -108,13 +108,15 @@ class Bound:
     help : str
         One line: what the bound says.
     options : tuple of str
-        Keyword options a caller may still choose (the command forwards them when given).
+        Keyword options a caller may still choose.
     fixed : mapping
         Keyword options that define this variant (empty for the plain function).
     note : str
         How the verification harness applies it, when that is not obvious from the name.
     cli : str or None
         Name under ``meanfield bound``; ``None`` when the command does not offer it.
+    cli_options : tuple of str
+        The keyword options the command forwards when given (a subset of ``options``).
     verified : bool
         Whether the verification harness checks this record (:func:`verified`).
     compose : callable or None
@@ -133,6 +135,7 @@ class Bound:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     cli: str | None = None
+    cli_options: tuple[str, ...] = ()
     verified: bool = False
     compose: Callable[..., Any] | None = None
 
@@ -217,7 +220,7 @@ BOUNDS: tuple[Bound, ...] = (
         "sqrt_n_upper", "sqrt_n_upper", "upper", _T,
         "sqrt3 constant: recollection, unverified; as a bound: " + _DER, _S1,
         (*_NORMS, "n"), "global √n-regime upper bound on B_R^n",
-        options=("form",), cli="sqrt-n-upper",
+        options=("form", "sharp"), cli="sqrt-n-upper", cli_options=("form",),
         note="plain function; its three forms are the variants below",
     ),
     Bound(
@@ -276,7 +279,7 @@ BOUNDS: tuple[Bound, ...] = (
         "mean_field_upper", "mean_field_upper", "upper", _C,
         "form: recollection, unverified; c' = 1: " + _DER + "; c' = 2: derived", _S6,
         _NORMS, "mean-field (W2) upper bound with exponent c' = --c", options=("c", "form"),
-        cli="mean-field-upper", note="plain function (default c' = 1); variants below",
+        cli="mean-field-upper", cli_options=("c",), note="plain function (default c' = 1); variants below",
     ),
     Bound(
         "mean_field_upper[c'=2]", "mean_field_upper", "upper", _T,
@@ -466,7 +469,7 @@ BOUNDS: tuple[Bound, ...] = (
     Bound(
         "radius_for_target", "radius_for_target", "value", _T, _DER, _S9,
         ("L", "lam", "Vu_norm"), "largest radius R for a target constant L", options=("form",),
-        cli="radius-for-target",
+        cli="radius-for-target", cli_options=("form",),
     ),
     Bound(
         "radius_for_upper", "radius_for_upper", "value", _T, _DER, _S9,
@@ -515,12 +518,17 @@ def verified() -> tuple[Bound, ...]:
 def cli_bounds() -> dict[str, Bound]:
     """``meanfield bound`` names mapped to their records.
 
-    A drop-in for a table of ``(function, args, help, options)`` entries: each record has those
-    four attributes, and ``help`` ends with the docs section.
+    A drop-in for a table of ``(function, args, help, options)`` entries: each returned record has
+    those four attributes, ``options`` restricted to the command's (``cli_options``) and ``help``
+    ending with the docs section.
     """
     from dataclasses import replace
 
-    return {b.cli: replace(b, help=f"{b.help} ({b.section})") for b in BOUNDS if b.cli is not None}
+    return {
+        b.cli: replace(b, help=f"{b.help} ({b.section})", options=b.cli_options)
+        for b in BOUNDS
+        if b.cli is not None
+    }
 
 
 def markdown_table() -> str:
