@@ -30,7 +30,7 @@ def test_crossover_equalises_the_bounds(form, mf_form):
 
 
 def test_crossover_growth_rate():
-    # THEORY §7.5: n* ~ e^{2 ||A|| R^2} up to polynomial factors (c' = 1).
+    # docs/theory.md §12: n* ~ e^{2 ||A|| R^2} up to polynomial factors (c' = 1).
     theta = np.array([5.0, 50.0, 500.0])
     log_n = Rg.crossover_n(1.0, 1.0, np.sqrt(theta), log=True)
     assert np.all(np.isfinite(log_n))

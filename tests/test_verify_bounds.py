@@ -1,45 +1,25 @@
-"""Tests of the verification harness (experiments/verify_bounds.py).
+"""Tests of the verification harness (the package experiments/verify_bounds/).
 
-The harness checks theory.bounds against the certified engine; these tests check the harness:
-that it runs clean on a fast subset, that it does catch a wrong bound (theorem violations fail,
-candidate failures are recorded as refutations), that its instances are reproducible, that its
-own bound (THEORY.md §6.2, certified data-dependent) is a bound by an engine-free finite
-difference check, and the experiment-module contract (presets, resume, schema, CLI).
+The harness checks theory.bounds against the certified engine; these tests check its checks
+(experiments/verify_bounds/checks.py): that it runs clean on a fast subset, that it does catch a
+wrong bound (theorem violations fail, candidate failures are recorded as refutations), that the
+certified data-dependent bound (docs/theory.md §2a) is a bound by an engine-free finite difference
+check, and that the bounds checked are the verified records of theory.bounds.registry. Instance
+generation and the stage/command contract are tested in test_verify_bounds_generation.py and
+test_verify_bounds_stage.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 
 import numpy as np
 import pytest
 
 from experiments import verify_bounds as vb
-from experiments.results import load_json, load_jsonl
 from theory.bounds import certified_local_upper
 
-
-def _upper_half_trivial(t: vb.Target) -> float | None:
-    """Deliberately wrong 'upper bound' ||V_eff||/2 at equal tokens (the exact value is ||V_eff||
-    unmasked, and at least that masked)."""
-    if t.ctx.get("construction") != "equal_tokens":
-        return None
-    return 0.5 * t.ctx["V_eff_norm"]
-
-
-def _lower_twice_construction(t: vb.Target) -> float | None:
-    """Deliberately wrong 'lower bound': twice the eigenvector-construction value."""
-    if t.ctx.get("construction") != "one_token" or t.ctx["masked"]:
-        return None
-    from theory import bounds
-
-    return 2.0 * float(bounds.sqrt_n_lower(t.ctx["gamma"], t.ctx["n"], t.ctx["Vu_norm"]))
-
-
-WRONG_UPPER = vb.BoundSpec("wrong_upper", "upper", "theorem", "test", _upper_half_trivial)
-WRONG_LOWER = vb.BoundSpec("wrong_lower", "lower", "theorem", "test", _lower_twice_construction)
+from .wrong_bounds import WRONG_LOWER, WRONG_UPPER, upper_half_trivial
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +91,7 @@ def test_harness_catches_a_wrong_theorem():
 
 
 def test_a_failing_candidate_is_a_finding_not_a_failure():
-    wrong = vb.BoundSpec("wrong_candidate", "upper", "candidate", "test", _upper_half_trivial)
+    wrong = vb.BoundSpec("wrong_candidate", "upper", "candidate", "test", upper_half_trivial)
     rep = vb.verify(10, seed=2, kinds=["equal_tokens"], progress=False, extra_bounds=[wrong])
     assert rep["passed"]
     c = rep["candidates"]["wrong_candidate"]
@@ -125,14 +105,6 @@ def test_exponent_probe_is_refuted_by_two_diracs():
     assert rep["passed"]
     assert rep["candidates"]["mean_field_upper[c'=1/2]"]["verdict"] == "refuted"
     assert rep["candidates"]["mean_field_upper[c'=1]"]["verdict"] == "survived"
-
-
-def test_instances_are_reproducible():
-    a = vb.make_targets(7, 11, "two_dirac")
-    b = vb.make_targets(7, 11, "two_dirac")
-    assert [(t.label, t.lower, t.upper) for t in a] == [(t.label, t.lower, t.upper) for t in b]
-    c = vb.make_targets(8, 11, "two_dirac")
-    assert [t.upper for t in a] != [t.upper for t in c]
 
 
 def _naive_attention(X: np.ndarray, heads, masked: bool) -> np.ndarray:
@@ -190,149 +162,6 @@ def test_certified_local_bound_closed_form_at_equal_tokens(rng):
     )
 
 
-def test_construction_gap_from_the_input_matches_the_attack(rng):
-    """The harness computes gamma from X itself; meanfield.attacks computes it from eigenpairs."""
-    import torch
-
-    from meanfield.attacks import adversarial_sequence
-
-    for _ in range(5):
-        d = int(rng.integers(1, 4))
-        A, V = rng.standard_normal((d, d)), rng.standard_normal((d, d))
-        con = adversarial_sequence(
-            torch.from_numpy(A), 1.7, 5, variant="symmetric", V=torch.from_numpy(V)
-        )
-        X = con.X.numpy()
-        ctx = vb._construction_ctx(X, X[0], X[1], A, V)
-        assert ctx["gamma"] == pytest.approx(con.gamma, rel=1e-12, abs=1e-12)
-        assert ctx["Vu_norm"] == pytest.approx(np.linalg.norm(V @ con.u.numpy()), rel=1e-12)
-
-
-def test_bad_input_raises():
-    with pytest.raises(ValueError, match="n_instances"):
-        vb.verify(0, progress=False)
-    with pytest.raises(ValueError, match="unknown kind"):
-        vb.verify(3, kinds=["nope"], progress=False)
-    with pytest.raises(ValueError, match="unique"):
-        vb.verify(3, progress=False, extra_bounds=[vb.BOUNDS[0]])
-    with pytest.raises(ValueError, match="unknown kind"):
-        vb.make_targets(0, 0, "nope")
-
-
-# ------------------------------------------------------------------ experiment contract
-@pytest.fixture(scope="module")
-def tiny_results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("results")
-    files = vb.run(root, "tiny", progress=False)
-    return root, files
-
-
-def test_run_tiny_schema(tiny_results):
-    root, files = tiny_results
-    assert all(p.exists() and p.stat().st_size > 0 for p in files)
-    doc = load_json(root / "verify_bounds" / "report.json")
-    assert doc["kind"] == "verify_bounds"
-    assert doc["metadata"]["config"]["preset"] == "tiny"
-    assert doc["metadata"]["dtype"] == "float64" and doc["metadata"]["seed"] == 0
-    assert doc["n_instances"] == vb.PRESETS["tiny"]["n_instances"]
-    assert doc["passed"] is True
-    for name, b in doc["bounds"].items():
-        assert {
-            "side",
-            "status",
-            "source",
-            "n_checked",
-            "n_violations",
-            "tightness",
-            "min_margin",
-            "by_theta",
-            "worst",
-        } <= set(b), name
-        assert set(b["tightness"]) == {"min", "median", "max"}
-    for c in doc["candidates"].values():
-        assert c["verdict"] in ("survived", "refuted", "untested")
-    s = vb.summary(root)
-    json.dumps(s)
-    assert s["passed"] is True and s["n_instances"] == doc["n_instances"]
-    md = vb.report_section(root, root / "figures")
-    assert md.startswith("## Verification") and "| `sqrt_n_upper[sqrt3]` |" in md
-
-
-def test_run_resumes_without_recomputing(tiny_results, monkeypatch):
-    root, _ = tiny_results
-    n_records = len(load_jsonl(root / "verify_bounds" / "instances.jsonl"))
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a finished instance was recomputed")
-
-    monkeypatch.setattr(vb, "check_instance", boom)
-    vb.run(root, "tiny", progress=False)
-    assert len(load_jsonl(root / "verify_bounds" / "instances.jsonl")) == n_records
-
-
-def test_run_rejects_bad_options(tmp_path):
-    with pytest.raises(ValueError, match="unknown verify_bounds option"):
-        vb.run(tmp_path, "tiny", progress=False, n_points=3)
-    with pytest.raises(ValueError, match="unknown preset"):
-        vb.run(tmp_path, "huge", progress=False)
-    with pytest.raises(ValueError, match="CPU"):
-        vb.run(tmp_path, "tiny", progress=False, device="cuda")
-    with pytest.raises(FileNotFoundError, match="verify_bounds"):
-        vb.summary(tmp_path)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meanfield")
-    vb.add_parser(parser.add_subparsers(dest="command"))
-    return parser
-
-
-def test_cli_writes_report(tmp_path, capsys):
-    out = tmp_path / "rep.json"
-    args = _parser().parse_args(
-        [
-            "verify-bounds",
-            "--instances",
-            "6",
-            "--seed",
-            "4",
-            "--out",
-            str(out),
-            "--no-progress",
-            "--kinds",
-            "random_sequence,two_dirac",
-        ]
-    )
-    doc = args.handler(args)
-    assert doc["passed"] and out.exists()
-    assert load_json(out)["n_instances"] == 6
-    assert set(load_json(out)["instances_by_kind"]) == {"random_sequence", "two_dirac"}
-    args.printer(doc)
-    assert "PASSED" in capsys.readouterr().out
-
-
-def test_cli_fails_loudly_on_a_violation(tmp_path, monkeypatch):
-    monkeypatch.setattr(vb, "BOUNDS", vb.BOUNDS + (WRONG_UPPER,))
-    out = tmp_path / "rep.json"
-    args = _parser().parse_args(
-        [
-            "verify-bounds",
-            "--instances",
-            "3",
-            "--kinds",
-            "equal_tokens",
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
-    with pytest.raises(RuntimeError, match="theorem violation"):
-        args.handler(args)
-    rep = load_json(out)  # the report with the full instances is written before failing
-    assert rep["passed"] is False and rep["violations"][0]["instance"]["heads"]
-
-
-# ------------------------------------------------------------------ slow: thousands of instances
 @pytest.mark.slow
 def test_thousands_of_instances_run_clean():
     rep = vb.verify(3000, seed=0, progress=False)
@@ -340,6 +169,68 @@ def test_thousands_of_instances_run_clean():
     assert rep["n_instances"] == 3000
     assert sum(b["n_checked"] for b in rep["bounds"].values()) > 20000
     assert rep["candidates"]["mean_field_upper[c'=1/2]"]["verdict"] == "refuted"
-    # the THEORY.md §6.2 counterexample family is generated: the released quantity fails
+    # the docs/theory.md §2 counterexample family is generated: the released quantity fails
     assert rep["known_invalid"]["released_data_dependent"]["n_fail"] > 0
     assert math.isfinite(rep["bounds"]["certified_local"]["tightness"]["median"])
+
+
+def test_checked_bounds_are_the_verified_records_of_the_registry():
+    """The harness reads names, sides and statuses from theory.bounds.registry, in its order."""
+    from theory.bounds import registry
+
+    records = registry.verified()
+    assert [(s.name, s.side, s.status) for s in vb.BOUNDS] == [
+        (r.name, r.side, r.status) for r in records
+    ]
+    assert set(vb.EVALUATORS) == {r.name for r in records}
+    assert all(s.source.startswith("docs/theory.md §") for s in vb.BOUNDS)
+    # the report names of the harness before the registry existed: reports stay comparable
+    assert [s.name for s in vb.BOUNDS] == [
+        "sqrt_n_upper[sqrt3]",
+        "sqrt_n_upper[sharp]",
+        "sqrt_n_upper[triangle]",
+        "multihead_upper[l2,triangle]",
+        "certified_local",
+        "released_data_dependent",
+        "released_data_dependent+max_Ax",
+        "mean_field_upper[c'=2]",
+        "mean_field_upper[c'=1]",
+        "mean_field_upper[c'=1/2]",
+        "mean_field_upper[c'=2,masked]",
+        "mean_field_upper[c'=1,masked]",
+        "mean_field_upper[c'=1,masked,Hardy]",
+        "trivial_lower",
+        "sqrt_n_lower",
+        "masked_sqrt_n_lower",
+        "sequence_lower",
+        "two_dirac_lower",
+        "two_dirac_g",
+        "two_dirac_half",
+        "two_dirac_asymptote",
+        "mean_field_lower",
+        "off_axis_two_atom",
+        "large_radius[limit+deviation]",
+        "large_radius[limit-deviation]",
+        "large_radius_limit",
+        "kim_l2_upper[p=2]",
+        "kim_l2_upper[p=2,WQ^2]",
+        "kim_l2_upper[p=inf]",
+        "kim_softmax_lemma",
+    ]
+
+
+def test_stage_interface_is_importable_from_the_package():
+    """What experiments.reproduce and experiments.cli use, at the old import path."""
+    import inspect
+
+    for name in ("PRESETS", "run", "summary", "report_section", "add_parser", "verify"):
+        assert hasattr(vb, name), name
+    assert list(inspect.signature(vb.run).parameters) == [
+        "results_dir",
+        "preset",
+        "device",
+        "progress",
+        "overrides",
+    ]
+    assert list(inspect.signature(vb.report_section).parameters) == ["results_dir", "figures_dir"]
+    assert set(vb.PRESETS) == {"tiny", "quick", "paper"}

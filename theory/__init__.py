@@ -1,11 +1,11 @@
 r"""Closed-form and symbolic Lipschitz bounds for self-attention (numpy, scipy, sympy; no torch).
 
 Reference: Castin, Ablin & Peyré, *How Smooth Is Attention?*, ICML 2024, arXiv:2312.14820v2
-(pinned). Formulas, derivations and provenance labels are those of THEORY.md; derivations of the
-reconstructed constants are in ``docs/theory.md``.
+(pinned). Formulas, derivations and provenance labels are written up in ``docs/theory.md`` (labels
+in §15).
 
-Notation (THEORY.md §1.5; code names in parentheses)
------------------------------------------------------
+Notation (as in docs/theory.md; code names in parentheses)
+----------------------------------------------------------
 A (``A``, ``A_norm`` = :math:`\|A\|_2`)
     Score matrix: the score of query :math:`i` on key :math:`j` is :math:`x_i^\top Ax_j`,
     :math:`A = Q^\top K/\sqrt k`. The released code uses :math:`A^\top` (same norm and spectrum).
@@ -15,7 +15,7 @@ mu (``mu``)
     A probability measure on :math:`B_R`; atomic measures :math:`\sum_ja_j\delta_{x_j}` (masses
     :math:`a_j`).
 n, N
-    Number of tokens (:math:`N` in Kim et al.'s notation, §10).
+    Number of tokens (:math:`N` in Kim et al.'s notation, docs/theory.md §8).
 d
     Token dimension.
 R (``R``)
@@ -34,7 +34,7 @@ w, v
 N_j
     Number of queries whose arg-max key is :math:`j` (large-radius regime).
 theta (``theta``)
-    :math:`\|A\|_2R^2`, a shorthand of this package (not THEORY.md's).
+    :math:`\|A\|_2R^2`, a shorthand of this package (not the paper's).
 
 Modules
 -------

@@ -1,9 +1,9 @@
-r"""Sympy symbols with assumptions, named as in THEORY.md §1.5.
+r"""Sympy symbols with assumptions, named as in the notation of docs/theory.md.
 
 Python names follow the code notation (``A_norm`` for :math:`\|A\|_2`, ``lam`` for :math:`\lambda`,
-``eps`` for :math:`\varepsilon`); :data:`LATEX_NAMES` maps each symbol to its THEORY.md notation for
-LaTeX output. Assumptions are the ones the derivations need: counts are positive integers, norms,
-radii, gaps and masses are positive.
+``eps`` for :math:`\varepsilon`); :data:`LATEX_NAMES` maps each symbol to its notation in
+docs/theory.md for LaTeX output. Assumptions are the ones the derivations need: counts are positive
+integers, norms, radii, gaps and masses are positive.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ __all__ = [
 
 # Counts.
 n = sp.Symbol("n", positive=True, integer=True)  # tokens
-N = sp.Symbol("N", positive=True, integer=True)  # tokens, Kim et al. notation (§10)
+N = sp.Symbol("N", positive=True, integer=True)  # tokens, Kim et al. notation (docs/theory.md §8)
 d = sp.Symbol("d", positive=True, integer=True)  # model width
-k = sp.Symbol("k", positive=True, integer=True)  # copies (§12) / head width (§1.2)
+# copies (docs/theory.md §10) / head width (docs/conventions.md §1)
+k = sp.Symbol("k", positive=True, integer=True)
 H = sp.Symbol("H", positive=True, integer=True)  # heads
-M = sp.Symbol("M", positive=True)  # N - 1, the number of other tokens (§10.4)
+M = sp.Symbol("M", positive=True)  # N - 1, the number of other tokens (docs/theory.md §8)
 m = sp.Symbol("m", positive=True)  # k - 1 or n - 1 as a continuous variable
 
 # Norms and geometry.
@@ -66,19 +67,20 @@ p = sp.Symbol("p", positive=True)  # attention paid to the distinguished token
 eps = sp.Symbol("epsilon", positive=True)  # light mass
 w = sp.Symbol("w", positive=True)  # attention of the heavy atom to the light one
 v = sp.Symbol("v", positive=True)  # v = 1 - w
-q = sp.Symbol("q", positive=True)  # mass of the zero-cost atom (§10.4)
-t = sp.Symbol("t", positive=True)  # a cost (§10.4) or a ratio (n - 1)/e^gamma (§6.3)
+q = sp.Symbol("q", positive=True)  # mass of the zero-cost atom (docs/theory.md §8)
+# a cost (docs/theory.md §8) or a ratio (n - 1)/e^gamma (docs/theory.md §3)
+t = sp.Symbol("t", positive=True)
 
 # Targets and bound parameters.
 L = sp.Symbol("L", positive=True)  # target Lipschitz constant
-C = sp.Symbol("C", positive=True)  # constant of the asymptotic lower bound (§11.2)
-a = sp.Symbol("a", positive=True)  # bound a(1 + b R^2) e^{c R^2} (§11.5)
+C = sp.Symbol("C", positive=True)  # constant of the asymptotic lower bound (docs/theory.md §9)
+a = sp.Symbol("a", positive=True)  # bound a(1 + b R^2) e^{c R^2} (docs/theory.md §9)
 b = sp.Symbol("b", positive=True)
-c = sp.Symbol("c", positive=True)  # also c', the exponent coefficient of §7.1
+c = sp.Symbol("c", positive=True)  # also c', the exponent coefficient of docs/theory.md §6
 x = sp.Symbol("x", positive=True)  # auxiliary unknown
 y = sp.Symbol("y", positive=True)  # auxiliary unknown
 
-#: LaTeX names in THEORY.md notation.
+#: LaTeX names in the notation of docs/theory.md.
 LATEX_NAMES: dict[sp.Symbol, str] = {
     A_norm: r"\|A\|_2",
     V_norm: r"\|V\|_2",

@@ -1,9 +1,10 @@
 r"""Which regime applies, and the thresholds between regimes.
 
-Three regimes (THEORY.md §6, §7, §7.5, §8):
+Three regimes (docs/theory.md §1–§7 and §12):
 
-* **√n regime** — for :math:`n < n^*` the √n upper bound (§6.1) is below the mean-field upper bound
-  (§7.1), and the eigenvector construction (§6.3) grows like :math:`\sqrt n` up to its peak at
+* **√n regime** — for :math:`n < n^*` the √n upper bound (docs/theory.md §1) is below the
+  mean-field upper bound (docs/theory.md §6), and the eigenvector construction (docs/theory.md §3)
+  grows like :math:`\sqrt n` up to its peak at
   :math:`n - 1 \approx t^*(\gamma)e^\gamma`, :math:`t^* \to 3`;
 * **mean-field regime** — for :math:`n \ge n^*` the :math:`n`-free mean-field bound is the smaller
   one,
@@ -13,13 +14,13 @@ Three regimes (THEORY.md §6, §7, §7.5, §8):
 * **large-radius regime** — for a *given* input whose arg-max keys are separated by a logit margin
   :math:`\Delta` with :math:`(n - 1)e^{-\Delta}` small, the local constant is within
   :func:`theory.bounds.large_radius_deviation` of its hard-max limit :math:`\|V\|_2\sqrt{\max_jN_j}`
-  (§8): the worst cases above have measure zero.
+  (docs/theory.md §7): the worst cases above have measure zero.
 
 Defaults: the gap is the worst case over matrices of norm :math:`\|A\|_2`,
 :math:`\gamma = 2\|A\|_2R^2` (when :math:`-\|A\|_2` is an eigenvalue), and
 :math:`\|Vu\|_2 = \|V\|_2`
 (exact when :math:`V` is a multiple of an isometry); pass ``gamma`` and ``Vu_norm`` for a specific
-head. Provenance of every threshold: *derived* (THEORY.md §7.5) and checked numerically in the
+head. Provenance of every threshold: *derived* (docs/theory.md §12) and checked numerically in the
 tests; none is the paper's.
 """
 
@@ -90,9 +91,9 @@ def crossover_n(
 
     Notes
     -----
-    Closed forms derived by :func:`theory.symbolic.sqrt_n_mean_field_crossover`. THEORY.md §7.5
-    states :math:`n^* \sim e^{2\|A\|R^2}` up to polynomial factors, consistent with these for
-    :math:`c = 1`. Provenance: *derived and checked numerically*.
+    Closed forms derived by :func:`theory.symbolic.sqrt_n_mean_field_crossover`. The expected
+    growth :math:`n^* \sim e^{2\|A\|R^2}` up to polynomial factors (docs/theory.md §12) is
+    consistent with these for :math:`c = 1`. Provenance: *derived and checked numerically*.
     """
     if form not in ("sqrt3", "sharp", "triangle"):
         raise ValueError(f"form must be 'sqrt3', 'sharp' or 'triangle', got {form!r}")
@@ -145,8 +146,8 @@ def peak_n(gamma: ArrayLike) -> Any:
 
     Notes
     -----
-    THEORY.md §6.3 (iii): "the bound peaks at :math:`n` of order :math:`e^\gamma`"; here
-    :math:`n^* - 1 \to 3e^\gamma`. Derived symbolically by
+    The bound is expected to peak at :math:`n` of order :math:`e^\gamma` (docs/theory.md §3,
+    "Peak"); here :math:`n^* - 1 \to 3e^\gamma`. Derived symbolically by
     :func:`theory.symbolic.construction_peak`.
     Provenance: *derived and checked numerically* (brute force over :math:`n` in the tests).
     """
@@ -181,7 +182,7 @@ class Regime:
     regime : str
         ``"sqrt-n"``, ``"mean-field"`` or ``"large-radius"``.
     sqrt_n_upper : float
-        √n bound, triangle form (the tightest of §6.1).
+        √n bound, triangle form (the tightest of docs/theory.md §1).
     mean_field_upper : float
         Mean-field bound, sharp form with exponent ``c`` (``inf`` on overflow).
     upper : float
@@ -399,7 +400,7 @@ def radius_bracket(
     lam: float | None = None,
     Vu_norm: float | None = None,
 ) -> RadiusBracket:
-    r"""Radius thresholds :math:`R(L)` for a target Lipschitz constant :math:`L` (THEORY.md §11).
+    r"""Radius thresholds :math:`R(L)` for a target constant :math:`L` (docs/theory.md §9).
 
     Parameters
     ----------
@@ -422,7 +423,7 @@ def radius_bracket(
     Notes
     -----
     Provenance: *derived and checked numerically*. The upper bound with :math:`c' = 1` is our
-    derivation (THEORY.md §7.1), not the paper's printed constant.
+    derivation (docs/theory.md §6), not the paper's printed constant.
     """
     if not L > 0:
         raise ValueError(f"L must be > 0, got {L!r}")

@@ -1,0 +1,272 @@
+r"""Aggregation of the check records into the report, its JSON I/O and its markdown section."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..results import load_json
+from .checks import BOUND_RTOL, BoundSpec, _bucket, _holds, _margin
+from .generation import make_targets
+
+NAME = "verify_bounds"
+
+
+def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[str, Any]:
+    """Full data of one instance (regenerated deterministically) for the report."""
+    targets = make_targets(seed, index, kind)
+    t = targets[target_index]
+    c = t.ctx
+    doc: dict[str, Any] = {
+        "seed": seed,
+        "index": index,
+        "kind": kind,
+        "target": t.label,
+        "geometry": t.geometry,
+        "masked": c.get("masked"),
+        "n": c.get("n"),
+        "R": c.get("R"),
+    }
+    if "heads" in c:
+        doc["d"] = int(c["heads"][0][0].shape[0])
+        doc["heads"] = [{"A": A, "V": V} for A, V, _ in c["heads"]]
+        doc["W_O"] = c.get("WO")
+    for key in (
+        "X",
+        "points",
+        "log_weights",
+        "positions",
+        "WQ",
+        "WV",
+        "gamma",
+        "Vu_norm",
+        "log_eps",
+        "k",
+        "x",
+        "y",
+        "h",
+        "w",
+        "limit",
+        "deviation",
+        "margin",
+    ):
+        if c.get(key) is not None:
+            doc[key] = c[key]
+    if c.get("what") == "kim":
+        doc["WO"] = c["WO"]
+    return doc
+
+
+def _stats(x: list[float]) -> dict[str, float | None]:
+    if not x:
+        return {"min": None, "median": None, "max": None}
+    a = np.asarray(x, dtype=np.float64)
+    return {"min": float(a.min()), "median": float(np.median(a)), "max": float(a.max())}
+
+
+def _num(x: Any) -> float:
+    """A float from a record value (``experiments.results`` writes infinities as strings)."""
+    if isinstance(x, str):
+        return {"inf": math.inf, "-inf": -math.inf}.get(x, math.nan)
+    return math.nan if x is None else float(x)
+
+
+def aggregate(
+    records: Sequence[Mapping[str, Any]],
+    specs: Sequence[BoundSpec],
+    *,
+    seed: int,
+    max_examples: int = 20,
+) -> dict[str, Any]:
+    """Summarise per-instance check records into the report (see :func:`verify`)."""
+    per: dict[str, dict[str, Any]] = {
+        s.name: {"checks": 0, "fails": [], "ratios": [], "worst": None, "theta": {}} for s in specs
+    }
+    spec_of = {s.name: s for s in specs}
+    kinds: dict[str, int] = {}
+    for rec in records:
+        kinds[rec["kind"]] = kinds.get(rec["kind"], 0) + 1
+        for name, ti, label, geom, b, lo, val, up, theta in rec["checks"]:
+            if name not in per:
+                continue
+            b, lo, val, up = (_num(x) for x in (b, lo, val, up))  # JSONL stores inf as "inf"
+            s = spec_of[name]
+            p = per[name]
+            p["checks"] += 1
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = b / val if val != 0 else (math.inf if b > 0 else 1.0)
+            p["ratios"].append(ratio)
+            m = _margin(s.side, b, lo, up) if s.side != "limit" else ratio
+            item = {
+                "index": rec["index"],
+                "kind": rec["kind"],
+                "target_index": ti,
+                "target": label,
+                "geometry": geom,
+                "bound": b,
+                "lower": lo,
+                "value": val,
+                "upper": up,
+                "margin": m,
+            }
+            if s.side == "limit":
+                key = abs(math.log(m)) if m > 0 and math.isfinite(m) else math.inf
+                if p["worst"] is None or key > p["worst"]["_key"]:
+                    p["worst"] = dict(item, _key=key)
+            elif p["worst"] is None or m < p["worst"]["margin"]:
+                p["worst"] = item
+            if not _holds(s.side, b, lo, up):
+                p["fails"].append(item)
+            bk = _bucket(theta)
+            if bk is not None and s.side != "limit":
+                tb = p["theta"].setdefault(bk, {"n": 0, "min_margin": math.inf, "ratios": []})
+                tb["n"] += 1
+                tb["min_margin"] = min(tb["min_margin"], m)
+                tb["ratios"].append(ratio)
+
+    bounds_doc: dict[str, Any] = {}
+    violations: list[dict[str, Any]] = []
+    candidates: dict[str, Any] = {}
+    heuristics: dict[str, Any] = {}
+    for s in specs:
+        p = per[s.name]
+        worst = p["worst"]
+        if worst is not None:
+            worst = {k: v for k, v in worst.items() if k != "_key"}
+            worst["instance"] = _instance_doc(
+                seed, worst["index"], worst["kind"], worst["target_index"]
+            )
+        entry = {
+            "side": s.side,
+            "status": s.status,
+            "source": s.source,
+            "n_checked": p["checks"],
+            "n_violations": len(p["fails"]) if s.side != "limit" else None,
+            "tightness": _stats(p["ratios"]),
+            "min_margin": None if worst is None or s.side == "limit" else worst["margin"],
+            "by_theta": {
+                k: {
+                    "n": v["n"],
+                    "min_margin": v["min_margin"],
+                    "median_tightness": float(np.median(v["ratios"])),
+                }
+                for k, v in sorted(
+                    p["theta"].items(), key=lambda kv: float(kv[0][1:].split(",")[0])
+                )
+            },
+            "worst": worst,
+        }
+        bounds_doc[s.name] = entry
+        examples = []
+        for item in p["fails"][:max_examples]:
+            ex = dict(item, name=s.name, side=s.side)
+            ex["instance"] = _instance_doc(seed, item["index"], item["kind"], item["target_index"])
+            examples.append(ex)
+        if s.status == "theorem":
+            violations.extend(examples)
+            entry["n_violations_listed"] = len(examples)
+        elif s.status == "candidate":
+            candidates[s.name] = {
+                "verdict": "refuted" if p["fails"] else ("survived" if p["checks"] else "untested"),
+                "n_checked": p["checks"],
+                "n_refuted": len(p["fails"]),
+                "min_margin": entry["min_margin"],
+                "source": s.source,
+                "examples": examples[:3],
+            }
+        elif s.status == "heuristic":
+            heuristics[s.name] = {
+                "n_checked": p["checks"],
+                "n_fail": len(p["fails"]),
+                "min_margin": entry["min_margin"],
+                "examples": examples[:2],
+            }
+    n_theorem_fail = sum(len(per[s.name]["fails"]) for s in specs if s.status == "theorem")
+    return {
+        "n_instances": len(records),
+        "instances_by_kind": kinds,
+        "bound_rtol": BOUND_RTOL,
+        "passed": n_theorem_fail == 0,
+        "n_theorem_violations": n_theorem_fail,
+        "violations": violations,
+        "candidates": candidates,
+        "known_invalid": heuristics,
+        "bounds": bounds_doc,
+    }
+
+
+def _load(results_dir: Path) -> dict[str, Any]:
+    path = Path(results_dir) / NAME / "report.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the verify_bounds experiment first")
+    return load_json(path)
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, str):
+        return x
+    if not math.isfinite(x):
+        return "inf"
+    return f"{x:.3g}"
+
+
+def summary(results_dir: Path) -> dict[str, Any]:
+    """Compact JSON-able summary of a saved report."""
+    rep = _load(results_dir)
+    return {
+        "n_instances": rep["n_instances"],
+        "passed": rep["passed"],
+        "n_theorem_violations": rep["n_theorem_violations"],
+        "candidates": {k: v["verdict"] for k, v in rep["candidates"].items()},
+        "tightness": {k: v["tightness"] for k, v in rep["bounds"].items()},
+    }
+
+
+def _table(rep: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "| bound | side | status | checks | violations | tightness min | median | max | min margin |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, b in rep["bounds"].items():
+        t = b["tightness"]
+        nv = b["n_violations"]
+        lines.append(
+            f"| `{name}` | {b['side']} | {b['status']} | {b['n_checked']} | "
+            f"{'–' if nv is None else nv} | {_fmt(t['min'])} | {_fmt(t['median'])} | "
+            f"{_fmt(t['max'])} | {_fmt(b['min_margin'])} |"
+        )
+    return lines
+
+
+def report_section(results_dir: Path, figures_dir: Path) -> str:
+    """Markdown section for report.md: verdict, refuted candidates and the tightness table."""
+    rep = _load(results_dir)
+    verdict = (
+        "no theorem violated"
+        if rep["passed"]
+        else f"**{rep['n_theorem_violations']} theorem violations**"
+    )
+    refuted = [k for k, v in rep["candidates"].items() if v["verdict"] == "refuted"]
+    survived = [k for k, v in rep["candidates"].items() if v["verdict"] == "survived"]
+    lines = [
+        "## Verification of the bounds against the certified engine",
+        "",
+        f"{rep['n_instances']} instances (seed {rep['seed']}): {verdict}. Tightness is "
+        "bound / engine value; the margin is bound / certified lower end (upper bounds) or "
+        "certified upper end / bound (lower bounds), so a margin below 1 is a failure.",
+        "",
+        f"Candidates surviving: {', '.join(f'`{k}`' for k in survived) or 'none'}. "
+        f"Candidates refuted: {', '.join(f'`{k}`' for k in refuted) or 'none'}.",
+        "",
+        *_table(rep),
+    ]
+    fig = Path(figures_dir) / "fig_theory_bounds.png"
+    if fig.exists():
+        lines += ["", f"![theory bounds](figures/{fig.name})"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+r"""The stage entry of the harness: :func:`verify` (one run) and :func:`run` (a preset, resumable)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..results import run_metadata, write_json
+from ..runner import preset_config
+from .checks import BoundSpec, _registry, check_instance
+from .generation import KINDS, SCHEDULE
+from .report import NAME, aggregate
+
+log = logging.getLogger("meanfield.verify_bounds")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"n_instances": 30, "seed": 0},
+    "quick": {"n_instances": 600, "seed": 0},
+    "paper": {"n_instances": 5000, "seed": 0},
+}
+
+#: Version of the instance generators and checks; part of the Sweep configuration, so a change
+#: here recomputes every instance.
+HARNESS_VERSION = 1
+
+
+def _schedule(n_instances: int, kinds: Sequence[str]) -> list[dict[str, Any]]:
+    sched = [k for k in SCHEDULE if k in kinds]
+    if not sched:
+        raise ValueError(f"no instance kind selected; choose from {', '.join(KINDS)}")
+    return [{"index": i, "kind": sched[i % len(sched)]} for i in range(n_instances)]
+
+
+def verify(
+    n_instances: int = 200,
+    seed: int = 0,
+    kinds: Sequence[str] | None = None,
+    progress: bool = True,
+    *,
+    extra_bounds: Sequence[BoundSpec] | None = None,
+    sweep_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Run the harness on ``n_instances`` instances and return the report.
+
+    Parameters
+    ----------
+    n_instances : int
+        Number of instances (each yields one or more engine brackets).
+    seed : int
+        Run seed; instance ``i`` is drawn from ``default_rng([seed, i])``.
+    kinds : sequence of str, optional
+        Subset of :data:`KINDS` (default: all), scheduled by :data:`SCHEDULE`.
+    progress : bool
+        tqdm progress bar on stderr.
+    extra_bounds : sequence of BoundSpec, optional
+        Bounds checked in addition to :data:`BOUNDS` (e.g. a deliberately wrong one in the tests).
+    sweep_dir : path, optional
+        Store one record per instance in ``sweep_dir/instances.jsonl`` through
+        :class:`experiments.runner.Sweep` (resumable: finished instances are not recomputed).
+
+    Returns
+    -------
+    dict
+        ``passed`` (no theorem violated), ``n_theorem_violations``, ``violations`` (each with
+        the full instance), ``candidates`` (verdict ``survived``/``refuted``, min margin,
+        examples), ``known_invalid``, ``bounds`` (per bound: side, status, source, counts,
+        tightness ``bound / value`` min/median/max, min margin, worst instance),
+        ``instances_by_kind``, ``seconds``.
+    """
+    n_instances = int(n_instances)
+    if n_instances < 1:
+        raise ValueError(f"n_instances must be >= 1, got {n_instances}")
+    kinds = tuple(KINDS if kinds is None else kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}")
+    specs = _registry(extra_bounds)
+    points = _schedule(n_instances, kinds)
+    t0 = time.perf_counter()
+
+    def compute(point: Mapping[str, Any]) -> dict[str, Any]:
+        return check_instance(seed, point["index"], point["kind"], specs)
+
+    if sweep_dir is not None:
+        from ..runner import Sweep
+
+        config = {
+            "harness_version": HARNESS_VERSION,
+            "seed": int(seed),
+            "bounds": [s.name for s in specs],
+        }
+        sweep = Sweep(sweep_dir, "instances", config, seed=int(seed), device="cpu", dtype="float64")
+        records = sweep.run(points, compute, progress=progress, desc="verify-bounds")
+    else:
+        from tqdm.auto import tqdm
+
+        records = [
+            compute(p)
+            for p in tqdm(
+                points, desc="verify-bounds", leave=False, disable=None if progress else True
+            )
+        ]
+    report = aggregate(records, specs, seed=int(seed))
+    report["seed"] = int(seed)
+    report["kinds"] = list(kinds)
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+# =============================================================================================
+# experiment-module contract
+# =============================================================================================
+def run(
+    results_dir: Path,
+    preset: str = "quick",
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    **overrides: Any,
+) -> list[Path]:
+    """Run the harness for a preset and write ``results_dir/verify_bounds/report.json``.
+
+    Parameters
+    ----------
+    results_dir : Path
+    preset : {"tiny", "quick", "paper"}
+        Instance counts 30, 600, 5000.
+    device : str
+        Only ``"cpu"`` (the certified dense brackets run in float64 on the CPU).
+    progress : bool
+    **overrides
+        ``n_instances``, ``seed`` or ``kinds`` replace the preset's entries.
+
+    Returns
+    -------
+    list of Path
+        The report and the per-instance records (``instances.jsonl``, resumable).
+    """
+    cfg = preset_config(
+        {k: {"kinds": list(KINDS), **v} for k, v in PRESETS.items()},
+        preset,
+        overrides,
+        what=f"{NAME} option(s)",
+    )
+    cfg.update(overrides)
+    if device != "cpu":
+        raise ValueError(f"verify_bounds runs on the CPU only, got device={device!r}")
+    out = Path(results_dir) / NAME
+    report = verify(cfg["n_instances"], cfg["seed"], cfg["kinds"], progress, sweep_dir=out)
+    doc = {
+        "kind": NAME,
+        "metadata": run_metadata(
+            seed=cfg["seed"], device=device, dtype="float64", config={"preset": preset, **cfg}
+        ),
+        **report,
+    }
+    path = write_json(out / "report.json", doc)
+    return [path, out / "instances.jsonl"]

@@ -1,0 +1,82 @@
+"""Validation and log-domain helpers shared by the modules of :mod:`theory.bounds`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _float(
+    x: ArrayLike,
+    name: str,
+    *,
+    min_value: float | None = None,
+    strict: bool = False,
+    allow_inf: bool = False,
+) -> NDArray[np.float64]:
+    """Convert to a float64 array and check it with one-line errors."""
+    arr = np.asarray(x, dtype=np.float64)
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN")
+    if not allow_inf and np.isinf(arr).any():
+        raise ValueError(f"{name} must be finite")
+    if min_value is not None:
+        bad = arr <= min_value if strict else arr < min_value
+        if bad.any():
+            op = ">" if strict else ">="
+            raise ValueError(f"{name} must be {op} {min_value}, got {float(arr[bad].flat[0])!r}")
+    return arr
+
+
+def _count(x: ArrayLike, name: str, *, min_value: int = 1, allow_inf: bool = False) -> NDArray:
+    """Validate a token or copy count (integer-valued, >= min_value; +inf if allowed)."""
+    arr = _float(x, name, min_value=min_value, allow_inf=allow_inf)
+    finite = np.isfinite(arr)
+    if (arr[finite] != np.round(arr[finite])).any():
+        raise ValueError(f"{name} must be integer-valued")
+    return arr
+
+
+def _norm(x: ArrayLike, name: str) -> NDArray[np.float64]:
+    return _float(x, name, min_value=0.0)
+
+
+def _choice(value: str, name: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def _ret(arr: Any) -> Any:
+    """Return numpy scalars for 0-d results and arrays otherwise."""
+    arr = np.asarray(arr)
+    return arr[()]
+
+
+def _exp_or_log(log_value: NDArray[np.float64], log: bool) -> Any:
+    if log:
+        return _ret(log_value)
+    with np.errstate(over="ignore"):
+        return _ret(np.exp(log_value))
+
+
+def _log(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    with np.errstate(divide="ignore"):
+        return np.log(x)
+
+
+def _log1mexp(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Return ``log(1 - exp(x))`` for ``x <= 0`` accurately (Mächler 2012)."""
+    with np.errstate(divide="ignore"):
+        return np.where(x > -np.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
+
+
+def _log_expit(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Return ``log(1 / (1 + exp(-x)))`` without overflow."""
+    return -np.logaddexp(0.0, -x)
