@@ -51,7 +51,7 @@ _VERSE_PREFIX = re.compile(r"^\d+:\d+ ")
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text with its provenance (EXPERIMENTS.md §4.5).
+    """A text with its provenance (docs/experiments.md, "Protocols and defects": labels).
 
     Parameters
     ----------
@@ -186,9 +186,10 @@ def kjv_text(books: int | str | Sequence[str | tuple[int, int]] | None = None) -
     Parameters
     ----------
     books : int, str, sequence or None, default None
-        ``None``: Genesis only (the stand-in for *Alice in Wonderland*, EXPERIMENTS.md §4.2).
-        An int ``k``: the first ``k`` books in canonical order, Genesis first. ``"all"``: the
-        whole Bible. A sequence of book names (``"Exodus"``) or ``(TestamentID, BookID)`` pairs.
+        ``None``: Genesis only (the stand-in for *Alice in Wonderland*, docs/experiments.md,
+        "Protocols and defects"). An int ``k``: the first ``k`` books in canonical order, Genesis
+        first. ``"all"``: the whole Bible. A sequence of book names (``"Exodus"``) or
+        ``(TestamentID, BookID)`` pairs.
 
     Returns
     -------
@@ -206,9 +207,9 @@ def kjv_text(books: int | str | Sequence[str | tuple[int, int]] | None = None) -
 def pydoc_topics_text() -> str:
     """All ``pydoc_data.topics`` texts, sorted by key and joined with single spaces.
 
-    The stand-in for AG NEWS (many short texts joined with single spaces, EXPERIMENTS.md §1.3,
-    §4.2). The text ships with CPython and changes between Python versions: record
-    :data:`sys.version_info` with results (``corpus("pydoc")`` does).
+    The stand-in for AG NEWS (many short texts joined with single spaces, docs/experiments.md,
+    "Protocols and defects"). The text ships with CPython and changes between Python versions:
+    record :data:`sys.version_info` with results (``corpus("pydoc")`` does).
 
     Returns
     -------

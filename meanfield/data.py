@@ -182,7 +182,9 @@ def windows(
     *,
     start: int = 0,
 ) -> tuple[TokenWindows, ...]:
-    """Running-pointer, non-overlapping windows over a grid of lengths (EXPERIMENTS.md §1.3).
+    """Running-pointer, non-overlapping windows over a grid of lengths.
+
+    Protocol in docs/experiments.md, "Protocols and defects".
 
     For each ``n`` of ``n_grid`` in the order given (the paper's grids are increasing), the next
     ``n_windows * n`` token ids are cut into ``n_windows`` consecutive windows of ``n``. The

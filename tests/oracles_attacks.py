@@ -15,7 +15,9 @@ F64 = torch.float64
 
 
 def jacobian_oracle(X, A, V, log_w=None, masked=False):
-    """Dense Jacobian (n d_v, n d) from the closed-form blocks of THEORY.md §4.1 (numpy).
+    """Dense Jacobian (n d_v, n d) from the closed-form blocks, in numpy.
+
+    Blocks as in docs/derivations/jacobian_products.md.
 
     d f_i / d x_j = P_ij V (I + (x_j - m_i)(A^T x_i)^T) + delta_ij V C_i A^T, logits + log a_j.
     """
@@ -47,7 +49,7 @@ def seq_norm(X, A, V, masked=False):
 
 
 def lw_norm(mu, A, V, masked=False):
-    """L_W(mu) = ||D_a^{1/2} J D_a^{-1/2}||_2 from the oracle (THEORY.md §5.2)."""
+    """L_W(mu) = ||D_a^{1/2} J D_a^{-1/2}||_2 from the oracle (docs/theory.md §A2)."""
     lw = mu.log_weights.double().numpy()
     J = jacobian_oracle(mu.points.double(), A, V, lw, masked=masked)
     d, dv = mu.d, np.asarray(V).shape[0]
@@ -62,7 +64,7 @@ def random_head(rng, d, scale=1.0):
 
 
 def sup_g(gamma, Vu=1.0):
-    """THEORY.md §7.2 optimum, recomputed from the quadratic."""
+    """docs/theory.md §5 optimum, recomputed from the quadratic."""
     if gamma == 0:
         v = 0.5
     else:

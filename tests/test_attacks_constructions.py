@@ -1,4 +1,4 @@
-"""Closed-form constructions against exact Jacobians: the eigenvector sequence, two Diracs, off-axis.
+"""Closed-form constructions against exact Jacobians: eigenvector sequence, two Diracs, off-axis.
 
 Oracles are independent of meanfield.attacks (tests/oracles_attacks.py): closed-form Jacobian
 blocks in numpy, formulas recomputed inline; theory.bounds is a second reference where present.
@@ -50,7 +50,7 @@ def test_jacobian_oracle_matches_jacrev(rng):
         )
 
 
-# ----------------------------------------------------------------------------- §6.3 construction
+# ---------------------------------------------- eigenvector construction (docs/theory.md §3)
 @pytest.mark.parametrize(
     "variant,case",
     [("released", "auto"), ("symmetric", "+"), ("symmetric", "-"), ("symmetric", "auto")],
@@ -186,7 +186,9 @@ def test_sqrt_n_growth_then_decay_and_masked_saturation():
         formula.append(math.sqrt(sum(q**2 * (1 + (1 - q) * con.gamma) ** 2 for q in p)))
         assert con.lower_bound <= un[-1] * (1 + 1e-12)
     assert un[1] > un[2] > un[3]
-    assert all(f <= m * (1 + 1e-12) for f, m in zip(formula, ma))  # §9 lower bound
+    assert all(
+        f <= m * (1 + 1e-12) for f, m in zip(formula, ma)
+    )  # masked lower bound, docs/theory.md §4
     assert ma[3] >= ma[2] * (1 - 1e-9) and ma[3] > un[3]
     # the formula increases to a finite limit (p_i ~ e^gamma / i): n = 240 is already near it
     g = con.gamma
@@ -222,7 +224,7 @@ def test_sphere_construction_grows_like_sqrt_n(rng):
     assert con.gamma >= minus.gamma * (1 - 1e-9)
 
 
-# ----------------------------------------------------------------------------- §7.2, §7.3
+# ---------------------------------------------- two Diracs, off-axis (docs/theory.md §5, §A3)
 def test_two_dirac_exact_constant_and_formula(rng):
     bounds = None
     try:

@@ -29,7 +29,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-# ----------------------------------------------------------------------------- §12 splitting
+# ---------------------------------------------- splitting (docs/theory.md §10, §A5)
 def test_split_gain_closed_form_properties():
     assert float(split_gain(1, 3.0)) == 1.0
     k = np.arange(1, 101)
@@ -130,7 +130,7 @@ def test_mass_splitting_attack_at_a_dirac():
         assert q.ratio_w2 == pytest.approx(w2, rel=1e-10)
         assert q.ratio_winf == pytest.approx(wi, rel=1e-10)
         assert q.input_w2 <= q.cost_bound * (1 + 1e-9)
-        assert q.ratio_winf <= V_norm * (1 + 1e-9)  # §12.3 at a Dirac
+        assert q.ratio_winf <= V_norm * (1 + 1e-9)  # docs/theory.md §A5, at a Dirac
         assert torch.all(q.nu.points.norm(dim=-1) <= R * (1 + 1e-12))
     # moving the whole Dirac: exactly ||V delta|| / ||delta|| <= ||V||
     delta = res.move.nu.points[0] - mu.points[0]
@@ -138,13 +138,13 @@ def test_mass_splitting_attack_at_a_dirac():
     assert res.split.ratio_w2 > 1.5 * res.move.ratio_w2 and res.gain > 1.5
     assert res.gain_winf < 1.5
     assert res.split.input_w2 == pytest.approx(0.3, rel=1e-3)
-    # inserting a token into a Dirac: the §3.2 plan is exact (one source atom)
+    # inserting a token into a Dirac: the docs/theory.md §A6 plan is exact (one source atom)
     assert res.insert.input_w2 == pytest.approx(res.insert.cost_bound, rel=1e-10)
     assert math.isnan(res.duplicate[0].ratio_w2)  # duplicating the only atom changes nothing
 
 
 def test_winf_ratio_at_a_dirac_is_at_most_V_norm(rng):
-    # THEORY.md §12.3: for mu = delta_y and any nu, W_inf(F nu, F mu) <= ||V|| W_inf(nu, mu)
+    # docs/theory.md §A5: for mu = delta_y and any nu, W_inf(F nu, F mu) <= ||V|| W_inf(nu, mu)
     for _ in range(20):
         A, V = random_head(rng, 2, scale=3.0)
         params = AttentionParams(A, V)
@@ -180,7 +180,7 @@ def test_mass_splitting_attack_few_atoms_and_token_costs(rng):
 
 
 def test_token_plan_is_only_an_upper_bound():
-    # THEORY.md §3.2 plan vs exact W2 (docs/derivations/mass_splitting.md counterexamples)
+    # docs/theory.md §A6 plan vs exact W2 (docs/derivations/mass_splitting.md counterexamples)
     X = torch.tensor([[0.0], [1.0], [2.0]], dtype=F64)
     mu = DiracMeasure(X)
     dup = DiracMeasure(torch.cat([X, X[:1]]), torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=F64))

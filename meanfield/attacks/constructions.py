@@ -89,7 +89,7 @@ def _value_matrix(V: Tensor | None, A: Tensor) -> Tensor | None:
 
 
 # =============================================================================================
-# §6.3  directions and gaps
+# directions and gaps (docs/theory.md §3)
 # =============================================================================================
 @dataclass(frozen=True)
 class _Direction:
@@ -131,7 +131,7 @@ def _extreme_directions(
 
 
 def _choose_case(hi: _Direction | None, lo: _Direction | None, case: str) -> tuple[str, _Direction]:
-    """The −8 rule (THEORY.md §6.3): case + iff lambda_max > -8 lambda_min, i.e. the larger gap."""
+    """The −8 rule (docs/theory.md §3): case + iff lambda_max > -8 lambda_min (larger gap)."""
     if case not in ("auto", "+", "-"):
         raise ValueError(f"case must be 'auto', '+' or '-', got {case!r}")
     if hi is None or lo is None:
@@ -157,7 +157,7 @@ def _gap(case: str, lam: float, R: float) -> float:
 
 
 def _two_positions(case: str, u: Tensor, R: float) -> tuple[Tensor, Tensor]:
-    """(distinguished / light token, copies / heavy token) of THEORY.md §6.3 and §7.2."""
+    """(distinguished / light token, copies / heavy token) of docs/theory.md §3 and §5."""
     if case == "+":
         return R * u, 0.5 * R * u
     return -R * u, R * u
@@ -201,7 +201,7 @@ def _sphere_direction(A: Tensor, *, n_random: int = 8, seed: int = 0) -> tuple[T
 # =============================================================================================
 @dataclass(frozen=True, eq=False)
 class AdversarialSequence:
-    r"""One token plus :math:`n-1` copies (THEORY.md §6.3).
+    r"""One token plus :math:`n-1` copies (docs/theory.md §3).
 
     Attributes
     ----------
@@ -254,7 +254,7 @@ def adversarial_sequence(
     eigvecs: Literal["code", "score"] = "code",
     seed: int = 0,
 ) -> AdversarialSequence:
-    r"""The eigenvector construction: one token plus :math:`n-1` copies (THEORY.md §6.3).
+    r"""The eigenvector construction: one token plus :math:`n-1` copies (docs/theory.md §3).
 
     **Released / symmetric variants.** With a unit :math:`u` and :math:`\lambda=u^\top Au`:
 
@@ -276,8 +276,8 @@ def adversarial_sequence(
     :math:`(A+A^\top)/2`, which always exist and give a gap at least as large.
 
     **Sphere variant** (``sphere=True``; *derived and checked numerically*, not in any source).
-    All tokens on the sphere :math:`\|x\|=R`, as LayerNorm imposes (THEORY.md §2.5). With copies at
-    :math:`y=Rb` and token 1 at :math:`x_1=Ra` (unit :math:`a,b`) the gap is
+    All tokens on the sphere :math:`\|x\|=R`, as LayerNorm imposes (docs/theory.md §A8). With
+    copies at :math:`y=Rb` and token 1 at :math:`x_1=Ra` (unit :math:`a,b`) the gap is
     :math:`\gamma=R^2\,b^\top A(a-b)`. For fixed :math:`b` the best :math:`a` is
     :math:`A^\top b/\|A^\top b\|`, so
 
@@ -335,9 +335,9 @@ def adversarial_sequence(
     Notes
     -----
     Provenance: the construction and the −8 rule are *from the authors' released code*
-    (EXPERIMENTS.md §1.4); the bound and the sphere variant are *derived and checked numerically*;
-    tightness "for reasonable sequence lengths" is *stated in the paper (abstract)*. Biases of the
-    head are ignored, as in the released code.
+    (docs/experiments.md, "Protocols and defects"); the bound and the sphere variant are *derived
+    and checked numerically*; tightness "for reasonable sequence lengths" is *stated in the paper
+    (abstract)*. Biases of the head are ignored, as in the released code.
     """
     R = _check_R(R)
     n = int(n)
@@ -401,7 +401,7 @@ def adversarial_sequence(
 
 
 # =============================================================================================
-# 2. two Diracs (§7.2) and the off-axis bound (§7.3)
+# two Diracs (docs/theory.md §5) and the off-axis bound (§A3)
 # =============================================================================================
 def _optimal_v(gamma: float) -> float:
     r"""Root in (0, 1) of :math:`4\gamma v^2-(3\gamma-2)v-1=0`, without cancellation."""
@@ -412,7 +412,7 @@ def _optimal_v(gamma: float) -> float:
 
 
 def _log_g(gamma: float, log_eps: float, log_1m_eps: float) -> tuple[float, float]:
-    """(log of g(eps)/||Vu||, w) of THEORY.md §7.2, from the log-masses."""
+    """(log of g(eps)/||Vu||, w) of docs/theory.md §5, from the log-masses."""
     t = log_eps - log_1m_eps + gamma  # logit of w
     log_w, log_v = _log_sigmoid(t), _log_sigmoid(-t)
     val = 0.5 * (log_1m_eps - log_eps) + log_w + math.log1p(math.exp(log_v) * gamma)
@@ -421,7 +421,7 @@ def _log_g(gamma: float, log_eps: float, log_1m_eps: float) -> tuple[float, floa
 
 @dataclass(frozen=True, eq=False)
 class TwoDirac:
-    r"""Two unbalanced Diracs :math:`(1-\varepsilon)\delta_{x_0}+\varepsilon\delta_{x_1}` (§7.2).
+    r"""Two Diracs :math:`(1-\varepsilon)\delta_{x_0}+\varepsilon\delta_{x_1}` (docs/theory.md §5).
 
     Attributes
     ----------
@@ -474,7 +474,7 @@ def two_dirac(
     head: int | None = None,
     eigvecs: Literal["code", "score"] = "code",
 ) -> TwoDirac:
-    r"""Two unbalanced Diracs at the exact optimal light mass, with their bound (THEORY.md §7.2).
+    r"""Two unbalanced Diracs at the exact optimal light mass and their bound (docs/theory.md §5).
 
     :math:`\mu_\varepsilon=(1-\varepsilon)\delta_{x_0}+\varepsilon\delta_{x_1}` with
     :math:`(x_0,x_1)=(\frac R2u,Ru)`, :math:`\gamma=\lambda R^2/4` (case +) or :math:`(Ru,-Ru)`,
@@ -502,8 +502,8 @@ def two_dirac(
     case : {"auto", "+", "-"}, default "auto"
         ``"auto"``: the larger gap (the −8 rule).
     variant : {"symmetric", "released"}, default "symmetric"
-        Extremes of :math:`u^\top Au` (best gap, THEORY.md §7.2) or real eigenvalues of the score
-        matrix (the released code).
+        Extremes of :math:`u^\top Au` (best gap, docs/theory.md §5) or real eigenvalues of the
+        score matrix (the released code).
     V : Tensor, shape (d_v, d), optional
         Value map for ``g``; default: that of a single-head ``A``.
     head : int, optional
@@ -562,7 +562,7 @@ def two_dirac_measure(
     head: int | None = None,
     log_eps: float | None = None,
 ) -> DiracMeasure:
-    r"""The two-Dirac measure of THEORY.md §7.2 (heavy atom first); see :func:`two_dirac`.
+    r"""The two-Dirac measure of docs/theory.md §5 (heavy atom first); see :func:`two_dirac`.
 
     .. math:: \mu=(1-\varepsilon)\delta_{x_0}+\varepsilon\delta_{x_1},\qquad
               \varepsilon=\varepsilon^*\ \text{(exact optimum) unless given}.
@@ -592,7 +592,7 @@ def two_dirac_measure(
 
 @dataclass(frozen=True, eq=False)
 class OffAxisTwoAtoms:
-    r"""The maximised off-axis two-atom bound (THEORY.md §7.3).
+    r"""The maximised off-axis two-atom bound (docs/theory.md §A3).
 
     Attributes
     ----------
@@ -609,7 +609,7 @@ class OffAxisTwoAtoms:
         :math:`(1-\varepsilon)\delta_y+\varepsilon\delta_x` with
         :math:`\log\frac{\varepsilon}{1-\varepsilon}=\log\frac w{1-w}-s` (exact log-masses).
     axis_value : float
-        Best on-axis value (the §7.2 optimum over both cases, symmetric variant).
+        Best on-axis value (the docs/theory.md §5 optimum over both cases, symmetric variant).
     history : Tensor, shape (n_starts, n_records)
         :math:`\log` value per start, subsampled over the steps.
     """
@@ -642,12 +642,12 @@ def off_axis_two_atoms(
     .. math:: \mathrm{Lip}(F\,|\,\mathcal P(B_R))\ \ge\ e^{s/2}\sqrt{w(1-w)}\;
               \big\|V\big(h+(1-w)\,(y^\top Ah)\,(x-y)\big)\big\|,\qquad s=y^\top A(x-y)
 
-    (THEORY.md §7.3): light atom :math:`x`, heavy atom :math:`y`, the light atom moved along
+    (docs/theory.md §A3): light atom :math:`x`, heavy atom :math:`y`, the light atom moved along
     :math:`h`, :math:`w\in(0,1)` the heavy atom's attention to it (any :math:`w` is reached by the
     mass :math:`\varepsilon/(1-\varepsilon)=e^{-s}w/(1-w)`). Multi-start Adam on the logarithm,
     with :math:`x,y=R\tanh(\|z\|)z/\|z\|`, :math:`h=z_h/\|z_h\|`, :math:`w=\sigma(t)`, started from
-    both on-axis optima (§7.2) and random points; the best iterate is kept, so the result is never
-    below the on-axis optimum.
+    both on-axis optima (docs/theory.md §5) and random points; the best iterate is kept, so the
+    result is never below the on-axis optimum.
 
     Parameters
     ----------
@@ -670,9 +670,9 @@ def off_axis_two_atoms(
 
     Notes
     -----
-    On the axis (:math:`x=Ru`, :math:`y=\frac R2u`, :math:`h=u`) the bound is :math:`g` of §7.2; in
-    :math:`d\ge2` with indefinite :math:`A` off-axis configurations can be better. Provenance:
-    *derived and checked numerically*; not in any source.
+    On the axis (:math:`x=Ru`, :math:`y=\frac R2u`, :math:`h=u`) the bound is :math:`g` of
+    docs/theory.md §5; in :math:`d\ge2` with indefinite :math:`A` off-axis configurations can be
+    better. Provenance: *derived and checked numerically*; not in any source.
     """
     opts, gen = resolve_options(
         OFF_AXIS_DEFAULTS,

@@ -84,7 +84,8 @@ class WorstCaseMeasure:
     construction_value : float
         Exact local constant of the best construction start (never above ``value``).
     two_dirac_bound : float or None
-        Closed-form :math:`\sup_\varepsilon g` (§7.2, best gap) for one head, unmasked, in the ball.
+        Closed-form :math:`\sup_\varepsilon g` (docs/theory.md §5, best gap) for one head,
+        unmasked, in the ball.
     restart_values : Tensor, shape (n_starts,)
         Best value reached from every start.
     labels : tuple of str
@@ -136,13 +137,14 @@ def _construction_starts(
 ) -> tuple[list[Tensor], list[Tensor], list[str], float]:
     r"""Construction starts of every head and the best two-Dirac gap.
 
-    * two Diracs (§7.2) in both cases at the exact optimal mass (sphere: the sphere positions);
+    * two Diracs (docs/theory.md §5) in both cases at the exact optimal mass (sphere: the sphere
+      positions);
     * for :math:`\lambda=u^\top Au>0`, the "balanced" light atom of the small-radius mechanism
-      (§7.4): heavy atom at :math:`-Ru`, light atom at :math:`cRu` (:math:`c=0.7`) with mass
-      :math:`e^{-\lambda R^2c(1+c)}`, so that the light atom's attention is split evenly;
-    * for :math:`\lambda>0` and three atoms or more, the chain (heavy, tiny, tinier) of §7.4:
-      :math:`-Ru`, :math:`cRu`, :math:`Ru` (:math:`c=0.5`) with log-masses :math:`0`,
-      :math:`-\lambda R^2c(1+c)`, :math:`-2\lambda R^2c`, which balance the middle atom's
+      (docs/theory.md §A4): heavy atom at :math:`-Ru`, light atom at :math:`cRu` (:math:`c=0.7`)
+      with mass :math:`e^{-\lambda R^2c(1+c)}`, so that the light atom's attention is split evenly;
+    * for :math:`\lambda>0` and three atoms or more, the chain (heavy, tiny, tinier) of
+      docs/theory.md §A4: :math:`-Ru`, :math:`cRu`, :math:`Ru` (:math:`c=0.5`) with log-masses
+      :math:`0`, :math:`-\lambda R^2c(1+c)`, :math:`-2\lambda R^2c`, which balance the middle atom's
       attention across all three (the shape found by random multi-start searches).
     """
     pts, lws, labels = [], [], []
@@ -245,8 +247,8 @@ def worst_case_measure(
 ) -> WorstCaseMeasure:
     r"""Multi-start gradient ascent of the local constant over weighted atomic measures in :math:`B_R`.
 
-    Maximises over :math:`\mu=\sum_{i=1}^{K}a_i\delta_{x_i}`, :math:`x_i\in B_R` (THEORY.md §5.2,
-    §5.3, §7.4):
+    Maximises over :math:`\mu=\sum_{i=1}^{K}a_i\delta_{x_i}`, :math:`x_i\in B_R` (docs/theory.md
+    §A2, §A4):
 
     .. math:: L_W(\mu)=\big\|D_a^{1/2}\,J\,D_a^{-1/2}\big\|_2,\qquad D_a=\mathrm{diag}(a)\otimes I,
 
@@ -263,11 +265,11 @@ def worst_case_measure(
     maximises :math:`\log L`; the best iterate of every start is kept.
 
     Starts: the constructions of every head (two Diracs in both cases at the exact optimal mass,
-    §7.2; for a positive Rayleigh quotient also the balanced light atom and the three-atom chain of
-    §7.4; the lightest atom split into copies up to ``n``, the same measure), the measures in
-    ``init``, and ``n_restarts`` random measures (uniform in the ball, log-masses uniform over
-    :math:`[-1.5\gamma^*,0]`). The exact (unparametrised) constructions are candidates too, so the
-    reported value is never below the construction.
+    docs/theory.md §5; for a positive Rayleigh quotient also the balanced light atom and the
+    three-atom chain of docs/theory.md §A4; the lightest atom split into copies up to ``n``, the
+    same measure), the measures in ``init``, and ``n_restarts`` random measures (uniform in the
+    ball, log-masses uniform over :math:`[-1.5\gamma^*,0]`). The exact (unparametrised)
+    constructions are candidates too, so the reported value is never below the construction.
 
     Parameters
     ----------
@@ -315,8 +317,8 @@ def worst_case_measure(
     Notes
     -----
     Provenance: the shape of the maximisers (a few Diracs with masses over many decades) is *stated
-    in the paper (v1 abstract)*; the objective is the local constant of THEORY.md §5.2, *derived
-    and checked numerically*.
+    in the paper (v1 abstract)*; the objective is the local constant of docs/theory.md §A2,
+    *derived and checked numerically*.
     """
     n = int(_renamed_n(n, n_atoms, "worst_case_measure"))
     opts, gen = resolve_options(
@@ -459,7 +461,7 @@ class WorstCaseSequence:
     construction_value : float
         Exact constant of the best eigenvector-construction start.
     construction_bound : float or None
-        Formula lower bound of the best construction (THEORY.md §6.3), one head only.
+        Formula lower bound of the best construction (docs/theory.md §3), one head only.
     restart_values : Tensor, shape (n_starts,)
     labels : tuple of str
     history : Tensor, shape (n_starts, n_records)
@@ -541,7 +543,7 @@ def worst_case_sequence(
 
     .. math:: \mathrm{Lip}(f\,|\,B_R^n)=\sup_{X\in B_R^n}\|Df(X)\|_2
 
-    (THEORY.md §5.1; :math:`B_R^n` is the product of balls, every token in :math:`B_R`; uniform
+    (docs/theory.md §A2; :math:`B_R^n` is the product of balls, every token in :math:`B_R`; uniform
     weights; Euclidean geometry). Tokens are parametrised as in :func:`worst_case_measure`; the
     Jacobian is ``jacrev`` of :func:`~meanfield.attention.attention_points` and the norm the exact
     top singular value. Starts: the eigenvector construction of every head (released and symmetric

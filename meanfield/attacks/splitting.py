@@ -163,7 +163,7 @@ def split_constant(
     masked: bool | None = None,
     method: Literal["auto", "engine", "jacrev"] = "auto",
 ) -> Tensor:
-    r"""Infinitesimal splitting constant :math:`L_{\mathrm{split}}(\mu)` (THEORY.md §5.3, §12.1).
+    r"""Infinitesimal splitting constant :math:`L_{\mathrm{split}}(\mu)` (docs/theory.md §A5).
 
     .. math:: L_{\mathrm{split}}(\mu)=\max\Big(L_W(\mu),\ \max_i\Big\|\sum_hW_hV_hC^h_iA_h^\top\Big\|_2\Big),
               \qquad L_W(\mu)=\|D_a^{1/2}JD_a^{-1/2}\|_2 ,
@@ -190,7 +190,7 @@ def split_constant(
 
     Notes
     -----
-    Provenance: *derived and checked numerically* (THEORY.md §12.1).
+    Provenance: *derived and checked numerically* (docs/theory.md §A5).
     """
     if mu.points.ndim != 2:
         raise ValueError("split_constant needs an unbatched measure")
@@ -258,8 +258,8 @@ class Perturbation:
         The same with :func:`~meanfield.distances.wasserstein_inf`.
     cost_bound : float
         Upper bound on ``input_w2`` from the construction: the budget
-        :math:`(\sum_ia_i\|\delta_i\|^2)^{1/2}` for moves and splits, the §3.2 plan for
-        duplicating and inserting a token.
+        :math:`(\sum_ia_i\|\delta_i\|^2)^{1/2}` for moves and splits, the docs/theory.md §A6 plan
+        for duplicating and inserting a token.
     k : int or None
         Copies of the split atom (``"split"``).
     atom : int or None
@@ -303,9 +303,9 @@ class MassSplittingAttack:
         The best split-then-move perturbation for every :math:`k` (over atoms and starts),
         measured exactly; ``split`` is the one with the largest exact :math:`W_2` ratio.
     duplicate : tuple of Perturbation
-        Duplicating each atom as a token (§3.2), one per atom.
+        Duplicating each atom as a token (docs/theory.md §A6), one per atom.
     insert : Perturbation
-        Best inserted token :math:`z\in B_R` (§3.2).
+        Best inserted token :math:`z\in B_R` (docs/theory.md §A6).
     gain : float
         ``split.ratio_w2 / move.ratio_w2``.
     gain_winf : float
@@ -371,7 +371,9 @@ def mass_splitting_attack(
     insert_steps: int = 60,
     generator: torch.Generator | None = None,
 ) -> MassSplittingAttack:
-    r"""Finite :math:`W_2`-budget attack: move-only versus split-then-move (THEORY.md §12, §3.2).
+    r"""Finite :math:`W_2`-budget attack: move-only versus split-then-move (docs/theory.md §10).
+
+    Background in docs/theory.md §A5 (splitting) and §A6 (token-count changes).
 
     Ratios :math:`W_2(F\nu,F\mu)/W_2(\nu,\mu)` with **exact** :math:`W_2` on both sides.
 
@@ -381,18 +383,19 @@ def mass_splitting_attack(
     * **Split-then-move**: atom :math:`i` is split into :math:`k` copies with mass fractions
       :math:`\mathrm{softmax}(f)` (:meth:`DiracMeasure.split`, the same measure), then every atom and
       copy moves under the same budget (masses of the split measure).
-    * **Token-count changes** (§3.2): duplicating atom :math:`i` as a token,
+    * **Token-count changes** (docs/theory.md §A6): duplicating atom :math:`i` as a token,
       :math:`\mu'=(1-t)\mu+t\delta_{x_i}` with :math:`t=\frac1{n+1}` (cost bound
       :math:`(t\sum_ja_j\|x_j-x_i\|^2)^{1/2}`, which is :math:`(\frac1{n(n+1)}\sum_j\|x_j-x_i\|^2)^{1/2}`
       for :math:`n` uniform tokens), and inserting a token :math:`z\in B_R`,
       :math:`(1-t)\mu+t\delta_z` (cost bound :math:`(t\sum_ja_j\|x_j-z\|^2)^{1/2}`), :math:`z` optimised.
 
-    The displacements (and fractions, :math:`z`) maximise :math:`W_2(F\nu,F\mu)/\varepsilon` by Adam,
-    with the exact output :math:`W_2` differentiated through the optimal plan and dual potentials;
-    every reported number is then **measured** with :func:`~meanfield.distances.wasserstein` (and
-    :func:`~meanfield.distances.wasserstein_inf` for the :math:`W_\infty` comparison of §12.3, where
-    the input cost is :math:`\|\delta\|` whatever the mass and the gain disappears). Moved points are
-    projected back into :math:`B_R` (non-expansive, so the budget bound still holds).
+    The displacements (and fractions, :math:`z`) maximise :math:`W_2(F\nu,F\mu)/\varepsilon` by
+    Adam, with the exact output :math:`W_2` differentiated through the optimal plan and dual
+    potentials; every reported number is then **measured** with
+    :func:`~meanfield.distances.wasserstein` (and :func:`~meanfield.distances.wasserstein_inf` for
+    the :math:`W_\infty` comparison of docs/theory.md §A5, where the input cost is
+    :math:`\|\delta\|` whatever the mass and the gain disappears). Moved points are projected back
+    into :math:`B_R` (non-expansive, so the budget bound still holds).
 
     Parameters
     ----------
@@ -430,9 +433,9 @@ def mass_splitting_attack(
     -----
     At a Dirac :math:`\mu=\delta_y` move-only gives exactly :math:`\|V\delta\|/\|\delta\|\le\|V\|`
     while splitting reaches :math:`\frac{\|V\delta\|}{\|\delta\|}G_k` (:func:`split_gain`); under
-    :math:`W_\infty` both are at most :math:`\|V\|` at a Dirac (§12.3). Provenance: the phenomenon
-    is *stated in the paper (v1 abstract)*; the attack and its measurements are ours (*derived and
-    checked numerically*).
+    :math:`W_\infty` both are at most :math:`\|V\|` at a Dirac (docs/theory.md §A5). Provenance: the
+    phenomenon is *stated in the paper (v1 abstract)*; the attack and its measurements are ours
+    (*derived and checked numerically*).
     """
     opts, gen = resolve_options(
         SPLITTING_DEFAULTS,
@@ -541,8 +544,8 @@ def mass_splitting_attack(
                 g0 = torch.zeros(n + k - 1, d, dtype=torch.float64, device=dev)
                 f0 = torch.zeros(k, dtype=torch.float64, device=dev)
                 if r < len(dirs):
-                    # THEORY.md §12.2: one light copy travels to the sphere along dirs[r]; its mass
-                    # fraction f spends the whole budget, a_i f D^2 = budget^2
+                    # docs/theory.md §10: one light copy travels to the sphere along dirs[r];
+                    # its mass fraction f spends the whole budget, a_i f D^2 = budget^2
                     e = dirs[r]
                     xe = float(xi @ e)
                     D = -xe + math.sqrt(max(xe * xe - float(xi @ xi) + R_ * R_, 0.0))

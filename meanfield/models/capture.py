@@ -37,7 +37,7 @@ class HiddenStates:
     Parameters
     ----------
     X : Tensor, shape (n_windows, n, d)
-        Captured inputs (EXPERIMENTS.md §1.2 capture points).
+        Captured inputs (docs/experiments.md, "Protocols and defects": capture points).
     token_ids : Tensor of int64, shape (n_windows, n)
     starts : tuple of int
         Offset of each window in the tokenized text.
@@ -140,13 +140,14 @@ def hidden_states(
 ) -> HiddenStates:
     """Hidden states entering attention layer ``layer`` for ``n_windows`` windows of ``n`` tokens.
 
-    Protocol of EXPERIMENTS.md §1.3 with D6 fixed: the whole text is tokenized once (BERT: [CLS]
-    and [SEP] at the two ends of the whole text only); the ``n_windows * n`` token ids from
-    ``start`` are cut into consecutive, non-overlapping windows; each window goes through the
-    model in eval mode with ``attention_mask = 1`` and positions restarting at 0; forward
-    pre-hooks capture the input of ``encoder.layer[b]`` (BERT), ``h[b].attn`` (GPT-2, the
-    ``ln_1`` output) or ``layers[b].self_attn`` (Llama, the ``input_layernorm`` output). The
-    windows are batched and the forward pass stops at the capture point.
+    Windowing of docs/experiments.md ("Protocols and defects") with D6 fixed: the whole text is
+    tokenized once (BERT: [CLS] and [SEP] at the two ends of the whole text only); the
+    ``n_windows * n`` token ids from ``start`` are cut into consecutive, non-overlapping windows;
+    each window goes through the model in eval mode with ``attention_mask = 1`` and positions
+    restarting at 0; forward pre-hooks capture the input of ``encoder.layer[b]`` (BERT),
+    ``h[b].attn`` (GPT-2, the ``ln_1`` output) or ``layers[b].self_attn`` (Llama, the
+    ``input_layernorm`` output). The windows are batched and the forward pass stops at the capture
+    point.
 
     Parameters
     ----------

@@ -172,7 +172,7 @@ def is_causal(model: Any) -> bool:
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """Metadata of one attention layer (EXPERIMENTS.md §4.5).
+    """Metadata of one attention layer (docs/experiments.md, "Protocols and defects": labels).
 
     Parameters
     ----------
@@ -383,11 +383,12 @@ def params_from_hf(
 
     Head :math:`h` has :math:`A_h = s\,Q_h^\top K_h` (:math:`s` the layer's logit scale,
     :math:`1/\sqrt k`), :math:`V_h`, the key-logit term :math:`c_h = s\,K_h^\top b_{Q,h}` of the
-    query bias and the value bias (THEORY.md §1.2, §2.2), sliced per architecture:
+    query bias and the value bias (docs/theory.md §A8), sliced per architecture:
 
     - BERT: ``query/key/value`` ``nn.Linear`` (out, in), head = row block.
-    - GPT-2: ``c_attn`` ``Conv1D`` (in, out) split along dim 1 into q, k, v; head = **column**
-      block (:math:`Q_h = W_q[:, \mathrm{cols}_h]^\top`), THEORY.md §1.3, EXPERIMENTS.md D5.
+    - GPT-2: ``c_attn`` ``Conv1D`` (in, out) split along dim 1 into q, k, v; head = **column** block
+      (:math:`Q_h = W_q[:, \mathrm{cols}_h]^\top`), docs/conventions.md §3, defect D5 of
+      docs/experiments.md.
     - Llama-style: ``q/k/v_proj`` rows, GQA (``n_kv_heads``), the model's rotary embedding.
 
     The causal flag is a property of the model, not of the parameters: read it from
@@ -552,8 +553,9 @@ def bert_attention_block(
 
     .. math:: X\mapsto\mathrm{LN}\big(X + \mathrm{MHSA}(X)W^{O\top} + b^O\big)
 
-    Residual plus LayerNorm around the multi-head map (THEORY.md §2.3; the map of the released
-    ``bert_encoder`` and ``bert_decoder`` folders, EXPERIMENTS.md D2), in eval mode (no dropout).
+    Residual plus LayerNorm around the multi-head map (docs/theory.md §A8; the map of the released
+    ``bert_encoder`` and ``bert_decoder`` folders, defect D2 of docs/experiments.md), in eval mode
+    (no dropout).
 
     Parameters
     ----------

@@ -59,7 +59,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voc
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A model in eval mode, its tokenizer, its label and its provenance (EXPERIMENTS.md §4.5).
+    """A model in eval mode, its tokenizer, its label and its provenance.
+
+    Labels as in docs/experiments.md, "Protocols and defects".
 
     Parameters
     ----------
@@ -67,7 +69,7 @@ class LoadedModel:
     tokenizer : tokenizer or None
         ``None`` when no tokenizer is available offline (pass token ids instead).
     label : str
-        The label to use in results and legends (EXPERIMENTS.md §4.1).
+        The label to use in results and legends (docs/experiments.md, "Models and texts").
     provenance : Mapping
         Identifier, source, pretrained or random (seed), quantization, architecture facts.
     """
