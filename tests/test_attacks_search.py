@@ -202,3 +202,17 @@ def test_certify_propagates_errors_other_than_unsupported(rng, monkeypatch):
     with pytest.warns(UserWarning, match="rotary"):
         res = worst_case_measure(params, 1.2, 2, n_restarts=1, steps=3)
     assert res.bracket == "dense SVD" and res.lower == res.value == res.upper
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sequence_objective_equals_the_engine(rng, masked):
+    from meanfield import local_lipschitz
+    from meanfield.attacks._common import _sequence_constant
+
+    mh = MultiHeadParams.from_qkv(
+        *(torch.tensor(rng.standard_normal((3, 3))) for _ in range(3)), n_heads=1
+    )
+    X = torch.tensor(rng.standard_normal((4, 3)))
+    ours = float(_sequence_constant(X[None], mh, masked=masked)[0])
+    est = local_lipschitz(X, mh, masked=masked, method="dense")
+    assert ours == pytest.approx(float(est.value), rel=1e-10)
