@@ -312,17 +312,6 @@ def test_sqrt_n_slope_random_heads(rng):
     assert tested >= 2
 
 
-def test_off_axis_two_atom_is_a_deprecated_alias(rng):
-    A, V = random_head(rng, 2, scale=2.0)
-    params = AttentionParams(A, V)
-    new = off_axis_two_atoms(params, 1.5, n_restarts=2, steps=10)
-    with pytest.warns(DeprecationWarning, match="off_axis_two_atoms"):
-        from meanfield.attacks import off_axis_two_atom
-
-        old = off_axis_two_atom(params, 1.5, n_restarts=2, steps=10)
-    assert old.value == new.value and torch.equal(old.x, new.x)
-
-
 def test_off_axis_options_equal_keywords(rng):
     from meanfield.attacks import SearchOptions
 

@@ -24,12 +24,18 @@ numerically (tests/test_attacks_*.py); the phenomena (tight √n rate, unbalance
 mass splitting) are stated in the abstract of Castin, Ablin & Peyré, "How Smooth Is Attention?",
 ICML 2024, arXiv 2312.14820 (v2; v1 for the two-Dirac and mass-splitting material).
 
-API style: inputs first (a measure, or for the constructions and searches the attention
-parameters and the domain :math:`R`, :math:`n`), then parameters, then keyword-only options;
+API style: the mathematical inputs are positional (a measure first, then the parameters, as in
+:func:`mass_splitting_attack`; a construction or a search has no input measure, so the
+parameters under attack come first, then the domain :math:`R`, :math:`n`); options are
+keyword-only, the search options being :class:`SearchOptions` or the same names as keywords;
 ``masked=None`` follows the input measure's flag (unmasked when there is none); the number of
-atoms is ``n``. Tensors in, tensors out: returned points follow the dtype and device of the
-inputs; every computation runs in float64; scalar summaries are Python floats. Nothing prints.
-The searches are small dense problems; where intra-op threading of tiny tensors is slow,
+atoms is ``n``. The eigenvector ``variant`` defaults differ on purpose:
+:func:`adversarial_sequence` reproduces the paper's experiments (``"released"``), while
+:func:`two_dirac` and the searches want the largest gap (``"symmetric"``, never smaller).
+
+Tensors in, tensors out: returned points follow the dtype and device of the inputs; every
+computation runs in float64; scalar summaries are Python floats. Nothing prints. The searches are
+small dense problems; where intra-op threading of tiny tensors is slow,
 ``torch.set_num_threads(1)`` speeds them up considerably.
 """
 
@@ -39,7 +45,6 @@ from .constructions import (
     OffAxisTwoAtoms,
     TwoDirac,
     adversarial_sequence,
-    off_axis_two_atom,
     off_axis_two_atoms,
     two_dirac,
     two_dirac_measure,
@@ -66,7 +71,6 @@ __all__ = [
     "WorstCaseSequence",
     "adversarial_sequence",
     "mass_splitting_attack",
-    "off_axis_two_atom",
     "off_axis_two_atoms",
     "optimal_split_k",
     "split_constant",

@@ -16,7 +16,6 @@ Notation (docs/theory.md §A1): score matrix :math:`A`, value matrix :math:`V`, 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,7 +45,6 @@ __all__ = [
     "OffAxisTwoAtoms",
     "TwoDirac",
     "adversarial_sequence",
-    "off_axis_two_atom",
     "off_axis_two_atoms",
     "two_dirac",
     "two_dirac_measure",
@@ -774,13 +772,3 @@ def _opt_logs(gamma: float) -> tuple[float, float]:
     v = _optimal_v(gamma)
     t = math.log((1.0 - v) / v) - gamma
     return _log_sigmoid(t), _log_sigmoid(-t)
-
-
-def off_axis_two_atom(*args, **kwargs) -> OffAxisTwoAtoms:
-    """Deprecated spelling of :func:`off_axis_two_atoms` (same arguments and result)."""
-    warnings.warn(
-        "off_axis_two_atom is deprecated: use off_axis_two_atoms",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return off_axis_two_atoms(*args, **kwargs)
