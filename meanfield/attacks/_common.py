@@ -268,6 +268,10 @@ def _measure_constant(
 
     ``X`` (B, n, d), ``la`` (B, n) log-masses. :math:`L_W=\|D_a^{1/2}JD_a^{-1/2}\|_2` with the
     fixed-mass Jacobian :math:`J` from ``jacrev`` of :func:`attention_points`.
+
+    Deliberately not :func:`meanfield.lipschitz.local_lipschitz`: the searches differentiate this
+    value with respect to the points and log-masses of a batch of starts. It equals the engine's
+    dense value (tests/test_attacks_search.py), which supplies the reported brackets.
     """
     B, n, d = X.shape
 
