@@ -235,7 +235,7 @@ def _check_common(args: argparse.Namespace) -> None:
 
 def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:
     """(X, params or None, source, fn or None) for ``--model``."""
-    from meanfield.data import corpus_token_ids
+    from experiments.corpora import corpus_token_ids
     from meanfield.models import hf_attention, hidden_states, layer_info, load_model, random_gpt2
 
     if args.n is None or args.n < 1:

@@ -409,7 +409,7 @@ class _Workspace:
         return self.models[key]
 
     def token_ids(self, key: str, corpus: str) -> tuple[Any, Any]:
-        from meanfield.data import corpus_token_ids
+        from experiments.corpora import corpus_token_ids
 
         if (key, corpus) not in self.ids:
             lm = self.model(key)

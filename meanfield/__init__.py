@@ -1,6 +1,6 @@
 r"""meanfield: the smoothness of self-attention, on sequences and on measures.
 
-Notation (THEORY.md §1.5; code names follow it):
+Notation (docs/theory.md §A1; code names follow it):
 
 ====================  ===========================================================================
 symbol (code)         meaning

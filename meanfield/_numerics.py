@@ -2,12 +2,12 @@
 
 Attention weights are always formed as ``softmax(logits)`` with
 ``logits[i, j] = score(x_i, x_j) + log a_j`` and masked entries set to ``-inf``
-(THEORY.md §1.4, §2.4). Nothing here exponentiates a raw score.
+(docs/theory.md §A1). Nothing here exponentiates a raw score.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -81,7 +81,7 @@ def causal_mask(query_positions: Tensor, key_positions: Tensor) -> Tensor:
     Returns
     -------
     Tensor of bool, shape (..., n_q, n_k)
-        ``True`` where query ``i`` may attend to key ``j`` (THEORY.md §3.3: ``t' <= t``,
+        ``True`` where query ``i`` may attend to key ``j`` (docs/theory.md §A2: ``t' <= t``,
         so a token always sees itself and every token at the same position).
     """
     return key_positions.unsqueeze(-2) <= query_positions.unsqueeze(-1)
@@ -117,11 +117,3 @@ def iter_chunks(n: int, chunk_size: int | None) -> Iterator[slice]:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     for start in range(0, n, chunk_size):
         yield slice(start, min(start + chunk_size, n))
-
-
-def chunked_over_queries(
-    fn: Callable[[slice], Tensor], n_queries: int, chunk_size: int | None, *, dim: int = -2
-) -> Tensor:
-    """Evaluate ``fn`` on blocks of query indices and concatenate along ``dim``."""
-    parts = [fn(sl) for sl in iter_chunks(n_queries, chunk_size)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)

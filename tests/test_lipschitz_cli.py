@@ -194,7 +194,7 @@ def test_missing_file_is_reported(tmp_path):
 
 @pytest.mark.slow
 def test_model_mode_gpt2_random_matches_direct_pipeline():
-    from meanfield.data import corpus_token_ids
+    from experiments.corpora import corpus_token_ids
     from meanfield.models import hidden_states, params_from_hf, random_gpt2
 
     doc = run(

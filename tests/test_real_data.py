@@ -114,7 +114,7 @@ def _naive_gpt2_attention(block, X):
 
 
 def test_estimate_matches_an_independent_dense_jacobian(tiny):
-    from meanfield.data import corpus_token_ids
+    from experiments.corpora import corpus_token_ids
     from meanfield.models import random_gpt2
 
     root, _ = tiny
@@ -199,7 +199,7 @@ def test_configurations_name_their_paper_counterparts():
 def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
     """MiniLM "block" map (autograd products) and SmolLM2 (RoPE, GQA): no upper certificate,
     estimate equal to the top singular value of the dense Jacobian of the same layer map."""
-    from meanfield.data import corpus_token_ids
+    from experiments.corpora import corpus_token_ids
     from meanfield.models import hf_attention, hidden_states
 
     real_data.run(

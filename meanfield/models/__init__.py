@@ -1,0 +1,70 @@
+r"""Hugging Face adapters: attention parameters, captured hidden states and offline stand-ins.
+
+Subpackage layout:
+
+* :mod:`~meanfield.models.layers`: architecture detection (BERT, GPT-2, Llama-style), parameter
+  extraction (:func:`params_from_hf`, :func:`layer_info`, :func:`released_head_A`) and the pure
+  torch attention maps rebuilt from the extracted weights (:func:`hf_attention`,
+  :func:`hf_attention_fn`, :func:`bert_attention_block`);
+* :mod:`~meanfield.models.capture`: the hidden states entering a layer for windows of a text
+  (:func:`hidden_states`, :func:`hidden_states_grid`);
+* :mod:`~meanfield.models.standins`: the offline stand-in loaders (:func:`load_model`,
+  :func:`load_minilm`, :func:`load_smollm2`, :func:`random_gpt2`, :func:`random_bert`).
+
+transformers is imported lazily, so ``import meanfield`` works without it; a missing optional
+package fails with one line naming the extra to install (``pip install meanfield[hf]``).
+Conventions (score convention, weight layouts per architecture): docs/conventions.md.
+"""
+
+from .capture import HiddenStates, hidden_states, hidden_states_grid
+from .layers import (
+    HFAttention,
+    LayerInfo,
+    bert_attention_block,
+    hf_attention,
+    hf_attention_fn,
+    is_causal,
+    layer_info,
+    params_from_hf,
+    released_head_A,
+)
+from .standins import (
+    BERT_RANDOM_LABEL,
+    GPT2_RANDOM_LABEL,
+    MINILM_LABEL,
+    SMOLLM2_GGUF,
+    SMOLLM2_LABEL,
+    LoadedModel,
+    _minilm_dir,  # noqa: F401  (private, imported by tests/test_real_data.py)
+    load_minilm,
+    load_model,
+    load_smollm2,
+    random_bert,
+    random_gpt2,
+)
+
+__all__ = [
+    "BERT_RANDOM_LABEL",
+    "GPT2_RANDOM_LABEL",
+    "MINILM_LABEL",
+    "SMOLLM2_GGUF",
+    "SMOLLM2_LABEL",
+    "HFAttention",
+    "HiddenStates",
+    "LayerInfo",
+    "LoadedModel",
+    "bert_attention_block",
+    "hf_attention",
+    "hf_attention_fn",
+    "hidden_states",
+    "hidden_states_grid",
+    "is_causal",
+    "layer_info",
+    "load_minilm",
+    "load_model",
+    "load_smollm2",
+    "params_from_hf",
+    "random_bert",
+    "random_gpt2",
+    "released_head_A",
+]

