@@ -85,13 +85,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ._threads import torch_threads
+from .fits import fit_power_law
 from .results import load_json, load_jsonl, write_csv, write_json
 from .runner import Sweep, config_hash, point_key, preset_config
+from .stage import ModuleStage, StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +102,10 @@ __all__ = [
     "NAME",
     "PAPER_N_GRID",
     "PRESETS",
+    "STAGE",
     "AdvConfig",
+    "AdversarialSettings",
     "export_csv",
-    "fit_power_law",
     "fit_sqrt_n",
     "global_bound",
     "released_heuristic",
@@ -243,57 +246,77 @@ _WORST_CASE_DEFAULT = {
     "lr": 0.05,
 }
 
-#: Measured wall times (2 cores shared with other jobs, load average 5-6, so inflated):
+
+@dataclass(frozen=True)
+class AdversarialSettings(StageConfig):
+    """Settings of the ``adversarial`` stage (see :func:`run` for their meaning)."""
+
+    stage: ClassVar[str] = "adversarial"
+
+    configs: tuple[str, ...]
+    models: Mapping[str, str]
+    layers: Mapping[str, int]
+    heads: Mapping[str, int]
+    radii: Mapping[str, float]
+    n_grid: tuple[int, ...]
+    variants: tuple[str, ...]
+    worst_case: Mapping[str, Any] | None
+    tol: float
+    max_iter: int | None
+    torch_threads: int | None
+
+
+#: Presets. Measured wall times (2 cores shared with other jobs, load average 5-6, so inflated):
 #: tiny about 4 s; quick 49 s (25 s CPU) including the model loads; paper 2 min 29 s (2 min 4 s
 #: CPU) for the four configurations (160 points, SmolLM2 load included) and the worst-case search.
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: Mapping[str, AdversarialSettings] = {
     # tests: tiny random GPT-2 and BERT configs (d = 32), seconds
-    "tiny": {
-        "configs": ["gpt2_rand", "bert_enc"],
-        "models": {"gpt2_rand": "gpt2-random-tiny", "bert_enc": "bert-random-tiny"},
-        "layers": {"gpt2_rand": 1, "bert_enc": 0},
-        "heads": {},
-        "radii": {},
-        "n_grid": [2, 5, 12],
-        "variants": list(VARIANTS),
-        "worst_case": {**_WORST_CASE_DEFAULT, "n_grid": [2, 4], "n_restarts": 1, "steps": 20},
-        "tol": 1e-6,
-        "max_iter": None,
-        "torch_threads": 1,
-    },
+    "tiny": AdversarialSettings(
+        configs=("gpt2_rand", "bert_enc"),
+        models={"gpt2_rand": "gpt2-random-tiny", "bert_enc": "bert-random-tiny"},
+        layers={"gpt2_rand": 1, "bert_enc": 0},
+        heads={},
+        radii={},
+        n_grid=(2, 5, 12),
+        variants=tuple(VARIANTS),
+        worst_case={**_WORST_CASE_DEFAULT, "n_grid": [2, 4], "n_restarts": 1, "steps": 20},
+        tol=1e-6,
+        max_iter=None,
+        torch_threads=1,
+    ),
     # the paper's random GPT-2 and the MiniLM stand-in of BERT-enc on five lengths
-    "quick": {
-        "configs": ["gpt2_rand", "bert_enc"],
-        "models": {},
-        "layers": {},
-        "heads": {},
-        "radii": {},
-        "n_grid": [2, 12, 27, 52, 97],
-        "variants": list(VARIANTS),
-        "worst_case": {
+    "quick": AdversarialSettings(
+        configs=("gpt2_rand", "bert_enc"),
+        models={},
+        layers={},
+        heads={},
+        radii={},
+        n_grid=(2, 12, 27, 52, 97),
+        variants=tuple(VARIANTS),
+        worst_case={
             **_WORST_CASE_DEFAULT,
             "n_grid": [2, 4, 8, 16],
             "n_restarts": 2,
             "steps": 60,
         },
-        "tol": 1e-6,
-        "max_iter": None,
-        "torch_threads": 1,
-    },
+        tol=1e-6,
+        max_iter=None,
+        torch_threads=1,
+    ),
     # the four configurations on the paper's grid, and the worst-case search
-    "paper": {
-        "configs": list(CONFIGS),
-        "models": {},
-        "layers": {},
-        "heads": {},
-        "radii": {},
-        "n_grid": list(PAPER_N_GRID),
-        "variants": list(VARIANTS),
-        "worst_case": dict(_WORST_CASE_DEFAULT),
-        "tol": 1e-6,
-        "max_iter": None,
-        "torch_threads": 1,
-    },
+    "paper": AdversarialSettings(
+        configs=tuple(CONFIGS),
+        models={},
+        layers={},
+        heads={},
+        radii={},
+        n_grid=tuple(PAPER_N_GRID),
+        variants=tuple(VARIANTS),
+        worst_case=dict(_WORST_CASE_DEFAULT),
+        tol=1e-6,
+        max_iter=None,
+        torch_threads=1,
+    ),
 }
 
 TINY_MODEL_KEYS = ("gpt2-random-tiny", "bert-random-tiny")
@@ -327,31 +350,15 @@ def fit_sqrt_n(n: Sequence[float], y: Sequence[float]) -> float:
     return float(np.sum(y_ * np.sqrt(n_)) / np.sum(n_))
 
 
-def fit_power_law(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    r"""Free power law :math:`y\approx c\,n^\alpha`: least squares in log–log.
-
-    Parameters
-    ----------
-    n, y : sequence of float
-        Positive values, at least two distinct ``n``.
-
-    Returns
-    -------
-    (c, alpha) : tuple of float
-    """
-    n_ = np.asarray(n, dtype=float)
-    y_ = np.asarray(y, dtype=float)
-    if n_.shape != y_.shape or n_.ndim != 1 or np.unique(n_).size < 2:
-        raise ValueError("a power-law fit needs two or more distinct n and one y per n")
-    if not (np.all(n_ > 0) and np.all(y_ > 0) and np.all(np.isfinite(y_))):
-        raise ValueError("a log-log fit needs positive finite n and y")
-    alpha, log_c = np.polyfit(np.log(n_), np.log(y_), 1)
-    return float(np.exp(log_c)), float(alpha)
-
-
 # ==============================================================================================
 # bounds
 # ==============================================================================================
+def _free_power_law(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """``(c, alpha)`` of the least-squares power law (no bootstrap interval)."""
+    fit = fit_power_law(n, y, n_boot=0)
+    return fit.c, fit.alpha
+
+
 def _head_facts(params: Any) -> list[dict[str, float]]:
     """Per-head norms in float64: ||W_h V_h||, ||V_h||, ||A_h||_eff parts, rotary flag."""
     import torch
@@ -933,7 +940,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
 
     ``C_fit`` is the least-squares constant of :math:`C\sqrt n` **through the origin** on the
     estimates :math:`\|Df(X)\|_2` (:func:`fit_sqrt_n`); ``alpha`` and ``c`` the free log–log
-    power law (:func:`fit_power_law`). ``paper_C`` is the paper's hand-set constant (defect D7).
+    power law (:func:`experiments.fits.fit_power_law`). ``paper_C`` is the paper's hand-set constant (defect D7).
     ``bounds_hold``: every certified lower end is at most the global bound (triangle form, the
     smaller one) and the certified local bound.
     """
@@ -970,7 +977,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
                 fit["C_fit"] = fit_sqrt_n(n, y)
                 fit["ratio_to_paper"] = fit["C_fit"] / c["paper_C"]
                 if len(set(n)) >= 2 and min(y) > 0:
-                    fit["c"], fit["alpha"] = fit_power_law(n, y)
+                    fit["c"], fit["alpha"] = _free_power_law(n, y)
             skipped = [r for r in recs if r.get("variant") == v and r.get("status") == "skipped"]
             if skipped:
                 fit["skipped"] = skipped[0]["reason"]
@@ -993,7 +1000,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
             "bounds_hold": all(r["bounds_hold"] for r in wc["records"]),
         }
         if len(set(n)) >= 2:
-            w["c"], w["alpha"] = fit_power_law(n, y)
+            w["c"], w["alpha"] = _free_power_law(n, y)
         out["worst_case"] = w
     return out
 
@@ -1048,3 +1055,14 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         )
     fig = f"\n\n![F4: adversarial inputs]({rel}/fig_f4_adversarial.png)\n"
     return "\n".join(lines) + "\n\n" + para + extra + fig
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage(
+    name=NAME,
+    title="Adversarial inputs on real models",
+    presets=PRESETS,
+    run_fn=run,
+    summary_fn=summary,
+    report_fn=report_section,
+)

@@ -42,11 +42,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .fits import PAPER_CURVES, fit_power_law
 from .results import load_json, load_jsonl, write_csv, write_json
 from .runner import Sweep, point_key, preset_config
+from .stage import ModuleStage, Names, StageConfig
 
 __all__ = [
     "CONFIGS",
@@ -54,7 +55,9 @@ __all__ = [
     "NAME",
     "PRESETS",
     "TRAINING_LENGTH",
+    "STAGE",
     "RealConfig",
+    "RealDataSettings",
     "export_csv",
     "load_sweeps",
     "report_section",
@@ -225,17 +228,43 @@ _PAPER_CONFIGS = [c for c in CONFIGS if c != "gpt2rand2L-L1"]
 #: report compares the constant on both sides of it.
 TRAINING_LENGTH: Mapping[str, int] = {"minilm": 128}
 
-#: Presets (the ``run`` keyword arguments they stand for). Measured on 2 CPU cores, model loads
-#: included: ``tiny`` about 10 s; ``quick`` (six stand-ins on KJV, n = 2…96, 7 values, 10 windows)
-#: 138 s from a fresh clone. ``paper``: every stand-in on both corpora with n = 2…98 step 2, and
-#: the MiniLM encoder maps also on 2…492 step 10 over pydoc (the paper's long grid was on AG NEWS
-#: only); its measured time is in the README ("Reproducing the paper"). Restrict it with
-#: ``configs=``/``corpora=`` overrides.
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        configs=["gpt2rand2L-L1"],
-        corpora=["kjv"],
-        n_grid=[2, 4, 8],
+
+@dataclass(frozen=True)
+class RealDataSettings(StageConfig):
+    """Settings of the ``real_data`` stage (the ``run`` keyword arguments they stand for).
+
+    ``configs``, ``corpora`` and ``models`` take a name or a list of names.
+    """
+
+    stage: ClassVar[str] = "real_data"
+
+    configs: Names
+    corpora: Names
+    n_grid: tuple[int, ...]
+    long_grid: tuple[int, ...] | None
+    long_corpora: tuple[str, ...] | None
+    n_windows: int
+    method: str
+    tol: float
+    max_iter: int | None
+    seed: int
+    dtype: str
+    threads: int | None
+    batch_tokens: int
+    models: Names
+    layers: tuple[int, ...] | None
+
+
+#: Presets. Measured on 2 CPU cores, model loads included: ``tiny`` about 10 s; ``quick`` (six
+#: stand-ins on KJV, n = 2…96, 7 values, 10 windows) 138 s from a fresh clone. ``paper``: every
+#: stand-in on both corpora with n = 2…98 step 2, and the MiniLM encoder maps also on 2…492 step
+#: 10 over pydoc (the paper's long grid was on AG NEWS only); its measured time is in the README
+#: ("Reproducing the paper"). Restrict it with ``configs=``/``corpora=`` overrides.
+PRESETS: Mapping[str, RealDataSettings] = {
+    "tiny": RealDataSettings(
+        configs=("gpt2rand2L-L1",),
+        corpora=("kjv",),
+        n_grid=(2, 4, 8),
         long_grid=None,
         long_corpora=None,
         n_windows=2,
@@ -246,20 +275,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="float64",
         threads=1,
         batch_tokens=1024,
-        models=[],
+        models=(),
         layers=None,
     ),
-    "quick": dict(
-        configs=[
+    "quick": RealDataSettings(
+        configs=(
             "minilm-L0",
             "minilm-L0-block",
             "minilm-L3-causal",
             "gpt2rand-L6",
             "smollm2-L0",
             "smollm2-L15",
-        ],
-        corpora=["kjv"],
-        n_grid=[2, 4, 8, 16, 32, 64, 96],
+        ),
+        corpora=("kjv",),
+        n_grid=(2, 4, 8, 16, 32, 64, 96),
         long_grid=None,
         long_corpora=None,
         n_windows=10,
@@ -270,16 +299,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="float64",
         threads=None,
         batch_tokens=1024,
-        models=[],
+        models=(),
         layers=None,
     ),
-    "paper": dict(
-        configs=_PAPER_CONFIGS,
-        corpora=["kjv", "pydoc"],
-        n_grid=list(SHORT_GRID),
-        long_grid=list(LONG_GRID),
-        # the paper ran its long grid on AG NEWS only (EXPERIMENTS.md §1.3): pydoc stands in
-        long_corpora=["pydoc"],
+    "paper": RealDataSettings(
+        configs=tuple(_PAPER_CONFIGS),
+        corpora=("kjv", "pydoc"),
+        n_grid=tuple(SHORT_GRID),
+        long_grid=tuple(LONG_GRID),
+        # the paper ran its long grid on AG NEWS only (docs/experiments.md): pydoc stands in
+        long_corpora=("pydoc",),
         n_windows=10,
         method="auto",
         tol=1e-6,
@@ -288,7 +317,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="float64",
         threads=None,
         batch_tokens=1024,
-        models=[],
+        models=(),
         layers=None,
     ),
 }
@@ -1076,3 +1105,14 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
         "and, for BERT, a different map)."
     )
     return " ".join(parts)
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage(
+    name=NAME,
+    title="Real data: local Lipschitz constant vs n",
+    presets=PRESETS,
+    run_fn=run,
+    summary_fn=summary,
+    report_fn=report_section,
+)

@@ -71,8 +71,9 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy import special
@@ -82,11 +83,14 @@ from theory import bounds, regimes
 from ._threads import torch_threads
 from .results import load_json, run_metadata, save_npz, write_json
 from .runner import Sweep, preset_config
+from .stage import ModuleStage, StageConfig
 
 __all__ = [
     "MF_SETTINGS",
     "NAME",
     "PRESETS",
+    "STAGE",
+    "SyntheticSettings",
     "construction_norm",
     "mf_setting",
     "report_section",
@@ -115,79 +119,114 @@ MF_SETTINGS: dict[str, str] = {
 }
 F6_SETTING = "d2"
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "seed": 0,
-        "f5_gammas": [2.0],
-        "f5_R": 1.0,
-        "f5_n_max": 40,
-        "f5_n_points": 6,
-        "f5_masked_n_max": 40,
-        "f5_check_n": [3, 17],
-        "f7_n": 8,
-        "f7_d": 2,
-        "f7_inputs": 2,
-        "f7_R_min": 0.1,
-        "f7_R_max": 1000.0,
-        "f7_R_points": 9,
-        "mf_radii": [1.0, 4.0],
-        "mf_settings": ["d1_neg", "d2"],
-        "a_atoms": [2, 3],
-        "f6_atoms": [2, 3],
-        "restarts": 1,
-        "steps": 12,
-        "off_axis_restarts": 1,
-        "off_axis_steps": 20,
-        "curve_points": 60,
-    },
-    "quick": {
-        "seed": 0,
-        "f5_gammas": [2.0, 4.0, 6.0],
-        "f5_R": 1.0,
-        "f5_n_max": 2048,
-        "f5_n_points": 20,
-        "f5_masked_n_max": 1024,
-        "f5_check_n": [4, 32, 256],
-        "f7_n": 12,
-        "f7_d": 3,
-        "f7_inputs": 4,
-        "f7_R_min": 0.1,
-        "f7_R_max": 1000.0,
-        "f7_R_points": 33,
-        "mf_radii": [0.5, 1.06, 2.24, 4.73, 10.0],
-        "mf_settings": ["d1_pos", "d1_neg", "d2", "gauss"],
-        "a_atoms": [2, 3, 5],
-        "f6_atoms": [2, 3, 4, 5],
-        "restarts": 4,
-        "steps": 100,
-        "off_axis_restarts": 4,
-        "off_axis_steps": 150,
-        "curve_points": 200,
-    },
-    "paper": {
-        "seed": 0,
-        "f5_gammas": [2.0, 4.0, 6.0],
-        "f5_R": 1.0,
-        "f5_n_max": 4096,
-        "f5_n_points": 40,
-        "f5_masked_n_max": 4096,
-        "f5_check_n": [4, 16, 64, 256, 1024],
-        "f7_n": 12,
-        "f7_d": 3,
-        "f7_inputs": 6,
-        "f7_R_min": 0.1,
-        "f7_R_max": 1000.0,
-        "f7_R_points": 81,
-        "mf_radii": [float(r) for r in np.round(np.geomspace(0.5, 10.0, 16), 4)],
-        "mf_settings": ["d1_pos", "d1_neg", "d2", "gauss"],
-        "a_atoms": [2, 3, 5],
-        "f6_atoms": [2, 3, 4, 5],
-        "restarts": 16,
-        "steps": 400,
-        "off_axis_restarts": 16,
-        "off_axis_steps": 400,
-        "curve_points": 400,
-    },
+
+@dataclass(frozen=True)
+class SyntheticSettings(StageConfig):
+    """Settings of the ``synthetic`` stage.
+
+    The prefix names the figure a setting serves: ``f5_``, ``f7_``, ``mf_`` (F6 and A), ``a_``,
+    ``f6_``; the others are shared.
+    """
+
+    stage: ClassVar[str] = "synthetic"
+
+    seed: int
+    f5_gammas: tuple[float, ...]
+    f5_R: float
+    f5_n_max: int
+    f5_n_points: int
+    f5_masked_n_max: int
+    f5_check_n: tuple[int, ...]
+    f7_n: int
+    f7_d: int
+    f7_inputs: int
+    f7_R_min: float
+    f7_R_max: float
+    f7_R_points: int
+    mf_radii: tuple[float, ...]
+    mf_settings: tuple[str, ...]
+    a_atoms: tuple[int, ...]
+    f6_atoms: tuple[int, ...]
+    restarts: int
+    steps: int
+    off_axis_restarts: int
+    off_axis_steps: int
+    curve_points: int
+
+
+PRESETS: Mapping[str, SyntheticSettings] = {
+    "tiny": SyntheticSettings(
+        seed=0,
+        f5_gammas=(2.0,),
+        f5_R=1.0,
+        f5_n_max=40,
+        f5_n_points=6,
+        f5_masked_n_max=40,
+        f5_check_n=(3, 17),
+        f7_n=8,
+        f7_d=2,
+        f7_inputs=2,
+        f7_R_min=0.1,
+        f7_R_max=1000.0,
+        f7_R_points=9,
+        mf_radii=(1.0, 4.0),
+        mf_settings=("d1_neg", "d2"),
+        a_atoms=(2, 3),
+        f6_atoms=(2, 3),
+        restarts=1,
+        steps=12,
+        off_axis_restarts=1,
+        off_axis_steps=20,
+        curve_points=60,
+    ),
+    "quick": SyntheticSettings(
+        seed=0,
+        f5_gammas=(2.0, 4.0, 6.0),
+        f5_R=1.0,
+        f5_n_max=2048,
+        f5_n_points=20,
+        f5_masked_n_max=1024,
+        f5_check_n=(4, 32, 256),
+        f7_n=12,
+        f7_d=3,
+        f7_inputs=4,
+        f7_R_min=0.1,
+        f7_R_max=1000.0,
+        f7_R_points=33,
+        mf_radii=(0.5, 1.06, 2.24, 4.73, 10.0),
+        mf_settings=("d1_pos", "d1_neg", "d2", "gauss"),
+        a_atoms=(2, 3, 5),
+        f6_atoms=(2, 3, 4, 5),
+        restarts=4,
+        steps=100,
+        off_axis_restarts=4,
+        off_axis_steps=150,
+        curve_points=200,
+    ),
+    "paper": SyntheticSettings(
+        seed=0,
+        f5_gammas=(2.0, 4.0, 6.0),
+        f5_R=1.0,
+        f5_n_max=4096,
+        f5_n_points=40,
+        f5_masked_n_max=4096,
+        f5_check_n=(4, 16, 64, 256, 1024),
+        f7_n=12,
+        f7_d=3,
+        f7_inputs=6,
+        f7_R_min=0.1,
+        f7_R_max=1000.0,
+        f7_R_points=81,
+        mf_radii=tuple(float(r) for r in np.round(np.geomspace(0.5, 10.0, 16), 4)),
+        mf_settings=("d1_pos", "d1_neg", "d2", "gauss"),
+        a_atoms=(2, 3, 5),
+        f6_atoms=(2, 3, 4, 5),
+        restarts=16,
+        steps=400,
+        off_axis_restarts=16,
+        off_axis_steps=400,
+        curve_points=400,
+    ),
 }
 
 #: Learning rate of the worst-measure and off-axis searches (library default).
@@ -1214,3 +1253,14 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage(
+    name=NAME,
+    title="Synthetic theory sweeps",
+    presets=PRESETS,
+    run_fn=run,
+    summary_fn=summary,
+    report_fn=report_section,
+)
