@@ -164,6 +164,10 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--n must be a positive integer, got {args.n}")
         if not (math.isfinite(args.R) and args.R > 0):
             raise ValueError(f"--R must be a positive number, got {args.R}")
+        if args.random_d < 1:
+            raise UsageError(f"--random-d must be a positive integer, got {args.random_d}")
+        if args.heads < 1:
+            raise UsageError(f"--heads must be a positive integer, got {args.heads}")
         params, source = random_layer(args.random_d, args.heads, args.seed, dtype, args.device)
         X = torch.tensor(
             random_tokens(args.n, args.random_d, args.R, args.seed), dtype=dtype, device=args.device
