@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._threads import torch_threads
-from .results import load_json, run_metadata, save_npz, write_json
+from .results import load_json, load_npz, run_metadata, save_npz, write_json
 from .runner import preset_config
 from .stage import ModuleStage, StageConfig
 
@@ -352,12 +353,23 @@ def _resolve(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same_config(json_path: Path, config: dict[str, Any]) -> bool:
-    """Whether a finished result file was produced with ``config`` (the keys it records)."""
-    if not json_path.exists():
+    """Whether a finished result (``.json`` and ``.npz``) was produced with ``config``.
+
+    A file that cannot be read is logged and computed again.
+    """
+    npz_path = json_path.with_suffix(".npz")
+    if not (json_path.exists() and npz_path.exists()):
         return False
     try:
         recorded = load_json(json_path)["metadata"]["config"] or {}
-    except (KeyError, TypeError, ValueError):
+        load_npz(npz_path)
+    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        log.warning(
+            "%s: unreadable result (%s: %s); computing it again",
+            json_path.with_suffix(""),
+            type(err).__name__,
+            " ".join(str(err).split()),
+        )
         return False
     for key, value in config.items():
         if key in recorded and _norm(recorded[key]) != _norm(value):
@@ -408,7 +420,7 @@ def run(
     for key, fn in (("figure_b", figure_b_results), ("figure_c", figure_c_results)):
         stem = out / _FILES[key]
         kwargs = config[key]
-        if _same_config(stem.with_suffix(".json"), kwargs) and stem.with_suffix(".npz").exists():
+        if _same_config(stem.with_suffix(".json"), kwargs):
             files += [stem.with_suffix(".npz"), stem.with_suffix(".json")]
             continue
         files += fn(out, seed=config["seed"], **kwargs)

@@ -191,7 +191,9 @@ def test_cli_figures_redraws_and_reports_missing(toy_stages, capsys):
 def test_tiny_preset_end_to_end_and_resume(tmp_path):
     out = tmp_path / "rep"
     doc = rp.reproduce(out, "tiny", progress=False)
-    assert {k: e["status"] for k, e in doc["stages"].items()} == {s.name: "ok" for s in registry.STAGES}
+    assert {k: e["status"] for k, e in doc["stages"].items()} == {
+        s.name: "ok" for s in registry.STAGES
+    }
     assert {k: e["status"] for k, e in doc["figures"].items()} == {
         f.id: "ok" for f in registry.FIGURES
     }

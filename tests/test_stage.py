@@ -98,3 +98,20 @@ def test_registry_joins_figures_to_registered_stages():
     assert vb.options()["n_instances"] == 600
     with pytest.raises(ValueError, match="verify_bounds: setting n_instances must be an integer"):
         vb.check({"n_instances": "many"})
+
+
+def test_attacks_stage_logs_and_rebuilds_an_unreadable_npz(tmp_path, caplog):
+    import numpy as np
+
+    from experiments.results import run_metadata, save_npz, write_json
+
+    stem = tmp_path / "worst_measures"
+    config = {"radii": [1.0, 2.0], "n_atoms": 3}
+    write_json(stem.with_suffix(".json"), {"metadata": run_metadata(config=config)})
+    save_npz(stem.with_suffix(".npz"), radii=np.array([1.0, 2.0]))
+    assert mass_splitting._same_config(stem.with_suffix(".json"), config)
+    assert not mass_splitting._same_config(stem.with_suffix(".json"), {**config, "n_atoms": 4})
+    assert not caplog.records
+    stem.with_suffix(".npz").write_bytes(b"PK\x03\x04 not a zip archive")
+    assert not mass_splitting._same_config(stem.with_suffix(".json"), config)
+    assert "unreadable result" in caplog.text and "computing it again" in caplog.text
