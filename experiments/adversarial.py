@@ -1,19 +1,19 @@
 r"""Adversarial inputs on real attention layers: the √n construction against n (figure F4).
 
-What is measured (EXPERIMENTS.md §1.4, §2 F4; THEORY.md §6.1–§6.3)
+What is measured (docs/experiments.md; docs/theory.md §6.1–§6.3)
 -------------------------------------------------------------------
 For each configuration of the paper's adversarial table and each sequence length :math:`n`:
 
-1. the input is the closed-form construction of THEORY.md §6.3 built from **one head's** score
+1. the input is the closed-form construction of docs/theory.md §6.3 built from **one head's** score
    matrix :math:`A_h` (biases ignored, as in the released code), with the paper's radius
    :math:`R`: one token plus :math:`n-1` copies on the line :math:`\mathbb Ru`
    (:func:`meanfield.attacks.adversarial_sequence`). Two variants: ``"released"`` (real
    eigenvectors of the score matrix and the −8 rule, exactly the released choice) and
-   ``"symmetric"`` (extreme eigenvectors of :math:`(A_h+A_h^\top)/2`, THEORY.md §6.3 remarks);
+   ``"symmetric"`` (extreme eigenvectors of :math:`(A_h+A_h^\top)/2`, docs/theory.md §6.3 remarks);
 2. the local Lipschitz constant :math:`\|Df(X)\|_2` of the **whole multi-head map** (every head,
    biases, :math:`W^O` when the map has it, the causal mask when the configuration has one) as a
    certified bracket (:func:`meanfield.lipschitz.local_lipschitz`, float64);
-3. beside it: the global √n bound of THEORY.md §6.1 summed over heads, the certified
+3. beside it: the global √n bound of docs/theory.md §6.1 summed over heads, the certified
    data-dependent local bound of §6.2 (generalised below), and the released data-dependent
    quantity of §6.2 (**not a valid bound as written**; stored as a labelled heuristic).
 
@@ -21,7 +21,7 @@ The construction only depends on :math:`n` through the number of copies, so it i
 (configuration, variant) at the largest :math:`n` of the grid and cut: the first :math:`n` rows of
 that sequence are exactly ``adversarial_sequence(A_h, R, n).X``.
 
-Configurations (EXPERIMENTS.md §1.4 table, offline stand-ins of §4.2)
+Configurations (docs/experiments.md table, offline stand-ins of "Models and texts")
 ----------------------------------------------------------------------
 =============  =====================  ==========================================  ====  ===========
 id             paper                  offline stand-in                            R     paper's C
@@ -40,7 +40,7 @@ id             paper                  offline stand-in                          
   (defect D3).
 * ``gpt2`` with SmolLM2: the construction uses the head's :math:`A` **without** the rotary
   embedding (the score at relative position 0), so the logit gap :math:`\gamma` is only
-  approximate for this map (THEORY.md §2.3); records carry ``construction_exact = False``. The
+  approximate for this map (docs/theory.md §2.3); records carry ``construction_exact = False``. The
   bounds are extended to rotary heads below.
 * The paper's printed constants are hand-set curves (defect D7), compared here against the
   least-squares fit of our measurements.
@@ -52,19 +52,19 @@ Bounds (float64)
 ----------------
 With :math:`W_hV_h` the output matrix of head :math:`h` (:math:`V_h` without :math:`W^O`):
 
-* **Global** (THEORY.md §6.1), :math:`\sum_h\|W_hV_h\|_2\,B(\|A_h\|_{\mathrm{eff}},1,R,n)`, for
+* **Global** (docs/theory.md §6.1), :math:`\sum_h\|W_hV_h\|_2\,B(\|A_h\|_{\mathrm{eff}},1,R,n)`, for
   the ``"sqrt3"`` form :math:`B=\sqrt3\,(\theta^2(4n+1)+n)^{1/2}` (the recalled constant) and the
   ``"triangle"`` form :math:`B=\sqrt n(1+\theta)+\theta` (never larger), :math:`\theta=
   \|A_h\|_{\mathrm{eff}}R^2` (:func:`theory.bounds.sqrt_n_upper`). *Our derivation*: a query
-  bias adds :math:`c_h` to the key gradient :math:`A_h^\top x_i` (THEORY.md §2.2), so
+  bias adds :math:`c_h` to the key gradient :math:`A_h^\top x_i` (docs/theory.md §2.2), so
   :math:`\|A_h\|_{\mathrm{eff}}=\|A_h\|_2+\|c_h\|/R` bounds both the :math:`T_2` and :math:`T_3`
   factors; for a rotary head the relative-position forms :math:`A_r=\alpha^2Q_h^\top
   \mathrm{Rot}_rK_h` all satisfy :math:`\|A_r\|_2\le\alpha^2\|Q_h\|_2\|K_h\|_2`, which the proof
   of §6.1 only needs (:math:`T_3` by Cauchy–Schwarz), so that product is used.
-* **Certified local** (THEORY.md §6.2, *derived*): :func:`meanfield.certified_local_upper`, the
+* **Certified local** (docs/theory.md §6.2, *derived*): :func:`meanfield.certified_local_upper`, the
   data-dependent three-term bound summed over heads with :math:`\|W_hV_h\|_2`, biases, masks and
   rotary heads included (the rotary form is our extension).
-* **Released heuristic** (THEORY.md §6.2, *from the authors' released code*):
+* **Released heuristic** (docs/theory.md §6.2, *from the authors' released code*):
   :math:`\sum_h\|V_h\|_2(R_h^2r^2(n+1)+n)^{1/2}` (:func:`theory.bounds.released_data_dependent`);
   not a bound as written.
 
@@ -115,21 +115,21 @@ __all__ = [
 ]
 
 NAME = "adversarial"
-#: The paper's grid ``range(2, 100, 5)`` (EXPERIMENTS.md §1.4).
+#: The paper's grid ``range(2, 100, 5)`` (docs/experiments.md).
 PAPER_N_GRID: tuple[int, ...] = tuple(range(2, 100, 5))
 VARIANTS = ("released", "symmetric")
 
 
 @dataclass(frozen=True)
 class AdvConfig:
-    r"""One row of the paper's adversarial table (EXPERIMENTS.md §1.4) and its stand-in (§4.2).
+    r"""One row of the paper's adversarial table (docs/experiments.md) and its stand-in.
 
     Attributes
     ----------
     id : str
         Short identifier (file stem of the results).
     paper_model : str
-        The paper's model, as in EXPERIMENTS.md §1.1.
+        The paper's model, as in docs/experiments.md
     paper_layer, head : int
         The paper's layer and the head whose score matrix builds the construction.
     R : float
@@ -138,7 +138,7 @@ class AdvConfig:
         The paper's seed; here the seed of the random model (``gpt2_rand``) and of the random start
         of the Lanczos solver.
     map : {"heads", "heads+WO"}
-        Differentiated map (EXPERIMENTS.md §1.2 "adversarial" rows).
+        Differentiated map (docs/experiments.md "adversarial" rows).
     masked : bool
         Explicit causal mask.
     standin, standin_layer : str, int
@@ -393,13 +393,13 @@ def _effective_A_norm(f: Mapping[str, Any], R: float) -> float:
 def global_bound(
     head_facts: Sequence[Mapping[str, Any]], R: float, n: int, *, form: str = "sqrt3"
 ) -> float:
-    r"""Global √n bound of THEORY.md §6.1 for a multi-head layer on :math:`B_R^n`.
+    r"""Global √n bound of docs/theory.md §6.1 for a multi-head layer on :math:`B_R^n`.
 
     .. math:: \sum_h\|W_hV_h\|_2\;B\big(\|A_h\|_{\mathrm{eff}},1,R,n\big)
 
     with :math:`B` = :func:`theory.bounds.sqrt_n_upper` (``form`` ``"sqrt3"``, ``"sharp"`` or
     ``"triangle"``), :math:`\|A_h\|_{\mathrm{eff}}=\|A_h\|_2+\|c_h\|/R` (query bias; our
-    derivation from THEORY.md §2.2) or :math:`\alpha^2\|Q_h\|_2\|K_h\|_2` for a rotary head (the
+    derivation from docs/theory.md §2.2) or :math:`\alpha^2\|Q_h\|_2\|K_h\|_2` for a rotary head (the
     supremum over relative positions; our derivation). Holds masked and unmasked.
 
     Parameters
@@ -429,7 +429,7 @@ def global_bound(
 
 
 def released_heuristic(X: Any, params: Any) -> float:
-    r"""The released data-dependent quantity of THEORY.md §6.2 (**not a valid upper bound**).
+    r"""The released data-dependent quantity of docs/theory.md §6.2 (**not a valid upper bound**).
 
     :math:`\sum_h\|V_h\|_2(R_h^2r^2(n+1)+n)^{1/2}` with :math:`r` the diameter of the tokens and
     :math:`R_h=\max_i\|A_{\mathrm{code},h}x_i\|=\max_i\|A_h^\top x_i\|`; without :math:`W^O`, as
@@ -1033,14 +1033,14 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
             f"| {row['paper_C']:g} | {'yes' if row['bounds_hold'] else 'NO'} |"
         )
     para = (
-        "Adversarial inputs (EXPERIMENTS.md §1.4, THEORY.md §6.3): one token plus n−1 copies built "
+        "Adversarial inputs (docs/experiments.md, docs/theory.md §6.3): one token plus n−1 copies built "
         "from one head's score matrix, scaled by the paper's R; the local constant is that of the "
         "whole multi-head map, as a certified bracket. *C fit* is the least-squares constant of "
         "C·√n through the origin on our estimates; *α* is the free log–log exponent. The paper's "
         "constants are hand-set curves (D7), for the paper's models: they are comparable only "
         "where the model is the same (the random GPT-2 row); stand-in rows use other weights and "
         "widths. *Bounds hold*: every certified lower end lies below the global √n bound "
-        "(THEORY.md §6.1, summed over heads with ‖W_hV_h‖) and below the certified local bound "
+        "(docs/theory.md §6.1, summed over heads with ‖W_hV_h‖) and below the certified local bound "
         "(§6.2). The released data-dependent quantity is plotted only as a heuristic: it is not "
         "a valid bound as written."
     )

@@ -109,7 +109,7 @@ PRESETS: Mapping[str, MassSplittingSettings] = {
 }
 
 # ------------------------------------------------------------------------------ the work
-#: The two settings of figure B (EXPERIMENTS.md §2, figure A settings): d = 1 with A = 1 (positive
+#: The two settings of figure B (docs/experiments.md, figure A settings): d = 1 with A = 1 (positive
 #: eigenvalue, chains), and d = 2 with A = diag(1, -0.3); V = I in both.
 FIG_B_SETTINGS = {
     "d1": ([[1.0]], "d = 1, A = 1, V = 1"),
@@ -480,7 +480,7 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     if "worst_measures" in s:
         lines += [
             "Multi-start search for the measure in B_R with the largest mean-field local "
-            "constant (THEORY §7.4), started from the two-Dirac construction among others, so "
+            "constant (docs/theory.md §7.4), started from the two-Dirac construction among others, so "
             "it never reports less than the closed-form two-Dirac bound.",
             "",
             "| setting | R | searched | two-Dirac bound | gain |",
@@ -495,7 +495,7 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         lines += [
             "Best ratio W₂(Fν, Fμ)/W₂(ν, μ) found under a W₂ budget, moving atoms only against "
             "splitting them first (exact W₂ on both sides), and the same perturbations measured in "
-            "W∞. At a Dirac the W∞ ratio cannot exceed ‖V‖ (THEORY §12.3), so splitting gains "
+            "W∞. At a Dirac the W∞ ratio cannot exceed ‖V‖ (docs/theory.md §12.3), so splitting gains "
             "nothing there; the gain is a W₂ effect.",
             "",
             "| input | move-only (W₂) | split-then-move (W₂) | move-only (W∞) | split-then-move (W∞) |",

@@ -1,6 +1,6 @@
 r"""Real-data sweeps: local Lipschitz constant of attention layers against sequence length n.
 
-The paper's real-data experiment (EXPERIMENTS.md §1.2–§1.3): for each even n, 10 non-overlapping
+The paper's real-data experiment (docs/experiments.md): for each even n, 10 non-overlapping
 windows of n tokens of a text go through a transformer; the hidden states entering one attention
 layer are captured, and the local Lipschitz constant of the layer's map at that input is
 estimated. The released code's y-axis was not :math:`\|J\|_2` but
@@ -15,9 +15,9 @@ estimated. The released code's y-axis was not :math:`\|J\|_2` but
   unit :math:`v`);
 - the released metric :func:`meanfield.lipschitz.released_metric`;
 - the RMS token norm :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` (the paper's "mean radius") and
-  the maximum token norm (the theory's R, THEORY §1.5).
+  the maximum token norm (the theory's R, docs/theory.md §1.5).
 
-Configurations (:data:`CONFIGS`) are the offline stand-ins of EXPERIMENTS.md §4.2, each labelled
+Configurations (:data:`CONFIGS`) are the offline stand-ins of docs/experiments.md, each labelled
 with the paper configuration it stands in for. The map is explicit (D2): ``"heads+WO"`` (the
 attention heads with the output projection, as GPT2Attention) and, for the MiniLM (BERT
 architecture) layers, the labelled ``"block"`` variant (residual + LayerNorm, the map of the
@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 NAME = "real_data"
 MANIFEST = "manifest.json"
 
-#: Paper corpus each offline corpus stands in for (EXPERIMENTS.md §4.2).
+#: Paper corpus each offline corpus stands in for (docs/experiments.md).
 CORPUS_STANDS_IN = {"kjv": "Alice", "pydoc": "AG NEWS"}
 
 SHORT_GRID = tuple(range(2, 100, 2))  # the paper's 2, 4, ..., 98
@@ -93,11 +93,11 @@ class RealConfig:
         directory / cached hub name (:func:`meanfield.models.load_model`).
     layer : int
     map : {"heads", "heads+WO", "block"}
-        The differentiated map (EXPERIMENTS.md §3, "What the toolkit does instead").
+        The differentiated map (docs/experiments.md, D2).
     masked : bool
         Explicit causal mask.
     paper : str or None
-        The paper configuration it stands in for (EXPERIMENTS.md §1.1 ids, e.g. ``"GPT-2 L6"``).
+        The paper configuration it stands in for (docs/experiments.md ids, e.g. ``"GPT-2 L6"``).
     long : bool
         Also run the long grid (the paper's 2…502 grid of the BERT encoder).
     note : str
@@ -217,7 +217,7 @@ _CONFIGS = (
         note="test stand-in: 2-layer random GPT-2, last layer",
     ),
 )
-#: The configurations, by id (EXPERIMENTS.md §4.2 stand-ins).
+#: The configurations, by id (docs/experiments.md stand-ins).
 CONFIGS: Mapping[str, RealConfig] = {c.id: c for c in _CONFIGS}
 
 _PAPER_CONFIGS = [c for c in CONFIGS if c != "gpt2rand2L-L1"]
@@ -412,7 +412,7 @@ def _sweep_name(config: RealConfig, corpus: str, grid: str) -> str:
 
 
 def _starts(grid: Sequence[int], n_windows: int) -> list[int]:
-    """Running pointer at each n of the grid (EXPERIMENTS.md §1.3, D6 fixed)."""
+    """Running pointer at each n of the grid (docs/experiments.md, D6 fixed)."""
     out, p = [], 0
     for n in grid:
         out.append(p)
@@ -767,7 +767,7 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
 
 
 def _short_model(entry: Mapping[str, Any]) -> str:
-    """Short name of the model actually measured (EXPERIMENTS.md §4.5 labels, abbreviated)."""
+    """Short name of the model actually measured (docs/experiments.md labels, abbreviated)."""
     cfg = entry["config"]
     return {
         "minilm": "all-MiniLM-L6-v2",
@@ -784,7 +784,7 @@ def _map_desc(entry: Mapping[str, Any]) -> str:
 
 
 def _display_label(entry: Mapping[str, Any]) -> str:
-    """Legend label naming the model actually used (EXPERIMENTS.md §4.5)."""
+    """Legend label naming the model actually used (docs/experiments.md)."""
     return f"{_short_model(entry)} {_map_desc(entry)}"
 
 
@@ -1017,7 +1017,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     lines = [
         "## Real data: local Lipschitz constant against n (F1–F3)",
         "",
-        "Local Lipschitz constant of attention layers on real text (EXPERIMENTS.md F1–F3): the "
+        "Local Lipschitz constant of attention layers on real text (docs/experiments.md, F1–F3): the "
         "true spectral norm ‖J‖₂ of the map (certified lower end; upper end certified where "
         "finite) and the released code's metric √‖Jᵀf‖ (D1), fitted as c·n^α by least squares "
         "in log–log with 95 % bootstrap intervals (windows resampled within each n). The paper's "

@@ -7,7 +7,6 @@ formulas of THEORY.md recomputed inline (theory.bounds is used as a second refer
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
