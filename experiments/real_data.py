@@ -242,7 +242,7 @@ class RealDataSettings(StageConfig):
     corpora: Names
     n_grid: tuple[int, ...]
     long_grid: tuple[int, ...] | None
-    long_corpora: tuple[str, ...] | None
+    long_corpora: Names | None
     n_windows: int
     method: str
     tol: float

@@ -20,12 +20,15 @@ from __future__ import annotations
 import collections.abc as cabc
 import copy
 import dataclasses
+import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
 
 __all__ = ["ModuleStage", "Names", "Stage", "StageConfig", "check_setting"]
 
@@ -55,6 +58,13 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "").replace("collections.abc.", "")
 
 
+def _is_sequence(value: Any) -> bool:
+    """Lists, tuples, ranges and 1-d arrays stand for a tuple setting (not strings)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, (list, tuple, range))
+
+
 def _matches(value: Any, tp: Any) -> bool:
     """Whether a JSON-like ``value`` fits the annotation ``tp`` (lists stand for tuples)."""
     if tp is Any:
@@ -68,13 +78,13 @@ def _matches(value: Any, tp: Any) -> bool:
     if tp is bool:
         return isinstance(value, bool)
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
     if tp is str:
         return isinstance(value, str)
     if origin in (tuple, list, typing.Sequence, cabc.Sequence):
-        if not isinstance(value, (list, tuple)):
+        if not _is_sequence(value):
             return False
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             return all(_matches(v, args[0]) for v in value)

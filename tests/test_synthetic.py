@@ -94,7 +94,7 @@ def test_construction_norm_inside_lanczos_bracket_at_large_n() -> None:
 def test_presets_and_overrides(tmp_path: Path) -> None:
     assert {"tiny", "quick", "paper"} <= set(synthetic.PRESETS)
     keys = set(synthetic.PRESETS["tiny"].options())
-    assert all(set(p) == keys for p in synthetic.PRESETS.values())
+    assert all(set(p.options()) == keys for p in synthetic.PRESETS.values())
     with pytest.raises(ValueError, match="unknown synthetic option"):
         synthetic.run(tmp_path, "tiny", progress=False, not_a_key=1)
     with pytest.raises(ValueError, match="unknown preset"):
