@@ -7,8 +7,8 @@ Three sources of inputs, one per mode:
     local checkpoint (:func:`meanfield.models.load_model`), layer ``--layer``, ``--windows``
     consecutive windows of ``--n`` tokens of ``--corpus`` (``kjv``, ``pydoc`` or a text file)
     from token ``--start``, captured at the layer's input (:func:`meanfield.models.hidden_states`,
-    docs/experiments.md, "Models and texts"). ``--map`` chooses the differentiated map (docs/experiments.md,
-    "Models and texts"); the mask defaults to the model's own (``--masked``/``--unmasked``
+    docs/experiments.md, "Models and texts"). ``--map`` chooses the differentiated map (defect
+    D2 of docs/experiments.md); the mask defaults to the model's own (``--masked``/``--unmasked``
     override it).
 ``--random-d D``
     A random synthetic layer: ``--heads`` heads with :math:`A_h` of i.i.d. :math:`\mathcal N(0,
@@ -28,9 +28,9 @@ Every input is estimated by one call of :func:`meanfield.local_lipschitz` (``--m
 carry no upper certificate). Each row reports the value, the certified bracket ``[lower,
 upper]``, ``upper / lower``, convergence, the number of products with :math:`J` or
 :math:`J^\top` and the wall time; ``--released`` adds the released estimator's quantity
-:math:`\sqrt{\|J^\top f(X)\|}` (:func:`meanfield.released_metric`, defect D1 of docs/experiments.md:
-*not* a Lipschitz constant). The handler returns a JSON-serialisable dict; bad input raises a one-line
-``ValueError``.
+:math:`\sqrt{\|J^\top f(X)\|}` (:func:`meanfield.released_metric`, defect D1 of
+docs/experiments.md: *not* a Lipschitz constant). The handler returns a JSON-serialisable dict;
+bad input raises a one-line ``ValueError``.
 """
 
 from __future__ import annotations
