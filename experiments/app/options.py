@@ -21,23 +21,24 @@ def add_common(
     p: argparse.ArgumentParser,
     *,
     seed: str | None = None,
+    seed_default: int | None = 0,
     progress: bool = False,
 ) -> None:
-    """Add ``--json`` and ``-v``; ``--seed`` (with this help) and ``--no-progress`` on request.
+    """Add ``--json`` and ``-v``; ``--seed`` and ``--no-progress`` on request.
 
     Parameters
     ----------
     p : argparse.ArgumentParser
     seed : str, optional
-        Help text of ``--seed``; ``None``: the command takes no seed. A help that says
-        ``default: ...`` other than 0 makes the default ``None`` (the command decides).
+        Help text of ``--seed``; ``None``: the command takes no seed.
+    seed_default : int or None, default 0
+        Default of ``--seed``; ``None`` lets the command keep its own seeds.
     progress : bool
         Whether the command shows progress bars (adds ``--no-progress``).
     """
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     if seed is not None:
-        default = 0 if "(default 0)" in seed else None
-        p.add_argument("--seed", type=int, default=default, help=seed)
+        p.add_argument("--seed", type=int, default=seed_default, help=seed)
     if progress:
         p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     p.add_argument(

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and write demo.npz, demo.json and a picture to --out.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add_common(p, seed="seed of the head and the measure (default 0)")
+    add_common(p, seed="seed of the head and the measure")
     p.add_argument("--out", default="demo_out", help="output directory")
     p.add_argument("--n", type=int, default=12, help="number of atoms")
     p.add_argument("--R", type=float, default=2.0, help="radius of the ball holding the atoms")

@@ -102,7 +102,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "to continue). Options of the preset are replaced with --set KEY=VALUE, e.g. "
         "--set configs=minilm-L0,gpt2rand-L6 --set n_grid=[2,4,8] --set long_grid=null.",
     )
-    add_common(p, seed="the same as --set seed=SEED (default: the preset's)", progress=True)
+    add_common(
+        p,
+        seed="the same as --set seed=SEED (default: the preset's)",
+        seed_default=None,
+        progress=True,
+    )
     p.add_argument("stage", help="real_data, adversarial, synthetic, attacks or verify_bounds")
     p.add_argument("--preset", default="quick", help="tiny, quick (default) or paper")
     p.add_argument(

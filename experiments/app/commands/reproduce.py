@@ -61,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_common(
         p,
         seed="replaces the seed of every stage whose preset has one (default: keep them)",
+        seed_default=None,
         progress=True,
     )
     p.add_argument(
