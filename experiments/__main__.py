@@ -1,5 +1,5 @@
-"""`python -m experiments` is the `meanfield` command."""
+"""`python -m experiments` is the `meanfield` command (:mod:`experiments.app.main`)."""
 
-from .cli import main
+from .app.main import main
 
 raise SystemExit(main())

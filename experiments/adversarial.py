@@ -1,19 +1,19 @@
 r"""Adversarial inputs on real attention layers: the √n construction against n (figure F4).
 
-What is measured (EXPERIMENTS.md §1.4, §2 F4; THEORY.md §6.1–§6.3)
+What is measured (docs/experiments.md; docs/theory.md §6.1–§6.3)
 -------------------------------------------------------------------
 For each configuration of the paper's adversarial table and each sequence length :math:`n`:
 
-1. the input is the closed-form construction of THEORY.md §6.3 built from **one head's** score
+1. the input is the closed-form construction of docs/theory.md §6.3 built from **one head's** score
    matrix :math:`A_h` (biases ignored, as in the released code), with the paper's radius
    :math:`R`: one token plus :math:`n-1` copies on the line :math:`\mathbb Ru`
    (:func:`meanfield.attacks.adversarial_sequence`). Two variants: ``"released"`` (real
    eigenvectors of the score matrix and the −8 rule, exactly the released choice) and
-   ``"symmetric"`` (extreme eigenvectors of :math:`(A_h+A_h^\top)/2`, THEORY.md §6.3 remarks);
+   ``"symmetric"`` (extreme eigenvectors of :math:`(A_h+A_h^\top)/2`, docs/theory.md §6.3 remarks);
 2. the local Lipschitz constant :math:`\|Df(X)\|_2` of the **whole multi-head map** (every head,
    biases, :math:`W^O` when the map has it, the causal mask when the configuration has one) as a
    certified bracket (:func:`meanfield.lipschitz.local_lipschitz`, float64);
-3. beside it: the global √n bound of THEORY.md §6.1 summed over heads, the certified
+3. beside it: the global √n bound of docs/theory.md §6.1 summed over heads, the certified
    data-dependent local bound of §6.2 (generalised below), and the released data-dependent
    quantity of §6.2 (**not a valid bound as written**; stored as a labelled heuristic).
 
@@ -21,7 +21,7 @@ The construction only depends on :math:`n` through the number of copies, so it i
 (configuration, variant) at the largest :math:`n` of the grid and cut: the first :math:`n` rows of
 that sequence are exactly ``adversarial_sequence(A_h, R, n).X``.
 
-Configurations (EXPERIMENTS.md §1.4 table, offline stand-ins of §4.2)
+Configurations (docs/experiments.md table, offline stand-ins of "Models and texts")
 ----------------------------------------------------------------------
 =============  =====================  ==========================================  ====  ===========
 id             paper                  offline stand-in                            R     paper's C
@@ -40,7 +40,7 @@ id             paper                  offline stand-in                          
   (defect D3).
 * ``gpt2`` with SmolLM2: the construction uses the head's :math:`A` **without** the rotary
   embedding (the score at relative position 0), so the logit gap :math:`\gamma` is only
-  approximate for this map (THEORY.md §2.3); records carry ``construction_exact = False``. The
+  approximate for this map (docs/theory.md §2.3); records carry ``construction_exact = False``. The
   bounds are extended to rotary heads below.
 * The paper's printed constants are hand-set curves (defect D7), compared here against the
   least-squares fit of our measurements.
@@ -52,19 +52,19 @@ Bounds (float64)
 ----------------
 With :math:`W_hV_h` the output matrix of head :math:`h` (:math:`V_h` without :math:`W^O`):
 
-* **Global** (THEORY.md §6.1), :math:`\sum_h\|W_hV_h\|_2\,B(\|A_h\|_{\mathrm{eff}},1,R,n)`, for
+* **Global** (docs/theory.md §6.1), :math:`\sum_h\|W_hV_h\|_2\,B(\|A_h\|_{\mathrm{eff}},1,R,n)`, for
   the ``"sqrt3"`` form :math:`B=\sqrt3\,(\theta^2(4n+1)+n)^{1/2}` (the recalled constant) and the
   ``"triangle"`` form :math:`B=\sqrt n(1+\theta)+\theta` (never larger), :math:`\theta=
   \|A_h\|_{\mathrm{eff}}R^2` (:func:`theory.bounds.sqrt_n_upper`). *Our derivation*: a query
-  bias adds :math:`c_h` to the key gradient :math:`A_h^\top x_i` (THEORY.md §2.2), so
+  bias adds :math:`c_h` to the key gradient :math:`A_h^\top x_i` (docs/theory.md §2.2), so
   :math:`\|A_h\|_{\mathrm{eff}}=\|A_h\|_2+\|c_h\|/R` bounds both the :math:`T_2` and :math:`T_3`
   factors; for a rotary head the relative-position forms :math:`A_r=\alpha^2Q_h^\top
   \mathrm{Rot}_rK_h` all satisfy :math:`\|A_r\|_2\le\alpha^2\|Q_h\|_2\|K_h\|_2`, which the proof
   of §6.1 only needs (:math:`T_3` by Cauchy–Schwarz), so that product is used.
-* **Certified local** (THEORY.md §6.2, *derived*): :func:`meanfield.certified_local_upper`, the
+* **Certified local** (docs/theory.md §6.2, *derived*): :func:`meanfield.certified_local_upper`, the
   data-dependent three-term bound summed over heads with :math:`\|W_hV_h\|_2`, biases, masks and
   rotary heads included (the rotary form is our extension).
-* **Released heuristic** (THEORY.md §6.2, *from the authors' released code*):
+* **Released heuristic** (docs/theory.md §6.2, *from the authors' released code*):
   :math:`\sum_h\|V_h\|_2(R_h^2r^2(n+1)+n)^{1/2}` (:func:`theory.bounds.released_data_dependent`);
   not a bound as written.
 
@@ -85,13 +85,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ._threads import torch_threads
+from .fits import fit_power_law
 from .results import load_json, load_jsonl, write_csv, write_json
 from .runner import Sweep, config_hash, point_key, preset_config
+from .stage import ModuleStage, StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +102,10 @@ __all__ = [
     "NAME",
     "PAPER_N_GRID",
     "PRESETS",
+    "STAGE",
     "AdvConfig",
+    "AdversarialSettings",
     "export_csv",
-    "fit_power_law",
     "fit_sqrt_n",
     "global_bound",
     "released_heuristic",
@@ -112,21 +115,21 @@ __all__ = [
 ]
 
 NAME = "adversarial"
-#: The paper's grid ``range(2, 100, 5)`` (EXPERIMENTS.md §1.4).
+#: The paper's grid ``range(2, 100, 5)`` (docs/experiments.md).
 PAPER_N_GRID: tuple[int, ...] = tuple(range(2, 100, 5))
 VARIANTS = ("released", "symmetric")
 
 
 @dataclass(frozen=True)
 class AdvConfig:
-    r"""One row of the paper's adversarial table (EXPERIMENTS.md §1.4) and its stand-in (§4.2).
+    r"""One row of the paper's adversarial table (docs/experiments.md) and its stand-in.
 
     Attributes
     ----------
     id : str
         Short identifier (file stem of the results).
     paper_model : str
-        The paper's model, as in EXPERIMENTS.md §1.1.
+        The paper's model, as in docs/experiments.md
     paper_layer, head : int
         The paper's layer and the head whose score matrix builds the construction.
     R : float
@@ -135,7 +138,7 @@ class AdvConfig:
         The paper's seed; here the seed of the random model (``gpt2_rand``) and of the random start
         of the Lanczos solver.
     map : {"heads", "heads+WO"}
-        Differentiated map (EXPERIMENTS.md §1.2 "adversarial" rows).
+        Differentiated map (docs/experiments.md "adversarial" rows).
     masked : bool
         Explicit causal mask.
     standin, standin_layer : str, int
@@ -243,57 +246,77 @@ _WORST_CASE_DEFAULT = {
     "lr": 0.05,
 }
 
-#: Measured wall times (2 cores shared with other jobs, load average 5-6, so inflated):
+
+@dataclass(frozen=True)
+class AdversarialSettings(StageConfig):
+    """Settings of the ``adversarial`` stage (see :func:`run` for their meaning)."""
+
+    stage: ClassVar[str] = "adversarial"
+
+    configs: tuple[str, ...]
+    models: Mapping[str, str]
+    layers: Mapping[str, int]
+    heads: Mapping[str, int]
+    radii: Mapping[str, float]
+    n_grid: tuple[int, ...]
+    variants: tuple[str, ...]
+    worst_case: Mapping[str, Any] | None
+    tol: float
+    max_iter: int | None
+    torch_threads: int | None
+
+
+#: Presets. Measured wall times (2 cores shared with other jobs, load average 5-6, so inflated):
 #: tiny about 4 s; quick 49 s (25 s CPU) including the model loads; paper 2 min 29 s (2 min 4 s
 #: CPU) for the four configurations (160 points, SmolLM2 load included) and the worst-case search.
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: Mapping[str, AdversarialSettings] = {
     # tests: tiny random GPT-2 and BERT configs (d = 32), seconds
-    "tiny": {
-        "configs": ["gpt2_rand", "bert_enc"],
-        "models": {"gpt2_rand": "gpt2-random-tiny", "bert_enc": "bert-random-tiny"},
-        "layers": {"gpt2_rand": 1, "bert_enc": 0},
-        "heads": {},
-        "radii": {},
-        "n_grid": [2, 5, 12],
-        "variants": list(VARIANTS),
-        "worst_case": {**_WORST_CASE_DEFAULT, "n_grid": [2, 4], "n_restarts": 1, "steps": 20},
-        "tol": 1e-6,
-        "max_iter": None,
-        "torch_threads": 1,
-    },
+    "tiny": AdversarialSettings(
+        configs=("gpt2_rand", "bert_enc"),
+        models={"gpt2_rand": "gpt2-random-tiny", "bert_enc": "bert-random-tiny"},
+        layers={"gpt2_rand": 1, "bert_enc": 0},
+        heads={},
+        radii={},
+        n_grid=(2, 5, 12),
+        variants=tuple(VARIANTS),
+        worst_case={**_WORST_CASE_DEFAULT, "n_grid": [2, 4], "n_restarts": 1, "steps": 20},
+        tol=1e-6,
+        max_iter=None,
+        torch_threads=1,
+    ),
     # the paper's random GPT-2 and the MiniLM stand-in of BERT-enc on five lengths
-    "quick": {
-        "configs": ["gpt2_rand", "bert_enc"],
-        "models": {},
-        "layers": {},
-        "heads": {},
-        "radii": {},
-        "n_grid": [2, 12, 27, 52, 97],
-        "variants": list(VARIANTS),
-        "worst_case": {
+    "quick": AdversarialSettings(
+        configs=("gpt2_rand", "bert_enc"),
+        models={},
+        layers={},
+        heads={},
+        radii={},
+        n_grid=(2, 12, 27, 52, 97),
+        variants=tuple(VARIANTS),
+        worst_case={
             **_WORST_CASE_DEFAULT,
             "n_grid": [2, 4, 8, 16],
             "n_restarts": 2,
             "steps": 60,
         },
-        "tol": 1e-6,
-        "max_iter": None,
-        "torch_threads": 1,
-    },
+        tol=1e-6,
+        max_iter=None,
+        torch_threads=1,
+    ),
     # the four configurations on the paper's grid, and the worst-case search
-    "paper": {
-        "configs": list(CONFIGS),
-        "models": {},
-        "layers": {},
-        "heads": {},
-        "radii": {},
-        "n_grid": list(PAPER_N_GRID),
-        "variants": list(VARIANTS),
-        "worst_case": dict(_WORST_CASE_DEFAULT),
-        "tol": 1e-6,
-        "max_iter": None,
-        "torch_threads": 1,
-    },
+    "paper": AdversarialSettings(
+        configs=tuple(CONFIGS),
+        models={},
+        layers={},
+        heads={},
+        radii={},
+        n_grid=tuple(PAPER_N_GRID),
+        variants=tuple(VARIANTS),
+        worst_case=dict(_WORST_CASE_DEFAULT),
+        tol=1e-6,
+        max_iter=None,
+        torch_threads=1,
+    ),
 }
 
 TINY_MODEL_KEYS = ("gpt2-random-tiny", "bert-random-tiny")
@@ -327,31 +350,15 @@ def fit_sqrt_n(n: Sequence[float], y: Sequence[float]) -> float:
     return float(np.sum(y_ * np.sqrt(n_)) / np.sum(n_))
 
 
-def fit_power_law(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    r"""Free power law :math:`y\approx c\,n^\alpha`: least squares in log–log.
-
-    Parameters
-    ----------
-    n, y : sequence of float
-        Positive values, at least two distinct ``n``.
-
-    Returns
-    -------
-    (c, alpha) : tuple of float
-    """
-    n_ = np.asarray(n, dtype=float)
-    y_ = np.asarray(y, dtype=float)
-    if n_.shape != y_.shape or n_.ndim != 1 or np.unique(n_).size < 2:
-        raise ValueError("a power-law fit needs two or more distinct n and one y per n")
-    if not (np.all(n_ > 0) and np.all(y_ > 0) and np.all(np.isfinite(y_))):
-        raise ValueError("a log-log fit needs positive finite n and y")
-    alpha, log_c = np.polyfit(np.log(n_), np.log(y_), 1)
-    return float(np.exp(log_c)), float(alpha)
-
-
 # ==============================================================================================
 # bounds
 # ==============================================================================================
+def _free_power_law(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """``(c, alpha)`` of the least-squares power law (no bootstrap interval)."""
+    fit = fit_power_law(n, y, n_boot=0)
+    return fit.c, fit.alpha
+
+
 def _head_facts(params: Any) -> list[dict[str, float]]:
     """Per-head norms in float64: ||W_h V_h||, ||V_h||, ||A_h||_eff parts, rotary flag."""
     import torch
@@ -386,13 +393,13 @@ def _effective_A_norm(f: Mapping[str, Any], R: float) -> float:
 def global_bound(
     head_facts: Sequence[Mapping[str, Any]], R: float, n: int, *, form: str = "sqrt3"
 ) -> float:
-    r"""Global √n bound of THEORY.md §6.1 for a multi-head layer on :math:`B_R^n`.
+    r"""Global √n bound of docs/theory.md §6.1 for a multi-head layer on :math:`B_R^n`.
 
     .. math:: \sum_h\|W_hV_h\|_2\;B\big(\|A_h\|_{\mathrm{eff}},1,R,n\big)
 
     with :math:`B` = :func:`theory.bounds.sqrt_n_upper` (``form`` ``"sqrt3"``, ``"sharp"`` or
     ``"triangle"``), :math:`\|A_h\|_{\mathrm{eff}}=\|A_h\|_2+\|c_h\|/R` (query bias; our
-    derivation from THEORY.md §2.2) or :math:`\alpha^2\|Q_h\|_2\|K_h\|_2` for a rotary head (the
+    derivation from docs/theory.md §2.2) or :math:`\alpha^2\|Q_h\|_2\|K_h\|_2` for a rotary head (the
     supremum over relative positions; our derivation). Holds masked and unmasked.
 
     Parameters
@@ -422,7 +429,7 @@ def global_bound(
 
 
 def released_heuristic(X: Any, params: Any) -> float:
-    r"""The released data-dependent quantity of THEORY.md §6.2 (**not a valid upper bound**).
+    r"""The released data-dependent quantity of docs/theory.md §6.2 (**not a valid upper bound**).
 
     :math:`\sum_h\|V_h\|_2(R_h^2r^2(n+1)+n)^{1/2}` with :math:`r` the diameter of the tokens and
     :math:`R_h=\max_i\|A_{\mathrm{code},h}x_i\|=\max_i\|A_h^\top x_i\|`; without :math:`W^O`, as
@@ -933,7 +940,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
 
     ``C_fit`` is the least-squares constant of :math:`C\sqrt n` **through the origin** on the
     estimates :math:`\|Df(X)\|_2` (:func:`fit_sqrt_n`); ``alpha`` and ``c`` the free log–log
-    power law (:func:`fit_power_law`). ``paper_C`` is the paper's hand-set constant (defect D7).
+    power law (:func:`experiments.fits.fit_power_law`). ``paper_C`` is the paper's hand-set constant (defect D7).
     ``bounds_hold``: every certified lower end is at most the global bound (triangle form, the
     smaller one) and the certified local bound.
     """
@@ -970,7 +977,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
                 fit["C_fit"] = fit_sqrt_n(n, y)
                 fit["ratio_to_paper"] = fit["C_fit"] / c["paper_C"]
                 if len(set(n)) >= 2 and min(y) > 0:
-                    fit["c"], fit["alpha"] = fit_power_law(n, y)
+                    fit["c"], fit["alpha"] = _free_power_law(n, y)
             skipped = [r for r in recs if r.get("variant") == v and r.get("status") == "skipped"]
             if skipped:
                 fit["skipped"] = skipped[0]["reason"]
@@ -993,7 +1000,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
             "bounds_hold": all(r["bounds_hold"] for r in wc["records"]),
         }
         if len(set(n)) >= 2:
-            w["c"], w["alpha"] = fit_power_law(n, y)
+            w["c"], w["alpha"] = _free_power_law(n, y)
         out["worst_case"] = w
     return out
 
@@ -1026,14 +1033,14 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
             f"| {row['paper_C']:g} | {'yes' if row['bounds_hold'] else 'NO'} |"
         )
     para = (
-        "Adversarial inputs (EXPERIMENTS.md §1.4, THEORY.md §6.3): one token plus n−1 copies built "
+        "Adversarial inputs (docs/experiments.md, docs/theory.md §6.3): one token plus n−1 copies built "
         "from one head's score matrix, scaled by the paper's R; the local constant is that of the "
         "whole multi-head map, as a certified bracket. *C fit* is the least-squares constant of "
         "C·√n through the origin on our estimates; *α* is the free log–log exponent. The paper's "
         "constants are hand-set curves (D7), for the paper's models: they are comparable only "
         "where the model is the same (the random GPT-2 row); stand-in rows use other weights and "
         "widths. *Bounds hold*: every certified lower end lies below the global √n bound "
-        "(THEORY.md §6.1, summed over heads with ‖W_hV_h‖) and below the certified local bound "
+        "(docs/theory.md §6.1, summed over heads with ‖W_hV_h‖) and below the certified local bound "
         "(§6.2). The released data-dependent quantity is plotted only as a heuristic: it is not "
         "a valid bound as written."
     )
@@ -1048,3 +1055,14 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         )
     fig = f"\n\n![F4: adversarial inputs]({rel}/fig_f4_adversarial.png)\n"
     return "\n".join(lines) + "\n\n" + para + extra + fig
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage(
+    name=NAME,
+    title="Adversarial inputs on real models",
+    presets=PRESETS,
+    run_fn=run,
+    summary_fn=summary,
+    report_fn=report_section,
+)

@@ -1,14 +1,14 @@
 r"""Power-law fits :math:`y \approx c\,n^{\alpha}` with bootstrap intervals, and the paper's curves.
 
 The paper's real-data figures overlay curves such as :math:`14.3\,n^{0.24}`; every one of them is
-typed into the released plotting scripts by hand, none is a regression (EXPERIMENTS.md §1.6, D7).
+typed into the released plotting scripts by hand, none is a regression (docs/experiments.md, D7).
 This module fits the exponent instead:
 
 .. math:: \log y_i = \log c + \alpha \log n_i + \varepsilon_i
 
 by ordinary least squares over every measured window, and attaches a percentile bootstrap
 interval obtained by resampling the windows *within* each sequence length (the paper's "10
-sequences per even n", EXPERIMENTS.md §1.3): each bootstrap replicate keeps the design (the set
+sequences per even n", docs/experiments.md): each bootstrap replicate keeps the design (the set
 of n values and the number of windows per n) and redraws, with replacement, which windows of a
 given n enter the fit. :data:`PAPER_CURVES` holds the hand-set curves as data, for comparison
 only.
@@ -187,7 +187,7 @@ class PaperCurve:
     Attributes
     ----------
     configuration : str
-        The paper's configuration (EXPERIMENTS.md §1.1 ids), e.g. ``"BERT-enc L0"``.
+        The paper's configuration (docs/experiments.md ids), e.g. ``"BERT-enc L0"``.
     corpus : str
         ``"Alice"``, ``"AG NEWS"`` or ``"adversarial"``.
     c, alpha : float
@@ -244,7 +244,7 @@ _CURVES = (
     PaperCurve("GPT-2 L0", "adversarial", 46.9, 0.5, "Cn^{1/2}", "head slicing wrong (D5), R = 10"),
 )
 
-#: The curves printed in the paper's figures (EXPERIMENTS.md §1.6, §1.4), keyed by
+#: The curves printed in the paper's figures (docs/experiments.md), keyed by
 #: ``"<configuration> <corpus>"``. **Hand-set constants typed into the released plotting
 #: scripts, not regressions (D7)**; the real-data ones are curves through the released metric
 #: (D1). For comparison only, never as reference values.

@@ -1,6 +1,6 @@
 r"""Real-data sweeps: local Lipschitz constant of attention layers against sequence length n.
 
-The paper's real-data experiment (EXPERIMENTS.md §1.2–§1.3): for each even n, 10 non-overlapping
+The paper's real-data experiment (docs/experiments.md): for each even n, 10 non-overlapping
 windows of n tokens of a text go through a transformer; the hidden states entering one attention
 layer are captured, and the local Lipschitz constant of the layer's map at that input is
 estimated. The released code's y-axis was not :math:`\|J\|_2` but
@@ -15,9 +15,9 @@ estimated. The released code's y-axis was not :math:`\|J\|_2` but
   unit :math:`v`);
 - the released metric :func:`meanfield.lipschitz.released_metric`;
 - the RMS token norm :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` (the paper's "mean radius") and
-  the maximum token norm (the theory's R, THEORY §1.5).
+  the maximum token norm (the theory's R, docs/theory.md §1.5).
 
-Configurations (:data:`CONFIGS`) are the offline stand-ins of EXPERIMENTS.md §4.2, each labelled
+Configurations (:data:`CONFIGS`) are the offline stand-ins of docs/experiments.md, each labelled
 with the paper configuration it stands in for. The map is explicit (D2): ``"heads+WO"`` (the
 attention heads with the output projection, as GPT2Attention) and, for the MiniLM (BERT
 architecture) layers, the labelled ``"block"`` variant (residual + LayerNorm, the map of the
@@ -42,11 +42,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .fits import PAPER_CURVES, fit_power_law
 from .results import load_json, load_jsonl, write_csv, write_json
 from .runner import Sweep, point_key, preset_config
+from .stage import ModuleStage, Names, StageConfig
 
 __all__ = [
     "CONFIGS",
@@ -54,7 +55,9 @@ __all__ = [
     "NAME",
     "PRESETS",
     "TRAINING_LENGTH",
+    "STAGE",
     "RealConfig",
+    "RealDataSettings",
     "export_csv",
     "load_sweeps",
     "report_section",
@@ -67,7 +70,7 @@ log = logging.getLogger(__name__)
 NAME = "real_data"
 MANIFEST = "manifest.json"
 
-#: Paper corpus each offline corpus stands in for (EXPERIMENTS.md §4.2).
+#: Paper corpus each offline corpus stands in for (docs/experiments.md).
 CORPUS_STANDS_IN = {"kjv": "Alice", "pydoc": "AG NEWS"}
 
 SHORT_GRID = tuple(range(2, 100, 2))  # the paper's 2, 4, ..., 98
@@ -90,11 +93,11 @@ class RealConfig:
         directory / cached hub name (:func:`meanfield.models.load_model`).
     layer : int
     map : {"heads", "heads+WO", "block"}
-        The differentiated map (EXPERIMENTS.md §3, "What the toolkit does instead").
+        The differentiated map (docs/experiments.md, D2).
     masked : bool
         Explicit causal mask.
     paper : str or None
-        The paper configuration it stands in for (EXPERIMENTS.md §1.1 ids, e.g. ``"GPT-2 L6"``).
+        The paper configuration it stands in for (docs/experiments.md ids, e.g. ``"GPT-2 L6"``).
     long : bool
         Also run the long grid (the paper's 2…502 grid of the BERT encoder).
     note : str
@@ -214,7 +217,7 @@ _CONFIGS = (
         note="test stand-in: 2-layer random GPT-2, last layer",
     ),
 )
-#: The configurations, by id (EXPERIMENTS.md §4.2 stand-ins).
+#: The configurations, by id (docs/experiments.md stand-ins).
 CONFIGS: Mapping[str, RealConfig] = {c.id: c for c in _CONFIGS}
 
 _PAPER_CONFIGS = [c for c in CONFIGS if c != "gpt2rand2L-L1"]
@@ -225,17 +228,43 @@ _PAPER_CONFIGS = [c for c in CONFIGS if c != "gpt2rand2L-L1"]
 #: report compares the constant on both sides of it.
 TRAINING_LENGTH: Mapping[str, int] = {"minilm": 128}
 
-#: Presets (the ``run`` keyword arguments they stand for). Measured on 2 CPU cores, model loads
-#: included: ``tiny`` about 10 s; ``quick`` (six stand-ins on KJV, n = 2…96, 7 values, 10 windows)
-#: 138 s from a fresh clone. ``paper``: every stand-in on both corpora with n = 2…98 step 2, and
-#: the MiniLM encoder maps also on 2…492 step 10 over pydoc (the paper's long grid was on AG NEWS
-#: only); its measured time is in the README ("Reproducing the paper"). Restrict it with
-#: ``configs=``/``corpora=`` overrides.
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        configs=["gpt2rand2L-L1"],
-        corpora=["kjv"],
-        n_grid=[2, 4, 8],
+
+@dataclass(frozen=True)
+class RealDataSettings(StageConfig):
+    """Settings of the ``real_data`` stage (the ``run`` keyword arguments they stand for).
+
+    ``configs``, ``corpora`` and ``models`` take a name or a list of names.
+    """
+
+    stage: ClassVar[str] = "real_data"
+
+    configs: Names
+    corpora: Names
+    n_grid: tuple[int, ...]
+    long_grid: tuple[int, ...] | None
+    long_corpora: Names | None
+    n_windows: int
+    method: str
+    tol: float
+    max_iter: int | None
+    seed: int
+    dtype: str
+    threads: int | None
+    batch_tokens: int
+    models: Names
+    layers: tuple[int, ...] | None
+
+
+#: Presets. Measured on 2 CPU cores, model loads included: ``tiny`` about 10 s; ``quick`` (six
+#: stand-ins on KJV, n = 2…96, 7 values, 10 windows) 138 s from a fresh clone. ``paper``: every
+#: stand-in on both corpora with n = 2…98 step 2, and the MiniLM encoder maps also on 2…492 step
+#: 10 over pydoc (the paper's long grid was on AG NEWS only); its measured time is in the README
+#: ("Reproducing the paper"). Restrict it with ``configs=``/``corpora=`` overrides.
+PRESETS: Mapping[str, RealDataSettings] = {
+    "tiny": RealDataSettings(
+        configs=("gpt2rand2L-L1",),
+        corpora=("kjv",),
+        n_grid=(2, 4, 8),
         long_grid=None,
         long_corpora=None,
         n_windows=2,
@@ -246,20 +275,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="float64",
         threads=1,
         batch_tokens=1024,
-        models=[],
+        models=(),
         layers=None,
     ),
-    "quick": dict(
-        configs=[
+    "quick": RealDataSettings(
+        configs=(
             "minilm-L0",
             "minilm-L0-block",
             "minilm-L3-causal",
             "gpt2rand-L6",
             "smollm2-L0",
             "smollm2-L15",
-        ],
-        corpora=["kjv"],
-        n_grid=[2, 4, 8, 16, 32, 64, 96],
+        ),
+        corpora=("kjv",),
+        n_grid=(2, 4, 8, 16, 32, 64, 96),
         long_grid=None,
         long_corpora=None,
         n_windows=10,
@@ -270,16 +299,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="float64",
         threads=None,
         batch_tokens=1024,
-        models=[],
+        models=(),
         layers=None,
     ),
-    "paper": dict(
-        configs=_PAPER_CONFIGS,
-        corpora=["kjv", "pydoc"],
-        n_grid=list(SHORT_GRID),
-        long_grid=list(LONG_GRID),
-        # the paper ran its long grid on AG NEWS only (EXPERIMENTS.md §1.3): pydoc stands in
-        long_corpora=["pydoc"],
+    "paper": RealDataSettings(
+        configs=tuple(_PAPER_CONFIGS),
+        corpora=("kjv", "pydoc"),
+        n_grid=tuple(SHORT_GRID),
+        long_grid=tuple(LONG_GRID),
+        # the paper ran its long grid on AG NEWS only (docs/experiments.md): pydoc stands in
+        long_corpora=("pydoc",),
         n_windows=10,
         method="auto",
         tol=1e-6,
@@ -288,7 +317,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="float64",
         threads=None,
         batch_tokens=1024,
-        models=[],
+        models=(),
         layers=None,
     ),
 }
@@ -383,7 +412,7 @@ def _sweep_name(config: RealConfig, corpus: str, grid: str) -> str:
 
 
 def _starts(grid: Sequence[int], n_windows: int) -> list[int]:
-    """Running pointer at each n of the grid (EXPERIMENTS.md §1.3, D6 fixed)."""
+    """Running pointer at each n of the grid (docs/experiments.md, D6 fixed)."""
     out, p = [], 0
     for n in grid:
         out.append(p)
@@ -738,7 +767,7 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
 
 
 def _short_model(entry: Mapping[str, Any]) -> str:
-    """Short name of the model actually measured (EXPERIMENTS.md §4.5 labels, abbreviated)."""
+    """Short name of the model actually measured (docs/experiments.md labels, abbreviated)."""
     cfg = entry["config"]
     return {
         "minilm": "all-MiniLM-L6-v2",
@@ -755,7 +784,7 @@ def _map_desc(entry: Mapping[str, Any]) -> str:
 
 
 def _display_label(entry: Mapping[str, Any]) -> str:
-    """Legend label naming the model actually used (EXPERIMENTS.md §4.5)."""
+    """Legend label naming the model actually used (docs/experiments.md)."""
     return f"{_short_model(entry)} {_map_desc(entry)}"
 
 
@@ -988,7 +1017,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     lines = [
         "## Real data: local Lipschitz constant against n (F1–F3)",
         "",
-        "Local Lipschitz constant of attention layers on real text (EXPERIMENTS.md F1–F3): the "
+        "Local Lipschitz constant of attention layers on real text (docs/experiments.md, F1–F3): the "
         "true spectral norm ‖J‖₂ of the map (certified lower end; upper end certified where "
         "finite) and the released code's metric √‖Jᵀf‖ (D1), fitted as c·n^α by least squares "
         "in log–log with 95 % bootstrap intervals (windows resampled within each n). The paper's "
@@ -1076,3 +1105,14 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
         "and, for BERT, a different map)."
     )
     return " ".join(parts)
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage(
+    name=NAME,
+    title="Real data: local Lipschitz constant vs n",
+    presets=PRESETS,
+    run_fn=run,
+    summary_fn=summary,
+    report_fn=report_section,
+)

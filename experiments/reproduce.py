@@ -1,258 +1,29 @@
-"""``meanfield reproduce``: run every experiment stage of a preset, draw every figure, write a report.
+"""Deprecated: the ``reproduce`` pipeline moved to :mod:`experiments.app.pipeline`.
 
-Layout of ``OUT`` (the ``--out`` directory)::
-
-    OUT/results/<stage>/...   saved results of each stage (JSONL sweeps, npz, JSON)
-    OUT/figures/<stem>.pdf    every figure, also as .png
-    OUT/report.md             exponent tables beside the paper's, figure links, what agrees
-    OUT/reproduce.json        per-stage status, timings, files, and the run metadata
-
-Stages (:data:`STAGES`) are modules of :mod:`experiments` following one interface: ``PRESETS``,
-``run(results_dir, preset, *, device, progress)``, ``summary(results_dir)`` and
-``report_section(results_dir, figures_dir)``. Every stage is resumable: rerunning the same command
-skips finished work, so a run that was interrupted (or ran out of time) picks up where it stopped.
-A stage that fails does not stop the others; its error is in ``reproduce.json`` and the report,
-and the command exits non-zero.
+``from experiments.reproduce import reproduce`` keeps working for one release, with a
+DeprecationWarning. This module is a shim listed in tests/test_layering.py; nothing in the
+project imports it.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-import os
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+import warnings
 
-from .results import atomic_write_text, run_metadata, write_json
+from .app.options import check_device
+from .app.pipeline import BUDGET_SECONDS, PRESET_NAMES, render_report, reproduce
+from .app.registry import STAGES
 
-__all__ = ["BUDGET_SECONDS", "PRESET_NAMES", "STAGES", "Stage", "check_device", "reproduce"]
+__all__ = [
+    "BUDGET_SECONDS",
+    "PRESET_NAMES",
+    "STAGES",
+    "check_device",
+    "render_report",
+    "reproduce",
+]
 
-log = logging.getLogger("meanfield.reproduce")
-
-PRESET_NAMES = ("tiny", "quick", "paper")
-#: Wall-clock budget of a preset on 2 CPU cores (the quick preset's promise); ``None``: no budget.
-BUDGET_SECONDS: dict[str, float | None] = {"tiny": None, "quick": 600.0, "paper": None}
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One experiment stage: its results directory name, module and whether it can use a GPU."""
-
-    name: str
-    module: str
-    title: str
-    uses_device: bool = True
-
-    def load(self) -> Any:
-        """The stage module."""
-        return importlib.import_module(self.module)
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage("real_data", "experiments.real_data", "Real data: local Lipschitz constant vs n"),
-    Stage("adversarial", "experiments.adversarial", "Adversarial inputs on real models"),
-    Stage("synthetic", "experiments.synthetic", "Synthetic theory sweeps"),
-    Stage("attacks", "experiments.attack_figures", "Worst-case measures and mass splitting", False),
-    Stage("verify_bounds", "experiments.verify_bounds", "Bounds checked against the engine", False),
+warnings.warn(
+    "experiments.reproduce is deprecated; use experiments.app.pipeline",
+    DeprecationWarning,
+    stacklevel=2,
 )
-
-
-def check_device(device: str) -> None:
-    """Raise ValueError unless ``device`` is ``"cpu"`` or an available ``"cuda[:k]"``."""
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but no CUDA device is available")
-
-
-def _select(only: Iterable[str] | None) -> list[Stage]:
-    if only is None:
-        return list(STAGES)
-    wanted = [s.strip() for s in only if s.strip()]
-    names = {s.name: s for s in STAGES}
-    unknown = [w for w in wanted if w not in names]
-    if unknown:
-        raise ValueError(
-            f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(s.name for s in STAGES)}"
-        )
-    return [names[w] for w in wanted]
-
-
-def _one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"
-
-
-def reproduce(
-    out: str | Path,
-    preset: str = "quick",
-    *,
-    device: str = "cpu",
-    only: Iterable[str] | None = None,
-    figures: bool = True,
-    progress: bool = True,
-    seed: int | None = None,
-) -> dict[str, Any]:
-    """Run the stages of ``preset`` into ``out/results``, draw figures, write ``out/report.md``.
-
-    Parameters
-    ----------
-    out : path
-        Output directory (created).
-    preset : {"tiny", "quick", "paper"}
-        ``quick`` draws every figure within about ten minutes on 2 CPU cores; ``paper`` runs the
-        paper's full grids (hours); ``tiny`` is the smoke test.
-    device : str
-        ``"cpu"`` or ``"cuda"`` (stages that only solve tiny dense problems always use the CPU).
-    only : iterable of str, optional
-        Stage names to run (default all); figures and the report still cover every stage with
-        results on disk.
-    figures : bool
-        Draw the figures and write the report (default True).
-    progress : bool
-        Progress bars on stderr.
-    seed : int, optional
-        Replaces the preset's seed in every stage that has one (the adversarial stage's seeds
-        are the paper's own); ``None`` keeps the presets' seeds.
-
-    Returns
-    -------
-    dict
-        The document written to ``out/reproduce.json``.
-    """
-    if preset not in PRESET_NAMES:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
-    check_device(device)
-    stages = _select(only)
-    if not progress:
-        _quiet_loaders()
-    out = Path(out)
-    results_dir, figures_dir = out / "results", out / "figures"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-    status: dict[str, dict[str, Any]] = {}
-    for stage in stages:
-        t0 = time.perf_counter()
-        log.info("stage %s (%s preset)", stage.name, preset)
-        entry: dict[str, Any] = {"title": stage.title}
-        try:
-            mod = stage.load()
-            seeded = seed is not None and "seed" in mod.PRESETS[preset]
-            files = mod.run(
-                results_dir,
-                preset,
-                device=device if stage.uses_device else "cpu",
-                progress=progress,
-                **({"seed": int(seed)} if seeded else {}),
-            )
-            entry.update(status="ok", files=[str(p) for p in files])
-        except KeyboardInterrupt:
-            raise
-        except Exception as err:  # noqa: BLE001 - one failing stage must not stop the others
-            entry.update(status="failed", error=_one_line(err), files=[])
-            log.error("stage %s failed: %s", stage.name, entry["error"])
-        entry["seconds"] = time.perf_counter() - t0
-        status[stage.name] = entry
-    doc: dict[str, Any] = {
-        "kind": "reproduce",
-        "preset": preset,
-        "device": device,
-        "stages": status,
-        "experiments_seconds": time.perf_counter() - t_start,
-    }
-    if figures:
-        from paper_figs.make_all import draw_all
-
-        t0 = time.perf_counter()
-        doc["figures"] = draw_all(results_dir, figures_dir)
-        doc["figures_seconds"] = time.perf_counter() - t0
-    doc["total_seconds"] = time.perf_counter() - t_start
-    doc["budget_seconds"] = BUDGET_SECONDS[preset]
-    doc["metadata"] = run_metadata(
-        device=device, config={"preset": preset, "only": only, "seed": seed}
-    )
-    if figures:
-        report = out / "report.md"
-        atomic_write_text(report, render_report(out, doc))
-        doc["report"] = str(report)
-    write_json(out / "reproduce.json", doc)
-    return doc
-
-
-def _quiet_loaders() -> None:
-    """Silence the model loaders' own progress bars (weights, GGUF de-quantization)."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_progress_bar()
-
-
-# ------------------------------------------------------------------------------------ report
-def _fmt_seconds(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
-
-
-def render_report(out: Path, doc: dict[str, Any]) -> str:
-    """The Markdown report: status, every stage's section, the figure index, provenance."""
-    results_dir, figures_dir = out / "results", out / "figures"
-    meta = doc["metadata"]
-    preset = doc["preset"]
-    budget = doc.get("budget_seconds")
-    total = doc["total_seconds"]
-    lines = [
-        f"# Reproduction report: preset `{preset}`",
-        "",
-        f"Castin, Ablin and Peyré, *How Smooth Is Attention?* (ICML 2024), regenerated by "
-        f"`meanfield reproduce --preset {preset}` on {meta['created']} "
-        f"(commit `{(meta.get('git_commit') or 'unknown')[:12]}`, device {meta.get('device')}, "
-        f"torch {meta['versions'].get('torch')}, transformers "
-        f"{meta['versions'].get('transformers', 'not installed')}).",
-        "",
-        f"Time of this invocation {_fmt_seconds(total)}"
-        + (
-            f" against a budget of {_fmt_seconds(budget)} "
-            f"({'within' if total <= budget else 'over'} budget)"
-            if budget
-            else ""
-        )
-        + "; a resumed run counts only the work it did itself (per-stage times below, per-point "
-        "times in the results).",
-        "",
-        "Models and texts are the offline stand-ins of EXPERIMENTS.md §4 unless a stage says "
-        "otherwise; legends name the model actually used. Constants marked *reconstructed* or "
-        "*candidate* are our derivations, not the paper's printed values; the paper's curves are "
-        "hand-set in its plotting scripts (defect D7) and are shown for comparison only.",
-        "",
-        "## Stages",
-        "",
-        "| stage | status | time | files |",
-        "|---|---|---|---|",
-    ]
-    for name, e in doc["stages"].items():
-        state = e["status"] if e["status"] == "ok" else f"**{e['status']}**: {e.get('error', '')}"
-        lines.append(f"| {name} | {state} | {_fmt_seconds(e['seconds'])} | {len(e['files'])} |")
-    figs = doc.get("figures", {})
-    if figs:
-        lines += ["", "## Figures", "", "| id | figure | status |", "|---|---|---|"]
-        for fid, e in figs.items():
-            pngs = [Path(f) for f in e["files"] if f.endswith(".png")]
-            links = ", ".join(f"[{p.stem}]({figures_dir.name}/{p.name})" for p in pngs)
-            state = e["status"] if e["status"] == "ok" else f"{e['status']}: {e.get('error', '')}"
-            lines.append(f"| {fid} | {e['title']}: {links or '–'} | {state} |")
-    lines.append("")
-    for stage in STAGES:
-        if not (results_dir / stage.name).exists():
-            continue
-        try:
-            section = stage.load().report_section(results_dir, figures_dir)
-        except Exception as err:  # noqa: BLE001 - a broken section must not lose the report
-            section = f"## {stage.title}\n\nSection unavailable ({_one_line(err)}).\n"
-        lines += [section.rstrip(), ""]
-    return "\n".join(lines).rstrip() + "\n"

@@ -180,6 +180,17 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def _version_of(module: str) -> str | None:
+    """The installed version of ``module``'s distribution, without importing it (None if absent)."""
+    from importlib import metadata
+
+    dist = {"ot": "POT"}.get(module, module)
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def run_metadata(
     *,
     seed: int | None = None,
@@ -195,12 +206,15 @@ def run_metadata(
         "numpy": np.__version__,
         "torch": torch.__version__,
     }
-    try:
-        import transformers
-
-        versions["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    for name, module in (
+        ("scipy", "scipy"),
+        ("sympy", "sympy"),
+        ("pot", "ot"),
+        ("transformers", "transformers"),
+    ):
+        version = _version_of(module)
+        if version is not None:
+            versions[name] = version
     import meanfield
 
     versions["meanfield"] = meanfield.__version__

@@ -41,7 +41,7 @@ def point_key(config_digest: str, point: Mapping[str, Any]) -> str:
 
 
 def preset_config(
-    presets: Mapping[str, Mapping[str, Any]],
+    presets: Mapping[str, Any],
     preset: str,
     overrides: Mapping[str, Any],
     *,
@@ -50,19 +50,30 @@ def preset_config(
     """A deep copy of ``presets[preset]``, after checking the preset name and the override keys.
 
     Every experiment stage resolves its settings this way; the caller then applies the overrides
-    (plain replacement or its own merge) and its own validation.
+    (plain replacement or its own merge) and its own validation. A preset is either a
+    :class:`~experiments.stage.StageConfig` instance (its fields are the known keys, and each
+    override is also checked against the field's type) or a plain mapping.
 
     Raises
     ------
     ValueError
-        ``unknown preset ...`` or ``unknown <what> ...`` with the known names.
+        ``unknown preset ...``, ``unknown <what> ...`` with the known names, or a setting of the
+        wrong type (naming the stage and the field).
     """
+    from .stage import StageConfig
+
     if preset not in presets:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
-    cfg = copy.deepcopy(dict(presets[preset]))
+    entry = presets[preset]
+    if isinstance(entry, StageConfig):
+        cfg = entry.options()
+    else:
+        cfg = copy.deepcopy(dict(entry))
     unknown = sorted(set(overrides) - set(cfg))
     if unknown:
         raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(cfg)}")
+    if isinstance(entry, StageConfig):
+        entry.check(overrides)
     return cfg
 
 

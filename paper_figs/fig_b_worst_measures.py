@@ -1,7 +1,7 @@
 """Figure B: atoms of worst-case measures for several radii (d = 1 on a line, d = 2 in the plane).
 
 Reads ``worst_measures.npz`` and ``worst_measures.json`` written by
-``meanfield attack search --figure-b`` (:func:`experiments.attacks_cli.figure_b_results`); marker
+``meanfield attack search --figure-b`` (:func:`experiments.mass_splitting.figure_b_results`); marker
 colour is log10 of the mass, so masses spread over many decades show as a colour range. No
 computation here (THEORY.md §7.4; EXPERIMENTS.md §2, figure B).
 """

@@ -5,7 +5,7 @@ Left: the duplicate-then-move gain ``G_k`` against ``k`` (log-log) for several r
 move-only against best split-then-move ratio ``W_2(F nu, F mu) / W_2(nu, mu)`` (exact ``W_2`` on both
 sides) under a ``W_2`` budget, at a Dirac and at a three-atom measure, and the same perturbations
 measured with ``W_inf`` (no gain). Reads ``mass_splitting.npz`` written by
-``meanfield attack split --figure-c`` (:func:`experiments.attacks_cli.figure_c_results`).
+``meanfield attack split --figure-c`` (:func:`experiments.mass_splitting.figure_c_results`).
 """
 
 from __future__ import annotations

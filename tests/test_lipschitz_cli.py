@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.func import jacrev
 
-from experiments import lipschitz_cli
+from experiments import inputs
+from experiments.app.commands import lipschitz as lipschitz_cli
 from experiments.results import load_json
 from meanfield import AttentionParams, MultiHeadParams, local_lipschitz
 
@@ -20,7 +21,7 @@ def parse(*argv: str) -> argparse.Namespace:
     """Parse ``meanfield lipschitz ARGV`` with a parser holding only this subcommand."""
     parser = argparse.ArgumentParser(prog="meanfield")
     sub = parser.add_subparsers(dest="command", required=True)
-    lipschitz_cli.add_parser(sub)
+    lipschitz_cli.register(sub)
     return parser.parse_args(["lipschitz", *argv])
 
 
@@ -69,8 +70,8 @@ def test_random_mode_matches_direct_call_and_dense_oracle():
     )
     assert doc["mode"] == "random" and doc["masked"] is True and (doc["n"], doc["d"]) == (5, 3)
     (row,) = doc["inputs"]
-    params, _ = lipschitz_cli.random_layer(3, 2, 4, torch.float64, "cpu")
-    X = torch.from_numpy(lipschitz_cli.random_tokens(5, 3, 2.5, 4))
+    params, _ = inputs.random_layer(3, 2, 4, torch.float64, "cpu")
+    X = torch.from_numpy(inputs.random_tokens(5, 3, 2.5, 4))
     assert math.isclose(float(X.norm(dim=-1).max()), 2.5, rel_tol=1e-12)
     assert math.isclose(row["max_radius"], 2.5, rel_tol=1e-12)
     est = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10, seed=4)
@@ -156,7 +157,7 @@ def test_single_head_file_with_default_identity_values(tmp_path, rng):
 
 def test_printer(capsys):
     doc = run("--random-d", "2", "--n", "3", "--released")
-    lipschitz_cli.print_lipschitz(doc)
+    lipschitz_cli.show(doc)
     text = capsys.readouterr().out
     assert f"{doc['inputs'][0]['value']:.6g}" in text and "released" in text
 

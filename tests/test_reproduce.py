@@ -13,17 +13,27 @@ from pathlib import Path
 
 import pytest
 
-from experiments import reproduce as rp
-from experiments.cli import main
-from paper_figs import make_all
+from experiments.app import pipeline as rp
+from experiments.app import registry
+from experiments.app.main import main
+from experiments.stage import ModuleStage
 
 TOY = textwrap.dedent(
     '''
     """A toy stage: one JSON file per run, a call counter, optional failure."""
     import json
+    from dataclasses import dataclass
     from pathlib import Path
+    from typing import ClassVar
 
-    PRESETS = {"tiny": {"x": 1}, "quick": {"x": 2}, "paper": {"x": 3}}
+    from experiments.stage import StageConfig
+
+    @dataclass(frozen=True)
+    class ToySettings(StageConfig):
+        stage: ClassVar[str] = "@NAME@"
+        x: int
+
+    PRESETS = {"tiny": ToySettings(1), "quick": ToySettings(2), "paper": ToySettings(3)}
     CALLS = []
 
     def run(results_dir, preset="quick", *, device="cpu", progress=True):
@@ -33,7 +43,7 @@ TOY = textwrap.dedent(
         if @FAIL@:
             raise RuntimeError("toy stage exploded\\non two lines")
         p = out / "toy.json"
-        p.write_text(json.dumps({"x": PRESETS[preset]["x"]}))
+        p.write_text(json.dumps({"x": PRESETS[preset].x}))
         return [p]
 
     def summary(results_dir):
@@ -77,21 +87,33 @@ def toy_stages(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     for mod in [m for m in sys.modules if m.startswith("toypkg")]:
         monkeypatch.delitem(sys.modules, mod)
+    import toypkg.bad
+    import toypkg.fig_bad
+    import toypkg.fig_broken
+    import toypkg.fig_good
+    import toypkg.good
+
+    def stage(mod, name, title, uses_device=True):
+        return ModuleStage(
+            name=name,
+            title=title,
+            presets=mod.PRESETS,
+            run_fn=mod.run,
+            summary_fn=mod.summary,
+            report_fn=mod.report_section,
+            uses_device=uses_device,
+        )
+
+    good = stage(toypkg.good, "good", "Good stage")
+    bad = stage(toypkg.bad, "bad", "Bad", False)
+    monkeypatch.setattr(registry, "STAGES", (good, bad))
     monkeypatch.setattr(
-        rp,
-        "STAGES",
-        (
-            rp.Stage("good", "toypkg.good", "Good stage"),
-            rp.Stage("bad", "toypkg.bad", "Bad", False),
-        ),
-    )
-    monkeypatch.setattr(
-        make_all,
+        registry,
         "FIGURES",
         (
-            make_all.Figure("G", "toypkg.fig_good", "good", "good figure"),
-            make_all.Figure("X", "toypkg.fig_bad", "bad", "bad figure"),
-            make_all.Figure("K", "toypkg.fig_broken", "good", "broken figure"),
+            registry.Figure("G", toypkg.fig_good.draw, good, "good figure"),
+            registry.Figure("X", toypkg.fig_bad.draw, bad, "bad figure"),
+            registry.Figure("K", toypkg.fig_broken.draw, good, "broken figure"),
         ),
     )
     return tmp_path
@@ -165,30 +187,22 @@ def test_cli_figures_redraws_and_reports_missing(toy_stages, capsys):
     assert "unknown figure id(s) Z" in capsys.readouterr().err
 
 
-def test_registries_point_at_existing_modules():
-    import importlib.util
-
-    for stage in rp.STAGES:
-        assert importlib.util.find_spec(stage.module) is not None, stage.module
-    for fig in make_all.FIGURES:
-        assert importlib.util.find_spec(fig.module) is not None, fig.module
-    assert {f.stage for f in make_all.FIGURES} <= {s.name for s in rp.STAGES}
-
-
 @pytest.mark.slow
 def test_tiny_preset_end_to_end_and_resume(tmp_path):
     out = tmp_path / "rep"
     doc = rp.reproduce(out, "tiny", progress=False)
-    assert {k: e["status"] for k, e in doc["stages"].items()} == {s.name: "ok" for s in rp.STAGES}
+    assert {k: e["status"] for k, e in doc["stages"].items()} == {
+        s.name: "ok" for s in registry.STAGES
+    }
     assert {k: e["status"] for k, e in doc["figures"].items()} == {
-        f.id: "ok" for f in make_all.FIGURES
+        f.id: "ok" for f in registry.FIGURES
     }
     for e in doc["figures"].values():
         assert e["files"], e
         for f in e["files"]:
             assert Path(f).stat().st_size > 0, f
     report = (out / "report.md").read_text()
-    for fig in make_all.FIGURES:
+    for fig in registry.FIGURES:
         stems = {p.rsplit("/", 1)[-1] for p in doc["figures"][fig.id]["files"]}
         assert any(f"figures/{s}" in report for s in stems), fig.id
     first = doc["experiments_seconds"]

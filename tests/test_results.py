@@ -63,3 +63,15 @@ def test_atomic_files_get_ordinary_permissions(tmp_path):
         assert default_file_mode() == 0o644
     finally:
         os.umask(old)
+
+
+def test_run_metadata_records_the_numerical_stack():
+    from importlib import metadata
+
+    versions = results.run_metadata()["versions"]
+    for key, dist in (("scipy", "scipy"), ("sympy", "sympy"), ("torch", "torch")):
+        assert versions[key].split("+")[0] == metadata.version(dist).split("+")[0]
+    try:
+        assert versions["pot"] == metadata.version("POT")
+    except metadata.PackageNotFoundError:
+        assert "pot" not in versions

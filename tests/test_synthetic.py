@@ -93,8 +93,8 @@ def test_construction_norm_inside_lanczos_bracket_at_large_n() -> None:
 # --------------------------------------------------------------------------- contract
 def test_presets_and_overrides(tmp_path: Path) -> None:
     assert {"tiny", "quick", "paper"} <= set(synthetic.PRESETS)
-    keys = set(synthetic.PRESETS["tiny"])
-    assert all(set(p) == keys for p in synthetic.PRESETS.values())
+    keys = set(synthetic.PRESETS["tiny"].options())
+    assert all(set(p.options()) == keys for p in synthetic.PRESETS.values())
     with pytest.raises(ValueError, match="unknown synthetic option"):
         synthetic.run(tmp_path, "tiny", progress=False, not_a_key=1)
     with pytest.raises(ValueError, match="unknown preset"):
@@ -123,7 +123,7 @@ def test_results_schema(tiny: tuple[Path, list[Path]]) -> None:
         assert len({r["key"] for r in recs}) == len(recs)
     run_doc = load_json(base / "run.json")
     assert run_doc["preset"] == "tiny"
-    cfg = synthetic.PRESETS["tiny"]
+    cfg = synthetic.PRESETS["tiny"].options()
     f5 = _npz(root, "f5")
     G, N = len(cfg["f5_gammas"]), len(f5["n_grid"])
     assert f5["closed_grid"].shape == f5["lower_formula"].shape == (G, N)

@@ -7,15 +7,15 @@ Three sources of inputs, one per mode:
     local checkpoint (:func:`meanfield.models.load_model`), layer ``--layer``, ``--windows``
     consecutive windows of ``--n`` tokens of ``--corpus`` (``kjv``, ``pydoc`` or a text file)
     from token ``--start``, captured at the layer's input (:func:`meanfield.models.hidden_states`,
-    EXPERIMENTS.md §1.3). ``--map`` chooses the differentiated map (EXPERIMENTS.md §3, "What the
-    toolkit does instead"); the mask defaults to the model's own (``--masked``/``--unmasked``
+    docs/experiments.md, "Models and texts"). ``--map`` chooses the differentiated map (defect
+    D2 of docs/experiments.md); the mask defaults to the model's own (``--masked``/``--unmasked``
     override it).
 ``--random-d D``
     A random synthetic layer: ``--heads`` heads with :math:`A_h` of i.i.d. :math:`\mathcal N(0,
     1/d)` entries (non-symmetric); one head has :math:`V = I` (as ``meanfield attack``), several
     heads have :math:`V_h` of :math:`\mathcal N(0, 1/d)` entries and an output projection of
     :math:`\mathcal N(0, 1/(Hd))` entries. ``--n`` Gaussian tokens are rescaled so that the largest
-    norm is ``--R`` (the theory's radius, THEORY.md §1.5).
+    norm is ``--R`` (the radius of docs/theory.md).
 ``--input X.npy --params P.npz``
     Tokens from a ``.npy`` array of shape (n, d) or (B, n, d); the layer from a ``.npz`` holding
     ``A`` ((d, d) or (H, d, d)) and optionally ``V`` ((d_v, d) or (H, d_v, d); default
@@ -28,9 +28,9 @@ Every input is estimated by one call of :func:`meanfield.local_lipschitz` (``--m
 carry no upper certificate). Each row reports the value, the certified bracket ``[lower,
 upper]``, ``upper / lower``, convergence, the number of products with :math:`J` or
 :math:`J^\top` and the wall time; ``--released`` adds the released estimator's quantity
-:math:`\sqrt{\|J^\top f(X)\|}` (:func:`meanfield.released_metric`, EXPERIMENTS.md D1: *not* a
-Lipschitz constant). The handler returns a JSON-serialisable dict; bad input raises a one-line
-``ValueError``. The library (``meanfield``) never imports this module.
+:math:`\sqrt{\|J^\top f(X)\|}` (:func:`meanfield.released_metric`, defect D1 of
+docs/experiments.md: *not* a Lipschitz constant). The handler returns a JSON-serialisable dict;
+bad input raises a one-line ``ValueError``.
 """
 
 from __future__ import annotations
@@ -41,196 +41,44 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from experiments.inputs import load_inputs, load_params_npz, random_layer, random_tokens
+from experiments.results import run_metadata, write_json
 
-from .results import run_metadata, write_json
+from ..options import UsageError, add_common, add_device, check_device
 
-__all__ = ["add_parser", "cmd_lipschitz", "load_params_npz", "print_lipschitz"]
+__all__ = ["handle", "register", "show"]
+
+#: The models ``--model`` knows by name (anything else is a directory or a cached hub name).
+BUILT_IN_MODELS = ("minilm", "smollm2", "gpt2-random", "bert-random")
 
 _DTYPES = ("float64", "float32")
-
-
-# --------------------------------------------------------------------------- input loading
-def _array(z: Any, key: str, source: str, ndims: tuple[int, ...]) -> np.ndarray:
-    try:
-        a = np.asarray(z[key])
-    except ValueError as err:  # object arrays in an .npz fail only when read
-        if "pickle" in str(err).lower():
-            raise ValueError(
-                f"{key} in {source} holds pickled objects, which are never loaded"
-            ) from err
-        raise
-    if a.dtype.kind not in "fiu":
-        raise ValueError(f"{key} in {source} must be a real numeric array, got dtype {a.dtype}")
-    if a.ndim not in ndims:
-        want = " or ".join(f"{k}-d" for k in ndims)
-        raise ValueError(f"{key} in {source} must be {want}, got shape {a.shape}")
-    a = np.asarray(a, dtype=np.float64)
-    if not np.isfinite(a).all():
-        raise ValueError(f"{key} in {source} contains NaN or infinite values")
-    return a
-
-
-def _np_load(path: Path) -> Any:
-    if not path.exists():
-        raise FileNotFoundError(f"no such file: {path}")
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
-    except ValueError as err:
-        if "pickle" in str(err).lower():
-            raise ValueError(f"{path} holds pickled objects, which are never loaded") from err
-        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
-
-
-def load_inputs(path: str | Path) -> np.ndarray:
-    """Tokens from a ``.npy`` file: shape (n, d) or (B, n, d), finite, never unpickled."""
-    path = Path(path)
-    if path.suffix != ".npy":
-        raise ValueError(f"--input must be a .npy file, got {path.name}")
-    X = _np_load(path)
-    return _array({"X": X}, "X", path.name, (2, 3))
-
-
-def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dict[str, Any]]:
-    """A layer from a ``.npz`` of ``A``, optional ``V``, ``W_O``, ``b_O``, ``c``, ``b``.
-
-    ``A`` of shape (d, d) is one head (an :class:`~meanfield.AttentionParams`, unless ``W_O`` is
-    given); (H, d, d) is ``H`` heads (:class:`~meanfield.MultiHeadParams`, concatenated without
-    ``W_O``). ``V`` defaults to the identity.
-    """
-    import torch
-
-    from meanfield import AttentionParams, MultiHeadParams
-
-    path = Path(path)
-    if path.suffix != ".npz":
-        raise ValueError(f"--params must be a .npz file, got {path.name}")
-    with _np_load(path) as z:
-        if "A" not in z.files:
-            raise ValueError(
-                f"{path.name} has no array 'A' (found: {', '.join(z.files) or 'none'})"
-            )
-        unknown = sorted(set(z.files) - {"A", "V", "W_O", "b_O", "c", "b"})
-        if unknown:
-            raise ValueError(
-                f"{path.name} has unknown arrays {unknown}; expected A, V, W_O, b_O, c, b"
-            )
-        A = _array(z, "A", path.name, (2, 3))
-        single = A.ndim == 2
-        A3 = A[None] if single else A
-        H, d = A3.shape[0], A3.shape[-1]
-        if A3.shape[1] != d:
-            raise ValueError(f"A in {path.name} must be square per head, got shape {A.shape}")
-        arrs = {
-            k: _array(z, k, path.name, (1, 2, 3))
-            for k in ("V", "W_O", "b_O", "c", "b")
-            if k in z.files
-        }
-    V = arrs.get("V")
-    V3 = np.broadcast_to(np.eye(d), (H, d, d)) if V is None else (V[None] if V.ndim == 2 else V)
-    if V3.ndim != 3 or V3.shape[0] != H or V3.shape[2] != d:
-        raise ValueError(
-            f"V in {path.name} must have shape (d_v, {d}) or ({H}, d_v, {d}), got {V.shape}"
-        )
-    c = arrs.get("c")
-    b = arrs.get("b")
-    if c is not None:
-        c = c.reshape(1, -1) if c.ndim == 1 else c
-        if c.shape != (H, d):
-            raise ValueError(f"c in {path.name} must have shape ({H}, {d}), got {arrs['c'].shape}")
-    if b is not None:
-        b = b.reshape(1, -1) if b.ndim == 1 else b
-        if b.shape != (H, V3.shape[1]):
-            raise ValueError(
-                f"b in {path.name} must have shape ({H}, {V3.shape[1]}), got {arrs['b'].shape}"
-            )
-
-    def t(a: np.ndarray | None) -> Any:
-        return (
-            None if a is None else torch.tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
-        )
-
-    heads = [
-        AttentionParams(
-            t(A3[h]), t(V3[h]), c=t(None if c is None else c[h]), b=t(None if b is None else b[h])
-        )
-        for h in range(H)
-    ]
-    W_O, b_O = arrs.get("W_O"), arrs.get("b_O")
-    if b_O is not None and W_O is None:
-        raise ValueError(f"b_O in {path.name} needs W_O")
-    if W_O is not None and W_O.ndim != 2:
-        raise ValueError(f"W_O in {path.name} must be a matrix, got shape {W_O.shape}")
-    if single and W_O is None:
-        params: Any = heads[0]
-    else:
-        params = MultiHeadParams(tuple(heads), W_O=t(W_O), b_O=t(b_O))
-    source = {
-        "params": str(path),
-        "n_heads": H,
-        "d": d,
-        "d_v": int(V3.shape[1]),
-        "V": "identity" if V is None else "file",
-        "W_O": W_O is not None,
-    }
-    return params, source
-
-
-def random_layer(
-    d: int, heads: int, seed: int, dtype: Any, device: str
-) -> tuple[Any, dict[str, Any]]:
-    """The synthetic layer of ``--random-d`` (module docstring), drawn from ``seed``."""
-    import torch
-
-    from meanfield import AttentionParams, MultiHeadParams
-
-    if d < 1:
-        raise ValueError(f"--random-d must be a positive integer, got {d}")
-    if heads < 1:
-        raise ValueError(f"--heads must be a positive integer, got {heads}")
-    g = torch.Generator().manual_seed(int(seed))
-
-    def randn(*shape: int) -> Any:
-        return torch.randn(shape, generator=g, dtype=torch.float64)
-
-    if heads == 1:
-        A = randn(d, d) / math.sqrt(d)
-        params: Any = AttentionParams(A, torch.eye(d, dtype=torch.float64))
-        desc = {"A": "N(0, 1/d), non-symmetric", "V": "identity"}
-    else:
-        hs = [
-            AttentionParams(randn(d, d) / math.sqrt(d), randn(d, d) / math.sqrt(d))
-            for _ in range(heads)
-        ]
-        W_O = randn(d, heads * d) / math.sqrt(heads * d)
-        params = MultiHeadParams(tuple(hs), W_O=W_O)
-        desc = {"A": "N(0, 1/d), non-symmetric", "V": "N(0, 1/d)", "W_O": "N(0, 1/(H d))"}
-    return params.to(dtype=dtype, device=device), {
-        "random_d": d,
-        "heads": heads,
-        "seed": seed,
-        **desc,
-    }
-
-
-def random_tokens(n: int, d: int, R: float, seed: int) -> np.ndarray:
-    """``n`` Gaussian tokens rescaled so that the largest norm is ``R`` (seed ``seed + 1``)."""
-    rng = np.random.default_rng(int(seed) + 1)
-    Z = rng.standard_normal((n, d))
-    return R * Z / np.linalg.norm(Z, axis=-1).max()
 
 
 # --------------------------------------------------------------------------- handler
 def _check_common(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.tol) and args.tol > 0):
-        raise ValueError(f"--tol must be a positive number, got {args.tol}")
-    if args.device.startswith("cuda"):
-        import torch
+        raise UsageError(f"--tol must be a positive number, got {args.tol}")
+    check_device(args.device)
 
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: no CUDA device is available")
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
+
+
+def _check_model_name(name: str) -> None:
+    """A one-line error for a --model that is neither built in nor an existing directory."""
+    if name in BUILT_IN_MODELS:
+        return
+    path = Path(name).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"--model {name}: a checkpoint is a directory (config.json and safetensors weights), "
+            f"not a file; built-in models: {', '.join(BUILT_IN_MODELS)}"
+        )
+    if not path.exists() and _looks_like_path(name):
+        raise UsageError(
+            f"--model {name}: no such directory; built-in models: {', '.join(BUILT_IN_MODELS)}"
+        )
 
 
 def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:
@@ -251,10 +99,13 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
             raise ValueError(f"--n-layer must be a positive integer, got {args.n_layer}")
         loaded = random_gpt2(args.seed, n_layer=args.n_layer)
     else:
+        _check_model_name(args.model)
         try:
             loaded = load_model(args.model, seed=args.seed)
         except OSError as err:
-            raise ValueError(" ".join(str(err).split())) from err
+            raise UsageError(
+                " ".join(str(err).split()) + f"; built-in models: {', '.join(BUILT_IN_MODELS)}"
+            ) from err
     model, tok = loaded.model, loaded.tokenizer
     info = layer_info(model, args.layer, map=args.map)
     if tok is None:
@@ -295,7 +146,7 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
     return hs.X, att.params, {**source, "masked": masked}, None
 
 
-def cmd_lipschitz(args: argparse.Namespace) -> dict[str, Any]:
+def handle(args: argparse.Namespace) -> dict[str, Any]:
     """``meanfield lipschitz``: estimate the local constant of each input (module docstring)."""
     import torch
 
@@ -313,6 +164,10 @@ def cmd_lipschitz(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--n must be a positive integer, got {args.n}")
         if not (math.isfinite(args.R) and args.R > 0):
             raise ValueError(f"--R must be a positive number, got {args.R}")
+        if args.random_d < 1:
+            raise UsageError(f"--random-d must be a positive integer, got {args.random_d}")
+        if args.heads < 1:
+            raise UsageError(f"--heads must be a positive integer, got {args.heads}")
         params, source = random_layer(args.random_d, args.heads, args.seed, dtype, args.device)
         X = torch.tensor(
             random_tokens(args.n, args.random_d, args.R, args.seed), dtype=dtype, device=args.device
@@ -406,7 +261,7 @@ def cmd_lipschitz(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def print_lipschitz(doc: dict[str, Any]) -> None:
+def show(doc: dict[str, Any]) -> None:
     """Human-readable summary of ``meanfield lipschitz``."""
     src = doc["source"]
     what = {
@@ -440,17 +295,9 @@ def print_lipschitz(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- parser
-def _common(p: argparse.ArgumentParser) -> None:
-    """The flags every ``meanfield`` subcommand accepts (as in ``experiments.cli``)."""
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="disable progress bars")
-    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``lipschitz`` on ``subparsers`` (``experiments.cli.build_parser``)."""
-    p = subparsers.add_parser(
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``lipschitz``."""
+    p = sub.add_parser(
         "lipschitz",
         help="local Lipschitz constant of attention at inputs, with a certified bracket",
         description=(
@@ -458,7 +305,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "attention layer at inputs from a model on text, a random layer, or files."
         ),
     )
-    _common(p)
+    add_common(
+        p,
+        seed="seed of the random layer and tokens, of gpt2-random and bert-random, and of "
+        "the estimator's start vector (default 0)",
+        progress=True,
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--model",
@@ -512,7 +364,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--tol", type=float, default=1e-6, help="relative residual tolerance (default 1e-6)"
     )
     p.add_argument("--dtype", choices=_DTYPES, default="float64")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_device(p)
     p.add_argument(
         "--released",
         action="store_true",
@@ -521,5 +373,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--out", default=None, metavar="FILE.json", help="write the result with run metadata"
     )
-    p.set_defaults(handler=cmd_lipschitz, printer=print_lipschitz)
+    p.set_defaults(handler=handle, printer=show)
     return p

@@ -1,7 +1,8 @@
 """The ``meanfield attack`` subcommand: adversarial constructions, worst-case searches, splitting.
 
 ``meanfield attack construct``
-    The eigenvector construction of THEORY.md §6.3 for a score matrix read from ``.npy``/``.npz``
+    The eigenvector construction (docs/theory.md, the section marked §6.3) for a score matrix
+    read from ``.npy``/``.npz``
     (``--A-file``) or drawn at random (``--random-d D --seed S``), with its lower bound and the
     exact local constant; ``--out DIR`` saves the input (``construct.npz``) and the report
     (``construct.json``).
@@ -15,93 +16,36 @@
 
 Every handler returns a JSON-serialisable dict (printed by ``--json``) and has a short printer.
 Weights are loaded only from ``.npy``/``.npz`` with ``allow_pickle=False``. Bad input raises
-``ValueError`` with one line, which ``experiments.cli.main`` reports as ``meanfield: error: ...``.
-The library (``meanfield``) never imports this module.
+``ValueError`` with one line, which ``experiments.app.main`` reports as
+``meanfield: error: ...``. The sweeps of figures B and C are :mod:`experiments.mass_splitting`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._threads import torch_threads
-from .results import run_metadata, save_npz, write_json
+from experiments._threads import torch_threads
+from experiments.inputs import load_matrices, random_layer
+from experiments.mass_splitting import (
+    attack_doc,
+    attack_inputs,
+    figure_b_results,
+    figure_c_results,
+    measure_doc,
+)
+from experiments.results import load_json, run_metadata, save_npz, write_json
 
-__all__ = [
-    "add_parser",
-    "figure_b_results",
-    "figure_c_results",
-    "load_matrices",
-]
+from ..options import add_common
 
-log = logging.getLogger("meanfield.attack")
-
-#: The two settings of figure B (EXPERIMENTS.md §2, figure A settings): d = 1 with A = 1 (positive
-#: eigenvalue, chains), and d = 2 with A = diag(1, -0.3); V = I in both.
-FIG_B_SETTINGS = {
-    "d1": ([[1.0]], "d = 1, A = 1, V = 1"),
-    "d2": ([[1.0, 0.0], [0.0, -0.3]], "d = 2, A = diag(1, -0.3), V = I"),
-}
+__all__ = ["register"]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _check_matrix(M: np.ndarray, name: str, source: str) -> np.ndarray:
-    if M.dtype.kind not in "fiu":
-        raise ValueError(f"{name} in {source} must be a real numeric array, got dtype {M.dtype}")
-    M = np.asarray(M, dtype=np.float64)
-    if M.ndim != 2:
-        raise ValueError(f"{name} in {source} must be a matrix, got shape {M.shape}")
-    if not np.isfinite(M).all():
-        raise ValueError(f"{name} in {source} contains NaN or infinite values")
-    return M
-
-
-def load_matrices(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
-    """Read a score matrix ``A`` (and optionally ``V``) from ``.npy`` or ``.npz``, never unpickling.
-
-    A ``.npy`` file holds ``A`` itself; a ``.npz`` file holds an array ``A`` and optionally ``V``.
-    ``A`` follows the toolkit's score convention ``x_i^T A x_j`` (query i, key j).
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no such file: {path}")
-    try:
-        if path.suffix == ".npy":
-            A, V = np.load(path, allow_pickle=False), None
-        elif path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                if "A" not in z.files:
-                    raise ValueError(
-                        f"{path} has no array 'A' (found: {', '.join(z.files) or 'none'})"
-                    )
-                A = z["A"]
-                V = z["V"] if "V" in z.files else None
-        else:
-            raise ValueError(f"weights must be a .npy or .npz file, got {path.name}")
-    except (OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
-    except ValueError as err:
-        if "allow_pickle" in str(err) or "pickle" in str(err).lower():
-            raise ValueError(f"{path} holds pickled objects, which are never loaded") from err
-        raise
-    A = _check_matrix(A, "A", path.name)
-    if A.shape[0] != A.shape[1]:
-        raise ValueError(f"A in {path.name} must be square, got shape {A.shape}")
-    if V is not None:
-        V = _check_matrix(V, "V", path.name)
-        if V.shape[1] != A.shape[0]:
-            raise ValueError(
-                f"V in {path.name} must have {A.shape[0]} columns, got shape {V.shape}"
-            )
-    return A, V
 
 
 def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -120,30 +64,14 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         raise ValueError("give the score matrix with --A-file FILE or draw one with --random-d D")
     if d < 1:
         raise ValueError(f"--random-d must be a positive integer, got {d}")
-    g = torch.Generator().manual_seed(args.seed)
-    A = torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d)  # non-symmetric
-    V = torch.eye(d, dtype=torch.float64)
-    return AttentionParams(A, V), {
-        "random_d": d,
-        "seed": args.seed,
-        "A": "N(0, 1/d), non-symmetric",
-        "V": "identity",
-    }
+    params, desc = random_layer(d, 1, args.seed, torch.float64, "cpu")
+    return params, {"random_d": d, "seed": args.seed, "A": desc["A"], "V": desc["V"]}
 
 
 def _exact_norm(X: Any, params: Any, *, masked: bool) -> dict[str, Any]:
-    """||Df(X)||_2 with its bracket (meanfield.lipschitz, or a dense jacrev SVD as fallback)."""
-    try:
-        from meanfield.lipschitz import local_lipschitz
-    except ImportError:
-        import torch
-        from torch.func import jacrev
+    """||Df(X)||_2 with its bracket: :func:`meanfield.local_lipschitz` with the dense method."""
+    from meanfield import local_lipschitz
 
-        from meanfield import attention_points
-
-        J = jacrev(lambda Y: attention_points(Y, params, masked=masked))(X)
-        v = float(torch.linalg.matrix_norm(J.reshape(X.numel(), -1), ord=2))
-        return {"value": v, "lower": v, "upper": v, "method": "dense SVD"}
     est = local_lipschitz(X, params, masked=masked, method="dense")
     return {
         "value": float(est.value),
@@ -167,13 +95,6 @@ def _positive(value: float, name: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number, got {value}")
     return value
-
-
-def _measure_doc(mu: Any) -> dict[str, Any]:
-    return {
-        "points": mu.points.tolist(),
-        "log10_weights": (mu.log_weights / math.log(10.0)).tolist(),
-    }
 
 
 # --------------------------------------------------------------------------- construct
@@ -250,89 +171,6 @@ def print_construct(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- search
-def _worst_measures_sweep(
-    radii: Sequence[float],
-    *,
-    n_atoms: int,
-    n_restarts: int,
-    steps: int,
-    seed: int,
-    progress: bool = False,
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    import torch
-
-    from meanfield import AttentionParams
-    from meanfield.attacks import worst_case_measure
-
-    arrays: dict[str, np.ndarray] = {"radii": np.asarray(radii, dtype=np.float64)}
-    summary: dict[str, Any] = {"radii": list(radii), "n_atoms": n_atoms, "settings": {}}
-    for key, (A_list, label) in FIG_B_SETTINGS.items():
-        A = torch.tensor(A_list, dtype=torch.float64)
-        params = AttentionParams(A, torch.eye(A.shape[0], dtype=torch.float64))
-        pts, lws, vals, tds, cons = [], [], [], [], []
-        for R in radii:
-            res = worst_case_measure(
-                params, R, n_atoms, n_restarts=n_restarts, steps=steps, seed=seed, progress=progress
-            )
-            log.info("%s R=%g: %.6g (two-Dirac %.6g)", key, R, res.value, res.two_dirac_bound)
-            pts.append(res.measure.points.numpy())
-            lws.append(res.measure.log_weights.numpy())
-            vals.append(res.value)
-            tds.append(np.nan if res.two_dirac_bound is None else res.two_dirac_bound)
-            cons.append(res.construction_value)
-        arrays[f"{key}_points"] = np.stack(pts)
-        arrays[f"{key}_log_weights"] = np.stack(lws)
-        arrays[f"{key}_value"] = np.asarray(vals)
-        arrays[f"{key}_two_dirac"] = np.asarray(tds)
-        arrays[f"{key}_construction"] = np.asarray(cons)
-        summary["settings"][key] = {
-            "label": label,
-            "A": A_list,
-            "value": vals,
-            "two_dirac_bound": tds,
-            "construction_value": cons,
-        }
-    return arrays, summary
-
-
-def figure_b_results(
-    out_dir: str | Path,
-    *,
-    radii: Sequence[float] = (1.0, 2.0, 4.0, 6.0),
-    n_atoms: int = 3,
-    n_restarts: int = 16,
-    steps: int = 300,
-    seed: int = 0,
-    progress: bool = False,
-) -> list[Path]:
-    """Run the worst-case-measure sweep of figure B and write ``worst_measures.{npz,json}``.
-
-    For the two settings of :data:`FIG_B_SETTINGS` and every radius, the best measure with
-    ``n_atoms`` atoms (:func:`meanfield.attacks.worst_case_measure`), its value, the closed-form
-    two-Dirac bound and the best construction value.
-    """
-    out = Path(out_dir)
-    with torch_threads(1):
-        arrays, summary = _worst_measures_sweep(
-            radii,
-            n_atoms=n_atoms,
-            n_restarts=n_restarts,
-            steps=steps,
-            seed=seed,
-            progress=progress,
-        )
-    config = {"radii": list(radii), "n_atoms": n_atoms, "n_restarts": n_restarts, "steps": steps}
-    doc = {
-        "kind": "worst_measures",
-        **summary,
-        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=config),
-    }
-    return [
-        save_npz(out / "worst_measures.npz", **arrays),
-        write_json(out / "worst_measures.json", doc),
-    ]
-
-
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     """``attack search``: worst-case measure (or sequence) search, or the figure-B sweep."""
     from meanfield.attacks import worst_case_measure, worst_case_sequence
@@ -350,8 +188,6 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             progress=progress,
         )
-        from .results import load_json
-
         doc = load_json(files[1])
         doc["kind"] = "attack search --figure-b"
         doc["files"] = [str(f) for f in files]
@@ -418,7 +254,7 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
                 bracket=res.bracket,
                 construction_value=res.construction_value,
                 two_dirac_bound=res.two_dirac_bound,
-                measure=_measure_doc(res.measure),
+                measure=measure_doc(res.measure),
             )
             arrays = {
                 "points": res.measure.points,
@@ -471,137 +307,6 @@ def print_search(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- split
-def _attack_inputs(R: float) -> tuple[Any, dict[str, Any]]:
-    """Figure C's head (d = 2, A = diag(1, -0.3), V = I) and its two input measures."""
-    import torch
-
-    from meanfield import AttentionParams, DiracMeasure
-
-    A = torch.tensor([[1.0, 0.0], [0.0, -0.3]], dtype=torch.float64)
-    params = AttentionParams(A, torch.eye(2, dtype=torch.float64))
-    u = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    w = torch.tensor([0.0, 1.0], dtype=torch.float64)
-    dirac = DiracMeasure((0.5 * R * u).unsqueeze(0))
-    few = DiracMeasure(
-        torch.stack([0.5 * R * u, -0.5 * R * u, 0.5 * R * w]),
-        torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64),
-    )
-    return params, {"dirac": dirac, "few-atom": few}
-
-
-def _attack_doc(res: Any) -> dict[str, Any]:
-    def pert(q: Any) -> dict[str, Any]:
-        return {
-            "kind": q.kind,
-            "k": q.k,
-            "atom": q.atom,
-            "input_w2": q.input_w2,
-            "output_w2": q.output_w2,
-            "ratio_w2": q.ratio_w2,
-            "input_winf": q.input_winf,
-            "output_winf": q.output_winf,
-            "ratio_winf": q.ratio_winf,
-            "cost_bound": q.cost_bound,
-            "nu": _measure_doc(q.nu),
-        }
-
-    return {
-        "budget": res.budget,
-        "move": pert(res.move),
-        "split": pert(res.split),
-        "split_by_k": [pert(q) for q in res.split_by_k],
-        "duplicate": [pert(q) for q in res.duplicate],
-        "insert": pert(res.insert),
-        "gain": res.gain,
-        "gain_winf": res.gain_winf,
-    }
-
-
-def figure_c_results(
-    out_dir: str | Path,
-    *,
-    radii: Sequence[float] = (2.0, 3.0, 4.0, 5.0),
-    k_curve_max: int = 100_000,
-    budgets: Sequence[float] = (0.05, 0.1, 0.2, 0.5, 1.0),
-    R_attack: float = 4.0,
-    k_max: int = 4,
-    n_restarts: int = 2,
-    steps: int = 100,
-    seed: int = 0,
-) -> list[Path]:
-    """Run the mass-splitting sweep of figure C and write ``mass_splitting.{npz,json}``.
-
-    Left panel data: ``G_k`` (:func:`meanfield.attacks.split_gain`) on a log grid of ``k`` for
-    ``s = R^2/4`` (``lambda = 1``) and every radius, with the best integer ``k``. Right panel
-    data: move-only and split-then-move ratios (exact ``W_2`` and ``W_inf``) against the budget,
-    at a Dirac ``delta_{R u / 2}`` and at a three-atom measure, for the head
-    ``A = diag(1, -0.3)``, ``V = I`` in ``B_R``, ``R = R_attack``.
-    """
-    from meanfield.attacks import mass_splitting_attack, optimal_split_k, split_gain
-
-    out = Path(out_dir)
-    ks = np.unique(np.round(np.logspace(0, math.log10(k_curve_max), 240))).astype(np.float64)
-    s = np.asarray(radii, dtype=np.float64) ** 2 / 4.0
-    G = np.stack([split_gain(ks, si) for si in s])
-    arrays: dict[str, Any] = {
-        "k": ks,
-        "radii": np.asarray(radii, dtype=np.float64),
-        "s": s,
-        "G": G,
-        "k_opt": np.asarray([float(optimal_split_k(si)) for si in s]),
-        "budgets": np.asarray(budgets, dtype=np.float64),
-    }
-    params, inputs = _attack_inputs(R_attack)
-    attacks: dict[str, Any] = {}
-    with torch_threads(1):
-        for name, mu in inputs.items():
-            rows = {f: [] for f in ("move_w2", "split_w2", "move_winf", "split_winf", "split_k")}
-            attacks[name] = []
-            for b in budgets:
-                res = mass_splitting_attack(
-                    mu,
-                    params,
-                    b,
-                    R=R_attack,
-                    k_max=k_max,
-                    n_restarts=n_restarts,
-                    steps=steps,
-                    seed=seed,
-                )
-                rows["move_w2"].append(res.move.ratio_w2)
-                rows["split_w2"].append(res.split.ratio_w2)
-                rows["move_winf"].append(res.move.ratio_winf)
-                rows["split_winf"].append(res.split.ratio_winf)
-                rows["split_k"].append(res.split.k)
-                attacks[name].append(_attack_doc(res))
-            key = name.replace("-", "_")
-            for f, vals in rows.items():
-                arrays[f"{key}_{f}"] = np.asarray(vals, dtype=np.float64)
-    arrays["V_norm"] = np.float64(float(params.V_norm()))
-    config = {
-        "radii": list(radii),
-        "budgets": list(budgets),
-        "R_attack": R_attack,
-        "k_max": k_max,
-        "n_restarts": n_restarts,
-        "steps": steps,
-    }
-    doc = {
-        "kind": "mass_splitting",
-        "head": "d = 2, A = diag(1, -0.3), V = I",
-        "inputs": {
-            "dirac": "delta at (R/2) e1",
-            "few-atom": "0.6 delta_{(R/2) e1} + 0.3 delta_{-(R/2) e1} + 0.1 delta_{(R/2) e2}",
-        },
-        "attacks": attacks,
-        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=config),
-    }
-    return [
-        save_npz(out / "mass_splitting.npz", **arrays),
-        write_json(out / "mass_splitting.json", doc),
-    ]
-
-
 def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     """``attack split``: G_k table and best k, the budget attack, or the figure-C sweep."""
     from meanfield.attacks import mass_splitting_attack, optimal_split_k, split_gain
@@ -622,8 +327,6 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
             steps=args.steps,
             seed=args.seed,
         )
-        from .results import load_json
-
         doc = load_json(files[1])
         doc["kind"] = "attack split --figure-c"
         doc["files"] = [str(f) for f in files]
@@ -662,7 +365,7 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
                 )
             mu = DiracMeasure(con.X[1:2].to(torch.float64))
         else:
-            params, inputs = _attack_inputs(args.R)
+            params, inputs = attack_inputs(args.R)
             mu, source = inputs["dirac"], {"head": "d = 2, A = diag(1, -0.3), V = I"}
         with torch_threads(1):
             res = mass_splitting_attack(
@@ -678,8 +381,8 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
         doc["attack"] = {
             "source": source,
             "R": args.R,
-            "input": _measure_doc(mu),
-            **_attack_doc(res),
+            "input": measure_doc(mu),
+            **attack_doc(res),
         }
     if args.s is None and args.budget is None:
         raise ValueError("give --s S (closed-form gain), --budget EPS (attack) or --figure-c")
@@ -737,12 +440,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    """The flags every ``meanfield`` subcommand accepts (as in ``experiments.cli``)."""
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="disable progress bars")
-    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+_SEED_CONSTRUCT = "seed of --random-d and of the sphere variant's directions (default 0)"
+_SEED_SEARCH = "seed of --random-d and of the random starts (default 0)"
 
 
 def _source(p: argparse.ArgumentParser, *, required: bool) -> None:
@@ -762,15 +461,15 @@ def _source(p: argparse.ArgumentParser, *, required: bool) -> None:
     )
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``attack`` and its sub-subcommands ``construct``, ``search``, ``split``."""
-    p = subparsers.add_parser(
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``attack`` and its subcommands ``construct``, ``search``, ``split``."""
+    p = sub.add_parser(
         "attack", help="adversarial inputs: constructions, worst-case searches, mass splitting"
     )
-    sub = p.add_subparsers(dest="attack_command", required=True, metavar="ATTACK")
+    cmds = p.add_subparsers(dest="attack_command", required=True, metavar="ATTACK")
 
-    c = sub.add_parser("construct", help="eigenvector construction (one token plus n-1 copies)")
-    _common(c)
+    c = cmds.add_parser("construct", help="eigenvector construction (one token plus n-1 copies)")
+    add_common(c, seed=_SEED_CONSTRUCT)
     _source(c, required=True)
     c.add_argument("--R", type=float, required=True, help="radius (norm of the largest token)")
     c.add_argument("--n", type=int, required=True, help="number of tokens")
@@ -781,8 +480,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     c.add_argument("--out", default=None, help="directory for construct.npz and construct.json")
     c.set_defaults(handler=cmd_construct, printer=print_construct)
 
-    s = sub.add_parser("search", help="multi-start search of worst-case measures or sequences")
-    _common(s)
+    s = cmds.add_parser("search", help="multi-start search of worst-case measures or sequences")
+    add_common(s, seed=_SEED_SEARCH, progress=True)
     _source(s, required=False)
     s.add_argument("--R", type=float, default=2.0, help="radius of the ball (default 2)")
     s.add_argument("--atoms", type=int, default=3, help="number of atoms (default 3)")
@@ -810,8 +509,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--out", default=None, help="output directory")
     s.set_defaults(handler=cmd_search, printer=print_search)
 
-    t = sub.add_parser("split", help="mass splitting: closed-form gain and W2-budget attacks")
-    _common(t)
+    t = cmds.add_parser("split", help="mass splitting: closed-form gain and W2-budget attacks")
+    add_common(t, seed=_SEED_SEARCH)
     _source(t, required=False)
     t.add_argument("--s", type=float, default=None, help="exponent s = lambda R^2 / 4 of G_k")
     t.add_argument("--k-max", dest="k_max", type=int, default=6, help="largest k (default 6)")

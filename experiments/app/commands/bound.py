@@ -1,20 +1,25 @@
-"""``meanfield bound`` and ``meanfield derive``: closed-form bounds and sympy derivations.
+"""``meanfield bound NAME``: evaluate a closed-form bound of :mod:`theory.bounds` on grids.
 
-``bound NAME`` evaluates one function of :mod:`theory.bounds` on grids given as numbers,
-comma-separated lists or ``start:stop:step`` ranges (broadcast against each other);
-``derive NAME`` prints a derivation of :mod:`theory.symbolic` (expression, LaTeX, steps).
+Grids are numbers, comma-separated lists or ``start:stop:step`` ranges, broadcast against each
+other (one axis per option given). The § marks of the help are those in the headings of
+docs/theory.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BOUNDS", "add_parsers"]
+from ..options import UsageError, add_common, plain_text
+
+__all__ = ["BOUNDS", "BoundSpec", "parse_grid", "register"]
+
+log = logging.getLogger("meanfield.bound")
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ BOUNDS: dict[str, BoundSpec] = {
     "sqrt-n-upper": BoundSpec(
         "sqrt_n_upper",
         ("A_norm", "V_norm", "R", "n"),
-        "global √n-regime upper bound on B_R^n (THEORY §6.1)",
+        "global √n-regime upper bound on B_R^n (§6.1)",
         ("form",),
     ),
     "sqrt-n-lower": BoundSpec(
@@ -93,26 +98,39 @@ _OPTION_HELP = {
 
 
 def parse_grid(text: str) -> np.ndarray:
-    """``"3"``, ``"1,2,5"`` or ``"start:stop:step"`` (stop included when hit) as a float array."""
+    """``"3"``, ``"1,2,5"``, ``"start:stop"`` (step 1) or ``"start:stop:step"`` as a float array.
+
+    The stop is included when the steps hit it.
+    """
     text = text.strip()
-    try:
-        if ":" in text:
+    if ":" in text:
+        try:
             parts = [float(p) for p in text.split(":")]
-            if len(parts) != 3 or parts[2] == 0:
-                raise ValueError
-            start, stop, step = parts
-            count = int(np.floor((stop - start) / step + 1e-9)) + 1
-            if count < 1:
-                raise ValueError
-            return start + step * np.arange(count)
+        except ValueError:
+            parts = []
+        if len(parts) not in (2, 3):
+            raise UsageError(f"cannot read {text!r} as a range start:stop or start:stop:step")
+        start, stop, step = parts if len(parts) == 3 else (*parts, 1.0)
+        if step == 0:
+            raise UsageError(f"the range {text!r} has step 0")
+        count = int(np.floor((stop - start) / step + 1e-9)) + 1
+        if count < 1:
+            direction = "down" if step < 0 else "up"
+            raise UsageError(
+                f"the range {text!r} is empty: a step of {step:g} goes {direction} from "
+                f"{start:g} and never reaches {stop:g}"
+            )
+        return start + step * np.arange(count)
+    try:
         return np.array([float(p) for p in text.split(",")])
     except ValueError:
-        raise ValueError(
+        raise UsageError(
             f"cannot read {text!r} as a number, a comma-separated list or start:stop:step"
         ) from None
 
 
-def _cmd_bound(args: argparse.Namespace) -> dict[str, Any]:
+def handle(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate the bound on the outer product of the given grids."""
     from theory import bounds
 
     spec = BOUNDS[args.name]
@@ -124,76 +142,64 @@ def _cmd_bound(args: argparse.Namespace) -> dict[str, Any]:
         if raw is None:
             param = list(sig.parameters.values())[spec.args.index(name)]
             if param.default is inspect.Parameter.empty:
-                raise ValueError(f"bound {args.name!r} needs --{name.replace('_', '-')}")
+                raise UsageError(f"bound {args.name!r} needs --{name.replace('_', '-')}")
             continue
         values[name] = parse_grid(raw)
     # one axis per given grid: the output is the outer product over the given options
     names = list(values)
     grids = np.meshgrid(*(values[k] for k in names), indexing="ij") if names else []
     kwargs = {o: getattr(args, o) for o in spec.options if getattr(args, o) is not None}
-    result = np.asarray(fn(*grids, **kwargs), dtype=float)
-    doc = inspect.getdoc(fn) or ""
+    with np.errstate(over="ignore"):
+        result = np.asarray(fn(*grids, **kwargs), dtype=float)
+    overflow = np.isposinf(result)
+    if overflow.any():
+        log.warning(
+            "%s overflows float64 (> 1.8e308) at %d of %d grid points; those values are inf",
+            args.name,
+            int(overflow.sum()),
+            overflow.size,
+        )
     return {
         "bound": args.name,
         "function": f"theory.bounds.{spec.function}",
-        "summary": doc.splitlines()[0] if doc else "",
+        "summary": plain_text((inspect.getdoc(fn) or "").split("\n")[0]),
         "inputs": {k: values[k].tolist() for k in names},
         "options": kwargs,
         "value": result.tolist(),
+        "overflow": int(overflow.sum()),
     }
 
 
-def _print_bound(doc: dict[str, Any]) -> None:
+def show(doc: dict[str, Any]) -> None:
+    """A table of the grid points and values; overflowed values are marked."""
     print(f"{doc['bound']}  ({doc['function']}): {doc['summary']}")
     names = list(doc["inputs"])
     grids = np.meshgrid(*(np.asarray(doc["inputs"][k]) for k in names), indexing="ij")
     value = np.asarray(doc["value"], dtype=float)
     print("  " + "  ".join(f"{k:>12s}" for k in names) + f"  {'value':>14s}")
+    if doc.get("overflow"):
+        print(
+            f"  (overflow: the bound exceeds the largest float64, 1.8e308, at {doc['overflow']} "
+            "point(s))"
+        )
     for idx in np.ndindex(value.shape):
         cols = "  ".join(f"{g[idx]:12.6g}" for g in grids)
-        print(f"  {cols}  {value[idx]:14.8g}")
+        v = value[idx]
+        shown = f"{'overflow':>14s}" if np.isposinf(v) else f"{v:14.8g}"
+        print(f"  {cols}  {shown}")
 
 
-def _cmd_derive(args: argparse.Namespace) -> dict[str, Any]:
-    from theory import symbolic
-
-    names = [n for n in symbolic.__all__ if n != "Derivation"]
-    key = args.name.replace("-", "_")
-    if key not in names:
-        raise ValueError(
-            f"unknown derivation {args.name!r}; choose from {', '.join(n.replace('_', '-') for n in names)}"
-        )
-    d = getattr(symbolic, key)()
-    return {
-        "derivation": args.name,
-        "expression": str(d.expr),
-        "latex": d.latex,
-        "arguments": [str(a) for a in d.args],
-        "steps": [str(s) for s in d.steps],
-        "latex_only": args.latex,
-    }
-
-
-def _print_derive(doc: dict[str, Any]) -> None:
-    if doc["latex_only"]:
-        print(doc["latex"])
-        return
-    print(f"{doc['derivation']}({', '.join(doc['arguments'])}) = {doc['expression']}")
-    print(f"  LaTeX: {doc['latex']}")
-    for i, step in enumerate(doc["steps"], 1):
-        print(f"  {i}. {step}")
-
-
-def add_parsers(sub: argparse._SubParsersAction, common: Any) -> None:
-    """Register ``bound`` and ``derive`` on the ``meanfield`` subparsers."""
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``bound``."""
     lines = "\n".join(f"  {name:<22s} {spec.help}" for name, spec in BOUNDS.items())
     p = sub.add_parser(
         "bound",
         help="evaluate a closed-form bound of theory.bounds on grids of n, R, ...",
-        description=f"Bounds:\n{lines}\n\nGrids: a number, a list 1,2,5 or a range start:stop:step.",
+        description=f"Bounds (§: the section marks in the headings of docs/theory.md):\n{lines}\n\n"
+        "Grids: a number, a list 1,2,5 or a range start:stop[:step].",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    common(p)
+    add_common(p)
     p.add_argument(
         "name", choices=sorted(BOUNDS), metavar="NAME", help="bound name (see the list above)"
     )
@@ -205,10 +211,4 @@ def add_parsers(sub: argparse._SubParsersAction, common: Any) -> None:
     p.add_argument(
         "--c", type=float, default=None, help="exponent coefficient c' of the mean-field bound"
     )
-    p.set_defaults(handler=_cmd_bound, printer=_print_bound)
-
-    p = sub.add_parser("derive", help="print a sympy derivation of theory.symbolic")
-    common(p)
-    p.add_argument("name", help="derivation name, e.g. kim-softmax-lemma or two-dirac-optimal-mass")
-    p.add_argument("--latex", action="store_true", help="print only the LaTeX of the result")
-    p.set_defaults(handler=_cmd_derive, printer=_print_derive)
+    p.set_defaults(handler=handle, printer=show)

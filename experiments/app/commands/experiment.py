@@ -1,0 +1,132 @@
+"""``meanfield experiment STAGE``: one stage of ``reproduce``, with settings changed by ``--set``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..options import UsageError, add_common, add_device, check_device
+
+__all__ = ["parse_setting", "register"]
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """Parse ``KEY=VALUE`` of ``meanfield experiment --set``.
+
+    The value is JSON when it parses (numbers, ``null``, ``true``, ``[2, 4, 8]``,
+    ``{"a": 1}``), a list when it has commas (``minilm-L0,gpt2rand-L6``; a trailing comma makes
+    a list of one), else a string.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise UsageError(f"--set takes KEY=VALUE, got {text!r}")
+
+    def one(v: str) -> Any:
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v.strip()
+
+    raw = raw.strip()
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        pass
+    if "," in raw:
+        return key, [one(v) for v in raw.split(",") if v.strip()]
+    return key, raw
+
+
+def handle(args: argparse.Namespace) -> dict[str, Any]:
+    """List the settings (``--list``) or run the stage into ``--out``."""
+    from ..registry import STAGES
+
+    stages = {s.name: s for s in STAGES}
+    if args.stage not in stages:
+        raise UsageError(f"unknown stage {args.stage!r}; known: {', '.join(stages)}")
+    stage = stages[args.stage]
+    if args.preset not in stage.presets:
+        raise UsageError(f"unknown preset {args.preset!r}; choose from {', '.join(stage.presets)}")
+    preset = stage.presets[args.preset]
+    overrides = dict(parse_setting(s) for s in args.set)
+    if args.seed is not None:
+        overrides.setdefault("seed", args.seed)
+    preset.check(overrides)
+    doc: dict[str, Any] = {
+        "kind": "experiment",
+        "stage": stage.name,
+        "title": stage.title,
+        "preset": args.preset,
+        "options": {**preset.options(), **overrides},
+        "overrides": overrides,
+    }
+    if args.list_options:
+        return doc
+    check_device(args.device)
+    results = Path(args.out)
+    t0 = time.perf_counter()
+    files = stage.run(
+        results, args.preset, device=args.device, progress=not args.no_progress, **overrides
+    )
+    doc.update(
+        results=str(results / stage.name),
+        seconds=time.perf_counter() - t0,
+        files=[str(p) for p in files],
+        summary=stage.summary(results),
+    )
+    return doc
+
+
+def show(doc: dict[str, Any]) -> None:
+    """The settings (``--list``), or time and files of the run."""
+    head = f"meanfield experiment {doc['stage']} ({doc['title']}), preset {doc['preset']}"
+    if "seconds" not in doc:
+        print(f"{head}: options (change with --set KEY=VALUE)")
+        for key, value in doc["options"].items():
+            print(f"  {key} = {json.dumps(value)}")
+        return
+    print(f"{head}: {doc['seconds']:.1f} s, {len(doc['files'])} files in {doc['results']}")
+    print("  --json prints the summary; `meanfield figures --results DIR` draws the figures")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``experiment``."""
+    p = sub.add_parser(
+        "experiment",
+        help="run one experiment stage (resumable), with preset options changed by --set",
+        description="Run one stage of `meanfield reproduce` into OUT/<stage> (resumable: rerun "
+        "to continue). Options of the preset are replaced with --set KEY=VALUE, e.g. "
+        "--set configs=minilm-L0,gpt2rand-L6 --set n_grid=[2,4,8] --set long_grid=null.",
+    )
+    add_common(
+        p,
+        seed="the same as --set seed=SEED (default: the preset's)",
+        seed_default=None,
+        progress=True,
+    )
+    p.add_argument("stage", help="real_data, adversarial, synthetic, attacks or verify_bounds")
+    p.add_argument("--preset", default="quick", help="tiny, quick (default) or paper")
+    p.add_argument(
+        "--out",
+        default="reproduce_out/results",
+        help="results root (default reproduce_out/results, where `meanfield figures` looks)",
+    )
+    add_device(p)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace a preset option (JSON value, comma list or string); repeatable",
+    )
+    p.add_argument(
+        "--list",
+        dest="list_options",
+        action="store_true",
+        help="print the preset's options and exit",
+    )
+    p.set_defaults(handler=handle, printer=show)

@@ -1,0 +1,53 @@
+"""``meanfield figures``: redraw every figure from saved results (no computation)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..options import UsageError, add_common
+
+__all__ = ["register"]
+
+
+def handle(args: argparse.Namespace) -> dict[str, Any]:
+    """Draw the figures whose results exist under ``--results``."""
+    from ..pipeline import draw_all
+
+    results = Path(args.results)
+    if not results.is_dir():
+        raise UsageError(
+            f"no results directory {results}; run `meanfield reproduce --out DIR` first"
+        )
+    out = Path(args.out) if args.out else results.parent / "figures"
+    status = draw_all(results, out, only=args.only.split(",") if args.only else None)
+    if not any(e["status"] == "ok" for e in status.values()):
+        raise UsageError(f"no figure could be drawn from {results}")
+    return {"kind": "figures", "results": str(results), "out": str(out), "figures": status}
+
+
+def show(doc: dict[str, Any]) -> None:
+    """One line per figure: id, status, PDF or the error."""
+    for fid, e in doc["figures"].items():
+        what = ", ".join(f for f in e["files"] if f.endswith(".pdf")) or e.get("error", "")
+        print(f"  {fid:<3s} {e['status']:<8s} {what}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``figures``."""
+    p = sub.add_parser(
+        "figures",
+        help="redraw every figure from saved results",
+        description="Redraw every figure from the results of `meanfield reproduce` or "
+        "`meanfield experiment`. A figure whose results are missing is listed as missing.",
+    )
+    add_common(p)
+    p.add_argument(
+        "--results",
+        default="reproduce_out/results",
+        help="results root (default reproduce_out/results)",
+    )
+    p.add_argument("--out", default=None, help="figure directory (default: next to the results)")
+    p.add_argument("--only", default=None, help="comma-separated figure ids, e.g. F1,F4,B")
+    p.set_defaults(handler=handle, printer=show)

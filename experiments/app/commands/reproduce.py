@@ -1,0 +1,80 @@
+"""``meanfield reproduce``: every stage of a preset, every figure, and ``report.md``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..options import UsageError, add_common, add_device
+
+__all__ = ["register"]
+
+
+def handle(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the pipeline; a failed stage or figure makes the command exit 2 after the report."""
+    from ..pipeline import reproduce
+
+    only = args.only.split(",") if args.only else None
+    doc = reproduce(
+        args.out,
+        args.preset,
+        device=args.device,
+        only=only,
+        figures=not args.no_figures,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )
+    failed = [k for k, e in doc["stages"].items() if e["status"] != "ok"]
+    failed += [f"figure {k}" for k, e in doc.get("figures", {}).items() if e["status"] == "failed"]
+    if failed:
+        raise UsageError(
+            f"{', '.join(failed)} failed (details in {args.out}/reproduce.json"
+            + (f" and {doc['report']}" if "report" in doc else "")
+            + "); rerun the same command to resume"
+        )
+    return doc
+
+
+def show(doc: dict[str, Any]) -> None:
+    """Per-stage status and time, failed figures, the report."""
+    print(f"meanfield reproduce: preset {doc['preset']}, {doc['total_seconds']:.0f} s")
+    for name, e in doc["stages"].items():
+        print(f"  {name:<14s} {e['status']:<7s} {e['seconds']:7.1f} s")
+    for fid, e in doc.get("figures", {}).items():
+        if e["status"] != "ok":
+            print(f"  figure {fid:<4s} {e['status']}: {e.get('error', '')}")
+    n_ok = sum(e["status"] == "ok" for e in doc.get("figures", {}).values())
+    if "figures" in doc:
+        print(f"  {n_ok} of {len(doc['figures'])} figures drawn")
+    if "report" in doc:
+        print(f"  wrote {doc['report']}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``reproduce``."""
+    p = sub.add_parser(
+        "reproduce",
+        help="run the experiments of a preset, draw every figure and write report.md",
+        description="Run every experiment stage of a preset (resumable: rerun to continue), "
+        "draw all figures and write OUT/report.md.",
+    )
+    add_common(
+        p,
+        seed="replaces the seed of every stage whose preset has one (default: keep them)",
+        seed_default=None,
+        progress=True,
+    )
+    p.add_argument(
+        "--preset",
+        choices=("tiny", "quick", "paper"),
+        default="quick",
+        help="quick: every figure in about 4 min on 2 CPU cores (budget 10 min); paper: the "
+        "full grids (about 2 h)",
+    )
+    p.add_argument(
+        "--out", default="reproduce_out", help="output directory (default reproduce_out)"
+    )
+    add_device(p)
+    p.add_argument("--only", default=None, help="comma-separated stages to run")
+    p.add_argument("--no-figures", action="store_true", help="run the experiments only")
+    p.set_defaults(handler=handle, printer=show)

@@ -1,0 +1,179 @@
+"""The stages of ``meanfield reproduce`` and the figures drawn from their results.
+
+Both lists hold direct references (a stage object, a figure's ``draw`` function), so a type
+checker sees the contract of :class:`experiments.stage.Stage` and of every ``draw``. A figure
+names the stage whose results it reads by that stage's object, not by a string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from experiments import adversarial, mass_splitting, real_data, synthetic, verify_bounds
+from experiments.stage import ModuleStage, Names, Stage, StageConfig
+from paper_figs import (
+    fig_a_lipschitz_vs_R,
+    fig_b_worst_measures,
+    fig_c_mass_splitting,
+    fig_f1_lipschitz_vs_n,
+    fig_f2_lipschitz_vs_radius,
+    fig_f3_radius_vs_n,
+    fig_f4_adversarial,
+    fig_f5_sqrt_n,
+    fig_f6_mean_field,
+    fig_f7_large_radius,
+    fig_theory_bounds,
+)
+
+from .options import UsageError
+
+__all__ = [
+    "FIGURES",
+    "STAGES",
+    "Figure",
+    "VerifyBoundsSettings",
+    "select_figures",
+    "select_stages",
+]
+
+
+# ------------------------------------------------------------------------------ verify_bounds
+@dataclass(frozen=True)
+class VerifyBoundsSettings(StageConfig):
+    """Typed view of the ``verify_bounds`` stage's presets.
+
+    That stage keeps its presets as plain dictionaries (``experiments.verify_bounds.PRESETS``);
+    this adapter gives them the same typed form as the other stages for ``meanfield experiment
+    --list`` and ``--set``. The stage's own ``run`` still reads its dictionaries.
+    """
+
+    stage: ClassVar[str] = "verify_bounds"
+
+    n_instances: int
+    seed: int
+    kinds: Names
+
+
+def _verify_bounds_presets() -> Mapping[str, VerifyBoundsSettings]:
+    kinds = tuple(verify_bounds.KINDS)
+    return {
+        name: VerifyBoundsSettings(**{"kinds": kinds, **dict(entry)})
+        for name, entry in verify_bounds.PRESETS.items()
+    }
+
+
+def _run_verify_bounds(
+    results_dir: Path, preset: str, *, device: str = "cpu", progress: bool = True, **settings: Any
+) -> list[Path]:
+    VerifyBoundsSettings.check(settings)
+    return verify_bounds.run(results_dir, preset, device=device, progress=progress, **settings)
+
+
+VERIFY_BOUNDS = ModuleStage(
+    name=verify_bounds.NAME,
+    title="Bounds checked against the engine",
+    presets=_verify_bounds_presets(),
+    run_fn=_run_verify_bounds,
+    summary_fn=verify_bounds.summary,
+    report_fn=verify_bounds.report_section,
+    uses_device=False,
+)
+
+#: Every stage, in the order ``reproduce`` runs them.
+STAGES: tuple[Stage, ...] = (
+    real_data.STAGE,
+    adversarial.STAGE,
+    synthetic.STAGE,
+    mass_splitting.STAGE,
+    VERIFY_BOUNDS,
+)
+
+
+def select_stages(only: Iterable[str] | None, stages: Iterable[Stage] | None = None) -> list[Stage]:
+    """The stages named in ``only`` (all when ``None``); UsageError on an unknown name."""
+    known = list(STAGES if stages is None else stages)
+    if only is None:
+        return known
+    wanted = [s.strip() for s in only if s.strip()]
+    names = {s.name: s for s in known}
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise UsageError(
+            f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(s.name for s in known)}"
+        )
+    return [names[w] for w in wanted]
+
+
+# ------------------------------------------------------------------------------------ figures
+@dataclass(frozen=True)
+class Figure:
+    """One figure: its id, its ``draw(results, out_dir)``, the stage it reads, and a title."""
+
+    id: str
+    draw_fn: Callable[[Path, Path], Any]
+    stage: Stage
+    title: str
+    #: ``draw_fn`` takes the stage's own directory (figures B and C) rather than the results root.
+    stage_dir: bool = False
+
+    def draw(self, results_dir: Path, out_dir: Path) -> list[Path]:
+        """Draw this figure into ``out_dir``; FileNotFoundError when its results are missing."""
+        src = results_dir / self.stage.name if self.stage_dir else results_dir
+        if self.stage_dir and not src.is_dir():
+            raise FileNotFoundError(
+                f"no results in {src}; run `meanfield reproduce --only {self.stage.name}`"
+            )
+        return [Path(p) for p in self.draw_fn(src, out_dir)]
+
+
+#: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, and T for
+#: the theory figure).
+FIGURES: tuple[Figure, ...] = (
+    Figure("F1", fig_f1_lipschitz_vs_n.draw, real_data.STAGE, "real data: Lipschitz constant vs n"),
+    Figure(
+        "F2",
+        fig_f2_lipschitz_vs_radius.draw,
+        real_data.STAGE,
+        "real data: Lipschitz constant vs mean radius",
+    ),
+    Figure("F3", fig_f3_radius_vs_n.draw, real_data.STAGE, "real data: mean radius vs n"),
+    Figure(
+        "F4",
+        fig_f4_adversarial.draw,
+        adversarial.STAGE,
+        "adversarial inputs: Lipschitz constant vs n",
+    ),
+    Figure("F5", fig_f5_sqrt_n.draw, synthetic.STAGE, "synthetic √n regime"),
+    Figure("F6", fig_f6_mean_field.draw, synthetic.STAGE, "mean-field regime"),
+    Figure("F7", fig_f7_large_radius.draw, synthetic.STAGE, "large radius"),
+    Figure("A", fig_a_lipschitz_vs_R.draw, synthetic.STAGE, "Lipschitz constant vs R (v1 style)"),
+    Figure(
+        "B",
+        fig_b_worst_measures.draw,
+        mass_splitting.STAGE,
+        "worst-case measures",
+        stage_dir=True,
+    ),
+    Figure("C", fig_c_mass_splitting.draw, mass_splitting.STAGE, "mass splitting", stage_dir=True),
+    Figure("T", fig_theory_bounds.draw, VERIFY_BOUNDS, "bounds and regimes (theory)"),
+)
+
+
+def select_figures(
+    only: Iterable[str] | None, figures: Iterable[Figure] | None = None
+) -> list[Figure]:
+    """The figures with the ids in ``only`` (all when ``None``); UsageError on an unknown id."""
+    known = list(FIGURES if figures is None else figures)
+    if only is None:
+        return known
+    wanted = [s.strip() for s in only if s.strip()]
+    by_id = {f.id.lower(): f for f in known}
+    unknown = [w for w in wanted if w.lower() not in by_id]
+    if unknown:
+        raise UsageError(
+            f"unknown figure id(s) {', '.join(unknown)}; known: {', '.join(f.id for f in known)}"
+        )
+    return [by_id[w.lower()] for w in wanted]
