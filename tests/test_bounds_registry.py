@@ -232,21 +232,17 @@ def test_docs_table_is_the_registry():
     )
 
 
-def test_cli_table_is_a_drop_in_for_meanfield_bound():
-    """Same names, functions, inputs and options as the table of ``meanfield bound``."""
-    theory_cli = pytest.importorskip("experiments.theory_cli")
+def test_meanfield_bound_reads_the_registry():
+    """``meanfield bound`` lists exactly the registry's CLI records, each a callable of theory.bounds."""
+    from experiments.app.commands import bound as bound_cmd
+
     cli = registry.cli_bounds()
-    assert set(cli) == set(theory_cli.BOUNDS)
-    for name, old in theory_cli.BOUNDS.items():
-        new = cli[name]
-        assert (new.function, tuple(new.args), tuple(new.options)) == (
-            old.function,
-            tuple(old.args),
-            tuple(old.options),
-        ), name
-        assert new.help.endswith(f"({new.section})")
-        fn = getattr(B, new.function)
-        assert len(new.args) <= len(inspect.signature(fn).parameters)
+    assert set(cli) == set(bound_cmd.BOUNDS)
+    for name, rec in bound_cmd.BOUNDS.items():
+        assert rec == cli[name], name
+        assert rec.help.endswith(f"({rec.section})")
+        fn = getattr(B, rec.function)
+        assert len(rec.args) <= len(inspect.signature(fn).parameters)
 
 
 def test_verified_records_have_bound_sides():
@@ -278,16 +274,19 @@ def test_verified_records_have_bound_sides():
         ["kim-softmax", "--N", "2:6:2"],
     ],
 )
-def test_meanfield_bound_gives_the_same_json_with_the_registry_table(argv, monkeypatch, capsys):
-    """Wiring ``theory_cli.BOUNDS = registry.cli_bounds()`` changes no value of ``meanfield bound``."""
+def test_meanfield_bound_equals_the_function_on_the_grid(argv, capsys):
+    """The command's values are the theory function evaluated on the outer product of the grids."""
     import json
 
-    theory_cli = pytest.importorskip("experiments.theory_cli")
-    from experiments.cli import main
+    import numpy as np
+
+    from experiments.app.main import main
 
     assert main(["bound", *argv, "--json"]) == 0
-    before = json.loads(capsys.readouterr().out)
-    monkeypatch.setattr(theory_cli, "BOUNDS", registry.cli_bounds())
-    assert main(["bound", *argv, "--json"]) == 0
-    after = json.loads(capsys.readouterr().out)
-    assert after == before
+    doc = json.loads(capsys.readouterr().out)
+    rec = registry.cli_bounds()[argv[0]]
+    grids = np.meshgrid(
+        *(np.asarray(v, dtype=float) for v in doc["inputs"].values()), indexing="ij"
+    )
+    expected = np.asarray(getattr(B, rec.function)(*grids, **doc["options"]), dtype=float)
+    np.testing.assert_allclose(np.asarray(doc["value"], dtype=float), expected, rtol=1e-15, atol=0)

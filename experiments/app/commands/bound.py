@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from theory.bounds.registry import Bound, cli_bounds
 
 from ..options import UsageError, add_common, plain_text
 
@@ -22,65 +23,11 @@ __all__ = ["BOUNDS", "BoundSpec", "parse_grid", "register"]
 log = logging.getLogger("meanfield.bound")
 
 
-@dataclass(frozen=True)
-class BoundSpec:
-    """How one CLI bound maps onto a function of :mod:`theory.bounds`."""
-
-    function: str
-    args: tuple[str, ...]  # CLI option names, in the function's positional order
-    help: str
-    options: tuple[str, ...] = ()  # keyword options forwarded when given
-
-
-BOUNDS: dict[str, BoundSpec] = {
-    "sqrt-n-upper": BoundSpec(
-        "sqrt_n_upper",
-        ("A_norm", "V_norm", "R", "n"),
-        "global √n-regime upper bound on B_R^n (§6.1)",
-        ("form",),
-    ),
-    "sqrt-n-lower": BoundSpec(
-        "sqrt_n_lower", ("gamma", "n", "Vu_norm"), "eigenvector-construction lower bound (§6.3)"
-    ),
-    "masked-sqrt-n-lower": BoundSpec(
-        "masked_sqrt_n_lower",
-        ("gamma", "n", "Vu_norm"),
-        "masked construction lower bound, saturating in n (§9)",
-    ),
-    "mean-field-upper": BoundSpec(
-        "mean_field_upper",
-        ("A_norm", "V_norm", "R"),
-        "mean-field (W2) upper bound with exponent c' = --c (§7.1)",
-        ("c",),
-    ),
-    "two-dirac-lower": BoundSpec(
-        "two_dirac_lower", ("gamma", "Vu_norm"), "two-Dirac lower bound at the optimal mass (§7.2)"
-    ),
-    "two-dirac-half": BoundSpec(
-        "two_dirac_half", ("gamma", "Vu_norm"), "two-Dirac bound at w = 1/2 (§7.2)"
-    ),
-    "two-dirac-asymptote": BoundSpec(
-        "two_dirac_asymptote",
-        ("gamma", "Vu_norm"),
-        "asymptote (3√3/16) γ e^{γ/2} ||Vu||, a valid lower bound (§7.2)",
-    ),
-    "trivial": BoundSpec("trivial_lower", ("V_norm",), "trivial lower bound ||V|| (§5.2)"),
-    "kim-softmax": BoundSpec(
-        "kim_softmax_lemma", ("N",), "Kim et al.'s softmax lemma W0((N-1)/e) (§10.4)"
-    ),
-    "gap-for-target": BoundSpec(
-        "gap_for_target", ("L",), "gap γ with γ e^{γ/2} = L, i.e. 2 W0(L/2) (§11.4)"
-    ),
-    "radius-for-target": BoundSpec(
-        "radius_for_target",
-        ("L", "lam", "Vu_norm"),
-        "largest radius R for a target constant L (§11.2)",
-        ("form",),
-    ),
-    "split-gain": BoundSpec(
-        "split_gain", ("k", "s"), "gain G_k of the duplicate-then-move attack (§12.2)"
-    ),
-}
+# The table of bounds is the registry of theory.bounds (one record per bound, read here, by
+# verify-bounds and by docs/theory.md §15); each record has ``function``, ``args``, ``help`` and
+# ``options`` as this command uses them.
+BoundSpec = Bound
+BOUNDS: dict[str, Bound] = cli_bounds()
 
 _OPTION_HELP = {
     "A_norm": "||A||_2",
