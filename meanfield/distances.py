@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._validation import check_measure_pair
 from .measures import DiracMeasure
 
 __all__ = [
@@ -137,19 +138,7 @@ class SinkhornResult:
 # validation and numpy helpers
 # ---------------------------------------------------------------------------------------------
 def _check_pair(mu: object, nu: object, what: str) -> None:
-    for name, m in (("mu", mu), ("nu", nu)):
-        if not isinstance(m, DiracMeasure):
-            raise TypeError(f"{what}: {name} must be a DiracMeasure, got {type(m).__name__}")
-    assert isinstance(mu, DiracMeasure) and isinstance(nu, DiracMeasure)
-    if mu.points.ndim != 2 or nu.points.ndim != 2:
-        raise ValueError(
-            f"{what} needs unbatched measures, got batch shapes {tuple(mu.batch_shape)} and "
-            f"{tuple(nu.batch_shape)}"
-        )
-    if mu.d != nu.d:
-        raise ValueError(f"{what}: dimension mismatch, mu has d={mu.d} but nu has d={nu.d}")
-    if mu.device != nu.device:
-        raise ValueError(f"{what}: mu is on {mu.device} but nu is on {nu.device}")
+    check_measure_pair(mu, nu, what)
 
 
 def _check_p(p: float) -> float:

@@ -43,6 +43,8 @@ def _matrix(x: object, name: str, like: Tensor | None = None) -> Tensor:
     t = as_float_tensor(x, name, like=like)
     if t.ndim != 2:
         raise ValueError(f"{name} must be a matrix, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
     check_finite(t, name)
     return t
 
