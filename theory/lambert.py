@@ -67,8 +67,8 @@ def _two_product(a: NDArray[np.float64], b: float) -> tuple[NDArray, NDArray]:
     t = _SPLITTER * a
     a_hi = t - (t - a)
     a_lo = a - a_hi
-    t = _SPLITTER * b
-    b_hi = t - (t - b)
+    tb = _SPLITTER * b
+    b_hi = tb - (tb - b)
     b_lo = b - b_hi
     err = ((a_hi * b_hi - prod) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
     return prod, err
@@ -232,8 +232,8 @@ def _lambertw_mp(z: Any, branch: int, precision: int) -> Any:
                 wi = mpmath.re(mpmath.lambertw(zi, branch))
             out[idx] = wi
     with mpmath.workdps(int(precision)):
-        out = np.array([+v for v in out], dtype=object).reshape(np.shape(z_obj))
-    return out[()] if scalar else out
+        result = np.array([+v for v in out], dtype=object).reshape(np.shape(z_obj))
+    return result[()] if scalar else result
 
 
 def lambertw_derivative(z: ArrayLike, branch: int = 0) -> Any:
