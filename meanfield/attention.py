@@ -40,7 +40,7 @@ def _points_and_params(
     """Check ``params`` and the points ``X`` by the input rule of docs/conventions.md §8."""
     allowed: tuple[type, ...] = (L2AttentionParams,) if l2 else (AttentionParams, MultiHeadParams)
     dtype, device = params_dtype_device(params, allowed, what)
-    d = params.D if l2 else params.d  # type: ignore[union-attr]
+    d = params.D if isinstance(params, L2AttentionParams) else params.d  # type: ignore[attr-defined]
     return check_points(X, "X", d, dtype, device), dtype, device
 
 

@@ -35,7 +35,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -634,19 +634,29 @@ def _cost_matrix(x: Tensor, y: Tensor, p: float) -> Tensor:
 
 
 def _entropic(
-    mu: DiracMeasure, nu: DiracMeasure, dtype: torch.dtype, p: float, eps: float, **kw: object
+    mu: DiracMeasure,
+    nu: DiracMeasure,
+    dtype: torch.dtype,
+    p: float,
+    eps: float,
+    *,
+    max_iter: int,
+    tol: float,
+    scaling: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, int, bool, float]:
     """Solve one entropic problem; returns (plan, cost, objective, n_iter, converged, error)."""
     x, y = mu.points.detach().to(dtype), nu.points.detach().to(dtype)
     log_a, log_b = mu.log_weights.detach().to(dtype), nu.log_weights.detach().to(dtype)
     C = _cost_matrix(x, y, p)
-    log_plan, f, g, n_iter = _sinkhorn_log(log_a, log_b, C, eps, **kw)
+    log_plan, f, g, n_iter = _sinkhorn_log(
+        log_a, log_b, C, eps, max_iter=max_iter, tol=tol, scaling=scaling
+    )
     plan = log_plan.exp()
     # marginal error of the plan actually returned, summed in float64
     p64 = plan.to(torch.float64)
     err = float((p64.sum(1) - log_a.exp().to(torch.float64)).abs().sum())
     err += float((p64.sum(0) - log_b.exp().to(torch.float64)).abs().sum())
-    converged = err <= kw["tol"]
+    converged = err <= tol
     cost = (plan * C).sum()
     # <pi, C> + eps KL(pi | a x b) = sum_ij pi_ij (f_i + g_j) + eps (1 - sum pi); log(pi/ab) is
     # (f + g - C)/eps on the support of a x b
@@ -761,7 +771,7 @@ def sinkhorn_wasserstein(
     if scaling is not None and not 0 < scaling < 1:
         raise ValueError(f"scaling must lie in (0, 1), got {scaling}")
     eps = float(eps)
-    kw = {"max_iter": max_iter, "tol": tol, "scaling": scaling}
+    kw: dict[str, Any] = {"max_iter": max_iter, "tol": tol, "scaling": scaling}
     with torch.no_grad():
         plan, cost, objective, n_iter, converged, err = _entropic(mu, nu, dtype, p, eps, **kw)
         divergence = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -310,7 +311,7 @@ class DiracMeasure:
         """
         return DiracMeasure(T(self.points), self.weights, self.positions)
 
-    def to(self, *args: object, **kwargs: object) -> DiracMeasure:
+    def to(self, *args: Any, **kwargs: Any) -> DiracMeasure:
         """Move points, weights and positions, as :meth:`torch.Tensor.to`."""
         points = self.points.to(*args, **kwargs)
         return DiracMeasure(
