@@ -56,3 +56,16 @@ def test_citation_cites_toolkit_and_paper():
 def test_changelog_has_an_unreleased_section():
     text = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in text
+
+
+def test_hypothesis_profiles():
+    import os
+
+    from hypothesis import settings
+
+    ci = settings.get_profile("ci")
+    assert ci.derandomize is True and ci.database is None and ci.deadline is None
+    assert settings.get_profile("dev").derandomize is False
+    on_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    expected = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if on_ci else "dev")
+    assert settings.default.derandomize is settings.get_profile(expected).derandomize
