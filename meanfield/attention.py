@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._numerics import as_float_tensor, causal_mask, check_finite, iter_chunks, masked_softmax
+from ._numerics import causal_mask, iter_chunks, masked_softmax
+from ._validation import check_aux, check_index, check_measure, check_points, params_dtype_device
 from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams
 
@@ -33,14 +34,14 @@ __all__ = [
 Params = AttentionParams | MultiHeadParams
 
 
-def _check_points(X: Tensor, d: int, name: str = "X") -> Tensor:
-    X = as_float_tensor(X, name)
-    if X.ndim < 2:
-        raise ValueError(f"{name} must have shape (..., n, d), got {tuple(X.shape)}")
-    if X.shape[-1] != d:
-        raise ValueError(f"{name} has dimension {X.shape[-1]} but the parameters expect d = {d}")
-    check_finite(X, name)
-    return X
+def _points_and_params(
+    X: object, params: object, what: str, *, l2: bool = False
+) -> tuple[Tensor, torch.dtype, torch.device]:
+    """Check ``params`` and the points ``X`` by the input rule of docs/conventions.md §8."""
+    allowed: tuple[type, ...] = (L2AttentionParams,) if l2 else (AttentionParams, MultiHeadParams)
+    dtype, device = params_dtype_device(params, allowed, what)
+    d = params.D if isinstance(params, L2AttentionParams) else params.d  # type: ignore[attr-defined]
+    return check_points(X, "X", d, dtype, device), dtype, device
 
 
 def head_logits(
@@ -153,9 +154,16 @@ def attention_points(
     -------
     Tensor, shape (..., m, d_out)
     """
+    X, dtype, device = _points_and_params(X, params, "attention_points")
     heads = params.heads
-    X = _check_points(X, heads[0].d)
-    Xq = X if queries is None else _check_points(queries, heads[0].d, "queries")
+    n = X.shape[-2]
+    Xq = X if queries is None else check_points(queries, "queries", params.d, dtype, device)
+    m = Xq.shape[-2]
+    log_weights = check_aux(log_weights, "log_weights", X, n, finite=False)
+    positions = check_aux(positions, "positions", X, n)
+    query_positions = check_aux(query_positions, "query_positions", Xq, m)
+    token_index = check_index(token_index, "token_index", X, n)
+    query_token_index = check_index(query_token_index, "query_token_index", Xq, m)
     Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
     allowed = admissible_keys(
         masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device
@@ -239,6 +247,12 @@ def attention(
     DiracMeasure
         :math:`F(\mu)`, with the same weights and positions as ``mu``.
     """
+    check_measure(
+        mu,
+        *params_dtype_device(params, (AttentionParams, MultiHeadParams), "attention"),
+        params.d,
+        "attention",
+    )
     if masked and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
     Y = attention_points(
@@ -279,10 +293,14 @@ def attention_map(
     -------
     Tensor, shape (..., m, d_out)
     """
+    check_measure(
+        mu,
+        *params_dtype_device(params, (AttentionParams, MultiHeadParams), "attention_map"),
+        params.d,
+        "attention_map",
+    )
     if masked and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
-    if query_positions is not None:
-        query_positions = as_float_tensor(query_positions, "query_positions", like=mu.points)
     return attention_points(
         mu.points,
         params,
@@ -312,9 +330,13 @@ def attention_weights(
         Shape (..., n, n) for an :class:`AttentionParams`, (..., H, n, n) for a
         :class:`MultiHeadParams`.
     """
+    X, _, _ = _points_and_params(X, params, "attention_weights")
     heads = params.heads
-    X = _check_points(X, heads[0].d)
-    allowed = admissible_keys(masked, X.shape[-2], X.shape[-2], positions, None, X.device)
+    n = X.shape[-2]
+    log_weights = check_aux(log_weights, "log_weights", X, n, finite=False)
+    positions = check_aux(positions, "positions", X, n)
+    token_index = check_index(token_index, "token_index", X, n)
+    allowed = admissible_keys(masked, n, n, positions, None, X.device)
     Ps = [
         masked_softmax(
             head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index),
@@ -351,7 +373,8 @@ def l2_self_attention(
     -------
     Tensor, shape (..., n, D_out)
     """
-    X = _check_points(X, params.D)
+    X, _, _ = _points_and_params(X, params, "l2_self_attention", l2=True)
+    log_weights = check_aux(log_weights, "log_weights", X, X.shape[-2], finite=False)
     s = params.scale()
     allowed = admissible_keys(masked, X.shape[-2], X.shape[-2], None, None, X.device)
     outs = []

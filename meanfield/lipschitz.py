@@ -665,8 +665,11 @@ def released_metric(fn: Callable[[Tensor], Tensor], X: Tensor, *, batch_dims: in
     :math:`f(X)`, instead of the tangent :math:`Ju`, so every iterate is :math:`J^\top f(X)`,
     independent of :math:`u`, and the loop returns :math:`\sqrt{\|J(X)^\top f(X)\|}`
     (EXPERIMENTS.md D1, *from the authors' released code*). **This is not a Lipschitz constant**;
-    it is provided to reproduce and compare with the published y-axes. It is not even
-    homogeneous of degree one in :math:`f`.
+    it is provided to reproduce and compare with the published y-axes. It is homogeneous of
+    degree one in :math:`f` (replacing :math:`f` by :math:`cf` multiplies it by :math:`|c|`, since
+    :math:`J^\top f` scales by :math:`c^2`), as a Lipschitz constant would be, but unlike one it
+    depends on the values of :math:`f`, not only on its derivative: adding a constant vector to
+    :math:`f` changes it (and it is 0 wherever :math:`f(X) = 0`).
 
     Parameters
     ----------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -259,14 +260,24 @@ class DiracMeasure:
         positions = None if self.positions is None else self.positions[idx]
         return DiracMeasure(self.points[idx], weights, positions, normalize=True)
 
-    def merge(self, *, atol: float = 0.0) -> DiracMeasure:
+    def merge(self, *, atol: float = 0.0, rtol: float = 0.0) -> DiracMeasure:
         """Merge coincident atoms (and equal positions) into one, summing their masses.
 
-        Atoms within ``atol`` (max-norm over coordinates and position) of the first atom of a
-        group are merged into it; the merged atom keeps the first atom's location. Groups are
+        Atoms within ``atol + rtol * scale`` (max-norm over coordinates and position) of the first
+        atom of a group are merged into it, where ``scale`` is the largest absolute coordinate (or
+        position) of the measure; the merged atom keeps the first atom's location. Groups are
         returned in order of first occurrence. Zero-mass atoms are kept.
+
+        The default merges exactly equal atoms only, which is right for copies made by
+        :meth:`split`. Atoms that are *computed* copies of each other (for instance the images of
+        split copies under attention) may differ in the last bits, because a matrix product can
+        round the same row differently at different row indices; merge those with an ``rtol`` of a
+        few hundred machine epsilons, e.g. ``rtol=256 * torch.finfo(mu.dtype).eps``.
         """
         self._require_unbatched("merge")
+        for name, tol in (("atol", atol), ("rtol", rtol)):
+            if not tol >= 0:
+                raise ValueError(f"{name} must be non-negative, got {tol}")
         keys = (
             self.points
             if self.positions is None
@@ -276,12 +287,13 @@ class DiracMeasure:
         group = torch.full((n,), -1, dtype=torch.long)
         reps: list[int] = []
         keys_cpu = keys.detach().cpu()
+        radius = float(atol) + (float(rtol) * float(keys_cpu.abs().amax()) if rtol else 0.0)
         for j in range(n):
             if group[j] >= 0:
                 continue
             g = len(reps)
             reps.append(j)
-            close = (keys_cpu - keys_cpu[j]).abs().amax(-1) <= atol
+            close = (keys_cpu - keys_cpu[j]).abs().amax(-1) <= radius
             close &= group < 0
             group[close] = g
         group = group.to(self.device)
@@ -299,7 +311,7 @@ class DiracMeasure:
         """
         return DiracMeasure(T(self.points), self.weights, self.positions)
 
-    def to(self, *args: object, **kwargs: object) -> DiracMeasure:
+    def to(self, *args: Any, **kwargs: Any) -> DiracMeasure:
         """Move points, weights and positions, as :meth:`torch.Tensor.to`."""
         points = self.points.to(*args, **kwargs)
         return DiracMeasure(

@@ -16,7 +16,7 @@ The released code of Castin et al. uses the transposed convention
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -43,6 +43,8 @@ def _matrix(x: object, name: str, like: Tensor | None = None) -> Tensor:
     t = as_float_tensor(x, name, like=like)
     if t.ndim != 2:
         raise ValueError(f"{name} must be a matrix, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
     check_finite(t, name)
     return t
 
@@ -103,7 +105,7 @@ class RotaryEmbedding:
         rotated = torch.cat([-Z[..., half:], Z[..., :half]], dim=-1)
         return Z * cos + rotated * sin
 
-    def to(self, *args: object, **kwargs: object) -> RotaryEmbedding:
+    def to(self, *args: Any, **kwargs: Any) -> RotaryEmbedding:
         """Move ``inv_freq``, as :meth:`torch.Tensor.to`."""
         return RotaryEmbedding(self.inv_freq.to(*args, **kwargs), self.attention_scaling)
 
@@ -244,7 +246,7 @@ class AttentionParams:
         """Return the same head without ``c`` and ``b`` (the theory's bias-free map)."""
         return replace(self, c=None, b=None)
 
-    def to(self, *args: object, **kwargs: object) -> AttentionParams:
+    def to(self, *args: Any, **kwargs: Any) -> AttentionParams:
         """Move every tensor, as :meth:`torch.Tensor.to`."""
 
         def mv(t: Tensor | None) -> Tensor | None:
@@ -359,7 +361,7 @@ class MultiHeadParams:
         """Return the same layer without any bias."""
         return MultiHeadParams(tuple(h.without_biases() for h in self.heads), W_O=self.W_O)
 
-    def to(self, *args: object, **kwargs: object) -> MultiHeadParams:
+    def to(self, *args: Any, **kwargs: Any) -> MultiHeadParams:
         """Move every tensor, as :meth:`torch.Tensor.to`."""
         return MultiHeadParams(
             tuple(h.to(*args, **kwargs) for h in self.heads),

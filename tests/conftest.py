@@ -9,10 +9,31 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see e
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Hypothesis profiles. "ci" replays the same examples on every run (derandomize, no example
+# database), so a red CI is reproducible and a green one stays green; it is loaded when the CI
+# environment variable is set (as .ci/run's caller does). "dev", the local default, draws fresh
+# examples each run and remembers failures in .hypothesis/, so local runs keep exploring.
+# Per-test @settings (max_examples, deadline) override the profile field by field.
+settings.register_profile(
+    "ci",
+    parent=settings.get_profile("default"),
+    derandomize=True,
+    deadline=None,  # timing on shared CI cores is no test result
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# "dev" is Hypothesis' own default, named; its parent is explicit because recent Hypothesis
+# versions switch the default to a built-in "ci" profile when they detect CI themselves.
+settings.register_profile("dev", parent=settings.get_profile("default"))
+_ON_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _ON_CI else "dev"))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

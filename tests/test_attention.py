@@ -16,6 +16,7 @@ from meanfield import (
     MultiHeadParams,
     attention,
     attention_map,
+    attention_points,
     attention_weights,
     l2_self_attention,
     self_attention,
@@ -149,12 +150,52 @@ def test_duplicated_atom_equals_doubled_weight(data, draw):
     k = draw.draw(st.integers(2, 4))
     split = mu.split(i, k)
     # Gamma_mu is the same map: compare at arbitrary queries and at the atoms.
-    queries = torch.randn(3, X.shape[1], dtype=D64)
+    gen = torch.Generator().manual_seed(draw.draw(st.integers(0, 2**31 - 1)))
+    queries = torch.randn(3, X.shape[1], generator=gen, dtype=D64)
     assert_close(
         attention_map(split, params, queries), attention_map(mu, params, queries), **F64_EXACT
     )
-    out = attention(split, params).merge()
-    assert_close(out.points, attention(mu, params).merge().points, **F64_EXACT)
+    # Atom by atom: the k copies of atom i map to the image of atom i, the others to theirs.
+    idx = torch.repeat_interleave(
+        torch.arange(mu.n), torch.tensor([k if j == i else 1 for j in range(mu.n)])
+    )
+    out, ref = attention(split, params), attention(mu, params)
+    assert_close(out.points, ref.points[idx], **F64_EXACT)
+    # The images of the copies are computed, not copied: they may differ in the last bits (a
+    # matrix product may round the same row differently at another row index), so an exact merge
+    # can keep k groups. A merge tolerance of a few hundred ulps of the scale recovers F(mu).
+    merged = out.merge(rtol=256 * torch.finfo(D64).eps)
+    assert merged.n == ref.merge().n
+    assert_close(merged.points, ref.merge().points, **F64_EXACT)
+    assert_close(merged.weights, ref.merge().weights, **F64_EXACT)
+
+
+def test_duplicated_atom_reported_example():
+    """The example of issue 13: copies whose images differ in the last ulp still merge."""
+    X = torch.tensor([[2.7383], [-1.8199], [2.1885], [1.6309], [-2.8052]], dtype=D64)
+    a = torch.tensor([2.1961e-01, 5.5938e-12, 7.6385e-01, 1.4113e-11, 1.6542e-02], dtype=D64)
+    mu = DiracMeasure(X, a, normalize=True)
+    params = AttentionParams(
+        torch.tensor([[0.1257]], dtype=D64),
+        torch.tensor([[-0.1321], [0.6404], [0.1049]], dtype=D64),
+    )
+    out = attention(mu.split(1, 4), params)
+    merged = out.merge(rtol=256 * torch.finfo(D64).eps)
+    assert merged.n == 5
+    assert_close(merged.points, attention(mu, params).points, **F64_EXACT)
+    assert_close(merged.weights, mu.weights, **F64_EXACT)
+
+
+def test_merge_tolerance_is_relative_to_scale():
+    X = torch.tensor([[1e6], [1e6 + 1e-7], [0.0]], dtype=D64)
+    mu = DiracMeasure(X)
+    assert mu.merge().n == 3
+    assert mu.merge(rtol=1e-12).n == 2  # 1e-7 <= 1e-12 * 1e6
+    assert mu.merge(rtol=1e-14).n == 3
+    assert mu.merge(atol=2e-7).n == 2
+    assert mu.merge(atol=5e-8).n == 3
+    with pytest.raises(ValueError, match="rtol must be non-negative"):
+        mu.merge(rtol=-1.0)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -317,3 +358,184 @@ def test_factored_params_change_dtype_both_ways(gen):
     torch.testing.assert_close(
         p64.heads[0].A, p64.heads[0].Q.T @ p64.heads[0].K, rtol=0, atol=1e-15
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# the input rule (docs/conventions.md §8): promote what has no float dtype, reject mismatches
+# ---------------------------------------------------------------------------------------------
+def _seq_fns():
+    """(name, call(X, params)) for every public function on sequences."""
+    return [
+        ("self_attention", lambda X, p: self_attention(X, p)),
+        ("self_attention_masked", lambda X, p: self_attention(X, p, masked=True)),
+        ("attention_points", lambda X, p: attention_points(X, p)),
+        ("attention_weights", lambda X, p: attention_weights(X, p)),
+    ]
+
+
+def _head(dtype=D64, d=2):
+    g = torch.Generator().manual_seed(7)
+    return AttentionParams(
+        torch.randn(d, d, generator=g, dtype=dtype), torch.randn(3, d, generator=g, dtype=dtype)
+    )
+
+
+def _one_line_error(exc_type, match, fn, *args, **kwargs):
+    with pytest.raises(exc_type, match=match) as info:
+        fn(*args, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "fn"), _seq_fns())
+@pytest.mark.parametrize(("x_dtype", "p_dtype"), [(torch.float32, D64), (D64, torch.float32)])
+def test_mixed_float_dtypes_are_a_one_line_error(name, fn, x_dtype, p_dtype):
+    X = torch.randn(4, 2, dtype=x_dtype, generator=torch.Generator().manual_seed(392))
+    _one_line_error(ValueError, "dtype .* but the parameters have", fn, X, _head(p_dtype))
+
+
+@pytest.mark.parametrize(("name", "fn"), _seq_fns())
+@pytest.mark.parametrize("p_dtype", [torch.float32, D64])
+def test_integer_tensors_and_lists_take_the_parameters_dtype(name, fn, p_dtype):
+    params = _head(p_dtype)
+    ints = [[1, 0], [0, 2], [-1, 1]]
+    ref = fn(torch.tensor(ints, dtype=p_dtype), params)
+    for X in (torch.tensor(ints), torch.tensor(ints, dtype=torch.int32), ints, np.array(ints)):
+        out = fn(X, params)
+        assert out.dtype == p_dtype
+        assert_close(out, ref, rtol=0, atol=0)  # the same floats, the same computation
+    floats = [[0.5, -1.25], [2.0, 0.0]]
+    assert_close(
+        fn(floats, params), fn(torch.tensor(floats, dtype=p_dtype), params), rtol=0, atol=0
+    )
+    # a float numpy array keeps its dtype, so it must match the parameters
+    other = np.float32 if p_dtype == D64 else np.float64
+    _one_line_error(ValueError, "dtype", fn, np.array(floats, dtype=other), params)
+
+
+@pytest.mark.parametrize(("name", "fn"), _seq_fns())
+@pytest.mark.parametrize(
+    ("X", "exc", "match"),
+    [
+        (torch.zeros(0, 2, dtype=D64), ValueError, r"empty \(n = 0"),
+        (torch.zeros(3, 0, 2, dtype=D64), ValueError, r"empty \(n = 0"),
+        ([], ValueError, r"shape \(\.\.\., n, d\)"),
+        (torch.tensor([[0.0, float("nan")]], dtype=D64), ValueError, "NaN"),
+        (torch.tensor([[0.0, float("inf")]], dtype=D64), ValueError, "infinite"),
+        (torch.zeros(2, dtype=D64), ValueError, r"shape \(\.\.\., n, d\)"),
+        (torch.zeros(4, 3, dtype=D64), ValueError, "dimension 3 but the parameters expect d = 2"),
+        (torch.zeros(4, 2, dtype=torch.complex128), TypeError, "real"),
+        ("tokens", TypeError, "list of real numbers"),
+        ([[1.0, 2.0], [3.0]], TypeError, "list of real numbers"),
+    ],
+)
+def test_bad_points_are_one_line_errors(name, fn, X, exc, match):
+    _one_line_error(exc, match, fn, X, _head())
+
+
+@pytest.mark.parametrize(("name", "fn"), _seq_fns())
+def test_wrong_params_class_is_a_type_error(name, fn):
+    _one_line_error(TypeError, "params must be AttentionParams or MultiHeadParams", fn, [[1.0]], {})
+
+
+def test_auxiliary_inputs_follow_the_points():
+    params = _head()
+    X = torch.randn(4, 2, dtype=D64, generator=torch.Generator().manual_seed(442))
+    lw32 = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4]))  # float32: cast to the points' dtype
+    lw64 = lw32.to(D64)
+    assert_close(
+        attention_points(X, params, log_weights=lw32),
+        attention_points(X, params, log_weights=lw64),
+        rtol=0,
+        atol=0,
+    )
+    assert_close(
+        attention_points(X, params, log_weights=lw64.tolist()),
+        attention_points(X, params, log_weights=lw64),
+        rtol=0,
+        atol=0,
+    )
+    _one_line_error(
+        ValueError,
+        r"log_weights must have shape \(\.\.\., 4\)",
+        attention_points,
+        X,
+        params,
+        log_weights=torch.zeros(3, dtype=D64),
+    )
+    _one_line_error(
+        ValueError,
+        "does not broadcast",
+        attention_points,
+        torch.randn(2, 4, 2, dtype=D64, generator=torch.Generator().manual_seed(469)),
+        params,
+        log_weights=torch.zeros(3, 4, dtype=D64),
+    )
+    _one_line_error(
+        ValueError,
+        r"positions must have shape \(\.\.\., 4\)",
+        attention_points,
+        X,
+        params,
+        masked=True,
+        positions=[0.5, 1.0],
+    )
+    _one_line_error(
+        ValueError,
+        "positions contains NaN",
+        attention_points,
+        X,
+        params,
+        masked=True,
+        positions=[0.5, float("nan"), 1.0, 1.0],
+    )
+    _one_line_error(
+        TypeError,
+        "token_index must hold integers",
+        attention_weights,
+        X,
+        params,
+        token_index=torch.zeros(4, dtype=D64),
+    )
+
+
+def test_measure_inputs_must_match_the_parameters():
+    params = _head()
+    mu32 = DiracMeasure(torch.randn(3, 2, generator=torch.Generator().manual_seed(503)))
+    for fn in (attention, attention_map):
+        _one_line_error(ValueError, "mu has dtype torch.float32", fn, mu32, params)
+        _one_line_error(TypeError, "mu must be a DiracMeasure", fn, torch.zeros(3, 2), params)
+        _one_line_error(
+            ValueError, "mu has dimension 3", fn, DiracMeasure(torch.zeros(2, 3, dtype=D64)), params
+        )
+    mu = DiracMeasure(torch.randn(3, 2, dtype=D64, generator=torch.Generator().manual_seed(510)))
+    # queries follow the rule of points: lists are promoted, float32 is rejected
+    assert_close(
+        attention_map(mu, params, [[1, 2]]),
+        attention_map(mu, params, torch.tensor([[1.0, 2.0]], dtype=D64)),
+        rtol=0,
+        atol=0,
+    )
+    _one_line_error(ValueError, "queries has dtype", attention_map, mu, params, torch.zeros(1, 2))
+
+
+def test_l2_self_attention_follows_the_same_rule():
+    g = torch.Generator().manual_seed(3)
+    p = L2AttentionParams(
+        torch.randn(2, 4, 2, generator=g, dtype=D64), torch.randn(2, 4, 3, generator=g, dtype=D64)
+    )
+    ints = [[1, 0, 0, 2], [0, 1, -1, 0]]
+    assert_close(
+        l2_self_attention(ints, p),
+        l2_self_attention(torch.tensor(ints, dtype=D64), p),
+        rtol=0,
+        atol=0,
+    )
+    _one_line_error(ValueError, "dtype", l2_self_attention, torch.zeros(2, 4), p)
+    _one_line_error(ValueError, "empty", l2_self_attention, torch.zeros(0, 4, dtype=D64), p)
+    _one_line_error(ValueError, "expect d = 4", l2_self_attention, torch.zeros(2, 3, dtype=D64), p)
+    _one_line_error(TypeError, "params must be L2AttentionParams", l2_self_attention, ints, _head())
+
+
+def test_empty_parameter_matrices_are_rejected():
+    _one_line_error(ValueError, "A is empty", AttentionParams, torch.zeros(0, 0), torch.zeros(2, 0))
+    _one_line_error(ValueError, "V is empty", AttentionParams, torch.zeros(2, 2), torch.zeros(0, 2))

@@ -614,3 +614,38 @@ def test_sinkhorn_debiased():
     w22 = float(wasserstein(mu, nu)) ** 2
     small = sinkhorn_wasserstein(mu, nu, eps=1e-3, debiased=True, max_iter=50_000, scaling=0.7)
     assert float(small.divergence) == pytest.approx(w22, abs=1e-2)
+
+
+def naive_sinkhorn(a, b, C, eps, iters=20_000):
+    """Plain (non-log) Sinkhorn in float64 numpy, an independent oracle for moderate eps."""
+    K = np.exp(-C / eps)
+    u, v = np.ones_like(a), np.ones_like(b)
+    for _ in range(iters):
+        u = a / (K @ v)
+        v = b / (K.T @ u)
+    return u[:, None] * K * v[None, :]
+
+
+@pytest.mark.parametrize("zero_mass", [False, True])
+def test_sinkhorn_matches_naive_iteration_and_its_objective(zero_mass):
+    rng = np.random.default_rng(35)
+    x, a = random_measure(rng, 6, 2)
+    y, b = random_measure(rng, 5, 2)
+    if zero_mass:  # zero masses are absent atoms: potentials there are arbitrary, never NaN
+        a[0], b[-1] = 0.0, 0.0
+        a, b = a / a.sum(), b / b.sum()
+    mu, nu = to_measure(x, a), to_measure(y, b)
+    eps = 0.3
+    res = sinkhorn_wasserstein(mu, nu, eps=eps, tol=1e-13, max_iter=20_000)
+    assert res.converged
+    C = cost_matrix(x, y, 2)
+    ref = naive_sinkhorn(a, b, C, eps)
+    plan = res.plan.numpy()
+    np.testing.assert_allclose(plan, ref, rtol=0, atol=1e-12)
+    assert float(res.cost) == pytest.approx(float((ref * C).sum()), abs=1e-12)
+    # objective = <pi, C> + eps KL(pi | a x b), evaluated directly on the returned plan
+    ab = np.outer(a, b)
+    pos = plan > 0
+    kl = float((plan[pos] * np.log(plan[pos] / ab[pos])).sum() - plan.sum() + ab.sum())
+    assert float(res.objective) == pytest.approx(float((plan * C).sum()) + eps * kl, abs=1e-11)
+    assert math.isfinite(float(res.objective))

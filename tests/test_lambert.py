@@ -185,6 +185,9 @@ def test_shapes_and_types():
         (0.0, -1, "branch -1"),
         (0.5, -1, "branch -1"),
         (np.nan, 0, "NaN"),
+        (-np.inf, 0, "below the branch point"),
+        (-np.inf, -1, "below the branch point"),
+        (np.array([1.0, -np.inf]), 0, "below the branch point"),
         (1.0, 1, "branch must be"),
     ],
 )
@@ -192,6 +195,29 @@ def test_domain_errors(z, branch, match):
     with pytest.raises(ValueError, match=match) as info:
         lambertw(z, branch)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "z", [-5e-324, -1e-320, -1e-315, -2.2250738585072014e-308, -1e-305, -1e-100, -1.1e-100]
+)
+def test_branch_minus_1_at_subnormal_and_tiny_z(z):
+    # scipy gives -inf at -5e-324, NaN at -1e-320 and a relative error of 2e-9 at -1e-315.
+    w = lambertw(z, -1)
+    assert np.isfinite(w)
+    assert w == pytest.approx(mp_reference(z, -1), rel=4 * EPS)
+
+
+def test_branch_minus_1_known_value_at_smallest_subnormal():
+    assert lambertw(-5e-324, -1) == pytest.approx(-751.0615595398791, rel=4 * EPS)
+
+
+def test_branch_minus_1_continuous_across_tiny_switch():
+    # both sides of the switch between scipy and the log-domain Newton solver agree with mpmath
+    zs = -np.logspace(-102, -98, 41)
+    w = lambertw(zs, -1)
+    assert np.all(np.diff(w) > 0)  # W_{-1} decreases in z, and zs decrease
+    ref = np.array([mp_reference(z, -1) for z in zs])
+    np.testing.assert_allclose(w, ref, rtol=4 * EPS, atol=0)
 
 
 def test_branch_point_tolerance_is_a_few_ulps():
@@ -202,6 +228,24 @@ def test_branch_point_tolerance_is_a_few_ulps():
 # ---------------------------------------------------------------------------------------------
 # exponential argument and asymptotics
 # ---------------------------------------------------------------------------------------------
+
+
+def test_lambertw_exp_matches_mpmath():
+    # W_0(e^u) is the Wright omega function; compare at 50 digits wherever the value is a normal
+    # float (below u = -708 it is subnormal, where only an absolute error of an ulp makes sense).
+    u = np.concatenate(
+        [np.linspace(-708, 1, 301), np.linspace(1, 50, 101), np.logspace(2, 300, 50)]
+    )
+    with mpmath.workdps(50):
+        ref = np.array([float(mpmath.lambertw(mpmath.exp(mpmath.mpf(x)))) for x in u])
+    np.testing.assert_allclose(lambertw_exp(u), ref, rtol=2 * EPS, atol=0)
+    sub = np.array([-740.0, -745.0, -800.0])
+    with mpmath.workdps(50):
+        ref_sub = np.array([float(mpmath.lambertw(mpmath.exp(mpmath.mpf(x)))) for x in sub])
+    np.testing.assert_allclose(lambertw_exp(sub), ref_sub, rtol=0, atol=5e-324)
+    assert lambertw_exp(-np.inf) == 0.0 and lambertw_exp(np.inf) == np.inf
+    with pytest.raises(ValueError, match="NaN"):
+        lambertw_exp(np.array([0.0, np.nan]))
 
 
 def test_lambertw_exp_matches_direct_and_extends_it():

@@ -17,7 +17,9 @@ after the domain checks). Near the branch point scipy loses accuracy (a relative
 nearest :math:`-1/e`), so there the toolkit solves :math:`\psi(1 + W) = p` instead, where
 :math:`p = \pm\sqrt{2(1 + ez)}` is computed with a compensated (double-double) product and
 :math:`\psi(u) = u\sqrt{2\varphi(u)/u^2}`, :math:`\varphi(u) = (u - 1)e^u + 1`, is smooth with
-:math:`\psi'(0) = 1`. The result is accurate to a few ulps of :math:`W` for every float input.
+:math:`\psi'(0) = 1`. On branch -1 at tiny arguments, :math:`-10^{-100} < z < 0` (where scipy
+returns -inf or NaN for subnormal ``z``), the toolkit solves :math:`w + \log(-w) = \log(-z)` by
+Newton's method instead. The result is accurate to a few ulps of :math:`W` for every float input.
 
 The float nearest :math:`-1/e` lies below :math:`-1/e` (by about :math:`1.2\cdot10^{-17}`); inputs
 at
@@ -50,6 +52,11 @@ _E_HI = 2.718281828459045
 _E_LO = 1.4456468917292502e-16
 # Below this value of q = 1 + e*z the branch-point solver replaces scipy.
 _Q_SERIES = 0.05
+# On branch -1, arguments in (-_Z_TINY, 0) are solved in the log domain: scipy loses accuracy
+# there for subnormal z (-inf at -5e-324, NaN at -1e-320, a relative error of 2e-9 at -1e-315).
+_Z_TINY = 1e-100
+# lambertw_exp uses scipy.special.wrightomega from this u up (measured within an ulp of mpmath).
+_U_WRIGHTOMEGA = -2.0
 # Dekker's splitting constant for float64 (2**27 + 1).
 _SPLITTER = 134217729.0
 
@@ -60,8 +67,8 @@ def _two_product(a: NDArray[np.float64], b: float) -> tuple[NDArray, NDArray]:
     t = _SPLITTER * a
     a_hi = t - (t - a)
     a_lo = a - a_hi
-    t = _SPLITTER * b
-    b_hi = t - (t - b)
+    tb = _SPLITTER * b
+    b_hi = tb - (tb - b)
     b_lo = b - b_hi
     err = ((a_hi * b_hi - prod) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
     return prod, err
@@ -138,7 +145,8 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
     Raises
     ------
     ValueError
-        If ``branch`` is not 0 or -1, ``z`` contains NaN, or ``z`` is outside the branch domain.
+        If ``branch`` is not 0 or -1, ``z`` contains NaN, or ``z`` is outside the branch domain
+        (``z = -inf`` included).
 
     Notes
     -----
@@ -155,6 +163,8 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
     z_arr = np.atleast_1d(z_arr)
     if np.isnan(z_arr).any():
         raise ValueError("lambertw: z contains NaN")
+    if (z_arr == -np.inf).any():
+        raise ValueError("lambertw: z = -inf is below the branch point -1/e")
     q = _one_plus_ez(z_arr)
     q = np.where(np.isfinite(z_arr), q, np.inf)
     if (q < -BRANCH_POINT_TOLERANCE).any():
@@ -168,10 +178,30 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
     out = np.empty_like(z_arr)
     if near.any():
         out[near] = _branch_point_solve(q[near], branch)
-    far = ~near
+    tiny = (branch == -1) & ~near & (z_arr > -_Z_TINY)
+    if tiny.any():
+        out[tiny] = _lambertw_m1_tiny(z_arr[tiny])
+    far = ~near & ~tiny
     if far.any():
         out[far] = special.lambertw(z_arr[far], branch).real
     return _finish(out, scalar)
+
+
+def _lambertw_m1_tiny(z: NDArray[np.float64]) -> NDArray[np.float64]:
+    r"""Branch -1 for :math:`-10^{-100} < z < 0`, subnormal ``z`` included.
+
+    Solves :math:`w + \log(-w) = L` with :math:`L = \log(-z)` (exact to an ulp even for
+    subnormal ``z``) by Newton's method on this increasing concave function of :math:`w < -1`,
+    started at the asymptotic value :math:`L - \log(-L)`.
+    """
+    L = np.log(-z)
+    w = L - np.log(-L)
+    for _ in range(8):
+        step = (w + np.log(-w) - L) / (1.0 + 1.0 / w)
+        w = w - step
+        if (np.abs(step) <= 1e-16 * np.abs(w)).all():
+            break
+    return w
 
 
 def _lambertw_mp(z: Any, branch: int, precision: int) -> Any:
@@ -202,8 +232,8 @@ def _lambertw_mp(z: Any, branch: int, precision: int) -> Any:
                 wi = mpmath.re(mpmath.lambertw(zi, branch))
             out[idx] = wi
     with mpmath.workdps(int(precision)):
-        out = np.array([+v for v in out], dtype=object).reshape(np.shape(z_obj))
-    return out[()] if scalar else out
+        result = np.array([+v for v in out], dtype=object).reshape(np.shape(z_obj))
+    return result[()] if scalar else result
 
 
 def lambertw_derivative(z: ArrayLike, branch: int = 0) -> Any:
@@ -306,12 +336,18 @@ def lambertw_exp(u: ArrayLike) -> Any:
     numpy.float64 or numpy.ndarray
         :math:`W_0(e^u)`, i.e. the solution :math:`w > 0` of :math:`w + \log w = u`.
 
+    Raises
+    ------
+    ValueError
+        If ``u`` contains NaN.
+
     Notes
     -----
-    THEORY.md §11 (*standard*). For :math:`u \le 1` the value is :func:`lambertw` of
-    :math:`e^u`. For :math:`u > 1` Newton's method on the concave increasing function
-    :math:`w + \log w - u`, started at :math:`u - \log u \ge 1`, converges monotonically after the
-    first step; it is iterated to machine precision.
+    THEORY.md §11 (*standard*). For real :math:`u`, :math:`W_0(e^u)` is the Wright omega function
+    :math:`\omega(u)`. For :math:`u \ge -2` it is :func:`scipy.special.wrightomega` (within an ulp
+    of mpmath there); below, where ``wrightomega`` drifts to about 15 ulps (near
+    :math:`u = -50`), it is :func:`lambertw` of :math:`e^u` (within an ulp; :math:`e^u` does not
+    overflow there). ``u = -inf`` gives 0 and ``u = +inf`` gives ``+inf``.
     """
     u_arr = np.asarray(u, dtype=np.float64)
     scalar = u_arr.ndim == 0
@@ -319,21 +355,9 @@ def lambertw_exp(u: ArrayLike) -> Any:
     if np.isnan(u_arr).any():
         raise ValueError("lambertw_exp: u contains NaN")
     out = np.empty_like(u_arr)
-    small = u_arr <= 1.0
-    if small.any():
-        out[small] = lambertw(np.exp(u_arr[small]))
-    big = ~small
-    if big.any():
-        ub = u_arr[big]
-        finite = np.isfinite(ub)
-        w = np.where(finite, ub - np.log(np.where(finite, ub, 1.0)), np.inf)
-        uf = ub[finite]
-        wf = w[finite]
-        for _ in range(50):
-            step = (wf + np.log(wf) - uf) / (1.0 + 1.0 / wf)
-            wf = wf - step
-            if (np.abs(step) <= 4e-16 * wf).all():
-                break
-        w[finite] = wf
-        out[big] = w
+    low = u_arr < _U_WRIGHTOMEGA
+    if low.any():
+        out[low] = lambertw(np.exp(u_arr[low]))
+    if not low.all():
+        out[~low] = special.wrightomega(u_arr[~low])
     return _finish(out, scalar)
