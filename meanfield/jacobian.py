@@ -56,6 +56,7 @@ __all__ = [
     "WeightNorms",
     "block_norm_bounds",
     "dense_jacobian",
+    "head_structured_upper",
     "jvp",
     "linearize",
     "self_jacobian_blocks",
@@ -1160,3 +1161,134 @@ def self_norm_trace_bound(lin: AttentionLinearization) -> Tensor:
     bV = per_head("V", norms.V).unsqueeze(-1)
     bO = None if lin.concat else per_head("O", norms.O).unsqueeze(-1)
     return _combine_heads(bV, bO, norms, lin.concat).squeeze(-1)
+
+
+# ------------------------------------------------------------------ per-head structured bound
+def _variance(P: Tensor, F: Tensor) -> Tensor:
+    r""":math:`\sum_lP_{il}\|f_l - \bar f_i\|^2` (..., H, n) for rows ``F`` (..., H, n, k).
+
+    ``F`` should be centred; the cancellation of the second-moment form is covered by a slack
+    :math:`4(k + n + 4)u` times the moments (float64).
+    """
+    f2 = F.square().sum(-1)  # (..., H, n)
+    second = (P @ f2.unsqueeze(-1)).squeeze(-1)
+    mean2 = (P @ F).square().sum(-1)
+    slack = 4 * (F.shape[-1] + P.shape[-1] + 4) * _U64
+    return (second - mean2).clamp_min(0) + slack * (second + mean2)
+
+
+def _head_features(lin: AttentionLinearization) -> list[dict]:
+    """Per head (all heads, rotary included): P, query rows, centred key rows, value spreads."""
+    lin = _as_float64(lin)
+    params = lin.params
+    heads = params.heads
+    X = lin.X
+    n = lin.n
+    out = []
+    allowed = _admissible(lin.masked, n, lin.positions, X.device)
+    idx = lin.token_index
+    if idx is None:
+        idx = torch.arange(n, device=X.device)
+    for a, h in enumerate(lin.analytic_heads):
+        head = heads[h]
+        item = {"h": h, "P": lin.P[..., a, :, :], "q": lin.Qx[..., a, :, :]}
+        item["k"] = lin.KXc[..., a, :, :]
+        item["v"] = lin.VXc[..., a, :, :]
+        item["c"] = None if lin.C is None else lin.C[a]
+        item["rho"] = 1.0
+        if lin.QK is None:
+            item["Q"] = None  # the identity
+            item["K"] = lin.A[a]
+        else:
+            item["Q"], item["K"] = lin.QK[0][a], lin.QK[1][a]
+        del head
+        out.append(item)
+    for h in lin.rope_heads:
+        head = heads[h]
+        head64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
+        logP = _log_attention(head_logits(X, X, head64, lin.log_weights), allowed)
+        q = head64.rope.apply(X @ head64.Q.mT, idx)
+        k = head64.rope.apply(X @ head64.K.mT, idx)
+        k = k - k.mean(-2, keepdim=True)  # a constant shift leaves the spreads unchanged
+        Xc = X - lin.x_bar
+        out.append(
+            {
+                "h": h,
+                "P": logP.exp(),
+                "q": q,
+                "k": k,
+                "v": Xc @ head64.V.mT,
+                "c": head64.c,
+                "rho": abs(float(head64.rope.attention_scaling)) * (1 + 64 * _U64),
+                "Q": head64.Q,
+                "K": head64.K,
+            }
+        )
+    return out
+
+
+def _norm2_upper(M: Tensor | None) -> Tensor:
+    if M is None:
+        return torch.ones((), dtype=torch.float64)
+    M = M.to(torch.float64)
+    return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
+
+
+def head_structured_upper(lin: AttentionLinearization) -> Tensor:
+    r"""Deterministic upper bound on :math:`\|J\|_2` from the per-head structure (Euclidean).
+
+    Each head's Jacobian splits as :math:`J^h = J^h_1 + J^h_2 + J^h_3` (docs/certificates.md §4):
+    the mixing term :math:`P^h\otimes V_h` with :math:`\|J^h_1\|\le\|P^h\|_2\|V_h\|_2`
+    (:math:`\|P^h\|_2` by a Collatz–Wielandt bound), the key-logit term
+    :math:`(J^h_2H)_i = \sum_lP_{il}\langle\hat q_i, \hat K_lh_l\rangle V(x_l-m_i)` bounded by
+    Cauchy–Schwarz in :math:`l` and then by the largest column weight, and the self term
+    :math:`(J^h_3H)_i = V\sum_lP_{il}(x_l-m_i)(\tilde k_l-\bar k_i)^\top\tilde Q_ih_i` bounded by
+    the two spreads. Heads combine as :math:`\min(\sum_h\|W_h\|b_h,\ \|W^O\|(\sum_hb_h^2)^{1/2})`
+    (stacked heads for concatenation). Rotary heads enter through their rotated queries and keys
+    (rotations scaled by ``attention_scaling``), so this bound covers them. Cost
+    :math:`O(Hn^2k)`, the order of one product. The caller adds its evaluation margin.
+
+    Returns
+    -------
+    Tensor, float64, shape lin.batch_shape
+    """
+    from ._spectral import collatz_wielandt_bound
+
+    params = lin.params
+    feats = _head_features(lin)
+    W, concat = _head_output_matrices(params)
+    W = W.to(torch.float64)
+    per_head = []
+    w_norms = []
+    for f in feats:
+        head = params.heads[f["h"]]
+        P = f["P"]
+        nV = _norm2_upper(head.V)
+        nQ = _norm2_upper(f["Q"]) * f["rho"]
+        nK = _norm2_upper(f["K"]) * f["rho"]
+        if f["c"] is not None:
+            nK = (nK.square() + f["c"].to(torch.float64).square().sum()).sqrt()
+        t1 = collatz_wielandt_bound(P, n_steps=8) * nV
+        kap2 = _variance(P, f["v"])  # sum_l P_il ||V (x_l - m_i)||^2
+        q = f["q"]
+        q2 = q.square().sum(-1)
+        if f["c"] is not None:
+            q = torch.cat([q, q.new_ones(q.shape[:-1] + (1,))], dim=-1)
+            q2 = q2 + 1
+        trace_form = (P.mT @ (kap2 * q2).unsqueeze(-1)).squeeze(-1)  # (..., n) over l
+        sq = torch.linalg.matrix_norm(q, ord=2) * (1 + 8 * q.shape[-2] * _U64)
+        weight_form = (kap2.unsqueeze(-1) * P).amax(-2) * sq.square().unsqueeze(-1)
+        lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * _U64)
+        t2 = nK * lam.sqrt()
+        spread_k = _variance(P, f["k"])
+        t3 = (kap2 * spread_k).sqrt().amax(-1) * nQ
+        per_head.append(t1 + t2 + t3)
+        w_norms.append(_norm2_upper(W[f["h"]]))
+    b = torch.stack(per_head, dim=-1)  # (..., H)
+    wn = torch.stack(w_norms).to(b.device)
+    stacked = b.square().sum(-1).sqrt()
+    if concat:
+        out = stacked
+    else:
+        out = torch.minimum((b * wn).sum(-1), _norm2_upper(params.W_O) * stacked)
+    return out * (1 + 16 * len(feats) * _U64)

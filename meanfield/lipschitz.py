@@ -37,6 +37,12 @@ import torch
 import torch.func as tfunc
 from torch import Tensor
 
+from ._certificates import (
+    golub_kahan_min_steps,
+    krylov_rounding_margin,
+    kw_steps,
+    probabilistic_upper,
+)
 from ._numerics import as_float_tensor, iter_chunks
 from ._spectral import (
     SpectralResult,
@@ -49,6 +55,7 @@ from .jacobian import (
     _dense_from_lin,
     _self_blocks,
     block_norm_bounds,
+    head_structured_upper,
     jvp,
     linearize,
     self_jvp,
@@ -99,7 +106,7 @@ class LipschitzEstimate:
         Best estimate (dense: the top singular value; iterative: the final Ritz value).
     lower, upper : Tensor
         Certified bracket ``lower <= exact <= upper``; ``upper = +inf`` when no certificate is
-        available (``upper="none"``, rotary heads without ``method="dense"``, or
+        available (``upper="none"``, rotary heads in the weighted Wasserstein geometry, or
         :func:`local_lipschitz_fn` without ``method="dense"``).
     converged : Tensor of bool
         Whether the iterative solver met its stopping rule (always true for ``"dense"``).
@@ -119,6 +126,13 @@ class LipschitzEstimate:
         Estimates after each iteration (``None`` for ``"dense"``).
     self_value : Tensor or None
         ``geometry="split"`` only: :math:`\max_i\|S_i\|_2`, the splitting term.
+    upper_prob : Tensor or None
+        Probabilistic upper bound: ``exact <= upper_prob`` with probability at least
+        ``confidence`` over the random start vector of the Lanczos run (Kuczyński–Woźniakowski
+        bound, docs/certificates.md). Never above ``upper``. ``None`` when ``delta=None``; for
+        ``"dense"`` and ``"power"`` it equals ``upper``.
+    confidence : float or None
+        :math:`1-\delta` of ``upper_prob``.
     """
 
     value: Tensor
@@ -134,11 +148,18 @@ class LipschitzEstimate:
     vector: Tensor | None = None
     history: Tensor | None = None
     self_value: Tensor | None = None
+    upper_prob: Tensor | None = None
+    confidence: float | None = None
 
     @property
     def ratio(self) -> Tensor:
         """Bracket tightness ``upper / lower``."""
         return self.upper / self.lower
+
+    @property
+    def ratio_prob(self) -> Tensor | None:
+        """Probabilistic bracket tightness ``upper_prob / lower`` (``None`` without one)."""
+        return None if self.upper_prob is None else self.upper_prob / self.lower
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -274,6 +295,9 @@ def _parse_input(
 
 def _block_upper(lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None) -> Tensor:
     if lin64.rope_heads:
+        # rotary heads: the per-head structured bound (Euclidean operator only)
+        if geometry == "euclidean" or lin64.P_w is None and lin64.log_weights is None:
+            return head_structured_upper(lin64)
         return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
     N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
     return collatz_wielandt_bound(N) * (1 + _BLOCK_RTOL)
@@ -363,6 +387,8 @@ def local_lipschitz(
     upper: UpperMethod = "auto",
     chunk_size: int | None = None,
     token_index: Tensor | None = None,
+    delta: float | None = 1e-6,
+    prob_rtol: float | None = None,
 ) -> LipschitzEstimate:
     r"""Local Lipschitz constant of attention at a sequence or a measure, with a certified bracket.
 
@@ -398,6 +424,17 @@ def local_lipschitz(
         Query-block size of the matrix-free products.
     token_index : Tensor, optional
         Integer token positions of rotary heads.
+    delta : float or None, default 1e-6
+        Failure probability of the probabilistic certificate ``upper_prob`` (confidence
+        :math:`1-\delta`), docs/certificates.md. For ``method="lanczos"`` it costs nothing: it
+        reuses the run's Krylov space, whose first cycle starts from the seeded Gaussian vector
+        (uniform on the sphere). The guarantee is over that draw: do not pick the seed after
+        looking at results. ``None``: no probabilistic certificate.
+    prob_rtol : float, optional
+        ``method="lanczos"`` only: run the first, unrestarted Lanczos cycle for at least the
+        number of steps that makes ``upper_prob`` at most ``(1 + prob_rtol)`` times the Ritz
+        value (for example 0.05; about 35 steps at :math:`n d\approx 2\cdot10^5`,
+        :math:`\delta=10^{-6}`). Default: the usual stopping rule only.
 
     Returns
     -------
@@ -407,9 +444,10 @@ def local_lipschitz(
     Notes
     -----
     Products are batched over the leading dimensions, so a (B, n, d) input costs one batched
-    product per iteration. Heads with a rotary embedding use autograd products; their block
-    bound is unavailable (``upper = inf`` unless ``method="dense"``) and ``geometry="split"`` is
-    not supported for them.
+    product per iteration. Heads with a rotary embedding use autograd products; the block bound
+    is then replaced by :func:`~meanfield.jacobian.head_structured_upper` (Euclidean operator;
+    ``upper = inf`` for the weighted Wasserstein one) and ``geometry="split"`` is not supported
+    for them.
     """
     if geometry not in ("euclidean", "wasserstein", "split"):
         raise ValueError(
@@ -464,6 +502,7 @@ def local_lipschitz(
         )
 
     history = None
+    prob = None
     if resolved == "dense":
         J = _dense_from_lin(lin64, op_geometry)
         _, S, Vh = torch.linalg.svd(J, full_matrices=False)
@@ -485,9 +524,19 @@ def local_lipschitz(
     else:
         mv, rmv = _flat_ops(lin, op_geometry)
         x0 = _start(batch + (n * d,), X, seed, generator)
-        res: SpectralResult = top_singular_value(
-            mv, rmv, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
-        )
+        if resolved == "lanczos" and delta is not None and prob_rtol is not None:
+            res, ritz, k1 = _lanczos_min_steps(
+                mv, rmv, x0, n, d, dtype, delta, prob_rtol, tol, max_iter, krylov_dim
+            )
+        else:
+            res: SpectralResult = top_singular_value(
+                mv, rmv, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
+            )
+            ritz = torch.maximum(res.history[-1], res.sigma)
+            k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
+        if resolved == "lanczos" and delta is not None:
+            margin = krylov_rounding_margin(n, d, int(k1.max()), dtype) + em
+            prob = probabilistic_upper(ritz, k1, n * d, delta, margin)
         if lin64 is lin:
             sigma = res.sigma
         else:
@@ -507,8 +556,13 @@ def local_lipschitz(
     elif up_method == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
 
+    upper_prob64 = None
+    if delta is not None:
+        upper_prob64 = upper64 if prob is None else torch.minimum(upper64, prob)
     self_value = None
     if self_term is not None:
+        if upper_prob64 is not None:
+            upper_prob64 = torch.maximum(upper_prob64, self_term.upper)
         value64 = torch.maximum(value64, self_term.value)
         lower64 = torch.maximum(lower64, self_term.lower)
         upper64 = torch.maximum(upper64, self_term.upper)
@@ -529,6 +583,18 @@ def local_lipschitz(
         vector=vector,
         history=history,
         self_value=self_value,
+        upper_prob=None if upper_prob64 is None else _round_up(upper_prob64, dtype),
+        confidence=None if delta is None else 1.0 - float(delta),
+    )
+
+
+def _lanczos_min_steps(mv, rmv, x0, n, d, dtype, delta, prob_rtol, tol, max_iter, krylov_dim):
+    """Lanczos with a first cycle long enough for ``upper_prob <= (1 + prob_rtol) * ritz``."""
+    cap = 300 if max_iter is None else int(max_iter)
+    margin = krylov_rounding_margin(n, d, cap, dtype) + _eval_margin(n, d)
+    k_min = kw_steps(n * d, delta, prob_rtol, margin)
+    return golub_kahan_min_steps(
+        mv, rmv, x0, min_steps=k_min, tol=tol, max_iter=max(cap, k_min), krylov_dim=krylov_dim
     )
 
 
