@@ -50,8 +50,12 @@ def _inputs(key: str, ns: list[int], dtype):
     lm = load_model(name, seed=0)
     att = hf_attention(lm.model, layer, dtype=dtype)
     ids, _ = corpus_token_ids("pydoc", lm.tokenizer, min_tokens=max(ns) + 2)
+    max_pos = getattr(lm.model.config, "max_position_embeddings", None) or max(ns)
     Xs = {}
     for n in ns:
+        if n > max_pos:  # MiniLM: 512 positions; that n is skipped
+            print(f"{key}: n = {n} exceeds the model's {max_pos} positions, skipped", flush=True)
+            continue
         hs = hidden_states(lm.model, lm.tokenizer, ids, layer, n, n_windows=1, dtype=dtype)
         Xs[n] = hs.X[0]
     return att, Xs
@@ -63,7 +67,7 @@ def _timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def run(models, ns, dtype_name, delta, prob_rtol, tol):
+def run(models, ns, dtype_name, delta, prob_rtol, tol, save=None):
     import torch
 
     from meanfield._spectral import collatz_wielandt_bound
@@ -77,8 +81,8 @@ def run(models, ns, dtype_name, delta, prob_rtol, tol):
         masked = bool(att.info.causal)
         p = att.params
         # warm caches (weight norms, float64 copies) outside the timings
-        local_lipschitz(Xs[ns[0]][:8], p, masked=masked, method="lanczos", upper="block")
-        for n in ns:
+        local_lipschitz(Xs[min(Xs)][:8], p, masked=masked, method="lanczos", upper="block")
+        for n in sorted(Xs):
             X = Xs[n]
             kw = dict(masked=masked, method="lanczos", tol=tol, delta=delta)
             est, t_est = _timed(local_lipschitz, X, p, upper="none", **kw)
@@ -106,6 +110,8 @@ def run(models, ns, dtype_name, delta, prob_rtol, tol):
             row.update(ratio_head=float(h) / lower, cost_head=t_h / t_est)
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if save is not None:
+                save(rows)
     return rows
 
 

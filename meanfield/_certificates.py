@@ -85,29 +85,95 @@ def krylov_rounding_margin(n: int, d: int, k: int, dtype: torch.dtype) -> float:
     return (64 * (n + d) + 16 * k) * u
 
 
-def golub_kahan_min_steps(
+def start_component_bound(N: int, delta: float) -> float:
+    r"""A :math:`t` with :math:`\Pr[|\langle b, u\rangle| < t]\le\delta` for ``b`` uniform on the sphere.
+
+    For any fixed unit :math:`u`, :math:`\langle b, u\rangle` has density
+    :math:`c_N(1-x^2)^{(N-3)/2}\le c_N` on :math:`[-1, 1]` with
+    :math:`c_N = \Gamma(N/2)/(\sqrt\pi\,\Gamma((N-1)/2))\le\sqrt{N/(2\pi)}` (Gautschi), so
+    :math:`t = \delta\sqrt{\pi/(2N)}` works (:math:`N\ge3`).
+    """
+    if N < 3:
+        raise ValueError("start_component_bound needs N >= 3")
+    return delta * math.sqrt(math.pi / (2 * N))
+
+
+def lanczos_polynomial_upper(
+    alphas: Tensor, betas: Tensor, sigmas: Tensor, N: int, delta: float
+) -> Tensor:
+    r"""Gap-aware probabilistic bound on :math:`\|J\|_2` from one Golub–Kahan cycle.
+
+    With :math:`T_k = B_k^\top B_k` the Lanczos matrix of :math:`A = J^\top J`, its monic
+    characteristic polynomial :math:`p_k` (roots :math:`\theta_i = \sigma_i(B_k)^2`) satisfies
+    :math:`p_k(A)b = \big(\prod_j\alpha_j\beta_j\big)v_{k+1}`, so
+    :math:`|\langle b, u_1\rangle|\,p_k(\lambda_{\max})\le\prod_j\alpha_j\beta_j`. On
+    :math:`(\theta_1,\infty)` :math:`p_k` is positive and increasing, hence, when
+    :math:`|\langle b, u_1\rangle|\ge t` (probability :math:`\ge1-\delta`,
+    :func:`start_component_bound`), :math:`\lambda_{\max}\le\lambda^*` with
+    :math:`p_k(\lambda^*) = \prod_j\alpha_j\beta_j/t`. Solved by bisection in the log domain.
+
+    Parameters
+    ----------
+    alphas, betas : Tensor, shape (*batch, k)
+        Diagonal and superdiagonal (the last one is the residual norm) of the bidiagonalisation.
+    sigmas : Tensor, shape (*batch, k)
+        Singular values of :math:`B_k`, descending.
+
+    Returns
+    -------
+    Tensor, float64, shape (*batch,): :math:`(\lambda^*)^{1/2}` (``sigmas[..., 0]`` where the
+    products vanish).
+    """
+    f64 = torch.float64
+    a, b, s = alphas.to(f64), betas.to(f64), sigmas.to(f64)
+    theta = s.square()
+    top = theta[..., 0]
+    with torch.no_grad():
+        L = a.log().sum(-1) + b.log().sum(-1) - math.log(start_component_bound(N, delta))
+    k = theta.shape[-1]
+    lo = torch.zeros_like(top)
+    hi = torch.exp(L / k).clamp_min(0)  # p(top + h) >= h^k, so h* <= exp(L / k)
+    hi = torch.where(torch.isfinite(hi), hi, torch.full_like(hi, math.inf))
+    for _ in range(200):
+        mid = torch.where(torch.isfinite(hi), 0.5 * (lo + hi), 2 * lo + top + 1)
+        val = (top.unsqueeze(-1) + mid.unsqueeze(-1) - theta).log().sum(-1)
+        above = val >= L
+        hi = torch.where(above, mid, hi)
+        lo = torch.where(above, lo, mid)
+    h = torch.where(L == -math.inf, torch.zeros_like(hi), hi)
+    return (top + h).sqrt()
+
+
+def golub_kahan_certified(
     matvec: Operator,
     rmatvec: Operator,
     x0: Tensor,
     *,
-    min_steps: int,
+    delta: float,
+    rtol: float,
+    margin: float,
     tol: float,
     max_iter: int,
     krylov_dim: int,
 ) -> tuple[SpectralResult, Tensor, Tensor]:
-    r"""Golub–Kahan–Lanczos whose first cycle runs at least ``min_steps`` steps.
+    r"""Golub–Kahan–Lanczos run until a probabilistic upper bound is within ``1 + rtol``.
 
-    One unrestarted cycle with full (two-pass) reorthogonalisation runs until the residual rule
-    :math:`\sigma\beta_k|w_k|\le\mathrm{tol}\,\sigma^2` holds *and* ``min_steps`` are done, or
-    ``max(min_steps, krylov_dim)`` steps are done; if not converged, :func:`lanczos_svd`
-    continues (restarting) from the Ritz vector within the remaining ``max_iter`` budget.
+    One unrestarted cycle with full (two-pass) reorthogonalisation. After each step two bounds,
+    each at failure probability :math:`\delta/2` (so their minimum fails with probability at most
+    :math:`\delta`), are formed: the Kuczyński–Woźniakowski bound (:func:`kw_factor`) and the
+    gap-aware Lanczos-polynomial bound (:func:`lanczos_polynomial_upper`). A batch element stops
+    once the residual rule :math:`\sigma\beta_k|w_k|\le\mathrm{tol}\,\sigma^2` holds and the
+    smaller bound times ``1 + margin`` is at most ``(1 + rtol)`` times the Ritz value, or after
+    ``max(kw_steps, krylov_dim)`` steps; if some have not stopped, :func:`lanczos_svd` continues
+    (restarting) from the Ritz vector, and their bound is the smaller of the first cycle's
+    polynomial bound and the KW bound with the final Ritz value.
 
     Returns
     -------
     result : SpectralResult
         As :func:`lanczos_svd` (``n_iter`` and ``n_matvec`` cover both phases).
-    ritz : Tensor, shape (*batch,)
-        Largest Ritz singular value reached (first cycle, or the continuation's if larger).
+    upper : Tensor, float64, shape (*batch,)
+        The probabilistic upper bound (margin included), confidence :math:`1-\delta`.
     k1 : Tensor of int64, shape (*batch,)
         Dimension of the first (uniformly started) Krylov space of each batch element.
     """
@@ -115,9 +181,12 @@ def golub_kahan_min_steps(
     batch = v1.shape[:-1]
     dev, dt = v1.device, v1.dtype
     N = v1.shape[-1]
-    cap = max(int(min_steps), int(krylov_dim), 2)
+    half = delta / 2
+    k_kw = kw_steps(N, half, rtol, margin)
+    cap = max(k_kw, int(krylov_dim), 2)
     cap = min(cap, max(int(max_iter), 2), N)
     tiny = torch.finfo(dt).tiny
+    f64 = torch.float64
 
     def reorth(r: Tensor, basis: Tensor) -> Tensor:
         for _ in range(2):
@@ -140,6 +209,7 @@ def golub_kahan_min_steps(
     k1 = torch.zeros(batch, dtype=torch.int64, device=dev)
     n_mv = torch.ones(batch, dtype=torch.int64, device=dev)
     best = torch.zeros(batch, dtype=dt, device=dev)
+    bound = torch.full(batch, math.inf, dtype=f64, device=dev)
     out_v = v1.clone()
     history = []
     for k in range(1, cap + 1):
@@ -150,9 +220,11 @@ def golub_kahan_min_steps(
         active = ~done
         n_mv = n_mv + active.to(torch.int64)
         k1 = k1 + active.to(torch.int64)
-        Bk = torch.diag_embed(torch.stack(alphas, dim=-1))
+        A_ = torch.stack(alphas, dim=-1)
+        B_ = torch.stack(betas, dim=-1)
+        Bk = torch.diag_embed(A_)
         if k > 1:
-            Bk = Bk + torch.diag_embed(torch.stack(betas[:-1], dim=-1), offset=1)
+            Bk = Bk + torch.diag_embed(B_[..., :-1], offset=1)
         Wl, S, Yh = torch.linalg.svd(Bk)
         sigma = S[..., 0]
         est = sigma * beta * Wl[..., -1, 0].abs()
@@ -161,8 +233,13 @@ def golub_kahan_min_steps(
         best = torch.where(active, sigma, best)
         history.append(best.clone())
         out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
-        stop = (est <= tol * sigma.square()) | (sigma <= tiny) | (beta <= tiny * sigma)
-        done = done | (active & stop & (k >= min_steps))
+        poly = lanczos_polynomial_upper(A_, B_, S, N, half)
+        kw = sigma.to(f64) * kw_factor(N, k, half)
+        cand = torch.minimum(poly, kw) * (1 + margin)
+        bound = torch.where(active, cand, bound)
+        conv = (est <= tol * sigma.square()) | (sigma <= tiny)
+        tight = bound <= (1 + rtol) * sigma.to(f64)
+        done = done | (active & conv & tight)
         if bool(done.all()) or k == cap:
             break
         Vb[..., k, :] = safe_div(r, beta)
@@ -180,13 +257,15 @@ def golub_kahan_min_steps(
         )
         keep = done.unsqueeze(-1)
         vec = torch.where(keep, out_v, res.vector)
-        cont = res.history[-1] if res.history.numel() else res.sigma
+        cont = torch.maximum(res.history[-1], res.sigma)
         ritz_val = torch.where(done, best, torch.maximum(best, cont))
+        kw_final = probabilistic_upper(ritz_val, k1, N, half, margin)
+        bound = torch.where(done, bound, torch.minimum(bound, kw_final))
         n_iter = k1 + torch.where(done, 0, res.n_iter)
         n_mv = n_mv + torch.where(done, 0, res.n_matvec - 2)
         history = history + list(torch.where(done, best, res.history))
     else:
-        vec, ritz_val, n_iter = out_v, best, k1
+        vec, n_iter = out_v, k1
     w = matvec(vec)
     sig = torch.linalg.vector_norm(w, dim=-1)
     z = rmatvec(w)
@@ -201,7 +280,7 @@ def golub_kahan_min_steps(
         n_matvec=n_mv + 2,
         history=torch.stack(history),
     )
-    return result, ritz_val, k1
+    return result, bound, k1
 
 
 def probabilistic_upper(

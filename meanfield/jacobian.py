@@ -1234,6 +1234,44 @@ def _norm2_upper(M: Tensor | None) -> Tensor:
     return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
 
 
+_STACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stacked_norms(params: Params, feats: list[dict]) -> dict[str, Tensor]:
+    r"""Certified norms of the head matrices stacked over heads (cached per ``params``).
+
+    ``V``: :math:`[V_1; \dots; V_H]`; ``K``: :math:`[\hat K_1; \dots; \hat K_H]` (with the key-logit
+    rows :math:`c_h^\top`); ``Q``: :math:`[Q_1; \dots; Q_H]` (the identity for heads without
+    factors); ``W``: :math:`\|W^O\|` (1 for concatenated heads).
+    """
+    cached = _STACK_CACHE.get(params)
+    if cached is not None:
+        return cached
+    f64 = torch.float64
+    Vs, Ks, Qs = [], [], []
+    for f in feats:
+        head = params.heads[f["h"]]
+        d = head.V.shape[-1]
+        Vs.append(head.V.to(f64))
+        K = f["K"].to(f64)
+        if f["c"] is not None:
+            K = torch.cat([K, f["c"].to(f64).reshape(1, -1)], dim=0)
+        Ks.append(K)
+        Qs.append(torch.eye(d, dtype=f64, device=K.device) if f["Q"] is None else f["Q"].to(f64))
+    out = {
+        "V": _norm2_upper(torch.cat(Vs)),
+        "K": _norm2_upper(torch.cat(Ks)),
+        "Q": _norm2_upper(torch.cat(Qs)),
+        "W": (
+            torch.ones((), dtype=f64)
+            if not isinstance(params, MultiHeadParams) or params.W_O is None
+            else _norm2_upper(params.W_O)
+        ),
+    }
+    _STACK_CACHE[params] = out
+    return out
+
+
 def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     r"""Deterministic upper bound on :math:`\|J\|_2` from the per-head structure (Euclidean).
 
@@ -1243,10 +1281,12 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     :math:`(J^h_2H)_i = \sum_lP_{il}\langle\hat q_i, \hat K_lh_l\rangle V(x_l-m_i)` bounded by
     Cauchy–Schwarz in :math:`l` and then by the largest column weight, and the self term
     :math:`(J^h_3H)_i = V\sum_lP_{il}(x_l-m_i)(\tilde k_l-\bar k_i)^\top\tilde Q_ih_i` bounded by
-    the two spreads. Heads combine as :math:`\min(\sum_h\|W_h\|b_h,\ \|W^O\|(\sum_hb_h^2)^{1/2})`
-    (stacked heads for concatenation). Rotary heads enter through their rotated queries and keys
-    (rotations scaled by ``attention_scaling``), so this bound covers them. Cost
-    :math:`O(Hn^2k)`, the order of one product. The caller adds its evaluation margin.
+    the two spreads. Each of the three multi-head terms is bounded twice, per head
+    (:math:`\sum_h\|W_h\|\,\cdot`) and through the stacked head matrices
+    (:math:`\|W^O\|\max_h(\cdot)\,\|[M_1;\dots;M_H]\|`, which sees that the heads share the
+    input and output spaces); the smaller is kept. Rotary heads enter through their rotated
+    queries and keys (rotations scaled by ``attention_scaling``), so this bound covers them.
+    Cost :math:`O(Hn^2k)`, the order of one product. The caller adds its evaluation margin.
 
     Returns
     -------
@@ -1256,19 +1296,25 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
 
     params = lin.params
     feats = _head_features(lin)
-    W, concat = _head_output_matrices(params)
+    W, _ = _head_output_matrices(params)
     W = W.to(torch.float64)
-    per_head = []
+    stack = _stacked_norms(params, feats)
+    terms = {"1": [], "2": [], "3": []}  # per-head factors without the stacked norms
+    full = {"1": [], "2": [], "3": []}  # per-head bounds on ||J^h_t|| (W_h excluded)
     w_norms = []
+    rho_max = 1.0
     for f in feats:
         head = params.heads[f["h"]]
         P = f["P"]
+        rho = f["rho"]
+        rho_k = max(rho, 1.0) if f["c"] is not None else rho
+        rho_max = max(rho_max, rho_k, rho)
         nV = _norm2_upper(head.V)
-        nQ = _norm2_upper(f["Q"]) * f["rho"]
-        nK = _norm2_upper(f["K"]) * f["rho"]
+        nQ = _norm2_upper(f["Q"])
+        nK = _norm2_upper(f["K"])
         if f["c"] is not None:
             nK = (nK.square() + f["c"].to(torch.float64).square().sum()).sqrt()
-        t1 = collatz_wielandt_bound(P, n_steps=8) * nV
+        p_norm = collatz_wielandt_bound(P, n_steps=8)
         kap2 = _variance(P, f["v"])  # sum_l P_il ||V (x_l - m_i)||^2
         q = f["q"]
         q2 = q.square().sum(-1)
@@ -1279,16 +1325,24 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
         sq = torch.linalg.matrix_norm(q, ord=2) * (1 + 8 * q.shape[-2] * _U64)
         weight_form = (kap2.unsqueeze(-1) * P).amax(-2) * sq.square().unsqueeze(-1)
         lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * _U64)
-        t2 = nK * lam.sqrt()
-        spread_k = _variance(P, f["k"])
-        t3 = (kap2 * spread_k).sqrt().amax(-1) * nQ
-        per_head.append(t1 + t2 + t3)
+        s2 = lam.sqrt()
+        s3 = (kap2 * _variance(P, f["k"])).sqrt().amax(-1)
+        terms["1"].append(p_norm)
+        terms["2"].append(s2)
+        terms["3"].append(s3)
+        full["1"].append(p_norm * nV)
+        full["2"].append(s2 * nK * rho_k)
+        full["3"].append(s3 * nQ * rho)
         w_norms.append(_norm2_upper(W[f["h"]]))
-    b = torch.stack(per_head, dim=-1)  # (..., H)
-    wn = torch.stack(w_norms).to(b.device)
-    stacked = b.square().sum(-1).sqrt()
-    if concat:
-        out = stacked
-    else:
-        out = torch.minimum((b * wn).sum(-1), _norm2_upper(params.W_O) * stacked)
-    return out * (1 + 16 * len(feats) * _U64)
+    wn = torch.stack(w_norms).to(lin.X.device)
+    scale = {"1": stack["V"], "2": stack["K"] * rho_max, "3": stack["Q"] * rho_max}
+    total = 0
+    per_head_total = 0
+    for t in ("1", "2", "3"):
+        b = torch.stack(full[t], dim=-1)  # (..., H)
+        per_head = (b * wn).sum(-1)
+        stacked = stack["W"] * torch.stack(terms[t], dim=-1).amax(-1) * scale[t]
+        total = total + torch.minimum(per_head, stacked)
+        per_head_total = per_head_total + b
+    whole = stack["W"] * per_head_total.square().sum(-1).sqrt()
+    return torch.minimum(total, whole) * (1 + 16 * len(feats) * _U64)

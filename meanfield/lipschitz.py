@@ -37,12 +37,7 @@ import torch
 import torch.func as tfunc
 from torch import Tensor
 
-from ._certificates import (
-    golub_kahan_min_steps,
-    krylov_rounding_margin,
-    kw_steps,
-    probabilistic_upper,
-)
+from ._certificates import golub_kahan_certified, krylov_rounding_margin, probabilistic_upper
 from ._numerics import as_float_tensor, iter_chunks
 from ._spectral import (
     SpectralResult,
@@ -525,18 +520,28 @@ def local_lipschitz(
         mv, rmv = _flat_ops(lin, op_geometry)
         x0 = _start(batch + (n * d,), X, seed, generator)
         if resolved == "lanczos" and delta is not None and prob_rtol is not None:
-            res, ritz, k1 = _lanczos_min_steps(
-                mv, rmv, x0, n, d, dtype, delta, prob_rtol, tol, max_iter, krylov_dim
+            cap = 300 if max_iter is None else int(max_iter)
+            margin = krylov_rounding_margin(n, d, cap, dtype) + em
+            res, prob, k1 = golub_kahan_certified(
+                mv,
+                rmv,
+                x0,
+                delta=delta,
+                rtol=prob_rtol,
+                margin=margin,
+                tol=tol,
+                max_iter=cap,
+                krylov_dim=krylov_dim,
             )
         else:
             res: SpectralResult = top_singular_value(
                 mv, rmv, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
             )
-            ritz = torch.maximum(res.history[-1], res.sigma)
-            k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
-        if resolved == "lanczos" and delta is not None:
-            margin = krylov_rounding_margin(n, d, int(k1.max()), dtype) + em
-            prob = probabilistic_upper(ritz, k1, n * d, delta, margin)
+            if resolved == "lanczos" and delta is not None:
+                ritz = torch.maximum(res.history[-1], res.sigma)
+                k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
+                margin = krylov_rounding_margin(n, d, int(k1.max()), dtype) + em
+                prob = probabilistic_upper(ritz, k1, n * d, delta, margin)
         if lin64 is lin:
             sigma = res.sigma
         else:
@@ -585,16 +590,6 @@ def local_lipschitz(
         self_value=self_value,
         upper_prob=None if upper_prob64 is None else _round_up(upper_prob64, dtype),
         confidence=None if delta is None else 1.0 - float(delta),
-    )
-
-
-def _lanczos_min_steps(mv, rmv, x0, n, d, dtype, delta, prob_rtol, tol, max_iter, krylov_dim):
-    """Lanczos with a first cycle long enough for ``upper_prob <= (1 + prob_rtol) * ritz``."""
-    cap = 300 if max_iter is None else int(max_iter)
-    margin = krylov_rounding_margin(n, d, cap, dtype) + _eval_margin(n, d)
-    k_min = kw_steps(n * d, delta, prob_rtol, margin)
-    return golub_kahan_min_steps(
-        mv, rmv, x0, min_steps=k_min, tol=tol, max_iter=max(cap, k_min), krylov_dim=krylov_dim
     )
 
 

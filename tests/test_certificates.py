@@ -9,11 +9,13 @@ import torch
 
 from meanfield import MultiHeadParams
 from meanfield._certificates import (
-    golub_kahan_min_steps,
+    golub_kahan_certified,
     kw_epsilon,
     kw_factor,
     kw_steps,
+    lanczos_polynomial_upper,
     probabilistic_upper,
+    start_component_bound,
 )
 from meanfield._spectral import lanczos_svd
 from meanfield.jacobian import dense_jacobian, head_structured_upper, linearize
@@ -83,17 +85,94 @@ def test_probabilistic_bound_is_calibrated(spectrum, k):
     assert float((ritz < 1.0 - 1e-3).double().mean()) > 0.9
 
 
-def test_golub_kahan_min_steps_runs_the_minimum():
+def _gk(s, x0, k):
+    """k plain Golub-Kahan steps on diag(s) (independent of the library's loop)."""
+    v = x0 / x0.norm(dim=-1, keepdim=True)
+    Vs, Us, al, be = [v], [], [], []
+    p = v * s
+    a = p.norm(dim=-1)
+    u = p / a[:, None]
+    al.append(a)
+    Us.append(u)
+    for j in range(k):
+        r = u * s - a[:, None] * Vs[-1]
+        B = torch.stack(Vs, 1)
+        for _ in range(2):
+            r = r - ((B @ r[:, :, None]).squeeze(-1)[:, None, :] @ B).squeeze(1)
+        b = r.norm(dim=-1)
+        be.append(b)
+        if j == k - 1:
+            break
+        v = r / b[:, None]
+        Vs.append(v)
+        p = v * s - b[:, None] * u
+        B = torch.stack(Us, 1)
+        for _ in range(2):
+            p = p - ((B @ p[:, :, None]).squeeze(-1)[:, None, :] @ B).squeeze(1)
+        a = p.norm(dim=-1)
+        u = p / a[:, None]
+        al.append(a)
+        Us.append(u)
+    A, B = torch.stack(al, -1), torch.stack(be, -1)
+    S = torch.linalg.svdvals(torch.diag_embed(A) + torch.diag_embed(B[:, :-1], offset=1))
+    return A, B, S
+
+
+def test_start_component_bound():
+    # the density bound: P(|b_1| < t) <= delta, checked against the exact Beta law by sampling
+    N, delta = 50, 0.2
+    t = start_component_bound(N, delta)
+    g = torch.Generator().manual_seed(11)
+    b = torch.randn(20000, N, generator=g, dtype=D64)
+    frac = float((b[:, 0].abs() / b.norm(dim=-1) < t).double().mean())
+    assert frac <= delta
+    assert frac > 0.9 * delta  # and it is nearly sharp
+
+
+def test_polynomial_bound_is_calibrated():
+    """Short runs, delta = 0.1: the gap-aware bound must hold in at least 90 % of 2000 starts.
+
+    A well separated top value (others below 0.5) makes the bound nearly sharp: it fails only
+    when the start has almost no component along the top vector, which happens with
+    probability close to delta, so this test could fail.
+    """
+    N, delta, trials = 400, 0.1, 2000
+    g = torch.Generator().manual_seed(7)
+    s = torch.cat([torch.ones(1, dtype=D64), 0.5 * torch.rand(N - 1, generator=g, dtype=D64)])
+    x0 = torch.randn(trials, N, generator=g, dtype=D64)
+    A, B, S = _gk(s, x0, 3)
+    up = lanczos_polynomial_upper(A, B, S, N, delta)
+    failed = float((up < 1.0).double().mean())
+    assert failed <= delta, failed
+    assert failed > 0.02  # sharp: close to delta, not vacuous
+    # on a slow spectrum it is still valid and tighter than the worst-case bound
+    s2 = torch.linspace(0, 1, N, dtype=D64)
+    A, B, S = _gk(s2, x0[:300], 6)
+    up = lanczos_polynomial_upper(A, B, S, N, delta)
+    assert bool((up >= 1.0).all())
+    kw = probabilistic_upper(S[:, 0], torch.full((300,), 6), N, delta, 0.0)
+    assert float(up.median()) < float(kw.median())
+
+
+def test_golub_kahan_certified_stops_when_tight():
     g = torch.Generator().manual_seed(3)
     s = torch.cat([torch.tensor([2.0], dtype=D64), torch.rand(299, generator=g, dtype=D64)])
     x0 = torch.randn(2, 300, generator=g, dtype=D64)
-    res, ritz, k1 = golub_kahan_min_steps(
-        lambda v: v * s, lambda u: u * s, x0, min_steps=30, tol=1e-6, max_iter=300, krylov_dim=8
+    res, up, k1 = golub_kahan_certified(
+        lambda v: v * s,
+        lambda u: u * s,
+        x0,
+        delta=1e-6,
+        rtol=0.01,
+        margin=0.0,
+        tol=1e-6,
+        max_iter=300,
+        krylov_dim=8,
     )
-    assert bool((k1 >= 30).all())
     assert bool(res.converged.all())
     torch.testing.assert_close(res.sigma, torch.full((2,), 2.0, dtype=D64), rtol=1e-6, atol=0)
-    assert bool((ritz <= 2.0 * (1 + 1e-12)).all())
+    assert bool((up >= 2.0).all()) and bool((up <= 2.0 * 1.01).all())
+    assert bool((k1 < kw_steps(300, 0.5e-6, 0.01)).all())  # the gap made it cheaper than KW
 
 
 # ------------------------------------------------------------------ certificates vs dense SVD
