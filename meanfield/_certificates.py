@@ -79,7 +79,7 @@ def krylov_rounding_margin(n: int, d: int, k: int, dtype: torch.dtype) -> float:
 
     The first-order model of the products' evaluation (:math:`64(n+d)u`, as for the other
     margins of :mod:`meanfield.lipschitz`) plus :math:`16ku` for a Krylov recursion of ``k``
-    steps with full reorthogonalisation (docs/certificates.md §3).
+    steps with full reorthogonalisation (docs/certificates.md §4).
     """
     u = torch.finfo(dtype).eps / 2
     return (64 * (n + d) + 16 * k) * u

@@ -1275,7 +1275,7 @@ def _stacked_norms(params: Params, feats: list[dict]) -> dict[str, Tensor]:
 def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     r"""Deterministic upper bound on :math:`\|J\|_2` from the per-head structure (Euclidean).
 
-    Each head's Jacobian splits as :math:`J^h = J^h_1 + J^h_2 + J^h_3` (docs/certificates.md §4):
+    Each head's Jacobian splits as :math:`J^h = J^h_1 + J^h_2 + J^h_3` (docs/certificates.md §5.2):
     the mixing term :math:`P^h\otimes V_h` with :math:`\|J^h_1\|\le\|P^h\|_2\|V_h\|_2`
     (:math:`\|P^h\|_2` by a Collatz–Wielandt bound), the key-logit term
     :math:`(J^h_2H)_i = \sum_lP_{il}\langle\hat q_i, \hat K_lh_l\rangle V(x_l-m_i)` bounded by
