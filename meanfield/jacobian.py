@@ -63,6 +63,7 @@ __all__ = [
     "self_jvp",
     "self_norm_trace_bound",
     "self_vjp",
+    "structured_block_norms",
     "vjp",
     "weight_norms",
 ]
@@ -1346,3 +1347,53 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
         per_head_total = per_head_total + b
     whole = stack["W"] * per_head_total.square().sum(-1).sqrt()
     return torch.minimum(total, whole) * (1 + 16 * len(feats) * _U64)
+
+
+def structured_block_norms(lin: AttentionLinearization) -> Tensor:
+    r"""Nonnegative :math:`N_{ij}\ge\|J_{ij}\|_2` for any heads, rotary ones included (Euclidean).
+
+    Per head, :math:`J^h_{ij} = P_{ij}V(I + (x_j-m_i)\,b_{ij}^\top) + \delta_{ij}S^h_i` with
+    :math:`b_{ij} = \partial_{x_j}s_{ij}` (:math:`\hat K_j^\top\hat q_i`; rotated by the key's
+    position for rotary heads), so
+    :math:`\|J^h_{ij}\|\le P_{ij}\big(\|V\| + \|V(x_j-m_i)\|(\rho\|K\|\|q_i\| + \|c\|)\big)
+    + \delta_{ij}\|S^h_i\|`, with :math:`\|S^h_i\|` bounded as the self term of
+    :func:`head_structured_upper`. Heads combine blockwise as
+    :math:`\min(\sum_h\|W_h\|N^h_{ij},\ \|W^O\|(\sum_h(N^h_{ij})^2)^{1/2})`. Cost
+    :math:`O(Hn^2k)`; then :math:`\|J\|_2\le\|N\|_2` (Collatz–Wielandt). For heads without
+    rotary embedding :func:`block_norm_bounds` is sharper (closed-form rank-one norms).
+
+    Returns
+    -------
+    Tensor, float64, shape (..., n, n)
+    """
+    params = lin.params
+    feats = _head_features(lin)
+    W, concat = _head_output_matrices(params)
+    W = W.to(torch.float64)
+    total = 0
+    squares = 0
+    for f in feats:
+        head = params.heads[f["h"]]
+        P, v = f["P"], f["v"]
+        vbar = P @ v  # V(m_i - x_bar)
+        vn2 = v.square().sum(-1).unsqueeze(-2)  # (..., 1, n)
+        vb2 = vbar.square().sum(-1, keepdim=True)  # (..., n, 1)
+        slack = 4 * (v.shape[-1] + 4) * _U64
+        d2 = (vn2 - 2 * vbar @ v.mT + vb2).clamp_min(0) + slack * (vn2 + vb2)
+        qn = f["q"].square().sum(-1).sqrt() * (1 + slack)
+        nV = _norm2_upper(head.V)
+        nK = _norm2_upper(f["K"]) * f["rho"]
+        nQ = _norm2_upper(f["Q"]) * f["rho"]
+        bn = qn * nK
+        if f["c"] is not None:
+            bn = bn + f["c"].to(torch.float64).square().sum().sqrt()
+        self_h = (_variance(P, v) * _variance(P, f["k"])).sqrt() * nQ
+        N_h = P * (nV + d2.sqrt() * bn.unsqueeze(-1)) + torch.diag_embed(self_h)
+        total = total + _norm2_upper(W[f["h"]]) * N_h
+        squares = squares + N_h.square()
+    stacked = squares.sqrt()
+    if concat:
+        out = stacked
+    else:
+        out = torch.minimum(total, _norm2_upper(params.W_O) * stacked)
+    return out * (1 + 16 * len(feats) * _U64)

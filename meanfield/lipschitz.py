@@ -56,6 +56,7 @@ from .jacobian import (
     self_jvp,
     self_norm_trace_bound,
     self_vjp,
+    structured_block_norms,
     vjp,
 )
 from .measures import DiracMeasure
@@ -292,7 +293,8 @@ def _block_upper(lin64: AttentionLinearization, geometry: str, self_norms: Tenso
     if lin64.rope_heads:
         # rotary heads: the per-head structured bound (Euclidean operator only)
         if geometry == "euclidean" or lin64.P_w is None and lin64.log_weights is None:
-            return head_structured_upper(lin64)
+            blocks = collatz_wielandt_bound(structured_block_norms(lin64)) * (1 + _BLOCK_RTOL)
+            return torch.minimum(head_structured_upper(lin64), blocks)
         return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
     N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
     return collatz_wielandt_bound(N) * (1 + _BLOCK_RTOL)

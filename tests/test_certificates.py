@@ -18,7 +18,12 @@ from meanfield._certificates import (
     start_component_bound,
 )
 from meanfield._spectral import lanczos_svd
-from meanfield.jacobian import dense_jacobian, head_structured_upper, linearize
+from meanfield.jacobian import (
+    dense_jacobian,
+    head_structured_upper,
+    linearize,
+    structured_block_norms,
+)
 from meanfield.lipschitz import local_lipschitz
 from meanfield.params import AttentionParams, RotaryEmbedding
 
@@ -239,3 +244,21 @@ def test_float32_probabilistic_bound(gen):
     est = local_lipschitz(X.float(), p32, method="lanczos", tol=1e-4, prob_rtol=0.05)
     assert est.upper_prob.dtype == torch.float32
     assert float(est.upper_prob) >= float(exact)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_structured_block_norms_bound_every_block(gen, rope, masked):
+    """N_ij >= ||J_ij||_2 for every block of the dense Jacobian (rotary or not, key bias)."""
+    if rope:
+        params = _rope_params(gen, scaling=0.8)
+    else:
+        params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=5, biases=True, scale=1.5)
+    n, d = 7, 6
+    X = torch.randn(2, n, d, generator=gen, dtype=D64)
+    J = dense_jacobian(X, params, masked=masked)
+    d_out = J.shape[-2] // n
+    blocks = J.reshape(2, n, d_out, n, d).permute(0, 1, 3, 2, 4)
+    exact = torch.linalg.matrix_norm(blocks, 2)  # (2, n, n)
+    N = structured_block_norms(linearize(X, params, masked=masked))
+    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
