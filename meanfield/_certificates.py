@@ -233,8 +233,14 @@ def golub_kahan_certified(
         best = torch.where(active, sigma, best)
         history.append(best.clone())
         out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
-        poly = lanczos_polynomial_upper(A_, B_, S, N, half)
-        kw = sigma.to(f64) * kw_factor(N, k, half)
+        if N >= 3:
+            poly = lanczos_polynomial_upper(A_, B_, S, N, half)
+        else:
+            poly = torch.full(batch, math.inf, dtype=f64, device=dev)
+        factor = kw_factor(N, k, half)
+        kw = torch.full(batch, math.inf, dtype=f64, device=dev)
+        if math.isfinite(factor):
+            kw = sigma.to(f64) * factor
         cand = torch.minimum(poly, kw) * (1 + margin)
         bound = torch.where(active, cand, bound)
         conv = (est <= tol * sigma.square()) | (sigma <= tiny)
@@ -296,4 +302,5 @@ def probabilistic_upper(
         dtype=torch.float64,
         device=ritz.device,
     ).reshape(k1.shape)
-    return ritz.to(torch.float64) * factors * (1 + margin)
+    up = ritz.to(torch.float64) * factors * (1 + margin)
+    return torch.where(torch.isinf(factors), torch.full_like(up, math.inf), up)

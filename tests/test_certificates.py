@@ -262,3 +262,23 @@ def test_structured_block_norms_bound_every_block(gen, rope, masked):
     exact = torch.linalg.matrix_norm(blocks, 2)  # (2, n, n)
     N = structured_block_norms(linearize(X, params, masked=masked))
     assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+
+
+def test_degenerate_operators():
+    # zero operator: the polynomial bound certifies 0; a one-step run has no KW certificate
+    x0 = torch.randn(1, 10, generator=torch.Generator().manual_seed(0), dtype=D64)
+    res, up, _ = golub_kahan_certified(
+        lambda v: 0 * v,
+        lambda u: 0 * u,
+        x0,
+        delta=1e-3,
+        rtol=0.05,
+        margin=0.0,
+        tol=1e-6,
+        max_iter=5,
+        krylov_dim=4,
+    )
+    assert float(res.sigma) == 0.0 and float(up) == 0.0
+    assert math.isinf(
+        float(probabilistic_upper(torch.zeros(1), torch.ones(1, dtype=torch.int64), 10, 0.1, 0))
+    )
