@@ -282,3 +282,21 @@ def test_degenerate_operators():
     assert math.isinf(
         float(probabilistic_upper(torch.zeros(1), torch.ones(1, dtype=torch.int64), 10, 0.1, 0))
     )
+
+
+@pytest.mark.parametrize("geometry", ["wasserstein", "split"])
+def test_weighted_measures(gen, geometry):
+    from meanfield import DiracMeasure
+
+    from .oracles_jacobian import random_log_weights
+    from .test_lipschitz import _exact
+
+    params = random_params(gen, 4, kind="wo", H=2, d_v=3, d_out=4, scale=1.5)
+    X = torch.randn(2, 12, 4, generator=gen, dtype=D64)
+    w = torch.exp(random_log_weights(gen, (2, 12), spread=3.0))
+    mu = DiracMeasure(X, w)
+    exact = _exact(X, params, lw=mu.log_weights, geometry=geometry)
+    est = local_lipschitz(mu, params, geometry=geometry, method="lanczos", prob_rtol=0.05)
+    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
+    assert bool((est.upper_prob >= exact).all())
+    assert bool((est.upper_prob <= est.upper).all())
