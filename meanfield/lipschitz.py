@@ -618,6 +618,7 @@ def local_lipschitz_fn(
     generator: torch.Generator | None = None,
     upper: Literal["auto", "gram", "none"] = "auto",
     batch_dims: int = 0,
+    delta: float | None = 1e-6,
 ) -> LipschitzEstimate:
     r"""Estimate the local Lipschitz constant of any differentiable torch callable.
 
@@ -643,6 +644,10 @@ def local_lipschitz_fn(
         certificate for a general map: ``upper = +inf``.
     batch_dims : int, default 0
         Number of leading batch dimensions.
+    delta : float or None, default 1e-6
+        ``method="lanczos"``: failure probability of ``upper_prob``, the Kuczyński–Woźniakowski
+        bound of the run's own Krylov space (free; docs/certificates.md §1). It holds for any
+        map, since it only uses products with the Jacobian. ``None``: no ``upper_prob``.
 
     Returns
     -------
@@ -692,6 +697,8 @@ def local_lipschitz_fn(
             geometry="euclidean",
             upper_method="none" if upper == "none" else "gram",
             vector=v.reshape(X.shape).to(dtype),
+            upper_prob=None if delta is None else _round_up(up64, dtype),
+            confidence=None if delta is None else 1.0 - float(delta),
         )
     if upper == "gram":
         raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
@@ -708,6 +715,15 @@ def local_lipschitz_fn(
     res = top_singular_value(
         matvec, rmatvec, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
     )
+    upper_prob = None
+    if delta is not None:
+        upper_prob = torch.full(batch, math.inf, dtype=dtype, device=dev)
+        if resolved == "lanczos":
+            ritz = torch.maximum(res.history[-1], res.sigma)
+            k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
+            u = torch.finfo(dtype).eps / 2
+            margin = (64 * math.sqrt(N) + 16 * int(k1.max())) * u
+            upper_prob = _round_up(probabilistic_upper(ritz, k1, N, delta, margin), dtype)
     return LipschitzEstimate(
         value=res.sigma,
         lower=res.sigma,
@@ -721,6 +737,8 @@ def local_lipschitz_fn(
         upper_method="none",
         vector=res.vector.reshape(X.shape),
         history=res.history,
+        upper_prob=upper_prob,
+        confidence=None if delta is None else 1.0 - float(delta),
     )
 
 

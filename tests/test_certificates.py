@@ -300,3 +300,19 @@ def test_weighted_measures(gen, geometry):
     torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
     assert bool((est.upper_prob >= exact).all())
     assert bool((est.upper_prob <= est.upper).all())
+
+
+def test_local_lipschitz_fn_probabilistic_bound(gen):
+    from meanfield.lipschitz import local_lipschitz_fn
+
+    M = torch.randn(30, 20, generator=gen, dtype=D64)
+
+    def fn(x):
+        return torch.tanh(x @ M.T)
+
+    x = torch.randn(20, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(torch.func.jacrev(fn)(x), 2)
+    est = local_lipschitz_fn(fn, x, method="lanczos", max_iter=12, krylov_dim=12, tol=0.0)
+    assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - 1e-12)
+    dense = local_lipschitz_fn(fn, x, method="dense")
+    assert float(dense.upper_prob) == float(dense.upper)
