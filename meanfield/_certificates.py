@@ -1,0 +1,306 @@
+r"""Probabilistic upper certificates for matrix-free spectral norms (docs/certificates.md).
+
+A Krylov method started from a random vector cannot certify :math:`\|J\|_2` deterministically,
+but it can with a stated probability: for :math:`A = J^\top J` (symmetric positive semidefinite,
+of size :math:`N`) and a start :math:`b` uniform on the unit sphere, the largest Ritz value
+:math:`\theta_k` of :math:`A` on the Krylov space :math:`\mathcal K_k(A, b)` of dimension
+:math:`k` satisfies (Kuczyński & Woźniakowski 1992, Lanczos case, exact arithmetic)
+
+.. math:: \Pr\big[\theta_k < (1-\varepsilon)\lambda_{\max}(A)\big]
+          \le 1.648\sqrt N\,e^{-\sqrt\varepsilon\,(2k-1)},\qquad 0<\varepsilon<1 .
+
+Golub–Kahan–Lanczos bidiagonalisation with :math:`k` steps from :math:`v_1 = b` spans exactly
+:math:`\mathcal K_k(J^\top J, b)` with its right basis, and the top singular value of the
+bidiagonal :math:`B_k` is :math:`\theta_k^{1/2}`. Solving the bound for :math:`\varepsilon` at a
+failure probability :math:`\delta` gives, with probability at least :math:`1-\delta` over the
+start vector,
+
+.. math:: \|J\|_2\le\theta_k^{1/2}/\sqrt{1-\varepsilon_k(\delta)},\qquad
+          \sqrt{\varepsilon_k(\delta)} = \frac{\ln(1.648\sqrt N/\delta)}{2k-1}.
+
+Restarting from the Ritz vector can only raise the Ritz value, so the certificate may use the
+final Ritz value with the dimension of the *first* cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ._spectral import SpectralResult, lanczos_svd
+
+Operator = Callable[[Tensor], Tensor]
+
+#: Constant of the Kuczyński–Woźniakowski Lanczos failure bound.
+KW_CONSTANT = 1.648
+
+
+def kw_epsilon(N: int, k: int, delta: float) -> float:
+    r"""Relative eigenvalue error :math:`\varepsilon` certified after ``k`` Lanczos steps.
+
+    The smallest :math:`\varepsilon` with :math:`1.648\sqrt N e^{-\sqrt\varepsilon(2k-1)}\le
+    \delta`; ``inf`` when it is not below 1 (no certificate) or when ``k < 2``.
+    """
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    if k < 2 or N < 1:
+        return math.inf
+    if N == 1:
+        return 0.0  # the Ritz value of a 1 x 1 matrix is exact
+    root = math.log(KW_CONSTANT * math.sqrt(N) / delta) / (2 * k - 1)
+    eps = max(root, 0.0) ** 2
+    return eps if eps < 1.0 else math.inf
+
+
+def kw_factor(N: int, k: int, delta: float) -> float:
+    r"""Factor :math:`1/\sqrt{1-\varepsilon_k(\delta)}` on singular values (``inf`` if none)."""
+    eps = kw_epsilon(N, k, delta)
+    return 1.0 / math.sqrt(1.0 - eps) if eps < 1.0 else math.inf
+
+
+def kw_steps(N: int, delta: float, rtol: float, margin: float = 0.0) -> int:
+    r"""Fewest Krylov steps whose factor times ``1 + margin`` is at most ``1 + rtol``."""
+    if rtol <= 0:
+        raise ValueError(f"rtol must be positive, got {rtol!r}")
+    target = (1.0 + rtol) / (1.0 + margin)
+    if target <= 1.0:
+        raise ValueError(f"rtol = {rtol} cannot absorb the rounding margin {margin:.3g}")
+    eps = 1.0 - 1.0 / target**2
+    root = math.log(KW_CONSTANT * math.sqrt(max(N, 1)) / delta)
+    k = math.ceil((root / math.sqrt(eps) + 1.0) / 2.0)
+    return max(k, 2)
+
+
+def krylov_rounding_margin(n: int, d: int, k: int, dtype: torch.dtype) -> float:
+    r"""Relative margin on the Ritz singular value for rounding in ``dtype``.
+
+    The first-order model of the products' evaluation (:math:`64(n+d)u`, as for the other
+    margins of :mod:`meanfield.lipschitz`) plus :math:`16ku` for a Krylov recursion of ``k``
+    steps with full reorthogonalisation (docs/certificates.md §4).
+    """
+    u = torch.finfo(dtype).eps / 2
+    return (64 * (n + d) + 16 * k) * u
+
+
+def start_component_bound(N: int, delta: float) -> float:
+    r"""A :math:`t` with :math:`\Pr[|\langle b, u\rangle| < t]\le\delta` for ``b`` uniform on the sphere.
+
+    For any fixed unit :math:`u`, :math:`\langle b, u\rangle` has density
+    :math:`c_N(1-x^2)^{(N-3)/2}\le c_N` on :math:`[-1, 1]` with
+    :math:`c_N = \Gamma(N/2)/(\sqrt\pi\,\Gamma((N-1)/2))\le\sqrt{N/(2\pi)}` (Gautschi), so
+    :math:`t = \delta\sqrt{\pi/(2N)}` works (:math:`N\ge3`).
+    """
+    if N < 3:
+        raise ValueError("start_component_bound needs N >= 3")
+    return delta * math.sqrt(math.pi / (2 * N))
+
+
+def lanczos_polynomial_upper(
+    alphas: Tensor, betas: Tensor, sigmas: Tensor, N: int, delta: float
+) -> Tensor:
+    r"""Gap-aware probabilistic bound on :math:`\|J\|_2` from one Golub–Kahan cycle.
+
+    With :math:`T_k = B_k^\top B_k` the Lanczos matrix of :math:`A = J^\top J`, its monic
+    characteristic polynomial :math:`p_k` (roots :math:`\theta_i = \sigma_i(B_k)^2`) satisfies
+    :math:`p_k(A)b = \big(\prod_j\alpha_j\beta_j\big)v_{k+1}`, so
+    :math:`|\langle b, u_1\rangle|\,p_k(\lambda_{\max})\le\prod_j\alpha_j\beta_j`. On
+    :math:`(\theta_1,\infty)` :math:`p_k` is positive and increasing, hence, when
+    :math:`|\langle b, u_1\rangle|\ge t` (probability :math:`\ge1-\delta`,
+    :func:`start_component_bound`), :math:`\lambda_{\max}\le\lambda^*` with
+    :math:`p_k(\lambda^*) = \prod_j\alpha_j\beta_j/t`. Solved by bisection in the log domain.
+
+    Parameters
+    ----------
+    alphas, betas : Tensor, shape (*batch, k)
+        Diagonal and superdiagonal (the last one is the residual norm) of the bidiagonalisation.
+    sigmas : Tensor, shape (*batch, k)
+        Singular values of :math:`B_k`, descending.
+
+    Returns
+    -------
+    Tensor, float64, shape (*batch,): :math:`(\lambda^*)^{1/2}` (``sigmas[..., 0]`` where the
+    products vanish).
+    """
+    f64 = torch.float64
+    a, b, s = alphas.to(f64), betas.to(f64), sigmas.to(f64)
+    theta = s.square()
+    top = theta[..., 0]
+    with torch.no_grad():
+        L = a.log().sum(-1) + b.log().sum(-1) - math.log(start_component_bound(N, delta))
+    k = theta.shape[-1]
+    lo = torch.zeros_like(top)
+    hi = torch.exp(L / k).clamp_min(0)  # p(top + h) >= h^k, so h* <= exp(L / k)
+    hi = torch.where(torch.isfinite(hi), hi, torch.full_like(hi, math.inf))
+    for _ in range(200):
+        mid = torch.where(torch.isfinite(hi), 0.5 * (lo + hi), 2 * lo + top + 1)
+        val = (top.unsqueeze(-1) + mid.unsqueeze(-1) - theta).log().sum(-1)
+        above = val >= L
+        hi = torch.where(above, mid, hi)
+        lo = torch.where(above, lo, mid)
+    h = torch.where(L == -math.inf, torch.zeros_like(hi), hi)
+    return (top + h).sqrt()
+
+
+def golub_kahan_certified(
+    matvec: Operator,
+    rmatvec: Operator,
+    x0: Tensor,
+    *,
+    delta: float,
+    rtol: float,
+    margin: float,
+    tol: float,
+    max_iter: int,
+    krylov_dim: int,
+) -> tuple[SpectralResult, Tensor, Tensor]:
+    r"""Golub–Kahan–Lanczos run until a probabilistic upper bound is within ``1 + rtol``.
+
+    One unrestarted cycle with full (two-pass) reorthogonalisation. After each step two bounds,
+    each at failure probability :math:`\delta/2` (so their minimum fails with probability at most
+    :math:`\delta`), are formed: the Kuczyński–Woźniakowski bound (:func:`kw_factor`) and the
+    gap-aware Lanczos-polynomial bound (:func:`lanczos_polynomial_upper`). A batch element stops
+    once the residual rule :math:`\sigma\beta_k|w_k|\le\mathrm{tol}\,\sigma^2` holds and the
+    smaller bound times ``1 + margin`` is at most ``(1 + rtol)`` times the Ritz value, or after
+    ``max(kw_steps, krylov_dim)`` steps; if some have not stopped, :func:`lanczos_svd` continues
+    (restarting) from the Ritz vector, and their bound is the smaller of the first cycle's
+    polynomial bound and the KW bound with the final Ritz value.
+
+    Returns
+    -------
+    result : SpectralResult
+        As :func:`lanczos_svd` (``n_iter`` and ``n_matvec`` cover both phases).
+    upper : Tensor, float64, shape (*batch,)
+        The probabilistic upper bound (margin included), confidence :math:`1-\delta`.
+    k1 : Tensor of int64, shape (*batch,)
+        Dimension of the first (uniformly started) Krylov space of each batch element.
+    """
+    v1 = x0 / torch.linalg.vector_norm(x0, dim=-1, keepdim=True)
+    batch = v1.shape[:-1]
+    dev, dt = v1.device, v1.dtype
+    N = v1.shape[-1]
+    half = delta / 2
+    k_kw = kw_steps(N, half, rtol, margin)
+    cap = max(k_kw, int(krylov_dim), 2)
+    cap = min(cap, max(int(max_iter), 2), N)
+    tiny = torch.finfo(dt).tiny
+    f64 = torch.float64
+
+    def reorth(r: Tensor, basis: Tensor) -> Tensor:
+        for _ in range(2):
+            coef = (basis @ r.unsqueeze(-1)).squeeze(-1)
+            r = r - (coef.unsqueeze(-2) @ basis).squeeze(-2)
+        return r
+
+    def safe_div(x: Tensor, s: Tensor) -> Tensor:
+        s = s.unsqueeze(-1)
+        return torch.where(s > tiny, x / torch.where(s > tiny, s, torch.ones_like(s)), 0 * x)
+
+    Vb = v1.new_zeros(batch + (cap + 1, N))
+    Vb[..., 0, :] = v1
+    p = matvec(v1)
+    Ub = p.new_zeros(batch + (cap + 1, p.shape[-1]))
+    alpha = torch.linalg.vector_norm(p, dim=-1)
+    Ub[..., 0, :] = safe_div(p, alpha)
+    alphas, betas = [alpha], []
+    done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    k1 = torch.zeros(batch, dtype=torch.int64, device=dev)
+    n_mv = torch.ones(batch, dtype=torch.int64, device=dev)
+    best = torch.zeros(batch, dtype=dt, device=dev)
+    bound = torch.full(batch, math.inf, dtype=f64, device=dev)
+    out_v = v1.clone()
+    history = []
+    for k in range(1, cap + 1):
+        r = rmatvec(Ub[..., k - 1, :]) - alphas[-1].unsqueeze(-1) * Vb[..., k - 1, :]
+        r = reorth(r, Vb[..., :k, :])
+        beta = torch.linalg.vector_norm(r, dim=-1)
+        betas.append(beta)
+        active = ~done
+        n_mv = n_mv + active.to(torch.int64)
+        k1 = k1 + active.to(torch.int64)
+        A_ = torch.stack(alphas, dim=-1)
+        B_ = torch.stack(betas, dim=-1)
+        Bk = torch.diag_embed(A_)
+        if k > 1:
+            Bk = Bk + torch.diag_embed(B_[..., :-1], offset=1)
+        Wl, S, Yh = torch.linalg.svd(Bk)
+        sigma = S[..., 0]
+        est = sigma * beta * Wl[..., -1, 0].abs()
+        ritz = (Yh[..., 0, :].unsqueeze(-2) @ Vb[..., :k, :]).squeeze(-2)
+        ritz = safe_div(ritz, torch.linalg.vector_norm(ritz, dim=-1))
+        best = torch.where(active, sigma, best)
+        history.append(best.clone())
+        out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
+        if N >= 3:
+            poly = lanczos_polynomial_upper(A_, B_, S, N, half)
+        else:
+            poly = torch.full(batch, math.inf, dtype=f64, device=dev)
+        factor = kw_factor(N, k, half)
+        kw = torch.full(batch, math.inf, dtype=f64, device=dev)
+        if math.isfinite(factor):
+            kw = sigma.to(f64) * factor
+        cand = torch.minimum(poly, kw) * (1 + margin)
+        bound = torch.where(active, cand, bound)
+        conv = (est <= tol * sigma.square()) | (sigma <= tiny)
+        tight = bound <= (1 + rtol) * sigma.to(f64)
+        done = done | (active & conv & tight)
+        if bool(done.all()) or k == cap:
+            break
+        Vb[..., k, :] = safe_div(r, beta)
+        p = matvec(Vb[..., k, :]) - beta.unsqueeze(-1) * Ub[..., k - 1, :]
+        p = reorth(p, Ub[..., :k, :])
+        n_mv = n_mv + (~done).to(torch.int64)
+        alpha = torch.linalg.vector_norm(p, dim=-1)
+        alphas.append(alpha)
+        Ub[..., k, :] = safe_div(p, alpha)
+    del Vb, Ub
+    remaining = int(max_iter) - int(k1.max())
+    if not bool(done.all()) and remaining > 0:
+        res = lanczos_svd(
+            matvec, rmatvec, out_v, tol=tol, max_iter=remaining, krylov_dim=krylov_dim
+        )
+        keep = done.unsqueeze(-1)
+        vec = torch.where(keep, out_v, res.vector)
+        cont = torch.maximum(res.history[-1], res.sigma)
+        ritz_val = torch.where(done, best, torch.maximum(best, cont))
+        kw_final = probabilistic_upper(ritz_val, k1, N, half, margin)
+        bound = torch.where(done, bound, torch.minimum(bound, kw_final))
+        n_iter = k1 + torch.where(done, 0, res.n_iter)
+        n_mv = n_mv + torch.where(done, 0, res.n_matvec - 2)
+        history = history + list(torch.where(done, best, res.history))
+    else:
+        vec, n_iter = out_v, k1
+    w = matvec(vec)
+    sig = torch.linalg.vector_norm(w, dim=-1)
+    z = rmatvec(w)
+    residual = torch.linalg.vector_norm(z - sig.square().unsqueeze(-1) * vec, dim=-1)
+    converged = (residual <= tol * sig.square()) | (sig <= tiny)
+    result = SpectralResult(
+        sigma=sig,
+        vector=vec,
+        residual=residual,
+        converged=converged,
+        n_iter=n_iter,
+        n_matvec=n_mv + 2,
+        history=torch.stack(history),
+    )
+    return result, bound, k1
+
+
+def probabilistic_upper(
+    ritz: Tensor, k1: Tensor, N: int, delta: float, margin: Tensor | float
+) -> Tensor:
+    r"""Upper bound holding with probability :math:`\ge1-\delta`, float64, shape of ``ritz``.
+
+    ``ritz`` is the (largest) Ritz singular value, ``k1`` the dimension of the uniformly
+    started Krylov space, ``margin`` the relative rounding margin.
+    """
+    factors = torch.tensor(
+        [kw_factor(N, int(k), delta) for k in k1.reshape(-1).tolist()],
+        dtype=torch.float64,
+        device=ritz.device,
+    ).reshape(k1.shape)
+    up = ritz.to(torch.float64) * factors * (1 + margin)
+    return torch.where(torch.isinf(factors), torch.full_like(up, math.inf), up)

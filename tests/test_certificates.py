@@ -1,0 +1,318 @@
+"""Upper certificates: probabilistic (Kuczyński–Woźniakowski) and per-head structured bounds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from meanfield import MultiHeadParams
+from meanfield._certificates import (
+    golub_kahan_certified,
+    kw_epsilon,
+    kw_factor,
+    kw_steps,
+    lanczos_polynomial_upper,
+    probabilistic_upper,
+    start_component_bound,
+)
+from meanfield._spectral import lanczos_svd
+from meanfield.jacobian import (
+    dense_jacobian,
+    head_structured_upper,
+    linearize,
+    structured_block_norms,
+)
+from meanfield.lipschitz import local_lipschitz
+from meanfield.params import AttentionParams, RotaryEmbedding
+
+from .oracles_jacobian import random_params
+
+D64 = torch.float64
+
+
+def _rope_params(gen, d=6, k=4, H=2, scaling=1.0, W_O=True):
+    W_Q, W_K, W_V = (torch.randn(H * k, d, generator=gen, dtype=D64) for _ in range(3))
+    base = MultiHeadParams.from_qkv(W_Q, W_K, W_V, n_heads=H)
+    rope = RotaryEmbedding(1.0 / (100.0 ** (torch.arange(0, k, 2, dtype=D64) / k)), scaling)
+    heads = tuple(AttentionParams(h.A, h.V, Q=h.Q, K=h.K, rope=rope) for h in base.heads)
+    W = torch.randn(d, H * k, generator=gen, dtype=D64) / (H * k) ** 0.5 if W_O else None
+    return MultiHeadParams(heads, W_O=W)
+
+
+# ------------------------------------------------------------------------------- closed forms
+def test_kw_epsilon_solves_the_failure_bound():
+    for N, k, delta in [(100, 10, 0.1), (196608, 35, 1e-6), (10, 2, 0.5)]:
+        eps = kw_epsilon(N, k, delta)
+        assert 0 < eps < 1
+        bound = 1.648 * math.sqrt(N) * math.exp(-math.sqrt(eps) * (2 * k - 1))
+        assert bound == pytest.approx(delta, rel=1e-12)
+    assert kw_epsilon(10**6, 1, 0.1) == math.inf  # one step certifies nothing
+    assert kw_epsilon(10**6, 3, 1e-6) == math.inf  # vacuous: epsilon would exceed 1
+    assert kw_factor(10**6, 3, 1e-6) == math.inf
+
+
+def test_kw_steps_is_the_fewest():
+    for N, delta, rtol in [(196608, 1e-6, 0.05), (1000, 0.1, 0.2), (786432, 1e-6, 0.05)]:
+        k = kw_steps(N, delta, rtol)
+        assert kw_factor(N, k, delta) <= 1 + rtol
+        assert kw_factor(N, k - 1, delta) > 1 + rtol
+
+
+# ------------------------------------------------------------------------------- calibration
+@pytest.mark.parametrize("spectrum", ["uniform", "sqrt", "cluster"])
+@pytest.mark.parametrize("k", [4, 6])
+def test_probabilistic_bound_is_calibrated(spectrum, k):
+    """A short run with delta = 0.1 must hold in at least 90 % of random starts.
+
+    J = diag(s) has known norm 1. The spectra put many singular values just below the top one,
+    where a short Krylov run is slowest, so the Ritz value is well below 1; only the certificate
+    factor can bring the bound above it. Each start is an independent seed.
+    """
+    N, delta, trials = 400, 0.1, 300
+    g = torch.Generator().manual_seed(7)
+    if spectrum == "uniform":
+        s = torch.linspace(0, 1, N, dtype=D64)
+    elif spectrum == "sqrt":
+        s = torch.linspace(0, 1, N, dtype=D64).sqrt()
+    else:
+        s = torch.cat([torch.ones(1, dtype=D64), 1 - torch.rand(N - 1, generator=g) ** 3 * 0.5])
+        s = s.to(D64)
+    x0 = torch.randn(trials, N, generator=g, dtype=D64)
+    res = lanczos_svd(lambda v: v * s, lambda u: u * s, x0, tol=0.0, max_iter=k, krylov_dim=k)
+    ritz = res.history[-1]
+    k1 = torch.full((trials,), k, dtype=torch.int64)
+    up = probabilistic_upper(ritz, k1, N, delta, 0.0)
+    held = float((up >= 1.0).double().mean())
+    assert held >= 1 - delta, held
+    # the test has power: without the factor the estimate fails in most starts
+    assert float((ritz < 1.0 - 1e-3).double().mean()) > 0.9
+
+
+def _gk(s, x0, k):
+    """k plain Golub-Kahan steps on diag(s) (independent of the library's loop)."""
+    v = x0 / x0.norm(dim=-1, keepdim=True)
+    Vs, Us, al, be = [v], [], [], []
+    p = v * s
+    a = p.norm(dim=-1)
+    u = p / a[:, None]
+    al.append(a)
+    Us.append(u)
+    for j in range(k):
+        r = u * s - a[:, None] * Vs[-1]
+        B = torch.stack(Vs, 1)
+        for _ in range(2):
+            r = r - ((B @ r[:, :, None]).squeeze(-1)[:, None, :] @ B).squeeze(1)
+        b = r.norm(dim=-1)
+        be.append(b)
+        if j == k - 1:
+            break
+        v = r / b[:, None]
+        Vs.append(v)
+        p = v * s - b[:, None] * u
+        B = torch.stack(Us, 1)
+        for _ in range(2):
+            p = p - ((B @ p[:, :, None]).squeeze(-1)[:, None, :] @ B).squeeze(1)
+        a = p.norm(dim=-1)
+        u = p / a[:, None]
+        al.append(a)
+        Us.append(u)
+    A, B = torch.stack(al, -1), torch.stack(be, -1)
+    S = torch.linalg.svdvals(torch.diag_embed(A) + torch.diag_embed(B[:, :-1], offset=1))
+    return A, B, S
+
+
+def test_start_component_bound():
+    # the density bound: P(|b_1| < t) <= delta, checked against the exact Beta law by sampling
+    N, delta = 50, 0.2
+    t = start_component_bound(N, delta)
+    g = torch.Generator().manual_seed(11)
+    b = torch.randn(20000, N, generator=g, dtype=D64)
+    frac = float((b[:, 0].abs() / b.norm(dim=-1) < t).double().mean())
+    assert frac <= delta
+    assert frac > 0.9 * delta  # and it is nearly sharp
+
+
+def test_polynomial_bound_is_calibrated():
+    """Short runs, delta = 0.1: the gap-aware bound must hold in at least 90 % of 2000 starts.
+
+    A well separated top value (others below 0.5) makes the bound nearly sharp: it fails only
+    when the start has almost no component along the top vector, which happens with
+    probability close to delta, so this test could fail.
+    """
+    N, delta, trials = 400, 0.1, 2000
+    g = torch.Generator().manual_seed(7)
+    s = torch.cat([torch.ones(1, dtype=D64), 0.5 * torch.rand(N - 1, generator=g, dtype=D64)])
+    x0 = torch.randn(trials, N, generator=g, dtype=D64)
+    A, B, S = _gk(s, x0, 3)
+    up = lanczos_polynomial_upper(A, B, S, N, delta)
+    failed = float((up < 1.0).double().mean())
+    assert failed <= delta, failed
+    assert failed > 0.02  # sharp: close to delta, not vacuous
+    # on a slow spectrum it is still valid and tighter than the worst-case bound
+    s2 = torch.linspace(0, 1, N, dtype=D64)
+    A, B, S = _gk(s2, x0[:300], 6)
+    up = lanczos_polynomial_upper(A, B, S, N, delta)
+    assert bool((up >= 1.0).all())
+    kw = probabilistic_upper(S[:, 0], torch.full((300,), 6), N, delta, 0.0)
+    assert float(up.median()) < float(kw.median())
+
+
+def test_golub_kahan_certified_stops_when_tight():
+    g = torch.Generator().manual_seed(3)
+    s = torch.cat([torch.tensor([2.0], dtype=D64), torch.rand(299, generator=g, dtype=D64)])
+    x0 = torch.randn(2, 300, generator=g, dtype=D64)
+    res, up, k1 = golub_kahan_certified(
+        lambda v: v * s,
+        lambda u: u * s,
+        x0,
+        delta=1e-6,
+        rtol=0.01,
+        margin=0.0,
+        tol=1e-6,
+        max_iter=300,
+        krylov_dim=8,
+    )
+    assert bool(res.converged.all())
+    torch.testing.assert_close(res.sigma, torch.full((2,), 2.0, dtype=D64), rtol=1e-6, atol=0)
+    assert bool((up >= 2.0).all()) and bool((up <= 2.0 * 1.01).all())
+    assert bool((k1 < kw_steps(300, 0.5e-6, 0.01)).all())  # the gap made it cheaper than KW
+
+
+# ------------------------------------------------------------------ certificates vs dense SVD
+@pytest.mark.parametrize("kind", ["single", "concat", "wo"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_certificates_bound_the_dense_norm(gen, kind, masked):
+    params = random_params(gen, 5, kind=kind, H=3, d_v=3, d_out=5, scale=1.5)
+    X = torch.randn(3, 9, 5, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=masked), 2)
+    est = local_lipschitz(X, params, masked=masked, method="lanczos", prob_rtol=0.05)
+    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
+    assert bool((est.lower <= exact * (1 + 1e-15)).all())
+    assert bool((est.upper_prob >= exact).all())
+    assert bool((est.upper_prob <= est.upper).all())
+    assert bool((est.upper_prob <= 1.05 * est.lower).all())
+    assert est.confidence == pytest.approx(1 - 1e-6)
+    hs = head_structured_upper(linearize(X, params, masked=masked))
+    assert bool((hs >= exact).all()), (hs, exact)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("scaling", [1.0, 0.7])
+def test_rotary_heads_certified(gen, masked, scaling):
+    params = _rope_params(gen, scaling=scaling)
+    X = torch.randn(2, 8, 6, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=masked), 2)
+    est = local_lipschitz(X, params, masked=masked, method="lanczos", prob_rtol=0.05)
+    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
+    assert bool(torch.isfinite(est.upper).all())
+    assert bool((est.upper >= exact).all()), (est.upper, exact)
+    assert bool((est.upper_prob >= exact).all())
+    assert bool((est.upper_prob <= 1.05 * est.lower).all())
+
+
+def test_structured_bound_with_key_bias_and_concat(gen):
+    params = random_params(gen, 4, kind="concat", H=2, d_v=4, biases=True, scale=2.0)
+    X = 2 * torch.randn(4, 10, 4, generator=gen, dtype=D64)
+    for masked in (False, True):
+        exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=masked), 2)
+        hs = head_structured_upper(linearize(X, params, masked=masked))
+        assert bool((hs >= exact).all())
+
+
+def test_default_costs_nothing_and_is_seedable(gen):
+    params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=6)
+    X = torch.randn(20, 6, generator=gen, dtype=D64)
+    plain = local_lipschitz(X, params, method="lanczos", delta=None)
+    est = local_lipschitz(X, params, method="lanczos")
+    assert plain.upper_prob is None and plain.confidence is None
+    assert int(est.n_matvec) == int(plain.n_matvec)
+    assert float(est.upper_prob) >= float(est.lower)
+    a = local_lipschitz(X, params, method="lanczos", seed=5)
+    b = local_lipschitz(X, params, method="lanczos", generator=torch.Generator().manual_seed(5))
+    assert float(a.upper_prob) == float(b.upper_prob)
+    dense = local_lipschitz(X, params, method="dense")
+    assert float(dense.upper_prob) == float(dense.upper)
+
+
+def test_float32_probabilistic_bound(gen):
+    params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=6)
+    X = torch.randn(16, 6, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(dense_jacobian(X, params), 2)
+    p32 = params.to(dtype=torch.float32)
+    est = local_lipschitz(X.float(), p32, method="lanczos", tol=1e-4, prob_rtol=0.05)
+    assert est.upper_prob.dtype == torch.float32
+    assert float(est.upper_prob) >= float(exact)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_structured_block_norms_bound_every_block(gen, rope, masked):
+    """N_ij >= ||J_ij||_2 for every block of the dense Jacobian (rotary or not, key bias)."""
+    if rope:
+        params = _rope_params(gen, scaling=0.8)
+    else:
+        params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=5, biases=True, scale=1.5)
+    n, d = 7, 6
+    X = torch.randn(2, n, d, generator=gen, dtype=D64)
+    J = dense_jacobian(X, params, masked=masked)
+    d_out = J.shape[-2] // n
+    blocks = J.reshape(2, n, d_out, n, d).permute(0, 1, 3, 2, 4)
+    exact = torch.linalg.matrix_norm(blocks, 2)  # (2, n, n)
+    N = structured_block_norms(linearize(X, params, masked=masked))
+    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+
+
+def test_degenerate_operators():
+    # zero operator: the polynomial bound certifies 0; a one-step run has no KW certificate
+    x0 = torch.randn(1, 10, generator=torch.Generator().manual_seed(0), dtype=D64)
+    res, up, _ = golub_kahan_certified(
+        lambda v: 0 * v,
+        lambda u: 0 * u,
+        x0,
+        delta=1e-3,
+        rtol=0.05,
+        margin=0.0,
+        tol=1e-6,
+        max_iter=5,
+        krylov_dim=4,
+    )
+    assert float(res.sigma) == 0.0 and float(up) == 0.0
+    assert math.isinf(
+        float(probabilistic_upper(torch.zeros(1), torch.ones(1, dtype=torch.int64), 10, 0.1, 0))
+    )
+
+
+@pytest.mark.parametrize("geometry", ["wasserstein", "split"])
+def test_weighted_measures(gen, geometry):
+    from meanfield import DiracMeasure
+
+    from .oracles_jacobian import random_log_weights
+    from .test_lipschitz import _exact
+
+    params = random_params(gen, 4, kind="wo", H=2, d_v=3, d_out=4, scale=1.5)
+    X = torch.randn(2, 12, 4, generator=gen, dtype=D64)
+    w = torch.exp(random_log_weights(gen, (2, 12), spread=3.0))
+    mu = DiracMeasure(X, w)
+    exact = _exact(X, params, lw=mu.log_weights, geometry=geometry)
+    est = local_lipschitz(mu, params, geometry=geometry, method="lanczos", prob_rtol=0.05)
+    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
+    assert bool((est.upper_prob >= exact).all())
+    assert bool((est.upper_prob <= est.upper).all())
+
+
+def test_local_lipschitz_fn_probabilistic_bound(gen):
+    from meanfield.lipschitz import local_lipschitz_fn
+
+    M = torch.randn(30, 20, generator=gen, dtype=D64)
+
+    def fn(x):
+        return torch.tanh(x @ M.T)
+
+    x = torch.randn(20, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(torch.func.jacrev(fn)(x), 2)
+    est = local_lipschitz_fn(fn, x, method="lanczos", max_iter=12, krylov_dim=12, tol=0.0)
+    assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - 1e-12)
+    dense = local_lipschitz_fn(fn, x, method="dense")
+    assert float(dense.upper_prob) == float(dense.upper)
