@@ -148,12 +148,13 @@ def _one_line(err: BaseException) -> str:
 def call_task(
     fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
     config: Mapping[str, Any],
-    threads: int | None = 1,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Run ``fn(config)`` and time it; runs on the worker. Exceptions come back as data.
 
-    With ``threads`` set and torch loaded, torch runs on that many threads, the same in every
-    executor, so that results do not depend on where a point ran.
+    With ``threads`` set and torch already loaded, the point runs on that many torch threads.
+    Point functions that need a fixed thread count for reproducible results set it themselves
+    (as the stages do with ``torch_threads``); Dask workers start with one OpenMP thread.
     """
     torch = sys.modules.get("torch")
     old = None
@@ -236,7 +237,7 @@ class SerialExecutor:
 
     workers = 1
 
-    def __init__(self, *, threads: int | None = 1) -> None:
+    def __init__(self, *, threads: int | None = None) -> None:
         self.threads = threads
         self.submitted: list[str] = []
 
@@ -283,7 +284,7 @@ class DaskExecutor:
     scheduler : str, optional
         Address of a running scheduler (``tcp://host:8786``) to connect to instead.
     threads : int or None
-        Torch threads per task (default 1; ``None`` leaves the setting alone).
+        Torch threads per task when torch is loaded (default ``None``: leave it to the task).
     allowed_failures : int
         How many times a point may be in flight on a worker that dies before it is given up
         (``LocalCluster`` only; a running scheduler has its own setting). Default 3, Dask's own.
@@ -297,7 +298,7 @@ class DaskExecutor:
         workers: int | None = None,
         scheduler: str | None = None,
         *,
-        threads: int | None = 1,
+        threads: int | None = None,
         allowed_failures: int = 3,
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -400,7 +401,7 @@ def make_executor(
             raise ValueError("give --workers or --scheduler, not both")
         return DaskExecutor(scheduler=scheduler, **kwargs)
     if workers is None or int(workers) <= 1:
-        return SerialExecutor(threads=kwargs.get("threads", 1))
+        return SerialExecutor(threads=kwargs.get("threads"))
     return DaskExecutor(workers=int(workers), **kwargs)
 
 

@@ -45,6 +45,24 @@ def toy_point(config):
     return {"value": float(np.linalg.norm(p @ x)), "trace": float(np.trace(p))}
 
 
+def torch_point(config):
+    """A meanfield computation in float64 on one torch thread, as the stages run their points."""
+    import torch
+
+    from experiments._threads import torch_threads
+    from meanfield.attention import self_attention
+    from meanfield.params import AttentionParams
+
+    with torch_threads(1):
+        g = torch.Generator().manual_seed(config["seed"])
+        n, d = config["n"], config["d"]
+        X = torch.randn(n, d, generator=g, dtype=torch.float64)
+        A = torch.randn(d, d, generator=g, dtype=torch.float64) / d
+        V = torch.randn(d, d, generator=g, dtype=torch.float64)
+        Y = self_attention(X, AttentionParams(A=A, V=V), masked=bool(config["seed"] % 2))
+        return {"norm": float(Y.norm()), "first": Y[0].tolist()}
+
+
 def cached_point(config):
     before = execution._CACHE_STATS["misses"]
     model = worker_cache(("model", config["model"]), lambda: {"w": np.arange(3.0)})
@@ -274,6 +292,11 @@ def test_dask_records_bit_identical_to_serial(tmp_path: Path, dask2) -> None:
     serial, dask = _records(tmp_path / "serial"), _records(tmp_path / "dask")
     assert len(serial) == 13
     assert serial == dask  # exact: the same function on the same point, floats bit for bit
+    # the same with torch and meanfield in the workers
+    run_jobs(_jobs(tmp_path / "serial_t", fn=torch_point), serial_ex)
+    run_jobs(_jobs(tmp_path / "dask_t", fn=torch_point), dask2)
+    serial, dask = _records(tmp_path / "serial_t"), _records(tmp_path / "dask_t")
+    assert len(serial) == 13 and serial == dask
 
 
 def test_dask_worker_cache_once_per_worker(dask2) -> None:
