@@ -333,7 +333,11 @@ class DaskExecutor:
                     env=worker_env,
                 )
             self.client = Client(self.cluster)
-        self.workers = max(1, len(self.client.scheduler_info()["workers"]))
+
+    @property
+    def workers(self) -> int:
+        """Number of workers connected now (at least 1, for cost estimates)."""
+        return max(1, len(self.client.scheduler_info()["workers"]))
 
     def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
         """Submit every task (largest cost first, highest priority first) and yield outcomes."""

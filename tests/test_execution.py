@@ -253,7 +253,7 @@ def test_outcome_ok() -> None:
 
 # ---- Dask ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def dask2():
+def dask2_cluster():
     try:
         execution.require_dask()
     except ImportError:
@@ -268,6 +268,13 @@ def dask2():
     finally:
         ex.close()
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture
+def dask2(dask2_cluster):
+    """The module's 2-worker cluster, with both workers up (a test before may have killed one)."""
+    dask2_cluster.client.wait_for_workers(2, timeout=60)
+    return dask2_cluster
 
 
 def test_dask_local_cluster_is_loopback_without_dashboard(dask2) -> None:
@@ -336,3 +343,15 @@ def test_dask_point_that_kills_every_worker_is_lost_then_resumed(tmp_path: Path,
     summary = run_jobs([SweepJob(sweep, fine, toy_point)], dask2)
     assert summary.computed == 4 and not summary.lost
     assert len(sweep.records()) == 4
+
+
+def test_dask_scheduler_address_route(tmp_path: Path, dask2) -> None:
+    """Connect to a running scheduler by address (here: the local cluster's)."""
+    with execution.make_executor(scheduler=dask2.cluster.scheduler_address) as ex:
+        assert isinstance(ex, execution.DaskExecutor) and ex.cluster is None
+        assert ex.workers == 2
+        summary = run_jobs(_jobs(tmp_path / "remote"), ex)
+    assert summary.computed == 13
+    run_jobs(_jobs(tmp_path / "serial"), SerialExecutor())
+    assert _records(tmp_path / "remote") == _records(tmp_path / "serial")
+    assert dask2.client.status == "running"  # closing that client left the cluster up
