@@ -51,7 +51,9 @@ __all__ = [
     "clear_worker_cache",
     "default_cost",
     "make_executor",
+    "measured_rate",
     "order_by_cost",
+    "predict_wall_time",
     "require_dask",
     "run_jobs",
     "worker_cache",
@@ -78,6 +80,51 @@ def default_cost(config: Mapping[str, Any]) -> float:
             return 1.0
 
     return num("n") ** 2 * num("d") * num("windows")
+
+
+def measured_rate(
+    records: Iterable[Mapping[str, Any]],
+    cost: Callable[[Mapping[str, Any]], float] = default_cost,
+) -> float:
+    """Cost per second of one worker, from finished records: ``Σ cost(point) / Σ seconds``.
+
+    ``records`` are sweep records (``{"point", "seconds", ...}``), e.g. of a serial run.
+    """
+    total_cost = total_s = 0.0
+    for r in records:
+        total_cost += float(cost(r["point"]))
+        total_s += float(r["seconds"])
+    if total_s <= 0:
+        raise ValueError("no measured time in these records")
+    return total_cost / total_s
+
+
+def predict_wall_time(
+    costs: Iterable[float], workers: int, rate: float, *, warmup: float = 0.0
+) -> dict[str, float]:
+    """Wall time of a cost-ordered queue on ``workers`` identical workers (docs/cluster.md).
+
+    Simulates the queue: points largest first, each to the first worker that is free, a point of
+    cost ``c`` taking ``c / rate`` seconds. Returns ``wall`` (``warmup`` + the time the last
+    worker finishes), ``work`` (``Σ cost / (workers · rate)``, perfect sharing), ``tail``
+    (``wall - warmup - work``, the idle time at the end) and ``efficiency`` (warm-up excluded).
+    """
+    import heapq
+
+    if workers < 1 or rate <= 0:
+        raise ValueError("workers must be >= 1 and rate > 0")
+    times = sorted((float(c) / rate for c in costs), reverse=True)
+    free = [0.0] * int(workers)
+    for t in times:
+        heapq.heapreplace(free, free[0] + t)
+    makespan = max(free)
+    work = sum(times) / workers
+    return {
+        "wall": warmup + makespan,
+        "work": work,
+        "tail": makespan - work,
+        "efficiency": work / makespan if makespan > 0 else 1.0,
+    }
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,38 @@ def test_one_queue_across_sweeps(tmp_path: Path) -> None:
     assert groups.index("beta") < max(i for i, g in enumerate(groups) if g == "alpha")
 
 
+def test_predict_wall_time() -> None:
+    from experiments.execution import predict_wall_time
+
+    one = predict_wall_time([4, 3, 2, 1], workers=1, rate=2.0, warmup=5.0)
+    assert one["wall"] == 5.0 + 5.0 and one["tail"] == 0.0 and one["efficiency"] == 1.0
+    # largest first on 2 workers: [4, 1] and [3, 2] -> makespan 5 cost = 2.5 s, perfectly even
+    two = predict_wall_time([1, 2, 3, 4], workers=2, rate=2.0)
+    assert two["wall"] == 2.5 and two["tail"] == 0.0
+    # the classic LPT case: 3,3,2,2,2 on 2 workers -> [3,2,2] and [3,2]: 7 against 6 ideal
+    lpt = predict_wall_time([3, 3, 2, 2, 2], workers=2, rate=1.0)
+    assert lpt["wall"] == 7.0 and lpt["work"] == 6.0 and lpt["tail"] == 1.0
+    assert lpt["efficiency"] == pytest.approx(6 / 7)
+    # one huge point: the others cannot help
+    big = predict_wall_time([100, 1, 1], workers=4, rate=1.0)
+    assert big["wall"] == 100.0 and big["efficiency"] == pytest.approx(102 / 400)
+    with pytest.raises(ValueError):
+        predict_wall_time([1], workers=0, rate=1.0)
+
+
+def test_measured_rate(tmp_path: Path) -> None:
+    from experiments.execution import measured_rate
+
+    recs = [
+        {"point": {"n": 2, "d": 3}, "seconds": 2.0},
+        {"point": {"n": 4, "d": 1}, "seconds": 1.0},
+    ]
+    assert measured_rate(recs) == pytest.approx((12 + 16) / 3.0)
+    assert measured_rate(recs, cost=lambda p: 1.0) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        measured_rate([])
+
+
 # ---- the serial driver ---------------------------------------------------------------------
 def test_driver_records_match_sweep_run(tmp_path: Path) -> None:
     """run_jobs writes what Sweep.run writes (apart from the wall time and the line order)."""
