@@ -465,12 +465,18 @@ class SweepJob:
     points); ``fn(point)`` returns the measured values of one point, as ``compute`` does for
     :meth:`Sweep.run <experiments.runner.Sweep.run>`, but must be a top-level function;
     ``cost(point)`` overrides :func:`default_cost`.
+
+    ``context`` holds the sweep-level settings the function needs besides the point (a seed, a
+    model name, tolerances): the task's configuration is ``{**context, **point}``, while the
+    record, and the point's key, keep the point alone, as :meth:`Sweep.run` does. Point and
+    context must not share a key.
     """
 
     sweep: Any
     points: Sequence[Mapping[str, Any]]
     fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     cost: Callable[[Mapping[str, Any]], float] | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)
 
 
 class PointError(RuntimeError):
@@ -548,9 +554,15 @@ def run_jobs(
                     progress.skip(sweep.name, cost=c)
                 continue
             seen.add(pkey)
+            shared = set(p) & set(job.context)
+            if shared:
+                raise ValueError(
+                    f"{sweep.name}: point and context share the key(s) {', '.join(sorted(shared))}"
+                )
             tkey = f"{sweep.name}/{pkey}"
             where[tkey] = (job, p, pkey)
-            tasks.append(Task(key=tkey, fn=job.fn, config=p, cost=c, group=sweep.name))
+            config = {**job.context, **p}
+            tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=sweep.name))
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -217,6 +218,20 @@ def test_point_error_raises_or_is_recorded(tmp_path: Path) -> None:
     assert summary.computed == 13 - 4
 
 
+def test_context_joins_the_task_config_not_the_record(tmp_path: Path) -> None:
+    sweep = Sweep(tmp_path, "alpha", {"what": "ctx"})
+    pts = [{"n": 2, "d": 3}, {"n": 4, "d": 2}]
+    run_jobs([SweepJob(sweep, pts, toy_point, context={"seed": 7})], SerialExecutor())
+    recs = sweep.records()
+    # records keep the points alone, appended largest cost first: (4, 2) then (2, 3)
+    assert [r["point"] for r in recs] == [pts[1], pts[0]]
+    for r in recs:
+        assert r["key"] == point_key(sweep.digest, r["point"])
+        assert r["value"] == toy_point({**r["point"], "seed": 7})["value"]
+    with pytest.raises(ValueError, match="share the key"):
+        run_jobs([SweepJob(Sweep(tmp_path, "b", {}), pts, toy_point, context={"n": 1})])
+
+
 def test_worker_cache_loads_once_per_process() -> None:
     execution.clear_worker_cache()
     tasks = [Task(str(i), cached_point, {"model": i % 2}) for i in range(6)]
@@ -387,3 +402,34 @@ def test_dask_scheduler_address_route(tmp_path: Path, dask2) -> None:
     run_jobs(_jobs(tmp_path / "serial"), SerialExecutor())
     assert _records(tmp_path / "remote") == _records(tmp_path / "serial")
     assert dask2.client.status == "running"  # closing that client left the cluster up
+
+
+def verify_bounds_point(config):
+    """The bound-verification stage's point function, as a top-level task."""
+    from experiments.verify_bounds import _registry, check_instance
+
+    return check_instance(config["seed"], config["index"], config["kind"], _registry(None))
+
+
+def test_dask_real_stage_points_bit_identical(tmp_path: Path, dask2) -> None:
+    """Bound-verification instances: the stage's own serial sweep against Dask through run_jobs."""
+    from experiments.verify_bounds import HARNESS_VERSION, KINDS, _registry, _schedule, verify
+
+    seed, n = 5, 8
+    verify(n_instances=n, seed=seed, progress=False, sweep_dir=tmp_path / "serial")
+    config = {
+        "harness_version": HARNESS_VERSION,
+        "seed": seed,
+        "bounds": [s.name for s in _registry(None)],
+    }
+    sweep = Sweep(tmp_path / "dask", "instances", config, seed=seed, device="cpu", dtype="float64")
+    points = _schedule(n, KINDS)
+    job = SweepJob(sweep, points, verify_bounds_point, context={"seed": seed})
+    summary = run_jobs([job], dask2)
+    assert summary.computed == n
+    serial = Sweep(tmp_path / "serial", "instances", config).records()
+    strip = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+    assert sorted(map(json.dumps, map(strip, serial))) == sorted(
+        map(json.dumps, map(strip, sweep.records()))
+    )
+    assert len(serial) == n and all(r["checks"] for r in serial)
