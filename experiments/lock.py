@@ -8,8 +8,14 @@ second run fails at once with a one-line error naming the run in progress.
 A process killed with ``SIGKILL`` cannot remove its lock. Such a stale lock is recognised and
 taken over: on the host that wrote it, the owner is gone when its process id no longer exists,
 when that id now belongs to a process started later (the id was reused), or when the machine has
-rebooted since (another boot id). A lock written by another host cannot be checked from here; the
-error says so and names the file to remove once that run is known to be over.
+rebooted since (another boot id). A process on another host (a cluster driver job resubmitted to
+another node) cannot be checked directly: its lock is refreshed by a heartbeat (the file's mtime,
+every minute by default), and a lock from another host whose heartbeat stopped long ago (15 min by
+default) is taken over; a younger one is refused with an error that names the file to remove once
+that run is known to be over.
+
+:func:`sigterm_as_exit` turns ``SIGTERM`` (sent by ``kill``, or by SLURM at the end of a job's
+time) into ``SystemExit``, so that ``with`` blocks unwind and the lock is removed.
 
 Taking over a stale lock is itself guarded by a second ``O_EXCL`` file, so that of two runs that
 find the same stale lock only one removes it, and neither removes a fresh lock taken meanwhile.
@@ -22,19 +28,30 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import json
 import os
 import shlex
+import signal
 import socket
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCK_NAME", "LockHeldError", "OutDirLock", "describe", "lock_owner"]
+__all__ = [
+    "LOCK_NAME",
+    "LockHeldError",
+    "OutDirLock",
+    "describe",
+    "lock_owner",
+    "sigterm_as_exit",
+]
 
 LOCK_NAME = ".meanfield.lock"
 _TAKEOVER_SUFFIX = ".takeover"
@@ -113,9 +130,17 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def _is_stale(info: dict[str, Any]) -> bool | None:
-    """``True``: the owner is gone; ``False``: alive; ``None``: cannot tell (another host)."""
+def _is_stale(
+    info: dict[str, Any], age: float = 0.0, stale_after: float | None = None
+) -> bool | None:
+    """``True``: the owner is gone; ``False``: alive; ``None``: cannot tell (another host).
+
+    ``age`` is the seconds since the lock's last heartbeat; on another host the owner counts as
+    gone once ``age`` exceeds ``stale_after`` (never when ``stale_after`` is ``None``).
+    """
     if info.get("host") != socket.gethostname():
+        if stale_after is not None and age > stale_after:
+            return True
         return None
     boot = _boot_id()
     if boot is not None and info.get("boot_id") not in (None, boot):
@@ -159,6 +184,12 @@ class OutDirLock:
         The directory to lock (created if missing).
     command : str, optional
         The command line recorded for other runs to see (default: ``sys.argv``).
+    heartbeat : float or None
+        Seconds between two refreshes of the lock file's mtime by a daemon thread (default 60;
+        ``None``: no heartbeat).
+    stale_after : float or None
+        A lock written on another host whose mtime is older than this many seconds is stale
+        (default 900; ``None``: never take over a lock from another host).
 
     Raises
     ------
@@ -173,12 +204,25 @@ class OutDirLock:
     the next run on the same host detects it as stale and takes it over (with a warning).
     """
 
-    def __init__(self, out_dir: str | os.PathLike, *, command: str | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        *,
+        command: str | None = None,
+        heartbeat: float | None = 60.0,
+        stale_after: float | None = 900.0,
+    ) -> None:
+        if heartbeat is not None and stale_after is not None and heartbeat * 3 > stale_after:
+            raise ValueError("stale_after must be at least three heartbeats")
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / LOCK_NAME
         self.command = command
+        self.heartbeat = heartbeat
+        self.stale_after = stale_after
         self.info: dict[str, Any] | None = None
         self.took_over: dict[str, Any] | None = None
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def held(self) -> bool:
@@ -236,6 +280,7 @@ class OutDirLock:
             if self._try_create(info):
                 self.info = info
                 _register_atexit(self)
+                self._start_heartbeat()
                 return self
             current = _read(self.path)
             if current is None:
@@ -246,12 +291,16 @@ class OutDirLock:
                     self._take_over(None)
                     continue
             else:
-                stale = _is_stale(current)
+                age = _age(self.path)
+                stale = _is_stale(current, age, self.stale_after)
                 if stale:
                     log.warning(
-                        "%s: taking over a stale lock (%s: that process is gone)",
+                        "%s: taking over a stale lock (%s: %s)",
                         self.out_dir,
                         describe(current),
+                        "that process is gone"
+                        if current.get("host") == socket.gethostname()
+                        else f"no heartbeat for {age:.0f} s",
                     )
                     self.took_over = current
                     self._take_over(current)
@@ -270,8 +319,31 @@ class OutDirLock:
                 )
             time.sleep(0.05)
 
+    def _start_heartbeat(self) -> None:
+        if self.heartbeat is None:
+            return
+        self._stop = threading.Event()
+        stop, path, token, period = self._stop, self.path, self.info["token"], self.heartbeat
+
+        def beat() -> None:
+            while not stop.wait(period):
+                current = _read(path)
+                if current is None or current.get("token") != token:
+                    return  # no longer ours
+                try:
+                    os.utime(path)
+                except OSError:
+                    return
+
+        self._thread = threading.Thread(target=beat, name="meanfield-lock-heartbeat", daemon=True)
+        self._thread.start()
+
     def release(self) -> None:
         """Remove the lock if this object still owns it (idempotent)."""
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+            self._thread = None
         if self.info is None:
             return
         current = _read(self.path)
@@ -312,3 +384,24 @@ def _release_all() -> None:
     for lock in list(_OBJECTS.values()):
         if lock.info is not None and lock.info.get("pid") == os.getpid():  # not in a forked child
             lock.release()
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Within the block, ``SIGTERM`` raises ``SystemExit(143)`` (main thread only; else no-op).
+
+    A terminated run then unwinds like an interrupted one: ``with`` blocks close, the lock is
+    removed, and the exit status is the usual 128 + 15.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -166,6 +166,7 @@ def test_release_never_removes_someone_elses_lock(tmp_path: Path) -> None:
 def test_concurrent_acquire_exactly_one_wins(tmp_path: Path) -> None:
     code = """
         import sys, time
+        from pathlib import Path
         from experiments.lock import OutDirLock, LockHeldError
         t0 = float(sys.argv[2])
         while time.time() < t0:
@@ -176,9 +177,62 @@ def test_concurrent_acquire_exactly_one_wins(tmp_path: Path) -> None:
             print("refused", flush=True)
             sys.exit(0)
         print("won", flush=True)
-        time.sleep(3)
+        while not Path(sys.argv[3]).exists():  # hold until the others have answered
+            time.sleep(0.01)
     """
+    out, release = tmp_path / "out", tmp_path / "release"
     start = str(time.time() + 1.5)
-    procs = [_python(code, str(tmp_path), start) for _ in range(3)]
-    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
-    assert sorted(outs) == ["refused", "refused", "won"], outs
+    procs = [_python(code, str(out), start, str(release)) for _ in range(3)]
+    try:
+        answers = [p.stdout.readline().strip() for p in procs]
+    finally:
+        release.touch()
+        for p in procs:
+            p.wait(timeout=60)
+    assert sorted(answers) == ["refused", "refused", "won"], answers
+
+
+def test_other_host_without_heartbeat_is_taken_over(tmp_path: Path) -> None:
+    info = {"pid": 1, "host": "elsewhere.invalid", "started": "s", "command": "c", "token": "t"}
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps(info))
+    old = time.time() - 20 * 60  # 20 min without a heartbeat
+    os.utime(path, (old, old))
+    with pytest.raises(LockHeldError, match="another host"):
+        OutDirLock(tmp_path, stale_after=None).acquire()  # told never to take one over
+    with OutDirLock(tmp_path) as lock:  # default: stale after 15 min
+        assert lock.took_over["token"] == "t"
+        assert lock_owner(tmp_path)["host"] == socket.gethostname()
+
+
+def test_heartbeat_refreshes_the_lock_until_released(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_NAME
+    lock = OutDirLock(tmp_path, heartbeat=0.05, stale_after=1.0).acquire()
+    old = time.time() - 100
+    os.utime(path, (old, old))
+    deadline = time.monotonic() + 10
+    while path.stat().st_mtime < old + 50 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.stat().st_mtime > time.time() - 10  # refreshed
+    thread = lock._thread
+    lock.release()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and not path.exists()
+    with pytest.raises(ValueError, match="three heartbeats"):
+        OutDirLock(tmp_path, heartbeat=60, stale_after=100)
+
+
+def test_sigterm_unwinds_and_releases(tmp_path: Path) -> None:
+    code = """
+        import sys, time
+        from experiments.lock import OutDirLock, sigterm_as_exit
+        with sigterm_as_exit(), OutDirLock(sys.argv[1]):
+            print("locked", flush=True)
+            time.sleep(120)
+    """
+    proc = _python(code, str(tmp_path))
+    _wait_locked(proc)
+    assert (tmp_path / LOCK_NAME).exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert not (tmp_path / LOCK_NAME).exists()
