@@ -379,7 +379,11 @@ class DaskExecutor:
                     dashboard_address=None,
                     env=worker_env,
                 )
-            self.client = Client(self.cluster)
+            try:
+                self.client = Client(self.cluster)
+            except BaseException:
+                self.cluster.close()
+                raise
 
     @property
     def workers(self) -> int:
