@@ -1,0 +1,608 @@
+"""Running sweep points in this process or on a Dask cluster, with the driver the only writer.
+
+A *task* is one point of a sweep: a pure, top-level (hence picklable) function and that point's
+configuration, a plain mapping. An *executor* runs tasks and hands back their outcomes as they
+complete; it never writes a file. The *driver*, :func:`run_jobs`, gathers the unfinished points of
+several sweeps into one queue ordered by cost, largest first, so that no worker idles at the end
+behind one long point, and appends each record to its sweep's JSONL file as the outcome arrives,
+in exactly the format of :meth:`experiments.runner.Sweep.run`. Resuming, atomic appends and the
+repair of a torn last record are therefore those of :class:`~experiments.runner.Sweep`.
+
+Executors:
+
+- :class:`SerialExecutor` runs the tasks one after the other in this process (the default).
+- :class:`DaskExecutor` submits them to a Dask cluster: a ``LocalCluster`` of worker processes on
+  the loopback interface, without a dashboard (``workers=N``), or a running scheduler
+  (``scheduler="tcp://host:8786"``). Dask is the optional extra ``meanfield[dist]``; it is
+  imported only here, inside the functions that need it.
+
+A worker that dies loses only its points in flight: Dask runs them again on another worker, up to
+``allowed_failures`` times, after which the driver records them as lost and goes on; a rerun of
+the same command computes them. A driver that dies loses the points in flight and nothing else.
+
+Each worker process keeps what its tasks load (models, texts) in :func:`worker_cache`, so a model
+is loaded once per process, not once per point.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "DIST_EXTRA_HINT",
+    "DaskExecutor",
+    "Executor",
+    "Outcome",
+    "PointError",
+    "RunSummary",
+    "SerialExecutor",
+    "SweepJob",
+    "Task",
+    "clear_worker_cache",
+    "default_cost",
+    "make_executor",
+    "measured_rate",
+    "order_by_cost",
+    "predict_wall_time",
+    "require_dask",
+    "run_jobs",
+    "worker_cache",
+]
+
+log = logging.getLogger(__name__)
+
+DIST_EXTRA_HINT = "install the optional extra: pip install 'meanfield[dist]'"
+
+
+# ---- cost model ---------------------------------------------------------------------------
+def default_cost(config: Mapping[str, Any]) -> float:
+    """Default cost of one point: ``n² · d · windows`` from its configuration (missing keys: 1).
+
+    Only the order of the costs matters for the queue; for the ETA, the cost should be roughly
+    proportional to the time a point takes (docs/cluster.md, "Cost model").
+    """
+
+    def num(key: str) -> float:
+        v = config.get(key, 1)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return 1.0
+
+    return num("n") ** 2 * num("d") * num("windows")
+
+
+def measured_rate(
+    records: Iterable[Mapping[str, Any]],
+    cost: Callable[[Mapping[str, Any]], float] = default_cost,
+) -> float:
+    """Cost per second of one worker, from finished records: ``Σ cost(point) / Σ seconds``.
+
+    ``records`` are sweep records (``{"point", "seconds", ...}``), e.g. of a serial run.
+    """
+    total_cost = total_s = 0.0
+    for r in records:
+        total_cost += float(cost(r["point"]))
+        total_s += float(r["seconds"])
+    if total_s <= 0:
+        raise ValueError("no measured time in these records")
+    return total_cost / total_s
+
+
+def predict_wall_time(
+    costs: Iterable[float], workers: int, rate: float, *, warmup: float = 0.0
+) -> dict[str, float]:
+    """Wall time of a cost-ordered queue on ``workers`` identical workers (docs/cluster.md).
+
+    Simulates the queue: points largest first, each to the first worker that is free, a point of
+    cost ``c`` taking ``c / rate`` seconds. Returns ``wall`` (``warmup`` + the time the last
+    worker finishes), ``work`` (``Σ cost / (workers · rate)``, perfect sharing), ``tail``
+    (``wall - warmup - work``, the idle time at the end) and ``efficiency`` (warm-up excluded).
+    """
+    import heapq
+
+    if workers < 1 or rate <= 0:
+        raise ValueError("workers must be >= 1 and rate > 0")
+    times = sorted((float(c) / rate for c in costs), reverse=True)
+    free = [0.0] * int(workers)
+    for t in times:
+        heapq.heapreplace(free, free[0] + t)
+    makespan = max(free)
+    work = sum(times) / workers
+    return {
+        "wall": warmup + makespan,
+        "work": work,
+        "tail": makespan - work,
+        "efficiency": work / makespan if makespan > 0 else 1.0,
+    }
+
+
+@dataclass(frozen=True)
+class Task:
+    """One point to compute.
+
+    Attributes
+    ----------
+    key : str
+        Unique within a run (the driver uses ``<sweep name>/<point key>``).
+    fn : callable
+        ``fn(config) -> mapping`` of measured values: a top-level function (it is pickled by
+        reference when sent to a worker), pure (it writes no file; the driver does).
+    config : mapping
+        This point's configuration, everything ``fn`` needs (plain, picklable values).
+    cost : float, optional
+        Overrides :func:`default_cost` of ``config``.
+    group : str
+        Name of the sweep or stage, for progress.
+    """
+
+    key: str
+    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    config: Mapping[str, Any]
+    cost: float | None = None
+    group: str = ""
+
+    @property
+    def effective_cost(self) -> float:
+        """``cost`` when given, else :func:`default_cost` of the configuration."""
+        return float(self.cost) if self.cost is not None else default_cost(self.config)
+
+
+def order_by_cost(tasks: Iterable[Task]) -> list[Task]:
+    """Tasks by decreasing cost; equal costs keep their given order."""
+    indexed = list(enumerate(tasks))
+    indexed.sort(key=lambda it: (-it[1].effective_cost, it[0]))
+    return [t for _, t in indexed]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back for one task.
+
+    ``status`` is ``"ok"`` (``value`` holds the measured values), ``"error"`` (the function raised;
+    ``error`` is one line, ``traceback`` the full text) or ``"lost"`` (its worker died too often,
+    or the cluster went away: computing it again may well succeed).
+    """
+
+    task: Task
+    status: str
+    value: dict[str, Any] | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    traceback: str | None = None
+    worker: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the point was computed."""
+        return self.status == "ok"
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def call_task(
+    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    config: Mapping[str, Any],
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Run ``fn(config)`` and time it; runs on the worker. Exceptions come back as data.
+
+    With ``threads`` set and torch already loaded, the point runs on that many torch threads.
+    Point functions that need a fixed thread count for reproducible results set it themselves
+    (as the stages do with ``torch_threads``); Dask workers start with one OpenMP thread.
+    """
+    torch = sys.modules.get("torch")
+    old = None
+    if threads is not None and torch is not None:
+        old = torch.get_num_threads()
+        torch.set_num_threads(int(threads))
+    t0 = time.perf_counter()
+    try:
+        value = dict(fn(dict(config)))
+    except Exception as err:  # noqa: BLE001 - any failure of the point is reported to the driver
+        return {
+            "status": "error",
+            "seconds": time.perf_counter() - t0,
+            "error": _one_line(err),
+            "traceback": traceback.format_exc(),
+            "worker": f"pid {os.getpid()}",
+        }
+    finally:
+        if old is not None:
+            torch.set_num_threads(old)
+    return {
+        "status": "ok",
+        "value": value,
+        "seconds": time.perf_counter() - t0,
+        "worker": f"pid {os.getpid()}",
+    }
+
+
+def _outcome(task: Task, raw: Mapping[str, Any]) -> Outcome:
+    return Outcome(task=task, **raw)
+
+
+# ---- per-process cache --------------------------------------------------------------------
+_CACHE: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+_CACHE_MAX = 4
+_CACHE_STATS = {"hits": 0, "misses": 0}
+
+
+def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
+    """The object cached under ``key`` in this process, made by ``factory()`` on first use.
+
+    Tasks load models and texts through it (key: the model or text specification), so each
+    worker process loads each of them once. The cache keeps the ``4`` most recently used objects.
+    """
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        _CACHE_STATS["hits"] += 1
+        return _CACHE[key]
+    _CACHE_STATS["misses"] += 1
+    value = factory()
+    _CACHE[key] = value
+    while len(_CACHE) > _CACHE_MAX:
+        _CACHE.popitem(last=False)
+    return value
+
+
+def clear_worker_cache() -> None:
+    """Empty this process's cache (and its hit/miss counters)."""
+    _CACHE.clear()
+    _CACHE_STATS.update(hits=0, misses=0)
+
+
+# ---- executors ----------------------------------------------------------------------------
+class Executor(Protocol):
+    """Runs tasks and yields their outcomes as they complete (in any order)."""
+
+    workers: int
+
+    def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
+        """Run ``tasks`` (largest cost first) and yield one :class:`Outcome` per task."""
+        ...
+
+    def close(self) -> None:
+        """Release the executor's resources."""
+        ...
+
+
+class SerialExecutor:
+    """Runs tasks one by one in this process, largest cost first."""
+
+    workers = 1
+
+    def __init__(self, *, threads: int | None = None) -> None:
+        self.threads = threads
+        self.submitted: list[str] = []
+
+    def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
+        """Run each task in turn and yield its outcome."""
+        ordered = order_by_cost(tasks)
+        self.submitted = [t.key for t in ordered]
+        for task in ordered:
+            yield _outcome(task, call_task(task.fn, task.config, self.threads))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __enter__(self) -> SerialExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "SerialExecutor()"
+
+
+def require_dask() -> None:
+    """Raise a one-line ``ImportError`` naming the extra when Dask is not installed."""
+    try:
+        import dask  # noqa: F401
+        import distributed  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            f"--workers and --scheduler run on Dask, which is not installed ({err.name} is "
+            f"missing); {DIST_EXTRA_HINT}"
+        ) from None
+
+
+class DaskExecutor:
+    """Runs tasks on a Dask cluster; the driver process stays the only writer.
+
+    Parameters
+    ----------
+    workers : int, optional
+        Start a ``LocalCluster`` of this many worker processes, one thread each, listening on
+        127.0.0.1 only and without a dashboard.
+    scheduler : str, optional
+        Address of a running scheduler (``tcp://host:8786``) to connect to instead.
+    threads : int or None
+        Torch threads per task when torch is loaded (default ``None``: leave it to the task).
+    allowed_failures : int
+        How many times a point may be in flight on a worker that dies before it is given up
+        (``LocalCluster`` only; a running scheduler has its own setting). Default 3, Dask's own.
+    env : mapping, optional
+        Environment of the local workers, on top of one OpenMP thread per worker with passive
+        waiting (set before torch loads in the worker).
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        scheduler: str | None = None,
+        *,
+        threads: int | None = None,
+        allowed_failures: int = 3,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        require_dask()
+        import dask
+        from distributed import Client, LocalCluster
+
+        if (workers is None) == (scheduler is None):
+            raise ValueError("give exactly one of workers and scheduler")
+        self.threads = threads
+        self.cluster = None
+        self.submitted: list[str] = []
+        if scheduler is not None:
+            self.client = Client(scheduler)
+        else:
+            if int(workers) < 1:
+                raise ValueError(f"workers must be at least 1, got {workers}")
+            worker_env = {
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_WAIT_POLICY": "PASSIVE",
+                **(dict(env) if env else {}),
+            }
+            with dask.config.set({"distributed.scheduler.allowed-failures": int(allowed_failures)}):
+                self.cluster = LocalCluster(
+                    n_workers=int(workers),
+                    threads_per_worker=1,
+                    processes=True,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                    env=worker_env,
+                )
+            try:
+                self.client = Client(self.cluster)
+            except BaseException:
+                self.cluster.close()
+                raise
+
+    @property
+    def workers(self) -> int:
+        """Number of workers connected now (at least 1, for cost estimates)."""
+        return max(1, len(self.client.scheduler_info()["workers"]))
+
+    def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
+        """Submit every task (largest cost first, highest priority first) and yield outcomes."""
+        from distributed import as_completed
+
+        ordered = order_by_cost(tasks)
+        self.submitted = [t.key for t in ordered]
+        run = uuid.uuid4().hex[:8]
+        futures = {}
+        for rank, task in enumerate(ordered):
+            fut = self.client.submit(
+                call_task,
+                task.fn,
+                task.config,
+                self.threads,
+                key=f"point-{run}-{rank}",
+                priority=len(ordered) - rank,
+                pure=False,
+            )
+            futures[fut.key] = (fut, task)
+        pending = set(futures)
+        try:
+            for fut in as_completed([f for f, _ in futures.values()]):
+                task = futures[fut.key][1]
+                pending.discard(fut.key)
+                try:
+                    raw = fut.result()
+                except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
+                    yield Outcome(task=task, status="lost", error=_one_line(err))
+                else:
+                    yield _outcome(task, raw)
+                fut.release()
+        finally:
+            if pending:  # the driver stopped early: do not leave work running for nobody
+                self.client.cancel([futures[k][0] for k in pending])
+
+    def close(self) -> None:
+        """Close the client and, when this executor started it, the local cluster."""
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+
+    def __enter__(self) -> DaskExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = "LocalCluster" if self.cluster is not None else self.client.scheduler.address
+        return f"DaskExecutor({where}, workers={self.workers})"
+
+
+def make_executor(
+    workers: int | None = None, scheduler: str | None = None, **kwargs: Any
+) -> SerialExecutor | DaskExecutor:
+    """The executor for ``--workers N`` / ``--scheduler ADDRESS``.
+
+    Serial when neither is given or ``workers`` is at most 1; otherwise Dask (a one-line
+    ``ImportError`` naming the ``dist`` extra when Dask is not installed).
+    """
+    if scheduler:
+        if workers not in (None, 0):
+            raise ValueError("give --workers or --scheduler, not both")
+        return DaskExecutor(scheduler=scheduler, **kwargs)
+    if workers is None or int(workers) <= 1:
+        return SerialExecutor(threads=kwargs.get("threads"))
+    return DaskExecutor(workers=int(workers), **kwargs)
+
+
+# ---- the driver ---------------------------------------------------------------------------
+@dataclass
+class SweepJob:
+    """The points of one sweep, and the task function computing one of them.
+
+    ``sweep`` is an :class:`experiments.runner.Sweep` (its file, configuration hash and finished
+    points); ``fn(point)`` returns the measured values of one point, as ``compute`` does for
+    :meth:`Sweep.run <experiments.runner.Sweep.run>`, but must be a top-level function;
+    ``cost(point)`` overrides :func:`default_cost`.
+
+    ``context`` holds the sweep-level settings the function needs besides the point (a seed, a
+    model name, tolerances): the task's configuration is ``{**context, **point}``, while the
+    record, and the point's key, keep the point alone, as :meth:`Sweep.run` does. Point and
+    context must not share a key.
+    """
+
+    sweep: Any
+    points: Sequence[Mapping[str, Any]]
+    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    cost: Callable[[Mapping[str, Any]], float] | None = None
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+
+class PointError(RuntimeError):
+    """A point's function raised; earlier records are kept, a rerun resumes."""
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_jobs` did."""
+
+    computed: int = 0
+    skipped: int = 0
+    lost: list[Outcome] = field(default_factory=list)
+    errors: list[Outcome] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def run_jobs(
+    jobs: Sequence[SweepJob],
+    executor: Executor | None = None,
+    *,
+    progress: Any = None,
+    on_error: str = "raise",
+) -> RunSummary:
+    """Compute every unfinished point of ``jobs`` on ``executor``; the only writer of records.
+
+    The unfinished points of all jobs form one queue, largest cost first. Each outcome is
+    appended to its sweep's JSONL file as it arrives, as ``{"key", "config_hash", "point",
+    "seconds", **values}`` (the record of :meth:`Sweep.run <experiments.runner.Sweep.run>`;
+    ``seconds`` is the time of the point's function on its worker).
+
+    Parameters
+    ----------
+    jobs : sequence of SweepJob
+        Sweeps with distinct names.
+    executor : Executor, optional
+        Default :class:`SerialExecutor`.
+    progress : CostProgress, optional
+        Told each job's cost, the points found finished, and each point computed.
+    on_error : {"raise", "record"}
+        When a point's function raises: stop with :class:`PointError` (the default, as a serial
+        sweep does), or record it in the summary and go on. Lost points (dead workers) are always
+        recorded and skipped; the next run computes them.
+
+    Returns
+    -------
+    RunSummary
+    """
+    from .results import append_jsonl
+    from .runner import point_key
+
+    if on_error not in ("raise", "record"):
+        raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
+    names = [job.sweep.name for job in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"sweep names must be distinct, got {names}")
+    executor = executor if executor is not None else SerialExecutor()
+    summary = RunSummary()
+    t_start = time.perf_counter()
+    tasks: list[Task] = []
+    where: dict[str, tuple[SweepJob, dict[str, Any], str]] = {}
+    for job in jobs:
+        sweep = job.sweep
+        done = sweep.done()
+        points = [dict(p) for p in job.points]
+        costs = [float(job.cost(p)) if job.cost else default_cost(p) for p in points]
+        if progress is not None:
+            progress.add(sweep.name, cost=sum(costs), points=len(points))
+        seen: set[str] = set()
+        for p, c in zip(points, costs):
+            pkey = point_key(sweep.digest, p)
+            if pkey in done or pkey in seen:
+                summary.skipped += pkey in done
+                if progress is not None:
+                    progress.skip(sweep.name, cost=c)
+                continue
+            seen.add(pkey)
+            shared = set(p) & set(job.context)
+            if shared:
+                raise ValueError(
+                    f"{sweep.name}: point and context share the key(s) {', '.join(sorted(shared))}"
+                )
+            tkey = f"{sweep.name}/{pkey}"
+            where[tkey] = (job, p, pkey)
+            config = {**job.context, **p}
+            tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=sweep.name))
+    if summary.skipped:
+        log.info("%d point(s) already done", summary.skipped)
+    with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
+        for outcome in outcomes:
+            _take(outcome, where, summary, progress, on_error, append_jsonl)
+    summary.seconds = time.perf_counter() - t_start
+    return summary
+
+
+def _take(
+    outcome: Outcome,
+    where: Mapping[str, tuple[SweepJob, dict[str, Any], str]],
+    summary: RunSummary,
+    progress: Any,
+    on_error: str,
+    append_jsonl: Callable[..., None],
+) -> None:
+    """Append one outcome's record (or note its failure)."""
+    job, p, pkey = where[outcome.task.key]
+    if outcome.ok:
+        record = {
+            "key": pkey,
+            "config_hash": job.sweep.digest,
+            "point": p,
+            "seconds": outcome.seconds,
+            **outcome.value,
+        }
+        append_jsonl(job.sweep.path, record)
+        summary.computed += 1
+        if progress is not None:
+            progress.advance(job.sweep.name, cost=outcome.task.effective_cost)
+        return
+    if outcome.status == "error":
+        if on_error == "raise":
+            raise PointError(f"{job.sweep.name}: point {p} failed: {outcome.error}")
+        summary.errors.append(outcome)
+    else:
+        summary.lost.append(outcome)
+    log.warning("%s: point %s %s: %s", job.sweep.name, p, outcome.status, outcome.error)

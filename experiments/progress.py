@@ -1,0 +1,278 @@
+"""One progress tracker for a whole run, weighted by the cost of each point.
+
+Points of a sweep differ in cost by orders of magnitude (the cost of one point grows like
+``n² · d`` times its number of windows), so a count of finished points says little about the time
+left. :class:`CostProgress` counts cost instead: the fraction done is the finished cost over the
+total cost, and the estimated time left is the remaining cost divided by the rate measured so far
+(cost finished in this run per second of this run). Points found already finished when a run
+resumes count as done but not towards the rate, so a resumed run does not promise too much.
+
+On a terminal it draws one tqdm bar. Elsewhere (a batch job's log) it writes plain lines to the
+stream: one when a whole percent more is done *and* at least a minute has passed since the last
+line, so a log gets at most one line per percent and at most one per minute, whichever is rarer;
+plus one line each time a stage finishes, and one at the end. The clock is injectable for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TextIO
+
+__all__ = ["CostProgress", "format_seconds"]
+
+
+def format_seconds(s: float | None) -> str:
+    """``1h02m03s``, ``4m05s`` or ``6s`` (``?`` when unknown)."""
+    if s is None or not math.isfinite(s):
+        return "?"
+    s = max(0, round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    if h:
+        return f"{h}h{m:02d}m{sec:02d}s"
+    if m:
+        return f"{m}m{sec:02d}s"
+    return f"{sec}s"
+
+
+@dataclass
+class _Stage:
+    name: str
+    cost: float = 0.0
+    points: int = 0
+    done_cost: float = 0.0
+    done_points: int = 0
+    skipped_points: int = 0
+    started: float | None = None
+    finished: bool = False
+    seconds: float = field(default=0.0)
+
+
+class CostProgress:
+    """Cost-weighted progress over several stages, with an ETA and plain-log lines.
+
+    Parameters
+    ----------
+    desc : str
+        Name shown at the start of every line.
+    stream : text stream, optional
+        Where lines and the bar go (default ``sys.stderr``).
+    tty : bool, optional
+        Draw a tqdm bar (``True``) or write plain lines (``False``); default: whether ``stream``
+        is a terminal.
+    clock : callable, optional
+        Monotonic seconds (default :func:`time.monotonic`); tests pass a fake clock.
+    min_interval : float
+        Seconds between two plain percent lines at least (default 60).
+    enabled : bool
+        ``False`` prints nothing (the counters still work).
+
+    Examples
+    --------
+    >>> p = CostProgress(stream=io.StringIO(), tty=False)  # doctest: +SKIP
+    >>> p.add("sweep_a", cost=100.0, points=10)  # doctest: +SKIP
+    >>> p.advance("sweep_a", cost=10.0)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        desc: str = "progress",
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        min_interval: float = 60.0,
+        enabled: bool = True,
+    ) -> None:
+        self.desc = desc
+        self.stream = stream if stream is not None else sys.stderr
+        if tty is None:
+            isatty = getattr(self.stream, "isatty", None)
+            tty = bool(isatty()) if callable(isatty) else False
+        self.tty = tty
+        self.clock = clock
+        self.min_interval = float(min_interval)
+        self.enabled = enabled
+        self.stages: dict[str, _Stage] = {}
+        self.t0 = clock()
+        self._computed_cost = 0.0  # finished in this run (the rate's numerator)
+        self._skipped_cost = 0.0
+        self._last_line_t = self.t0
+        self._last_line_pct = 0
+        self._bar = None
+        self._closed = False
+
+    # ---- declaring work -------------------------------------------------------------------
+    def add(self, stage: str, cost: float, points: int = 1) -> None:
+        """Declare ``points`` points of total ``cost`` in ``stage`` (may be called repeatedly)."""
+        if cost < 0 or points < 0:
+            raise ValueError("cost and points must be non-negative")
+        st = self.stages.setdefault(stage, _Stage(stage))
+        st.cost += float(cost)
+        st.points += int(points)
+        st.finished = False
+        if self._bar is not None:
+            self._bar.total = self.total_cost
+            self._bar.refresh()
+
+    def skip(self, stage: str, cost: float, points: int = 1) -> None:
+        """Mark declared points as found finished (resumed): done, but not part of the rate."""
+        st = self.stages[stage]
+        st.done_cost += float(cost)
+        st.done_points += int(points)
+        st.skipped_points += int(points)
+        self._skipped_cost += float(cost)
+        self._after_update(st, float(cost))
+
+    def advance(self, stage: str, cost: float, points: int = 1) -> None:
+        """Record ``points`` points of ``cost`` finished in this run."""
+        st = self.stages[stage]
+        if st.started is None:
+            st.started = self.clock()
+        st.done_cost += float(cost)
+        st.done_points += int(points)
+        self._computed_cost += float(cost)
+        self._after_update(st, float(cost))
+
+    def start_stage(self, stage: str) -> None:
+        """Note that work on ``stage`` begins now (for its elapsed time; optional)."""
+        st = self.stages[stage]
+        if st.started is None:
+            st.started = self.clock()
+
+    # ---- reading it ----------------------------------------------------------------------
+    @property
+    def total_cost(self) -> float:
+        """Total declared cost."""
+        return sum(st.cost for st in self.stages.values())
+
+    @property
+    def done_cost(self) -> float:
+        """Cost finished, including skipped points."""
+        return sum(st.done_cost for st in self.stages.values())
+
+    @property
+    def total_points(self) -> int:
+        """Number of declared points."""
+        return sum(st.points for st in self.stages.values())
+
+    @property
+    def done_points(self) -> int:
+        """Number of finished points, including skipped ones."""
+        return sum(st.done_points for st in self.stages.values())
+
+    def fraction(self) -> float:
+        """Finished share of the total cost, in [0, 1] (1 when nothing was declared)."""
+        total = self.total_cost
+        return 1.0 if total <= 0 else min(1.0, self.done_cost / total)
+
+    def elapsed(self) -> float:
+        """Seconds since this tracker was made."""
+        return self.clock() - self.t0
+
+    def eta(self) -> float | None:
+        """Estimated seconds left: remaining cost over this run's measured cost rate.
+
+        ``None`` until some cost has been computed in this run.
+        """
+        remaining = max(0.0, self.total_cost - self.done_cost)
+        if remaining == 0.0:
+            return 0.0
+        elapsed = self.elapsed()
+        if self._computed_cost <= 0 or elapsed <= 0:
+            return None
+        return remaining * elapsed / self._computed_cost
+
+    def status_line(self) -> str:
+        """``desc: 37% of cost, 120/400 points, elapsed 12m03s, ETA 20m15s``."""
+        pct = math.floor(100 * self.fraction())
+        return (
+            f"{self.desc}: {pct}% of cost, {self.done_points}/{self.total_points} points, "
+            f"elapsed {format_seconds(self.elapsed())}, ETA {format_seconds(self.eta())}"
+        )
+
+    # ---- output --------------------------------------------------------------------------
+    def _write(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def _ensure_bar(self) -> None:
+        if self._bar is not None or not (self.enabled and self.tty):
+            return
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(
+            total=self.total_cost,
+            desc=self.desc,
+            file=self.stream,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}",
+            dynamic_ncols=True,
+            leave=True,
+        )
+
+    def _after_update(self, st: _Stage, cost: float) -> None:
+        now = self.clock()
+        if st.done_points >= st.points and not st.finished:
+            st.finished = True
+            st.seconds = now - st.started if st.started is not None else 0.0
+            resumed = f" ({st.skipped_points} already done)" if st.skipped_points else ""
+            self._write(
+                f"{self.desc}: stage {st.name} done, {st.points} points{resumed} in "
+                f"{format_seconds(st.seconds)}"
+            )
+        if self.tty:
+            self._ensure_bar()
+            if self._bar is not None:
+                self._bar.update(cost)
+                self._bar.set_postfix_str(
+                    f"{self.done_points}/{self.total_points} pts, "
+                    f"ETA {format_seconds(self.eta())} [{st.name}]",
+                    refresh=True,
+                )
+            return
+        pct = math.floor(100 * self.fraction())
+        if pct > self._last_line_pct and now - self._last_line_t >= self.min_interval:
+            self._last_line_pct = pct
+            self._last_line_t = now
+            self._write(self.status_line())
+
+    def close(self) -> None:
+        """Write the final line (and close the bar); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._write(
+            f"{self.desc}: finished {self.done_points}/{self.total_points} points "
+            f"({math.floor(100 * self.fraction())}% of cost) in {format_seconds(self.elapsed())}"
+        )
+
+    def __enter__(self) -> CostProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stage_summary(self) -> Mapping[str, Mapping[str, float]]:
+        """Per stage: cost, points, done points and seconds (for reports)."""
+        return {
+            name: {
+                "cost": st.cost,
+                "points": st.points,
+                "done_points": st.done_points,
+                "skipped_points": st.skipped_points,
+                "seconds": st.seconds,
+            }
+            for name, st in self.stages.items()
+        }
