@@ -406,14 +406,16 @@ def test_dask_scheduler_address_route(tmp_path: Path, dask2) -> None:
 
 def verify_bounds_point(config):
     """The bound-verification stage's point function, as a top-level task."""
-    from experiments.verify_bounds import _registry, check_instance
+    from experiments.verify_bounds.checks import _registry, check_instance
 
     return check_instance(config["seed"], config["index"], config["kind"], _registry(None))
 
 
 def test_dask_real_stage_points_bit_identical(tmp_path: Path, dask2) -> None:
     """Bound-verification instances: the stage's own serial sweep against Dask through run_jobs."""
-    from experiments.verify_bounds import HARNESS_VERSION, KINDS, _registry, _schedule, verify
+    from experiments.verify_bounds import KINDS, verify
+    from experiments.verify_bounds.checks import _registry
+    from experiments.verify_bounds.stage import HARNESS_VERSION, _schedule
 
     seed, n = 5, 8
     verify(n_instances=n, seed=seed, progress=False, sweep_dir=tmp_path / "serial")
