@@ -37,6 +37,7 @@ import torch
 import torch.func as tfunc
 from torch import Tensor
 
+from . import _rounding as _rnd
 from ._numerics import as_float_tensor, iter_chunks
 from ._spectral import (
     SpectralResult,
@@ -272,11 +273,34 @@ def _parse_input(
     return X, None, None, bool(masked) if masked is not None else False
 
 
-def _block_upper(lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None) -> Tensor:
+def _block_upper(
+    lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None, e: int = 0
+) -> Tensor:
+    """Block-norm bound on ``2**-e ||J||`` (the norm matrix is scaled before Collatz–Wielandt)."""
     if lin64.rope_heads:
         return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
     N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
-    return collatz_wielandt_bound(N) * (1 + _BLOCK_RTOL)
+    N = torch.where(torch.isnan(N), math.inf, N)
+    eN = _rnd.scale_of(N)  # docs/rounding.md §5: no squares of huge entries
+    up = _rnd.unscale(collatz_wielandt_bound(_rnd.unscale(N, -eN)), eN - e)
+    return up * (1 + _BLOCK_RTOL)
+
+
+def _solver_lin(
+    lin: AttentionLinearization, lin64s: AttentionLinearization, e: int
+) -> AttentionLinearization:
+    """The linearisation the iterative solver runs on (docs/rounding.md §5).
+
+    Float64 inputs: the scaled float64 one. Float32 inputs: their own, scaled by ``2**-e``,
+    unless the scale or the weight ratios leave float32's comfortable range (then float64).
+    """
+    if lin is lin64s or lin.X.dtype == torch.float64:
+        return lin64s
+    if abs(e) > 60 or (lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all())):
+        return lin64s
+    if not bool(torch.isfinite(lin.P).all()):
+        return lin64s
+    return _rnd.scaled(lin, e)
 
 
 @dataclass(frozen=True)
@@ -301,9 +325,13 @@ def _self_term(
     seed: int | None,
     generator: torch.Generator | None,
     chunk_size: int | None,
+    em: float | None = None,
 ) -> _SelfTerm:
-    """max_i ||S_i||_2 with a bracket: explicit blocks + SVD, or batched per-atom Lanczos."""
-    em = _eval_margin(lin.n, lin.d)
+    """max_i ||S_i||_2 with a bracket: explicit blocks + SVD, or batched per-atom Lanczos.
+
+    ``em`` is a relative margin (first-order model, docs/rounding.md §6).
+    """
+    em = _eval_margin(lin.n, lin.d) if em is None else em
     batch = lin64.batch_shape
     dev = lin64.X.device
     if explicit:
@@ -379,11 +407,12 @@ def local_lipschitz(
         Causal attention. Default: ``x.is_causal`` for a measure, ``False`` for a tensor.
     method : {"auto", "dense", "lanczos", "power"}, default "auto"
         ``"dense"`` assembles :math:`J` and takes an SVD (float64); ``"lanczos"`` is matrix-free
-        Golub–Kahan–Lanczos with a residual stopping rule; ``"power"`` is the baseline power
-        iteration with a relative-change rule. ``"auto"``: dense when ``n * d <= 1500``.
+        Golub–Kahan–Lanczos; ``"power"`` is the baseline power iteration. Both stop on the
+        residual rule below. ``"auto"``: dense when ``n * d <= 1500``.
     tol : float, default 1e-6
-        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`
-        (relative change for ``"power"``). For float32 inputs use ``tol >= 1e-4``.
+        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`,
+        for both iterative methods; ``converged`` is true exactly when the returned vector meets
+        it (docs/rounding.md §7). For float32 inputs use ``tol >= 1e-4``.
     max_iter : int, optional
         Iteration cap of the solver (defaults: 300 Lanczos steps, 1000 power steps).
     krylov_dim : int, default 32
@@ -444,6 +473,14 @@ def local_lipschitz(
     dtype, dev, batch = X.dtype, X.device, lin.batch_shape
     lin64 = _to_float64(lin, None)
     em = _eval_margin(n, d)
+    # rounding model and scale safety (docs/rounding.md §2-§5): every norm below is computed on
+    # the operator 2**-e J, with e a power-of-two scale, and brought back at the end
+    model = _rnd.error_model(lin64)
+    e = _rnd.scale_exponent(lin64)
+    lin64s = _rnd.scaled(lin64, e)
+    mlin = _rnd.magnitude_linearization(lin64s, model) if lin64s.analytic_heads else None
+    rope = bool(lin.rope_heads)
+    lin_solve = _solver_lin(lin, lin64s, e)
 
     self_term = None
     if geometry == "split":
@@ -461,11 +498,15 @@ def local_lipschitz(
             seed=seed,
             generator=generator,
             chunk_size=chunk_size,
+            em=em + 4 * float(model.eps_P.amax()),
         )
 
     history = None
+    n_out = n * lin.d_out
     if resolved == "dense":
-        J = _dense_from_lin(lin64, op_geometry)
+        J = _dense_from_lin(lin64s, op_geometry)
+        finite = torch.isfinite(J).flatten(-2).all(-1)
+        J = torch.where(finite[..., None, None], J, torch.zeros_like(J))
         _, S, Vh = torch.linalg.svd(J, full_matrices=False)
         v = Vh[..., 0, :]
         Jv = (J @ v.unsqueeze(-1)).squeeze(-1)
@@ -473,39 +514,62 @@ def local_lipschitz(
         residual = torch.linalg.vector_norm(
             (J.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
         )
+        # the lower end comes from the product path, whose rounding the model covers
+        s_prod = torch.linalg.vector_norm(
+            jvp(lin64s, v.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
+        )
         value64 = S[..., 0]
-        lower64 = sigma * (1 - em)
+        lower64 = _rnd.lower_from_product(s_prod, v, mlin, op_geometry, model, rope, n_out)
         vector = v.reshape(batch + (n, d)).to(dtype)
-        converged = torch.ones(batch, dtype=torch.bool, device=dev)
+        converged = finite
         n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
         n_matvec = torch.zeros(batch, dtype=torch.int64, device=dev)
         if up_method == "gram":
             upper64 = spectral_norm_upper(J, candidate=value64, max_iter=_DENSE_GRAM_STEPS)
-            upper64 = upper64 * (1 + em)
+            upper64 = _rnd.upper_margin(mlin, op_geometry, model, upper64, rope)
+            upper64 = torch.where(finite, upper64, math.inf)
+        lower64 = torch.where(finite, lower64, 0.0)
     else:
-        mv, rmv = _flat_ops(lin, op_geometry)
-        x0 = _start(batch + (n * d,), X, seed, generator)
+        mv, rmv = _flat_ops(lin_solve, op_geometry)
+        x0 = _start(batch + (n * d,), lin_solve.X, seed, generator)
         res: SpectralResult = top_singular_value(
             mv, rmv, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
         )
-        if lin64 is lin:
-            sigma = res.sigma
+        v64 = res.vector.to(torch.float64)
+        if lin_solve is lin64s:
+            s_prod = res.sigma
         else:
-            v64 = res.vector.to(torch.float64).reshape(batch + (n, d))
-            sigma = torch.linalg.vector_norm(
-                jvp(lin64, v64, geometry=op_geometry).flatten(-2), dim=-1
-            ) / torch.linalg.vector_norm(v64.flatten(-2), dim=-1)
-        value64 = res.sigma.to(torch.float64)
-        lower64 = sigma * (1 - em)
-        residual = res.residual
+            s_prod = torch.linalg.vector_norm(
+                jvp(lin64s, v64.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
+            )
+        finite = torch.isfinite(s_prod) & torch.isfinite(v64).all(-1)
+        lower64 = _rnd.lower_from_product(
+            torch.where(finite, s_prod, 0.0),
+            torch.where(finite[..., None], v64, 1.0),
+            mlin,
+            op_geometry,
+            model,
+            rope,
+            n_out,
+        )
+        value64 = torch.where(finite, res.sigma.to(torch.float64), 0.0)
+        residual = torch.where(finite, res.residual.to(torch.float64), math.inf)
         vector = res.vector.reshape(batch + (n, d))
-        converged, n_iter, n_matvec = res.converged, res.n_iter, res.n_matvec
-        history = res.history
+        converged, n_iter, n_matvec = res.converged & finite, res.n_iter, res.n_matvec
+        history = _rnd.unscale(res.history.to(torch.float64), e).to(dtype)
     if up_method == "block":
         self_norms = None if self_term is None else self_term.upper_atoms
-        upper64 = _block_upper(lin64, op_geometry, self_norms) * (1 + em)
+        upper64 = _block_upper(lin64, op_geometry, self_norms, e)
+        upper64 = _rnd.upper_margin(mlin, op_geometry, model, upper64, rope)
     elif up_method == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
+    # back to the units of J (docs/rounding.md §5): overflow gives upper = inf, and a lower end
+    # beyond float64's range is clamped to its largest finite number (still a lower bound)
+    value64 = _rnd.unscale(value64, e)
+    lower64 = _rnd.unscale(lower64, e).clamp_max(_rnd.F64_MAX)
+    upper64 = _rnd.unscale(upper64, e)
+    residual = _rnd.unscale(residual.to(torch.float64), e, 2)
+    upper64 = torch.where(torch.isnan(upper64), math.inf, upper64)
 
     self_value = None
     if self_term is not None:
