@@ -416,6 +416,30 @@ def scaled(lin: AttentionLinearization, e: int) -> AttentionLinearization:
     return dataclasses.replace(lin, W=torch.ldexp(lin.W, torch.tensor(-e, device=lin.W.device)))
 
 
+def scaled_params(params, e: int):
+    """Parameters whose layer is ``2**-e`` times the original (``W^O`` or every ``V_h`` scaled).
+
+    Used for the block-norm certificate, which reads the weight norms from the parameters.
+    """
+    from .params import AttentionParams, MultiHeadParams
+
+    if e == 0:
+        return params
+
+    def sc(t: Tensor) -> Tensor:
+        return torch.ldexp(t, torch.tensor(-e, device=t.device))
+
+    def head(h: AttentionParams) -> AttentionParams:
+        extra = {} if getattr(h, "rope", None) is None else {"rope": h.rope}
+        return AttentionParams(h.A, sc(h.V), c=h.c, b=h.b, Q=h.Q, K=h.K, **extra)
+
+    if isinstance(params, AttentionParams):
+        return head(params)
+    if params.W_O is not None:
+        return MultiHeadParams(params.heads, W_O=sc(params.W_O), b_O=params.b_O)
+    return MultiHeadParams(tuple(head(h) for h in params.heads))
+
+
 def unscale(x: Tensor, e: int, power: int = 1) -> Tensor:
     """``x * 2**(power * e)`` in float64 (overflow gives ``inf``)."""
     if e == 0:

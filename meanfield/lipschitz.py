@@ -279,11 +279,26 @@ def _block_upper(
     """Block-norm bound on ``2**-e ||J||`` (the norm matrix is scaled before Collatz–Wielandt)."""
     if lin64.rope_heads:
         return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
+    if e != 0:  # the layer scaled by 2**-e (docs/rounding.md §5)
+        lin64 = _relinearize(lin64, _rnd.scaled_params(lin64.params, e))
+        self_norms = None if self_norms is None else _rnd.unscale(self_norms, -e)
     N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
     N = torch.where(torch.isnan(N), math.inf, N)
-    eN = _rnd.scale_of(N)  # docs/rounding.md §5: no squares of huge entries
-    up = _rnd.unscale(collatz_wielandt_bound(_rnd.unscale(N, -eN)), eN - e)
+    eN = _rnd.scale_of(N)  # no squares of huge entries in Collatz–Wielandt
+    up = _rnd.unscale(collatz_wielandt_bound(_rnd.unscale(N, -eN)), eN)
     return up * (1 + _BLOCK_RTOL)
+
+
+def _relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinearization:
+    return linearize(
+        lin.X,
+        params,
+        log_weights=lin.log_weights,
+        masked=lin.masked,
+        positions=lin.positions,
+        token_index=lin.token_index,
+        chunk_size=lin.chunk_size,
+    )
 
 
 def _solver_lin(
