@@ -33,9 +33,13 @@ def _mat(a) -> mp.matrix:
 
 def _heads(heads: Sequence[tuple]) -> list[tuple]:
     out = []
-    for head in heads:
+    for head in heads:  # (A, V, W, c); A may be a pair (Q, K) of factors
         A, V, W, c = (*head, None, None)[:4]
-        A_, V_ = _mat(A), _mat(V)
+        if isinstance(A, tuple):  # factors (Q, K): A = Q^T K formed exactly
+            A_ = _mat(A[0]).T * _mat(A[1])
+        else:
+            A_ = _mat(A)
+        V_ = _mat(V)
         W_ = mp.eye(V_.rows) if W is None else _mat(W)
         c_ = None if c is None else [mp.mpf(float(v)) for v in np.ravel(c)]
         out.append((A_, V_, W_, c_))
