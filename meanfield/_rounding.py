@@ -34,6 +34,7 @@ __all__ = [
     "gamma",
     "lower_from_product",
     "magnitude_linearization",
+    "magnitude_norm",
     "magnitude_norm_upper",
     "scale_exponent",
     "scaled",
@@ -311,33 +312,34 @@ def magnitude_norm_upper(mlin: AttentionLinearization, geometry: str) -> Tensor:
     return bound * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
 
 
+def magnitude_norm(mlin: AttentionLinearization | None, geometry: str, like: Tensor) -> Tensor:
+    """:func:`magnitude_norm_upper`, or zeros when there is no analytic head."""
+    if mlin is None or not mlin.analytic_heads:
+        return torch.zeros(like.shape, dtype=torch.float64, device=like.device)
+    return magnitude_norm_upper(mlin, geometry)
+
+
 def lower_from_product(
     s: Tensor,
     v: Tensor,
-    mlin: AttentionLinearization | None,
-    geometry: str,
+    mag_norm: Tensor,
     model: ErrorModel,
     rope_heads: bool,
     n_out: int,
 ) -> Tensor:
     r"""Certified lower bound on :math:`\|J\|_2` from ``s`` :math:`=\|\widehat{Jv}\|` (float64).
 
-    .. math:: \|J\|_2\ge\frac{s(1-\gamma_N)-\eta\,\||J|_{\rm mag}|v|\|(1+\gamma_N)}
+    .. math:: \|J\|_2\ge\frac{s(1-\gamma_N)-\eta\,\||J|_{\rm mag}\|_2\|v\|(1+\gamma_N)}
               {\|v\|(1+\gamma_N)}
 
-    (docs/rounding.md §4.1), clamped at 0; ``n_out`` is the length of :math:`Jv`. With rotary
-    heads (no magnitude operator) the relative term :math:`8\eta s` is added (first-order model
-    only).
+    (docs/rounding.md §4.1), clamped at 0; ``mag_norm`` bounds :math:`\||J|_{\rm mag}\|_2`
+    (:func:`magnitude_norm_upper`) and ``n_out`` is the length of :math:`Jv`. With rotary heads
+    (no magnitude operator) the relative term :math:`8\eta s` is added (first-order model only).
     """
     gN = gamma(n_out + v.shape[-1] + 8)
     nv = torch.linalg.vector_norm(v, dim=-1)
     eta = model.eta
-    if mlin is not None and mlin.analytic_heads:
-        mv, _ = _mag_ops(mlin, geometry)
-        mag = torch.linalg.vector_norm(mv(v.abs()), dim=-1)
-    else:
-        mag = torch.zeros_like(s)
-    err = eta * mag * (1 + gN)
+    err = eta * mag_norm * nv * (1 + gN)
     if rope_heads:
         err = err + 8 * eta * s
     low = (s * (1 - gN) - err) / (nv * (1 + gN)) * (1 - 4 * U64)
@@ -345,22 +347,14 @@ def lower_from_product(
     return low.clamp_min(0.0)
 
 
-def upper_margin(
-    mlin: AttentionLinearization | None,
-    geometry: str,
-    model: ErrorModel,
-    upper: Tensor,
-    rope_heads: bool,
-) -> Tensor:
+def upper_margin(mag_norm: Tensor, model: ErrorModel, upper: Tensor, rope_heads: bool) -> Tensor:
     r"""Add the evaluation error to a bound certified for the *computed* operator.
 
     :math:`\|J\|_2\le\|\hat J\|_2+\eta\,\||J|_{\rm mag}\|_2` (docs/rounding.md §4.2), rounded
     up; with rotary heads also :math:`8\eta` times the bound.
     """
     eta = model.eta
-    extra = torch.zeros_like(upper)
-    if mlin is not None and mlin.analytic_heads:
-        extra = eta * magnitude_norm_upper(mlin, geometry)
+    extra = eta * mag_norm
     if rope_heads:
         extra = extra + 8 * eta * upper
     out = (upper + extra) * (1 + 4 * U64)
@@ -377,12 +371,13 @@ def _log2_absmax(t: Tensor | None) -> float:
     return math.log2(m) if math.isfinite(m) else 1024.0
 
 
-def scale_exponent(lin: AttentionLinearization) -> int:
+def scale_exponent(lin: AttentionLinearization, threshold: int = 128) -> int:
     r"""A binary exponent :math:`e` with :math:`2^{-e}\|J\|_2` of order one (docs/rounding.md §5).
 
     A crude magnitude estimate assembled in the log domain from the largest entries of
     :math:`W`, :math:`V`, :math:`\tilde P`, :math:`A` (or :math:`Q, K`) and :math:`X`; it only
-    has to be right within a few hundred binary orders of magnitude.
+    has to be right within a few hundred binary orders of magnitude. Estimates within
+    :math:`2^{\pm\mathrm{threshold}}` give :math:`e = 0` (nothing to protect against).
     """
     n, d = lin.n, lin.d
     log_wv = _log2_absmax(lin.W) + _log2_absmax(lin.V) + math.log2(max(d, 1))
@@ -395,6 +390,8 @@ def scale_exponent(lin: AttentionLinearization) -> int:
     log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))
     geo = max(0.0, log_b + log_x)  # log2 of |b| |x - m|, the softmax term
     e = round(log_wv + log_p + geo)
+    if abs(e) <= threshold:  # far from overflow and underflow: leave the operator as it is
+        return 0
     return int(max(-_MAX_EXP, min(_MAX_EXP, e)))
 
 

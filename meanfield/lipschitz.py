@@ -21,8 +21,12 @@ Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024
 2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
 numerically*; they are not quoted from the paper.
 
-Both ends include a small relative margin for the float64 evaluation of :math:`J`
-(:math:`64(n+d)u`, first-order error model) and are rounded outwards when cast to float32.
+Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix
+grows with the magnitude of the logits (§2), and is propagated through a nonnegative magnitude
+operator of the closed form (§3–§4). Every norm is computed on :math:`2^{-e}J` for a power-of-two
+scale and multiplied back (§5), so constants up to float64's maximum come back finite; beyond it
+``upper`` is ``inf``. Both ends are rounded outwards when cast to float32. ``converged`` means
+the residual rule holds for the returned vector, for every method (docs/rounding.md §7).
 """
 
 from __future__ import annotations
@@ -99,11 +103,16 @@ class LipschitzEstimate:
     value : Tensor
         Best estimate (dense: the top singular value; iterative: the final Ritz value).
     lower, upper : Tensor
-        Certified bracket ``lower <= exact <= upper``; ``upper = +inf`` when no certificate is
+        Certified bracket ``lower <= exact <= upper`` for the inputs as stored, rounding
+        included (docs/rounding.md §4; rotary heads and ``geometry="split"`` use the
+        first-order relative margin of §6); ``upper = +inf`` when no certificate is
         available (``upper="none"``, rotary heads without ``method="dense"``, or
-        :func:`local_lipschitz_fn` without ``method="dense"``).
+        :func:`local_lipschitz_fn` without ``method="dense"``) or when the constant exceeds
+        float64's range (§5). Never NaN, and ``lower <= upper``.
     converged : Tensor of bool
-        Whether the iterative solver met its stopping rule (always true for ``"dense"``).
+        Whether the returned vector meets :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,
+        \sigma^2` (explicit products; docs/rounding.md §7). Always true for ``"dense"`` unless
+        the assembled Jacobian was not finite.
     n_iter, n_matvec : Tensor of int64
         Solver iterations and products with :math:`J` or :math:`J^\top` (0 for ``"dense"``).
     residual : Tensor
@@ -302,20 +311,26 @@ def _relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinear
 
 
 def _solver_lin(
-    lin: AttentionLinearization, lin64s: AttentionLinearization, e: int
-) -> AttentionLinearization:
-    """The linearisation the iterative solver runs on (docs/rounding.md §5).
+    lin: AttentionLinearization,
+    lin64: AttentionLinearization,
+    lin64s: AttentionLinearization,
+    e: int,
+) -> tuple[AttentionLinearization, int]:
+    """The linearisation the iterative solver runs on and its scale (docs/rounding.md §5).
 
-    Float64 inputs: the scaled float64 one. Float32 inputs: their own, scaled by ``2**-e``,
-    unless the scale or the weight ratios leave float32's comfortable range (then float64).
+    Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled by a power of two
+    that brings the operator near norm one (float32 norms underflow below ~1e-19 and overflow
+    above ~1e19), unless that scale or the attention matrices leave float32's range; then
+    ``lin64s``.
     """
     if lin is lin64s or lin.X.dtype == torch.float64:
-        return lin64s
-    if abs(e) > 60 or (lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all())):
-        return lin64s
+        return lin64s, e
+    e32 = _rnd.scale_exponent(lin64, threshold=4)
+    if abs(e32) > 100 or (lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all())):
+        return lin64s, e
     if not bool(torch.isfinite(lin.P).all()):
-        return lin64s
-    return _rnd.scaled(lin, e)
+        return lin64s, e
+    return _rnd.scaled(lin, e32), e32
 
 
 @dataclass(frozen=True)
@@ -494,8 +509,9 @@ def local_lipschitz(
     e = _rnd.scale_exponent(lin64)
     lin64s = _rnd.scaled(lin64, e)
     mlin = _rnd.magnitude_linearization(lin64s, model) if lin64s.analytic_heads else None
+    mag_norm = _rnd.magnitude_norm(mlin, op_geometry, model.eta)  # ||J_mag||, both ends use it
     rope = bool(lin.rope_heads)
-    lin_solve = _solver_lin(lin, lin64s, e)
+    lin_solve, e_solve = _solver_lin(lin, lin64, lin64s, e)
 
     self_term = None
     if geometry == "split":
@@ -534,14 +550,14 @@ def local_lipschitz(
             jvp(lin64s, v.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
         )
         value64 = S[..., 0]
-        lower64 = _rnd.lower_from_product(s_prod, v, mlin, op_geometry, model, rope, n_out)
+        lower64 = _rnd.lower_from_product(s_prod, v, mag_norm, model, rope, n_out)
         vector = v.reshape(batch + (n, d)).to(dtype)
         converged = finite
         n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
         n_matvec = torch.zeros(batch, dtype=torch.int64, device=dev)
         if up_method == "gram":
             upper64 = spectral_norm_upper(J, candidate=value64, max_iter=_DENSE_GRAM_STEPS)
-            upper64 = _rnd.upper_margin(mlin, op_geometry, model, upper64, rope)
+            upper64 = _rnd.upper_margin(mag_norm, model, upper64, rope)
             upper64 = torch.where(finite, upper64, math.inf)
         lower64 = torch.where(finite, lower64, 0.0)
     else:
@@ -561,21 +577,22 @@ def local_lipschitz(
         lower64 = _rnd.lower_from_product(
             torch.where(finite, s_prod, 0.0),
             torch.where(finite[..., None], v64, 1.0),
-            mlin,
-            op_geometry,
+            mag_norm,
             model,
             rope,
             n_out,
         )
-        value64 = torch.where(finite, res.sigma.to(torch.float64), 0.0)
+        # solver results are in units of 2**e_solve; bring them to those of 2**e
+        value64 = _rnd.unscale(torch.where(finite, res.sigma.to(torch.float64), 0.0), e_solve - e)
         residual = torch.where(finite, res.residual.to(torch.float64), math.inf)
+        residual = _rnd.unscale(residual, e_solve - e, 2)
         vector = res.vector.reshape(batch + (n, d))
         converged, n_iter, n_matvec = res.converged & finite, res.n_iter, res.n_matvec
-        history = _rnd.unscale(res.history.to(torch.float64), e).to(dtype)
+        history = _rnd.unscale(res.history.to(torch.float64), e_solve).to(dtype)
     if up_method == "block":
         self_norms = None if self_term is None else self_term.upper_atoms
         upper64 = _block_upper(lin64, op_geometry, self_norms, e)
-        upper64 = _rnd.upper_margin(mlin, op_geometry, model, upper64, rope)
+        upper64 = _rnd.upper_margin(mag_norm, model, upper64, rope)
     elif up_method == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
     # back to the units of J (docs/rounding.md §5): overflow gives upper = inf, and a lower end
