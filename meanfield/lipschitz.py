@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.func as tfunc
 from torch import Tensor
@@ -891,8 +892,9 @@ class LocalUpperBound:
     Attributes
     ----------
     value : float
-        The bound on :math:`\|Df(X)\|_2` (the head-weighted terms summed, times
-        :math:`1+10^{-9}` for rounding).
+        The bound on :math:`\|Df(X)\|_2`: the head-weighted terms summed plus the rounding
+        margin of docs/rounding.md §8, which grows with the logits' magnitude (rotary heads:
+        a relative :math:`10^{-9}`, docs/rounding.md §6).
     T1, T2, T3 : float
         Head-weighted sums :math:`\sum_h\|W_hV_h\|_2\,T_k^h` of the three terms.
     """
@@ -911,8 +913,14 @@ def _lambda_max_product(KL: Tensor, KR: Tensor) -> Tensor:
     return torch.linalg.eigvalsh(0.5 * (M + M.mT))[..., -1].clamp_min(0.0)
 
 
-def _head_local_terms(X: Tensor, head: AttentionParams, masked: bool) -> tuple[float, float, float]:
-    """(T1, T2, T3) of the certified local bound for one head, float64, V factor excluded."""
+def _head_local_terms(
+    X: Tensor, head: AttentionParams, masked: bool
+) -> tuple[float, float, float, tuple[Tensor, Tensor, Tensor]]:
+    r"""(T1, T2, T3) of the certified local bound for one head, float64, V factor excluded.
+
+    The fourth element holds the logits (``-inf`` where masked), :math:`\kappa^2` and
+    :math:`\beta^2`, which the rounding margin reads (docs/rounding.md §8).
+    """
     n, d = X.shape
     pos = torch.arange(n, device=X.device)
     if head.rope is None:
@@ -959,7 +967,7 @@ def _head_local_terms(X: Tensor, head: AttentionParams, masked: bool) -> tuple[f
     t2 = float((P * kappa2.unsqueeze(-1) * beta2).sum(0).max().clamp_min(0.0).sqrt())
     L = sqP.unsqueeze(-1) * D  # L_i rows sqrt(P_ij) (x_j - m_i)
     t3 = float(_lambda_max_product(L @ L.mT, KR).max().sqrt())
-    return t1, t2, t3
+    return t1, t2, t3, (S, kappa2, beta2)
 
 
 def certified_local_upper(
@@ -1015,16 +1023,34 @@ def certified_local_upper(
     heads = params.heads  # an AttentionParams is its own single head
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
+    from theory._rounding import head_upper  # the one rounding model (numpy), lazily
+
     X64 = X.detach().to(torch.float64)
     terms = [0.0, 0.0, 0.0]
+    total = 0.0
     with torch.no_grad():
         for h, head in enumerate(heads):
-            if WV_norms is None:
-                WV = params.head_output_matrix(h) if isinstance(params, MultiHeadParams) else head.V
-                w = float(torch.linalg.matrix_norm(WV.detach().to(torch.float64), ord=2))
-            else:
-                w = float(WV_norms[h])
+            WV = params.head_output_matrix(h) if isinstance(params, MultiHeadParams) else head.V
+            WV = WV.detach().to(torch.float64)
+            # a given norm is taken as exact (a 1 x 1 matrix carries it to the margin below)
+            w = (
+                float(torch.linalg.matrix_norm(WV, ord=2))
+                if WV_norms is None
+                else float(WV_norms[h])
+            )
             h64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
-            for k, t in enumerate(_head_local_terms(X64, h64, masked)):
+            t1, t2, t3, (S, kappa2, beta2) = _head_local_terms(X64, h64, masked)
+            for k, t in enumerate((t1, t2, t3)):
                 terms[k] += w * t
-    return LocalUpperBound(sum(terms) * (1 + _LOCAL_BOUND_MARGIN), *terms)
+            if head.rope is None:
+                # rounding margin of docs/rounding.md §8: grows with the logits' magnitude
+                c = None if h64.c is None else h64.c.cpu().numpy()
+                WVm = WV.cpu().numpy() if WV_norms is None else np.array([[w]])
+                total += head_upper(
+                    X64.cpu().numpy(), h64.A.cpu().numpy(), c, S.cpu().numpy(), WVm,
+                    t1, t2, t3, kappa2.cpu().numpy(), beta2.cpu().numpy(),
+                )  # fmt: skip
+            else:
+                # rotary heads: first-order relative margin (docs/rounding.md §6)
+                total += w * (t1 + t2 + t3) * (1 + _LOCAL_BOUND_MARGIN)
+    return LocalUpperBound(total, *terms)

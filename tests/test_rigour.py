@@ -339,3 +339,32 @@ def test_probabilistic_certificate_on_a_rescaled_operator(scale):
         tol = mp.mpf("1e-6") if dtype == torch.float32 else 0  # the inputs' own float32 rounding
         assert mp.mpf(lo) <= exact * (1 + tol) and exact * (1 - tol) <= mp.mpf(pu)
         assert pu <= 1.06 * lo
+
+
+def test_torch_certified_local_upper_shares_the_rounding_margin():
+    """meanfield.certified_local_upper carries the margin of theory's form: it holds against
+    50-digit references at large logits and agrees with the numpy form to a few ulps."""
+    from meanfield import certified_local_upper as torch_form
+    from theory.bounds import certified_local_upper as numpy_form
+
+    cases = [
+        (np.array([[-300.0], [-300.00073842877464]]), np.array([[-1.3311571805649849]]),
+         np.array([[-1.572822027026339]]), True),
+    ]  # fmt: skip
+    rng = np.random.default_rng(11)
+    for _ in range(6):  # near-ties at logits ~1e4 and equal tokens
+        x = rng.standard_normal((1, 3)) * 60
+        X = np.repeat(x, 4, 0) + rng.standard_normal((4, 3)) * 1e-9
+        cases.append((X, rng.standard_normal((3, 3)), rng.standard_normal((2, 3)), False))
+    for X, A, V, masked in cases:
+        t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+        res = torch_form(t(X), AttentionParams(t(A), t(V)), masked=masked)
+        got = float(res.value)
+        ref = numpy_form(X, [(A, V)], masked=masked)
+        exact = oracle.spectral_norm(oracle.jacobian(X, [(A, V)], masked=masked))
+        assert exact <= mp.mpf(got)
+        # the two forms round the same exact terms differently (near-ties make x_j - m_i
+        # cancel); each margin covers its own rounding, so they differ by at most two margins,
+        # plus the torch form's deliberate factor 1 + 1e-9 on its computed ||P||_2 (in T1)
+        margin = got - (res.T1 + res.T2 + res.T3)
+        assert 0 < margin and abs(got - ref) <= 2 * margin + 1e-9 * res.T1
