@@ -763,6 +763,9 @@ def local_lipschitz_fn(
         Fields of shape ``X.shape[:batch_dims]``, in the dtype of ``X``. ``lower`` is
         :math:`\|Jv\|` from an explicit final product in that dtype; the dense upper bound
         includes a relative evaluation margin :math:`64\sqrt N\varepsilon` of the dtype.
+        For a general map the bracket is certified for the Jacobian *as autograd computes it*:
+        the rounding of ``fn`` itself cannot be analysed here, so unlike :func:`local_lipschitz`
+        (docs/rounding.md) it is not a floating-point certificate for the exact map.
     """
     if method not in ("auto", "dense", "lanczos", "power"):
         raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
