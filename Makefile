@@ -34,6 +34,12 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# The optional [dist] extra (Dask): `make test` installs and tests it; `make demo` does not need it.
+DIST_STAMP := $(VENV)/.meanfield-dist-installed
+$(DIST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dist]"
+	@touch $(DIST_STAMP)
+
 # The main job: every experiment of the quick preset, every figure and report.md in demo_out/
 # (about ten minutes on 2 CPU cores; rerunning resumes). `make paper` runs the full grids.
 DEMO_OUT ?= demo_out
@@ -47,10 +53,10 @@ paper: $(STAMP)
 figures: $(STAMP)
 	$(VENV)/bin/meanfield figures --results $(DEMO_OUT)/results
 
-test: $(STAMP)
+test: $(DIST_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(DIST_STAMP)
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 lint: $(STAMP)
