@@ -1,4 +1,4 @@
-"""Synthetic theory sweeps (experiments/synthetic.py) and figures F5, F6, F7, A.
+"""Synthetic theory sweeps (experiments/synthetic/) and figures F5, F6, F7, A.
 
 The tiny preset runs once per module into a temporary directory; the tests then check the results
 schema, resumability (a rerun must not call any per-point computation), physics that could fail
@@ -152,8 +152,13 @@ def test_resume_recomputes_nothing(
     def boom(*args, **kwargs):
         raise AssertionError("a finished point was recomputed")
 
-    for name in ("_f5_point", "_worst_point", "_off_axis_point", "_f7_point"):
-        monkeypatch.setattr(synthetic, name, boom)
+    for module, name in (
+        (synthetic.sqrt_n_regime, "_f5_point"),
+        (synthetic.mean_field, "_worst_point"),
+        (synthetic.mean_field, "_off_axis_point"),
+        (synthetic.large_radius, "_f7_point"),
+    ):
+        monkeypatch.setattr(module, name, boom)
     again = synthetic.run(tmp_path, "tiny", progress=False)
     assert sorted(p.name for p in again) == sorted(Path(p).name for p in files)
     for s in SWEEPS:
