@@ -216,7 +216,7 @@ def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
         assert [r["n"] for r in recs] == [2, 3]
         rec = recs[-1]
         assert all(math.isinf(float(u)) for u in rec["upper"])  # honest: no certificate
-        lm = real_data._load(key, 0)
+        lm = real_data.settings._load(key, 0)
         cfg = real_data.CONFIGS[cid]
         ids, _ = corpus_token_ids("kjv", lm.tokenizer)
         hs = hidden_states(
