@@ -89,8 +89,8 @@ def test_second_run_computes_and_loads_nothing(tiny, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a finished sweep was recomputed")
 
-    monkeypatch.setattr(real_data, "_estimate", boom)
-    monkeypatch.setattr(real_data, "_load", boom)
+    monkeypatch.setattr(real_data.sweep, "_estimate", boom)
+    monkeypatch.setattr(real_data.sweep, "_load", boom)
     real_data.run(root, "tiny", progress=False)
     assert (root / "real_data" / f"{SWEEP}.jsonl").read_bytes() == before
 
@@ -327,7 +327,7 @@ def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeyp
     import csv
 
     root, _ = tiny
-    monkeypatch.setattr(real_data, "TRAINING_LENGTH", {"gpt2-random-2L": 4})
+    monkeypatch.setattr(real_data.report, "TRAINING_LENGTH", {"gpt2-random-2L": 4})
     row = real_data.summary(root)["sweeps"][0]
     tl = row["training_length"]
     recs = _records(root)
