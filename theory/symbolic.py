@@ -1,8 +1,8 @@
 """Symbolic derivations (sympy) of the closed forms used by :mod:`theory.bounds`.
 
-Each derivation starts from the defining expression of THEORY.md (a bound, a stationarity
+Each derivation starts from the defining expression of docs/theory.md (a bound, a stationarity
 condition, an equation to invert), lets sympy do the algebra (differentiate, solve, simplify,
-take limits), and checks the result against the closed form stated in THEORY.md, raising
+take limits), and checks the result against the closed form stated in docs/theory.md, raising
 ``RuntimeError`` if they differ. Nothing downstream of the starting expression is typed in.
 
 Every public function returns a frozen :class:`Derivation` holding the expression, its LaTeX, a
@@ -10,7 +10,7 @@ numpy callable (``sympy.lambdify`` with ``modules=["scipy", "numpy"]``, so ``Lam
 :func:`scipy.special.lambertw`; the real part is returned), the argument symbols, the steps, and
 named intermediate expressions. Results are cached: each derivation runs once per process.
 
-Provenance of the derived results: *derived and checked numerically* (THEORY.md §0); the tests
+Provenance of the derived results: *derived and checked numerically* (docs/theory.md §15); the tests
 compare every callable with :mod:`theory.bounds` to 1e-12 relative.
 """
 
@@ -62,7 +62,7 @@ class Derivation:
     expr : sympy.Expr
         The derived closed form.
     latex : str
-        LaTeX of ``expr`` in THEORY.md notation.
+        LaTeX of ``expr`` in the notation of docs/theory.md.
     func : callable
         Numeric version of ``expr`` (numpy/scipy, broadcasting, real part), taking ``args``.
     args : tuple of sympy.Symbol
@@ -197,13 +197,13 @@ def _solve_or_numeric(
 
 
 # ---------------------------------------------------------------------------------------------
-# §10.4  Kim's softmax-variance lemma
+# Kim's softmax-variance lemma (docs/theory.md §8)
 # ---------------------------------------------------------------------------------------------
 
 
 @functools.cache
 def kim_softmax_lemma() -> Derivation:
-    r"""Derive Kim's softmax-variance lemma (THEORY.md §10.4).
+    r"""Derive Kim's softmax-variance lemma (docs/theory.md §8).
 
     The maximum of :math:`g(t) = \frac{(N - 1)t}{e^t + N - 1}` is
     :math:`W_0\big(\frac{N - 1}{e}\big)`.
@@ -216,7 +216,7 @@ def kim_softmax_lemma() -> Derivation:
 
     Notes
     -----
-    THEORY.md §10.4. The reduction to equal costs of the :math:`N - 1` other tokens (Lagrange:
+    docs/theory.md §8. The reduction to equal costs of the :math:`N - 1` other tokens (Lagrange:
     every interior cost satisfies :math:`t_j = 1 + \sum_l p_lt_l`) is argued, not computed; the
     tests check the bound by brute force.
     """
@@ -260,7 +260,7 @@ def kim_softmax_lemma_mean_field() -> Derivation:
 
     Notes
     -----
-    THEORY.md §10.4 (mean-field form): an atom of mass :math:`q` at cost 0, the rest at cost
+    docs/theory.md §8 (mean-field form): an atom of mass :math:`q` at cost 0, the rest at cost
     :math:`t`.
     """
     g = (1 - S.q) * S.t * sp.exp(-S.t) / (S.q + (1 - S.q) * sp.exp(-S.t))
@@ -287,7 +287,7 @@ def kim_softmax_lemma_mean_field() -> Derivation:
 
 
 # ---------------------------------------------------------------------------------------------
-# §7.2  two Diracs
+# two Diracs (docs/theory.md §5)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -305,7 +305,7 @@ def two_dirac_g() -> Derivation:
 
     Notes
     -----
-    THEORY.md §7.2: :math:`w = \varepsilon e^\gamma/(\varepsilon e^\gamma + 1 - \varepsilon)`.
+    docs/theory.md §5: :math:`w = \varepsilon e^\gamma/(\varepsilon e^\gamma + 1 - \varepsilon)`.
     """
     w_eps = S.eps * sp.exp(S.gamma) / (S.eps * sp.exp(S.gamma) + 1 - S.eps)
     first = sp.sqrt((1 - S.eps) / S.eps) * w_eps * (1 + (1 - w_eps) * S.gamma) * S.Vu_norm
@@ -346,7 +346,7 @@ def two_dirac_optimal_mass() -> Derivation:
 
     Notes
     -----
-    THEORY.md §7.2: maximise :math:`\log(e^\gamma v(1 - v)(1 + \gamma v)^2)`; the root in
+    docs/theory.md §5: maximise :math:`\log(e^\gamma v(1 - v)(1 + \gamma v)^2)`; the root in
     :math:`(0, 1)` is picked by evaluating both roots at several :math:`\gamma`.
     """
     v, g = S.v, S.gamma
@@ -418,7 +418,7 @@ def two_dirac_asymptotic() -> Derivation:
 
     Notes
     -----
-    THEORY.md §7.2. The excess is :math:`\frac{\sqrt3}{4}e^{\gamma/2}\|Vu\| > 0`, so the asymptote
+    docs/theory.md §5. The excess is :math:`\frac{\sqrt3}{4}e^{\gamma/2}\|Vu\| > 0`, so the asymptote
     is
     a lower bound for every :math:`\gamma`.
     """
@@ -445,7 +445,7 @@ def two_dirac_asymptotic() -> Derivation:
 
 
 # ---------------------------------------------------------------------------------------------
-# §6.3  peak of the n-token construction
+# peak of the n-token construction (docs/theory.md §3)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -466,7 +466,8 @@ def construction_peak() -> Derivation:
 
     Notes
     -----
-    THEORY.md §6.3 (iii) says the peak is at :math:`n` of order :math:`e^\gamma`; this gives
+    The peak of the construction is at :math:`n` of order :math:`e^\gamma` (docs/theory.md §3);
+    this gives
     :math:`n^* - 1 \to 3e^\gamma`. The substitution :math:`t = v/(1 - v)` maps it to the two-Dirac
     quadratic, so the peak value equals :math:`\sup_\varepsilon g` over continuous :math:`n`.
     """
@@ -506,7 +507,7 @@ def construction_peak() -> Derivation:
 
 
 # ---------------------------------------------------------------------------------------------
-# §9  masked construction: partial fractions of the summand
+# masked construction: partial fractions of the summand (docs/theory.md §4)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -525,7 +526,7 @@ def masked_limit_decomposition() -> Derivation:
 
     Notes
     -----
-    THEORY.md §9. Summing over :math:`m \ge 1` gives Hurwitz zeta values
+    docs/theory.md §4. Summing over :math:`m \ge 1` gives Hurwitz zeta values
     :math:`\zeta(s, E + 1)`, used by :func:`theory.bounds.masked_sqrt_n_lower` for
     :math:`n = \infty`.
     """
@@ -553,13 +554,13 @@ def masked_limit_decomposition() -> Derivation:
 
 
 # ---------------------------------------------------------------------------------------------
-# §6.1, §7.1  upper bounds assembled from per-term bounds
+# upper bounds assembled from per-term bounds (docs/theory.md §1, §6, §12)
 # ---------------------------------------------------------------------------------------------
 
 
 @functools.cache
 def sqrt_n_upper(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> Derivation:
-    r"""Assemble the √n upper bound from the per-term bounds of THEORY.md §6.1.
+    r"""Assemble the √n upper bound from the per-term bounds of docs/theory.md §1.
 
     Parameters
     ----------
@@ -606,7 +607,7 @@ def sqrt_n_upper(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> Deriv
 
 @functools.cache
 def mean_field_upper(form: Literal["sharp", "simple"] = "sharp") -> Derivation:
-    r"""Assemble the mean-field upper bound of THEORY.md §7.1 with exponent coefficient :math:`c`.
+    r"""Assemble the mean-field upper bound of docs/theory.md §6 with exponent coefficient :math:`c`.
 
     Parameters
     ----------
@@ -668,8 +669,8 @@ def sqrt_n_mean_field_crossover(
 
     Notes
     -----
-    THEORY.md §7.5 gives :math:`n^* \sim e^{2\|A\|R^2}` up to polynomial factors; the closed forms
-    here make that precise for each pair of bounds.
+    Roughly :math:`n^* \sim e^{2\|A\|R^2}` up to polynomial factors (docs/theory.md §12); the
+    closed forms here make that precise for each pair of bounds.
     """
     sq = sqrt_n_upper(form).extras["theta_form"]
     mf = mean_field_upper(mf_form).extras["theta_form"]
@@ -729,13 +730,13 @@ def sqrt_n_asymptotic(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# §11  Lambert W inversions
+# Lambert W inversions (docs/theory.md §9)
 # ---------------------------------------------------------------------------------------------
 
 
 @functools.cache
 def gap_for_target() -> Derivation:
-    r"""Solve :math:`\gamma e^{\gamma/2} = L`: :math:`\gamma = 2W_0(L/2)` (THEORY.md §11.4).
+    r"""Solve :math:`\gamma e^{\gamma/2} = L`: :math:`\gamma = 2W_0(L/2)` (docs/theory.md §9).
 
     Returns
     -------
@@ -756,7 +757,7 @@ def gap_for_target() -> Derivation:
 
 @functools.cache
 def radius_for_target() -> Derivation:
-    r"""Radius at which the two-Dirac asymptote (case +) reaches :math:`L` (THEORY.md §11.2).
+    r"""Radius at which the two-Dirac asymptote (case +) reaches :math:`L` (docs/theory.md §9).
 
     Starting from :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}\|Vu\|` with
     :math:`\gamma = \lambda R^2/4`,
@@ -801,7 +802,7 @@ def radius_for_target() -> Derivation:
 
 @functools.cache
 def half_form_inversion() -> Derivation:
-    r"""Invert the :math:`w = 1/2` form: :math:`\frac{\|Vu\|}{2}(1 + x)e^x = L` (THEORY.md §11.3).
+    r"""Invert the :math:`w = 1/2` form: :math:`\frac{\|Vu\|}{2}(1 + x)e^x = L` (docs/theory.md §9).
 
     Returns
     -------
@@ -834,7 +835,7 @@ def half_form_inversion() -> Derivation:
 
 @functools.cache
 def radius_for_upper() -> Derivation:
-    r"""Exact and conservative radii for :math:`a(1 + bR^2)e^{cR^2} = L` (THEORY.md §11.5).
+    r"""Exact and conservative radii for :math:`a(1 + bR^2)e^{cR^2} = L` (docs/theory.md §9).
 
     Returns
     -------
@@ -908,13 +909,13 @@ def lambertw_asymptotic() -> Derivation:
 
 
 # ---------------------------------------------------------------------------------------------
-# §12.2  mass splitting
+# mass splitting (docs/theory.md §10)
 # ---------------------------------------------------------------------------------------------
 
 
 @functools.cache
 def split_gain() -> Derivation:
-    r"""Gain :math:`G_k` derived from the log-weight softmax of the split measure (THEORY.md §12.2).
+    r"""Gain :math:`G_k` derived from the log-weight softmax of the split measure (docs/theory.md §10).
 
     :math:`\nu = (1 - \frac1k)\delta_y + \frac1k\delta_z`; query :math:`y` sees :math:`z` with logit
     gain
