@@ -2,7 +2,7 @@
 
 Oracles are independent of the code under test: dense Jacobians by ``torch.func.jacrev`` of
 :func:`meanfield.attention.self_attention` and an SVD in float64, the construction rebuilt from
-THEORY.md §6.3 by hand, and the closed form of the least-squares constant.
+docs/theory.md §3 by hand, and the closed form of the least-squares constant.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_bracket_contains_dense_value_and_construction(tiny):
     recs = load_jsonl(root / "adversarial" / f"{cid}.jsonl")
     r = max((r for r in recs if r["variant"] == "released"), key=lambda r: r["n"])
     n, R = r["n"], r["R"]
-    # the construction of THEORY.md §6.3, rebuilt by hand from the head's A (released rule)
+    # the construction of docs/theory.md §3, rebuilt by hand from the head's A (released rule)
     A = params.heads[info["settings"]["head"]].A
     evals, evecs = torch.linalg.eig(A.mT)
     real = evals.imag.abs() <= 1e-9 * max(1.0, float(evals.abs().max()))
@@ -255,7 +255,7 @@ def test_certified_bound_is_exact_for_constant_scores():
 
 
 def test_released_heuristic_is_not_a_bound():
-    """THEORY.md §6.2 counterexample: A = e1 e2^T, tokens on the e2 axis, R_h = 0."""
+    """The counterexample of docs/theory.md §2: A = e1 e2^T, tokens on the e2 axis, R_h = 0."""
     from meanfield import AttentionParams
 
     A = torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=F64)

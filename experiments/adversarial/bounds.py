@@ -79,14 +79,14 @@ def _effective_A_norm(f: Mapping[str, Any], R: float) -> float:
 def global_bound(
     head_facts: Sequence[Mapping[str, Any]], R: float, n: int, *, form: str = "sqrt3"
 ) -> float:
-    r"""Global √n bound of docs/theory.md §6.1 for a multi-head layer on :math:`B_R^n`.
+    r"""Global √n bound of docs/theory.md §1 for a multi-head layer on :math:`B_R^n`.
 
     .. math:: \sum_h\|W_hV_h\|_2\;B\big(\|A_h\|_{\mathrm{eff}},1,R,n\big)
 
     with :math:`B` = :func:`theory.bounds.sqrt_n_upper` (``form`` ``"sqrt3"``, ``"sharp"`` or
     ``"triangle"``), :math:`\|A_h\|_{\mathrm{eff}}=\|A_h\|_2+\|c_h\|/R` (query bias; our
-    derivation from docs/theory.md §2.2) or :math:`\alpha^2\|Q_h\|_2\|K_h\|_2` for a rotary head (the
-    supremum over relative positions; our derivation). Holds masked and unmasked.
+    derivation from docs/conventions.md, biases) or :math:`\alpha^2\|Q_h\|_2\|K_h\|_2` for a
+    rotary head (the supremum over relative positions; our derivation). Holds masked and unmasked.
 
     Parameters
     ----------
@@ -115,7 +115,7 @@ def global_bound(
 
 
 def released_heuristic(X: Any, params: Any) -> float:
-    r"""The released data-dependent quantity of docs/theory.md §6.2 (**not a valid upper bound**).
+    r"""The released data-dependent quantity of docs/theory.md §2 (**not a valid upper bound**).
 
     :math:`\sum_h\|V_h\|_2(R_h^2r^2(n+1)+n)^{1/2}` with :math:`r` the diameter of the tokens and
     :math:`R_h=\max_i\|A_{\mathrm{code},h}x_i\|=\max_i\|A_h^\top x_i\|`; without :math:`W^O`, as

@@ -162,15 +162,15 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
             f"| {row['paper_C']:g} | {'yes' if row['bounds_hold'] else 'NO'} |"
         )
     para = (
-        "Adversarial inputs (docs/experiments.md, docs/theory.md §6.3): one token plus n−1 copies built "
+        "Adversarial inputs (docs/experiments.md, docs/theory.md §3): one token plus n−1 copies built "
         "from one head's score matrix, scaled by the paper's R; the local constant is that of the "
         "whole multi-head map, as a certified bracket. *C fit* is the least-squares constant of "
         "C·√n through the origin on our estimates; *α* is the free log–log exponent. The paper's "
         "constants are hand-set curves (D7), for the paper's models: they are comparable only "
         "where the model is the same (the random GPT-2 row); stand-in rows use other weights and "
         "widths. *Bounds hold*: every certified lower end lies below the global √n bound "
-        "(docs/theory.md §6.1, summed over heads with ‖W_hV_h‖) and below the certified local bound "
-        "(§6.2). The released data-dependent quantity is plotted only as a heuristic: it is not "
+        "(docs/theory.md §1, summed over heads with ‖W_hV_h‖) and below the certified local bound "
+        "(§2a). The released data-dependent quantity is plotted only as a heuristic: it is not "
         "a valid bound as written."
     )
     wc = s.get("worst_case")

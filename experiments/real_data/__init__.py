@@ -15,7 +15,7 @@ estimated. The released code's y-axis was not :math:`\|J\|_2` but
   unit :math:`v`);
 - the released metric :func:`meanfield.lipschitz.released_metric`;
 - the RMS token norm :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` (the paper's "mean radius") and
-  the maximum token norm (the theory's R, docs/theory.md §1.5).
+  the maximum token norm (the theory's R, docs/theory.md, notation).
 
 Configurations (:data:`CONFIGS`) are the offline stand-ins of docs/experiments.md, each labelled
 with the paper configuration it stands in for. The map is explicit (D2): ``"heads+WO"`` (the

@@ -1,4 +1,4 @@
-r"""Figure F7: large radius (docs/theory.md §8).
+r"""Figure F7: large radius (docs/theory.md §7).
 
 :math:`\|Df(RX)\|_2` on a log grid of :math:`R` for a few
 random :math:`X` (rows scaled so that :math:`\max_i\|x_i\| = 1`), masked and unmasked, against the
@@ -141,7 +141,7 @@ def _run_f7(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
         "head": f"d = {cfg['f7_d']}, A = QᵀK/√d, V Gaussian/√d, seed {7000 + int(cfg['seed'])}",
         "inputs": f"{len(X)} Gaussian X with n = {n}, rows scaled to max norm 1",
         "provenance": {
-            "limit": "docs/theory.md §8, derived and checked numerically",
+            "limit": "docs/theory.md §7, derived and checked numerically",
             "deviation_bound": "theory.bounds.large_radius_deviation (ours)",
         },
         "findings": find,

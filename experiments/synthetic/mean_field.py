@@ -1,12 +1,12 @@
-r"""Figures F6 and A: the mean-field regime (docs/theory.md §7).
+r"""Figures F6 and A: the mean-field regime (docs/theory.md §5–§6).
 
-:math:`\sup_\varepsilon g` (§7.2) against
+:math:`\sup_\varepsilon g` (§5) against
 :math:`R` with the :math:`w = 1/2` form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`,
-the trivial :math:`\|V\|_2`, the **candidate** upper bounds :math:`c' = 1, 2` (§7.1; reconstructed
+the trivial :math:`\|V\|_2`, the **candidate** upper bounds :math:`c' = 1, 2` (§6; reconstructed
 constants, not the paper's), and the values reached by
 :func:`meanfield.attacks.worst_case_measure` (multi-start ascent of the exact :math:`W_2` local
 constant over 2–5 weighted atoms, started from the two-Dirac optimum) plus, for F6, the
-maximised off-axis two-atom bound of §7.3 (:func:`meanfield.attacks.off_axis_two_atoms`).
+maximised off-axis two-atom bound of §A3 (:func:`meanfield.attacks.off_axis_two_atoms`).
 Settings (:data:`MF_SETTINGS`): :math:`d = 1` with :math:`A = \pm1`, :math:`V = 1`; :math:`d = 2`
 with :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I` (the F6 setting); a random
 :math:`A = Q^\top K/\sqrt k` with Gaussian :math:`Q, K\in\mathbb R^{k\times d}`, :math:`k = d = 3`,
@@ -78,11 +78,11 @@ def _padded_measure(points: np.ndarray, log_weights: np.ndarray, n_atoms: int, d
 def _worst_point(
     point: Mapping[str, Any], cfg: Mapping[str, Any], off_axis: Mapping[str, Any], device: str
 ) -> dict[str, Any]:
-    """One multi-start worst-measure search (docs/theory.md §7.4).
+    """One multi-start worst-measure search (docs/theory.md §A4).
 
     Starts: the library's constructions (two Diracs at the exact optimal mass, balanced atom,
     three-atom chain), ``restarts`` random measures, and the maximised off-axis two-atom measure
-    of §7.3 at the same radius (``off_axis``), padded to ``n_atoms`` atoms.
+    of §A3 at the same radius (``off_axis``), padded to ``n_atoms`` atoms.
     """
     from meanfield.attacks import worst_case_measure
 
@@ -115,7 +115,7 @@ def _worst_point(
 
 
 def _off_axis_point(point: Mapping[str, Any], cfg: Mapping[str, Any], device: str) -> dict:
-    """Maximised off-axis two-atom bound (docs/theory.md §7.3) for one setting and radius."""
+    """Maximised off-axis two-atom bound (docs/theory.md §A3) for one setting and radius."""
     from meanfield.attacks import off_axis_two_atoms
 
     A, V = mf_setting(point["setting"], seed=int(cfg["seed"]))
@@ -142,10 +142,10 @@ def _off_axis_point(point: Mapping[str, Any], cfg: Mapping[str, Any], device: st
 
 
 def _mf_curves(A: np.ndarray, V: np.ndarray, R: np.ndarray) -> dict[str, np.ndarray]:
-    r"""Closed-form mean-field curves of docs/theory.md §7.1–§7.2 on a radius grid.
+    r"""Closed-form mean-field curves of docs/theory.md §5–§6 on a radius grid.
 
     The two-Dirac curves use, at each R, the case (+ or −) whose :math:`\sup_\varepsilon g\,\|Vu\|`
-    is larger (best gap, errata of docs/theory.md §13.1).
+    is larger (best gap, errata of docs/theory.md §13).
     """
     ext = bounds.rayleigh_extremes(A, variant="symmetric")
     R = np.asarray(R, dtype=np.float64)
@@ -320,16 +320,16 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
 
 
 _MF_PROVENANCE = {
-    "sup_g": "docs/theory.md §7.2 two-Dirac optimum at the best gap, derived and checked numerically",
-    "half": "docs/theory.md §7.2 w = 1/2 form (that the paper states such a form: recollection, "
+    "sup_g": "docs/theory.md §5 two-Dirac optimum at the best gap, derived and checked numerically",
+    "half": "docs/theory.md §5 w = 1/2 form (that the paper states such a form: recollection, "
     "unverified)",
-    "asymptote": "docs/theory.md §7.2 (3√3/16) γ e^{γ/2}, derived",
-    "upper_c1": "docs/theory.md §7.1 sharp form, c' = 1: candidate (derived, reconstructed; NOT the "
+    "asymptote": "docs/theory.md §5 (3√3/16) γ e^{γ/2}, derived",
+    "upper_c1": "docs/theory.md §6 sharp form, c' = 1: candidate (derived, reconstructed; NOT the "
     "paper's constant)",
-    "upper_c2": "docs/theory.md §7.1 sharp form, c' = 2: candidate (derived, naive route)",
-    "optimized": "meanfield.attacks.worst_case_measure: exact W2 local constant (docs/theory.md §5.2) "
+    "upper_c2": "docs/theory.md §6 sharp form, c' = 2: candidate (derived, naive route)",
+    "optimized": "meanfield.attacks.worst_case_measure: exact W2 local constant (docs/theory.md §16) "
     "maximised by multi-start Adam; certified bracket by local_lipschitz",
-    "off_axis": "docs/theory.md §7.3 maximised (ours; not in any source)",
+    "off_axis": "docs/theory.md §A3 maximised (ours; not in any source)",
 }
 
 

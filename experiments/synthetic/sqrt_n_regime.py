@@ -1,9 +1,9 @@
-r"""Figure F5: the √n regime (docs/theory.md §6.3, §9).
+r"""Figure F5: the √n regime (docs/theory.md §3, §4).
 
 The eigenvector construction (one token at :math:`-Ru`,
 :math:`n-1` copies at :math:`Ru`, released variant) for the head :math:`d = 1`,
 :math:`A = -\gamma/(2R^2)`, :math:`V = 1`, whose gap is exactly :math:`\gamma` (case −, and
-:math:`\|A\|_2R^2 = \gamma/2`: the "matching" case of §7.2). Unmasked, :math:`\|Df(X)\|_2` is
+:math:`\|A\|_2R^2 = \gamma/2`: the "matching" case of §5). Unmasked, :math:`\|Df(X)\|_2` is
 evaluated in closed form at **every** integer :math:`n` by :func:`construction_norm` (an exact
 reduction of the Jacobian by the symmetry between copies, derived below) and cross-checked against
 the certified brackets of :func:`meanfield.local_lipschitz` at a few :math:`n`. Masked, the map has
@@ -20,7 +20,7 @@ Closed-form reduction of the construction (*derived and checked numerically*; ou
 :math:`X = (a, b, \dots, b)` with :math:`m = n - 1` copies, :math:`\delta = a - b`,
 :math:`\pi` the attention of query :math:`a` to itself and :math:`p` that of a copy to :math:`a`.
 With the blocks :math:`J_{ij} = V[P_{ij}(I + (x_j - m_i)(A^\top x_i)^\top) + \delta_{ij}C_iA^\top]`
-of docs/theory.md §4.1, the Jacobian commutes with permutations of the copies, so it splits into the
+of docs/theory.md §1, the Jacobian commutes with permutations of the copies, so it splits into the
 span of :math:`(h_1, h_2/\sqrt m, \dots, h_2/\sqrt m)` and the perturbations of the copies with
 zero sum. On the first it is the :math:`2d_v \times 2d` matrix
 
@@ -83,7 +83,7 @@ def construction_norm(A: Any, V: Any, a: Any, b: Any, n: Any) -> np.ndarray:
         Value matrix.
     a, b : array_like, shape (d,)
         The distinguished token and the common value of the :math:`n - 1` copies (any vectors,
-        not only the construction of docs/theory.md §6.3).
+        not only the construction of docs/theory.md §3).
     n : array_like of int
         Sequence lengths, :math:`n \ge 1`.
 
@@ -95,7 +95,7 @@ def construction_norm(A: Any, V: Any, a: Any, b: Any, n: Any) -> np.ndarray:
     Notes
     -----
     Provenance: *derived and checked numerically* (ours): the reduction uses only the block
-    formula of docs/theory.md §4.1 and the invariance of :math:`J` under permutations of identical
+    formula of docs/theory.md §1 and the invariance of :math:`J` under permutations of identical
     copies; tests compare it with an independent loop implementation of the blocks and with the
     certified brackets of :func:`meanfield.local_lipschitz`.
     """
@@ -270,14 +270,14 @@ def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
         "head": "d = 1, A = -gamma/(2 R^2), V = 1 (released construction, case -: x_1 = -R u, "
         "copies at R u, gap exactly gamma)",
         "provenance": {
-            "construction": "authors' released code (docs/theory.md §6.3)",
+            "construction": "authors' released code (docs/theory.md §3)",
             "closed_form": "derived and checked numerically (ours; experiments.synthetic)",
-            "lower_formula": "docs/theory.md §6.3, derived and checked numerically",
-            "masked_lower_formula": "docs/theory.md §9, derived and checked numerically",
+            "lower_formula": "docs/theory.md §3, derived and checked numerically",
+            "masked_lower_formula": "docs/theory.md §4, derived and checked numerically",
             "k_copy_lower": "theory.bounds.sequence_lower, ours",
-            "upper_triangle": "docs/theory.md §6.1 triangle form (ours)",
-            "upper_sqrt3": "docs/theory.md §6.1 sqrt3 form (recollection, unverified, of the paper's)",
-            "mf_upper_c1": "docs/theory.md §7.1 candidate c' = 1 (derived; not the paper's constant)",
+            "upper_triangle": "docs/theory.md §1 triangle form (ours)",
+            "upper_sqrt3": "docs/theory.md §1 sqrt3 form (recollection, unverified, of the paper's)",
+            "mf_upper_c1": "docs/theory.md §6 candidate c' = 1 (derived; not the paper's constant)",
         },
         "findings": findings,
         "metadata": run_metadata(

@@ -1,7 +1,7 @@
 """The ``meanfield attack`` subcommand: adversarial constructions, worst-case searches, splitting.
 
 ``meanfield attack construct``
-    The eigenvector construction (docs/theory.md, the section marked §6.3) for a score matrix
+    The eigenvector construction (docs/theory.md §3) for a score matrix
     read from ``.npy``/``.npz``
     (``--A-file``) or drawn at random (``--random-d D --seed S``), with its lower bound and the
     exact local constant; ``--out DIR`` saves the input (``construct.npz``) and the report
