@@ -50,10 +50,9 @@ Usage::
 Every run writes one JSON document (``--out``) with the run metadata, the machine (CPU model,
 threads, load average before and after) and every measurement; ``--json`` also prints it.
 
-This file is over 800 lines on purpose: a benchmark is run as one script (``python
-benchmarks/bench_jacobian.py``, also from a bare copy on a GPU machine) and re-executes itself in
-worker subprocesses (``_worker``) for clean peak-memory readings, so its baseline, measurement,
-machine description and reporting stay in one self-contained file.
+This file is over 800 lines on purpose: the benchmark is run as one script and re-executes
+itself (``--worker``) in a fresh subprocess per measurement for clean peak-memory readings, so its
+baseline, measurement, machine description and reporting stay in one self-contained file.
 """
 
 from __future__ import annotations
