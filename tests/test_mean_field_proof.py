@@ -209,7 +209,9 @@ def test_proof_steps_two_dirac_optima(sign, d):
 
 def test_exponent_is_attained():
     """At A = -I the exact constant grows like theta e^theta: c' = 1 cannot be lowered."""
-    asym = 3 * np.sqrt(3) / 8  # two-Dirac asymptote (3 sqrt 3 / 16) gamma e^{gamma / 2}, gamma = 2 theta
+    asym = (
+        3 * np.sqrt(3) / 8
+    )  # two-Dirac asymptote (3 sqrt 3 / 16) gamma e^{gamma / 2}, gamma = 2 theta
     for R in (2.0, 3.0, 4.0, 5.0):
         mu = two_dirac_measure(torch.eye(2, dtype=torch.float64) * -1.0, R)
         _, val, _ = _engine(mu.points.numpy(), mu.log_weights.numpy(), -np.eye(2), np.eye(2))
@@ -256,3 +258,42 @@ def test_refined_form_values():
         1.0, 1.0, 30.0, form="refined", log=True
     )
     assert big == pytest.approx(0.5 * np.log(2.0), abs=1e-3)
+
+
+def test_masked_steps_and_hardy_bound():
+    """Masked (causal, positions j / n): the column step fails, the Hardy route of §17 holds."""
+    rng = np.random.default_rng(31)
+    s = np.sqrt(2.0) - 1.0
+    for _ in range(30):
+        d = int(rng.integers(1, 4))
+        n = int(rng.integers(2, 9))
+        R = float(rng.uniform(0.05, 3.0))
+        X, log_a, A, V = _random_instance(rng, d, n, R)
+        R = float(np.max(np.linalg.norm(X, axis=1)))
+        theta, v_n = _spec(A) * R**2, _spec(V)
+        o = _proof_objects(X, log_a, A, V, masked=True)
+        a = o["a"]
+        _, val, _ = _engine(X, log_a, A, V, positions=np.arange(n) / n)
+        assert abs(_spec(o["full"]) - val) <= 1e-9 * val
+        cum = np.cumsum(a)  # A_i, mass of the keys a query at position i sees
+        # P_ij / a_j <= e^{2 theta} / A_i, hence N_ij <= (1 + 2 theta) e^{2 theta} H_ij
+        log_ratio = o["log_P"] - o["log_a"][None, :]
+        assert np.all(_le(log_ratio + np.log(cum)[:, None], 2 * theta))
+        H = np.tril(np.sqrt(np.outer(a, a)) / cum[:, None])
+        assert np.all(_le(o["Kn"], (1 + 2 * theta) * np.exp(2 * theta) * H))
+        # Schur test for H with weights sqrt(a_j) A_j^{-s}: rows <= 1/(1-s), columns <= 1 + 1/s
+        p = np.sqrt(a) * cum**-s
+        assert np.all(_le((H @ p) / p, 1 / (1 - s)))
+        assert np.all(_le((p @ H) / p, 1 + 1 / s))
+        assert _le(_spec(H), 1 + np.sqrt(2.0))
+        bound = v_n * (theta + (1 + np.sqrt(2.0)) * (1 + 2 * theta) * np.exp(2 * theta))
+        assert _le(val, bound)
+    # the sqrt(a) column sums of the unmasked proof are unbounded: uniform masses at theta -> 0,
+    # the column sum of the first atom is the harmonic number H_n
+    n = 12
+    X = np.full((n, 1), 1e-4)
+    o = _proof_objects(X, np.full(n, -np.log(n)), np.eye(1), np.eye(1), masked=True)
+    sa = np.exp(0.5 * o["log_a"])
+    col0 = float((sa @ o["Kn"])[0] / sa[0])
+    assert col0 == pytest.approx(sum(1 / k for k in range(1, n + 1)), rel=1e-6)
+    assert col0 > 3.0
