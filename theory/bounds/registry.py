@@ -303,6 +303,15 @@ BOUNDS: tuple[Bound, ...] = (
         note="c'=1, refined Schur rows: proved (docs/theory.md §17)",
     ),
     Bound(
+        "mean_field_upper_cells", "mean_field_upper_cells", "upper", _T,
+        _DER + " (Schur columns bounded cell by cell; exponent score_gap_constant R^2 / 2)", _S17,
+        ("A", "V", "R"), "mean-field bound with the score-gap exponent kappa R^2 / 2",
+    ),
+    Bound(
+        "score_gap_constant", "score_gap_constant", "value", _T,
+        _DER, _S17, ("A",), "upper bound on max_{|x|,|y|<=1} x^T A (y - x)",
+    ),
+    Bound(
         "mean_field_upper[c'=1/2]", "mean_field_upper", "upper", _C,
         "probe below every derivation (expected to fail)", _S5, _NORMS,
         "mean-field form with c' = 1/2 (a probe)", fixed={"c": 0.5},
