@@ -104,7 +104,10 @@ def test_exponent_probe_is_refuted_by_two_diracs():
     rep = vb.verify(30, seed=3, kinds=["two_dirac"], progress=False)
     assert rep["passed"]
     assert rep["candidates"]["mean_field_upper[c'=1/2]"]["verdict"] == "refuted"
-    assert rep["candidates"]["mean_field_upper[c'=1]"]["verdict"] == "survived"
+    # c' = 1 is a theorem since docs/theory.md §17: checked as one, never violated
+    c1 = rep["bounds"]["mean_field_upper[c'=1]"]
+    assert c1["status"] == "theorem" and c1["n_checked"] > 0 and c1["n_violations"] == 0
+    assert "mean_field_upper[c'=1]" not in rep["candidates"]
 
 
 def _naive_attention(X: np.ndarray, heads, masked: bool) -> np.ndarray:

@@ -61,7 +61,13 @@ from theory.bounds.large_radius import (
     selection_gap,
 )
 from theory.bounds.local import certified_local_upper, released_data_dependent
-from theory.bounds.mean_field import mean_field_lower, mean_field_upper, trivial_lower
+from theory.bounds.mean_field import (
+    mean_field_lower,
+    mean_field_upper,
+    mean_field_upper_cells,
+    score_gap_constant,
+    trivial_lower,
+)
 from theory.bounds.splitting import split_gain, split_gain_general, split_optimal_k
 from theory.bounds.sqrt_n import (
     ConstructionGap,
@@ -105,12 +111,14 @@ __all__ = [
     "masked_sqrt_n_lower",
     "mean_field_lower",
     "mean_field_upper",
+    "mean_field_upper_cells",
     "multihead_upper",
     "off_axis_two_atom",
     "radius_for_target",
     "radius_for_upper",
     "rayleigh_extremes",
     "released_data_dependent",
+    "score_gap_constant",
     "selection_gap",
     "sequence_lower",
     "split_gain",

@@ -212,6 +212,7 @@ _DER = "derived and checked numerically"
 _S1, _S2, _S3, _S4 = (f"docs/theory.md §{i}" for i in (1, 2, 3, 4))
 _S5, _S6, _S7, _S8 = (f"docs/theory.md §{i}" for i in (5, 6, 7, 8))
 _S9, _S10, _S16 = "docs/theory.md §9", "docs/theory.md §10", "docs/theory.md §16"
+_S17 = "docs/theory.md §17"
 _NORMS = ("A_norm", "V_norm", "R")
 
 BOUNDS: tuple[Bound, ...] = (
@@ -276,10 +277,12 @@ BOUNDS: tuple[Bound, ...] = (
     ),
     # ---- mean field: sequences via Lip(f|B_R^n) <= Lip(F), measures via L_W and L_split
     Bound(
-        "mean_field_upper", "mean_field_upper", "upper", _C,
-        "form: recollection, unverified; c' = 1: " + _DER + "; c' = 2: derived", _S6,
+        "mean_field_upper", "mean_field_upper", "upper", _T,
+        "c' >= 1: " + _DER + " (Schur-test proof); c' < 1 is not a bound; the paper's printed "
+        "constants: recollection, unverified", _S17,
         _NORMS, "mean-field (W2) upper bound with exponent c' = --c", options=("c", "form"),
-        cli="mean-field-upper", cli_options=("c",), note="plain function (default c' = 1); variants below",
+        cli="mean-field-upper", cli_options=("c",),
+        note="plain function (default c' = 1, proved); variants below",
     ),
     Bound(
         "mean_field_upper[c'=2]", "mean_field_upper", "upper", _T,
@@ -287,10 +290,26 @@ BOUNDS: tuple[Bound, ...] = (
         fixed={"c": 2.0}, note="c'=2: derived (Kantorovich-Rubinstein route)", verified=True,
     ),
     Bound(
-        "mean_field_upper[c'=1]", "mean_field_upper", "upper", _C,
-        _DER + " along W2 geodesics; the paper's c' is unknown", _S6, _NORMS,
+        "mean_field_upper[c'=1]", "mean_field_upper", "upper", _T,
+        _DER + " (Schur test with weights sqrt(a_j)); the paper's c' is unknown", _S17, _NORMS,
         "mean-field bound, c' = 1", fixed={"c": 1.0},
-        note="c'=1: derived along W2 geodesics; the paper's c' is unknown", verified=True,
+        note="c'=1: proved (Schur test, docs/theory.md §17); the paper's c' is unknown",
+        verified=True,
+    ),
+    Bound(
+        "mean_field_upper[refined]", "mean_field_upper", "upper", _T,
+        _DER + " (Schur test, rows 1 + theta)", _S17, _NORMS,
+        "||V|| (theta + sqrt((1 + theta)(1 + 2 theta)) e^theta)", fixed={"c": 1.0, "form": "refined"},
+        note="c'=1, refined Schur rows: proved (docs/theory.md §17)",
+    ),
+    Bound(
+        "mean_field_upper_cells", "mean_field_upper_cells", "upper", _T,
+        _DER + " (Schur columns bounded cell by cell; exponent score_gap_constant R^2 / 2)", _S17,
+        ("A", "V", "R"), "mean-field bound with the score-gap exponent kappa R^2 / 2",
+    ),
+    Bound(
+        "score_gap_constant", "score_gap_constant", "value", _T,
+        _DER, _S17, ("A",), "upper bound on max_{|x|,|y|<=1} x^T A (y - x)",
     ),
     Bound(
         "mean_field_upper[c'=1/2]", "mean_field_upper", "upper", _C,
