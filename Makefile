@@ -59,9 +59,9 @@ test: $(DIST_STAMP)
 test-all: $(DIST_STAMP)
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
-# Lint: ruff on the whole tree, then the type checker on the packages that are clean under it
-# (settings in pyproject.toml, [tool.mypy]). TYPECHECK_PATHS grows as modules become clean.
-TYPECHECK_PATHS ?= theory
+# Lint: ruff on the whole tree, then mypy on theory/ and meanfield/ (settings in pyproject.toml,
+# [tool.mypy]; the meanfield modules that still have type errors are listed there and skipped).
+TYPECHECK_PATHS ?= theory meanfield
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
