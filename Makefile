@@ -74,4 +74,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_jacobian.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) demo_out paper_out .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) demo_out paper_out .pytest_cache .ruff_cache .mypy_cache .hypothesis
