@@ -1,6 +1,6 @@
-r"""Matrix-free spectral drivers and certified spectral-norm bounds (THEORY.md §13).
+r"""Matrix-free spectral drivers and certified spectral-norm bounds (docs/theory.md §B5).
 
-Lower bounds (§13.1) come from iterative solvers that only see an operator through two closures,
+Lower bounds come from iterative solvers that only see an operator through two closures,
 ``matvec(v) = J v`` and ``rmatvec(u) = J^T u``, acting on flat vectors with leading batch
 dimensions: ``v`` has shape ``(*batch, N)`` and ``J v`` shape ``(*batch, M)``, each batch element
 being an independent operator. Every iterate :math:`v` gives the certified lower bound
@@ -8,10 +8,10 @@ being an independent operator. Every iterate :math:`v` gives the certified lower
 
 Upper bounds need more structure:
 
-* :func:`gram_iteration` (§13.2) for explicit matrices, with :func:`certify_upper`, an a posteriori
+* :func:`gram_iteration` for explicit matrices, with :func:`certify_upper`, an a posteriori
   Cholesky check that makes the bound robust to rounding;
-* :func:`collatz_wielandt_bound` (§13.3) for nonnegative block-norm matrices;
-* :func:`rank_one_sigma_max`, the closed form of :math:`\sigma_{\max}(I + ab^\top)` (§13.3).
+* :func:`collatz_wielandt_bound` for nonnegative block-norm matrices (docs/certificates.md §5);
+* :func:`rank_one_sigma_max`, the closed form of :math:`\sigma_{\max}(I + ab^\top)`.
 
 Certificates are computed and returned in float64, the reference precision.
 """
@@ -118,7 +118,7 @@ def power_iteration(
     tol: float = 1e-6,
     max_iter: int = 1000,
 ) -> SpectralResult:
-    r"""Plain power iteration on :math:`J^\top J` (THEORY.md §13.1), kept as the baseline.
+    r"""Plain power iteration on :math:`J^\top J` (docs/theory.md §B5), kept as the baseline.
 
     :math:`v \leftarrow J^\top Jv/\|J^\top Jv\|`, where :math:`Jv` is the *tangent* output of a
     forward-mode product. The estimate :math:`\sigma_k = \|Jv_k\|` is a lower bound at every step.
@@ -205,7 +205,7 @@ def lanczos_svd(
     max_iter: int = 300,
     krylov_dim: int = 32,
 ) -> SpectralResult:
-    r"""Top singular triplet by Golub–Kahan–Lanczos bidiagonalisation (THEORY.md §13.1).
+    r"""Top singular triplet by Golub–Kahan–Lanczos bidiagonalisation (docs/theory.md §B5).
 
     Builds :math:`JV_k = U_kB_k`, :math:`J^\top U_k = V_kB_k^\top + \beta_kv_{k+1}e_k^\top` with
     full (two-pass) reorthogonalisation of both bases, and takes the top singular triplet
@@ -367,7 +367,7 @@ def _smaller_side(W: Tensor) -> Tensor:
 
 
 def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
-    r"""All Gram-iteration estimates :math:`\hat\sigma_0,\dots,\hat\sigma_T` (THEORY.md §13.2).
+    r"""All Gram-iteration estimates :math:`\hat\sigma_0,\dots,\hat\sigma_T` (docs/theory.md §B5).
 
     :math:`\hat\sigma_t = \big(\sum_i\sigma_i^{2^{t+1}}\big)^{2^{-(t+1)}}`, the Schatten
     :math:`2^{t+1}` norm: non-increasing in :math:`t` and
@@ -406,7 +406,7 @@ def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
 
 
 def gram_iteration(W: Tensor, n_iter: int) -> Tensor:
-    r"""Gram-iteration upper bound :math:`\hat\sigma_T\ge\|W\|_2` (THEORY.md §13.2).
+    r"""Gram-iteration upper bound :math:`\hat\sigma_T\ge\|W\|_2` (docs/theory.md §B5).
 
     See :func:`gram_sequence` for the algorithm and guarantees. The bound holds in exact
     arithmetic; use :func:`certify_upper` (or :func:`spectral_norm_upper`) for a bound that is
@@ -426,7 +426,7 @@ def gram_iteration(W: Tensor, n_iter: int) -> Tensor:
 
 
 def certify_upper(W: Tensor, s: Tensor | float) -> Tensor:
-    r"""Check a posteriori that :math:`s\ge\|W\|_2`, robustly to rounding (THEORY.md §13.2).
+    r"""Check a posteriori that :math:`s\ge\|W\|_2`, robustly to rounding (docs/theory.md §B5).
 
     With :math:`m` the smaller side and :math:`k` the larger one, form in float64
     :math:`M = (1-\delta)I - \mathrm{fl}(W_s^\top W_s)`, :math:`W_s = W/s`, and attempt its
@@ -560,7 +560,7 @@ def spectral_norm_upper(
 
 # ------------------------------------------------------------------- Collatz–Wielandt bound
 def collatz_wielandt_bound(N: Tensor, n_steps: int = 64, *, rtol: float = 1e-10) -> Tensor:
-    r"""Certified upper bound on :math:`\|N\|_2` for entrywise nonnegative ``N`` (THEORY.md §13.3).
+    r"""Certified upper bound on :math:`\|N\|_2` for a nonnegative ``N`` (docs/theory.md §B5).
 
     For nonnegative :math:`M = N^\top N` and any entrywise positive :math:`v`,
     :math:`\rho(M)\le\max_i(Mv)_i/v_i` (Collatz–Wielandt), so
@@ -609,7 +609,7 @@ def collatz_wielandt_bound(N: Tensor, n_steps: int = 64, *, rtol: float = 1e-10)
 def rank_one_sigma_max_from_stats(t: Tensor, p: Tensor, d: int) -> Tensor:
     r""":math:`\sigma_{\max}(I+ab^\top)` from :math:`t = a^\top b` and :math:`p = \|a\|^2\|b\|^2`.
 
-    For :math:`d\ge2` (THEORY.md §13.3, *standard*),
+    For :math:`d\ge2` (docs/theory.md §B5, *standard*),
 
     .. math:: \sigma_{\max}^2 = \tfrac12\big(S + \sqrt{S^2 - 4(1+t)^2}\big),\qquad
               S = 2 + 2t + p,

@@ -1,13 +1,13 @@
 r"""Self-attention on sequences and mean-field attention on measures, in the log domain.
 
-For one head with score matrix :math:`A`, value matrix :math:`V` (THEORY.md §2.1, §3.1):
+For one head with score matrix :math:`A`, value matrix :math:`V` (docs/theory.md §B1–§B2):
 
 .. math::
     \Gamma_\mu(x) = \sum_j \mathrm{softmax}_j\big(x^\top A x_j + c^\top x_j + \log a_j\big)\,(Vx_j + b),
     \qquad F(\mu) = (\Gamma_\mu)_\#\mu,\qquad f(X)_i = \Gamma_{\mathrm m(X)}(x_i).
 
 Masked (causal) attention restricts query :math:`i` to keys :math:`j\le i` on sequences and to keys
-at positions :math:`t_j\le t_i` on position-tagged measures (THEORY.md §2.4, §3.3). Logits are
+at positions :math:`t_j\le t_i` on position-tagged measures (docs/theory.md §B1–§B2). Logits are
 formed as scores plus log-weights and normalised by ``logsumexp``; masked keys get ``-inf``.
 Raw scores are never exponentiated, so inputs of radius 100 give finite outputs.
 """
@@ -88,7 +88,7 @@ def admissible_keys(
     """Boolean admissibility mask (..., n_q, n_k), or ``None`` when unmasked.
 
     Sequences (no ``positions``): query ``i`` sees keys ``j <= i``. Position-tagged measures:
-    key ``j`` is admissible when ``positions[j] <= query_positions[i]`` (THEORY.md §3.3).
+    key ``j`` is admissible when ``positions[j] <= query_positions[i]`` (docs/theory.md §B2).
     """
     if not masked:
         return None
@@ -200,7 +200,7 @@ def attention_points(
 def self_attention(
     X: Tensor, params: Params, *, masked: bool = False, chunk_size: int | None = None
 ) -> Tensor:
-    r"""The sequence map :math:`f(X)` (or the causal :math:`f^m(X)`), THEORY.md §2.1–§2.4.
+    r"""The sequence map :math:`f(X)` (or the causal :math:`f^m(X)`), docs/theory.md §B1.
 
     .. math:: f(X)_i = \sum_j P_{ij}Vx_j,\qquad
               P_{ij} = \frac{\exp(x_i^\top Ax_j)}{\sum_l\exp(x_i^\top Ax_l)}\quad(l\le i\text{ if masked}),
@@ -227,7 +227,7 @@ def self_attention(
 def attention(
     mu: DiracMeasure, params: Params, *, masked: bool = False, chunk_size: int | None = None
 ) -> DiracMeasure:
-    r"""The mean-field map :math:`F(\mu) = (\Gamma_\mu)_\#\mu` (THEORY.md §3.1, §3.3).
+    r"""The mean-field map :math:`F(\mu) = (\Gamma_\mu)_\#\mu` (docs/theory.md §B2).
 
     Output atoms keep their masses and positions. With ``masked=True`` the measure must be
     position-tagged, and the atom at position :math:`t` attends to the atoms at positions
@@ -354,7 +354,7 @@ def l2_self_attention(
     log_weights: Tensor | None = None,
     masked: bool = False,
 ) -> Tensor:
-    r"""L2 multi-head self-attention of Kim et al. (2021), THEORY.md §10.2 (row convention).
+    r"""L2 multi-head self-attention of Kim et al. (2021), docs/theory.md §B4 (row convention).
 
     .. math::
         \text{logit}^h_{ij} = -\frac{\|(x_i-x_j)^\top W^{Q,h}\|^2}{\sqrt{D/H}} + \log a_j,\qquad

@@ -1,4 +1,4 @@
-r"""Wasserstein distances between weighted atomic measures (THEORY.md §3.2, §3.3).
+r"""Wasserstein distances between weighted atomic measures (docs/theory.md §B3).
 
 Between :math:`\mu=\sum_{i=1}^n a_i\delta_{x_i}` and :math:`\nu=\sum_{j=1}^m b_j\delta_{y_j}`
 the exact solvers compute
@@ -19,7 +19,7 @@ over :math:`\Pi(a,b)`. Here:
 - :math:`\pi` is a transport plan (coupling), :math:`p\ge1` the exponent, :math:`\varepsilon>0`
   the entropic regularisation in the units of :math:`M`.
 
-Provenance: *standard* (THEORY.md §3.2); the conditional distance of §3.3 is a reconstruction.
+Provenance: *standard* (docs/theory.md §B3); the conditional distance there is a reconstruction.
 For uniform measures of equal size the exact problem is a linear assignment (Birkhoff), solved
 with :func:`scipy.optimize.linear_sum_assignment`; otherwise POT's network simplex :func:`ot.emd`.
 The entropic solver is POT's log-domain Sinkhorn on its torch backend. POT is imported on first
@@ -280,7 +280,7 @@ def optimal_transport(
     max_iter: int = 1_000_000,
     on_failure: OnFailure = "raise",
 ) -> TransportResult:
-    r"""Exact optimal transport :math:`W_p(\mu,\nu)` and an optimal plan (THEORY.md §3.2).
+    r"""Exact optimal transport :math:`W_p(\mu,\nu)` and an optimal plan (docs/theory.md §B3).
 
     Solves :math:`\min_{\pi\in\Pi(a,b)}\sum_{ij}\pi_{ij}\|x_i-y_j\|^p` exactly. *Standard.*
 
@@ -347,7 +347,7 @@ def wasserstein(
     max_iter: int = 1_000_000,
     on_failure: OnFailure = "raise",
 ) -> Tensor:
-    r"""Exact Wasserstein distance :math:`W_p(\mu,\nu)` between atomic measures (THEORY.md §3.2).
+    r"""Exact distance :math:`W_p(\mu,\nu)` between atomic measures (docs/theory.md §B3).
 
     .. math:: W_p(\mu,\nu)^p=\min_{\pi\in\Pi(a,b)}\sum_{ij}\pi_{ij}\|x_i-y_j\|^p .
 
@@ -383,7 +383,7 @@ def wasserstein_inf(mu: DiracMeasure, nu: DiracMeasure, *, max_iter: int = 1_000
 
     .. math:: W_\infty(\mu,\nu)=\min_{\pi\in\Pi(a,b)}\ \max_{(i,j):\,\pi_{ij}>0}\|x_i-y_j\| .
 
-    *Standard* (THEORY.md §3.2, §12.3: moving a mass by :math:`\delta` costs :math:`\|\delta\|`
+    *Standard* (docs/theory.md §B3, §A5: moving a mass by :math:`\delta` costs :math:`\|\delta\|`
     whatever the mass).
 
     Parameters
@@ -484,7 +484,7 @@ def conditional_wasserstein(
                      =\min_{\pi\text{ keeps }t\text{ fixed}}\sum_{ij}\pi_{ij}\|x_i-y_j\|^2,
 
     where :math:`\rho` is the common position marginal and :math:`\mu_t,\nu_t` are the normalised
-    conditionals at position :math:`t`. *Reconstruction* (THEORY.md §3.3). For two sequences of
+    conditionals at position :math:`t`. *Reconstruction* (docs/theory.md §B3). For two sequences of
     equal length, :math:`W_c(\mathrm m(X),\mathrm m(Y))=\|X-Y\|_F/\sqrt n` exactly.
 
     Parameters

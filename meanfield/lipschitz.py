@@ -1,32 +1,35 @@
-r"""Local Lipschitz constants of attention with certified brackets (THEORY.md §5, §13).
+r"""Local Lipschitz constants of attention with certified brackets (docs/theory.md §16).
 
-:func:`local_lipschitz` estimates, at a sequence or a weighted atomic measure,
+:func:`local_lipschitz` estimates, at a sequence or a weighted atomic measure (the definitions
+are in docs/theory.md §16 and §A2),
 
-* ``geometry="euclidean"``: :math:`\|Df(X)\|_2` (§5.1; masked: :math:`\|Df^m(X)\|_2`);
-* ``geometry="wasserstein"``: :math:`L_W(\mu) = \|D_a^{1/2}JD_a^{-1/2}\|_2` (§5.2), which equals
+* ``geometry="euclidean"``: :math:`\|Df(X)\|_2` (masked: :math:`\|Df^m(X)\|_2`);
+* ``geometry="wasserstein"``: :math:`L_W(\mu) = \|D_a^{1/2}JD_a^{-1/2}\|_2`, which equals
   the Euclidean value for uniform weights; for a causal (position-tagged) measure this is the
-  conditional-distance constant of §5.4;
+  conditional-distance constant;
 * ``geometry="split"``: :math:`\max\big(L_W(\mu),\max_i\|\sum_hW_hV_hC^h_iA_h^\top\|_2\big)`
-  (§5.3, mass splitting allowed).
+  (mass splitting allowed).
 
 Every :class:`LipschitzEstimate` carries a bracket ``lower <= exact <= upper``:
 
 * ``lower`` is :math:`\|Jv\|/\|v\|` for the returned vector, recomputed from one explicit product
   (in float64 when the inputs are float32), so it is a true lower bound;
 * ``upper`` is, for dense problems, Gram iteration on the assembled Jacobian certified by a
-  Cholesky test (§13.2), and for large problems the block-norm bound of §13.3 with a
-  Collatz–Wielandt certificate, computed in :math:`O(Hn^2d)` without :math:`(nd)^2` storage.
+  Cholesky test, and for large problems the block-norm bound with a Collatz–Wielandt
+  certificate (both in docs/theory.md §B5; docs/certificates.md §5), computed in
+  :math:`O(Hn^2d)` without :math:`(nd)^2` storage.
 
 Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024 (arXiv
-2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
-numerically*; they are not quoted from the paper.
+2312.14820 v2). The formulas are our reconstructions (docs/theory.md §16), labelled *derived
+and checked numerically*; they are not quoted from the paper.
 
-Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix
-grows with the magnitude of the logits (§2), and is propagated through a nonnegative magnitude
-operator of the closed form (§3–§4). Every norm is computed on :math:`2^{-e}J` for a power-of-two
-scale and multiplied back (§5), so constants up to float64's maximum come back finite; beyond it
-``upper`` is ``inf``. Both ends are rounded outwards when cast to float32. ``converged`` means
-the residual rule holds for the returned vector, for every method (docs/rounding.md §7).
+Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix grows
+with the magnitude of the logits (its §2), and is propagated through a nonnegative magnitude
+operator of the closed form (its §3–§4). Every norm is computed on :math:`2^{-e}J` for a
+power-of-two scale and multiplied back (its §5), so constants up to float64's maximum come back
+finite; beyond it ``upper`` is ``inf``. Both ends are rounded outwards when cast to float32.
+``converged`` means the residual rule holds for the returned vector, for every method
+(docs/rounding.md §7).
 """
 
 from __future__ import annotations
@@ -107,12 +110,12 @@ class LipschitzEstimate:
     value : Tensor
         Best estimate (dense: the top singular value; iterative: the final Ritz value).
     lower, upper : Tensor
-        Certified bracket ``lower <= exact <= upper`` for the inputs as stored, rounding
-        included (docs/rounding.md §4; rotary heads and ``geometry="split"`` use the
-        first-order relative margin of §6); ``upper = +inf`` when no certificate is
-        available (``upper="none"``, rotary heads in the weighted Wasserstein geometry, or
+        Certified bracket ``lower <= exact <= upper`` for the inputs as stored, rounding included
+        (docs/rounding.md §4; rotary heads and ``geometry="split"`` use the first-order relative
+        margin of docs/rounding.md §6); ``upper = +inf`` when no certificate is available
+        (``upper="none"``, rotary heads in the weighted Wasserstein geometry, or
         :func:`local_lipschitz_fn` without ``method="dense"``) or when the constant exceeds
-        float64's range (§5). Never NaN, and ``lower <= upper``.
+        float64's range (docs/rounding.md §5). Never NaN, and ``lower <= upper``.
     converged : Tensor of bool
         Whether the returned vector meets :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,
         \sigma^2` (explicit products; docs/rounding.md §7). Always true for ``"dense"`` unless
@@ -455,10 +458,10 @@ def local_lipschitz(
     ----------
     x : Tensor, shape (..., n, d), or DiracMeasure
         A sequence (uniform weights) or a batch of them, or a weighted measure. A causal measure
-        implies ``masked=True`` with its positions (THEORY.md §3.3).
+        implies ``masked=True`` with its positions (docs/theory.md §B2).
     params : AttentionParams or MultiHeadParams
     geometry : {"euclidean", "wasserstein", "split"}, default "euclidean"
-        The constant (module docstring; THEORY.md §5.1–§5.4). For sequences and uniform
+        The constant (module docstring; docs/theory.md §16). For sequences and uniform
         weights ``"wasserstein"`` equals ``"euclidean"``.
     masked : bool, optional
         Causal attention. Default: ``x.is_causal`` for a measure, ``False`` for a tensor.
@@ -733,7 +736,7 @@ def local_lipschitz_fn(
     The same estimator as :func:`local_lipschitz`, on a general map.
 
     Products use ``torch.func.jvp`` — its **tangent** output, element ``[1]`` (the released
-    estimator took element ``[0]``, the primal :math:`f(X)`; EXPERIMENTS.md D1) — and
+    estimator took element ``[0]``, the primal :math:`f(X)`; docs/experiments.md, defect D1) — and
     ``torch.func.vjp``. ``method="dense"`` builds :math:`J` with ``torch.func.jacrev``.
 
     Parameters
@@ -859,11 +862,11 @@ def released_metric(fn: Callable[[Tensor], Tensor], X: Tensor, *, batch_dims: in
     The released power iteration took ``torch.func.jvp(f, (X,), (u,))[0]``, the **primal**
     :math:`f(X)`, instead of the tangent :math:`Ju`, so every iterate is :math:`J^\top f(X)`,
     independent of :math:`u`, and the loop returns :math:`\sqrt{\|J(X)^\top f(X)\|}`
-    (EXPERIMENTS.md D1, *from the authors' released code*). **This is not a Lipschitz constant**;
-    it is provided to reproduce and compare with the published y-axes. It is homogeneous of
-    degree one in :math:`f` (replacing :math:`f` by :math:`cf` multiplies it by :math:`|c|`, since
-    :math:`J^\top f` scales by :math:`c^2`), as a Lipschitz constant would be, but unlike one it
-    depends on the values of :math:`f`, not only on its derivative: adding a constant vector to
+    (docs/experiments.md, defect D1; *from the authors' released code*). **This is not a Lipschitz
+    constant**; it is provided to reproduce and compare with the published y-axes. It is homogeneous
+    of degree one in :math:`f` (replacing :math:`f` by :math:`cf` multiplies it by :math:`|c|`,
+    since :math:`J^\top f` scales by :math:`c^2`), as a Lipschitz constant would be, but unlike one
+    it depends on the values of :math:`f`, not only on its derivative: adding a constant vector to
     :math:`f` changes it (and it is 0 wherever :math:`f(X) = 0`).
 
     Parameters
@@ -989,7 +992,7 @@ def certified_local_upper(
     with :math:`\kappa_i^2=\sum_jP_{ij}\|x_j-m_i\|^2`, :math:`\beta_{ij}=\|\partial_{x_j}s_{ij}\|`
     and :math:`M_i=\sum_jP_{ij}(x_j-m_i)(\partial_{x_i}s_{ij})^\top` for the logits
     :math:`s_{ij}`. Without rotary embedding :math:`\partial_{x_j}s_{ij}=A^\top x_i+c` and
-    :math:`\partial_{x_i}s_{ij}=Ax_j`, and this is THEORY.md §6.2 (:math:`M_i=C_iA^\top`); with
+    :math:`\partial_{x_i}s_{ij}=Ax_j`, and this is docs/theory.md §2a (:math:`M_i=C_iA^\top`); with
     rotary heads the same proof holds with the position-dependent gradients (our extension).
     :math:`\|P\|_2` is the smaller of its exact value and :math:`(\max_j\sum_iP_{ij})^{1/2}`;
     :math:`\|M_i\|_2^2=\lambda_{\max}(K^L_iK^R_i)` with the :math:`n\times n` Gram matrices of
@@ -997,7 +1000,7 @@ def certified_local_upper(
     or not. :func:`theory.bounds.certified_local_upper` is the independent numpy form (no
     rotary heads), used as the oracle of this one.
 
-    Provenance: *derived and checked numerically* (THEORY.md §6.2; tests compare it with dense
+    Provenance: *derived and checked numerically* (docs/theory.md §2a; tests compare it with dense
     Jacobians, with biases, masks and rotary heads). Cost: :math:`O(n^3)` per head (one
     :math:`n\times n` eigenproblem per query when :math:`n<d`); meant for the sequence lengths
     of the √n regime, not as a matrix-free certificate.

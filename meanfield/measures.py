@@ -1,9 +1,9 @@
 r"""Weighted Dirac measures, the inputs of mean-field attention.
 
 A measure :math:`\mu = \sum_j a_j \delta_{x_j}` is stored as ``points`` (..., n, d) and
-``weights`` (..., n) on the probability simplex (THEORY.md §1.4). A causal (position-tagged)
+``weights`` (..., n) on the probability simplex (docs/theory.md §A1). A causal (position-tagged)
 measure also carries ``positions`` (..., n) in [0, 1] and lives on :math:`[0, 1]\times\mathbb R^d`
-(THEORY.md §3.3). Leading dimensions are a batch of measures with the same number of atoms.
+(docs/theory.md §B2). Leading dimensions are a batch of measures with the same number of atoms.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class DiracMeasure:
         Masses :math:`a_j \ge 0` summing to 1 along the last axis. Default: uniform ``1/n``.
         Cast to the dtype of ``points``.
     positions : Tensor, shape (..., n), optional
-        Positions :math:`t_j \in [0, 1]` of a causal measure (THEORY.md §3.3). ``None`` for an
+        Positions :math:`t_j \in [0, 1]` of a causal measure (docs/theory.md §B2). ``None`` for an
         ordinary (unmasked) measure.
     normalize : bool, default False
         Divide ``weights`` by their sum instead of rejecting weights that do not sum to 1.
@@ -126,7 +126,7 @@ class DiracMeasure:
         ----------
         X : Tensor, shape (..., n, d)
         causal : bool, default False
-            Tag token ``i`` (1-based) with position ``i/n`` (THEORY.md §3.3), so that masked
+            Tag token ``i`` (1-based) with position ``i/n`` (docs/theory.md §B2), so that masked
             mean-field attention reproduces causal self-attention.
         """
         X = as_float_tensor(X, "X")
@@ -147,8 +147,8 @@ class DiracMeasure:
 
         ``log_weights`` are normalised by ``logsumexp``. ``weights = exp(log_weights)`` may
         underflow to 0 for masses below ~1e-308, but :attr:`log_weights`, which is what attention
-        uses (THEORY.md §1.4), keeps the exact values, so worst-case measures with masses such as
-        :math:`e^{-2\lambda R^2}` at large :math:`R` are represented faithfully.
+        uses (docs/theory.md §A1), keeps the exact values, so worst-case measures with masses such
+        as :math:`e^{-2\lambda R^2}` at large :math:`R` are represented faithfully.
         """
         points = as_float_tensor(points, "points")
         lw = as_float_tensor(log_weights, "log_weights", like=points)
@@ -203,7 +203,8 @@ class DiracMeasure:
     def rms_radius(self) -> Tensor:
         r"""Root mean square norm :math:`(\sum_j a_j\|x_j\|^2)^{1/2}`, shape (...).
 
-        For uniform weights this is the experiments' "mean radius" (EXPERIMENTS.md §1.3).
+        For uniform weights this is the experiments' "mean radius" (docs/experiments.md, "The
+        paper's experiments").
         """
         return (self.weights * self.points.square().sum(-1)).sum(-1).sqrt()
 
@@ -222,7 +223,7 @@ class DiracMeasure:
         """Duplicate atom ``i`` into ``k`` coincident copies (the same measure).
 
         The copies replace atom ``i`` at indices ``i, ..., i+k-1`` and keep its position, so in a
-        causal measure they see each other (THEORY.md §3.3).
+        causal measure they see each other (docs/theory.md §B2).
 
         Parameters
         ----------

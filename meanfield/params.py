@@ -1,10 +1,11 @@
 r"""Parameters of attention layers, in the toolkit's score convention.
 
-One head (THEORY.md §1.2, §2.1–§2.2) is a score matrix :math:`A\in\mathbb R^{d\times d}` with
-:math:`\mathrm{score}(x_i, x_j) = x_i^\top A x_j` (query :math:`i`, key :math:`j`), a value matrix
+One head (docs/conventions.md §1, docs/theory.md §B1) is a score matrix
+:math:`A\in\mathbb R^{d\times d}` with :math:`\mathrm{score}(x_i, x_j) = x_i^\top A x_j` (query
+:math:`i`, key :math:`j`), a value matrix
 :math:`V\in\mathbb R^{d_v\times d}`, and two optional bias terms: the key logit
 :math:`c^\top x_j` produced by a query bias and the value bias :math:`b`. Several heads plus an
-output projection :math:`W^O` form a :class:`MultiHeadParams` (THEORY.md §2.3):
+output projection :math:`W^O` form a :class:`MultiHeadParams` (docs/theory.md §B1):
 
 .. math:: f^{\mathrm{MH}}(X)_i = W^O\,\big[V_1 m^1_i + b_1; \dots; V_H m^H_i + b_H\big] + b^O .
 
@@ -70,7 +71,8 @@ class RotaryEmbedding:
     :math:`z\odot\cos(p\theta) + \mathrm{rot}(z)\odot\sin(p\theta)`, with
     :math:`\theta = [\omega;\omega]` (``inv_freq`` repeated), :math:`\mathrm{rot}(z) = [-z_2; z_1]`
     for the halves :math:`z_1, z_2`, and cosines and sines multiplied by ``attention_scaling``.
-    The score then depends on the relative position, :math:`x_i^\top A_{j-i}x_j` (THEORY.md §2.3).
+    The score then depends on the relative position, :math:`x_i^\top A_{j-i}x_j`
+    (docs/theory.md §B1).
 
     Parameters
     ----------
@@ -124,8 +126,9 @@ class AttentionParams:
     V : Tensor, shape (d_v, d)
         Value matrix.
     c : Tensor, shape (d,), optional
-        Key logit term :math:`c = W_k^\top b_q/\sqrt k` produced by a query bias (THEORY.md §2.2):
-        the logit of key :math:`j` gains :math:`c^\top x_j`. Key biases cancel in the softmax.
+        Key logit term :math:`c = W_k^\top b_q/\sqrt k` produced by a query bias
+        (docs/conventions.md §1): the logit of key :math:`j` gains :math:`c^\top x_j`. Key biases
+        cancel in the softmax.
     b : Tensor, shape (d_v,), optional
         Value bias; it shifts every output by the same vector and does not enter Jacobians.
     Q, K : Tensor, shape (k, d), optional
@@ -268,7 +271,7 @@ class AttentionParams:
 
 @dataclass(frozen=True, eq=False)
 class MultiHeadParams:
-    r"""Several heads and an optional output projection (THEORY.md §2.3).
+    r"""Several heads and an optional output projection (docs/theory.md §B1).
 
     .. math:: f^{\mathrm{MH}}(X)_i = W^O\big[f^1(X)_i;\dots;f^H(X)_i\big] + b^O
               = \sum_h W_h f^h(X)_i + b^O,
@@ -388,7 +391,7 @@ class MultiHeadParams:
         score: ScoreConvention = "query_key",
         rope: RotaryEmbedding | None = None,
     ) -> MultiHeadParams:
-        r"""Build a layer from projection weights, slicing heads correctly (THEORY.md §1.3).
+        r"""Build a layer from projection weights, slicing heads (docs/conventions.md §2-§3).
 
         Head ``h`` has :math:`Q_h` = row block ``h`` of ``W_Q`` (``nn.Linear`` layout, (out, in)),
         :math:`K_h, V_h` = row block ``g(h)`` of ``W_K``, ``W_V`` with
@@ -398,8 +401,8 @@ class MultiHeadParams:
 
         so that :math:`x_i^\top A_hx_j + c_h^\top x_j` equals the logit
         :math:`\mathrm{scale}\,\langle Q_hx_i + b_{Q,h}, K_hx_j + b_{K,h}\rangle` up to terms that
-        depend on the query only and cancel in the softmax (THEORY.md §2.2). ``b_K`` is accepted
-        for completeness and drops out.
+        depend on the query only and cancel in the softmax (docs/conventions.md §1). ``b_K`` is
+        accepted for completeness and drops out.
 
         Parameters
         ----------
@@ -486,7 +489,7 @@ class MultiHeadParams:
 
 @dataclass(frozen=True, eq=False)
 class L2AttentionParams:
-    r"""L2 multi-head self-attention of Kim, Papamakarios & Mnih (ICML 2021), THEORY.md §10.2.
+    r"""L2 multi-head self-attention of Kim, Papamakarios & Mnih (ICML 2021), docs/theory.md §B4.
 
     Row-vector convention, width :math:`D`, :math:`H` heads of width :math:`D/H`, **tied**
     query and key maps :math:`W^{Q,h}\in\mathbb R^{D\times D/H}`:
@@ -505,7 +508,7 @@ class L2AttentionParams:
     Notes
     -----
     Provenance: definition *recalled and unverified*, consistent with public implementations
-    (THEORY.md §10.2). Tying the query and key maps is required for Lipschitz continuity.
+    (docs/theory.md §B4). Tying the query and key maps is required for Lipschitz continuity.
     """
 
     W_Q: Tensor

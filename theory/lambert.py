@@ -1,6 +1,6 @@
 r"""Real Lambert W on the branches 0 and -1, with domain checks.
 
-The Lambert W function solves :math:`W(z)\,e^{W(z)} = z` (THEORY.md §11, *standard*).
+The Lambert W function solves :math:`W(z)\,e^{W(z)} = z` (docs/theory.md §11, *standard*).
 On the real line it has two branches:
 
 * :math:`W_0` on :math:`[-1/e, \infty)`, increasing from :math:`-1` to :math:`\infty`;
@@ -150,10 +150,10 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
 
     Notes
     -----
-    THEORY.md §11 (*standard*). Inputs at most :data:`BRANCH_POINT_TOLERANCE` below :math:`-1/e`
-    in :math:`1 + ez` count as the branch point and return exactly -1; this covers the float
-    ``-1/np.e``, which lies slightly below :math:`-1/e`. See the module docstring for the
-    branch-point solver.
+    docs/theory.md §11 (*standard*). Inputs at most :data:`BRANCH_POINT_TOLERANCE` below
+    :math:`-1/e` in :math:`1 + ez` count as the branch point and return exactly -1; this covers
+    the float ``-1/np.e``, which lies slightly below :math:`-1/e`. See the module docstring for
+    the branch-point solver.
     """
     _validate_branch(branch)
     if precision is not None:
@@ -256,7 +256,7 @@ def lambertw_derivative(z: ArrayLike, branch: int = 0) -> Any:
 
     Notes
     -----
-    THEORY.md §11 (*standard*). The second form, from :math:`W/z = e^{-W}`, has no 0/0 at
+    docs/theory.md §11 (*standard*). The second form, from :math:`W/z = e^{-W}`, has no 0/0 at
     :math:`z = 0`.
     """
     w = np.asarray(lambertw(z, branch), dtype=np.float64)
@@ -295,7 +295,7 @@ def lambertw_asymptotic(z: ArrayLike, branch: int = 0, *, terms: int = 2) -> Any
 
     Notes
     -----
-    THEORY.md §11 (*standard*): :math:`W_0(z) = \log z - \log\log z + o(1)`. The expansion is
+    docs/theory.md §11 (*standard*): :math:`W_0(z) = \log z - \log\log z + o(1)`. The expansion is
     derived symbolically in :func:`theory.symbolic.lambertw_asymptotic`. The error of the
     two-term form is of order :math:`L_2/L_1`, so it converges slowly.
     """
@@ -343,9 +343,9 @@ def lambertw_exp(u: ArrayLike) -> Any:
 
     Notes
     -----
-    THEORY.md §11 (*standard*). For real :math:`u`, :math:`W_0(e^u)` is the Wright omega function
-    :math:`\omega(u)`. For :math:`u \ge -2` it is :func:`scipy.special.wrightomega` (within an ulp
-    of mpmath there); below, where ``wrightomega`` drifts to about 15 ulps (near
+    docs/theory.md §11 (*standard*). For real :math:`u`, :math:`W_0(e^u)` is the Wright omega
+    function :math:`\omega(u)`. For :math:`u \ge -2` it is :func:`scipy.special.wrightomega`
+    (within an ulp of mpmath there); below, where ``wrightomega`` drifts to about 15 ulps (near
     :math:`u = -50`), it is :func:`lambertw` of :math:`e^u` (within an ulp; :math:`e^u` does not
     overflow there). ``u = -inf`` gives 0 and ``u = +inf`` gives ``+inf``.
     """

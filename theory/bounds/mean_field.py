@@ -7,10 +7,10 @@ r"""The mean-field regime: the :math:`n`-independent upper bound and the global 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from theory.bounds._common import (
     _choice,
@@ -304,9 +304,10 @@ def mean_field_lower(
             raise ValueError(f"V must have shape (d_v, d) with d = {A_.shape[-1]}")
         ext = rayleigh_extremes(A_, variant=variant)
         lam_p, lam_m = np.float64(ext.lam_max), np.float64(ext.lam_min)
-        vu_p = np.linalg.norm(V_ @ ext.u_max)
-        vu_m = np.linalg.norm(V_ @ ext.u_min)
-        V_norm = np.linalg.norm(V_, 2)
+        # numpy.linalg.norm returns a numpy.float64 scalar; cast for the type checker only.
+        vu_p = cast(NDArray[np.float64], np.linalg.norm(V_ @ ext.u_max))
+        vu_m = cast(NDArray[np.float64], np.linalg.norm(V_ @ ext.u_min))
+        V_norm = cast(NDArray[np.float64], np.linalg.norm(V_, 2))
     g_p = np.maximum(lam_p, 0.0) * R_**2 / 4.0
     g_m = np.maximum(-lam_m, 0.0) * 2.0 * R_**2
     log_val = np.maximum.reduce(

@@ -206,8 +206,8 @@ def _large_radius_band(sign: int) -> Callable[..., float]:
 
 
 # ------------------------------------------------------------------ the records
-_T = "theorem"
-_C = "candidate"
+_T: Status = "theorem"
+_C: Status = "candidate"
 _DER = "derived and checked numerically"
 _S1, _S2, _S3, _S4 = (f"docs/theory.md §{i}" for i in (1, 2, 3, 4))
 _S5, _S6, _S7, _S8 = (f"docs/theory.md §{i}" for i in (5, 6, 7, 8))

@@ -531,8 +531,12 @@ def _masked_log_limit_sq(g: NDArray[np.float64]) -> NDArray[np.float64]:
     if small.any():
         gs = g[small]
         E = np.exp(gs)
-        a = {s: E ** (s - 1) * special.zeta(s, E + 1.0) for s in (2, 3, 4)}
-        S = (1 + gs) ** 2 * a[2] - 2 * gs * (1 + gs) * a[3] + gs**2 * a[4]
+        zeta_terms = {s: E ** (s - 1) * special.zeta(s, E + 1.0) for s in (2, 3, 4)}
+        S = (
+            (1 + gs) ** 2 * zeta_terms[2]
+            - 2 * gs * (1 + gs) * zeta_terms[3]
+            + gs**2 * zeta_terms[4]
+        )
         out[small] = gs + np.log(S)
     big = ~small
     if big.any():
