@@ -198,13 +198,14 @@ def mean_field_upper_cells(A: ArrayLike, V: ArrayLike, R: ArrayLike, *, log: boo
     theta = a * R_**2
     c = 2.0 * np.sqrt(d) * theta
     k_opt = c / d
-    best = None
-    for k in (np.maximum(np.floor(k_opt), 1.0), np.maximum(np.ceil(k_opt), 1.0)):
-        val = d * np.log(k) + kap * R_**2 + c / k
-        best = val if best is None else np.minimum(best, val)
+    # every k gives a valid bound: take the better of the two integers around the optimum
+    k_lo, k_hi = np.maximum(np.floor(k_opt), 1.0), np.maximum(np.ceil(k_opt), 1.0)
+    best = np.minimum(
+        d * np.log(k_lo) + kap * R_**2 + c / k_lo, d * np.log(k_hi) + kap * R_**2 + c / k_hi
+    )
     log_col = np.minimum(2.0 * theta, best)
     log_k = 0.5 * (np.log1p(theta) + np.log1p(2.0 * theta) + log_col)
-    log_val = _log(np.linalg.norm(V_, 2)) + np.logaddexp(_log(theta), log_k)
+    log_val = _log(np.asarray(np.linalg.norm(V_, 2))) + np.logaddexp(_log(np.asarray(theta)), log_k)
     return _exp_or_log(log_val, log)
 
 
