@@ -216,7 +216,7 @@ def test_f5_peak_and_mean_field_level(tiny: tuple[Path, list[Path]]) -> None:
         assert 0.5 <= (d["n_all"][k] - 1) / np.exp(g) <= 4.0
         # the peak is at least sup_eps g (= the lower-bound formula's continuous peak)
         assert closed[k] >= d["sup_g"][gi] * (1 - 1e-12)
-        # Lip(f | B_R^n) <= Lip(F | P(B_R)) <= candidate c' = 1 bound (docs/theory.md §16, §6)
+        # Lip(f | B_R^n) <= Lip(F | P(B_R)) <= the c' = 1 bound (docs/theory.md §16, §6, proof in §17)
         assert closed.max() <= d["mf_upper_c1"][gi]
 
 
@@ -241,7 +241,7 @@ def test_mean_field_optimizer_between_bounds(tiny: tuple[Path, list[Path]]) -> N
         np.testing.assert_allclose(
             b["opt_two_dirac_bound"], np.broadcast_to(sup, val.shape), rtol=1e-9
         )
-        # the reconstructed candidate upper bounds are not exceeded (a finding if they were)
+        # the upper bounds are not exceeded (c' = 1 is proved in docs/theory.md §17: a bug if it were)
         assert np.all(val <= b["at_radii_upper_c1"][None, :])
         assert np.all(val <= b["at_radii_upper_c2"][None, :])
         # the 2-atom search starts from the off-axis maximiser: never below its bound (§A3)

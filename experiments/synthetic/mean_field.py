@@ -2,8 +2,8 @@ r"""Figures F6 and A: the mean-field regime (docs/theory.md §5–§6).
 
 :math:`\sup_\varepsilon g` (§5) against
 :math:`R` with the :math:`w = 1/2` form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`,
-the trivial :math:`\|V\|_2`, the **candidate** upper bounds :math:`c' = 1, 2` (§6; reconstructed
-constants, not the paper's), and the values reached by
+the trivial :math:`\|V\|_2`, the upper bounds :math:`c' = 1` (proved here, docs/theory.md §17)
+and :math:`c' = 2` (§6; our constants, not the paper's), and the values reached by
 :func:`meanfield.attacks.worst_case_measure` (multi-start ascent of the exact :math:`W_2` local
 constant over 2–5 weighted atoms, started from the two-Dirac optimum) plus, for F6, the
 maximised off-axis two-atom bound of §A3 (:func:`meanfield.attacks.off_axis_two_atoms`).
@@ -324,9 +324,9 @@ _MF_PROVENANCE = {
     "half": "docs/theory.md §5 w = 1/2 form (that the paper states such a form: recollection, "
     "unverified)",
     "asymptote": "docs/theory.md §5 (3√3/16) γ e^{γ/2}, derived",
-    "upper_c1": "docs/theory.md §6 sharp form, c' = 1: candidate (derived, reconstructed; NOT the "
+    "upper_c1": "docs/theory.md §6 sharp form, c' = 1: proved (docs/theory.md §17; ours, NOT the "
     "paper's constant)",
-    "upper_c2": "docs/theory.md §6 sharp form, c' = 2: candidate (derived, naive route)",
+    "upper_c2": "docs/theory.md §6 sharp form, c' = 2: derived (Kantorovich–Rubinstein route)",
     "optimized": "meanfield.attacks.worst_case_measure: exact W2 local constant (docs/theory.md §16) "
     "maximised by multi-start Adam; certified bracket by local_lipschitz",
     "off_axis": "docs/theory.md §A3 maximised (ours; not in any source)",

@@ -13,7 +13,7 @@ lower-bound formulas :func:`~theory.bounds.sqrt_n_lower` and
 :func:`~theory.bounds.masked_sqrt_n_lower`, the best :math:`k`-copy input
 :func:`~theory.bounds.sequence_lower`, the √n upper bounds :func:`~theory.bounds.sqrt_n_upper`
 (``"triangle"`` and ``"sqrt3"``), and the mean-field level: :math:`\sup_\varepsilon g`
-(:func:`~theory.bounds.mean_field_lower`) and the :math:`c' = 1` candidate
+(:func:`~theory.bounds.mean_field_lower`) and the :math:`c' = 1` upper bound (proved, docs/theory.md §17)
 (:func:`~theory.bounds.mean_field_upper`).
 
 Closed-form reduction of the construction (*derived and checked numerically*; ours). Let
@@ -277,7 +277,7 @@ def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
             "k_copy_lower": "theory.bounds.sequence_lower, ours",
             "upper_triangle": "docs/theory.md §1 triangle form (ours)",
             "upper_sqrt3": "docs/theory.md §1 sqrt3 form (recollection, unverified, of the paper's)",
-            "mf_upper_c1": "docs/theory.md §6 candidate c' = 1 (derived; not the paper's constant)",
+            "mf_upper_c1": "docs/theory.md §6 and §17: c' = 1, proved (ours; not the paper's constant)",
         },
         "findings": findings,
         "metadata": run_metadata(

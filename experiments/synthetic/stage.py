@@ -183,7 +183,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         f"R; smallest ratio to it: {_fmt(f6['min_ratio_optimized_to_sup_g'])}.",
         f"- Off-axis two atoms (§A3): up to {_fmt(f6['off_axis']['max_gain_over_axis'])}× the "
         f"on-axis optimum (R = {f6['off_axis']['R_of_max_gain']:g}).",
-        f"- Candidate c′ = 1: largest optimized/bound ratio {_fmt(f6['max_ratio_to_upper_c1'])} "
+        f"- Upper bound c′ = 1 (proved, docs/theory.md §17): largest optimized/bound ratio {_fmt(f6['max_ratio_to_upper_c1'])} "
         f"({f6['upper_c1_exceeded']} exceedances, {f6['upper_c1_exceeded_certified']} certified); "
         f"c′ = 2: {_fmt(f6['max_ratio_to_upper_c2'])} ({f6['upper_c2_exceeded']} exceedances).",
         "",
