@@ -1,8 +1,8 @@
-r"""Figure A: the mean-field Lipschitz constant against :math:`R` in the style of v1 (EXPERIMENTS.md §2).
+r"""Figure A: the mean-field Lipschitz constant against :math:`R` in the style of v1 (docs/experiments.md, "Stages and figures").
 
 One panel per setting (:math:`d = 1` with :math:`A = \pm1`, :math:`V = 1`; :math:`d = 2` with
 :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`; a random Gaussian :math:`A = Q^\top K/\sqrt k`
-with :math:`V = I`), log y: the **candidate** upper bounds :math:`c' = 1, 2` (THEORY.md §7.1,
+with :math:`V = I`), log y: the **candidate** upper bounds :math:`c' = 1, 2` (docs/theory.md §6,
 reconstructed constants, not the paper's), the exact two-Dirac optimum :math:`\sup_\varepsilon g`
 at the best gap :math:`\gamma^*` (§7.2), the :math:`w = 1/2` form, the asymptote, the global lower
 bound :math:`\max(\|V\|_2, \sup_\varepsilon g)`, and the values reached by optimized worst measures

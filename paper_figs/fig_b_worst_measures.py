@@ -3,7 +3,7 @@
 Reads ``worst_measures.npz`` and ``worst_measures.json`` written by
 ``meanfield attack search --figure-b`` (:func:`experiments.mass_splitting.figure_b_results`); marker
 colour is log10 of the mass, so masses spread over many decades show as a colour range. No
-computation here (THEORY.md §7.4; EXPERIMENTS.md §2, figure B).
+computation here (docs/theory.md §A4; docs/experiments.md, "Stages and figures").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""Figure F3: mean radius of the inputs against sequence length, for the GPT-2 L6 stand-in.
 
 The paper relates its steeper GPT-2 L6 curve (:math:`25.0\,n^{0.51}`) to a correlation between
-the radius of the inputs and n (released ``gpt_2/correlation_n_R.pdf``, EXPERIMENTS.md §1.7, F3).
+the radius of the inputs and n (released ``gpt_2/correlation_n_R.pdf``, docs/experiments.md, "The paper's experiments", F3).
 This figure plots the mean radius :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` of every window
 (10 points per n, size 2, alpha 0.5, as released) against n for the sweeps standing in for
 GPT-2 L6 (the middle SmolLM2 layer), one panel per corpus, with the fitted drift

@@ -1,16 +1,16 @@
 r"""Figure F4: adversarial inputs, local Lipschitz constant against the sequence length.
 
-One panel per configuration of EXPERIMENTS.md §1.4 found in ``results_dir / "adversarial"``
+One panel per adversarial configuration of docs/experiments.md ("The paper's experiments") found in ``results_dir / "adversarial"``
 (written by :mod:`experiments.adversarial`), log–log axes so that :math:`C\sqrt n` is a line of
 slope ½:
 
-* red points: :math:`\|Df(X)\|_2` of the whole multi-head map at the construction of THEORY.md
+* red points: :math:`\|Df(X)\|_2` of the whole multi-head map at the construction of docs/theory.md
   §6.3 (released variant, −8 rule), with the certified bracket as error bars where its upper end
   is finite; open squares: the symmetric-part variant;
 * dark blue: the least-squares fit :math:`C\sqrt n` ("Cn^{1/2}") of the released series;
 * dashed grey: the paper's printed :math:`C\sqrt n` (a hand-set curve for the paper's model,
   defect D7);
-* green: the global √n bound (THEORY.md §6.1, triangle form, summed over heads with
+* green: the global √n bound (docs/theory.md §1, triangle form, summed over heads with
   :math:`\|W_hV_h\|`) and the certified local bound (§6.2) at the released construction;
 * orange dotted: the released data-dependent quantity, labelled as a heuristic (it is not a
   bound as written, §6.2).

@@ -1,7 +1,7 @@
-r"""Figure F5: the √n regime on the eigenvector construction (EXPERIMENTS.md §2, THEORY.md §6, §9).
+r"""Figure F5: the √n regime on the eigenvector construction (docs/theory.md §1, §3 and §4).
 
 One panel per gap :math:`\gamma` (head :math:`d = 1`, :math:`A = -\gamma/(2R^2)`, :math:`V = 1`):
-:math:`\|Df(X)\|_2` against :math:`n` (log–log) for the construction of THEORY.md §6.3, unmasked
+:math:`\|Df(X)\|_2` against :math:`n` (log–log) for the construction of docs/theory.md §3, unmasked
 (exact, closed form at every integer :math:`n`, with certified engine brackets at a few :math:`n`)
 and masked (certified engine brackets). Overlays: the lower-bound formulas of §6.3 and §9, the best
 :math:`k`-copy input (a lower bound on :math:`\mathrm{Lip}(f\,|\,B_R^n)`), the √n upper bounds of
@@ -150,7 +150,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=6.5)
         fig.suptitle(
-            "√n regime: construction of THEORY §6.3, $d = 1$, $A = -\\gamma/(2R^2)$, "
+            "√n regime: construction of docs/theory.md §3, $d = 1$, $A = -\\gamma/(2R^2)$, "
             "$V = 1$, $R = 1$",
             fontsize=8.5,
         )

@@ -1,4 +1,4 @@
-r"""Figure F6: the mean-field constant against the radius (EXPERIMENTS.md §2, THEORY.md §7).
+r"""Figure F6: the mean-field constant against the radius (docs/experiments.md, "Stages and figures"; docs/theory.md §5–§6).
 
 Head :math:`d = 2`, :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`. Left (log y):
 :math:`\sup_\varepsilon g` of the two unbalanced Diracs (§7.2) at the best gap, the :math:`w = 1/2`

@@ -3,7 +3,7 @@ r"""Theory figure: the bounds of :mod:`theory.bounds` against :math:`n` and :mat
 Panels (all curves computed from closed forms; no experiment needed):
 
 (a) against :math:`n` at :math:`\|A\|_2 = \|V\|_2 = 1`, :math:`R = 1.5`: the three √n upper
-    forms (THEORY.md §6.1), the eigenvector-construction lower bound (§6.3) for three gaps, its
+    forms (docs/theory.md §1), the eigenvector-construction lower bound (§6.3) for three gaps, its
     :math:`k`-copy and masked versions (§9), the :math:`n`-free mean-field upper bounds
     (:math:`c' = 1, 2`, §7.1) and the two-Dirac level (§7.2); the crossover :math:`n^*`
     (:func:`theory.regimes.crossover_n`) and the peak of the construction
@@ -19,7 +19,7 @@ Panels (all curves computed from closed forms; no experiment needed):
     ``bound / engine value`` measured by :mod:`experiments.verify_bounds` (min–max range and
     median per bound; refuted candidates in red).
 
-Every constant is a reconstruction of THEORY.md (labels there); none is the paper's printed
+Every constant is a reconstruction documented in docs/theory.md (§15 lists the labels); none is the paper's printed
 constant. STEM ``fig_theory_bounds``.
 """
 
