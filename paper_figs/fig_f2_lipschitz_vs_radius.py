@@ -45,15 +45,19 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
         The PDF and PNG.
     """
     from matplotlib.colors import Normalize
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
-
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     # The points are coloured by n (colour bar); the legend shows each series' marker in grey.
     proxies = [
         Line2D([], [], ls="none", marker="o", ms=3.5, color="0.45", label=r"$\|J\|_2$ (true)"),
         Line2D(
-            [], [], ls="none", marker="^", ms=3.5, color="0.45",
+            [],
+            [],
+            ls="none",
+            marker="^",
+            ms=3.5,
+            color="0.45",
             label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
         ),
     ]
