@@ -311,10 +311,7 @@ def _panel_tightness(ax, report: dict) -> None:
     ax.set_yticks(y, names, fontsize=6.5)
 
     ax.invert_yaxis()
-    ax.set_xlabel(
-        "bound / engine value (range, median)\n"
-        "arrowhead: range goes on (e.g. max = ∞)"
-    )
+    ax.set_xlabel("bound / engine value (range, median)\narrowhead: range goes on (e.g. max = ∞)")
     ax.set_title(f"(d) tightness over {report['n_instances']} instances", loc="left")
 
 
