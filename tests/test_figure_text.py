@@ -179,7 +179,9 @@ def test_checks_catch_small_text_and_wrong_legends():
     # a proxy handle of the wrong colour, and two entries that look the same
     ax.get_legend().remove()
     wrong = Line2D([], [], color="green", label="a")
-    ax.legend(handles=[wrong, Line2D([], [], color="blue", label="b"), Line2D([], [], color="blue")])
+    ax.legend(
+        handles=[wrong, Line2D([], [], color="blue", label="b"), Line2D([], [], color="blue")]
+    )
     probs = legend_problems(fig)
     assert any("'a': handle colour" in p for p in probs)
     assert any("share one look" in p for p in probs)
