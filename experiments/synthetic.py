@@ -1148,7 +1148,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     lines = ["## Synthetic theory sweeps (F5, F6, F7, A)", ""]
     # F5
     lines += [
-        "**F5: the √n regime** on the eigenvector construction (docs/theory.md §6.3; d = 1, "
+        "**F5: the √n regime** on the eigenvector construction (docs/theory.md §3; d = 1, "
         "A = −γ/(2R²), V = 1, R = 1, gap exactly γ). Unmasked values are exact (closed-form "
         "reduction of the Jacobian, cross-checked against certified engine brackets); masked "
         "values are certified engine brackets.",
@@ -1178,11 +1178,11 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         f"The exact unmasked constant peaks at n − 1 = {min(t_peak):.2f}–{max(t_peak):.2f} × e^γ "
         f"(the lower-bound formula peaks at t*(γ)e^γ, t* → 3) and then decays (to "
         f"{', '.join(_fmt(e['decay_at_n_max']) for e in per)} of its peak at n_max); it stays "
-        f"{'above' if ok_low else 'NOT always above'} the §6.3 lower-bound formula and "
-        f"{'below' if ok_up else 'NOT always below'} the §6.1 √n bound (triangle form), and the "
+        f"{'above' if ok_low else 'NOT always above'} the §3 lower-bound formula and "
+        f"{'below' if ok_up else 'NOT always below'} the §1 √n bound (triangle form), and the "
         f"closed form {'lies' if ok_chk else 'does NOT always lie'} inside every certified engine "
         f"bracket. Masked values increase with n on the whole grid: "
-        f"{'yes' if mono and all(mono) else 'no'} (saturation of docs/theory.md §9, reached only for "
+        f"{'yes' if mono and all(mono) else 'no'} (saturation of docs/theory.md §4, reached only for "
         "n ≫ e^γ; see the limit column).",
         "",
         link("f5"),
@@ -1191,15 +1191,15 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     # F6
     f6 = s["f6"]
     lines += [
-        "**F6: the mean-field regime** (docs/theory.md §7; d = 2, A = diag(1, −0.3), V = I). "
+        "**F6: the mean-field regime** (docs/theory.md §5–§6; d = 2, A = diag(1, −0.3), V = I). "
         "sup_ε g against R with the w = ½ form, the asymptote, ‖V‖₂, the *candidate* upper "
         "bounds c′ = 1, 2 (reconstructed constants, not the paper's), optimized 2–5-atom "
-        "measures and the off-axis two-atom bound (§7.3).",
+        "measures and the off-axis two-atom bound (§A3).",
         "",
         f"- Optimized measures reach up to {_fmt(f6['max_gain_over_two_dirac'])}× sup_ε g "
         f"(at R = {f6['R_of_max_gain']:g}) and {_fmt(f6['gain_at_largest_R'])}× at the largest "
         f"R; smallest ratio to it: {_fmt(f6['min_ratio_optimized_to_sup_g'])}.",
-        f"- Off-axis two atoms (§7.3): up to {_fmt(f6['off_axis']['max_gain_over_axis'])}× the "
+        f"- Off-axis two atoms (§A3): up to {_fmt(f6['off_axis']['max_gain_over_axis'])}× the "
         f"on-axis optimum (R = {f6['off_axis']['R_of_max_gain']:g}).",
         f"- Candidate c′ = 1: largest optimized/bound ratio {_fmt(f6['max_ratio_to_upper_c1'])} "
         f"({f6['upper_c1_exceeded']} exceedances, {f6['upper_c1_exceeded_certified']} certified); "
@@ -1211,7 +1211,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     # F7
     f7 = s["f7"]
     lines += [
-        "**F7: large radius** (docs/theory.md §8). ‖Df(RX)‖₂ for random X converges to "
+        "**F7: large radius** (docs/theory.md §7). ‖Df(RX)‖₂ for random X converges to "
         "‖V‖₂√(max_j N_j), not to √n‖V‖₂; the deviation from the limit stays below our "
         "quantitative bound.",
         "",
@@ -1227,27 +1227,48 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     lines += ["", link("f7"), ""]
     # A
     lines += [
-        "**A: Lipschitz constant against R** (v1 style, docs/theory.md §7): for each setting, the "
+        "**A: Lipschitz constant against R** (v1 style, docs/theory.md §5–§6): for each setting, the "
         "best optimized measure against sup_ε g and the candidate upper bounds.",
         "",
         "| setting | max gain over sup_ε g (R) | gain at largest R | off-axis / sup_ε g (max) "
+        "| off-axis gap / γ* (largest R) "
         "| optimized / c′=1 bound (max) | c′=1 exceeded | optimized / c′=2 bound (max) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     a_json = _load(results_dir, "a")
+    big = []
     for key, e in s["a"].items():
         label = a_json["settings"].get(key, key)
+        gap_ratio = e["off_axis"].get("gap_over_gamma_star_at_largest_R", float("nan"))
         lines.append(
             f"| {label} | {_fmt(e['max_gain_over_two_dirac'])} ({e['R_of_max_gain']:g}) | "
             f"{_fmt(e['gain_at_largest_R'])} | {_fmt(e['off_axis']['max_gain_over_axis'])} | "
-            f"{_fmt(e['max_ratio_to_upper_c1'])} | "
+            f"{_fmt(gap_ratio)} | {_fmt(e['max_ratio_to_upper_c1'])} | "
             f"{e['upper_c1_exceeded']} | {_fmt(e['max_ratio_to_upper_c2'])} |"
         )
+        if e["max_gain_over_two_dirac"] > 100.0 and e["off_axis"]["max_gain_over_axis"] > 100.0:
+            big.append((label, e, gap_ratio))
     lines += [
         "",
         "A gain above 1 means the optimized measures beat the closed-form two-Dirac optimum at "
-        "the best on-axis gap γ* (docs/theory.md §7.2); a ratio above 1 to a c′ bound would mean that "
-        "reconstructed candidate is violated.",
+        "the best on-axis gap γ* (docs/theory.md §5); a ratio above 1 to a c′ bound would mean "
+        "that reconstructed candidate is violated.",
+    ]
+    for label, e, gap_ratio in big:
+        lines += [
+            "",
+            f"*Why the gain reaches {_fmt(e['max_gain_over_two_dirac'])} for {label}.* It is "
+            "neither a search artefact nor a violation: the off-axis two-atom closed form "
+            "(docs/theory.md §A3) reaches the same value, "
+            f"{_fmt(e['off_axis']['max_gain_over_axis'])}× the reference. The reference two-Dirac "
+            "optimum puts both atoms on an eigenvector of the symmetric part of A, which is the "
+            "best choice only for a symmetric A; this A is far from symmetric, and two atoms off "
+            f"those axes see a score gap {_fmt(gap_ratio)}× larger at the largest R. The constant "
+            "grows like γ·e^{γ/2} in the gap γ, and γ grows like R², so a gap larger by a fixed "
+            "factor gives a gain that grows like exp(c·R²); the reference is a weak lower bound "
+            "for a non-symmetric A, and the off-axis and optimized values are the ones to read.",
+        ]
+    lines += [
         "",
         link("a"),
         "",
