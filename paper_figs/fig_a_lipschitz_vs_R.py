@@ -4,9 +4,9 @@ One panel per setting (:math:`d = 1` with :math:`A = \pm1`, :math:`V = 1`; :math
 :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`; a random Gaussian :math:`A = Q^\top K/\sqrt k`
 with :math:`V = I`), log y: the **candidate** upper bounds :math:`c' = 1, 2` (docs/theory.md §6,
 reconstructed constants, not the paper's), the exact two-Dirac optimum :math:`\sup_\varepsilon g`
-at the best gap :math:`\gamma^*` (§7.2), the :math:`w = 1/2` form, the asymptote, the global lower
+at the best gap :math:`\gamma^*` (§5), the :math:`w = 1/2` form, the asymptote, the global lower
 bound :math:`\max(\|V\|_2, \sup_\varepsilon g)`, and the values reached by optimized worst measures
-with 2, 3 and 5 atoms (§7.4).
+with 2, 3 and 5 atoms (§A4).
 
 Reads ``<results>/synthetic/a.npz`` and ``a.json`` written by :func:`experiments.synthetic.run`;
 no computation.

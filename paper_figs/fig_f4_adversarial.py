@@ -168,7 +168,7 @@ def _panel(ax, cid: str, entry: dict) -> None:
         "-",
         color=PALETTE["bound"],
         lw=0.9,
-        label=r"global $\sqrt{n}$ bound (§6.1)",
+        label=r"global $\sqrt{n}$ bound",
     )
     ax.plot(
         n,
@@ -176,7 +176,7 @@ def _panel(ax, cid: str, entry: dict) -> None:
         "-.",
         color=PALETTE["bound"],
         lw=0.9,
-        label="certified local bound (§6.2)",
+        label="certified local bound",
     )
     ax.plot(
         n,
@@ -229,7 +229,7 @@ def _worst_panel(ax, wc: dict) -> None:
         "-",
         color=PALETTE["bound"],
         lw=0.9,
-        label=r"global $\sqrt{n}$ bound (§6.1)",
+        label=r"global $\sqrt{n}$ bound",
     )
     _log_axes(ax)
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter

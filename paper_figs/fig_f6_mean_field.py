@@ -1,11 +1,11 @@
 r"""Figure F6: the mean-field constant against the radius (docs/experiments.md, "Stages and figures"; docs/theory.md §5–§6).
 
 Head :math:`d = 2`, :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`. Left (log y):
-:math:`\sup_\varepsilon g` of the two unbalanced Diracs (§7.2) at the best gap, the :math:`w = 1/2`
+:math:`\sup_\varepsilon g` of the two unbalanced Diracs (§5) at the best gap, the :math:`w = 1/2`
 form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`, the trivial :math:`\|V\|_2`, the
-**candidate** upper bounds :math:`c' = 1, 2` (§7.1, reconstructed constants, not the paper's), the
-values reached by the multi-start search over 2–5 weighted atoms (§7.4) and the maximised off-axis
-two-atom bound (§7.3). The left axis is clipped to the data (the candidate bounds grow like
+**candidate** upper bounds :math:`c' = 1, 2` (§6, reconstructed constants, not the paper's), the
+values reached by the multi-start search over 2–5 weighted atoms (§A4) and the maximised off-axis
+two-atom bound (§A3). The left axis is clipped to the data (the candidate bounds grow like
 :math:`e^{cR^2}` and leave it; a note says where), and the markers of the 2–5-atom searches are
 dodged sideways by :data:`DODGE` of the R range, since their values nearly coincide. Right: the
 same values divided by :math:`\sup_\varepsilon g`.
@@ -106,7 +106,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         ax0.plot(
             radii,
             d["off_axis_value"],
-            label="off-axis two atoms, §7.3 maximised (lower bound)",
+            label="off-axis two atoms, maximised (lower bound)",
             **kw,
         )
         ax1.plot(radii, d["off_axis_value"] / sup_r, **kw)

@@ -3,15 +3,15 @@ r"""Theory figure: the bounds of :mod:`theory.bounds` against :math:`n` and :mat
 Panels (all curves computed from closed forms; no experiment needed):
 
 (a) against :math:`n` at :math:`\|A\|_2 = \|V\|_2 = 1`, :math:`R = 1.5`: the three √n upper
-    forms (docs/theory.md §1), the eigenvector-construction lower bound (§6.3) for three gaps, its
-    :math:`k`-copy and masked versions (§9), the :math:`n`-free mean-field upper bounds
-    (:math:`c' = 1, 2`, §7.1) and the two-Dirac level (§7.2); the crossover :math:`n^*`
+    forms (docs/theory.md §1), the eigenvector-construction lower bound (§3) for three gaps, its
+    :math:`k`-copy and masked versions (§4), the :math:`n`-free mean-field upper bounds
+    (:math:`c' = 1, 2`, §6) and the two-Dirac level (§5); the crossover :math:`n^*`
     (:func:`theory.regimes.crossover_n`) and the peak of the construction
     (:func:`theory.regimes.peak_n`) are marked;
 (b) against :math:`R` in the worst case :math:`\lambda = -\|A\|_2` (:math:`\gamma = 2R^2`): the
     mean-field upper candidates, the two-Dirac optimum, its :math:`w = 1/2` form and asymptote, the
     trivial bound :math:`\|V\|_2`, the √n bound at :math:`n = 16` and the range
-    :math:`[\|V\|, \sqrt n\|V\|]` of the large-radius limit (§8); the radius bracket of
+    :math:`[\|V\|, \sqrt n\|V\|]` of the large-radius limit (§7); the radius bracket of
     :func:`theory.regimes.radius_bracket` for a target :math:`L = 10` is marked;
 (c) the regime map in the :math:`(R, n)` plane: :math:`n^*(R)` for :math:`c' = 1, 2` and the
     peak :math:`n` of the construction;
