@@ -8,7 +8,8 @@ docs/experiments.md, "Protocols and defects"). Each panel shows
 
 - the true local constant :math:`\|Df(X)\|_2` (dark blue circles, one per window of text), with
   its certified bracket ``[lower, upper]`` as grey whiskers where the upper end is finite (rotary
-  heads and the "block" map have none);
+  heads and the "block" map have none; on the linear axes, whiskers reaching far above the data
+  are clipped at the frame);
 - the released code's metric :math:`\sqrt{\|J(X)^\top f(X)\|}` (triangles; not a Lipschitz
   constant: defect D1 of docs/experiments.md), orange triangles; the window's mean radius is
   figure F2's x axis and F3's y axis, so it is not colour-coded here;
@@ -239,7 +240,10 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
         ax.set_yscale("log")
         log_axes(ax)
     else:
-        ax.set_ylim(bottom=0.0)
+        # the data set the scale; certified upper ends far above it are clipped at the frame
+        shown = [val, rel] + ([curve(grid)] if curve is not None else [])
+        top = max(float(np.nanmax(v[np.isfinite(v)])) for v in shown if np.isfinite(v).any())
+        ax.set_ylim(0.0, 1.25 * top)
     ax.set_xlabel("sequence length $n$")
     panel_ylabel(ax, "local Lipschitz constant")
     ax.set_title(panel_title(s), fontsize=6.5, loc="left")
