@@ -2,8 +2,10 @@
 
 Reads ``worst_measures.npz`` and ``worst_measures.json`` written by
 ``meanfield attack search --figure-b`` (:func:`experiments.mass_splitting.figure_b_results`); marker
-colour is log10 of the mass, so masses spread over many decades show as a colour range. No
-computation here (THEORY.md §7.4; EXPERIMENTS.md §2, figure B).
+colour is log10 of the mass, so masses spread over many decades show as a colour range; in the
+d = 1 row every mass is also written beside its atom, and atoms closer than :data:`CLUSTER` are
+staggered vertically so that none hides another. One colour bar, beside the first row. No
+computation here (docs/theory.md §A4; docs/experiments.md, "Stages and figures").
 """
 
 from __future__ import annotations
@@ -30,6 +32,33 @@ def _paths(results_path: str | Path) -> tuple[Path, Path]:
     return p.with_suffix(".npz"), p.with_suffix(".json")
 
 
+#: Atoms of one row closer than this (in x/R) are staggered vertically so that each shows.
+CLUSTER = 0.04
+
+
+def _stagger(x: np.ndarray) -> np.ndarray:
+    """Vertical offsets (in row units) that separate atoms closer than :data:`CLUSTER`."""
+    off = np.zeros(x.shape)
+    order = np.argsort(x)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and x[i] - x[groups[-1][-1]] < CLUSTER:
+            groups[-1].append(int(i))
+        else:
+            groups.append([int(i)])
+    for g in groups:
+        if len(g) > 1:
+            off[g] = np.linspace(-0.3, 0.3, len(g))
+    return off
+
+
+def _mass_label(log10_mass: float) -> str:
+    """A mass written as a power of ten when small, as a decimal otherwise."""
+    if log10_mass > -2:
+        return f"{10.0**log10_mass:.2f}"
+    return f"$10^{{{log10_mass:.1f}}}$"
+
+
 def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw ``fig_b_worst_measures.{pdf,png}`` from a saved results file (or its directory)."""
     import matplotlib.pyplot as plt
@@ -48,32 +77,44 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
     labels = {k: v["label"] for k, v in meta.get("settings", {}).items()}
 
     with style():
-        fig = plt.figure(figsize=(TWO_COLUMNS, 0.62 * TWO_COLUMNS))
-        gs = fig.add_gridspec(2, max(nR, 1), height_ratios=[1.0, 1.0])
+        fig = plt.figure(figsize=(TWO_COLUMNS, 0.72 * TWO_COLUMNS))
+        top, bottom = fig.subfigures(2, 1, height_ratios=[1.15, 1.0])
         sc = None
+        ax_top = None
         if "d1_points" in data:
-            ax = fig.add_subplot(gs[0, :])
+            ax = ax_top = top.subplots()
             for r_i, R in enumerate(radii):
                 x = data["d1_points"][r_i, :, 0] / R
                 c = data["d1_log_weights"][r_i] / math.log(10.0)
+                y = r_i + _stagger(x)
                 order = np.argsort(-c)  # light atoms drawn on top
                 ax.axhline(r_i, color="0.85", lw=0.6, zorder=0)
                 sc = ax.scatter(
                     x[order],
-                    np.full(x.shape, r_i),
+                    y[order],
                     c=c[order],
                     cmap=cmap,
                     norm=norm,
-                    s=36,
+                    s=30,
                     edgecolors="k",
                     linewidths=0.4,
                     zorder=3,
                 )
+                for xi, yi, ci in zip(x, y, c):
+                    ax.annotate(
+                        _mass_label(ci),
+                        (xi, yi),
+                        xytext=(-5, 0) if xi > 0 else (5, 0),  # inward, clear of the ticks
+                        textcoords="offset points",
+                        ha="right" if xi > 0 else "left",
+                        va="center",
+                        fontsize=6.5,
+                    )
                 val = data["d1_value"][r_i]
                 td = data["d1_two_dirac"][r_i]
                 ax.annotate(
-                    f"$L$ = {val:.3g} (two-Dirac {td:.3g})",
-                    (1.04, r_i),
+                    f"$L$ = {val:.3g}\n(two-Dirac {td:.3g})",
+                    (1.03, r_i),
                     xycoords=("axes fraction", "data"),
                     va="center",
                     fontsize=6.5,
@@ -82,12 +123,13 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
             ax.set_yticks(range(nR), [f"R = {R:g}" for R in radii])
             ax.set_xlim(-1.08, 1.08)
             ax.set_ylim(-0.6, nR - 0.4)
-            ax.set_xlabel("atom position $x/R$")
+            ax.set_xlabel("atom position $x/R$ (masses written beside the atoms)")
             ax.set_title(f"worst-case measures, {labels.get('d1', 'd = 1')}", loc="left")
         if "d2_points" in data:
             theta = np.linspace(0, 2 * np.pi, 200)
+            axes = np.atleast_1d(bottom.subplots(1, max(nR, 1)))
             for r_i, R in enumerate(radii):
-                ax = fig.add_subplot(gs[1, r_i])
+                ax = axes[r_i]
                 P = data["d2_points"][r_i] / R
                 c = data["d2_log_weights"][r_i] / math.log(10.0)
                 order = np.argsort(-c)
@@ -108,12 +150,19 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
                 ax.set_ylim(-1.15, 1.15)
                 ax.set_xticks([-1, 0, 1])
                 ax.set_yticks([-1, 0, 1])
-                ax.set_title(f"R = {R:g}\n$L$ = {data['d2_value'][r_i]:.3g}", fontsize=7.5)
+                ax.set_title(f"R = {R:g}, $L$ = {data['d2_value'][r_i]:.3g}", fontsize=7.5)
                 ax.set_xlabel("$x_1/R$")
                 if r_i == 0:
-                    ax.set_ylabel(f"{labels.get('d2', 'd = 2')}\n$x_2/R$", fontsize=7)
+                    ax.set_ylabel("$x_2/R$")
+            bottom.suptitle(
+                f"worst-case measures, {labels.get('d2', 'd = 2')}", x=0.01, ha="left", fontsize=9
+            )
         if sc is not None:
-            fig.colorbar(sc, ax=fig.axes, shrink=0.8, label=r"$\log_{10}$ mass")
+            # one colour scale for both rows, drawn beside the first row only
+            host = ax_top if ax_top is not None else bottom.axes
+            (top if ax_top is not None else bottom).colorbar(
+                sc, ax=host, shrink=0.95, label=r"$\log_{10}$ mass (both rows)"
+            )
         return save(fig, out_dir / STEM)
 
 

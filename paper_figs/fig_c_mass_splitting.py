@@ -1,4 +1,4 @@
-"""Figure C: mass splitting (THEORY.md §12; EXPERIMENTS.md §2, figure C).
+"""Figure C: mass splitting (docs/theory.md §10 and §A5; docs/experiments.md, figure C).
 
 Left: the duplicate-then-move gain ``G_k`` against ``k`` (log-log) for several radii
 (``s = R^2/4``), with ``sqrt(k)`` and the saturation level ``e^{s/2}/2`` overlaid. Right: best

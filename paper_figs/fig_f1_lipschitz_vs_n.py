@@ -2,23 +2,25 @@ r"""Figure F1: local Lipschitz constant of attention on real text against sequen
 
 One panel per saved sweep of :mod:`experiments.real_data` (configuration × corpus × grid), all
 in one file, ``fig_f1_lipschitz_vs_n.{pdf,png}`` (at most three panels per row, log–log axes),
-and the same panels on linear axes in ``fig_f1_lipschitz_vs_n_linear.{pdf,png}`` (EXPERIMENTS.md
-§2 asks for both; the released plots were linear); 10 windows per n (the paper's protocol,
-EXPERIMENTS.md §1.3). Each panel shows
+and the same panels on linear axes in ``fig_f1_lipschitz_vs_n_linear.{pdf,png}`` (docs/experiments.md
+lists both; the released plots were linear); 10 windows per n (the paper's protocol,
+docs/experiments.md, "Protocols and defects"). Each panel shows
 
-- the true local constant :math:`\|Df(X)\|_2` (circles), with its certified bracket as error
-  bars where the upper end is finite (rotary heads and the "block" map have none);
+- the true local constant :math:`\|Df(X)\|_2` (dark blue circles, one per window of text), with
+  its certified bracket ``[lower, upper]`` as grey whiskers where the upper end is finite (rotary
+  heads and the "block" map have none; on the linear axes, whiskers reaching far above the data
+  are clipped at the frame);
 - the released code's metric :math:`\sqrt{\|J(X)^\top f(X)\|}` (triangles; not a Lipschitz
-  constant, EXPERIMENTS.md D1);
-- both coloured by the window's mean radius :math:`R(X)`, min–max normalized within the panel
-  (``autumn``, as the released BERT and GPT-2-rand plots);
+  constant: defect D1 of docs/experiments.md), orange triangles; the window's mean radius is
+  figure F2's x axis and F3's y axis, so it is not colour-coded here;
 - a dotted vertical line at the model's training length where the grid goes beyond it
   (all-MiniLM-L6-v2 was fine-tuned on at most 128 tokens, :data:`experiments.real_data.TRAINING_LENGTH`);
 - the least-squares fits :math:`c\,n^{\alpha}` with their 95 % bootstrap intervals
   (:func:`experiments.fits.fit_power_law`), and the paper's printed curve for the configuration
-  the stand-in replaces, dashed and labelled as hand-set (D7).
+  the stand-in replaces, dashed and labelled as hand-set (D7). An exponent interval that is
+  narrower than 0.01 is printed with more digits, so that it never reads ``[0.09, 0.09]``.
 
-Legends name the model actually measured (EXPERIMENTS.md §4.5). Reads saved results only.
+Legends name the model actually measured (docs/experiments.md, "Models and texts"). Reads saved results only.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def sweeps_or_raise(results_dir: Path) -> list[dict[str, Any]]:
     return sweeps
 
 
-def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 1.95):
+def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 2.3):
     """A figure with ``n_panels`` axes on a grid of at most 3 columns (unused axes removed)."""
     import matplotlib.pyplot as plt
 
@@ -86,7 +88,11 @@ def paper_curve_for(s: Mapping[str, Any]):
 
 def _fit_label(name: str, fit) -> str:
     lo, hi = fit.alpha_ci
-    return rf"{name}: ${fit.c:.3g}\,n^{{{fit.alpha:.2f}}}$, $\alpha\in[{lo:.2f},{hi:.2f}]$"
+    digits = 2
+    while digits < 4 and f"{lo:.{digits}f}" == f"{hi:.{digits}f}":
+        digits += 1  # a narrow interval must not print as [0.09, 0.09]
+    a, lo_s, hi_s = (f"{x + 0.0:.{digits}f}" for x in (fit.alpha, lo, hi))
+    return rf"{name}: ${fit.c:.3g}\,n^{{{a}}}$, $\alpha\in[{lo_s},{hi_s}]$"
 
 
 def _fit(n: np.ndarray, y: np.ndarray):
@@ -108,34 +114,42 @@ def normalized_radius(R: np.ndarray) -> np.ndarray:
 def log_axes(ax, *, x: bool = True) -> None:
     """Log axes with plain-number labels at 1, 2, 5 × 10^k (no minor labels).
 
-    An x axis spanning more than 1.8 decades (the long grid, n up to 492) is labelled at
-    1, 3 × 10^k instead, so that the labels of a narrow panel do not run into each other.
+    An x axis spanning more than 1.8 decades (the long grid, n up to 492), or a y axis spanning
+    more than 1.2, is labelled at 1, 3 × 10^k instead, and one spanning more than 2.5 decades at
+    10^k only, so that the labels of a short or narrow panel do not run into each other.
     """
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     for axis, on in ((ax.xaxis, x), (ax.yaxis, True)):
         if not on:
             continue
-        subs = (1.0, 2.0, 5.0)
-        if axis is ax.xaxis:
-            lo, hi = ax.get_xlim()
-            if lo > 0 and math.log10(hi / lo) > 1.8:
-                subs = (1.0, 3.0)
+        lo, hi = ax.get_xlim() if axis is ax.xaxis else ax.get_ylim()
+        decades = math.log10(hi / lo) if lo > 0 else 0.0
+        subs: tuple[float, ...] = (1.0, 2.0, 5.0)
+        if decades > (1.8 if axis is ax.xaxis else 1.2):
+            subs = (1.0, 3.0)
+        if decades > 2.5:
+            subs = (1.0,)
         axis.set_major_locator(LogLocator(base=10, subs=subs))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(NullFormatter())
 
 
-def panel_legend(ax) -> None:
+def panel_legend(ax, handles: Sequence[Any] | None = None) -> None:
     """A compact legend below the panel (keeps the data visible).
+
+    ``handles`` (optional) replaces the labelled artists of the axes, e.g. neutral proxies for
+    series coloured by a colour map (the colour bar explains the colour, the legend the marker).
 
     Anchored a fixed number of points below the axes, under the tick labels and the x label,
     so that it clears them whatever height the layout gives the panel.
     """
     from matplotlib.transforms import offset_copy
 
+    kwargs = {} if handles is None else {"handles": list(handles)}
     ax.legend(
-        fontsize=5.2,
+        **kwargs,
+        fontsize=6,
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
         bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, y=-31, units="points"),
@@ -153,11 +167,10 @@ def panel_ylabel(ax, text: str) -> None:
         ax.set_ylabel(text)
 
 
-def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm, *, log: bool = True) -> Any:
+def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
     a = s["arrays"]
     n = a["n"].astype(float)
     val, low, up, rel = a["value"], a["lower"], a["upper"], a["released"]
-    radius = normalized_radius(a["mean_radius"])
     fin = np.isfinite(up)
     if fin.any():
         ax.errorbar(
@@ -165,34 +178,31 @@ def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm, *, log: bool = True) 
             val[fin],
             yerr=[val[fin] - low[fin], up[fin] - val[fin]],
             fmt="none",
-            ecolor="0.75",
-            elinewidth=0.4,
+            ecolor="0.6",
+            elinewidth=0.5,
             capsize=0,
             zorder=1,
+            label="certified bracket of $\\|J\\|_2$",
         )
-    sc = ax.scatter(
+    ax.scatter(
         n,
         val,
-        c=radius,
-        cmap=cmap,
-        norm=norm,
-        s=8,
+        s=9,
         marker="o",
-        edgecolors="0.15",
-        linewidths=0.25,
+        facecolors=PALETTE["fit"],
+        edgecolors="none",
+        alpha=0.75,
         zorder=3,
-        label=r"$\|J\|_2$ (true)",
+        label=r"$\|J\|_2$ (true, one window)",
     )
     ax.scatter(
         n,
         rel,
-        c=radius,
-        cmap=cmap,
-        norm=norm,
-        s=9,
+        s=10,
         marker="^",
-        edgecolors="0.15",
-        linewidths=0.25,
+        facecolors=PALETTE["released"],
+        edgecolors="none",
+        alpha=0.75,
         zorder=3,
         label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
     )
@@ -230,12 +240,14 @@ def _draw_panel(ax, s: Mapping[str, Any], cmap: str, norm, *, log: bool = True) 
         ax.set_yscale("log")
         log_axes(ax)
     else:
-        ax.set_ylim(bottom=0.0)
+        # the data set the scale; certified upper ends far above it are clipped at the frame
+        shown = [val, rel] + ([curve(grid)] if curve is not None else [])
+        top = max(float(np.nanmax(v[np.isfinite(v)])) for v in shown if np.isfinite(v).any())
+        ax.set_ylim(0.0, 1.25 * top)
     ax.set_xlabel("sequence length $n$")
     panel_ylabel(ax, "local Lipschitz constant")
     ax.set_title(panel_title(s), fontsize=6.5, loc="left")
     panel_legend(ax)
-    return sc
 
 
 def draw(results_dir: Path, out_dir: Path) -> list[Path]:
@@ -252,20 +264,13 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
     list of Path
         The PDF and PNG of each version.
     """
-    from matplotlib.colors import Normalize
-
     sweeps = sweeps_or_raise(results_dir)
     written: list[Path] = []
     for stem, log in ((STEM, True), (STEM_LINEAR, False)):
         with style():
             fig, axes = panel_grid(len(sweeps))
-            norm = Normalize(0.0, 1.0)
-            sc = None
             for ax, s in zip(axes, sweeps):
-                sc = _draw_panel(ax, s, "autumn", norm, log=log)
-            fig.colorbar(
-                sc, ax=axes, shrink=0.5, label="mean radius (min–max\nnormalized per panel)"
-            )
+                _draw_panel(ax, s, log=log)
             written += save(fig, Path(out_dir) / stem)
     return written
 

@@ -2,10 +2,10 @@ r"""Figure F2: local Lipschitz constant of attention on real text against the me
 
 One panel per saved sweep of :mod:`experiments.real_data`, all in one file,
 ``fig_f2_lipschitz_vs_radius.{pdf,png}``. x: the window's mean radius
-:math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` (the RMS token norm the paper plotted, EXPERIMENTS.md
-§1.3); y (log): the true :math:`\|Df(X)\|_2` (circles) and the released metric
+:math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` (the RMS token norm the paper plotted; docs/experiments.md,
+"Protocols and defects"); y (log): the true :math:`\|Df(X)\|_2` (circles) and the released metric
 :math:`\sqrt{\|J^\top f\|}` (triangles, D1); points coloured by n (``viridis``, as the released
-radius plots). Legends name the model actually measured. Reads saved results only.
+radius plots; the legend shows the markers in grey, the colour bar the colours). Legends name the model actually measured. Reads saved results only.
 """
 
 from __future__ import annotations
@@ -45,8 +45,22 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
         The PDF and PNG.
     """
     from matplotlib.colors import Normalize
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+    # The points are coloured by n (colour bar); the legend shows each series' marker in grey.
+    proxies = [
+        Line2D([], [], ls="none", marker="o", ms=3.5, color="0.45", label=r"$\|J\|_2$ (true)"),
+        Line2D(
+            [],
+            [],
+            ls="none",
+            marker="^",
+            ms=3.5,
+            color="0.45",
+            label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
+        ),
+    ]
     sweeps = sweeps_or_raise(results_dir)
     n_max = max(float(np.max(s["arrays"]["n"])) for s in sweeps)
     norm = Normalize(0.0, n_max)
@@ -66,7 +80,6 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
                 marker="o",
                 edgecolors="0.15",
                 linewidths=0.25,
-                label=r"$\|J\|_2$ (true)",
             )
             ax.scatter(
                 R,
@@ -78,7 +91,6 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
                 marker="^",
                 edgecolors="0.15",
                 linewidths=0.25,
-                label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
             )
             ax.set_yscale("log")
             log_axes(ax, x=False)
@@ -87,7 +99,7 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
             ax.set_xlabel("mean radius $R(X)$")
             panel_ylabel(ax, "local Lipschitz constant")
             ax.set_title(panel_title(s), fontsize=6.5, loc="left")
-            panel_legend(ax)
+            panel_legend(ax, handles=proxies)
         fig.colorbar(sc, ax=axes, shrink=0.5, label="sequence length $n$")
         return save(fig, Path(out_dir) / STEM)
 

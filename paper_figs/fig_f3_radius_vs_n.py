@@ -1,11 +1,15 @@
 r"""Figure F3: mean radius of the inputs against sequence length, for the GPT-2 L6 stand-in.
 
 The paper relates its steeper GPT-2 L6 curve (:math:`25.0\,n^{0.51}`) to a correlation between
-the radius of the inputs and n (released ``gpt_2/correlation_n_R.pdf``, EXPERIMENTS.md §1.7, F3).
+the radius of the inputs and n (released ``gpt_2/correlation_n_R.pdf``; docs/experiments.md,
+"The paper's experiments", F3).
 This figure plots the mean radius :math:`R(X)=(\frac1n\sum_i\|x_i\|^2)^{1/2}` of every window
 (10 points per n, size 2, alpha 0.5, as released) against n for the sweeps standing in for
 GPT-2 L6 (the middle SmolLM2 layer), one panel per corpus, with the fitted drift
-:math:`R\propto n^{\beta}` (95 % bootstrap interval). When no such sweep was run (e.g. the tiny
+:math:`R\propto n^{\beta}` (95 % bootstrap interval); red crosses mark the n at which that power
+law misses the geometric mean of the radii by more than :data:`MISS_SE` standard errors
+(:func:`fit_misses`), i.e. where a power law does not describe the data (the radius levels off
+while the fit keeps growing). When no such sweep was run (e.g. the tiny
 preset), every saved input set (model, layer, corpus, grid; maps of the same layer share their
 inputs) is drawn instead and the titles say so. Output:
 ``fig_f3_radius_vs_n.{pdf,png}``. Reads saved results only.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +54,40 @@ def _distinct_inputs(sweeps: Sequence[dict]) -> list[dict]:
             seen.add(key)
             out.append(s)
     return out
+
+
+#: A power law "misses" at n when its value is more than this many standard errors of the mean
+#: of log R(X) over the windows at n away from that mean.
+MISS_SE = 3.0
+
+
+def fit_misses(n: np.ndarray, R: np.ndarray, fit: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where a fitted power law does not describe the radii.
+
+    Parameters
+    ----------
+    n, R : ndarray
+        One entry per window.
+    fit : callable
+        The fitted curve, ``fit(n)``.
+
+    Returns
+    -------
+    ns, centre, miss : ndarray
+        The distinct n, the geometric mean of R(X) at each, and whether the fit lies more than
+        :data:`MISS_SE` standard errors (of the mean of log R over the windows) away from it.
+        Where a single window is given the standard error is undefined and nothing is flagged.
+    """
+    ns = np.unique(n)
+    centre = np.empty(ns.size)
+    miss = np.zeros(ns.size, dtype=bool)
+    for i, v in enumerate(ns):
+        logs = np.log(R[n == v])
+        centre[i] = float(np.exp(logs.mean()))
+        if logs.size > 1:
+            se = float(logs.std(ddof=1)) / np.sqrt(logs.size)
+            miss[i] = abs(logs.mean() - np.log(float(fit(v)))) > MISS_SE * max(se, 1e-12)
+    return ns, centre, miss
 
 
 def draw(results_dir: Path, out_dir: Path) -> list[Path]:
@@ -91,6 +130,18 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
                     lw=0.9,
                     label=rf"fit $R\propto n^{{{fit.alpha:.3f}}}$, $\beta\in[{lo:.3f},{hi:.3f}]$",
                 )
+                ns, med, miss = fit_misses(n, R, fit)
+                if miss.any():
+                    ax.scatter(
+                        ns[miss],
+                        med[miss],
+                        s=22,
+                        marker="x",
+                        color=PALETTE["masked"],
+                        linewidths=0.9,
+                        zorder=5,
+                        label=f"mean at n, missed by the power law (> {MISS_SE:g} s.e.)",
+                    )
             ax.set_xlabel("sequence length $n$")
             panel_ylabel(ax, "mean radius $R(X)$")
             title = panel_title(s)

@@ -1,22 +1,28 @@
 r"""Figure F4: adversarial inputs, local Lipschitz constant against the sequence length.
 
-One panel per configuration of EXPERIMENTS.md §1.4 found in ``results_dir / "adversarial"``
-(written by :mod:`experiments.adversarial`), log–log axes so that :math:`C\sqrt n` is a line of
-slope ½:
+One panel per adversarial configuration of docs/experiments.md ("The paper's experiments")
+found in ``results_dir / "adversarial"`` (written by :mod:`experiments.adversarial`), log–log
+axes so that :math:`C\sqrt n` is a line of slope ½:
 
-* red points: :math:`\|Df(X)\|_2` of the whole multi-head map at the construction of THEORY.md
-  §6.3 (released variant, −8 rule), with the certified bracket as error bars where its upper end
-  is finite; open squares: the symmetric-part variant;
-* dark blue: the least-squares fit :math:`C\sqrt n` ("Cn^{1/2}") of the released series;
+* red points: :math:`\|Df(X)\|_2` of the whole multi-head map at the construction of
+  docs/theory.md §3 (released variant, −8 rule), with the certified bracket as error bars where
+  its upper end is finite; open red squares: the symmetric-part variant;
+* dark blue: the least-squares fit :math:`C\sqrt n` ("Cn^{1/2}") of the released series where its
+  free log–log exponent is within 0.1 of ½
+  (:func:`experiments.adversarial.sqrt_n_consistent`); elsewhere the free power law
+  :math:`cn^{\alpha}`, dotted, and no √n constant;
 * dashed grey: the paper's printed :math:`C\sqrt n` (a hand-set curve for the paper's model,
   defect D7);
-* green: the global √n bound (THEORY.md §6.1, triangle form, summed over heads with
-  :math:`\|W_hV_h\|`) and the certified local bound (§6.2) at the released construction;
+* green: the global √n bound (docs/theory.md §1, triangle form, summed over heads with
+  :math:`\|W_hV_h\|`) and the certified local bound (docs/theory.md §2a) at the released
+  construction;
 * orange dotted: the released data-dependent quantity, labelled as a heuristic (it is not a
-  bound as written, §6.2).
+  bound as written, docs/theory.md §2).
 
-A last panel shows the worst-case search on a small synthetic head when it was run. Panel titles
-name the model actually used. Reads saved results only.
+A last panel shows the worst-case search on a small synthetic head when it was run (purple
+diamonds; grey open triangles: the best construction it started from). The shared legend takes
+the empty panel when there is one. Panel titles name the model actually used. Reads saved
+results only.
 """
 
 from __future__ import annotations
@@ -65,9 +71,36 @@ def _log_axes(ax) -> None:
     ax.set_ylabel("Lipschitz constant")
 
 
-def _panel(ax, cid: str, entry: dict) -> None:
-    from experiments.adversarial import fit_sqrt_n
+#: Colour of the worst-case search's values (distinct from the constructions' red).
+WORST = "#6a3d9a"
 
+
+def _fit_curve(ax, n: np.ndarray, y: np.ndarray, grid: np.ndarray) -> str:
+    """Draw the C·√n fit where the free exponent is near 1/2, else the free power law.
+
+    Returns the text of the panel's fit box.
+    """
+    from experiments.adversarial import fit_sqrt_n, sqrt_n_consistent
+
+    alpha = c = math.nan
+    if np.unique(n).size >= 2 and np.all(y > 0):
+        alpha, logc = np.polyfit(np.log(n), np.log(y), 1)
+        c = math.exp(logc)
+    if sqrt_n_consistent(alpha):
+        C = fit_sqrt_n(n, y)
+        ax.plot(grid, C * np.sqrt(grid), color=PALETTE["fit"], lw=0.9, label=SQRT_FIT_LABEL)
+        return f"fit C = {C:.3g} (free exponent {alpha:.2f})"
+    if math.isfinite(alpha):
+        ax.plot(grid, c * grid**alpha, ":", color=PALETTE["fit"], lw=1.1, label=FREE_FIT_LABEL)
+        return f"grows like $n^{{{alpha:.2f}}}$: no √n fit"
+    return "too few points for a fit"
+
+
+SQRT_FIT_LABEL = r"$Cn^{1/2}$ (least-squares fit)"
+FREE_FIT_LABEL = r"$cn^{\alpha}$ (free fit, where $\alpha$ is far from 1/2)"
+
+
+def _panel(ax, cid: str, entry: dict) -> None:
     info, recs = entry["info"], entry["records"]
     settings, conf = info["settings"], info["config"]
     ok = [r for r in recs if r.get("status") == "ok"]
@@ -106,19 +139,12 @@ def _panel(ax, cid: str, entry: dict) -> None:
             "s",
             ms=3,
             mfc="none",
-            mec="#8e1b1b",
+            mec=PALETTE["masked"],
             mew=0.7,
             label="symmetric-part construction",
             zorder=3,
         )
-    C = fit_sqrt_n(n, y)
-    ax.plot(
-        grid,
-        C * np.sqrt(grid),
-        color=PALETTE["fit"],
-        lw=0.9,
-        label=r"$Cn^{1/2}$ (least-squares fit)",
-    )
+    text = _fit_curve(ax, n, y, grid)
     ax.plot(
         grid,
         conf["paper_C"] * np.sqrt(grid),
@@ -130,7 +156,7 @@ def _panel(ax, cid: str, entry: dict) -> None:
     ax.text(
         0.03,
         0.97,
-        f"fit C = {C:.3g}\npaper C = {conf['paper_C']:g}",
+        f"{text}\npaper C = {conf['paper_C']:g}",
         transform=ax.transAxes,
         va="top",
         fontsize=6.5,
@@ -142,7 +168,7 @@ def _panel(ax, cid: str, entry: dict) -> None:
         "-",
         color=PALETTE["bound"],
         lw=0.9,
-        label=r"global $\sqrt{n}$ bound (§6.1)",
+        label=r"global $\sqrt{n}$ bound",
     )
     ax.plot(
         n,
@@ -150,7 +176,7 @@ def _panel(ax, cid: str, entry: dict) -> None:
         "-.",
         color=PALETTE["bound"],
         lw=0.9,
-        label="certified local bound (§6.2)",
+        label="certified local bound",
     )
     ax.plot(
         n,
@@ -173,34 +199,25 @@ def _panel(ax, cid: str, entry: dict) -> None:
 
 
 def _worst_panel(ax, wc: dict) -> None:
-    from experiments.adversarial import fit_sqrt_n
-
     recs = wc["records"]
     n, y = _column(recs, "n"), _column(recs, "value")
     grid = np.geomspace(n.min(), n.max(), 200)
-    ax.plot(n, y, "o", ms=3, color="red", label=r"worst case found, $\|Df(X)\|_2$")
+    ax.plot(n, y, "D", ms=3, color=WORST, label=r"worst case found, $\|Df(X)\|_2$")
     ax.plot(
         n,
         _column(recs, "construction_value"),
-        "s",
-        ms=3,
+        "^",
+        ms=3.5,
         mfc="none",
-        mec="#8e1b1b",
+        mec=PALETTE["input"],
         mew=0.7,
         label="best construction start",
     )
-    C = fit_sqrt_n(n, y)
-    ax.plot(
-        grid,
-        C * np.sqrt(grid),
-        color=PALETTE["fit"],
-        lw=0.9,
-        label=r"$Cn^{1/2}$ (least-squares fit)",
-    )
+    text = _fit_curve(ax, n, y, grid)
     ax.text(
         0.03,
         0.97,
-        f"fit C = {C:.3g}",
+        text,
         transform=ax.transAxes,
         va="top",
         fontsize=6.5,
@@ -212,12 +229,13 @@ def _worst_panel(ax, wc: dict) -> None:
         "-",
         color=PALETTE["bound"],
         lw=0.9,
-        label=r"global $\sqrt{n}$ bound (§6.1)",
+        label=r"global $\sqrt{n}$ bound",
     )
     _log_axes(ax)
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     ax.set_xticks(n, [str(int(v)) for v in n])
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     R = wc["info"]["settings"]["R"]
@@ -244,23 +262,37 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     nrows = math.ceil(len(panels) / ncols)
     with style():
         fig, axes = plt.subplots(
-            nrows, ncols, figsize=(TWO_COLUMNS, 2.45 * nrows + 0.9), squeeze=False
+            nrows,
+            ncols,
+            figsize=(TWO_COLUMNS, 2.45 * nrows + (0.3 if len(panels) % ncols else 0.9)),
+            squeeze=False,
         )
         for ax, (kind, cid, entry) in zip(axes.flat, panels):
             if kind == "config":
                 _panel(ax, cid, entry)
             else:
                 _worst_panel(ax, entry)
-        for ax in list(axes.flat)[len(panels) :]:
-            ax.set_visible(False)
-        # one shared legend: the union of the panels' series, in order of appearance
+        spare = list(axes.flat)[len(panels) :]
+        for ax in spare:
+            ax.axis("off")
+        # one shared legend: the union of the panels' series, in order of appearance; in the
+        # empty panel when there is one, under the panels otherwise
         handles: dict[str, object] = {}
         for ax in axes.flat[: len(panels)]:
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(lab, h)
-        fig.legend(
-            list(handles.values()), list(handles), loc="outside lower center", ncol=2, frameon=False
-        )
+        if spare:
+            spare[0].legend(
+                list(handles.values()), list(handles), loc="center", ncol=1, frameon=False
+            )
+        else:
+            fig.legend(
+                list(handles.values()),
+                list(handles),
+                loc="outside lower center",
+                ncol=2,
+                frameon=False,
+            )
         return save(fig, Path(out_dir) / STEM)
 
 

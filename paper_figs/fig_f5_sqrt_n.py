@@ -1,11 +1,11 @@
-r"""Figure F5: the √n regime on the eigenvector construction (EXPERIMENTS.md §2, THEORY.md §6, §9).
+r"""Figure F5: the √n regime on the eigenvector construction (docs/theory.md §1, §3 and §4).
 
 One panel per gap :math:`\gamma` (head :math:`d = 1`, :math:`A = -\gamma/(2R^2)`, :math:`V = 1`):
-:math:`\|Df(X)\|_2` against :math:`n` (log–log) for the construction of THEORY.md §6.3, unmasked
+:math:`\|Df(X)\|_2` against :math:`n` (log–log) for the construction of docs/theory.md §3, unmasked
 (exact, closed form at every integer :math:`n`, with certified engine brackets at a few :math:`n`)
-and masked (certified engine brackets). Overlays: the lower-bound formulas of §6.3 and §9, the best
+and masked (certified engine brackets). Overlays: the lower-bound formulas of §3 and §4, the best
 :math:`k`-copy input (a lower bound on :math:`\mathrm{Lip}(f\,|\,B_R^n)`), the √n upper bounds of
-§6.1, the mean-field level :math:`\sup_\varepsilon g` and the candidate :math:`c' = 1` bound (§7),
+§1, the mean-field level :math:`\sup_\varepsilon g` and the candidate :math:`c' = 1` bound (§5–§6),
 and :math:`n - 1 = e^\gamma`. It shows the √n rise, the peak at :math:`n` of order
 :math:`e^\gamma`, and decay (unmasked) against saturation (masked).
 
@@ -84,7 +84,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 "--",
                 color=PALETTE["unmasked"],
                 lw=0.8,
-                label="lower bound, §6.3 formula",
+                label="lower bound formula (construction)",
             )
             ax.plot(
                 n,
@@ -92,7 +92,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 ":",
                 color=PALETTE["masked"],
                 lw=1.0,
-                label="masked lower bound, §9 formula",
+                label="masked lower bound formula",
             )
             ax.plot(
                 n,
@@ -107,7 +107,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 d["upper_triangle"][gi],
                 color=PALETTE["bound"],
                 lw=1.0,
-                label="√n upper bound, §6.1 (triangle form)",
+                label="√n upper bound (triangle form)",
             )
             ax.plot(
                 n,
@@ -116,28 +116,28 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 color=PALETTE["bound"],
                 lw=0.7,
                 alpha=0.7,
-                label="√n upper bound, §6.1 ($\\sqrt{3}$ form)",
+                label="√n upper bound ($\\sqrt{3}$ form)",
             )
             ax.axhline(
                 d["sup_g"][gi],
                 color="k",
                 ls="--",
                 lw=0.7,
-                label="mean-field lower bound $\\sup_\\varepsilon g$ (§7.2)",
+                label="mean-field lower bound $\\sup_\\varepsilon g$",
             )
             ax.axhline(
                 d["mf_upper_c1"][gi],
                 color="k",
                 ls="-.",
                 lw=0.7,
-                label="mean-field upper bound, candidate $c'=1$ (§7.1)",
+                label="mean-field upper bound, candidate $c'=1$",
             )
             ax.axhline(
                 d["masked_limit"][gi],
                 color=PALETTE["masked"],
                 ls=(0, (1, 3)),
                 lw=0.7,
-                label="§9 masked bound, limit $n\\to\\infty$",
+                label="masked lower bound, limit $n\\to\\infty$",
             )
             ax.axvline(1 + np.exp(g), color="0.6", ls=":", lw=0.8, label="$n - 1 = e^{\\gamma}$")
             ax.set_xscale("log")
@@ -150,7 +150,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=6.5)
         fig.suptitle(
-            "√n regime: construction of THEORY §6.3, $d = 1$, $A = -\\gamma/(2R^2)$, "
+            "√n regime: construction of docs/theory.md §3, $d = 1$, $A = -\\gamma/(2R^2)$, "
             "$V = 1$, $R = 1$",
             fontsize=8.5,
         )

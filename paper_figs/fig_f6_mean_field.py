@@ -1,11 +1,14 @@
-r"""Figure F6: the mean-field constant against the radius (EXPERIMENTS.md §2, THEORY.md §7).
+r"""Figure F6: the mean-field constant against the radius (docs/experiments.md, "Stages and figures"; docs/theory.md §5–§6).
 
 Head :math:`d = 2`, :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`. Left (log y):
-:math:`\sup_\varepsilon g` of the two unbalanced Diracs (§7.2) at the best gap, the :math:`w = 1/2`
+:math:`\sup_\varepsilon g` of the two unbalanced Diracs (§5) at the best gap, the :math:`w = 1/2`
 form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`, the trivial :math:`\|V\|_2`, the
-**candidate** upper bounds :math:`c' = 1, 2` (§7.1, reconstructed constants, not the paper's), the
-values reached by the multi-start search over 2–5 weighted atoms (§7.4) and the maximised off-axis
-two-atom bound (§7.3). Right: the same values divided by :math:`\sup_\varepsilon g`.
+**candidate** upper bounds :math:`c' = 1, 2` (§6, reconstructed constants, not the paper's), the
+values reached by the multi-start search over 2–5 weighted atoms (§A4) and the maximised off-axis
+two-atom bound (§A3). The left axis is clipped to the data (the candidate bounds grow like
+:math:`e^{cR^2}` and leave it; a note says where), and the markers of the 2–5-atom searches are
+dodged sideways by :data:`DODGE` of the R range, since their values nearly coincide. Right: the
+same values divided by :math:`\sup_\varepsilon g`.
 
 Reads ``<results>/synthetic/f6.npz`` written by :func:`experiments.synthetic.run`; no computation.
 """
@@ -26,6 +29,15 @@ __all__ = ["STEM", "draw", "main"]
 STEM = "fig_f6_mean_field"
 
 _MARKERS = ("o", "s", "^", "D", "v", "P")
+#: Sideways offset between the markers of successive atom counts, as a fraction of the R range.
+DODGE = 0.018
+
+
+def _tick(v: float, _pos: object) -> str:
+    """Plain tick labels (0.2, 5, 100) up to 10^4, powers of ten beyond."""
+    if 1e-3 <= v < 1e4:
+        return f"{v:g}"
+    return f"$10^{{{int(round(np.log10(v)))}}}$"
 
 
 def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
@@ -38,6 +50,7 @@ def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw ``fig_f6_mean_field.{pdf,png}`` into ``out_dir`` from the saved F6 results."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     d = _load(results_dir)
     Rc, radii, atoms = d["curve_R"], d["radii"], d["atoms"]
@@ -74,6 +87,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         for key, c, ls, lw, label in curves:
             ax0.plot(Rc, d[key], color=c, ls=ls, lw=lw, label=label)
             ax1.plot(Rc, d[key] / sup_c, color=c, ls=ls, lw=lw)
+        # the 2–5-atom values nearly coincide: dodge them sideways so that each marker shows
+        span = float(Rc.max() - Rc.min())
+        dodge = DODGE * span * (np.arange(len(atoms)) - (len(atoms) - 1) / 2.0)
         for i, k in enumerate(atoms):
             kw = dict(
                 ls="none",
@@ -83,28 +99,50 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 mec=colors[i],
                 mew=0.9,
             )
-            ax0.plot(
-                radii, d["opt_value"][i], label=f"optimized measure, {k} atoms (measured)", **kw
-            )
-            ax1.plot(radii, d["opt_value"][i] / sup_r, **kw)
+            x = radii + dodge[i]
+            ax0.plot(x, d["opt_value"][i], label=f"optimized measure, {k} atoms (measured)", **kw)
+            ax1.plot(x, d["opt_value"][i] / sup_r, **kw)
         kw = dict(ls="none", marker="x", ms=4.5, color=PALETTE["masked"], mew=0.9)
         ax0.plot(
             radii,
             d["off_axis_value"],
-            label="off-axis two atoms, §7.3 maximised (lower bound)",
+            label="off-axis two atoms, maximised (lower bound)",
             **kw,
         )
         ax1.plot(radii, d["off_axis_value"] / sup_r, **kw)
         for ax in (ax0, ax1):
             ax.set_yscale("log")
             ax.set_xlabel("radius $R$")
-            ax.set_xlim(Rc.min(), Rc.max())
+            pad = float(np.abs(dodge).max()) + 0.01 * span
+            ax.set_xlim(Rc.min() - pad, Rc.max() + pad)
         measured = np.concatenate(
             [d["opt_value"].ravel() / np.tile(sup_r, len(atoms)), d["off_axis_value"] / sup_r]
         )
         low = min(float(d["curve_trivial"].min()), float(np.nanmin(d["opt_value"])))
-        ax0.set_ylim(low / 3.0, 30.0 * float(d["curve_upper_c1"].max()))  # c' = 2 may leave it
+        top = max(float(np.nanmax(d["opt_value"])), float(sup_c.max()))
+        # clipped to the data: the candidate upper bounds grow like exp(c R^2) and would squash
+        # the measured values (a note on the panel says where they leave it)
+        ax0.set_ylim(low / 3.0, 100.0 * top)
         ax1.set_ylim(0.2, max(3.0, 3.0 * float(np.nanmax(measured))))  # zoom: bounds leave it
+        for ax in (ax0, ax1):
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=12))
+            ax.yaxis.set_major_formatter(FuncFormatter(_tick))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax0.yaxis.set_major_locator(LogLocator(base=10, numticks=6))
+        leaves = [
+            f"$c'={c}$ at $R\\approx{float(Rc[np.argmax(d[key] > 100.0 * top)]):.2g}$"
+            for c, key in (("1", "curve_upper_c1"), ("2", "curve_upper_c2"))
+            if np.any(d[key] > 100.0 * top)
+        ]
+        if leaves:
+            ax0.text(
+                0.03,
+                0.97,
+                "bounds leave the axis:\n" + ", ".join(leaves),
+                transform=ax0.transAxes,
+                va="top",
+                fontsize=6.5,
+            )
         ax0.set_ylabel(r"$\mathrm{Lip}_{W_2}(F\,|\,\mathcal{P}(B_R))$ and bounds")
         ax1.set_ylabel(r"ratio to $\sup_\varepsilon g$")
         ax0.set_title("values", loc="left")

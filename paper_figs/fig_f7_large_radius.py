@@ -1,8 +1,8 @@
-r"""Figure F7: the large-radius regime (EXPERIMENTS.md §2, THEORY.md §8).
+r"""Figure F7: the large-radius regime (docs/theory.md §7).
 
 For a few random inputs :math:`X` (rows scaled to :math:`\max_i\|x_i\| = 1`) and one random head,
 :math:`\|Df(RX)\|_2` against :math:`R` (log x), unmasked and masked: each curve converges to its
-horizontal line :math:`\|V\|_2\sqrt{\max_jN_j}` (THEORY.md §8; :math:`N_j` counts the queries whose
+horizontal line :math:`\|V\|_2\sqrt{\max_jN_j}` (docs/theory.md §7; :math:`N_j` counts the queries whose
 arg-max key is :math:`j`), below the reference :math:`\sqrt n\,\|V\|_2`. Right: the relative
 distance to the limit with our deviation bound (``theory.bounds.large_radius_deviation``) dashed.
 
@@ -84,7 +84,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 color="0.3",
                 ls="--",
                 lw=0.7,
-                label="limit $\\|V\\|_2\\sqrt{\\max_j N_j}$ (THEORY §8)",
+                label="limit $\\|V\\|_2\\sqrt{\\max_j N_j}$ ",
             ),
             Line2D(
                 [],

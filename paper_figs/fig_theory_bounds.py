@@ -3,15 +3,15 @@ r"""Theory figure: the bounds of :mod:`theory.bounds` against :math:`n` and :mat
 Panels (all curves computed from closed forms; no experiment needed):
 
 (a) against :math:`n` at :math:`\|A\|_2 = \|V\|_2 = 1`, :math:`R = 1.5`: the three √n upper
-    forms (THEORY.md §6.1), the eigenvector-construction lower bound (§6.3) for three gaps, its
-    :math:`k`-copy and masked versions (§9), the :math:`n`-free mean-field upper bounds
-    (:math:`c' = 1, 2`, §7.1) and the two-Dirac level (§7.2); the crossover :math:`n^*`
+    forms (docs/theory.md §1), the eigenvector-construction lower bound (§3) for three gaps, its
+    :math:`k`-copy and masked versions (§4), the :math:`n`-free mean-field upper bounds
+    (:math:`c' = 1, 2`, §6) and the two-Dirac level (§5); the crossover :math:`n^*`
     (:func:`theory.regimes.crossover_n`) and the peak of the construction
     (:func:`theory.regimes.peak_n`) are marked;
 (b) against :math:`R` in the worst case :math:`\lambda = -\|A\|_2` (:math:`\gamma = 2R^2`): the
     mean-field upper candidates, the two-Dirac optimum, its :math:`w = 1/2` form and asymptote, the
     trivial bound :math:`\|V\|_2`, the √n bound at :math:`n = 16` and the range
-    :math:`[\|V\|, \sqrt n\|V\|]` of the large-radius limit (§8); the radius bracket of
+    :math:`[\|V\|, \sqrt n\|V\|]` of the large-radius limit (§7); the radius bracket of
     :func:`theory.regimes.radius_bracket` for a target :math:`L = 10` is marked;
 (c) the regime map in the :math:`(R, n)` plane: :math:`n^*(R)` for :math:`c' = 1, 2` and the
     peak :math:`n` of the construction;
@@ -19,7 +19,7 @@ Panels (all curves computed from closed forms; no experiment needed):
     ``bound / engine value`` measured by :mod:`experiments.verify_bounds` (min–max range and
     median per bound; refuted candidates in red).
 
-Every constant is a reconstruction of THEORY.md (labels there); none is the paper's printed
+Every constant is a reconstruction documented in docs/theory.md (§15 lists the labels); none is the paper's printed
 constant. STEM ``fig_theory_bounds``.
 """
 
@@ -114,12 +114,14 @@ def _panel_n(ax) -> None:
     ax.axvline(n_star, color="0.4", lw=0.7, ls="--")
     ax.annotate(
         rf"$n^*={n_star:.0f}$",
-        (n_star, 0.03),
+        (n_star, 0.98),
         xycoords=("data", "axes fraction"),
+        xytext=(2, 0),
+        textcoords="offset points",
         fontsize=6.5,
-        rotation=90,
-        ha="right",
-        va="bottom",
+        ha="left",
+        va="top",
+        bbox=_LABEL_BOX,
     )
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -127,6 +129,10 @@ def _panel_n(ax) -> None:
     ax.set_xlabel("number of tokens $n$")
     ax.set_ylabel("Lipschitz bound")
     ax.set_title(rf"(a) against $n$ ($\|A\|=\|V\|=1$, $R={R_N_PANEL:g}$)", loc="left")
+
+
+#: Background of the labels placed beside a vertical line, so that no curve runs through them.
+_LABEL_BOX = {"boxstyle": "square,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}
 
 
 def _radius_for_n(n: float, c: float) -> float:
@@ -202,12 +208,14 @@ def _panel_R(ax) -> None:
     ax.axvline(r_star, color="0.4", lw=0.7, ls="--")
     ax.annotate(
         rf"$n^*(R)={N_R_PANEL}$",
-        (r_star, 0.5),
+        (r_star, 0.02),
         xycoords=("data", "axes fraction"),
+        xytext=(-2, 0),
+        textcoords="offset points",
         fontsize=6.5,
-        rotation=90,
         ha="right",
-        va="center",
+        va="bottom",
+        bbox=_LABEL_BOX,
     )
     br = regimes.radius_bracket(L_TARGET, A_NORM, V_NORM, c=1.0)
     ax.axhline(L_TARGET, color="0.6", lw=0.5)
@@ -219,7 +227,7 @@ def _panel_R(ax) -> None:
         rf"impossible for $R\geq{br.R_violated:.2f}$ (x)",
         (0.03, 0.97),
         xycoords="axes fraction",
-        fontsize=6,
+        fontsize=6.5,
         va="top",
     )
     ax.set_xscale("log")
@@ -262,6 +270,11 @@ def _panel_regimes(ax) -> None:
     ax.set_title(r"(c) regimes ($\|A\|=\|V\|=1$)", loc="left")
 
 
+#: Range of the tightness axis; ranges beyond it end in an arrowhead.
+X_MIN, X_MAX = 1e-6, 1e12
+_ARROW_ROOM = 2.5
+
+
 def _panel_tightness(ax, report: dict) -> None:
     names, rows = [], []
     for name, b in report["bounds"].items():
@@ -281,16 +294,24 @@ def _panel_tightness(ax, report: dict) -> None:
             if b["side"] == "upper"
             else PALETTE["unmasked"]
         )
-        lo_c = max(lo, 1e-6) if np.isfinite(lo) else 1e-6
-        hi_c = min(hi, 1e12) if np.isfinite(hi) else 1e12
-        ax.plot([lo_c, hi_c], [yi, yi], color=color, lw=1.6, alpha=0.6, solid_capstyle="butt")
-        ax.plot([min(max(med, 1e-6), 1e12)], [yi], "o", color=color, ms=2.5)
+        lo_c = min(max(lo, X_MIN), X_MAX) if np.isfinite(lo) else X_MIN
+        hi_c = max(min(hi, X_MAX), X_MIN) if np.isfinite(hi) else X_MAX
+        # a range that leaves the axis stops short of the frame and ends in an arrowhead
+        lo_d = lo_c * _ARROW_ROOM if lo_c <= X_MIN else lo_c
+        hi_d = hi_c / _ARROW_ROOM if hi_c >= X_MAX else hi_c
+        ax.plot([lo_d, hi_d], [yi, yi], color=color, lw=1.6, alpha=0.6, solid_capstyle="butt")
+        if hi_c >= X_MAX:
+            ax.plot([hi_d], [yi], ">", color=color, ms=3, alpha=0.9, clip_on=False)
+        if lo_c <= X_MIN:
+            ax.plot([lo_d], [yi], "<", color=color, ms=3, alpha=0.9, clip_on=False)
+        ax.plot([min(max(med, X_MIN), X_MAX)], [yi], "o", color=color, ms=2.5)
     ax.axvline(1.0, color="k", lw=0.6)
     ax.set_xscale("log")
-    ax.set_xlim(1e-6, 1e12)
-    ax.set_yticks(y, names, fontsize=5.5)
+    ax.set_xlim(X_MIN, X_MAX)
+    ax.set_yticks(y, names, fontsize=6.5)
+
     ax.invert_yaxis()
-    ax.set_xlabel("bound / engine value (range, median)")
+    ax.set_xlabel("bound / engine value (range, median)\narrowhead: range goes on (e.g. max = ∞)")
     ax.set_title(f"(d) tightness over {report['n_instances']} instances", loc="left")
 
 
@@ -327,12 +348,13 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         _panel_regimes(ax_reg)
         for ax in (ax_n, ax_R, ax_reg):
             ax.legend(
-                fontsize=5,
+                fontsize=6.5,
                 loc="upper center",
                 bbox_to_anchor=(0.5, -0.2),
-                ncol=1,
+                ncol=2 if ax is ax_n else 1,
                 frameon=False,
-                handlelength=2.2,
+                handlelength=2.0,
+                columnspacing=0.8,
             )
         return save(fig, Path(out_dir) / STEM)
 

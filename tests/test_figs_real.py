@@ -75,3 +75,22 @@ def test_f3_draws_each_input_set_once():
         sweep("e", 0, "heads+WO", "pydoc", "short"),
     ]
     assert [s["name"] for s in _distinct_inputs(sweeps)] == ["a", "c", "d", "e"]
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.STEM)
+def test_figure_reads_at_print_size(results, tmp_path, monkeypatch, mod):
+    """No text below 6 pt in print, legends in each series' colour (tests/test_figure_text.py)."""
+    from tests.test_figure_text import check_drawn_figures
+
+    n = check_drawn_figures(mod.draw, mod, results, tmp_path, monkeypatch)
+    assert n == (2 if mod is f1 else 1)  # F1 is drawn log–log and linear
+
+
+def test_narrow_exponent_intervals_print_more_digits():
+    """An interval narrower than the printed digits gets more of them ([0.087, 0.089])."""
+    from types import SimpleNamespace
+
+    fit = SimpleNamespace(c=0.182, alpha=0.0882, alpha_ci=(0.0871, 0.0893))
+    assert "[0.087,0.089]" in f1._fit_label("fit", fit)
+    wide = SimpleNamespace(c=4.1, alpha=0.01, alpha_ci=(-0.01, 0.03))
+    assert "[-0.01,0.03]" in f1._fit_label("fit", wide)

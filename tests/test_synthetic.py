@@ -175,7 +175,7 @@ def test_report_section_links_figures(tiny: tuple[Path, list[Path]], tmp_path: P
     text = synthetic.report_section(root, tmp_path / "figures")
     for stem in FIGURES:
         assert f"(figures/{stem}.png)" in text
-    assert "candidate" in text
+    assert "docs/theory.md §17" in text  # the c' = 1 bound is cited with its proof
 
 
 def test_summary_missing_results(tmp_path: Path) -> None:

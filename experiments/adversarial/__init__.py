@@ -88,7 +88,7 @@ from __future__ import annotations
 
 from ..stage import ModuleStage
 from .bounds import fit_sqrt_n, global_bound, released_heuristic
-from .report import load_results, report_section, summary
+from .report import SQRT_N_TOLERANCE, load_results, report_section, sqrt_n_consistent, summary
 from .settings import CONFIGS, NAME, PAPER_N_GRID, PRESETS, AdvConfig, AdversarialSettings
 from .sweep import export_csv, run
 
@@ -97,6 +97,7 @@ __all__ = [
     "NAME",
     "PAPER_N_GRID",
     "PRESETS",
+    "SQRT_N_TOLERANCE",
     "STAGE",
     "AdvConfig",
     "AdversarialSettings",
@@ -107,6 +108,7 @@ __all__ = [
     "released_heuristic",
     "report_section",
     "run",
+    "sqrt_n_consistent",
     "summary",
 ]
 

@@ -41,7 +41,16 @@ One module per concept: :mod:`.settings` (the configurations, corpora and preset
 from __future__ import annotations
 
 from ..stage import ModuleStage
-from .report import export_csv, load_sweeps, report_section, summary
+from .report import (
+    CURVE_TOLERANCE,
+    PAPER_OWN_MODELS,
+    curve_difference,
+    export_csv,
+    load_sweeps,
+    report_section,
+    row_verdict,
+    summary,
+)
 from .settings import (
     CONFIGS,
     CORPUS_STANDS_IN,
@@ -56,15 +65,19 @@ from .sweep import run
 __all__ = [
     "CONFIGS",
     "CORPUS_STANDS_IN",
+    "CURVE_TOLERANCE",
+    "PAPER_OWN_MODELS",
     "NAME",
     "PRESETS",
     "TRAINING_LENGTH",
     "STAGE",
     "RealConfig",
     "RealDataSettings",
+    "curve_difference",
     "export_csv",
     "load_sweeps",
     "report_section",
+    "row_verdict",
     "run",
     "summary",
 ]

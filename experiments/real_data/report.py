@@ -13,7 +13,7 @@ from typing import Any
 
 from ..fits import PAPER_CURVES, fit_power_law
 from ..results import load_json, load_jsonl, write_csv
-from .settings import CORPUS_STANDS_IN, MANIFEST, NAME, TRAINING_LENGTH
+from .settings import CONFIGS, CORPUS_STANDS_IN, MANIFEST, NAME, TRAINING_LENGTH
 
 
 def _f(v: Any) -> float:
@@ -326,6 +326,50 @@ def _fmt_fit(fit: Mapping[str, Any] | None) -> str:
     return f"{f(fit['alpha'])} [{f(lo)}, {f(hi)}]"
 
 
+def _fmt_c(fit: Mapping[str, Any] | None) -> str:
+    """The fitted constant c with its bootstrap interval, three significant digits."""
+    if not fit:
+        return "–"
+    lo, hi = fit["c_ci"]
+    return f"{fit['c']:.3g} [{lo:.3g}, {hi:.3g}]"
+
+
+#: Model keys that are the paper's own model (same architecture and initialisation recipe,
+#: another seed), not a stand-in: their rows can reproduce the paper's curve.
+PAPER_OWN_MODELS: Mapping[str, str] = {"gpt2-random": "GPT-2-rand"}
+
+#: A fitted curve reproduces the paper's when the two differ by at most this fraction anywhere
+#: on the measured n range.
+CURVE_TOLERANCE = 0.05
+
+
+def curve_difference(row: Mapping[str, Any]) -> float | None:
+    """Largest relative gap between the fitted released-metric curve and the paper's curve.
+
+    Evaluated on the measured n values: ``max_n |c n^α / (c_p n^{α_p}) − 1|``. ``None`` when the
+    row has no fit or no printed curve.
+    """
+    import numpy as np
+
+    fit, pc = row.get("fit_released"), row.get("paper_curve")
+    if not fit or not pc:
+        return None
+    n = np.asarray(row["n_values"], dtype=float)
+    ratio = fit["c"] * n ** fit["alpha"] / (pc["c"] * n ** pc["alpha"])
+    return float(np.max(np.abs(ratio - 1.0)))
+
+
+def row_verdict(row: Mapping[str, Any]) -> str:
+    """``reproduced`` / ``refuted`` (the paper's own model), ``stand-in`` (another model)."""
+    cfg = CONFIGS.get(row["config"])
+    diff = curve_difference(row)
+    if diff is None:
+        return "–"
+    if cfg is None or cfg.model not in PAPER_OWN_MODELS:
+        return "stand-in"
+    return "reproduced" if diff <= CURVE_TOLERANCE else "refuted"
+
+
 def report_section(results_dir: Path, figures_dir: Path) -> str:
     """Markdown for ``report.md``: the exponent table beside the paper's, and what agrees.
 
@@ -353,11 +397,17 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         "finite) and the released code's metric √‖Jᵀf‖ (D1), fitted as c·n^α by least squares "
         "in log–log with 95 % bootstrap intervals (windows resampled within each n). The paper's "
         "curves are hand-set (D7) and were drawn through the released metric on the paper's "
-        "models; ours are offline stand-ins (model names as measured).",
+        "models; ours are offline stand-ins (model names as measured), except the random GPT-2, "
+        "which is the paper's own model (another seed). *Max gap* is the largest "
+        "relative gap between our fitted released-metric curve and the paper's over the measured "
+        f"n; the verdict is *reproduced* where the model is the paper's and that gap is at most "
+        f"{100 * CURVE_TOLERANCE:g} %, *stand-in* where the model differs (the constants are then "
+        "not comparable).",
         "",
-        "| sweep (stand-in) | stands in for | n | α of ‖J‖₂ [95 % CI] | α of √‖Jᵀf‖ [95 % CI] "
-        "| paper α | paper c | α of R(X) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| sweep (model used) | stands in for | n | ‖J‖₂: α [95 % CI] | ‖J‖₂: c "
+        "| √‖Jᵀf‖: α [95 % CI] | √‖Jᵀf‖: c [95 % CI] | paper α | paper c "
+        "| max gap, √‖Jᵀf‖ fit vs paper curve | verdict | α of R(X) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pc = r["paper_curve"]
@@ -368,10 +418,19 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         )
         nv = r["n_values"]
         grid = f"{nv[0]}–{nv[-1]} ({len(nv)})" + ("" if r["complete"] else ", partial")
+        diff = curve_difference(r)
+        gap = "–" if diff is None else f"{100 * diff:.1f} %"
+        verdict = row_verdict(r)
         lines.append(
             f"| {r['label']}, {r['corpus']} | {stands} | {grid} | {_fmt_fit(r['fit_true'])} | "
-            f"{_fmt_fit(r['fit_released'])} | {pc['alpha'] if pc else '–'} | "
-            f"{pc['c'] if pc else '–'} | {_fmt_fit(r['fit_radius'])} |"
+            f"{r['fit_true']['c']:.3g} | {_fmt_fit(r['fit_released'])} | "
+            f"{_fmt_c(r['fit_released'])} | {pc['alpha'] if pc else '–'} | "
+            f"{pc['c'] if pc else '–'} | {gap} | "
+            f"{'**' + verdict + '**' if verdict == 'reproduced' else verdict} | "
+            f"{_fmt_fit(r['fit_radius'])} |"
+            if r["fit_true"] and r["fit_released"]
+            else f"| {r['label']}, {r['corpus']} | {stands} | {grid} | – | – | – | – | "
+            f"{pc['alpha'] if pc else '–'} | {pc['c'] if pc else '–'} | – | – | – |"
         )
     lines += ["", _verdict(rows), ""]
     for stem, title in (
@@ -409,6 +468,19 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
         pc = r["paper_curve"]
         lo, hi = r["fit_released"]["alpha_ci"]
         inside = lo <= pc["alpha"] <= hi
+        if row_verdict(r) == "reproduced":
+            fr = r["fit_released"]
+            parts.append(
+                f"**Reproduced:** on {r['label']} ({r['corpus']}), the paper's own model, the "
+                f"released metric follows {fr['c']:.3g}·n^{fr['alpha']:.3f} against the printed "
+                f"{pc['c']:g}·n^{pc['alpha']:g}: the two curves differ by at most "
+                f"{100 * curve_difference(r):.1f} % over n = {r['n_values'][0]}–"
+                f"{r['n_values'][-1]} (the exponent interval [{lo:.3f}, {hi:.3f}] is narrow "
+                f"enough to exclude {pc['alpha']:g} itself, a difference the printed two-digit "
+                f"curve cannot resolve), while the true ‖J‖₂ of the same layer grows like "
+                f"n^{r['fit_true']['alpha']:.2f}."
+            )
+            continue
         parts.append(
             f"{r['label']} ({r['corpus']}) vs the paper's {pc['configuration']} "
             f"({pc['corpus']}, {pc['c']}·n^{pc['alpha']}): released-metric α = "

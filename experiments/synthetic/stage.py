@@ -174,8 +174,9 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     f6 = s["f6"]
     lines += [
         "**F6: the mean-field regime** (docs/theory.md §5–§6; d = 2, A = diag(1, −0.3), V = I). "
-        "sup_ε g against R with the w = ½ form, the asymptote, ‖V‖₂, the *candidate* upper "
-        "bounds c′ = 1, 2 (reconstructed constants, not the paper's), optimized 2–5-atom "
+        "sup_ε g against R with the w = ½ form, the asymptote, ‖V‖₂, the upper bounds c′ = 1 "
+        "(proved, docs/theory.md §17) and c′ = 2 (our constants, not the paper's), optimized "
+        "2–5-atom "
         "measures and the off-axis two-atom bound (§A3).",
         "",
         f"- Optimized measures reach up to {_fmt(f6['max_gain_over_two_dirac'])}× sup_ε g "
@@ -210,26 +211,47 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     # A
     lines += [
         "**A: Lipschitz constant against R** (v1 style, docs/theory.md §5–§6): for each setting, the "
-        "best optimized measure against sup_ε g and the candidate upper bounds.",
+        "best optimized measure against sup_ε g and the upper bounds c′ = 1, 2.",
         "",
         "| setting | max gain over sup_ε g (R) | gain at largest R | off-axis / sup_ε g (max) "
+        "| off-axis gap / γ* (largest R) "
         "| optimized / c′=1 bound (max) | c′=1 exceeded | optimized / c′=2 bound (max) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     a_json = _load(results_dir, "a")
+    big = []
     for key, e in s["a"].items():
         label = a_json["settings"].get(key, key)
+        gap_ratio = e["off_axis"].get("gap_over_gamma_star_at_largest_R", float("nan"))
         lines.append(
             f"| {label} | {_fmt(e['max_gain_over_two_dirac'])} ({e['R_of_max_gain']:g}) | "
             f"{_fmt(e['gain_at_largest_R'])} | {_fmt(e['off_axis']['max_gain_over_axis'])} | "
-            f"{_fmt(e['max_ratio_to_upper_c1'])} | "
+            f"{_fmt(gap_ratio)} | {_fmt(e['max_ratio_to_upper_c1'])} | "
             f"{e['upper_c1_exceeded']} | {_fmt(e['max_ratio_to_upper_c2'])} |"
         )
+        if e["max_gain_over_two_dirac"] > 100.0 and e["off_axis"]["max_gain_over_axis"] > 100.0:
+            big.append((label, e, gap_ratio))
     lines += [
         "",
         "A gain above 1 means the optimized measures beat the closed-form two-Dirac optimum at "
-        "the best on-axis gap γ* (docs/theory.md §5); a ratio above 1 to a c′ bound would mean that "
-        "reconstructed candidate is violated.",
+        "the best on-axis gap γ* (docs/theory.md §5); a ratio above 1 to the c′ = 1 bound would "
+        "contradict its proof (docs/theory.md §17).",
+    ]
+    for label, e, gap_ratio in big:
+        lines += [
+            "",
+            f"*Why the gain reaches {_fmt(e['max_gain_over_two_dirac'])} for {label}.* It is "
+            "neither a search artefact nor a violation: the off-axis two-atom closed form "
+            "(docs/theory.md §A3) reaches the same value, "
+            f"{_fmt(e['off_axis']['max_gain_over_axis'])}× the reference. The reference two-Dirac "
+            "optimum puts both atoms on an eigenvector of the symmetric part of A, which is the "
+            "best choice only for a symmetric A; this A is far from symmetric, and two atoms off "
+            f"those axes see a score gap {_fmt(gap_ratio)}× larger at the largest R. The constant "
+            "grows like γ·e^{γ/2} in the gap γ, and γ grows like R², so a gap larger by a fixed "
+            "factor gives a gain that grows like exp(c·R²); the reference is a weak lower bound "
+            "for a non-symmetric A, and the off-axis and optimized values are the ones to read.",
+        ]
+    lines += [
         "",
         link("a"),
         "",
