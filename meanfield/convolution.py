@@ -365,7 +365,7 @@ def conv2d_spectral_upper(
     m = min(blocks.shape[-2:])
     start = 8 * _gamma(2 * m + 1) * 2 * m + 16 * _U64
     if work.dtype != torch.complex128:
-        start = max(start, 64 * torch.finfo(torch.float32).eps)
+        start = max(start, 4 * torch.finfo(torch.float32).eps)
     s, ok = _certify_blocks(blocks, base, start)
     if not ok and base < float(gram):
         s, ok = _certify_blocks(blocks, float(gram), start)
