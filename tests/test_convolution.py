@@ -273,3 +273,15 @@ def test_cuda_device_follows_kernel():
         assert r.upper.device.type == "cuda" and r.per_frequency.device.type == "cuda"
         assert r.certified
         assert float(r.upper) == pytest.approx(float(r_cpu.upper), rel=1e-5)
+
+
+def test_kernel_wider_than_grid_aliases_and_half_precision():
+    K = _kernel(2, 3, 5, 5, 29)
+    exact = _sigma(_unrolled(K, (3, 3), "circular"))  # 5x5 taps on a 3x3 torus
+    r = conv2d_spectral_upper(K, 3, n_iter=10)
+    assert r.certified and exact <= float(r.upper) <= exact * (1 + 1e-9)
+    Kb = K.to(torch.bfloat16)
+    rb = conv2d_spectral_upper(Kb, 6, n_iter=8)
+    eb = _sigma(_unrolled(Kb.to(torch.float64), (6, 6), "circular"))
+    assert rb.certified and rb.per_frequency.dtype == torch.bfloat16
+    assert eb <= float(rb.upper) <= eb * (1 + 1e-5)
