@@ -46,6 +46,7 @@ __all__ = [
     "ConvSpectralResult",
     "conv2d_frequency_blocks",
     "conv2d_operator",
+    "conv2d_reshaped_upper",
     "conv2d_spectral_upper",
     "gram_iteration_complex",
     "module_spectral_upper",
@@ -382,6 +383,40 @@ def conv2d_spectral_upper(
         block_error=eta,
         certified=ok,
     )
+
+
+def conv2d_reshaped_upper(kernel: Tensor) -> Tensor:
+    r"""Input-size-free bound :math:`\sqrt{k_hk_w}\,\min_r\|R_r(K)\|_2` from reshaped kernels.
+
+    The four reshapes of Singla and Feizi (ICLR 2021), ``(c_out*kh) x (c_in*kw)``,
+    ``(c_out*kw) x (c_in*kh)``, ``c_out x (c_in*kh*kw)`` and ``c_in x (c_out*kh*kw)``, each bound
+    the layer after multiplication by :math:`\sqrt{k_hk_w}` (derivation §3.3: a Cauchy–Schwarz
+    argument over the overlapping patches). The bound holds for zero or circular padding, every
+    input size and every stride; it is usually looser than :func:`conv2d_spectral_upper`. Each
+    matrix norm is certified by :func:`meanfield._spectral.spectral_norm_upper` (Gram iteration
+    plus the Cholesky check), and the product is rounded upwards.
+
+    Parameters
+    ----------
+    kernel : Tensor, shape (c_out, c_in, kh, kw)
+
+    Returns
+    -------
+    Tensor, float64, shape ()
+    """
+    _check_kernel(kernel)
+    K = kernel.detach().to(torch.float64)
+    co, ci, kh, kw = K.shape
+    mats = [
+        K.permute(0, 2, 1, 3).reshape(co * kh, ci * kw),
+        K.permute(0, 3, 1, 2).reshape(co * kw, ci * kh),
+        K.reshape(co, ci * kh * kw),
+        K.transpose(0, 1).reshape(ci, co * kh * kw),
+    ]
+    best = min(float(spectral_norm_upper(M)) for M in mats)
+    # sqrt(kh kw) rounded up, then the product rounded up
+    root = math.sqrt(kh * kw) * (1 + 2 * _U64)
+    return torch.tensor(best * root * (1 + 2 * _U64), dtype=torch.float64, device=kernel.device)
 
 
 def conv2d_operator(

@@ -285,3 +285,29 @@ def test_kernel_wider_than_grid_aliases_and_half_precision():
     eb = _sigma(_unrolled(Kb.to(torch.float64), (6, 6), "circular"))
     assert rb.certified and rb.per_frequency.dtype == torch.bfloat16
     assert eb <= float(rb.upper) <= eb * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_reshaped_kernel_bound_holds_for_every_padding_and_stride(case):
+    from meanfield.convolution import conv2d_reshaped_upper
+
+    co, ci, kh, kw, h, w, seed = case
+    K = _kernel(co, ci, kh, kw, seed)
+    ub = float(conv2d_reshaped_upper(K))
+    assert ub >= _sigma(_unrolled(K, (h, w), "circular"))
+    for pad in [(0, 0), (kh // 2, kw // 2), (kh, kw + 1)]:
+        assert ub >= _sigma(_unrolled(K, (h, w), "zeros", pad))
+    # stride 2: a subsampling of the stride-1 outputs
+    E = torch.eye(ci * h * w, dtype=K.dtype).reshape(-1, ci, h, w)
+    M2 = F.conv2d(E, K, stride=2, padding=(kh // 2, kw // 2)).reshape(ci * h * w, -1).T
+    assert ub >= _sigma(M2)
+    # the four reshapes, checked with a naive loop for the first one
+    R1 = torch.zeros(co * kh, ci * kw, dtype=K.dtype)
+    for o in range(co):
+        for a in range(kh):
+            for c in range(ci):
+                for b in range(kw):
+                    R1[o * kh + a, c * kw + b] = K[o, c, a, b]
+    assert ub <= math.sqrt(kh * kw) * _sigma(R1) * (1 + 1e-8)
+    # looser than the circular Gram bound on large grids (sampled symbol <= reshaped bound)
+    assert ub >= float(conv2d_spectral_upper(K, 16, exact=True).circular_exact)
