@@ -20,7 +20,8 @@ convolution on a larger grid :math:`(h+p_h)\times(w+p_w)` (the input is placed i
 surrounded by enough zeros that no tap wraps around; the outputs are a subset of the circular
 outputs). Its norm is therefore at most the circular norm on that grid, which is what
 :func:`conv2d_spectral_upper` certifies for ``padding="zeros"`` (the derivation, §3, gives the
-grid size and the proof).
+grid size and the proof). :func:`conv2d_reshaped_upper` gives a looser bound that holds for every
+input size, padding and stride (four reshapes of the kernel, derivation §3.3).
 
 Rounding: the frequency blocks are formed in float64 by an explicit discrete Fourier sum whose
 error is bounded a priori, the candidate bound is checked a posteriori on every block by the
