@@ -1,0 +1,313 @@
+"""Certified Gram-iteration bounds for convolutional layers (meanfield/convolution.py).
+
+Oracles: dense SVDs of the unrolled operator, built here by applying ``F.conv2d`` to the basis
+vectors (independently of ``conv2d_operator``); an mpmath evaluation of the frequency blocks; the
+FFT of the kernel; invariances.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+import torch
+import torch.nn.functional as F
+
+from meanfield.convolution import (
+    conv2d_frequency_blocks,
+    conv2d_operator,
+    conv2d_spectral_upper,
+    gram_iteration_complex,
+    module_spectral_upper,
+    zero_padding_grid,
+)
+
+
+def _kernel(co, ci, kh, kw, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(co, ci, kh, kw, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _unrolled(K, size, padding, pad=None):
+    """Dense matrix of the layer: column j is the layer applied to the j-th basis image."""
+    co, ci, kh, kw = K.shape
+    h, w = size
+    E = torch.eye(ci * h * w, dtype=K.dtype).reshape(-1, ci, h, w)
+    if padding == "circular":
+        x = F.pad(E, (kw // 2, kw // 2, kh // 2, kh // 2), mode="circular")
+        Y = F.conv2d(x, K)
+    else:
+        ph, pw = (kh // 2, kw // 2) if pad is None else pad
+        Y = F.conv2d(E, K, padding=(ph, pw))
+    return Y.reshape(ci * h * w, -1).T  # (n_out, n_in)
+
+
+def _sigma(M):
+    return float(torch.linalg.matrix_norm(M.to(torch.float64), ord=2))
+
+
+CASES = [  # (c_out, c_in, kh, kw, h, w, seed)
+    (2, 2, 3, 3, 5, 5, 0),
+    (3, 2, 3, 3, 6, 6, 1),
+    (2, 4, 3, 3, 7, 7, 2),
+    (4, 4, 3, 3, 8, 8, 3),
+    (3, 3, 3, 5, 5, 7, 4),  # non-square kernel and input
+    (4, 2, 5, 5, 6, 8, 5),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_circular_against_dense_svd(case):
+    co, ci, kh, kw, h, w, seed = case
+    K = _kernel(co, ci, kh, kw, seed)
+    exact = _sigma(_unrolled(K, (h, w), "circular"))
+    r = conv2d_spectral_upper(K, (h, w), padding="circular", n_iter=6, exact=True)
+    assert r.certified and r.grid == (h, w)
+    assert float(r.circular_exact) == pytest.approx(exact, rel=1e-11)
+    assert float(r.upper) >= exact
+    # with the SVD candidate the certificate is tight up to the rounding margins
+    assert float(r.upper) <= exact * (1 + 1e-10)
+    # Gram alone (no SVD): a certified bound, above the exact value
+    g = conv2d_spectral_upper(K, (h, w), padding="circular", n_iter=3)
+    assert g.certified and float(g.upper) >= exact
+    assert float(g.upper) >= float(g.gram)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_circular_gram_converges_to_exact(case):
+    co, ci, kh, kw, h, w, seed = case
+    K = _kernel(co, ci, kh, kw, seed)
+    exact = _sigma(_unrolled(K, (h, w), "circular"))
+    ups = [float(conv2d_spectral_upper(K, (h, w), n_iter=t).upper) for t in (0, 1, 2, 3, 5, 8, 12)]
+    assert all(u >= exact for u in ups)
+    # Schatten 2^(T+1) norms decrease with T (up to the ~1e-13 rounding margins)
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(ups, ups[1:]))
+    assert ups[0] > exact * (1 + 1e-3)  # T = 0 (Frobenius) is loose on these layers
+    assert ups[-1] <= exact * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zero_padding_against_dense_svd(case):
+    co, ci, kh, kw, h, w, seed = case
+    K = _kernel(co, ci, kh, kw, seed)
+    for pad in [None, (0, 0), (kh - 1, kw - 1), (1, 0), (kh, kw + 1)]:
+        exact = _sigma(_unrolled(K, (h, w), "zeros", pad))
+        r = conv2d_spectral_upper(K, (h, w), padding="zeros", pad=pad, n_iter=8, exact=True)
+        assert r.certified
+        assert float(r.upper) >= exact
+        # the bound is the circular norm on the enlarged grid: check that value independently
+        circ = _sigma(_unrolled(K, r.grid, "circular")) if kh % 2 and kw % 2 else None
+        if circ is not None:
+            assert float(r.circular_exact) == pytest.approx(circ, rel=1e-11)
+        assert float(r.upper) <= float(r.circular_exact) * (1 + 1e-10)
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+def test_zero_padded_operator_is_a_submatrix_of_the_circular_one(case):
+    """The embedding behind the zero-padding bound (docs/derivations/gram_convolution.md §3)."""
+    co, ci, kh, kw, h, w, seed = case
+    K = _kernel(co, ci, kh, kw, seed)
+    for pad in [(1, 1), (0, 2), (2, 0), (kh, kw + 1)]:
+        Z = _unrolled(K, (h, w), "zeros", pad)
+        N = zero_padding_grid((kh, kw), (h, w), pad)
+        # circular correlation on the N grid with taps at offset -p: y[i] = sum_a K[a] x[i + a - p]
+        E = torch.zeros(ci, *N, ci * h * w, dtype=K.dtype)
+        E[:, :h, :w, :] = torch.eye(ci * h * w, dtype=K.dtype).reshape(ci, h, w, -1)
+        X = torch.roll(E.permute(3, 0, 1, 2), shifts=(pad[0], pad[1]), dims=(2, 3))
+        Xp = F.pad(X, (0, kw - 1, 0, kh - 1), mode="circular")  # taps start at -p
+        Yc = F.conv2d(Xp, K)  # (n_in, co, N_h, N_w)
+        ho, wo = h + 2 * pad[0] - kh + 1, w + 2 * pad[1] - kw + 1
+        sub = Yc[:, :, :ho, :wo].reshape(ci * h * w, -1).T
+        torch.testing.assert_close(sub, Z, rtol=0, atol=1e-12)
+
+
+def test_float32_kernel_is_certified_for_the_stored_values():
+    K32 = _kernel(4, 3, 3, 3, 7, dtype=torch.float32)
+    K64 = K32.to(torch.float64)  # the same numbers, exactly
+    for padding in ("circular", "zeros"):
+        exact = _sigma(_unrolled(K64, (6, 6), padding))
+        r = conv2d_spectral_upper(K32, (6, 6), padding=padding, n_iter=12)
+        assert r.certified and r.upper.dtype == torch.float64
+        assert r.per_frequency.dtype == torch.float32
+        assert float(r.upper) >= exact
+        if padding == "circular":
+            assert float(r.upper) <= exact * (1 + 1e-5)
+        r64 = conv2d_spectral_upper(K64, (6, 6), padding=padding, n_iter=12)
+        assert float(r.upper) == pytest.approx(float(r64.upper), rel=1e-5)
+
+
+def test_blocks_match_the_fft_and_their_error_bound_holds():
+    K = _kernel(3, 2, 3, 3, 11)
+    blocks, eta = conv2d_frequency_blocks(K, (6, 7))
+    assert blocks.shape == (6, 7 // 2 + 1, 3, 2) and blocks.dtype == torch.complex128
+    full = torch.fft.fft2(K, s=(6, 7)).permute(2, 3, 0, 1)  # same sign convention
+    torch.testing.assert_close(blocks, full[:, : 7 // 2 + 1], rtol=0, atol=1e-13)
+    # the mirrored half: conjugate blocks
+    torch.testing.assert_close(full[1:, 4:], full[1:, 1:4].flip(0, 1).conj(), rtol=0, atol=1e-13)
+    # exact blocks with mpmath (40 digits) on a few frequencies: error <= eta
+    mpmath.mp.dps = 40
+    Kl = K.tolist()
+    for w1, w2 in [(0, 0), (1, 2), (5, 3), (3, 1)]:
+        Zt = []
+        for o in range(3):
+            row = []
+            for c in range(2):
+                s = mpmath.mpc(0)
+                for a in range(3):
+                    for b in range(3):
+                        s += mpmath.mpf(Kl[o][c][a][b]) * mpmath.expjpi(
+                            -2 * mpmath.mpf(w1 * a) / 6 - 2 * mpmath.mpf(w2 * b) / 7
+                        )
+                row.append(s)
+            Zt.append(row)
+        D = [
+            [abs(Zt[o][c] - mpmath.mpc(complex(blocks[w1, w2, o, c]))) for c in range(2)]
+            for o in range(3)
+        ]
+        err = float(mpmath.sqrt(sum(d**2 for r_ in D for d in r_)))  # Frobenius >= 2-norm
+        assert err <= eta
+    assert eta < 1e-12 * float(K.abs().sum())
+
+
+def test_gram_iteration_complex_against_svd():
+    g = torch.Generator().manual_seed(3)
+    Z = torch.complex(
+        torch.randn(10, 5, 3, generator=g, dtype=torch.float64),
+        torch.randn(10, 5, 3, generator=g, dtype=torch.float64),
+    )
+    s = torch.linalg.matrix_norm(Z, ord=2)
+    prev = None
+    for t in range(0, 9):
+        v = gram_iteration_complex(Z, t)
+        sv = torch.linalg.svdvals(Z)
+        p = 2.0 ** (t + 1)
+        top = sv[..., :1]
+        schatten = top[..., 0] * (sv / top).pow(p).sum(-1).pow(1 / p)  # no overflow
+        torch.testing.assert_close(v, schatten, rtol=1e-12, atol=0)
+        assert bool((v >= s * (1 - 1e-14)).all())
+        if prev is not None:
+            assert bool((v <= prev * (1 + 1e-14)).all())
+        prev = v
+    # wide matrices are transposed (conjugate) to the smaller side: same value
+    torch.testing.assert_close(gram_iteration_complex(Z.mH, 4), gram_iteration_complex(Z, 4))
+
+
+def test_scaling_and_zero_kernel():
+    K = _kernel(3, 3, 3, 3, 13)
+    a = float(conv2d_spectral_upper(K, 6, n_iter=5).upper)
+    b = float(conv2d_spectral_upper(1e-3 * K, 6, n_iter=5).upper)
+    assert b == pytest.approx(1e-3 * a, rel=1e-12)
+    z = conv2d_spectral_upper(torch.zeros(2, 3, 3, 3, dtype=torch.float64), 5)
+    assert z.certified and float(z.upper) == 0.0
+
+
+def test_transposed_kernel_same_norm():
+    """The adjoint layer (channels swapped, taps flipped) has the same norm."""
+    K = _kernel(4, 2, 3, 3, 17)
+    Kt = K.transpose(0, 1).flip(-1, -2)
+    r1 = conv2d_spectral_upper(K, 7, exact=True)
+    r2 = conv2d_spectral_upper(Kt, 7, exact=True)
+    assert float(r1.circular_exact) == pytest.approx(float(r2.circular_exact), rel=1e-12)
+
+
+@pytest.mark.parametrize("padding", ["circular", "zeros"])
+def test_operator_and_adjoint(padding):
+    K = _kernel(3, 2, 3, 3, 19)
+    mv, rmv, n_in, n_out = conv2d_operator(K, (5, 6), padding=padding)
+    M = _unrolled(K, (5, 6), padding)
+    assert M.shape == (n_out, n_in)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, n_in, generator=g, dtype=torch.float64)
+    y = torch.randn(4, n_out, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(mv(x), x @ M.T)
+    torch.testing.assert_close(rmv(y), y @ M)
+
+
+def test_module_dispatch():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(7, 5).double()
+    u = float(module_spectral_upper(lin))
+    s = _sigma(lin.weight.detach())
+    assert s <= u <= s * (1 + 1e-8)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1).double()
+    Kc = conv.weight.detach()
+    uz = float(module_spectral_upper(conv, (6, 6), n_iter=8))
+    assert uz >= _sigma(_unrolled(Kc, (6, 6), "zeros"))
+    circ = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular").double()
+    uc = float(module_spectral_upper(circ, 6, n_iter=12))
+    ec = _sigma(_unrolled(circ.weight.detach(), (6, 6), "circular"))
+    assert ec <= uc <= ec * (1 + 1e-8)
+    with pytest.raises(NotImplementedError, match="stride"):
+        module_spectral_upper(torch.nn.Conv2d(3, 4, 3, stride=2), 8)
+    with pytest.raises(ValueError, match="input_size"):
+        module_spectral_upper(conv)
+    with pytest.raises(TypeError):
+        module_spectral_upper(torch.nn.ReLU())
+
+
+def test_errors():
+    K = _kernel(2, 2, 3, 3, 0)
+    with pytest.raises(NotImplementedError, match="stride 1"):
+        conv2d_spectral_upper(K, 8, stride=2)
+    with pytest.raises(ValueError, match="padding"):
+        conv2d_spectral_upper(K, 8, padding="reflect")
+    with pytest.raises(ValueError, match="pad applies"):
+        conv2d_spectral_upper(K, 8, pad=1)
+    with pytest.raises(ValueError, match="shape"):
+        conv2d_spectral_upper(K[0], 8)
+    with pytest.raises(ValueError, match="no output"):
+        conv2d_spectral_upper(_kernel(2, 2, 5, 5, 0), 2, padding="zeros", pad=0)
+    assert zero_padding_grid(3, 32, 1) == (33, 33)
+    assert zero_padding_grid((3, 5), (8, 9), (0, 4)) == (8, 13)
+    assert zero_padding_grid((3, 3), (8, 9), (0, 4)) == (8, 15)  # pad > k - 1
+    assert math.isfinite(float(conv2d_spectral_upper(K, 8).upper))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_device_follows_kernel():
+    K = _kernel(8, 8, 3, 3, 23)
+    r_cpu = conv2d_spectral_upper(K, 10, n_iter=8)
+    for dt in (torch.float64, torch.float32):
+        r = conv2d_spectral_upper(K.to(dtype=dt, device="cuda"), 10, n_iter=8)
+        assert r.upper.device.type == "cuda" and r.per_frequency.device.type == "cuda"
+        assert r.certified
+        assert float(r.upper) == pytest.approx(float(r_cpu.upper), rel=1e-5)
+
+
+def test_kernel_wider_than_grid_aliases_and_half_precision():
+    K = _kernel(2, 3, 5, 5, 29)
+    exact = _sigma(_unrolled(K, (3, 3), "circular"))  # 5x5 taps on a 3x3 torus
+    r = conv2d_spectral_upper(K, 3, n_iter=10)
+    assert r.certified and exact <= float(r.upper) <= exact * (1 + 1e-9)
+    Kb = K.to(torch.bfloat16)
+    rb = conv2d_spectral_upper(Kb, 6, n_iter=8)
+    eb = _sigma(_unrolled(Kb.to(torch.float64), (6, 6), "circular"))
+    assert rb.certified and rb.per_frequency.dtype == torch.bfloat16
+    assert eb <= float(rb.upper) <= eb * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_reshaped_kernel_bound_holds_for_every_padding_and_stride(case):
+    from meanfield.convolution import conv2d_reshaped_upper
+
+    co, ci, kh, kw, h, w, seed = case
+    K = _kernel(co, ci, kh, kw, seed)
+    ub = float(conv2d_reshaped_upper(K))
+    assert ub >= _sigma(_unrolled(K, (h, w), "circular"))
+    for pad in [(0, 0), (kh // 2, kw // 2), (kh, kw + 1)]:
+        assert ub >= _sigma(_unrolled(K, (h, w), "zeros", pad))
+    # stride 2: a subsampling of the stride-1 outputs
+    E = torch.eye(ci * h * w, dtype=K.dtype).reshape(-1, ci, h, w)
+    M2 = F.conv2d(E, K, stride=2, padding=(kh // 2, kw // 2)).reshape(ci * h * w, -1).T
+    assert ub >= _sigma(M2)
+    # the four reshapes, checked with a naive loop for the first one
+    R1 = torch.zeros(co * kh, ci * kw, dtype=K.dtype)
+    for o in range(co):
+        for a in range(kh):
+            for c in range(ci):
+                for b in range(kw):
+                    R1[o * kh + a, c * kw + b] = K[o, c, a, b]
+    assert ub <= math.sqrt(kh * kw) * _sigma(R1) * (1 + 1e-8)
+    # looser than the circular Gram bound on large grids (sampled symbol <= reshaped bound)
+    assert ub >= float(conv2d_spectral_upper(K, 16, exact=True).circular_exact)
