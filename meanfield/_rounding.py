@@ -36,6 +36,7 @@ __all__ = [
     "magnitude_linearization",
     "magnitude_norm",
     "magnitude_norm_upper",
+    "magnitude_vector_norm",
     "scale_exponent",
     "scaled",
     "softmax_error",
@@ -319,6 +320,22 @@ def magnitude_norm(mlin: AttentionLinearization | None, geometry: str, like: Ten
     return magnitude_norm_upper(mlin, geometry)
 
 
+def magnitude_vector_norm(
+    mlin: AttentionLinearization | None, v: Tensor, geometry: str
+) -> Tensor | None:
+    r"""Upper bound on :math:`\||J|_{\rm mag}|v|\|_2` for one vector per batch element.
+
+    One product of the magnitude operator with :math:`|v|`: every term is nonnegative, so the
+    computed sums carry a relative error below :math:`\gamma_K`, covered by the factor applied
+    (docs/rounding.md §4.1). ``None`` when there is no analytic head.
+    """
+    if mlin is None or not mlin.analytic_heads:
+        return None
+    mv, _ = _mag_ops(mlin, geometry)
+    w = mv(v.abs().to(torch.float64))
+    return torch.linalg.vector_norm(w, dim=-1) * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
+
+
 def lower_from_product(
     s: Tensor,
     v: Tensor,
@@ -326,20 +343,24 @@ def lower_from_product(
     model: ErrorModel,
     rope_heads: bool,
     n_out: int,
+    mag_v: Tensor | None = None,
 ) -> Tensor:
     r"""Certified lower bound on :math:`\|J\|_2` from ``s`` :math:`=\|\widehat{Jv}\|` (float64).
 
-    .. math:: \|J\|_2\ge\frac{s(1-\gamma_N)-\eta\,\||J|_{\rm mag}\|_2\|v\|(1+\gamma_N)}
-              {\|v\|(1+\gamma_N)}
+    .. math:: \|J\|_2\ge\frac{s(1-\gamma_N)-\eta\,m_v(1+\gamma_N)}{\|v\|(1+\gamma_N)}
 
-    (docs/rounding.md §4.1), clamped at 0; ``mag_norm`` bounds :math:`\||J|_{\rm mag}\|_2`
-    (:func:`magnitude_norm_upper`) and ``n_out`` is the length of :math:`Jv`. With rotary heads
-    (no magnitude operator) the relative term :math:`8\eta s` is added (first-order model only).
+    (docs/rounding.md §4.1), clamped at 0, where :math:`m_v` bounds
+    :math:`\||J|_{\rm mag}|v|\|_2`: ``mag_v`` from :func:`magnitude_vector_norm` when given
+    (the entrywise model applied to this vector), else :math:`\||J|_{\rm mag}\|_2\|v\|` with
+    ``mag_norm`` from :func:`magnitude_norm_upper`. ``n_out`` is the length of :math:`Jv`. With
+    rotary heads (no magnitude operator) the relative term :math:`8\eta s` is added (first-order
+    model only).
     """
     gN = gamma(n_out + v.shape[-1] + 8)
     nv = torch.linalg.vector_norm(v, dim=-1)
     eta = model.eta
-    err = eta * mag_norm * nv * (1 + gN)
+    m_v = mag_norm * nv if mag_v is None else torch.minimum(mag_v, mag_norm * nv)
+    err = eta * m_v * (1 + gN)
     if rope_heads:
         err = err + 8 * eta * s
     low = (s * (1 - gN) - err) / (nv * (1 + gN)) * (1 - 4 * U64)

@@ -596,7 +596,8 @@ def local_lipschitz(
             jvp(lin64s, v.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
         )
         value64 = S[..., 0]
-        lower64 = _rnd.lower_from_product(s_prod, v, mag_norm, model, rope, n_out)
+        mag_v = _rnd.magnitude_vector_norm(mlin, v, op_geometry)
+        lower64 = _rnd.lower_from_product(s_prod, v, mag_norm, model, rope, n_out, mag_v)
         vector = v.reshape(batch + (n, d)).to(dtype)
         converged = finite
         n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
@@ -645,13 +646,16 @@ def local_lipschitz(
                 jvp(lin64s, v64.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
             )
         finite = torch.isfinite(s_prod) & torch.isfinite(v64).all(-1)
+        v_safe = torch.where(finite[..., None], v64, 1.0)
+        mag_v = _rnd.magnitude_vector_norm(mlin, v_safe, op_geometry)
         lower64 = _rnd.lower_from_product(
             torch.where(finite, s_prod, 0.0),
-            torch.where(finite[..., None], v64, 1.0),
+            v_safe,
             mag_norm,
             model,
             rope,
             n_out,
+            mag_v,
         )
         # solver results are in units of 2**e_solve; bring them to those of 2**e
         value64 = _rnd.unscale(torch.where(finite, res.sigma.to(torch.float64), 0.0), e_solve - e)
