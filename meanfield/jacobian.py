@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -89,9 +89,9 @@ class AttentionLinearization:
         :math:`\tilde P^h_{ij} = \sqrt{a_i/a_j}\,P^h_{ij}` (computed in the log domain) when
         log-weights were given and all finite; ``None`` otherwise.
     m : Tensor, shape (..., H_a, n, d)
-        Attention means :math:`m^h_i = \sum_lP^h_{il}x_l`.
+        Attention means :math:`m^h_i = \sum_lP^h_{il}x_l` (a property, computed on first use).
     B : Tensor, shape (..., H_a, n, d)
-        Rows :math:`b^h_i = A_h^\top x_i + c_h`.
+        Rows :math:`b^h_i = A_h^\top x_i + c_h` (a property, computed on first use).
     x_bar : Tensor, shape (..., 1, d)
         Token mean, used to centre coordinates before the :math:`x_l - m_i` products.
     A : Tensor, shape (H_a, d, d)
@@ -130,8 +130,6 @@ class AttentionLinearization:
     X: Tensor
     P: Tensor
     P_w: Tensor | None
-    m: Tensor
-    B: Tensor
     x_bar: Tensor
     A: Tensor
     V: Tensor
@@ -153,6 +151,38 @@ class AttentionLinearization:
     VMc: Tensor | None = None
     C: Tensor | None = None
     QKV: Tensor | None = None
+    _m: Tensor | None = field(default=None, repr=False)
+    _B: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def m(self) -> Tensor:
+        r"""Attention means :math:`m^h_i = \sum_lP^h_{il}x_l`, computed on first use.
+
+        The products never need them (they use :math:`V_h(m^h_i-\bar x)` and
+        :math:`K_h(m^h_i-\bar x)`, formed in head space by :func:`linearize`); the explicit
+        blocks and the block-norm certificate do, at a cost :math:`O(H_an^2d)`.
+        """
+        if self._m is None:
+            object.__setattr__(
+                self, "_m", _attend(self.P, self.X.unsqueeze(-3), self._causal_block())
+            )
+        return self._m
+
+    @property
+    def B(self) -> Tensor:
+        r"""Rows :math:`b^h_i = A_h^\top x_i + c_h`, computed on first use."""
+        if self._B is None:
+            B = _right_A(self.A, self.QK, self.X)
+            if self.C is not None:
+                B = B + self.C.unsqueeze(-2)
+            object.__setattr__(self, "_B", B)
+        return self._B
+
+    def _causal_block(self) -> int | None:
+        """Query-block size of the products with P when whole upper blocks are zero."""
+        if not self.masked or self.positions is not None:
+            return None
+        return self.chunk_size if self.chunk_size is not None else _PRODUCT_BLOCK
 
     @property
     def n(self) -> int:
@@ -215,6 +245,20 @@ def _log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
+#: Query-block size of the products for causal sequences (``chunk_size=None``): blocks of this
+#: size skip the all-zero upper part of P and keep the (H, block, n) intermediates in cache.
+_PRODUCT_BLOCK = 64
+
+
+def _attend(P: Tensor, F: Tensor, block: int | None) -> Tensor:
+    """``P @ F`` (..., H, n, r) for ``P`` (..., H, n, n); causal ``block``: skip the zero blocks."""
+    n = P.shape[-1]
+    if block is None or block >= n:
+        return P @ F
+    parts = [P[..., sl, : sl.stop] @ F[..., : sl.stop, :] for sl in iter_chunks(n, block)]
+    return torch.cat(parts, dim=-2)
+
+
 def _right_A(
     A: Tensor, QK: tuple[Tensor, Tensor] | None, Y: Tensor, *, per_head: bool = False
 ) -> Tensor:
@@ -254,7 +298,10 @@ def linearize(
 ) -> AttentionLinearization:
     r"""Precompute :math:`P^h`, :math:`m^h_i`, :math:`b^h_i` for the closed-form Jacobian at ``X``.
 
-    Cost :math:`O(H(n^2d + nd^2))`, memory :math:`O(Hn^2 + Hnd)`.
+    Cost :math:`O(H(n^2k + ndk))` with head width :math:`k` (:math:`k = d` for heads without
+    factors), memory :math:`O(Hn^2 + Hnk)`; the attention means :math:`m^h_i` and the rows
+    :math:`b^h_i`, which only the explicit blocks and the certificates need, are formed on first
+    use (:attr:`AttentionLinearization.m`, :attr:`AttentionLinearization.B`).
 
     Parameters
     ----------
@@ -271,6 +318,8 @@ def linearize(
         Integer token positions for rotary heads (default ``0, ..., n-1``).
     chunk_size : int, optional
         Query-block size used by the products (bounds intermediates to ``chunk x n`` per head).
+        Default: one block, except for causal sequences, whose products run in blocks of 64
+        queries that skip the all-zero upper part of :math:`P`.
 
     Returns
     -------
@@ -318,28 +367,26 @@ def linearize(
                 torch.stack([heads[h].Q for h in analytic]),
                 torch.stack([heads[h].K for h in analytic]),
             )
-        m = torch.einsum("...hin,...nd->...hid", P, X)
-        B = _right_A(A, QK, X)
         cs = [heads[h].c for h in analytic]
         C = None
         if any(c is not None for c in cs):
             zero = X.new_zeros(d)
             C = torch.stack([zero if c is None else c for c in cs])
-            B = B + C.unsqueeze(-2)
         # head-space features (factors Q_h, K_h of width k; A_h and the identity without them)
         Xc = X - x_bar
-        Mc = m - x_bar.unsqueeze(-3)
         QKV = None
         if QK is not None:
             QKV = torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, d)
         _, KXc, VXc = _head_rows(QK, A, V, QKV, Xc)
         if QK is None:
             Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
-            KMc = torch.einsum("...hnd,hed->...hne", Mc, A)
         else:
             Qx = torch.einsum("...nd,hkd->...hnk", X, QK[0])
-            KMc = torch.einsum("...hnd,hkd->...hnk", Mc, QK[1])
-        VMc = torch.einsum("...hnd,hvd->...hnv", Mc, V)
+        # K_h(m_i - x_bar) and V_h(m_i - x_bar) in head space: rows of P sum to one, so they are
+        # P K_h(X - x_bar) and P V_h(X - x_bar); the means m_i themselves are formed lazily
+        block = None if (not masked or positions is not None) else (chunk_size or _PRODUCT_BLOCK)
+        KVMc = _attend(P, torch.cat([KXc, VXc], dim=-1), block)
+        KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
         P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             half = 0.5 * log_weights.unsqueeze(-2)  # (..., 1, n)
@@ -349,8 +396,6 @@ def linearize(
         A = X.new_zeros(0, d, d)
         V = X.new_zeros(0, heads[0].d_v, d)
         P = X.new_zeros(batch + (0, n, n))
-        m = X.new_zeros(batch + (0, n, d))
-        B = X.new_zeros(batch + (0, n, d))
         P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             P_w = P
@@ -358,8 +403,6 @@ def linearize(
         X=X,
         P=P,
         P_w=P_w,
-        m=m,
-        B=B,
         x_bar=x_bar,
         A=A,
         V=V,
@@ -443,12 +486,18 @@ def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
     Causal sequences (``masked`` without ``positions``): query ``i`` sees keys ``j <= i``, so the
     block ending at ``sl.stop`` needs keys ``[0, sl.stop)`` only (the others have
     :math:`P_{ij} = 0` exactly): with query blocks of size :math:`b` this skips the all-zero
-    upper blocks, a fraction :math:`(1 - b/n)/2` of the :math:`n\times n` work. Otherwise every
-    key.
+    upper blocks, a fraction :math:`(1 - b/n)/2` of the :math:`n\times n` work. Their size is
+    ``chunk_size``, or 64 queries when it is ``None`` (small blocks also keep the
+    :math:`H\times b\times n` intermediates in cache: at :math:`n = 1024` a product is several
+    times faster than with one block). Otherwise every key, in blocks of ``chunk_size``.
     """
-    causal = lin.masked and lin.positions is None
-    for sl in iter_chunks(lin.n, lin.chunk_size):
-        yield sl, slice(0, sl.stop if causal else lin.n)
+    block = lin._causal_block()
+    if block is None:
+        for sl in iter_chunks(lin.n, lin.chunk_size):
+            yield sl, slice(0, lin.n)
+        return
+    for sl in iter_chunks(lin.n, block):
+        yield sl, slice(0, sl.stop)
 
 
 def _output_rows(lin: AttentionLinearization, G: Tensor) -> Tensor:
@@ -1108,8 +1157,8 @@ def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
         X=f(lin.X),
         P=f(lin.P),
         P_w=f(lin.P_w),
-        m=f(lin.m),
-        B=f(lin.B),
+        _m=f(lin._m),
+        _B=f(lin._B),
         x_bar=f(lin.x_bar),
         A=f(lin.A),
         V=f(lin.V),
