@@ -95,6 +95,8 @@ class AttentionLinearization:
     x_bar : Tensor, shape (..., 1, d)
         Token mean, used to centre coordinates before the :math:`x_l - m_i` products.
     A : Tensor, shape (H_a, d, d)
+        Score matrices :math:`A_h` (a property, stacked on first use: the products of factored
+        heads only use the factors).
     V : Tensor, shape (H_a, d_v, d)
     W : Tensor, shape (H, d_out, d_v)
         Output matrices :math:`W_h` of *all* heads (column blocks of :math:`W^O`, or block
@@ -131,7 +133,6 @@ class AttentionLinearization:
     P: Tensor
     P_w: Tensor | None
     x_bar: Tensor
-    A: Tensor
     V: Tensor
     W: Tensor
     concat: bool
@@ -153,6 +154,19 @@ class AttentionLinearization:
     QKV: Tensor | None = None
     _m: Tensor | None = field(default=None, repr=False)
     _B: Tensor | None = field(default=None, repr=False)
+    _A: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def A(self) -> Tensor:
+        """Score matrices of the analytic heads, (H_a, d, d), in the dtype of ``X``."""
+        if self._A is None:
+            if self.analytic_heads:
+                heads = self.params.heads
+                A = torch.stack([heads[h].A for h in self.analytic_heads]).to(self.X.dtype)
+            else:
+                A = self.X.new_zeros(0, self.d, self.d)
+            object.__setattr__(self, "_A", A)
+        return self._A
 
     @property
     def m(self) -> Tensor:
@@ -350,8 +364,8 @@ def linearize(
     W, concat = _head_output_matrices(params)
     batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
+    A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
     if analytic:
-        A = torch.stack([heads[h].A for h in analytic])
         V = torch.stack([heads[h].V for h in analytic])
         logP = torch.stack(
             [_log_attention(head_logits(X, X, heads[h], log_weights), allowed) for h in analytic],
@@ -377,6 +391,8 @@ def linearize(
         QKV = None
         if QK is not None:
             QKV = torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, d)
+        else:
+            A = torch.stack([heads[h].A for h in analytic])
         _, KXc, VXc = _head_rows(QK, A, V, QKV, Xc)
         if QK is None:
             Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
@@ -393,7 +409,6 @@ def linearize(
             P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
     else:
         QK = C = QKV = Qx = KXc = KMc = VXc = VMc = None
-        A = X.new_zeros(0, d, d)
         V = X.new_zeros(0, heads[0].d_v, d)
         P = X.new_zeros(batch + (0, n, n))
         P_w = None
@@ -404,7 +419,7 @@ def linearize(
         P=P,
         P_w=P_w,
         x_bar=x_bar,
-        A=A,
+        _A=A,
         V=V,
         W=W,
         concat=concat,
@@ -508,7 +523,7 @@ def _output_rows(lin: AttentionLinearization, G: Tensor) -> Tensor:
 def _query_rows(lin: AttentionLinearization, Y: Tensor) -> Tensor:
     """Per-head rows ``Q_h y`` (``y`` itself, broadcast over the heads, without factors)."""
     if lin.QK is None:
-        return Y.unsqueeze(-3).expand(Y.shape[:-2] + (lin.A.shape[0],) + Y.shape[-2:])
+        return Y.unsqueeze(-3).expand(Y.shape[:-2] + (len(lin.analytic_heads),) + Y.shape[-2:])
     return torch.einsum("...nd,hkd->...hnk", Y, lin.QK[0])
 
 
@@ -574,10 +589,11 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
     """
     weighted = _check_geometry(lin, geometry)
     H = _check_shape(H, lin, lin.d, "H")
-    out = H.new_zeros(lin.batch_shape + (lin.n, lin.d_out))
+    out = None
     if lin.analytic_heads:
         Pi_all = _interaction(lin, weighted)
-        qH, kH, vH = _head_rows(lin.QK, lin.A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
+        A = None if lin.QKV is not None else lin.A  # factored heads: the factors only
+        qH, kH, vH = _head_rows(lin.QK, A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
         cH = None if lin.C is None else (H @ lin.C.mT).mT.unsqueeze(-2)  # (..., H_a, 1, n)
         # Euclidean geometry (Pi = P): T = P o (S + R) with S + R one product of width 2k
         merged = Pi_all is lin.P
@@ -602,13 +618,14 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
             vals = Pi @ vH[..., ks, :] + T @ lin.VXc[..., ks, :]  # V(Pi h + T (x - x_bar))
             parts.append(vals - T.sum(-1, keepdim=True) * lin.VMc[..., sl, :])
         vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
-        out = out + _combine(lin, vals, lin.analytic_heads)
+        out = _combine(lin, vals, lin.analytic_heads)
     if lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
         Hs = H if scale is None else H / scale
         for h in lin.rope_heads:
             tangent = tfunc.jvp(_rope_fn(lin, h), (lin.X,), (Hs,))[1]
-            out = out + (tangent if scale is None else scale * tangent)
+            tangent = tangent if scale is None else scale * tangent
+            out = tangent if out is None else out + tangent
     return out
 
 
@@ -645,7 +662,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
     """
     weighted = _check_geometry(lin, geometry)
     G = _check_shape(G, lin, lin.d_out, "G")
-    out = G.new_zeros(lin.batch_shape + (lin.n, lin.d))
+    out = None
     if lin.analytic_heads:
         Pi_all = _interaction(lin, weighted)
         gv = _output_rows(lin, G)  # (..., H_a, n, d_v): W_h^T g_i
@@ -667,7 +684,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
             PZ = PiZ if Pi_all is lin.P else P * Z  # Euclidean geometry: Pi = P
             rows.append(PZ @ lin.KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
         acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
-        out = out + _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
+        out = _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
         if acc_c is not None:
             out = out + acc_c.mT @ lin.C
     if lin.rope_heads:
@@ -676,7 +693,8 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
         for h in lin.rope_heads:
             _, pullback = tfunc.vjp(_rope_fn(lin, h), lin.X)
             cot = pullback(Gs)[0]
-            out = out + (cot if scale is None else cot / scale)
+            cot = cot if scale is None else cot / scale
+            out = cot if out is None else out + cot
     return out
 
 
@@ -1160,7 +1178,7 @@ def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
         _m=f(lin._m),
         _B=f(lin._B),
         x_bar=f(lin.x_bar),
-        A=f(lin.A),
+        _A=f(lin._A),
         V=f(lin.V),
         W=f(lin.W),
         QK=None if lin.QK is None else (f(lin.QK[0]), f(lin.QK[1])),

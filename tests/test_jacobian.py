@@ -510,6 +510,7 @@ def test_lazy_means_and_rows_match_their_definitions(gen, factored, masked):
     X = torch.randn(B, n, d, generator=gen, dtype=D64) + 3.0
     lin = linearize(X, params, masked=masked)
     assert lin._m is None and lin._B is None  # nothing formed yet
+    assert (lin._A is None) == factored  # factored heads: A_h only on demand
     A = torch.stack([h.A for h in params.heads])
     V = torch.stack([h.V for h in params.heads])
     c = torch.stack([h.c for h in params.heads])
@@ -528,6 +529,7 @@ def test_lazy_means_and_rows_match_their_definitions(gen, factored, masked):
         torch.testing.assert_close(lin.KMc, torch.einsum("bhnd,hkd->bhnk", Mc, K), **TOL_AUTOGRAD)
     else:
         torch.testing.assert_close(lin.KMc, torch.einsum("bhnd,hed->bhne", Mc, A), **TOL_AUTOGRAD)
+    torch.testing.assert_close(lin.A, torch.stack([h.A for h in params.heads]), rtol=0, atol=0)
     assert lin.m is lin.m and lin.B is lin.B  # cached
 
 
