@@ -503,8 +503,8 @@ def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
     :math:`P_{ij} = 0` exactly): with query blocks of size :math:`b` this skips the all-zero
     upper blocks, a fraction :math:`(1 - b/n)/2` of the :math:`n\times n` work. Their size is
     ``chunk_size``, or 64 queries when it is ``None`` (small blocks also keep the
-    :math:`H\times b\times n` intermediates in cache: at :math:`n = 1024` a product is several
-    times faster than with one block). Otherwise every key, in blocks of ``chunk_size``.
+    :math:`H\times b\times n` intermediates in cache: at :math:`n = 1024` a product is about
+    twice as fast as with one block). Otherwise every key, in blocks of ``chunk_size``.
     """
     block = lin._causal_block()
     if block is None:
