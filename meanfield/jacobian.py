@@ -259,8 +259,8 @@ def _log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-#: Query-block size of the products for causal sequences (``chunk_size=None``): blocks of this
-#: size skip the all-zero upper part of P and keep the (H, block, n) intermediates in cache.
+#: Query-block size of the products when ``chunk_size=None``: blocks of this size keep the
+#: (H, block, n) intermediates in cache and, for causal sequences, skip the zero upper part of P.
 _PRODUCT_BLOCK = 64
 
 
@@ -332,8 +332,8 @@ def linearize(
         Integer token positions for rotary heads (default ``0, ..., n-1``).
     chunk_size : int, optional
         Query-block size used by the products (bounds intermediates to ``chunk x n`` per head).
-        Default: one block, except for causal sequences, whose products run in blocks of 64
-        queries that skip the all-zero upper part of :math:`P`.
+        Default: blocks of 64 queries, which keep the intermediates in cache; for causal
+        sequences they also skip the all-zero upper part of :math:`P`.
 
     Returns
     -------
@@ -504,11 +504,13 @@ def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
     upper blocks, a fraction :math:`(1 - b/n)/2` of the :math:`n\times n` work. Their size is
     ``chunk_size``, or 64 queries when it is ``None`` (small blocks also keep the
     :math:`H\times b\times n` intermediates in cache: at :math:`n = 1024` a product is about
-    twice as fast as with one block). Otherwise every key, in blocks of ``chunk_size``.
+    twice as fast as with one block). Otherwise every key, in blocks of ``chunk_size`` or 64
+    (1.5 times faster than one block at :math:`n = 1024`, the same at :math:`n = 256`).
     """
     block = lin._causal_block()
     if block is None:
-        for sl in iter_chunks(lin.n, lin.chunk_size):
+        size = lin.chunk_size if lin.chunk_size is not None else _PRODUCT_BLOCK
+        for sl in iter_chunks(lin.n, size):
             yield sl, slice(0, lin.n)
         return
     for sl in iter_chunks(lin.n, block):

@@ -534,27 +534,33 @@ def test_lazy_means_and_rows_match_their_definitions(gen, factored, masked):
 
 
 @pytest.mark.parametrize("factored", [False, True])
-def test_default_causal_blocks_match_dense_and_one_block(gen, factored):
-    """Causal products default to query blocks of 64 (three blocks at n = 150, the last one
-    short): against the dense closed form (itself checked against jacrev above) and one block."""
+@pytest.mark.parametrize("masked", [True, False])
+def test_default_blocks_match_dense_and_one_block(gen, factored, masked):
+    """Products default to query blocks of 64 (three blocks at n = 150, the last one short;
+    causal blocks stop at their last key): against the dense closed form (itself checked
+    against jacrev above) and one block."""
     n, d = 150, 4
     params = _factored_params(gen, d=d, with_wo=True)
     if not factored:
         params = _unfactored(params)
     X = torch.randn(n, d, generator=gen, dtype=D64)
-    lin = linearize(X, params, masked=True)
-    one = linearize(X, params, masked=True, chunk_size=n)
+    lin = linearize(X, params, masked=masked)
+    one = linearize(X, params, masked=masked, chunk_size=n)
     from meanfield.jacobian import _key_blocks
 
     assert [(sl.start, sl.stop, ks.stop) for sl, ks in _key_blocks(lin)] == [
-        (0, 64, 64),
-        (64, 128, 128),
+        (0, 64, 64 if masked else n),
+        (64, 128, 128 if masked else n),
         (128, 150, 150),
     ]
-    J = dense_jacobian(X, params, masked=True)
+    assert len(list(_key_blocks(one))) == 1
+    J = dense_jacobian(X, params, masked=masked)
     H = torch.randn(n, d, generator=gen, dtype=D64)
     G = torch.randn(n, J.shape[0] // n, generator=gen, dtype=D64)
     JH, JtG = jvp(lin, H), vjp(lin, G)
+    U = torch.randn(n, d, generator=gen, dtype=D64)
+    torch.testing.assert_close(self_jvp(lin, U), self_jvp(one, U), **TOL_AUTOGRAD)
+    torch.testing.assert_close(self_vjp(lin, G), self_vjp(one, G), **TOL_AUTOGRAD)
     torch.testing.assert_close(JH.reshape(-1), J @ H.reshape(-1), **TOL_AUTOGRAD)
     torch.testing.assert_close(JtG.reshape(-1), J.mT @ G.reshape(-1), **TOL_AUTOGRAD)
     torch.testing.assert_close(JH, jvp(one, H), **TOL_AUTOGRAD)
