@@ -440,8 +440,8 @@ def local_lipschitz(
         Start vector of the matrix-free methods in place of the seeded random one: a warm start,
         e.g. the ``vector`` of an estimate at a neighbouring input (the previous length of a
         sweep over prefixes, zero-padded, or the previous window shifted by the stride). On a
-        GPT-2 layer this cuts the products of a sweep 3-4 fold. It only changes how many
-        products are needed, never the bracket ``lower``/``upper``. The probabilistic
+        GPT-2 layer this cuts the products of a sweep 3-4 fold. ``lower`` and ``upper`` keep
+        their guarantees whatever the start (only the run's path changes). The probabilistic
         certificate assumes a uniformly random start, so with ``start`` no
         Kuczyński–Woźniakowski bound is formed: ``upper_prob`` is then ``upper``. Not
         combinable with ``prob_rtol``.
