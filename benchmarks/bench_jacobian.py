@@ -78,8 +78,10 @@ D_MODEL = 768
 N_HEADS = 12
 #: Largest n * d for the dense Jacobian: (n d)^2 float64 entries (0.3 GB at 6144) plus the SVD.
 DENSE_MAX_ND = 6144
-#: Products of the matrix-free methods are chunked over queries above this n (memory O(chunk n)).
-CHUNK = 512
+#: Query-block size passed to the matrix-free products (None: the library's default, query
+#: blocks of 64 for causal sequences, which bound the intermediates to O(64 n) per head; the
+#: first measurements used 512 above n = 512).
+CHUNK = None
 
 
 # =============================================================================== worker side
@@ -365,7 +367,7 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     def f(Y):
         return self_attention(Y, params, masked=True)
 
-    chunk = CHUNK if n > CHUNK else None
+    chunk = CHUNK
     # warm-up on a tiny input (kernel selection, lazy imports) outside the measurement
     # (for "ours" this includes the one-off, cached certification of the weight norms)
     Xw = make_inputs(4, None, spec["seed"], dt, dev)
@@ -448,9 +450,150 @@ def _run_workload(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
+    """Ours against the baseline at one n, float32 and float64, alternated and repeated.
+
+    One process: the layer and the inputs in both dtypes (the float32 input is the rounded
+    float64 one), a float64 reference (long Lanczos run), the forward time of each dtype, then
+    ``repeats`` rounds; each round times, for each dtype, ``ours`` (``local_lipschitz``,
+    ``upper="none"``, default ``delta`` so its ``upper_prob`` comes along) and the baseline, the
+    order of the dtypes and of the two methods alternating between rounds. The ratio of each
+    round is baseline time / ours time of the same dtype in that round, so a load change between
+    rounds cancels out; the median and the minimum over rounds are reported.
+    """
+    import statistics
+
+    import torch
+
+    from meanfield.attention import self_attention
+    from meanfield.lipschitz import local_lipschitz
+
+    torch.set_num_threads(spec["threads"])
+    dev, n = spec["device"], spec["n"]
+    dtypes = spec.get("dtypes", ["float32", "float64"])
+    params = {dt: load_layer(spec["layer"], dt, dev) for dt in dtypes}
+    X64 = make_inputs(n, None, spec["seed"], "float64", dev)
+    X = {dt: X64.to(_dtype(dt)) for dt in dtypes}
+    fns = {dt: (lambda Y, _p=params[dt]: self_attention(Y, _p, masked=True)) for dt in dtypes}
+    p64 = params.get("float64") or load_layer(spec["layer"], "float64", dev)
+    t = time.perf_counter()
+    ref = local_lipschitz(
+        X64,
+        p64,
+        masked=True,
+        method="lanczos",
+        tol=spec["ref_tol"],
+        max_iter=2000,
+        krylov_dim=64,
+        upper="none",
+        delta=None,
+    )
+    ref_value = float(ref.value)
+    out: dict[str, Any] = {
+        "kind": "side-by-side",
+        "n": n,
+        "reference": {
+            "value": ref_value,
+            "residual_rel": float(ref.residual / ref.value**2),
+            "n_products": int(ref.n_matvec),
+            "seconds": time.perf_counter() - t,
+        },
+    }
+
+    def ours(dt):
+        _sync(dev)
+        t0 = time.perf_counter()
+        est = local_lipschitz(
+            X[dt],
+            params[dt],
+            masked=True,
+            method="lanczos",
+            tol=spec["tol"],
+            max_iter=spec.get("max_iter", 300),
+            upper="none",
+            seed=spec["seed"],
+        )
+        _sync(dev)
+        sec = time.perf_counter() - t0
+        return sec, {
+            "value": float(est.value),
+            "lower": float(est.lower),
+            "upper_prob": None if est.upper_prob is None else float(est.upper_prob),
+            "n_products": int(est.n_matvec),
+            "converged": bool(est.converged),
+        }
+
+    def base(dt):
+        _sync(dev)
+        t0 = time.perf_counter()
+        res = power_baseline(
+            fns[dt], X[dt], tol=spec["power_tol"], seed=spec["seed"], time_cap=spec.get("time_cap")
+        )
+        _sync(dev)
+        sec = time.perf_counter() - t0
+        res.pop("history")
+        return sec, res
+
+    for dt in dtypes:  # warm-up (kernel selection, cached weight norms) on a short input
+        local_lipschitz(X[dt][:8], params[dt], masked=True, method="lanczos", tol=1e-2)
+        power_baseline(fns[dt], X[dt][:8], max_iter=3)
+    per: dict[str, Any] = {}
+    for dt in dtypes:
+        per[dt] = {"forward_seconds": _forward_time(fns[dt], X[dt], dev), "rounds": []}
+    for r in range(max(1, int(spec.get("repeats", 3)))):
+        order = dtypes if r % 2 == 0 else dtypes[::-1]
+        for dt in order:
+            pair = [("ours", ours), ("power", base)]
+            if r % 2 == 1:
+                pair.reverse()
+            row: dict[str, Any] = {}
+            for name, fn in pair:
+                sec, res = fn(dt)
+                res["seconds"] = sec
+                res["rel_error"] = (res["value"] - ref_value) / ref_value
+                row[name] = res
+            row["ratio"] = row["power"]["seconds"] / row["ours"]["seconds"]
+            per[dt]["rounds"].append(row)
+            print(
+                f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
+                f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
+                f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
+                f"err {row['power']['rel_error']:.1e}), ratio {row['ratio']:.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
+    for dt in dtypes:
+        rounds = per[dt]["rounds"]
+        ratios = [row["ratio"] for row in rounds]
+        fw = per[dt]["forward_seconds"]
+        t_ours = min(row["ours"]["seconds"] for row in rounds)
+        t_pow = min(row["power"]["seconds"] for row in rounds)
+        per[dt].update(
+            ratio_median=statistics.median(ratios),
+            ratio_min=min(ratios),
+            ratio_of_minima=t_pow / t_ours,
+            ours_seconds_min=t_ours,
+            power_seconds_min=t_pow,
+            ours_forward_equivalents=t_ours / fw,
+            power_forward_equivalents=t_pow / fw,
+            ours_products=sorted({row["ours"]["n_products"] for row in rounds}),
+            power_products=sorted({row["power"]["n_products"] for row in rounds}),
+            ours_max_abs_rel_error=max(abs(row["ours"]["rel_error"]) for row in rounds),
+            power_max_abs_rel_error=max(abs(row["power"]["rel_error"]) for row in rounds),
+        )
+    out["dtypes"] = per
+    return out
+
+
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    doc = _run_workload(spec) if spec.get("kind") == "workload" else _run_single(spec)
+    kind = spec.get("kind")
+    if kind == "workload":
+        doc = _run_workload(spec)
+    elif kind == "side-by-side":
+        doc = _run_side_by_side(spec)
+    else:
+        doc = _run_single(spec)
     sys.stdout.write("@@RESULT " + json.dumps(doc) + "\n")
     sys.stdout.flush()
 
@@ -603,6 +746,22 @@ def summarise(doc: dict[str, Any]) -> None:
             doc.setdefault("speedups", []).append(sp)
 
 
+def print_side_by_side(res: dict[str, Any]) -> None:
+    """One line per dtype of a side-by-side job."""
+    if "error" in res:
+        print(f"n={res.get('n')}: error {res['error']}")
+        return
+    ref = res["reference"]["value"]
+    for dt, r in res["dtypes"].items():
+        print(
+            f"n={res['n']} {dt}: ours {r['ours_seconds_min']:.3f} s, products {r['ours_products']}, "
+            f"{r['ours_forward_equivalents']:.1f} fwd-eq, err {r['ours_max_abs_rel_error']:.1e} | "
+            f"power {r['power_seconds_min']:.3f} s, products {r['power_products']}, "
+            f"err {r['power_max_abs_rel_error']:.1e} | ratio median {r['ratio_median']:.2f} "
+            f"(min {r['ratio_min']:.2f}, of minima {r['ratio_of_minima']:.2f}); ref {ref:.8f}"
+        )
+
+
 def print_table(doc: dict[str, Any]) -> None:
     """Human-readable table of the run."""
     print(
@@ -713,6 +872,12 @@ def main(argv: list[str] | None = None) -> int:
         default=900.0,
         help="time cap of each one-by-one workload method (then extrapolated)",
     )
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="only ours against the baseline, float32 and float64 alternated in one process per n, "
+        "--repeats rounds at every n, against a float64 reference (issue 11)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument(
         "--out", default=None, help="JSON output (default benchmarks/results/<stamp>.json)"
@@ -770,7 +935,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: v for k, v in vars(args).items() if k != "worker"},
             "ns": ns,
             "dense_ns": dense_ns,
-            "chunk_size_above": CHUNK,
+            "chunk_size": CHUNK,
         },
         "results": [],
         "skipped": [],
@@ -782,6 +947,24 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         doc["machine"]["load_average_end"] = os.getloadavg()
         write_json(out, doc)
+
+    if args.side_by_side:
+        doc["side_by_side"] = []
+        for n in ns:
+            spec = {
+                **common,
+                "kind": "side-by-side",
+                "n": n,
+                "repeats": args.repeats,
+                "time_cap": args.time_cap,
+            }
+            res = run_job(spec)
+            doc["side_by_side"].append(res)
+            save()
+            print_side_by_side(res)
+        save()
+        print(f"wrote {out}")
+        return 0
 
     for n in sorted(set(ns) | set(dense_ns)):
         for method in methods:

@@ -265,9 +265,9 @@ def magnitude_linearization(
     return dataclasses.replace(
         lin,
         X=aX,
-        m=mabs,
-        B=B,
-        A=A,
+        _m=mabs,  # the lazily computed fields of the linearisation, set here
+        _B=B,
+        _A=A,
         V=V,
         W=W,
         QK=QK,

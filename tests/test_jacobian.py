@@ -495,3 +495,107 @@ def test_chunked_products_with_position_ties(gen, factored):
     torch.testing.assert_close(
         self_vjp(lin, G), (S.mT @ G.unsqueeze(-1)).squeeze(-1), **TOL_AUTOGRAD
     )
+
+
+# ------------------------------------------------------------- lazy linearisation, causal blocks
+@pytest.mark.parametrize("factored", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_lazy_means_and_rows_match_their_definitions(gen, factored, masked):
+    """m_i = sum_l P_il x_l and b_i = A^T x_i + c, formed on first use, and the head-space means
+    K(m_i - x_bar), V(m_i - x_bar) that linearize forms from P K(X - x_bar), P V(X - x_bar)."""
+    B, n, d = 2, 9, 7
+    params = _factored_params(gen, d=d, with_wo=True)
+    if not factored:
+        params = _unfactored(params)
+    X = torch.randn(B, n, d, generator=gen, dtype=D64) + 3.0
+    lin = linearize(X, params, masked=masked)
+    assert lin._m is None and lin._B is None  # nothing formed yet
+    assert (lin._A is None) == factored  # factored heads: A_h only on demand
+    A = torch.stack([h.A for h in params.heads])
+    V = torch.stack([h.V for h in params.heads])
+    c = torch.stack([h.c for h in params.heads])
+    m = torch.einsum("bhij,bjd->bhid", lin.P, X)  # naive, one token at a time in spirit
+    for i in range(n):  # loop oracle for the means
+        ref_i = (lin.P[:, :, i, :, None] * X[:, None]).sum(-2)
+        torch.testing.assert_close(m[:, :, i], ref_i, **TOL_AUTOGRAD)
+    torch.testing.assert_close(lin.m, m, **TOL_AUTOGRAD)
+    torch.testing.assert_close(
+        lin.B, torch.einsum("bnd,hde->bhne", X, A) + c[:, None], **TOL_AUTOGRAD
+    )
+    Mc = m - X.mean(-2, keepdim=True)[:, None]
+    torch.testing.assert_close(lin.VMc, torch.einsum("bhnd,hvd->bhnv", Mc, V), **TOL_AUTOGRAD)
+    if factored:
+        K = torch.stack([h.K for h in params.heads])
+        torch.testing.assert_close(lin.KMc, torch.einsum("bhnd,hkd->bhnk", Mc, K), **TOL_AUTOGRAD)
+    else:
+        torch.testing.assert_close(lin.KMc, torch.einsum("bhnd,hed->bhne", Mc, A), **TOL_AUTOGRAD)
+    torch.testing.assert_close(lin.A, torch.stack([h.A for h in params.heads]), rtol=0, atol=0)
+    assert lin.m is lin.m and lin.B is lin.B  # cached
+
+
+@pytest.mark.parametrize("factored", [False, True])
+@pytest.mark.parametrize("masked", [True, False])
+def test_default_blocks_match_dense_and_one_block(gen, factored, masked):
+    """Products default to query blocks of 64 (three blocks at n = 150, the last one short;
+    causal blocks stop at their last key): against the dense closed form (itself checked
+    against jacrev above) and one block."""
+    n, d = 150, 4
+    params = _factored_params(gen, d=d, with_wo=True)
+    if not factored:
+        params = _unfactored(params)
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    lin = linearize(X, params, masked=masked)
+    one = linearize(X, params, masked=masked, chunk_size=n)
+    from meanfield.jacobian import _key_blocks
+
+    assert [(sl.start, sl.stop, ks.stop) for sl, ks in _key_blocks(lin)] == [
+        (0, 64, 64 if masked else n),
+        (64, 128, 128 if masked else n),
+        (128, 150, 150),
+    ]
+    assert len(list(_key_blocks(one))) == 1
+    J = dense_jacobian(X, params, masked=masked)
+    H = torch.randn(n, d, generator=gen, dtype=D64)
+    G = torch.randn(n, J.shape[0] // n, generator=gen, dtype=D64)
+    JH, JtG = jvp(lin, H), vjp(lin, G)
+    U = torch.randn(n, d, generator=gen, dtype=D64)
+    torch.testing.assert_close(self_jvp(lin, U), self_jvp(one, U), **TOL_AUTOGRAD)
+    torch.testing.assert_close(self_vjp(lin, G), self_vjp(one, G), **TOL_AUTOGRAD)
+    torch.testing.assert_close(JH.reshape(-1), J @ H.reshape(-1), **TOL_AUTOGRAD)
+    torch.testing.assert_close(JtG.reshape(-1), J.mT @ G.reshape(-1), **TOL_AUTOGRAD)
+    torch.testing.assert_close(JH, jvp(one, H), **TOL_AUTOGRAD)
+    torch.testing.assert_close(JtG, vjp(one, G), **TOL_AUTOGRAD)
+    torch.testing.assert_close(lin.m, one.m, **TOL_AUTOGRAD)
+
+
+# ------------------------------------------------------------------ warm start of the estimate
+def test_warm_start_of_local_lipschitz(gen):
+    """``start`` replaces the random start: from the exact top vector the run stops at once with
+    the dense value; from the previous prefix's vector it needs fewer products than cold; the
+    bracket is unchanged and no probabilistic bound is formed from a chosen start."""
+    from meanfield.lipschitz import local_lipschitz
+
+    n, d = 24, 6
+    params = _factored_params(gen, d=d, with_wo=True)
+    X = torch.randn(n, d, generator=gen, dtype=D64)
+    dense = local_lipschitz(X, params, masked=True, method="dense")
+    kw = dict(masked=True, method="lanczos", tol=1e-8)
+    cold = local_lipschitz(X, params, **kw)
+    hot = local_lipschitz(X, params, start=dense.vector, **kw)
+    assert bool(hot.converged) and int(hot.n_matvec) <= 4 < int(cold.n_matvec)
+    for est in (cold, hot):
+        assert abs(float(est.value) - float(dense.value)) <= 1e-10 * float(dense.value)
+        assert float(est.lower) <= float(dense.value) <= float(est.upper)
+    assert float(hot.upper_prob) == float(hot.upper)  # deterministic bound only
+    assert float(cold.upper_prob) < float(cold.upper)  # Kuczynski-Wozniakowski from the seed
+    # prefix sweep: the previous length's vector, zero-padded
+    short = local_lipschitz(X[:20], params, **kw)
+    pad = torch.zeros_like(X)
+    pad[:20] = short.vector
+    warm = local_lipschitz(X, params, start=pad, **kw)
+    assert int(warm.n_matvec) < int(cold.n_matvec)
+    assert abs(float(warm.value) - float(dense.value)) <= 1e-10 * float(dense.value)
+    with pytest.raises(ValueError, match="shape"):
+        local_lipschitz(X, params, start=pad[:20], **kw)
+    with pytest.raises(ValueError, match="prob_rtol"):
+        local_lipschitz(X, params, start=pad, prob_rtol=0.05, **kw)
