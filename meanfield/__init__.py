@@ -29,6 +29,12 @@ from .attention import (
     l2_self_attention,
     self_attention,
 )
+from .convolution import (
+    ConvSpectralResult,
+    conv2d_reshaped_upper,
+    conv2d_spectral_upper,
+    module_spectral_upper,
+)
 from .distances import (
     SinkhornResult,
     TransportError,
@@ -53,6 +59,7 @@ from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryE
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvSpectralResult",
     "AttentionParams",
     "DiracMeasure",
     "L2AttentionParams",
@@ -69,9 +76,12 @@ __all__ = [
     "attention_weights",
     "certified_local_upper",
     "conditional_wasserstein",
+    "conv2d_reshaped_upper",
+    "conv2d_spectral_upper",
     "l2_self_attention",
     "local_lipschitz",
     "local_lipschitz_fn",
+    "module_spectral_upper",
     "optimal_transport",
     "released_metric",
     "self_attention",
