@@ -48,7 +48,7 @@ LAYERS = {"gpt2": ("gpt2-random", 6), "minilm": ("minilm", 3), "smollm2": ("smol
 
 
 def _inputs(key: str, ns: list[int], dtype):
-    from meanfield.data import corpus_token_ids
+    from experiments.corpora import corpus_token_ids
     from meanfield.models import hf_attention, hidden_states, load_model
 
     name, layer = LAYERS[key]
