@@ -515,7 +515,7 @@ def run_jobs(
     Parameters
     ----------
     jobs : sequence of SweepJob
-        Sweeps with distinct names.
+        Distinct sweeps (progress names them ``<directory>/<name>`` when two share a name).
     executor : Executor, optional
         Default :class:`SerialExecutor`.
     progress : CostProgress, optional
@@ -534,9 +534,14 @@ def run_jobs(
 
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
+    paths = [str(job.sweep.path) for job in jobs]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"sweeps must be distinct, got {paths}")
     names = [job.sweep.name for job in jobs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"sweep names must be distinct, got {names}")
+    if len(set(names)) != len(names):  # the same name in two stages: tell them apart
+        labels = {id(job): f"{job.sweep.out_dir.name}/{job.sweep.name}" for job in jobs}
+    else:
+        labels = {id(job): job.sweep.name for job in jobs}
     executor = executor if executor is not None else SerialExecutor()
     summary = RunSummary()
     t_start = time.perf_counter()
@@ -544,18 +549,19 @@ def run_jobs(
     where: dict[str, tuple[SweepJob, dict[str, Any], str]] = {}
     for job in jobs:
         sweep = job.sweep
+        label = labels[id(job)]
         done = sweep.done()
         points = [dict(p) for p in job.points]
         costs = [float(job.cost(p)) if job.cost else default_cost(p) for p in points]
         if progress is not None:
-            progress.add(sweep.name, cost=sum(costs), points=len(points))
+            progress.add(label, cost=sum(costs), points=len(points))
         seen: set[str] = set()
         for p, c in zip(points, costs):
             pkey = point_key(sweep.digest, p)
             if pkey in done or pkey in seen:
                 summary.skipped += pkey in done
                 if progress is not None:
-                    progress.skip(sweep.name, cost=c)
+                    progress.skip(label, cost=c)
                 continue
             seen.add(pkey)
             shared = set(p) & set(job.context)
@@ -563,10 +569,10 @@ def run_jobs(
                 raise ValueError(
                     f"{sweep.name}: point and context share the key(s) {', '.join(sorted(shared))}"
                 )
-            tkey = f"{sweep.name}/{pkey}"
+            tkey = f"{label}/{pkey}"
             where[tkey] = (job, p, pkey)
             config = {**job.context, **p}
-            tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=sweep.name))
+            tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=label))
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
@@ -597,7 +603,7 @@ def _take(
         append_jsonl(job.sweep.path, record)
         summary.computed += 1
         if progress is not None:
-            progress.advance(job.sweep.name, cost=outcome.task.effective_cost)
+            progress.advance(outcome.task.group, cost=outcome.task.effective_cost)
         return
     if outcome.status == "error":
         if on_error == "raise":
