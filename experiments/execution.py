@@ -363,7 +363,11 @@ class DaskExecutor:
         else:
             if int(workers) < 1:
                 raise ValueError(f"workers must be at least 1, got {workers}")
+            if not log.isEnabledFor(logging.INFO):  # quiet unless asked (-v)
+                for name in ("distributed", "dask"):
+                    logging.getLogger(name).setLevel(logging.WARNING)
             worker_env = {
+                "DASK_LOGGING__DISTRIBUTED": "warning",
                 "OMP_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1",
                 "OPENBLAS_NUM_THREADS": "1",
@@ -377,6 +381,8 @@ class DaskExecutor:
                     processes=True,
                     host="127.0.0.1",
                     dashboard_address=None,
+                    # health and metrics only, on a free loopback port (not 8787, maybe taken)
+                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                     env=worker_env,
                 )
             try:
@@ -555,6 +561,7 @@ def run_jobs(
         costs = [float(job.cost(p)) if job.cost else default_cost(p) for p in points]
         if progress is not None:
             progress.add(label, cost=sum(costs), points=len(points))
+            progress.start_stage(label)
         seen: set[str] = set()
         for p, c in zip(points, costs):
             pkey = point_key(sweep.digest, p)

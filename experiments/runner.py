@@ -304,6 +304,7 @@ class Sweep:
         label = f"{self.out_dir.name}/{self.name}"
         if tracker is not None:
             tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
+            tracker.start_stage(label)
         bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
         t_start = time.perf_counter()
         for p in bar:
