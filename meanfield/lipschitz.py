@@ -21,8 +21,12 @@ Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024
 2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
 numerically*; they are not quoted from the paper.
 
-Both ends include a small relative margin for the float64 evaluation of :math:`J`
-(:math:`64(n+d)u`, first-order error model) and are rounded outwards when cast to float32.
+Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix
+grows with the magnitude of the logits (§2), and is propagated through a nonnegative magnitude
+operator of the closed form (§3–§4). Every norm is computed on :math:`2^{-e}J` for a power-of-two
+scale and multiplied back (§5), so constants up to float64's maximum come back finite; beyond it
+``upper`` is ``inf``. Both ends are rounded outwards when cast to float32. ``converged`` means
+the residual rule holds for the returned vector, for every method (docs/rounding.md §7).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.func as tfunc
 from torch import Tensor
 
+from . import _rounding as _rnd
 from ._certificates import golub_kahan_certified, krylov_rounding_margin, probabilistic_upper
 from ._numerics import as_float_tensor, iter_chunks
 from ._spectral import (
@@ -101,11 +107,16 @@ class LipschitzEstimate:
     value : Tensor
         Best estimate (dense: the top singular value; iterative: the final Ritz value).
     lower, upper : Tensor
-        Certified bracket ``lower <= exact <= upper``; ``upper = +inf`` when no certificate is
+        Certified bracket ``lower <= exact <= upper`` for the inputs as stored, rounding
+        included (docs/rounding.md §4; rotary heads and ``geometry="split"`` use the
+        first-order relative margin of §6); ``upper = +inf`` when no certificate is
         available (``upper="none"``, rotary heads in the weighted Wasserstein geometry, or
-        :func:`local_lipschitz_fn` without ``method="dense"``).
+        :func:`local_lipschitz_fn` without ``method="dense"``) or when the constant exceeds
+        float64's range (§5). Never NaN, and ``lower <= upper``.
     converged : Tensor of bool
-        Whether the iterative solver met its stopping rule (always true for ``"dense"``).
+        Whether the returned vector meets :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,
+        \sigma^2` (explicit products; docs/rounding.md §7). Always true for ``"dense"`` unless
+        the assembled Jacobian was not finite.
     n_iter, n_matvec : Tensor of int64
         Solver iterations and products with :math:`J` or :math:`J^\top` (0 for ``"dense"``).
     residual : Tensor
@@ -289,15 +300,62 @@ def _parse_input(
     return X, None, None, bool(masked) if masked is not None else False
 
 
-def _block_upper(lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None) -> Tensor:
+def _block_upper(
+    lin64: AttentionLinearization, geometry: str, self_norms: Tensor | None, e: int = 0
+) -> Tensor:
+    """Block-norm bound on ``2**-e ||J||`` (the norm matrix is scaled before Collatz–Wielandt)."""
     if lin64.rope_heads:
         # rotary heads: the per-head structured bound (Euclidean operator only)
         if geometry == "euclidean" or lin64.P_w is None and lin64.log_weights is None:
             blocks = collatz_wielandt_bound(structured_block_norms(lin64)) * (1 + _BLOCK_RTOL)
-            return torch.minimum(head_structured_upper(lin64), blocks)
+            bound = torch.minimum(head_structured_upper(lin64), blocks)
+            # in the units of 2**e like the other branch; rounded up (exact power-of-two scaling
+            # unless it underflows, where 1 + 4u covers the last bit)
+            return _rnd.unscale(bound, -e) * (1 + 4 * _rnd.U64) if e != 0 else bound
         return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
+    if e != 0:  # the layer scaled by 2**-e (docs/rounding.md §5)
+        lin64 = _relinearize(lin64, _rnd.scaled_params(lin64.params, e))
+        self_norms = None if self_norms is None else _rnd.unscale(self_norms, -e)
     N = block_norm_bounds(lin64, geometry=geometry, self_norms=self_norms)
-    return collatz_wielandt_bound(N) * (1 + _BLOCK_RTOL)
+    N = torch.where(torch.isnan(N), math.inf, N)
+    eN = _rnd.scale_of(N)  # no squares of huge entries in Collatz–Wielandt
+    up = _rnd.unscale(collatz_wielandt_bound(_rnd.unscale(N, -eN)), eN)
+    return up * (1 + _BLOCK_RTOL)
+
+
+def _relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinearization:
+    return linearize(
+        lin.X,
+        params,
+        log_weights=lin.log_weights,
+        masked=lin.masked,
+        positions=lin.positions,
+        token_index=lin.token_index,
+        chunk_size=lin.chunk_size,
+    )
+
+
+def _solver_lin(
+    lin: AttentionLinearization,
+    lin64: AttentionLinearization,
+    lin64s: AttentionLinearization,
+    e: int,
+) -> tuple[AttentionLinearization, int]:
+    """The linearisation the iterative solver runs on and its scale (docs/rounding.md §5).
+
+    Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled by a power of two
+    that brings the operator near norm one (float32 norms underflow below ~1e-19 and overflow
+    above ~1e19), unless that scale or the attention matrices leave float32's range; then
+    ``lin64s``.
+    """
+    if lin is lin64s or lin.X.dtype == torch.float64:
+        return lin64s, e
+    e32 = _rnd.scale_exponent(lin64, threshold=4)
+    if abs(e32) > 100 or (lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all())):
+        return lin64s, e
+    if not bool(torch.isfinite(lin.P).all()):
+        return lin64s, e
+    return _rnd.scaled(lin, e32), e32
 
 
 @dataclass(frozen=True)
@@ -322,9 +380,13 @@ def _self_term(
     seed: int | None,
     generator: torch.Generator | None,
     chunk_size: int | None,
+    em: float | None = None,
 ) -> _SelfTerm:
-    """max_i ||S_i||_2 with a bracket: explicit blocks + SVD, or batched per-atom Lanczos."""
-    em = _eval_margin(lin.n, lin.d)
+    """max_i ||S_i||_2 with a bracket: explicit blocks + SVD, or batched per-atom Lanczos.
+
+    ``em`` is a relative margin (first-order model, docs/rounding.md §6).
+    """
+    em = _eval_margin(lin.n, lin.d) if em is None else em
     batch = lin64.batch_shape
     dev = lin64.X.device
     if explicit:
@@ -402,11 +464,12 @@ def local_lipschitz(
         Causal attention. Default: ``x.is_causal`` for a measure, ``False`` for a tensor.
     method : {"auto", "dense", "lanczos", "power"}, default "auto"
         ``"dense"`` assembles :math:`J` and takes an SVD (float64); ``"lanczos"`` is matrix-free
-        Golub–Kahan–Lanczos with a residual stopping rule; ``"power"`` is the baseline power
-        iteration with a relative-change rule. ``"auto"``: dense when ``n * d <= 1500``.
+        Golub–Kahan–Lanczos; ``"power"`` is the baseline power iteration. Both stop on the
+        residual rule below. ``"auto"``: dense when ``n * d <= 1500``.
     tol : float, default 1e-6
-        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`
-        (relative change for ``"power"``). For float32 inputs use ``tol >= 1e-4``.
+        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`,
+        for both iterative methods; ``converged`` is true exactly when the returned vector meets
+        it (docs/rounding.md §7). For float32 inputs use ``tol >= 1e-4``.
     max_iter : int, optional
         Iteration cap of the solver (defaults: 300 Lanczos steps, 1000 power steps).
     krylov_dim : int, default 32
@@ -482,6 +545,15 @@ def local_lipschitz(
     dtype, dev, batch = X.dtype, X.device, lin.batch_shape
     lin64 = _to_float64(lin, None)
     em = _eval_margin(n, d)
+    # rounding model and scale safety (docs/rounding.md §2-§5): every norm below is computed on
+    # the operator 2**-e J, with e a power-of-two scale, and brought back at the end
+    model = _rnd.error_model(lin64)
+    e = _rnd.scale_exponent(lin64)
+    lin64s = _rnd.scaled(lin64, e)
+    mlin = _rnd.magnitude_linearization(lin64s, model) if lin64s.analytic_heads else None
+    mag_norm = _rnd.magnitude_norm(mlin, op_geometry, model.eta)  # ||J_mag||, both ends use it
+    rope = bool(lin.rope_heads)
+    lin_solve, e_solve = _solver_lin(lin, lin64, lin64s, e)
 
     self_term = None
     if geometry == "split":
@@ -499,12 +571,16 @@ def local_lipschitz(
             seed=seed,
             generator=generator,
             chunk_size=chunk_size,
+            em=em + 4 * float(model.eps_P.amax()),
         )
 
     history = None
     prob = None
+    n_out = n * lin.d_out
     if resolved == "dense":
-        J = _dense_from_lin(lin64, op_geometry)
+        J = _dense_from_lin(lin64s, op_geometry)
+        finite = torch.isfinite(J).flatten(-2).all(-1)
+        J = torch.where(finite[..., None, None], J, torch.zeros_like(J))
         _, S, Vh = torch.linalg.svd(J, full_matrices=False)
         v = Vh[..., 0, :]
         Jv = (J @ v.unsqueeze(-1)).squeeze(-1)
@@ -512,21 +588,27 @@ def local_lipschitz(
         residual = torch.linalg.vector_norm(
             (J.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
         )
+        # the lower end comes from the product path, whose rounding the model covers
+        s_prod = torch.linalg.vector_norm(
+            jvp(lin64s, v.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
+        )
         value64 = S[..., 0]
-        lower64 = sigma * (1 - em)
+        lower64 = _rnd.lower_from_product(s_prod, v, mag_norm, model, rope, n_out)
         vector = v.reshape(batch + (n, d)).to(dtype)
-        converged = torch.ones(batch, dtype=torch.bool, device=dev)
+        converged = finite
         n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
         n_matvec = torch.zeros(batch, dtype=torch.int64, device=dev)
         if up_method == "gram":
             upper64 = spectral_norm_upper(J, candidate=value64, max_iter=_DENSE_GRAM_STEPS)
-            upper64 = upper64 * (1 + em)
+            upper64 = _rnd.upper_margin(mag_norm, model, upper64, rope)
+            upper64 = torch.where(finite, upper64, math.inf)
+        lower64 = torch.where(finite, lower64, 0.0)
     else:
-        mv, rmv = _flat_ops(lin, op_geometry)
-        x0 = _start(batch + (n * d,), X, seed, generator)
+        mv, rmv = _flat_ops(lin_solve, op_geometry)
+        x0 = _start(batch + (n * d,), lin_solve.X, seed, generator)
         if resolved == "lanczos" and delta is not None and prob_rtol is not None:
             cap = 300 if max_iter is None else int(max_iter)
-            margin = krylov_rounding_margin(n, d, cap, dtype) + em
+            margin = krylov_rounding_margin(n, d, cap, lin_solve.X.dtype) + em
             res, prob, k1 = golub_kahan_certified(
                 mv,
                 rmv,
@@ -545,26 +627,52 @@ def local_lipschitz(
             if resolved == "lanczos" and delta is not None:
                 ritz = torch.maximum(res.history[-1], res.sigma)
                 k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
-                margin = krylov_rounding_margin(n, d, int(k1.max()), dtype) + em
+                margin = krylov_rounding_margin(n, d, int(k1.max()), lin_solve.X.dtype) + em
                 prob = probabilistic_upper(ritz, k1, n * d, delta, margin)
-        if lin64 is lin:
-            sigma = res.sigma
+        if prob is not None:
+            # solver units (2**e_solve) to those of 2**e, plus the products' evaluation error
+            # (docs/rounding.md §4.2), as for the deterministic end
+            prob = _rnd.unscale(prob.to(torch.float64), e_solve - e)
+            prob = _rnd.upper_margin(mag_norm, model, prob, rope)
+        v64 = res.vector.to(torch.float64)
+        if lin_solve is lin64s:
+            s_prod = res.sigma
         else:
-            v64 = res.vector.to(torch.float64).reshape(batch + (n, d))
-            sigma = torch.linalg.vector_norm(
-                jvp(lin64, v64, geometry=op_geometry).flatten(-2), dim=-1
-            ) / torch.linalg.vector_norm(v64.flatten(-2), dim=-1)
-        value64 = res.sigma.to(torch.float64)
-        lower64 = sigma * (1 - em)
-        residual = res.residual
+            s_prod = torch.linalg.vector_norm(
+                jvp(lin64s, v64.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
+            )
+        finite = torch.isfinite(s_prod) & torch.isfinite(v64).all(-1)
+        lower64 = _rnd.lower_from_product(
+            torch.where(finite, s_prod, 0.0),
+            torch.where(finite[..., None], v64, 1.0),
+            mag_norm,
+            model,
+            rope,
+            n_out,
+        )
+        # solver results are in units of 2**e_solve; bring them to those of 2**e
+        value64 = _rnd.unscale(torch.where(finite, res.sigma.to(torch.float64), 0.0), e_solve - e)
+        residual = torch.where(finite, res.residual.to(torch.float64), math.inf)
+        residual = _rnd.unscale(residual, e_solve - e, 2)
         vector = res.vector.reshape(batch + (n, d))
-        converged, n_iter, n_matvec = res.converged, res.n_iter, res.n_matvec
-        history = res.history
+        converged, n_iter, n_matvec = res.converged & finite, res.n_iter, res.n_matvec
+        history = _rnd.unscale(res.history.to(torch.float64), e_solve).to(dtype)
     if up_method == "block":
         self_norms = None if self_term is None else self_term.upper_atoms
-        upper64 = _block_upper(lin64, op_geometry, self_norms) * (1 + em)
+        upper64 = _block_upper(lin64, op_geometry, self_norms, e)
+        upper64 = _rnd.upper_margin(mag_norm, model, upper64, rope)
     elif up_method == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
+    # back to the units of J (docs/rounding.md §5): overflow gives upper = inf, and a lower end
+    # beyond float64's range is clamped to its largest finite number (still a lower bound)
+    value64 = _rnd.unscale(value64, e)
+    lower64 = _rnd.unscale(lower64, e).clamp_max(_rnd.F64_MAX)
+    upper64 = _rnd.unscale(upper64, e)
+    residual = _rnd.unscale(residual.to(torch.float64), e, 2)
+    upper64 = torch.where(torch.isnan(upper64), math.inf, upper64)
+    if prob is not None:
+        prob = _rnd.unscale(prob, e)
+        prob = torch.where(torch.isnan(prob), math.inf, prob)
 
     upper_prob64 = None
     if delta is not None:
@@ -655,6 +763,9 @@ def local_lipschitz_fn(
         Fields of shape ``X.shape[:batch_dims]``, in the dtype of ``X``. ``lower`` is
         :math:`\|Jv\|` from an explicit final product in that dtype; the dense upper bound
         includes a relative evaluation margin :math:`64\sqrt N\varepsilon` of the dtype.
+        For a general map the bracket is certified for the Jacobian *as autograd computes it*:
+        the rounding of ``fn`` itself cannot be analysed here, so unlike :func:`local_lipschitz`
+        (docs/rounding.md) it is not a floating-point certificate for the exact map.
     """
     if method not in ("auto", "dense", "lanczos", "power"):
         raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
@@ -784,8 +895,9 @@ class LocalUpperBound:
     Attributes
     ----------
     value : float
-        The bound on :math:`\|Df(X)\|_2` (the head-weighted terms summed, times
-        :math:`1+10^{-9}` for rounding).
+        The bound on :math:`\|Df(X)\|_2`: the head-weighted terms summed plus the rounding
+        margin of docs/rounding.md §8, which grows with the logits' magnitude (rotary heads:
+        a relative :math:`10^{-9}`, docs/rounding.md §6).
     T1, T2, T3 : float
         Head-weighted sums :math:`\sum_h\|W_hV_h\|_2\,T_k^h` of the three terms.
     """
@@ -804,8 +916,14 @@ def _lambda_max_product(KL: Tensor, KR: Tensor) -> Tensor:
     return torch.linalg.eigvalsh(0.5 * (M + M.mT))[..., -1].clamp_min(0.0)
 
 
-def _head_local_terms(X: Tensor, head: AttentionParams, masked: bool) -> tuple[float, float, float]:
-    """(T1, T2, T3) of the certified local bound for one head, float64, V factor excluded."""
+def _head_local_terms(
+    X: Tensor, head: AttentionParams, masked: bool
+) -> tuple[float, float, float, tuple[Tensor, Tensor, Tensor]]:
+    r"""(T1, T2, T3) of the certified local bound for one head, float64, V factor excluded.
+
+    The fourth element holds the logits (``-inf`` where masked), :math:`\kappa^2` and
+    :math:`\beta^2`, which the rounding margin reads (docs/rounding.md §8).
+    """
     n, d = X.shape
     pos = torch.arange(n, device=X.device)
     if head.rope is None:
@@ -852,7 +970,7 @@ def _head_local_terms(X: Tensor, head: AttentionParams, masked: bool) -> tuple[f
     t2 = float((P * kappa2.unsqueeze(-1) * beta2).sum(0).max().clamp_min(0.0).sqrt())
     L = sqP.unsqueeze(-1) * D  # L_i rows sqrt(P_ij) (x_j - m_i)
     t3 = float(_lambda_max_product(L @ L.mT, KR).max().sqrt())
-    return t1, t2, t3
+    return t1, t2, t3, (S, kappa2, beta2)
 
 
 def certified_local_upper(
@@ -908,16 +1026,34 @@ def certified_local_upper(
     heads = params.heads  # an AttentionParams is its own single head
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
+    from theory._rounding import head_upper  # the one rounding model (numpy), lazily
+
     X64 = X.detach().to(torch.float64)
     terms = [0.0, 0.0, 0.0]
+    total = 0.0
     with torch.no_grad():
         for h, head in enumerate(heads):
-            if WV_norms is None:
-                WV = params.head_output_matrix(h) if isinstance(params, MultiHeadParams) else head.V
-                w = float(torch.linalg.matrix_norm(WV.detach().to(torch.float64), ord=2))
-            else:
-                w = float(WV_norms[h])
+            WV = params.head_output_matrix(h) if isinstance(params, MultiHeadParams) else head.V
+            WV = WV.detach().to(torch.float64)
+            # a given norm is taken as exact (a 1 x 1 matrix carries it to the margin below)
+            w = (
+                float(torch.linalg.matrix_norm(WV, ord=2))
+                if WV_norms is None
+                else float(WV_norms[h])
+            )
             h64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
-            for k, t in enumerate(_head_local_terms(X64, h64, masked)):
+            t1, t2, t3, (S, kappa2, beta2) = _head_local_terms(X64, h64, masked)
+            for k, t in enumerate((t1, t2, t3)):
                 terms[k] += w * t
-    return LocalUpperBound(sum(terms) * (1 + _LOCAL_BOUND_MARGIN), *terms)
+            if head.rope is None:
+                # rounding margin of docs/rounding.md §8: grows with the logits' magnitude
+                c = None if h64.c is None else h64.c.cpu().numpy()
+                WVm = WV.cpu().numpy() if WV_norms is None else np.array([[w]])
+                total += head_upper(
+                    X64.cpu().numpy(), h64.A.cpu().numpy(), c, S.cpu().numpy(), WVm,
+                    t1, t2, t3, kappa2.cpu().numpy(), beta2.cpu().numpy(),
+                )  # fmt: skip
+            else:
+                # rotary heads: first-order relative margin (docs/rounding.md §6)
+                total += w * (t1 + t2 + t3) * (1 + _LOCAL_BOUND_MARGIN)
+    return LocalUpperBound(total, *terms)

@@ -50,6 +50,19 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(20240613)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for the test, restored afterwards.
+
+    Tiny dense problems run much faster on one thread; modules of such tests use it with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> torch.device:
     """CPU always; CUDA too when present."""

@@ -1,7 +1,7 @@
 """Independent reference implementations: explicit loops over tokens, no shared code paths.
 
 These never call `meanfield` internals; they recompute attention from its definition
-(THEORY.md §2.1, §2.4, §3.1, §3.3) with plain Python loops and `math.exp` after max-subtraction.
+(docs/theory.md §A1 and §4, docs/conventions.md §1) with plain Python loops and `math.exp` after max-subtraction.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Independent oracles for Jacobian tests: finite differences, token loops, random layers.
 
 Nothing here calls `meanfield.jacobian` or `meanfield.lipschitz`: the block formula is recomputed
-with numpy loops from THEORY.md §4.1, and finite differences go through `attention_points` only.
+with numpy loops from docs/theory.md §1, and finite differences go through `attention_points` only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Oracles are independent of the code under test: dense Jacobians by ``torch.func.jacrev`` of
 :func:`meanfield.attention.self_attention` and an SVD in float64, the construction rebuilt from
-THEORY.md §6.3 by hand, and the closed form of the least-squares constant.
+docs/theory.md §3 by hand, and the closed form of the least-squares constant.
 """
 
 from __future__ import annotations
@@ -21,13 +21,7 @@ from meanfield import certified_local_upper
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny dense problems: one intra-op thread is faster (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +49,7 @@ def _params(root, cid):
     from meanfield.models import hf_attention
 
     info = json.loads((root / "adversarial" / f"{cid}.json").read_text())
-    model = adv._load(info["settings"]["model"], info["settings"]["seed"]).model
+    model = adv.sweep._load(info["settings"]["model"], info["settings"]["seed"]).model
     att = hf_attention(model, info["settings"]["layer"], map=info["settings"]["map"], dtype=F64)
     return info, att.params
 
@@ -125,7 +119,7 @@ def test_resume_computes_nothing(tiny, monkeypatch):
     def boom(*a, **k):  # any model load or point computation would call these
         raise AssertionError("a finished point was recomputed")
 
-    monkeypatch.setattr(adv, "_load", boom)
+    monkeypatch.setattr(adv.sweep, "_load", boom)
     monkeypatch.setattr("meanfield.attacks.worst_case_sequence", boom)
     adv.run(root, "tiny", progress=False)
     after = {p.name: p.read_bytes() for p in (root / "adversarial").glob("*.jsonl")}
@@ -139,7 +133,7 @@ def test_bracket_contains_dense_value_and_construction(tiny):
     recs = load_jsonl(root / "adversarial" / f"{cid}.jsonl")
     r = max((r for r in recs if r["variant"] == "released"), key=lambda r: r["n"])
     n, R = r["n"], r["R"]
-    # the construction of THEORY.md §6.3, rebuilt by hand from the head's A (released rule)
+    # the construction of docs/theory.md §3, rebuilt by hand from the head's A (released rule)
     A = params.heads[info["settings"]["head"]].A
     evals, evecs = torch.linalg.eig(A.mT)
     real = evals.imag.abs() <= 1e-9 * max(1.0, float(evals.abs().max()))
@@ -231,7 +225,7 @@ def test_certified_and_global_bounds_dominate_dense_norm(kind, masked, gen):
     params = hf_attention(
         model, 0, map="heads" if kind == "bert_heads" else "heads+WO", dtype=F64
     ).params
-    facts = adv._head_facts(params)
+    facts = adv.bounds._head_facts(params)
     for n, R in ((3, 0.7), (6, 2.0), (9, 4.0)):
         X = _random_inputs(gen, n, 16, R)
         exact = _dense_norm(X, params, masked)
@@ -255,7 +249,7 @@ def test_certified_bound_is_exact_for_constant_scores():
 
 
 def test_released_heuristic_is_not_a_bound():
-    """THEORY.md §6.2 counterexample: A = e1 e2^T, tokens on the e2 axis, R_h = 0."""
+    """The counterexample of docs/theory.md §2: A = e1 e2^T, tokens on the e2 axis, R_h = 0."""
     from meanfield import AttentionParams
 
     A = torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=F64)
@@ -274,7 +268,7 @@ def test_released_heuristic_is_not_a_bound():
 def test_fit_sqrt_n_is_exact_on_synthetic_data():
     n = np.array([2, 7, 12, 47, 97])
     assert adv.fit_sqrt_n(n, 2.7 * np.sqrt(n)) == pytest.approx(2.7, rel=1e-14)
-    c, alpha = adv._free_power_law(n, 0.3 * n**0.37)
+    c, alpha = adv.bounds._free_power_law(n, 0.3 * n**0.37)
     assert (c, alpha) == (pytest.approx(0.3, rel=1e-12), pytest.approx(0.37, rel=1e-12))
     # least squares through the origin, not a mean of ratios: closed form on two points
     assert adv.fit_sqrt_n([1, 4], [1.0, 1.0]) == pytest.approx((1 + 2) / (1 + 4))

@@ -16,14 +16,7 @@ from meanfield.attacks import (
 
 from .oracles_attacks import F64, lw_norm, random_head, seq_norm
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny dense problems: one intra-op thread is much faster (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- searches

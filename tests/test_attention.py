@@ -200,7 +200,7 @@ def test_merge_tolerance_is_relative_to_scale():
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_consistency_with_empirical_measure(gen, masked):
-    """F(m(X)) = m(f(X)) (THEORY.md §3.1), and the masked analogue on position-tagged measures."""
+    """F(m(X)) = m(f(X)) (docs/theory.md §A1), and the masked analogue on position-tagged measures."""
     _, params = random_layer(gen)
     X = torch.randn(3, 8, 6, generator=gen, dtype=D64)
     mu = DiracMeasure.from_sequence(X, causal=masked)

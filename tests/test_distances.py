@@ -240,7 +240,7 @@ def test_zero_mass_atoms_are_ignored():
 
 
 def test_mass_splitting_closed_forms():
-    # THEORY.md §12.2-12.3: moving mass 1/k by delta costs |delta|/sqrt(k) in W2, |delta| in W_inf
+    # docs/theory.md §10 and §A5: moving mass 1/k by delta costs |delta|/sqrt(k) in W2, |delta| in W_inf
     y, z = np.array([[1.0, 0.0]]), np.array([[3.0, 0.0]])
     for k in (1, 2, 5, 10, 10**6, 10**10):
         mu = to_measure(y, np.ones(1))

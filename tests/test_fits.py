@@ -103,7 +103,7 @@ def test_bad_input_is_a_one_line_value_error(n, y, kw, match):
 
 
 def test_paper_curves_are_the_printed_hand_set_values():
-    # EXPERIMENTS.md §1.6 and §1.4, typed in by the authors (D7)
+    # the paper's figure labels, typed in by the authors (D7 of docs/experiments.md)
     assert paper_curve("BERT-enc L0", "Alice").c == 14.3
     assert paper_curve("BERT-enc L0", "Alice").alpha == 0.24
     assert paper_curve("GPT-2 L6", "Alice")(4.0) == pytest.approx(25.0 * 4.0**0.51)

@@ -84,7 +84,7 @@ def test_dense_matches_finite_differences(gen, kind, masked):
 
 @pytest.mark.parametrize("masked,weighted", list(itertools.product([False, True], [False, True])))
 def test_dense_matches_token_loop_formula(gen, masked, weighted):
-    """The block formula of THEORY §4.1 written with loops (independent of the products)."""
+    """The block formula of docs/theory.md §1 written with loops (independent of the products)."""
     n, d = 5, 3
     head = random_params(gen, d, kind="single")
     X = torch.randn(n, d, generator=gen, dtype=D64)
@@ -162,7 +162,7 @@ def test_jvp_vjp_match_dense_and_are_adjoint(gen, kind, masked, geometry):
 
 
 def test_jvp_matches_forward_autograd_tangent(gen):
-    """Against torch.func.jvp's tangent output (element [1], not the primal, EXPERIMENTS D1)."""
+    """Against torch.func.jvp's tangent output (element [1], not the primal; defect D1 of docs/experiments.md)."""
     n, d = 6, 4
     params = random_params(gen, d, kind="wo")
     X = torch.randn(n, d, generator=gen, dtype=D64)
@@ -229,7 +229,7 @@ def test_self_blocks(gen, kind, masked):
 
 
 def test_self_block_is_derivative_of_gamma_in_the_query(gen):
-    """J_mu(x) = V C_x A^T = d Gamma_mu(x)/dx (THEORY §4.2), at the atoms of a weighted measure."""
+    """J_mu(x) = V C_x A^T = d Gamma_mu(x)/dx (docs/theory.md §16), at the atoms of a weighted measure."""
     n, d = 4, 3
     head = random_params(gen, d, kind="single", biases=False)
     X = torch.randn(n, d, generator=gen, dtype=D64)
@@ -242,7 +242,7 @@ def test_self_block_is_derivative_of_gamma_in_the_query(gen):
 
 
 def test_sanity_check_d1(gen):
-    """d = 1, V = 1, A = a: at a token x_i = 0, df_i/dx_i = 1/N + a Var_unif(x) (THEORY §4.1)."""
+    """d = 1, V = 1, A = a: at a token x_i = 0, df_i/dx_i = 1/N + a Var_unif(x) (docs/theory.md §1)."""
     a = 0.7
     X = torch.tensor([[0.0], [1.0], [-2.0], [0.5]], dtype=D64)
     head = AttentionParams(torch.tensor([[a]], dtype=D64), torch.tensor([[1.0]], dtype=D64))

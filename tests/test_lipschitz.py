@@ -321,7 +321,7 @@ def test_lanczos_matches_exact_svd_larger(gen):
 
 
 # ----------------------------------------------------------------------------------------------
-# certified data-dependent bound (THEORY.md §6.2): torch version against the numpy one
+# certified data-dependent bound (docs/theory.md §2a): torch version against the numpy one
 # ----------------------------------------------------------------------------------------------
 def _numpy_heads(params):
     if isinstance(params, AttentionParams):
@@ -351,9 +351,11 @@ def test_certified_local_upper_matches_numpy_and_dominates_dense(gen, kind, mask
         X = 2.0 * torch.randn(n, d, generator=gen, dtype=D64)
         got = certified_local_upper(X, params, masked=masked)
         ref = reference(X.numpy(), _numpy_heads(params), masked=masked)
-        # equal up to the relative 1e-9 rounding margins of the torch version (on ||P|| and the sum)
+        # equal up to the torch form's relative 1e-9 on its computed ||P|| (both carry one margin)
         assert ref * (1 - 1e-12) <= got.value <= ref * (1 + 2.5e-9)
-        assert got.value == pytest.approx((got.T1 + got.T2 + got.T3) * (1 + 1e-9), rel=1e-14)
+        # the rounding margin (docs/rounding.md §8) is positive and, at moderate logits, small
+        raw = got.T1 + got.T2 + got.T3
+        assert raw < got.value <= raw * (1 + 1e-9)
         J = dense_jacobian(X, params, masked=masked).reshape(-1, n * d)
         assert float(torch.linalg.matrix_norm(J, ord=2)) <= got.value
         # float32 inputs give the same float64 evaluation

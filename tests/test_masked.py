@@ -52,7 +52,7 @@ def test_first_token_attends_only_to_itself(gen, head):
 
 
 def test_masked_mean_field_with_shared_positions(gen, head):
-    """Atoms at equal positions see each other (t' <= t includes equality), THEORY.md §3.3."""
+    """Atoms at equal positions see each other (t' <= t includes equality), docs/theory.md §4."""
     X = torch.randn(5, 4, generator=gen, dtype=D64)
     t = torch.tensor([0.2, 0.5, 0.5, 0.9, 0.2], dtype=D64)
     a = torch.tensor([0.1, 0.3, 0.2, 0.25, 0.15], dtype=D64)

@@ -89,8 +89,8 @@ def test_second_run_computes_and_loads_nothing(tiny, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a finished sweep was recomputed")
 
-    monkeypatch.setattr(real_data, "_estimate", boom)
-    monkeypatch.setattr(real_data, "_load", boom)
+    monkeypatch.setattr(real_data.sweep, "_estimate", boom)
+    monkeypatch.setattr(real_data.sweep, "_load", boom)
     real_data.run(root, "tiny", progress=False)
     assert (root / "real_data" / f"{SWEEP}.jsonl").read_bytes() == before
 
@@ -216,7 +216,7 @@ def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
         assert [r["n"] for r in recs] == [2, 3]
         rec = recs[-1]
         assert all(math.isinf(float(u)) for u in rec["upper"])  # honest: no certificate
-        lm = real_data._load(key, 0)
+        lm = real_data.settings._load(key, 0)
         cfg = real_data.CONFIGS[cid]
         ids, _ = corpus_token_ids("kjv", lm.tokenizer)
         hs = hidden_states(
@@ -327,7 +327,7 @@ def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeyp
     import csv
 
     root, _ = tiny
-    monkeypatch.setattr(real_data, "TRAINING_LENGTH", {"gpt2-random-2L": 4})
+    monkeypatch.setattr(real_data.report, "TRAINING_LENGTH", {"gpt2-random-2L": 4})
     row = real_data.summary(root)["sweeps"][0]
     tl = row["training_length"]
     recs = _records(root)

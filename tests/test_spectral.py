@@ -26,8 +26,8 @@ TOL_ROUND = 1e-12
 # Lanczos with tol = 1e-10 on J^T J: the singular value error is <= tol/2 relative (Weyl), and
 # in practice quadratic in the residual.
 TOL_LANCZOS = 1e-9
-# Power iteration stopped by a relative change of 1e-10 on problems with sigma2/sigma1 <= 0.9:
-# the remaining error is about tol / (1 - rho^2) ~ 1e-9.
+# Power iteration stopped by the residual rule ||J^T J v - s^2 v|| <= 1e-10 s^2: s^2 is within
+# 1e-10 s^2 of an eigenvalue of J^T J (the top one from a random start), so s within ~1e-10.
 TOL_POWER = 1e-8
 # The certified bound for an explicit matrix: inflation of order m^2 u plus Gram excess 1e-9.
 TOL_CERT_GAP = 1e-7
@@ -235,3 +235,38 @@ def test_start_vector_validation():
         lanczos_svd(*_ops(M), torch.zeros(3, dtype=D64))
     with pytest.raises(ValueError, match="method"):
         top_singular_value(*_ops(M), torch.ones(3, dtype=D64), method="lobpcg")
+
+
+def test_power_iteration_converged_means_residual_rule(gen):
+    """``converged`` is the explicit residual rule, and then sigma^2 is within tol of an
+    eigenvalue of M^T M; a stalled iteration whose estimates no longer move is not converged."""
+    s = [1.0, 0.99999] + [0.5] * 8
+    M = _with_spectrum(gen, 10, 10, s)
+    _, _, Vh = torch.linalg.svd(M)
+    for x0 in (Vh[1] + 1e-6 * Vh[0], Vh[0] + Vh[1], torch.randn(10, generator=gen, dtype=D64)):
+        for max_iter, tol in ((50, 1e-7), (20000, 1e-10)):
+            res = power_iteration(*_ops(M), x0, tol=tol, max_iter=max_iter)
+            v = res.vector
+            Jv = M @ v
+            explicit = torch.linalg.vector_norm(M.mT @ Jv - Jv.square().sum() * v)
+            assert bool(res.converged) == bool(explicit <= tol * res.sigma**2 * (1 + 1e-9))
+            if bool(res.converged):  # sigma^2 near *some* eigenvalue of M^T M
+                gaps = (torch.tensor(s, dtype=D64).square() - res.sigma**2).abs()
+                assert float(gaps.min()) <= tol * float(res.sigma) ** 2 * (1 + 1e-6)
+    # equal mix of the two top directions: the estimate stalls (relative change far below tol,
+    # where the released rule stopped) while the residual stays ~1e-5: not converged
+    short = power_iteration(*_ops(M), Vh[0] + Vh[1], tol=1e-7, max_iter=50)
+    hist = short.history
+    assert hist.shape[0] == 50
+    assert float((hist[-1] - hist[-2]).abs()) <= 1e-7 * float(hist[-1])
+    assert not bool(short.converged)
+
+
+def test_lanczos_non_finite_products_do_not_raise(gen):
+    """An operator that overflows: no LinAlgError, the element is reported unconverged."""
+    M = torch.stack([_with_spectrum(gen, 6, 6, [2.0, 1.0, 0.5, 0.2, 0.1, 0.05])] * 2)
+    M[1, 0, 0] = math.inf
+    x0 = torch.randn(2, 6, generator=gen, dtype=D64)
+    res = lanczos_svd(*_ops(M), x0, tol=1e-10)
+    assert bool(res.converged[0]) and not bool(res.converged[1])
+    assert abs(float(res.sigma[0]) - 2.0) < 1e-9

@@ -1,9 +1,9 @@
-"""Synthetic theory sweeps (experiments/synthetic.py) and figures F5, F6, F7, A.
+"""Synthetic theory sweeps (experiments/synthetic/) and figures F5, F6, F7, A.
 
 The tiny preset runs once per module into a temporary directory; the tests then check the results
 schema, resumability (a rerun must not call any per-point computation), physics that could fail
 (closed-form construction norm against an independent loop implementation of the Jacobian blocks
-and against certified engine brackets; lower and upper bounds of THEORY.md §6, §7, §9 around the
+and against certified engine brackets; lower and upper bounds of docs/theory.md §1, §3, §4, §6 around the
 measured values; convergence to the large-radius limit within our deviation bound), and that every
 figure renders under Agg.
 """
@@ -152,8 +152,13 @@ def test_resume_recomputes_nothing(
     def boom(*args, **kwargs):
         raise AssertionError("a finished point was recomputed")
 
-    for name in ("_f5_point", "_worst_point", "_off_axis_point", "_f7_point"):
-        monkeypatch.setattr(synthetic, name, boom)
+    for module, name in (
+        (synthetic.sqrt_n_regime, "_f5_point"),
+        (synthetic.mean_field, "_worst_point"),
+        (synthetic.mean_field, "_off_axis_point"),
+        (synthetic.large_radius, "_f7_point"),
+    ):
+        monkeypatch.setattr(module, name, boom)
     again = synthetic.run(tmp_path, "tiny", progress=False)
     assert sorted(p.name for p in again) == sorted(Path(p).name for p in files)
     for s in SWEEPS:
@@ -183,14 +188,14 @@ def test_f5_measured_between_bounds(tiny: tuple[Path, list[Path]]) -> None:
     root, _ = tiny
     d = _npz(root, "f5")
     closed = d["closed_grid"]
-    # exact unmasked value >= the §6.3 lower-bound formula (and the k=1 copy bound) ...
+    # exact unmasked value >= the §3 lower-bound formula (and the k=1 copy bound) ...
     assert np.all(closed >= d["lower_formula"] * (1 - 1e-12))
-    # ... and <= the §6.1 upper bound (triangle form, the smallest of the three)
+    # ... and <= the §1 upper bound (triangle form, the smallest of the three)
     assert np.all(closed <= d["upper_triangle"])
     # the closed form lies inside the certified engine brackets at the check points
     assert np.all(d["check_lower"] <= d["check_closed"] * (1 + 1e-12))
     assert np.all(d["check_closed"] <= d["check_upper"] * (1 + 1e-12))
-    # masked: certified bracket, above the §9 formula, below the √n bound (valid masked, §6.1)
+    # masked: certified bracket, above the §4 formula, below the √n bound (valid masked, §1)
     m = len(d["masked_n"])
     mv = d["masked_value"]
     assert np.all(d["masked_lower"] <= mv) and np.all(mv <= d["masked_upper"])
@@ -211,7 +216,7 @@ def test_f5_peak_and_mean_field_level(tiny: tuple[Path, list[Path]]) -> None:
         assert 0.5 <= (d["n_all"][k] - 1) / np.exp(g) <= 4.0
         # the peak is at least sup_eps g (= the lower-bound formula's continuous peak)
         assert closed[k] >= d["sup_g"][gi] * (1 - 1e-12)
-        # Lip(f | B_R^n) <= Lip(F | P(B_R)) <= candidate c' = 1 bound (THEORY §5.2, §7.1)
+        # Lip(f | B_R^n) <= Lip(F | P(B_R)) <= candidate c' = 1 bound (docs/theory.md §16, §6)
         assert closed.max() <= d["mf_upper_c1"][gi]
 
 
@@ -239,7 +244,7 @@ def test_mean_field_optimizer_between_bounds(tiny: tuple[Path, list[Path]]) -> N
         # the reconstructed candidate upper bounds are not exceeded (a finding if they were)
         assert np.all(val <= b["at_radii_upper_c1"][None, :])
         assert np.all(val <= b["at_radii_upper_c2"][None, :])
-        # the 2-atom search starts from the off-axis maximiser: never below its bound (§7.3)
+        # the 2-atom search starts from the off-axis maximiser: never below its bound (§A3)
         two = list(b["atoms"]).index(2)
         assert np.all(val[two] >= b["off_axis_value"] * (1 - 1e-6))
         assert np.all(b["off_axis_value"] >= b["at_radii_sup_g"] * (1 - 1e-9))

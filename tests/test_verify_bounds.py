@@ -154,12 +154,14 @@ def test_certified_local_bound_dominates_finite_differences(rng, masked):
 
 
 def test_certified_local_bound_closed_form_at_equal_tokens(rng):
-    """Equal tokens: P has norm 1 (uniform rows), C_i = 0, so the bound is ||V|| exactly."""
+    """Equal tokens: P has norm 1 (uniform rows), C_i = 0, so the bound is ||V|| exactly.
+
+    The returned value adds the rounding margin of docs/rounding.md §8 (a few 1e-13 here).
+    """
     A, V = rng.standard_normal((3, 3)), rng.standard_normal((2, 3))
     X = np.repeat(rng.standard_normal((1, 3)), 5, 0)
-    assert certified_local_upper(X, [(A, V, None)]) == pytest.approx(
-        np.linalg.norm(V, 2), rel=1e-13
-    )
+    got = certified_local_upper(X, [(A, V, None)])
+    assert np.linalg.norm(V, 2) <= got <= np.linalg.norm(V, 2) * (1 + 1e-12)
 
 
 @pytest.mark.slow

@@ -173,21 +173,34 @@ def _kind_weighted_measure(rng: np.random.Generator) -> list[Target]:
     pos = rng.random(n) if masked else None
     mu = _measure(X, lw, pos)
     params = _params(heads, WO)
-    ctx = {
-        "what": "measure",
-        "masked": masked,
-        "n": n,
-        "R": float(np.max(np.linalg.norm(X, axis=1))),
-        "heads": heads,
-        "WO": WO,
-        "points": X,
-        "log_weights": lw,
-        "positions": pos,
-    }
+    ctx = _measure_ctx(X, lw, heads, WO, masked=masked, positions=pos)
     out = [Target("measure", "wasserstein", *_engine(mu, params, geometry="wasserstein"), ctx)]
     if not masked:
         out.append(Target("measure", "split", *_engine(mu, params, geometry="split"), dict(ctx)))
     return out
+
+
+def _measure_ctx(
+    points: np.ndarray,
+    log_weights: np.ndarray,
+    heads: list,
+    WO: np.ndarray | None = None,
+    *,
+    masked: bool = False,
+    positions: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Context of a target on a weighted measure (R: the largest atom norm)."""
+    return {
+        "what": "measure",
+        "masked": masked,
+        "n": len(points),
+        "R": float(np.max(np.linalg.norm(points, axis=1))),
+        "heads": heads,
+        "WO": WO,
+        "points": points,
+        "log_weights": log_weights,
+        "positions": positions,
+    }
 
 
 def _single_head(rng: np.random.Generator, d: int, a_norm: float) -> tuple[np.ndarray, np.ndarray]:
@@ -277,17 +290,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     def ctx_of(td: Any) -> dict[str, Any]:
         pts = td.measure.points.numpy()
         lw = td.measure.log_weights.numpy()
-        c = {
-            "what": "measure",
-            "masked": False,
-            "n": 2,
-            "R": float(np.max(np.linalg.norm(pts, axis=1))),
-            "heads": heads,
-            "WO": None,
-            "points": pts,
-            "log_weights": lw,
-            "positions": None,
-        }
+        c = _measure_ctx(pts, lw, heads)
         c.update(_construction_ctx(pts, pts[1], pts[0], A, V))  # light atom 1, heavy atom 0
         c["log_eps"] = float(lw[1])
         return c
@@ -390,15 +393,7 @@ def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
     heads = [(A, V, None)]
     mu = _measure(np.stack([y, x]), lw)
     ctx = {
-        "what": "measure",
-        "masked": False,
-        "n": 2,
-        "R": float(np.max(np.linalg.norm(P, axis=1))),
-        "heads": heads,
-        "WO": None,
-        "points": np.stack([y, x]),
-        "log_weights": lw,
-        "positions": None,
+        **_measure_ctx(np.stack([y, x]), lw, heads),
         "construction": "off_axis",
         "x": x,
         "y": y,
@@ -427,15 +422,7 @@ def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:
     pts = res.measure.points.numpy()
     lw = res.measure.log_weights.numpy()
     ctx = {
-        "what": "measure",
-        "masked": False,
-        "n": 2,
-        "R": float(np.max(np.linalg.norm(pts, axis=1))),
-        "heads": heads,
-        "WO": None,
-        "points": pts,
-        "log_weights": lw,
-        "positions": None,
+        **_measure_ctx(pts, lw, heads),
         "construction": "off_axis",
         "x": res.x.numpy(),
         "y": res.y.numpy(),
@@ -475,17 +462,7 @@ def _kind_worst_case(rng: np.random.Generator) -> list[Target]:
     )
     pts = res.measure.points.numpy()
     lw = res.measure.log_weights.numpy()
-    ctx = {
-        "what": "measure",
-        "masked": False,
-        "n": pts.shape[0],
-        "R": float(np.max(np.linalg.norm(pts, axis=1))),
-        "heads": heads,
-        "WO": None,
-        "points": pts,
-        "log_weights": lw,
-        "positions": None,
-    }
+    ctx = _measure_ctx(pts, lw, heads)
     return [Target("worst_case", geometry, *_engine(res.measure, params, geometry=geometry), ctx)]
 
 

@@ -143,5 +143,7 @@ def certified_local_upper(
         t2 = math.sqrt(max(float(np.max(P.T @ (kappa2 * beta2))), 0.0))
         t3 = float(np.max(np.linalg.norm(C @ A.T, ord=2, axis=(1, 2))))
         WV = V if W is None else np.asarray(W, dtype=np.float64) @ V
-        total += float(np.linalg.norm(WV, 2)) * (t1 + t2 + t3)
+        from theory._rounding import head_upper  # rounding margin, docs/rounding.md §8
+
+        total += head_upper(X_, A, c, S, WV, t1, t2, t3, kappa2, beta2)
     return total

@@ -1,7 +1,7 @@
 """The ``meanfield attack`` subcommand: adversarial constructions, worst-case searches, splitting.
 
 ``meanfield attack construct``
-    The eigenvector construction (docs/theory.md, the section marked §6.3) for a score matrix
+    The eigenvector construction (docs/theory.md §3) for a score matrix
     read from ``.npy``/``.npz``
     (``--A-file``) or drawn at random (``--random-d D --seed S``), with its lower bound and the
     exact local constant; ``--out DIR`` saves the input (``construct.npz``) and the report
@@ -204,58 +204,34 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
         "masked": args.masked,
         "sphere": args.sphere,
     }
+    search = {
+        "n_restarts": args.restarts,
+        "steps": args.steps,
+        "lr": args.lr,
+        "masked": args.masked,
+        "sphere": args.sphere,
+        "seed": args.seed,
+        "progress": progress,
+    }
     with torch_threads(1):
         if args.sequence:
-            res = worst_case_sequence(
-                params,
-                args.R,
-                args.sequence,
-                n_restarts=args.restarts,
-                steps=args.steps,
-                lr=args.lr,
-                masked=args.masked,
-                sphere=args.sphere,
-                seed=args.seed,
-                progress=progress,
-            )
-            doc.update(
-                target="sequence",
-                n=args.sequence,
-                value=res.value,
-                lower=res.lower,
-                upper=res.upper,
-                bracket=res.bracket,
-                construction_value=res.construction_value,
-                construction_bound=res.construction_bound,
-                X=res.X.tolist(),
-            )
+            res = worst_case_sequence(params, args.R, args.sequence, **search)
+            doc.update(target="sequence", n=args.sequence)
+        else:
+            res = worst_case_measure(params, args.R, args.atoms, geometry=args.geometry, **search)
+            doc.update(target="measure", n_atoms=args.atoms, geometry=res.geometry)
+        doc.update(
+            value=res.value,
+            lower=res.lower,
+            upper=res.upper,
+            bracket=res.bracket,
+            construction_value=res.construction_value,
+        )
+        if args.sequence:
+            doc.update(construction_bound=res.construction_bound, X=res.X.tolist())
             arrays = {"X": res.X}
         else:
-            res = worst_case_measure(
-                params,
-                args.R,
-                args.atoms,
-                n_restarts=args.restarts,
-                steps=args.steps,
-                lr=args.lr,
-                masked=args.masked,
-                sphere=args.sphere,
-                geometry=args.geometry,
-                seed=args.seed,
-                progress=progress,
-            )
-            doc.update(
-                target="measure",
-                n_atoms=args.atoms,
-                geometry=res.geometry,
-                value=res.value,
-                lower=res.lower,
-                upper=res.upper,
-                bracket=res.bracket,
-                construction_value=res.construction_value,
-                two_dirac_bound=res.two_dirac_bound,
-                measure=measure_doc(res.measure),
-            )
+            doc.update(two_dirac_bound=res.two_dirac_bound, measure=measure_doc(res.measure))
             arrays = {
                 "points": res.measure.points,
                 "log_weights": res.measure.log_weights,

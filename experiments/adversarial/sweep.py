@@ -1,0 +1,377 @@
+"""The sweeps of the ``adversarial`` stage (``run``).
+
+The models (offline stand-ins and tiny random ones), one resumable sweep per configuration over
+(n, variant), the worst-case search on a synthetic head, and the CSV export.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .._threads import torch_threads
+from ..results import load_json, write_csv, write_json
+from ..runner import Sweep, config_hash, point_key
+from .bounds import _head_facts, global_bound, released_heuristic
+from .report import load_results
+from .settings import CONFIGS, NAME, TINY_MODEL_KEYS, AdvConfig, _config_settings, _resolve
+
+
+def _tiny_model(key: str, seed: int) -> Any:
+    """Tiny random GPT-2 / BERT (d = 32, 4 heads, 2 layers) for the tests' preset."""
+    import torch
+    import transformers as tr
+
+    from meanfield.models import LoadedModel, layer_info
+
+    if key == "gpt2-random-tiny":
+        cfg = tr.GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=4,
+            n_positions=128,
+            vocab_size=64,
+            attn_implementation="eager",
+        )
+        cls, label = tr.GPT2Model, "GPT-2 architecture, tiny random config (d = 32, 4 heads)"
+    else:
+        cfg = tr.BertConfig(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=128,
+            attn_implementation="eager",
+        )
+        cls, label = tr.BertModel, "BERT architecture, tiny random config (d = 32, 4 heads)"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = cls(cfg)
+    model.eval()
+    info = layer_info(model, 0)
+    prov = {
+        "model": f"{cls.__name__}(tiny config)",
+        "source": "transformers config",
+        "pretrained": False,
+        "seed": int(seed),
+        "quantization": None,
+        "architecture": info.arch,
+        "d": info.d,
+        "n_heads": info.n_heads,
+        "n_layers": info.n_layers,
+        "transformers_version": tr.__version__,
+    }
+    return LoadedModel(model, None, label, prov)
+
+
+def _load(key: str, seed: int) -> Any:
+    from meanfield.models import load_model
+
+    if key in TINY_MODEL_KEYS:
+        return _tiny_model(key, seed)
+    return load_model(key, seed=seed)
+
+
+def _is_standin(key: str) -> bool:
+    return key in ("minilm", "smollm2", "gpt2-random", "bert-random") or key in TINY_MODEL_KEYS
+
+
+def _f(x: Any) -> float | None:
+    """Finite float or None (JSON)."""
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _run_config(
+    out: Path,
+    c: AdvConfig,
+    settings: dict[str, Any],
+    *,
+    device: str,
+    progress: bool,
+    cache: dict[tuple[str, int], Any],
+) -> list[Path]:
+    import torch
+
+    from meanfield.attacks import adversarial_sequence
+    from meanfield.lipschitz import certified_local_upper, local_lipschitz
+    from meanfield.models import hf_attention
+
+    sweep = Sweep(out, c.id, settings, seed=c.seed, device=device, dtype="float64")
+    points = [{"n": n, "variant": v} for n in settings["n_grid"] for v in settings["variants"]]
+    digest = config_hash(settings)
+    info_path = out / f"{c.id}.json"
+    done = sweep.done()
+    missing = [p for p in points if point_key(sweep.digest, p) not in done]
+    if not missing and info_path.exists() and load_json(info_path).get("config_hash") == digest:
+        return [sweep.path, sweep.meta_path, info_path]
+
+    key = (settings["model"], c.seed)
+    if key not in cache:
+        cache[key] = _load(settings["model"], c.seed)
+    loaded = cache[key]
+    att = hf_attention(loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64)
+    att = att.to(device)
+    params = att.params
+    if not 0 <= settings["head"] < params.n_heads:
+        raise ValueError(f"{c.id}: head {settings['head']} out of range ({params.n_heads} heads)")
+    facts = _head_facts(params)
+    rope = any(f["rope"] for f in facts)
+    R = settings["R"]
+    write_json(
+        info_path,
+        {
+            "config": asdict(c),
+            "config_hash": digest,
+            "settings": settings,
+            "label": loaded.label,
+            "provenance": dict(loaded.provenance),
+            "layer_info": att.info.as_dict(),
+            "head_facts": facts,
+            "construction_exact": not rope,
+            "standin": _is_standin(settings["model"]),
+        },
+    )
+    n_max = max(settings["n_grid"])
+    constructions: dict[str, Any] = {}
+
+    def construction(variant: str) -> Any:
+        if variant not in constructions:
+            try:
+                constructions[variant] = adversarial_sequence(
+                    params.heads[settings["head"]].A, R, n_max, variant=variant
+                )
+            except ValueError as err:  # released variant: no real eigenvalue
+                constructions[variant] = err
+        return constructions[variant]
+
+    def compute(point: Mapping[str, Any]) -> dict[str, Any]:
+        n, variant = int(point["n"]), point["variant"]
+        rec: dict[str, Any] = {
+            "config": c.id,
+            "n": n,
+            "variant": variant,
+            "model": loaded.label,
+            "model_key": settings["model"],
+            "layer": settings["layer"],
+            "head": settings["head"],
+            "R": R,
+            "map": settings["map"],
+            "masked": settings["masked"],
+            "seed": c.seed,
+            "rope": rope,
+            "construction_exact": not rope,
+        }
+        seq = construction(variant)
+        if isinstance(seq, Exception):
+            return {**rec, "status": "skipped", "reason": str(seq)}
+        X = seq.X[:n].to(device)
+        norms = torch.linalg.vector_norm(X, dim=-1)
+        if float(norms.max()) > R * (1 + 1e-12):
+            raise RuntimeError("the construction left the ball of radius R")
+        est = local_lipschitz(
+            X,
+            params,
+            masked=settings["masked"],
+            tol=settings["tol"],
+            max_iter=settings["max_iter"],
+            seed=c.seed,
+        )
+        loc = certified_local_upper(
+            X, params, masked=settings["masked"], WV_norms=[f["WV_norm"] for f in facts]
+        )
+        g3 = global_bound(facts, R, n, form="sqrt3")
+        gt = global_bound(facts, R, n, form="triangle")
+        lower = float(est.lower)
+        p = 1.0 / (1.0 + math.exp(min(math.log(n - 1) - seq.gamma, 700.0)))
+        return {
+            **rec,
+            "status": "ok",
+            "case": seq.case,
+            "lam": seq.lam,
+            "gamma": seq.gamma,
+            "p": p,
+            "value": float(est.value),
+            "lower": lower,
+            "upper": _f(est.upper),
+            "method": est.method,
+            "upper_method": est.upper_method,
+            "converged": bool(est.converged),
+            "n_iter": int(est.n_iter),
+            "residual": float(est.residual),
+            "global_bound": g3,
+            "global_bound_triangle": gt,
+            "local_bound": loc.value,
+            "local_terms": {"T1": loc.T1, "T2": loc.T2, "T3": loc.T3},
+            "released_heuristic": released_heuristic(X, params),
+            "max_token_norm": float(norms.max()),
+            "rms_radius": float(norms.square().mean().sqrt()),
+            "bounds_hold": bool(lower <= gt <= g3 and lower <= loc.value),
+        }
+
+    sweep.run(points, compute, progress=progress, desc=f"adversarial {c.id}")
+    return [sweep.path, sweep.meta_path, info_path]
+
+
+def _synthetic_head(wc: Mapping[str, Any]) -> Any:
+    """Single head of the worst-case search: non-symmetric A with ||A||_2 = A_norm, V = I."""
+    import torch
+
+    from meanfield import AttentionParams
+
+    g = torch.Generator().manual_seed(int(wc["seed"]))
+    d = int(wc["d"])
+    A = torch.randn(d, d, generator=g, dtype=torch.float64)
+    A = float(wc["A_norm"]) * A / torch.linalg.matrix_norm(A, ord=2)
+    return AttentionParams(A, torch.eye(d, dtype=torch.float64))
+
+
+def _run_worst_case(out: Path, wc: Mapping[str, Any], *, progress: bool) -> list[Path]:
+    import torch
+
+    from meanfield.attacks import adversarial_sequence, worst_case_sequence
+    from theory.bounds import sqrt_n_lower, sqrt_n_upper
+
+    settings = {"kind": "worst_case_sequence", **dict(wc)}
+    sweep = Sweep(out, "worst_case", settings, seed=int(wc["seed"]), device="cpu", dtype="float64")
+    head = _synthetic_head(wc)
+    R = float(wc["R"])
+    A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
+    V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
+
+    def compute(point: Mapping[str, Any]) -> dict[str, Any]:
+        n = int(point["n"])
+        res = worst_case_sequence(
+            head,
+            R,
+            n,
+            n_restarts=int(wc["n_restarts"]),
+            steps=int(wc["steps"]),
+            lr=float(wc["lr"]),
+            seed=int(wc["seed"]),
+        )
+        seq = adversarial_sequence(head, R, n, variant="symmetric")
+        Vu = float(torch.linalg.vector_norm(head.V @ seq.u))
+        return {
+            "n": n,
+            "value": res.value,
+            "lower": res.lower,
+            "upper": _f(res.upper),
+            "bracket": res.bracket,
+            "construction_value": res.construction_value,
+            "construction_formula": float(sqrt_n_lower(seq.gamma, n, Vu)),
+            "gamma": seq.gamma,
+            "global_bound": float(sqrt_n_upper(A_norm, V_norm, R, n)),
+            "global_bound_triangle": float(sqrt_n_upper(A_norm, V_norm, R, n, form="triangle")),
+            "bounds_hold": bool(
+                res.lower <= float(sqrt_n_upper(A_norm, V_norm, R, n, form="triangle"))
+            ),
+        }
+
+    sweep.run(
+        [{"n": int(n)} for n in sorted(set(wc["n_grid"]))],
+        compute,
+        progress=progress,
+        desc="adversarial worst case",
+    )
+    info = out / "worst_case.json"
+    write_json(
+        info,
+        {
+            "config_hash": sweep.digest,
+            "settings": settings,
+            "A": head.A,
+            "A_norm": A_norm,
+            "V_norm": V_norm,
+            "label": f"synthetic head, d = {wc['d']}, ||A||_2 = {A_norm:g}, V = I",
+        },
+    )
+    return [sweep.path, sweep.meta_path, info]
+
+
+def run(
+    results_dir: Path,
+    preset: str = "quick",
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    **overrides: Any,
+) -> list[Path]:
+    """Run the adversarial sweeps of a preset into ``results_dir / "adversarial"``.
+
+    Parameters
+    ----------
+    results_dir : path
+        Root of the results; this experiment writes under ``results_dir / "adversarial"``.
+    preset : {"tiny", "quick", "paper"}
+        ``tiny``: tiny random models (tests). ``quick``: random GPT-2 L6 and MiniLM L0 on
+        n ∈ {2, 12, 27, 52, 97} plus a small worst-case search. ``paper``: the four
+        configurations on ``range(2, 100, 5)`` and the worst-case search.
+    device : str, default "cpu"
+    progress : bool, default True
+    **overrides
+        Replace preset entries: ``configs``, ``models`` ({id: model key or checkpoint path}),
+        ``layers``, ``heads``, ``radii`` ({id: value}), ``n_grid``, ``variants``, ``worst_case``
+        (mapping, or None to skip), ``tol``, ``max_iter``, ``torch_threads``.
+
+    Returns
+    -------
+    list of Path
+        Files written (or already complete).
+    """
+    cfg = _resolve(preset, overrides)
+    out = Path(results_dir) / NAME
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    cache: dict[tuple[str, int], Any] = {}
+    with torch_threads(cfg["torch_threads"]):
+        for cid in cfg["configs"]:
+            c = CONFIGS[cid]
+            files += _run_config(
+                out, c, _config_settings(c, cfg), device=device, progress=progress, cache=cache
+            )
+        if cfg["worst_case"] is not None:
+            files += _run_worst_case(out, cfg["worst_case"], progress=progress)
+    write_json(
+        out / "run.json",
+        {"preset": preset, "configs": cfg["configs"], "worst_case": cfg["worst_case"] is not None},
+    )
+    return files + [out / "run.json"] + export_csv(results_dir)
+
+
+def export_csv(results_dir: Path) -> list[Path]:
+    """Write ``adversarial/records.csv`` from the saved records.
+
+    One row per (configuration, n, variant) and per point of the worst-case search, with every
+    scalar field of the records (lists and mappings, such as the per-term bounds, stay in the
+    JSONL files; metadata in ``<id>.json`` and ``.meta.json``).
+
+    Returns
+    -------
+    list of Path
+        The file, or nothing when there are no results.
+    """
+    try:
+        res = load_results(results_dir)
+    except FileNotFoundError:
+        return []
+    groups = [(cid, entry["records"]) for cid, entry in res["configs"].items()]
+    if res["worst_case"] is not None:
+        groups.append(("worst_case", res["worst_case"]["records"]))
+    rows = []
+    for cid, recs in groups:
+        for r in sorted(recs, key=lambda r: (r["n"], str(r.get("variant", "")))):
+            scalars = {
+                k: v
+                for k, v in r.items()
+                if k not in ("key", "config_hash")
+                and (v is None or isinstance(v, (str, int, float)))
+            }
+            rows.append({"config": cid, **scalars})
+    if not rows:
+        return []
+    return [write_csv(Path(results_dir) / NAME / "records.csv", rows)]

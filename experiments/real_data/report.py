@@ -1,0 +1,438 @@
+"""Reading the ``real_data`` results back.
+
+The sweeps with their records, power-law fits, the summary, the CSV export and the section of
+``report.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..fits import PAPER_CURVES, fit_power_law
+from ..results import load_json, load_jsonl, write_csv
+from .settings import CORPUS_STANDS_IN, MANIFEST, NAME, TRAINING_LENGTH
+
+
+def _f(v: Any) -> float:
+    return float(v) if v is not None else math.nan  # "inf" strings and None (nan) from JSON
+
+
+def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
+    """Saved sweeps of ``results_dir / "real_data"``: manifest entries with their records.
+
+    Parameters
+    ----------
+    results_dir : Path
+        The results root (the directory holding ``real_data/``).
+
+    Returns
+    -------
+    list of dict
+        One per sweep with at least one finished record, in manifest order. Each holds the
+        manifest entry plus ``arrays``: numpy arrays with one entry per window (``n``,
+        ``value``, ``lower``, ``upper``, ``released``, ``mean_radius``, ``max_radius``,
+        ``converged``, ``start``), ``label`` (the stand-in's display label), ``model_short``
+        and ``map_desc`` (its two parts).
+
+    Raises
+    ------
+    FileNotFoundError
+        When no real-data results exist.
+    """
+    import numpy as np
+
+    root = Path(results_dir) / NAME
+    path = root / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no real-data results in {root}; run `meanfield reproduce --only real_data` first"
+        )
+    manifest = load_json(path)
+    out = []
+    for name, entry in manifest["sweeps"].items():
+        recs = [
+            r
+            for r in load_jsonl(root / entry["records"])
+            if r.get("config_hash") == entry["config_hash"]
+        ]
+        if not recs:
+            continue
+        recs.sort(key=lambda r: r["n"])
+        cols: dict[str, list] = {
+            k: []
+            for k in (
+                "n",
+                "value",
+                "lower",
+                "upper",
+                "released",
+                "mean_radius",
+                "max_radius",
+                "converged",
+                "start",
+            )
+        }
+        for r in recs:
+            w = len(r["value"])
+            cols["n"] += [r["n"]] * w
+            cols["start"] += r["starts"]
+            cols["converged"] += [bool(c) for c in r["converged"]]
+            for k in ("value", "lower", "upper", "released", "mean_radius", "max_radius"):
+                cols[k] += [_f(v) for v in r[k]]
+        arrays = {k: np.asarray(v) for k, v in cols.items()}
+        out.append(
+            {
+                **entry,
+                "name": name,
+                "arrays": arrays,
+                "n_records": len(recs),
+                "label": _display_label(entry),
+                "model_short": _short_model(entry),
+                "map_desc": _map_desc(entry),
+            }
+        )
+    return out
+
+
+def _short_model(entry: Mapping[str, Any]) -> str:
+    """Short name of the model actually measured (docs/experiments.md labels, abbreviated)."""
+    cfg = entry["config"]
+    return {
+        "minilm": "all-MiniLM-L6-v2",
+        "smollm2": "SmolLM2-135M-Instruct",
+        "gpt2-random": "GPT-2 small shapes, random init",
+        "bert-random": "BERT-base shapes, random init",
+        "gpt2-random-2L": "GPT-2 shapes, 2 layers, random init",
+    }.get(cfg["model"], entry.get("model_label") or cfg["model"])
+
+
+def _map_desc(entry: Mapping[str, Any]) -> str:
+    cfg = entry["config"]
+    return f"L{cfg['layer']} [{cfg['map']}{', causal' if cfg['masked'] else ''}]"
+
+
+def _display_label(entry: Mapping[str, Any]) -> str:
+    """Legend label naming the model actually used (docs/experiments.md)."""
+    return f"{_short_model(entry)} {_map_desc(entry)}"
+
+
+def _paper_corpus(entry: Mapping[str, Any]) -> str | None:
+    return CORPUS_STANDS_IN.get(entry["corpus"])
+
+
+def summary(results_dir: Path) -> dict[str, Any]:
+    """Fitted exponents per sweep, beside the paper's printed curve (reads saved results only).
+
+    For every sweep: the least-squares exponent and prefactor of ``c n^alpha`` with 95 %
+    bootstrap intervals (windows resampled within each n, :func:`experiments.fits.fit_power_law`)
+    for the true constant ``||J||_2`` (the estimate ``value``) and for the released metric; the
+    exponent of the mean radius against n (the drift invoked for GPT-2 L6, F3); bracket and
+    convergence statistics; and the paper's hand-set curve for the configuration and corpus it
+    stands in for (``None`` when the paper printed none).
+
+    Parameters
+    ----------
+    results_dir : Path
+
+    Returns
+    -------
+    dict
+        ``{"experiment": "real_data", "sweeps": [...]}`` (JSON-able).
+    """
+    return {"experiment": NAME, "sweeps": _summary_rows(load_sweeps(results_dir))}
+
+
+def _summary_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of :func:`summary` for sweeps already loaded by :func:`load_sweeps`."""
+    import numpy as np
+
+    rows = []
+    for s in sweeps:
+        a = s["arrays"]
+        fits = {}
+        for key in ("value", "released", "mean_radius"):
+            y = a[key]
+            ok = np.isfinite(y) & (y > 0)
+            try:
+                fits[key] = fit_power_law(a["n"][ok], y[ok], n_boot=2000, seed=0).as_dict()
+            except ValueError:
+                fits[key] = None
+        up = a["upper"]
+        ratio = up / a["lower"]
+        finite = np.isfinite(ratio)
+        paper_corpus = _paper_corpus(s)
+        curve = (
+            PAPER_CURVES.get(f"{s['paper_configuration']} {paper_corpus}")
+            if s.get("paper_configuration") and paper_corpus
+            else None
+        )
+        train_len = TRAINING_LENGTH.get(s["config"]["model"])
+        beyond = None
+        if train_len is not None and a["n"].max() > train_len:
+            ins, out_ = a["n"] <= train_len, a["n"] > train_len
+            v = a["value"]
+            beyond = {
+                "training_length": train_len,
+                "median_within": float(np.median(v[ins])),
+                "median_beyond": float(np.median(v[out_])),
+                "n_within": int(ins.sum()),
+                "n_beyond": int(out_.sum()),
+            }
+            if ins.sum() >= 4 and len(set(a["n"][ins].tolist())) >= 2:
+                ok = ins & np.isfinite(v) & (v > 0)
+                beyond["fit_true_within"] = fit_power_law(
+                    a["n"][ok], v[ok], n_boot=2000, seed=0
+                ).as_dict()
+        rows.append(
+            {
+                "name": s["name"],
+                "config": s["config"]["id"],
+                "label": s["label"],
+                "model_label": s.get("model_label"),
+                "map": s["config"]["map"],
+                "masked": s["config"]["masked"],
+                "layer": s["config"]["layer"],
+                "corpus": s["corpus"],
+                "corpus_label": s.get("corpus_label"),
+                "grid": s["grid"],
+                "n_values": sorted({int(v) for v in a["n"]}),
+                "n_observations": int(a["n"].size),
+                "complete": s["n_records"] == len(s["n_grid"]),
+                "paper_configuration": s.get("paper_configuration"),
+                "paper_corpus": paper_corpus,
+                "fit_true": fits["value"],
+                "fit_released": fits["released"],
+                "fit_radius": fits["mean_radius"],
+                "alpha_gap": (
+                    fits["released"]["alpha"] - fits["value"]["alpha"]
+                    if fits["released"] and fits["value"]
+                    else None
+                ),
+                "bracket_ratio_median": float(np.median(ratio[finite])) if finite.any() else None,
+                "upper_certified_fraction": float(finite.mean()),
+                "converged_fraction": float(a["converged"].mean()),
+                "paper_curve": curve.as_dict() if curve is not None else None,
+                "training_length": beyond,
+            }
+        )
+    return rows
+
+
+#: Columns of ``windows.csv`` taken from the per-window arrays of :func:`load_sweeps`.
+_WINDOW_COLUMNS = (
+    "n",
+    "start",
+    "lower",
+    "value",
+    "upper",
+    "released",
+    "mean_radius",
+    "max_radius",
+    "converged",
+)
+
+
+def export_csv(results_dir: Path) -> list[Path]:
+    """Write ``real_data/windows.csv`` and ``real_data/fits.csv`` from the saved sweeps.
+
+    ``windows.csv`` is long format, one row per (sweep, n, window): the sweep's identity
+    (``sweep``, ``config``, ``model``, ``layer``, ``map``, ``masked``, ``corpus``, ``grid``,
+    ``paper_configuration``) then ``n``, the window's first token ``start``, the certified
+    bracket ``lower <= value <= upper`` of ``||J||_2`` (``inf`` when no upper certificate
+    exists), the released metric, the RMS and maximum token norms and ``converged``.
+    ``fits.csv`` has one row per (sweep, quantity) with the power-law fit of
+    :func:`summary` (``alpha``, its 95 % bootstrap interval, ``c``, ``r2``, ``n_points``) and the
+    paper's printed curve where one exists. Run metadata (versions, seeds, git commit) stays in
+    the sweeps' ``.meta.json`` and ``manifest.json``.
+
+    Returns
+    -------
+    list of Path
+        The two files, or nothing when no sweep has results.
+    """
+    root = Path(results_dir) / NAME
+    try:
+        sweeps = load_sweeps(results_dir)
+    except FileNotFoundError:
+        return []
+    if not sweeps:
+        return []
+    rows = []
+    for s in sweeps:
+        cfg = s["config"]
+        ident = {
+            "sweep": s["name"],
+            "config": cfg["id"],
+            "model": s["model_short"],
+            "layer": cfg["layer"],
+            "map": cfg["map"],
+            "masked": cfg["masked"],
+            "corpus": s["corpus"],
+            "grid": s["grid"],
+            "paper_configuration": s.get("paper_configuration") or "",
+        }
+        a = s["arrays"]
+        for i in range(a["n"].size):
+            rows.append({**ident, **{k: a[k][i].item() for k in _WINDOW_COLUMNS}})
+    fit_rows = []
+    for row in _summary_rows(sweeps):
+        curve = row["paper_curve"] or {}
+        fits = {
+            "true": row["fit_true"],
+            "released": row["fit_released"],
+            "mean_radius": row["fit_radius"],
+            "true_within_training_length": (row["training_length"] or {}).get("fit_true_within"),
+        }
+        for quantity, fit in fits.items():
+            if fit is None:
+                continue
+            fit_rows.append(
+                {
+                    "sweep": row["name"],
+                    "config": row["config"],
+                    "corpus": row["corpus"],
+                    "grid": row["grid"],
+                    "quantity": quantity,
+                    "alpha": fit["alpha"],
+                    "alpha_lo": fit["alpha_ci"][0],
+                    "alpha_hi": fit["alpha_ci"][1],
+                    "c": fit["c"],
+                    "c_lo": fit["c_ci"][0],
+                    "c_hi": fit["c_ci"][1],
+                    "r2": fit["r2"],
+                    "n_points": fit["n_points"],
+                    "complete": row["complete"],
+                    "paper_configuration": row["paper_configuration"] or "",
+                    "paper_c": curve.get("c", "") if quantity in ("true", "released") else "",
+                    "paper_alpha": (
+                        curve.get("alpha", "") if quantity in ("true", "released") else ""
+                    ),
+                }
+            )
+    return [write_csv(root / "windows.csv", rows), write_csv(root / "fits.csv", fit_rows)]
+
+
+def _fmt_fit(fit: Mapping[str, Any] | None) -> str:
+    if not fit:
+        return "–"
+    lo, hi = fit["alpha_ci"]
+
+    def f(x: float) -> str:
+        return f"{x + 0.0:.3f}".replace("-0.000", "0.000")  # no negative zero in the table
+
+    return f"{f(fit['alpha'])} [{f(lo)}, {f(hi)}]"
+
+
+def report_section(results_dir: Path, figures_dir: Path) -> str:
+    """Markdown for ``report.md``: the exponent table beside the paper's, and what agrees.
+
+    Parameters
+    ----------
+    results_dir : Path
+    figures_dir : Path
+        Where the figures are drawn; links are relative to ``figures_dir.parent``.
+
+    Returns
+    -------
+    str
+    """
+    try:
+        summ = summary(results_dir)
+    except FileNotFoundError as err:
+        return f"_No real-data results: {err}_\n"
+    rows = summ["sweeps"]
+    rel = Path(figures_dir).name
+    lines = [
+        "## Real data: local Lipschitz constant against n (F1–F3)",
+        "",
+        "Local Lipschitz constant of attention layers on real text (docs/experiments.md, F1–F3): the "
+        "true spectral norm ‖J‖₂ of the map (certified lower end; upper end certified where "
+        "finite) and the released code's metric √‖Jᵀf‖ (D1), fitted as c·n^α by least squares "
+        "in log–log with 95 % bootstrap intervals (windows resampled within each n). The paper's "
+        "curves are hand-set (D7) and were drawn through the released metric on the paper's "
+        "models; ours are offline stand-ins (model names as measured).",
+        "",
+        "| sweep (stand-in) | stands in for | n | α of ‖J‖₂ [95 % CI] | α of √‖Jᵀf‖ [95 % CI] "
+        "| paper α | paper c | α of R(X) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pc = r["paper_curve"]
+        stands = (
+            f"{r['paper_configuration']}, {r['paper_corpus'] or r['corpus']}"
+            if r["paper_configuration"]
+            else "–"
+        )
+        nv = r["n_values"]
+        grid = f"{nv[0]}–{nv[-1]} ({len(nv)})" + ("" if r["complete"] else ", partial")
+        lines.append(
+            f"| {r['label']}, {r['corpus']} | {stands} | {grid} | {_fmt_fit(r['fit_true'])} | "
+            f"{_fmt_fit(r['fit_released'])} | {pc['alpha'] if pc else '–'} | "
+            f"{pc['c'] if pc else '–'} | {_fmt_fit(r['fit_radius'])} |"
+        )
+    lines += ["", _verdict(rows), ""]
+    for stem, title in (
+        ("fig_f1_lipschitz_vs_n", "F1: Lipschitz constant vs n"),
+        ("fig_f2_lipschitz_vs_radius", "F2: Lipschitz constant vs mean radius"),
+        ("fig_f3_radius_vs_n", "F3: mean radius vs n"),
+    ):
+        if (Path(figures_dir) / f"{stem}.png").exists():
+            lines.append(f"![{title}]({rel}/{stem}.png)")
+        else:
+            lines.append(f"- {title}: `{rel}/{stem}.png` (not drawn)")
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A paragraph computed from the fitted numbers."""
+    fitted = [r for r in rows if r["fit_true"] and r["fit_released"]]
+    if not fitted:
+        return "_Too few points for a fit._"
+    gaps = [r["alpha_gap"] for r in fitted]
+    near = [g for g in gaps if abs(g - 0.25) <= 0.1]
+    flat = [r for r in fitted if r["fit_true"]["alpha_ci"][0] <= 0.1]
+    parts = [
+        f"Across {len(fitted)} sweeps, α of the released metric exceeds α of the true ‖J‖₂ by "
+        f"{min(gaps):+.2f} to {max(gaps):+.2f} (median {sorted(gaps)[len(gaps) // 2]:+.2f}); "
+        f"the gap is within 0.1 of the +1/4 that D1 predicts when output tokens have roughly "
+        f"constant norm (‖f(X)‖ ∝ √n) in {len(near)} of them."
+    ]
+    parts.append(
+        f"The true constant's exponent has a 95 % interval reaching down to ≤ 0.1 in {len(flat)} "
+        f"of {len(fitted)} sweeps (growth much slower than the published n^(1/4) there)."
+    )
+    compared = [r for r in fitted if r["paper_curve"]]
+    for r in compared:
+        pc = r["paper_curve"]
+        lo, hi = r["fit_released"]["alpha_ci"]
+        inside = lo <= pc["alpha"] <= hi
+        parts.append(
+            f"{r['label']} ({r['corpus']}) vs the paper's {pc['configuration']} "
+            f"({pc['corpus']}, {pc['c']}·n^{pc['alpha']}): released-metric α = "
+            f"{r['fit_released']['alpha']:.2f} ({'covers' if inside else 'excludes'} the printed "
+            f"{pc['alpha']}), true α = {r['fit_true']['alpha']:.2f}."
+        )
+    for r in rows:
+        tl = r.get("training_length")
+        if not tl:
+            continue
+        within = tl.get("fit_true_within")
+        parts.append(
+            f"{r['label']} ({r['corpus']}, {r['grid']} grid): the model was fine-tuned on at most "
+            f"{tl['training_length']} tokens, and the median ‖J‖₂ is "
+            f"{tl['median_within']:.3g} for n ≤ {tl['training_length']} against "
+            f"{tl['median_beyond']:.3g} beyond"
+            + (
+                f" (true α = {within['alpha']:.2f} on n ≤ {tl['training_length']})."
+                if within
+                else "."
+            )
+        )
+    parts.append(
+        "The paper's constants c are not comparable across models (different widths, weights "
+        "and, for BERT, a different map)."
+    )
+    return " ".join(parts)

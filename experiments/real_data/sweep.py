@@ -1,0 +1,292 @@
+"""The estimation sweep of the ``real_data`` stage (``run``).
+
+Windows of n tokens with one running pointer per grid, the hidden states captured at the input of
+one attention layer, and the certified bracket, released metric and radii of the layer's map at
+each window, one resumable :class:`~experiments.runner.Sweep` per (configuration, corpus, grid).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..results import load_json, write_json
+from ..runner import Sweep, point_key
+from .report import export_csv
+from .settings import (
+    CONFIGS,
+    CORPUS_STANDS_IN,
+    MANIFEST,
+    NAME,
+    RealConfig,
+    _load,
+    _resolve,
+    _starts,
+    _sweep_name,
+    _user_configs,
+)
+
+log = logging.getLogger("experiments.real_data")
+
+
+class _Workspace:
+    """Models, tokenized corpora and attention maps, each built once per process, lazily."""
+
+    def __init__(self, seed: int, dtype: Any, device: str, cache: dict) -> None:
+        self.seed, self.dtype, self.device = seed, dtype, device
+        self.models = cache
+        self.ids: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self.maps: dict[str, Any] = {}
+        self.need: dict[tuple[str, str], int] = {}
+
+    def model(self, key: str) -> Any:
+        if key not in self.models:
+            t0 = time.perf_counter()
+            self.models[key] = _load(key, self.seed)
+            log.info("loaded %s in %.1f s", key, time.perf_counter() - t0)
+        return self.models[key]
+
+    def token_ids(self, key: str, corpus: str) -> tuple[Any, Any]:
+        from experiments.corpora import corpus_token_ids
+
+        if (key, corpus) not in self.ids:
+            lm = self.model(key)
+            if lm.tokenizer is None:
+                raise ValueError(f"model {key!r} has no tokenizer available offline")
+            need = self.need.get((key, corpus), 0)
+            ids, corp = corpus_token_ids(corpus, lm.tokenizer, min_tokens=need)
+            if ids.numel() < need:
+                raise ValueError(
+                    f"corpus {corpus!r} has {ids.numel()} tokens for {key}, the grid needs {need}"
+                )
+            self.ids[(key, corpus)] = (ids, corp)
+        return self.ids[(key, corpus)]
+
+    def attention(self, config: RealConfig) -> Any:
+        from meanfield.models import hf_attention
+
+        if config.id not in self.maps:
+            lm = self.model(config.model)
+            att = hf_attention(lm.model, config.layer, map=config.map, dtype=self.dtype)
+            self.maps[config.id] = att.to(self.device)
+        return self.maps[config.id]
+
+
+def _estimate(
+    config: RealConfig,
+    ws: _Workspace,
+    corpus: str,
+    point: Mapping[str, Any],
+    opts: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One record: every window of one n, estimated in one batched call."""
+    import torch
+
+    from meanfield.lipschitz import local_lipschitz, local_lipschitz_fn, released_metric
+    from meanfield.models import hidden_states
+
+    lm = ws.model(config.model)
+    ids, _ = ws.token_ids(config.model, corpus)
+    att = ws.attention(config)
+    n, start = int(point["n"]), int(point["start"])
+    t0 = time.perf_counter()
+    hs = hidden_states(
+        lm.model,
+        lm.tokenizer,
+        ids,
+        config.layer,
+        n,
+        n_windows=opts["n_windows"],
+        start=start,
+        dtype=ws.dtype,
+        device=ws.device,
+    )
+    X = hs.X
+    t1 = time.perf_counter()
+
+    def f(Y):
+        return att(Y, masked=config.masked)
+
+    kw = dict(method=opts["method"], tol=opts["tol"], max_iter=opts["max_iter"], seed=opts["seed"])
+    per_call = max(1, int(opts["batch_tokens"]) // n)
+    fields = ("value", "lower", "upper", "converged", "n_matvec", "n_iter", "residual")
+    parts: dict[str, list] = {k: [] for k in (*fields, "released")}
+    t_est = t_rel = 0.0
+    methods = set()
+    for i in range(0, X.shape[0], per_call):
+        Xc = X[i : i + per_call]
+        ta = time.perf_counter()
+        if config.map == "block":
+            est = local_lipschitz_fn(f, Xc, batch_dims=1, **kw)
+        else:
+            est = local_lipschitz(Xc, att.params, masked=config.masked, **kw)
+        tb = time.perf_counter()
+        rel = released_metric(f, Xc, batch_dims=1)
+        t_rel += time.perf_counter() - tb
+        t_est += tb - ta
+        methods.add((est.method, est.upper_method))
+        for k in fields:
+            parts[k].append(getattr(est, k).detach().cpu())
+        parts["released"].append(rel.detach().cpu())
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    ((method, upper_method),) = methods
+
+    def lst(t):
+        return t.detach().cpu().tolist()
+
+    return {
+        "n": n,
+        "n_windows": hs.n_windows,
+        "starts": list(hs.starts),
+        "next_start": hs.next_start,
+        **{k: lst(v) for k, v in cat.items()},
+        "method": method,
+        "upper_method": upper_method,
+        "mean_radius": lst(hs.mean_radius()),
+        "max_radius": lst(hs.max_radius()),
+        "seconds_hidden": t1 - t0,
+        "seconds_estimate": t_est,
+        "seconds_released": t_rel,
+        "windows_per_call": per_call,
+        "seed": opts["seed"],
+        "dtype": opts["dtype"],
+        "map": config.map,
+        "masked": config.masked,
+        "layer": config.layer,
+        "capture_point": hs.capture_point,
+    }
+
+
+_RECORDED = ("n_windows", "method", "tol", "max_iter", "seed", "dtype", "batch_tokens")
+
+
+def run(
+    results_dir: Path,
+    preset: str = "quick",
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    **overrides: Any,
+) -> list[Path]:
+    """Run the real-data sweeps of ``preset`` into ``results_dir / "real_data"``.
+
+    Parameters
+    ----------
+    results_dir : Path
+        Root of the results; this module writes under ``results_dir / "real_data"``.
+    preset : {"tiny", "quick", "paper"}, default "quick"
+        See :data:`PRESETS`.
+    device : str, default "cpu"
+        Device of the hidden states and of the estimator (the forward passes run where the
+        model is, on the CPU).
+    progress : bool, default True
+        Progress bars.
+    **overrides
+        Replace preset entries: ``configs`` (ids of :data:`CONFIGS`), ``corpora`` (``"kjv"``,
+        ``"pydoc"`` or text-file paths), ``n_grid``, ``long_grid`` (``None`` disables),
+        ``long_corpora`` (the corpora that get the long grid; ``None``: all of them),
+        ``n_windows``, ``method``, ``tol``, ``max_iter``, ``seed``, ``dtype``, ``threads``
+        (torch threads during the run; ``None`` leaves the setting), ``batch_tokens`` (windows
+        are estimated in batched calls of at most ``max(1, batch_tokens // n)`` windows, which
+        bounds memory on the long grid), ``models`` (local
+        checkpoint directories or cached hub names, measured at ``layers``, default 0 and the
+        middle layer, with the model's own causal flag; BERT checkpoints also get the "block"
+        map; pass ``configs=[]`` to run only them) and ``layers``.
+
+    Returns
+    -------
+    list of Path
+        The sweep files (``.jsonl`` and ``.meta.json``) and the manifest.
+    """
+    import torch
+
+    opts = _resolve(preset, overrides)
+    out = Path(results_dir) / NAME
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, opts["dtype"])
+    old_threads = torch.get_num_threads()
+    if opts["threads"] is not None:
+        torch.set_num_threads(int(opts["threads"]))
+    cache: dict[str, Any] = {}
+    try:
+        configs = [CONFIGS[c] for c in opts["configs"]]
+        configs += _user_configs(opts["models"], opts["layers"], cache)
+        ws = _Workspace(int(opts["seed"]), dtype, device, cache)
+        plan = []
+        for config in configs:
+            for corpus in opts["corpora"]:
+                grids = [("short", opts["n_grid"])]
+                long_ok = opts["long_corpora"] is None or corpus in opts["long_corpora"]
+                if config.long and opts["long_grid"] is not None and long_ok:
+                    grids.append(("long", opts["long_grid"]))
+                for gname, grid in grids:
+                    plan.append((config, corpus, gname, grid))
+                    need = opts["n_windows"] * sum(grid)
+                    key = (config.model, corpus)
+                    ws.need[key] = max(ws.need.get(key, 0), need)
+        manifest_path = out / MANIFEST
+        manifest = load_json(manifest_path) if manifest_path.exists() else {"sweeps": {}}
+        files: list[Path] = []
+        for config, corpus, gname, grid in plan:
+            name = _sweep_name(config, corpus, gname)
+            sweep_cfg = {
+                "experiment": NAME,
+                "config": config.as_dict(),
+                "corpus": corpus,
+                "grid": gname,
+                "n_grid": grid,
+                **{k: opts[k] for k in _RECORDED},
+            }
+            sweep = Sweep(
+                out, name, sweep_cfg, seed=opts["seed"], device=device, dtype=opts["dtype"]
+            )
+            points = [{"n": n, "start": s} for n, s in zip(grid, _starts(grid, opts["n_windows"]))]
+            entry = dict(manifest["sweeps"].get(name, {}))
+            if entry.get("config_hash") != sweep.digest:
+                entry = {}
+            entry.update(
+                name=name,
+                config_hash=sweep.digest,
+                config=config.as_dict(),
+                corpus=corpus,
+                corpus_stands_in_for=CORPUS_STANDS_IN.get(corpus),
+                grid=gname,
+                n_grid=grid,
+                n_windows=opts["n_windows"],
+                preset=preset,
+                options={k: opts[k] for k in _RECORDED},
+                paper_configuration=config.paper,
+                records=f"{name}.jsonl",
+            )
+            manifest["sweeps"][name] = entry
+            write_json(manifest_path, manifest)
+            if len(sweep.done() & {_key(sweep, p) for p in points}) < len(points):
+                lm = ws.model(config.model)
+                _, corp = ws.token_ids(config.model, corpus)
+                entry.update(
+                    model_label=lm.label,
+                    provenance=dict(lm.provenance),
+                    corpus_label=corp.label,
+                    corpus_source=corp.source,
+                    corpus_parts=list(corp.parts),
+                    layer_info=ws.attention(config).info.as_dict(),
+                )
+                write_json(manifest_path, manifest)
+
+                def compute(p, config=config, corpus=corpus):
+                    return _estimate(config, ws, corpus, p, opts)
+
+                sweep.run(points, compute, progress=progress, desc=f"{NAME} {name}")
+            files += [sweep.path, sweep.meta_path]
+        files.append(manifest_path)
+        files += export_csv(results_dir)
+        return files
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _key(sweep: Sweep, point: Mapping[str, Any]) -> str:
+    return point_key(sweep.digest, point)

@@ -1,0 +1,33 @@
+r"""Synthetic theory sweeps behind figures F5, F6, F7 and A (docs/experiments.md).
+
+Everything here is a controlled single head with small :math:`d`; no model, no text. One module
+per experiment: :mod:`.sqrt_n_regime` (F5), :mod:`.mean_field` (F6 and A, with the off-axis
+and worst-measure searches they share), :mod:`.large_radius` (F7); :mod:`.settings` holds the
+presets and the heads, :mod:`.stage` the stage contract (``run``, ``summary``,
+``report_section``, ``STAGE``).
+
+Results go to ``results_dir / "synthetic"``: resumable :class:`~experiments.runner.Sweep` files
+(``f5_engine``, ``worst_measures``, ``off_axis``, ``f7``: one JSON line per point) and one
+assembled sub-result per figure, ``f5``, ``f6``, ``f7`` and ``a`` (``.npz`` arrays + ``.json``
+with the key numbers and run metadata). Figures: ``paper_figs/fig_f5_sqrt_n.py``,
+``fig_f6_mean_field.py``, ``fig_f7_large_radius.py``, ``fig_a_lipschitz_vs_R.py``.
+"""
+
+from __future__ import annotations
+
+from .settings import MF_SETTINGS, NAME, PRESETS, SyntheticSettings, mf_setting
+from .sqrt_n_regime import construction_norm
+from .stage import STAGE, report_section, run, summary
+
+__all__ = [
+    "MF_SETTINGS",
+    "NAME",
+    "PRESETS",
+    "STAGE",
+    "SyntheticSettings",
+    "construction_norm",
+    "mf_setting",
+    "report_section",
+    "run",
+    "summary",
+]

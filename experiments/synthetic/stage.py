@@ -1,0 +1,248 @@
+"""The ``synthetic`` stage (the contract of experiments/stage.py).
+
+Runs F5, F7 and the mean-field sweeps, summarises them and writes their section of ``report.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .._threads import torch_threads
+from ..results import load_json, run_metadata, write_json
+from ..stage import ModuleStage
+from .large_radius import _run_f7
+from .mean_field import _run_mean_field
+from .settings import (
+    NAME,
+    PRESETS,
+    STEMS,
+    _resolve,
+)
+from .sqrt_n_regime import _run_f5
+
+log = logging.getLogger("experiments.synthetic")
+
+
+# ============================================================================ contract
+def run(
+    results_dir: Path,
+    preset: str = "quick",
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    **overrides: Any,
+) -> list[Path]:
+    """Run the synthetic sweeps of F5, F6, F7 and A and write them under ``results_dir/synthetic``.
+
+    Parameters
+    ----------
+    results_dir : path
+        Root results directory.
+    preset : {"tiny", "quick", "paper"}
+        Grids and optimiser budgets (:data:`PRESETS`).
+    device : str
+        Torch device of the engine and the searches (``"cpu"`` or ``"cuda"``).
+    progress : bool
+        Progress bars (tqdm, via :class:`~experiments.runner.Sweep`).
+    **overrides
+        Replace preset entries (unknown keys raise ``ValueError``).
+
+    Returns
+    -------
+    list of Path
+        Files written (Sweep records and metadata, and the assembled ``f5``, ``f6``, ``f7`` and
+        ``a`` sub-results). Per-point work is resumable: a rerun recomputes nothing finished.
+    """
+    cfg = _resolve(preset, overrides)
+    out = Path(results_dir) / NAME
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    files: list[Path] = []
+    timings = {}
+    with torch_threads(1):
+        for key, fn in (("f5", _run_f5), ("f7", _run_f7), ("mean_field", _run_mean_field)):
+            t = time.perf_counter()
+            files += fn(cfg, out, device, progress)
+            timings[key] = time.perf_counter() - t
+    sweeps = [
+        out / f"{s}.{e}"
+        for s in ("f5_engine", "worst_measures", "off_axis", "f7")
+        for e in ("jsonl", "meta.json")
+    ]
+    files += [p for p in sweeps if p.exists()]
+    files.append(
+        write_json(
+            out / "run.json",
+            {
+                "preset": preset,
+                "overrides": dict(overrides),
+                "config": cfg,
+                "seconds": time.perf_counter() - t0,
+                "seconds_by_part": timings,
+                "metadata": run_metadata(
+                    seed=int(cfg["seed"]), device=device, dtype="float64", config=cfg
+                ),
+            },
+        )
+    )
+    log.info("synthetic (%s) done in %.1f s", preset, time.perf_counter() - t0)
+    return files
+
+
+def _load(results_dir: Path, part: str) -> dict[str, Any]:
+    p = Path(results_dir) / NAME / f"{part}.json"
+    if not p.exists():
+        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
+    return load_json(p)
+
+
+def summary(results_dir: Path) -> dict[str, Any]:
+    """Key numbers of F5, F6, F7 and A, read from the saved results (JSON-able)."""
+    out: dict[str, Any] = {}
+    for part in ("f5", "f6", "f7", "a"):
+        out[part] = _load(results_dir, part)["findings"]
+    run_doc = Path(results_dir) / NAME / "run.json"
+    if run_doc.exists():
+        r = load_json(run_doc)
+        out["preset"] = r["preset"]
+        out["seconds"] = r["seconds"]
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def report_section(results_dir: Path, figures_dir: Path) -> str:
+    """Markdown section for ``report.md``: what each figure shows, key numbers, figure links."""
+    s = summary(results_dir)
+    report_dir = Path(figures_dir).parent
+
+    def link(part: str) -> str:
+        stem = STEMS[part]
+        rel = os.path.relpath(Path(figures_dir) / f"{stem}.png", report_dir)
+        return f"![{stem}]({Path(rel).as_posix()})"
+
+    lines = ["## Synthetic theory sweeps (F5, F6, F7, A)", ""]
+    # F5
+    lines += [
+        "**F5: the √n regime** on the eigenvector construction (docs/theory.md §3; d = 1, "
+        "A = −γ/(2R²), V = 1, R = 1, gap exactly γ). Unmasked values are exact (closed-form "
+        "reduction of the Jacobian, cross-checked against certified engine brackets); masked "
+        "values are certified engine brackets.",
+        "",
+        "| γ | e^γ | peak n (measured) | peak n (lower-bound formula) | peak value | sup_ε g "
+        "| value at n_max / peak | masked at its n_max | masked limit formula "
+        "| max value / √n bound | engine check rel. diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in s["f5"]["per_gamma"]:
+        lines.append(
+            f"| {e['gamma']:g} | {_fmt(e['e_gamma'])} | {e['unmasked_peak_n']} | "
+            f"{e['peak_n_lower_formula']:.0f} | {_fmt(e['unmasked_peak_value'])} | "
+            f"{_fmt(e['sup_g'])} | {_fmt(e['decay_at_n_max'])} | "
+            f"{_fmt(e.get('masked_at_n_max', float('nan')))} (n = {e.get('masked_n_max', '–')}) | "
+            f"{_fmt(e.get('masked_limit_formula', float('nan')))} | "
+            f"{_fmt(e['max_ratio_to_upper_triangle'])} | {e['check_max_rel_diff']:.1e} |"
+        )
+    per = s["f5"]["per_gamma"]
+    t_peak = [e["peak_over_e_gamma"] for e in per]
+    ok_low = all(e["min_ratio_to_lower_formula"] >= 1 - 1e-12 for e in per)
+    ok_up = all(e["max_ratio_to_upper_triangle"] <= 1 for e in per)
+    ok_chk = all(e["check_closed_inside_brackets"] for e in per)
+    mono = [e.get("masked_monotone") for e in per if "masked_monotone" in e]
+    lines += [
+        "",
+        f"The exact unmasked constant peaks at n − 1 = {min(t_peak):.2f}–{max(t_peak):.2f} × e^γ "
+        f"(the lower-bound formula peaks at t*(γ)e^γ, t* → 3) and then decays (to "
+        f"{', '.join(_fmt(e['decay_at_n_max']) for e in per)} of its peak at n_max); it stays "
+        f"{'above' if ok_low else 'NOT always above'} the §3 lower-bound formula and "
+        f"{'below' if ok_up else 'NOT always below'} the §1 √n bound (triangle form), and the "
+        f"closed form {'lies' if ok_chk else 'does NOT always lie'} inside every certified engine "
+        f"bracket. Masked values increase with n on the whole grid: "
+        f"{'yes' if mono and all(mono) else 'no'} (saturation of docs/theory.md §4, reached only for "
+        "n ≫ e^γ; see the limit column).",
+        "",
+        link("f5"),
+        "",
+    ]
+    # F6
+    f6 = s["f6"]
+    lines += [
+        "**F6: the mean-field regime** (docs/theory.md §5–§6; d = 2, A = diag(1, −0.3), V = I). "
+        "sup_ε g against R with the w = ½ form, the asymptote, ‖V‖₂, the *candidate* upper "
+        "bounds c′ = 1, 2 (reconstructed constants, not the paper's), optimized 2–5-atom "
+        "measures and the off-axis two-atom bound (§A3).",
+        "",
+        f"- Optimized measures reach up to {_fmt(f6['max_gain_over_two_dirac'])}× sup_ε g "
+        f"(at R = {f6['R_of_max_gain']:g}) and {_fmt(f6['gain_at_largest_R'])}× at the largest "
+        f"R; smallest ratio to it: {_fmt(f6['min_ratio_optimized_to_sup_g'])}.",
+        f"- Off-axis two atoms (§A3): up to {_fmt(f6['off_axis']['max_gain_over_axis'])}× the "
+        f"on-axis optimum (R = {f6['off_axis']['R_of_max_gain']:g}).",
+        f"- Candidate c′ = 1: largest optimized/bound ratio {_fmt(f6['max_ratio_to_upper_c1'])} "
+        f"({f6['upper_c1_exceeded']} exceedances, {f6['upper_c1_exceeded_certified']} certified); "
+        f"c′ = 2: {_fmt(f6['max_ratio_to_upper_c2'])} ({f6['upper_c2_exceeded']} exceedances).",
+        "",
+        link("f6"),
+        "",
+    ]
+    # F7
+    f7 = s["f7"]
+    lines += [
+        "**F7: large radius** (docs/theory.md §7). ‖Df(RX)‖₂ for random X converges to "
+        "‖V‖₂√(max_j N_j), not to √n‖V‖₂; the deviation from the limit stays below our "
+        "quantitative bound.",
+        "",
+        "| map | max_j N_j per input | max rel. error at largest R | deviation bound holds |",
+        "|---|---|---|---|",
+    ]
+    for tag in ("unmasked", "masked"):
+        e = f7[tag]
+        lines.append(
+            f"| {tag} | {', '.join(str(v) for v in e['max_N'])} | "
+            f"{e['max_rel_error_at_R_max']:.1e} | {'yes' if e['deviation_bound_holds'] else 'NO'} |"
+        )
+    lines += ["", link("f7"), ""]
+    # A
+    lines += [
+        "**A: Lipschitz constant against R** (v1 style, docs/theory.md §5–§6): for each setting, the "
+        "best optimized measure against sup_ε g and the candidate upper bounds.",
+        "",
+        "| setting | max gain over sup_ε g (R) | gain at largest R | off-axis / sup_ε g (max) "
+        "| optimized / c′=1 bound (max) | c′=1 exceeded | optimized / c′=2 bound (max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    a_json = _load(results_dir, "a")
+    for key, e in s["a"].items():
+        label = a_json["settings"].get(key, key)
+        lines.append(
+            f"| {label} | {_fmt(e['max_gain_over_two_dirac'])} ({e['R_of_max_gain']:g}) | "
+            f"{_fmt(e['gain_at_largest_R'])} | {_fmt(e['off_axis']['max_gain_over_axis'])} | "
+            f"{_fmt(e['max_ratio_to_upper_c1'])} | "
+            f"{e['upper_c1_exceeded']} | {_fmt(e['max_ratio_to_upper_c2'])} |"
+        )
+    lines += [
+        "",
+        "A gain above 1 means the optimized measures beat the closed-form two-Dirac optimum at "
+        "the best on-axis gap γ* (docs/theory.md §5); a ratio above 1 to a c′ bound would mean that "
+        "reconstructed candidate is violated.",
+        "",
+        link("a"),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage(
+    name=NAME,
+    title="Synthetic theory sweeps",
+    presets=PRESETS,
+    run_fn=run,
+    summary_fn=summary,
+    report_fn=report_section,
+)

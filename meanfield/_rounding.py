@@ -1,0 +1,444 @@
+r"""Rounding-error margins and scale safety for the certified bracket (docs/rounding.md).
+
+The bracket of :func:`meanfield.local_lipschitz` is computed in float64 from a linearisation
+whose attention matrices carry the rounding error of the softmax. This module turns that error
+into explicit margins:
+
+* :func:`softmax_error` bounds the relative error of the computed :math:`P` and
+  :math:`\tilde P` from the magnitude of the logits (docs/rounding.md §2);
+* :func:`magnitude_linearization` builds the nonnegative *magnitude operator* :math:`|J|_{\rm
+  mag}` that dominates every term of the closed-form products (docs/rounding.md §3), so that
+  :math:`|\widehat{Jv} - Jv|\le\eta\,|J|_{\rm mag}|v|` entrywise;
+* :func:`lower_margin` and :func:`upper_margin` apply it to the two ends (docs/rounding.md §4);
+* :func:`scale_exponent` and :func:`scaled` normalise the operator by a power of two before any
+  norm, SVD or Krylov step, so that constants up to float64's maximum come back finite
+  (docs/rounding.md §5).
+
+All tensors returned are float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor
+
+from .attention import admissible_keys, head_logits
+from .jacobian import AttentionLinearization, jvp, vjp
+
+__all__ = [
+    "ErrorModel",
+    "error_model",
+    "gamma",
+    "lower_from_product",
+    "magnitude_linearization",
+    "magnitude_norm",
+    "magnitude_norm_upper",
+    "scale_exponent",
+    "scaled",
+    "softmax_error",
+]
+
+U64 = 2.0**-53  # unit roundoff of float64
+F64_MAX = torch.finfo(torch.float64).max
+#: Largest binary exponent allowed for the scale (keeps 2**e and 2**-e normal numbers).
+_MAX_EXP = 1000
+#: Extra relative slack on the magnitude model covering second-order terms (docs/rounding.md §3).
+_SAFETY = 2.0
+
+
+def gamma(k: float) -> float:
+    r"""Higham's :math:`\gamma_k = ku/(1-ku)` for float64 (``inf`` when :math:`ku\ge1`)."""
+    ku = k * U64
+    return ku / (1.0 - ku) if ku < 1.0 else math.inf
+
+
+def _abs_rope(head, Z: Tensor, idx: Tensor) -> Tensor:
+    """Entrywise bound on a rotated ``|Z|`` (docs/rounding.md §2.1): alpha (|z| + |rot z|)."""
+    half = Z.shape[-1] // 2
+    rot = torch.cat([Z[..., half:], Z[..., :half]], dim=-1)
+    return (Z + rot) * abs(float(head.rope.attention_scaling))
+
+
+def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
+    r"""Error of the computed attention matrices, split in two parts (docs/rounding.md §2).
+
+    * **Logit part** :math:`\varepsilon_s`. The computed logits satisfy
+      :math:`|\hat s_{ij}-s_{ij}|\le\delta_{ij}=\gamma_{k+d+4}\bar s_{ij}` with :math:`\bar s`
+      the logits evaluated on absolute values (§2.1); the subtraction of the row maximum adds
+      :math:`u|s_{ij}-\max_k s_{ik}|`. The softmax of perturbed logits moves by
+      :math:`\delta P_{i\cdot}=P_{i\cdot}\circ(\delta s_{i\cdot}-\langle P_{i\cdot},\delta
+      s_{i\cdot}\rangle)` to first order, a perturbation whose rows sum to zero (§2.2);
+      :math:`\varepsilon_s = \mathrm{expm1}(2\max_{i,j}\delta_{ij})` bounds it relatively.
+    * **Rounding part** :math:`\varepsilon_r`: the final subtraction of the log-sum-exp and the
+      exponential, :math:`u(|\log P_{ij}|+4)` with :math:`|\log P_{ij}|\le\sigma_i+\log n`
+      (:math:`\sigma_i` the spread of the logits of row :math:`i`), plus the log-weight ratio of
+      :math:`\tilde P` (§2.3). These rows do not sum to zero.
+
+    Returns
+    -------
+    eps_s, eps_r : Tensor, float64, shape ``lin.batch_shape``
+    """
+    X = lin.X.to(torch.float64)
+    n, d = lin.n, lin.d
+    batch = lin.batch_shape
+    dev = X.device
+    aX = X.abs()
+    allowed = admissible_keys(lin.masked, n, n, lin.positions, None, dev)
+    lw = lin.log_weights
+    lw64 = None if lw is None else lw.to(torch.float64)
+    keep = torch.ones(batch + (n, n), dtype=torch.bool, device=dev)
+    if allowed is not None:
+        keep = keep & allowed
+    if lw64 is not None:
+        keep = keep & torch.isfinite(lw64).unsqueeze(-2)
+    alw = None if lw64 is None else torch.where(torch.isfinite(lw64), lw64.abs(), 0.0)
+    logn = math.log(max(n, 1))
+    eps_s = torch.zeros(batch, dtype=torch.float64, device=dev)
+    spread = torch.zeros(batch, dtype=torch.float64, device=dev)
+    zero = torch.zeros((), dtype=torch.float64, device=dev)
+    for head in lin.params.heads:
+        head = head if head.A.dtype == torch.float64 else head.to(dtype=torch.float64)
+        extra = 0.0
+        idx = None
+        if getattr(head, "rope", None) is not None:
+            idx = lin.token_index
+            if idx is None:
+                idx = torch.arange(n, device=dev)
+            q = _abs_rope(head, aX @ head.Q.abs().mT, idx)
+            k = _abs_rope(head, aX @ head.K.abs().mT, idx)
+            sbar = q @ k.mT
+            kdim = head.Q.shape[0]
+            ang = float(idx.abs().max()) * float(head.rope.inv_freq.abs().max()) if n else 0.0
+            extra = 4 * U64 * (2 + ang)  # cos/sin of p*theta and the scaling
+        elif head.Q is not None:
+            sbar = (aX @ head.Q.abs().mT) @ (aX @ head.K.abs().mT).mT
+            kdim = head.Q.shape[0]
+        else:
+            sbar = (aX @ head.A.abs()) @ aX.mT
+            kdim = d
+        if head.c is not None:
+            sbar = sbar + (aX @ head.c.abs()).unsqueeze(-2)
+        if alw is not None:
+            sbar = sbar + alw.unsqueeze(-2)
+        sbar = sbar * (1 + gamma(2 * d + 4))  # the magnitude itself is computed with rounding
+        logits = head_logits(
+            X,
+            X,
+            head,
+            None if lw64 is None else torch.where(torch.isfinite(lw64), lw64, 0.0),
+            query_index=idx,
+            key_index=idx,
+        )
+        hi = torch.where(keep, logits, -math.inf).amax(-1, keepdim=True)
+        lo = torch.where(keep, logits, math.inf).amin(-1, keepdim=True)
+        row_spread = torch.where(keep.any(-1, keepdim=True), hi - lo, zero).squeeze(-1)
+        delta = (gamma(kdim + d + 4) + extra) * sbar + U64 * (hi - logits).abs()
+        delta = torch.where(keep, delta, zero)
+        bound = 2 * delta.amax((-2, -1)) * (1 + 4 * U64)
+        eps_s = torch.maximum(eps_s, torch.expm1(bound) * (1 + 4 * U64))
+        spread = torch.maximum(spread, row_spread.amax(-1))
+    spread = torch.where(torch.isfinite(spread), spread, math.inf)
+    eps_r = U64 * (spread + logn + 8) * (1 + 4 * U64)
+    if lw64 is not None:
+        # logP + half_i - half_j: three roundings of numbers of size <= |log P| + |log a|
+        eps_r = eps_r + 3 * U64 * (spread + logn + alw.amax(-1) + 4)
+    bad = torch.isnan(eps_s) | (eps_s >= 1)
+    eps_s = torch.where(bad, math.inf, eps_s)
+    eps_r = torch.where(torch.isnan(eps_r) | (eps_r >= 1), math.inf, eps_r)
+    return eps_s, eps_r
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorModel:
+    r"""Error factors of the computed products (docs/rounding.md §3).
+
+    Attributes
+    ----------
+    eta_s, eta_r : Tensor, float64, shape ``batch``
+        Coefficients of the centred (logit-sensitivity) and uncentred (rounding) magnitudes:
+        :math:`|\widehat{Jv}-Jv|\le\eta\,|J|_{\rm mag}|v|` with :math:`\eta=\eta_s+\eta_r` and
+        the magnitude operator of :func:`magnitude_linearization`.
+    eps_s : Tensor, float64, shape ``batch``
+        Relative logit-driven error of the attention matrices.
+    depth : int
+        Accumulation length entering :math:`\gamma`.
+    """
+
+    eta_s: Tensor
+    eta_r: Tensor
+    eps_s: Tensor
+    depth: int
+
+    @property
+    def eta(self) -> Tensor:
+        """Total coefficient (``inf`` when no bound is available)."""
+        eta = self.eta_s + self.eta_r
+        return torch.where(torch.isfinite(eta) & (eta <= 0.25), eta, math.inf)
+
+    @property
+    def eps_P(self) -> Tensor:
+        """Relative error of the attention matrices, both parts."""
+        return self.eps_s + self.eta_r
+
+
+def error_model(lin: AttentionLinearization) -> ErrorModel:
+    r"""Coefficients of the error model (docs/rounding.md §3).
+
+    :math:`\eta_s = 2\cdot2\varepsilon_s` and :math:`\eta_r = 2(3\varepsilon_r+\gamma_K)`.
+
+    A perturbation of :math:`P` enters a term of the product at most twice (the coefficient
+    and the mean :math:`m_i`); :math:`K = 4(n+d+k+Hd_v+d_{\rm out})+32` covers every inner
+    product of the closed form. The outer factor 2 covers second-order terms while
+    :math:`\eta\le1/4`; above that the bound is reported as infinite.
+    """
+    eps_s, eps_r = softmax_error(lin)
+    heads = lin.params.heads
+    k = max((h.Q.shape[0] if getattr(h, "Q", None) is not None else lin.d) for h in heads)
+    dv = sum(h.V.shape[0] for h in heads)
+    depth = 4 * (lin.n + lin.d + k + dv + lin.d_out) + 32
+    eta_s = _SAFETY * 2 * eps_s
+    eta_r = _SAFETY * (3 * eps_r + gamma(depth))
+    return ErrorModel(eta_s=eta_s, eta_r=eta_r, eps_s=eps_s, depth=depth)
+
+
+# --------------------------------------------------------------------------- magnitude operator
+def magnitude_linearization(
+    lin: AttentionLinearization, model: ErrorModel
+) -> AttentionLinearization:
+    r"""The linearisation of the magnitude operator :math:`|J|_{\rm mag}` (docs/rounding.md §3).
+
+    Every factor of the closed-form products of :func:`meanfield.jacobian.jvp` and
+    :func:`~meanfield.jacobian.vjp` is replaced by an entrywise upper bound on its absolute
+    value (``|Q||x_i|``, ``|K|(|x_l|+|x_bar|)``, ``|W|``, ``|V|``, ...). The difference
+    :math:`x_l-m_i`, which the products form as :math:`(x_l-\bar x)-(m_i-\bar x)`, gets the
+    weighted magnitude :math:`\xi = (\eta_s\xi^c+\eta_r\xi^u)/(\eta_s+\eta_r)`: centred
+    (:math:`|x_l-\bar x|+|m_i-\bar x|`) for the logit part, whose row sums vanish, and
+    uncentred (:math:`|x_l|+|m_i|+2|\bar x|`) for the rounding part. The mean term, which the
+    products *subtract*, is stored negated, so the same code computes
+    :math:`|J|_{\rm mag}h\ge0` for :math:`h\ge0`. Only analytic heads are kept (rotary heads
+    are covered by the relative term of :func:`lower_from_product`).
+    """
+    X = lin.X
+    aX = X.abs()
+    ab = lin.x_bar.abs()
+    P = lin.P
+    Ha = len(lin.analytic_heads)
+    A = lin.A.abs()
+    V = lin.V.abs()
+    W = lin.W.abs()
+    es = model.eta_s.to(X)
+    er = model.eta_r.to(X)
+    tot = es + er
+    ok = torch.isfinite(tot) & (tot > 0)
+    ws = torch.where(ok, es / torch.where(ok, tot, 1.0), 0.5)[..., None, None]
+    wr = torch.where(ok, er / torch.where(ok, tot, 1.0), 0.5)[..., None, None]
+    mabs = torch.einsum("...hin,...nd->...hid", P, aX)  # >= |m_i| (up to gamma_n)
+    mc = (lin.m - lin.x_bar.unsqueeze(-3)).abs() + gamma(lin.n + 4) * (mabs + ab.unsqueeze(-3))
+    xc = (X - lin.x_bar).abs() * (1 + 2 * U64)
+    Xs = (ws * xc + wr * (aX + ab)).unsqueeze(-3)  # weighted |x_l - x_bar|
+    Ms = ws.unsqueeze(-3) * mc + wr.unsqueeze(-3) * (mabs + ab.unsqueeze(-3))
+    Xu = (aX + ab).unsqueeze(-3)  # uncentred, for the logit gradients A x_l
+    ex = Ms.shape[:-2] + Xs.shape[-2:]
+    if lin.QK is not None:
+        Q, K = lin.QK[0].abs(), lin.QK[1].abs()
+        QK = (Q, K)
+        QKV = torch.cat([Q, K, V], dim=-2).reshape(-1, lin.d)
+        Qx = torch.einsum("...nd,hkd->...hnk", aX, Q)
+        KXc = torch.einsum("...hnd,hkd->...hnk", Xu.expand(ex), K)
+        KMc = torch.einsum("...hnd,hkd->...hnk", Ms, K)
+        B = torch.einsum("...hnk,hkd->...hnd", Qx, K)
+    else:
+        QK = QKV = None
+        Qx = aX.unsqueeze(-3).expand(lin.batch_shape + (Ha, lin.n, lin.d))
+        KXc = torch.einsum("...hnd,hed->...hne", Xu.expand(ex), A)
+        KMc = torch.einsum("...hnd,hed->...hne", Ms, A)
+        B = torch.einsum("...nd,hde->...hne", aX, A)
+    C = None if lin.C is None else lin.C.abs()
+    if C is not None:
+        B = B + C.unsqueeze(-2)
+    VXc = torch.einsum("...hnd,hvd->...hnv", Xs.expand(ex), V)
+    VMc = -torch.einsum("...hnd,hvd->...hnv", Ms, V)
+    return dataclasses.replace(
+        lin,
+        X=aX,
+        m=mabs,
+        B=B,
+        A=A,
+        V=V,
+        W=W,
+        QK=QK,
+        QKV=QKV,
+        Qx=Qx,
+        KXc=KXc,
+        KMc=KMc,
+        VXc=VXc,
+        VMc=VMc,
+        C=C,
+        rope_heads=(),
+    )
+
+
+def _mag_ops(mlin: AttentionLinearization, geometry: str):
+    shape_in = mlin.batch_shape + (mlin.n, mlin.d)
+    shape_out = mlin.batch_shape + (mlin.n, mlin.d_out)
+
+    def mv(v: Tensor) -> Tensor:
+        if not mlin.analytic_heads:
+            return v.new_zeros(shape_out).flatten(-2)
+        return jvp(mlin, v.reshape(shape_in), geometry=geometry).flatten(-2)
+
+    def rmv(u: Tensor) -> Tensor:
+        if not mlin.analytic_heads:
+            return u.new_zeros(shape_in).flatten(-2)
+        return vjp(mlin, u.reshape(shape_out), geometry=geometry).flatten(-2)
+
+    return mv, rmv
+
+
+def magnitude_norm_upper(mlin: AttentionLinearization, geometry: str) -> Tensor:
+    r"""Upper bound on :math:`\||J|_{\rm mag}\|_2` (docs/rounding.md §4.2).
+
+    Collatz–Wielandt with the all-ones vector: :math:`\|M\|_2^2\le\max_i(M^\top M\mathbf 1)_i`
+    for a nonnegative :math:`M`; two products. Sums of nonnegative numbers are computed with
+    relative error below :math:`\gamma_K`, covered by the factor returned.
+    """
+    mv, rmv = _mag_ops(mlin, geometry)
+    ones = mlin.X.new_ones(mlin.batch_shape + (mlin.n * mlin.d,))
+    w = rmv(mv(ones))
+    bound = w.amax(-1).clamp_min(0).sqrt()
+    return bound * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
+
+
+def magnitude_norm(mlin: AttentionLinearization | None, geometry: str, like: Tensor) -> Tensor:
+    """:func:`magnitude_norm_upper`, or zeros when there is no analytic head."""
+    if mlin is None or not mlin.analytic_heads:
+        return torch.zeros(like.shape, dtype=torch.float64, device=like.device)
+    return magnitude_norm_upper(mlin, geometry)
+
+
+def lower_from_product(
+    s: Tensor,
+    v: Tensor,
+    mag_norm: Tensor,
+    model: ErrorModel,
+    rope_heads: bool,
+    n_out: int,
+) -> Tensor:
+    r"""Certified lower bound on :math:`\|J\|_2` from ``s`` :math:`=\|\widehat{Jv}\|` (float64).
+
+    .. math:: \|J\|_2\ge\frac{s(1-\gamma_N)-\eta\,\||J|_{\rm mag}\|_2\|v\|(1+\gamma_N)}
+              {\|v\|(1+\gamma_N)}
+
+    (docs/rounding.md §4.1), clamped at 0; ``mag_norm`` bounds :math:`\||J|_{\rm mag}\|_2`
+    (:func:`magnitude_norm_upper`) and ``n_out`` is the length of :math:`Jv`. With rotary heads
+    (no magnitude operator) the relative term :math:`8\eta s` is added (first-order model only).
+    """
+    gN = gamma(n_out + v.shape[-1] + 8)
+    nv = torch.linalg.vector_norm(v, dim=-1)
+    eta = model.eta
+    err = eta * mag_norm * nv * (1 + gN)
+    if rope_heads:
+        err = err + 8 * eta * s
+    low = (s * (1 - gN) - err) / (nv * (1 + gN)) * (1 - 4 * U64)
+    low = torch.where(torch.isfinite(low), low, torch.zeros_like(low))
+    return low.clamp_min(0.0)
+
+
+def upper_margin(mag_norm: Tensor, model: ErrorModel, upper: Tensor, rope_heads: bool) -> Tensor:
+    r"""Add the evaluation error to a bound certified for the *computed* operator.
+
+    :math:`\|J\|_2\le\|\hat J\|_2+\eta\,\||J|_{\rm mag}\|_2` (docs/rounding.md §4.2), rounded
+    up; with rotary heads also :math:`8\eta` times the bound.
+    """
+    eta = model.eta
+    extra = eta * mag_norm
+    if rope_heads:
+        extra = extra + 8 * eta * upper
+    out = (upper + extra) * (1 + 4 * U64)
+    return torch.where(torch.isnan(out), math.inf, out)
+
+
+# ------------------------------------------------------------------------------ scale safety
+def _log2_absmax(t: Tensor | None) -> float:
+    if t is None or t.numel() == 0:
+        return 0.0
+    m = float(t.detach().abs().amax())
+    if m == 0.0:
+        return 0.0
+    return math.log2(m) if math.isfinite(m) else 1024.0
+
+
+def scale_exponent(lin: AttentionLinearization, threshold: int = 128) -> int:
+    r"""A binary exponent :math:`e` with :math:`2^{-e}\|J\|_2` of order one (docs/rounding.md §5).
+
+    A crude magnitude estimate assembled in the log domain from the largest entries of
+    :math:`W`, :math:`V`, :math:`\tilde P`, :math:`A` (or :math:`Q, K`) and :math:`X`; it only
+    has to be right within a few hundred binary orders of magnitude. Estimates within
+    :math:`2^{\pm\mathrm{threshold}}` give :math:`e = 0` (nothing to protect against).
+    """
+    n, d = lin.n, lin.d
+    log_wv = _log2_absmax(lin.W) + _log2_absmax(lin.V) + math.log2(max(d, 1))
+    if lin.rope_heads:
+        for h in lin.rope_heads:
+            head = lin.params.heads[h]
+            log_wv = max(log_wv, _log2_absmax(lin.W[h]) + _log2_absmax(head.V) + math.log2(d))
+    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(n, 1))
+    log_x = _log2_absmax(lin.X) + 1
+    log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))
+    geo = max(0.0, log_b + log_x)  # log2 of |b| |x - m|, the softmax term
+    e = round(log_wv + log_p + geo)
+    if abs(e) <= threshold:  # far from overflow and underflow: leave the operator as it is
+        return 0
+    return int(max(-_MAX_EXP, min(_MAX_EXP, e)))
+
+
+def scale_of(N: Tensor) -> int:
+    """Binary exponent of the largest finite entry of ``N`` (0 when none)."""
+    if N.numel() == 0:
+        return 0
+    a = N.detach().abs()
+    m = float(torch.where(torch.isfinite(a), a, 0.0).amax())
+    if m == 0.0:
+        return 0
+    return int(max(-_MAX_EXP, min(_MAX_EXP, math.frexp(m)[1])))
+
+
+def scaled(lin: AttentionLinearization, e: int) -> AttentionLinearization:
+    """``lin`` with the output maps ``W_h`` multiplied by ``2**-e`` (exact), so ``J -> 2**-e J``."""
+    if e == 0:
+        return lin
+    return dataclasses.replace(lin, W=torch.ldexp(lin.W, torch.tensor(-e, device=lin.W.device)))
+
+
+def scaled_params(params, e: int):
+    """Parameters whose layer is ``2**-e`` times the original (``W^O`` or every ``V_h`` scaled).
+
+    Used for the block-norm certificate, which reads the weight norms from the parameters.
+    """
+    from .params import AttentionParams, MultiHeadParams
+
+    if e == 0:
+        return params
+
+    def sc(t: Tensor) -> Tensor:
+        return torch.ldexp(t, torch.tensor(-e, device=t.device))
+
+    def head(h: AttentionParams) -> AttentionParams:
+        extra = {} if getattr(h, "rope", None) is None else {"rope": h.rope}
+        return AttentionParams(h.A, sc(h.V), c=h.c, b=h.b, Q=h.Q, K=h.K, **extra)
+
+    if isinstance(params, AttentionParams):
+        return head(params)
+    if params.W_O is not None:
+        return MultiHeadParams(params.heads, W_O=sc(params.W_O), b_O=params.b_O)
+    return MultiHeadParams(tuple(head(h) for h in params.heads))
+
+
+def unscale(x: Tensor, e: int, power: int = 1) -> Tensor:
+    """``x * 2**(power * e)`` in float64 (overflow gives ``inf``)."""
+    if e == 0:
+        return x
+    return torch.ldexp(x, torch.tensor(power * e, device=x.device))
