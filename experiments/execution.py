@@ -50,6 +50,7 @@ __all__ = [
     "Task",
     "clear_worker_cache",
     "default_cost",
+    "forget_worker_cache",
     "make_executor",
     "measured_rate",
     "order_by_cost",
@@ -256,6 +257,11 @@ def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
     while len(_CACHE) > _CACHE_MAX:
         _CACHE.popitem(last=False)
     return value
+
+
+def forget_worker_cache(key: Hashable) -> None:
+    """Drop the object cached under ``key`` in this process, if any."""
+    _CACHE.pop(key, None)
 
 
 def clear_worker_cache() -> None:

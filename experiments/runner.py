@@ -31,6 +31,7 @@ __all__ = [
     "planning",
     "point_key",
     "preset_config",
+    "queued",
     "reporting",
 ]
 
@@ -126,6 +127,12 @@ def planning() -> Iterator[Plan]:
         yield plan
     finally:
         _PLAN.reset(token)
+
+
+def queued() -> bool:
+    """Whether sweeps were queued under :func:`planning` (the stage must then run again)."""
+    plan = _PLAN.get()
+    return plan is not None and bool(plan.jobs)
 
 
 @contextlib.contextmanager
