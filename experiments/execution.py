@@ -441,7 +441,14 @@ class DaskExecutor:
         """Close the client and, when this executor started it, the local cluster."""
         self.client.close()
         if self.cluster is not None:
-            self.cluster.close()
+            # a worker slow to exit is killed: expected on a busy machine, not worth a warning
+            nanny = logging.getLogger("distributed.nanny")
+            level = nanny.level
+            nanny.setLevel(logging.ERROR)
+            try:
+                self.cluster.close()
+            finally:
+                nanny.setLevel(level)
             self.cluster = None
 
     def __enter__(self) -> DaskExecutor:
