@@ -202,7 +202,8 @@ def call_task(
 
     With ``threads`` set and torch already loaded, the point runs on that many torch threads.
     Point functions that need a fixed thread count for reproducible results set it themselves
-    (as the stages do with ``torch_threads``); Dask workers start with one OpenMP thread.
+    (as the stages do with ``torch_threads``); local Dask workers start with the driver's
+    thread settings.
     """
     torch = sys.modules.get("torch")
     old = None
@@ -332,7 +333,7 @@ class DaskExecutor:
     Parameters
     ----------
     workers : int, optional
-        Start a ``LocalCluster`` of this many worker processes, one thread each, listening on
+        Start a ``LocalCluster`` of this many worker processes, one task at a time each, listening on
         127.0.0.1 only and without a dashboard.
     scheduler : str, optional
         Address of a running scheduler (``tcp://host:8786``) to connect to instead.
@@ -342,8 +343,8 @@ class DaskExecutor:
         How many times a point may be in flight on a worker that dies before it is given up
         (``LocalCluster`` only; a running scheduler has its own setting). Default 3, Dask's own.
     env : mapping, optional
-        Environment of the local workers, on top of one OpenMP thread per worker with passive
-        waiting (set before torch loads in the worker).
+        Environment of the local workers, on top of this process's own (whose thread settings
+        they keep, so that they compute the same floats) and passive OpenMP waiting.
     """
 
     def __init__(
@@ -372,11 +373,12 @@ class DaskExecutor:
             if not log.isEnabledFor(logging.INFO):  # quiet unless asked (-v)
                 for name in ("distributed", "dask"):
                     logging.getLogger(name).setLevel(logging.WARNING)
+            # The workers inherit this process's thread settings (OMP_NUM_THREADS, ...): the
+            # BLAS libraries read them at start, beyond torch.set_num_threads, and a point
+            # computed under other settings may differ in the last bits. Each point sets its
+            # own torch thread count (the serial run's), so equal settings give equal floats.
             worker_env = {
                 "DASK_LOGGING__DISTRIBUTED": "warning",
-                "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-                "OPENBLAS_NUM_THREADS": "1",
                 "OMP_WAIT_POLICY": "PASSIVE",
                 **(dict(env) if env else {}),
             }
