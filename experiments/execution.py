@@ -50,6 +50,7 @@ __all__ = [
     "Task",
     "clear_worker_cache",
     "default_cost",
+    "forget_worker_cache",
     "make_executor",
     "measured_rate",
     "order_by_cost",
@@ -201,7 +202,8 @@ def call_task(
 
     With ``threads`` set and torch already loaded, the point runs on that many torch threads.
     Point functions that need a fixed thread count for reproducible results set it themselves
-    (as the stages do with ``torch_threads``); Dask workers start with one OpenMP thread.
+    (as the stages do with ``torch_threads``); local Dask workers start with the driver's
+    thread settings.
     """
     torch = sys.modules.get("torch")
     old = None
@@ -256,6 +258,11 @@ def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
     while len(_CACHE) > _CACHE_MAX:
         _CACHE.popitem(last=False)
     return value
+
+
+def forget_worker_cache(key: Hashable) -> None:
+    """Drop the object cached under ``key`` in this process, if any."""
+    _CACHE.pop(key, None)
 
 
 def clear_worker_cache() -> None:
@@ -326,7 +333,7 @@ class DaskExecutor:
     Parameters
     ----------
     workers : int, optional
-        Start a ``LocalCluster`` of this many worker processes, one thread each, listening on
+        Start a ``LocalCluster`` of this many worker processes, one task at a time each, listening on
         127.0.0.1 only and without a dashboard.
     scheduler : str, optional
         Address of a running scheduler (``tcp://host:8786``) to connect to instead.
@@ -336,8 +343,8 @@ class DaskExecutor:
         How many times a point may be in flight on a worker that dies before it is given up
         (``LocalCluster`` only; a running scheduler has its own setting). Default 3, Dask's own.
     env : mapping, optional
-        Environment of the local workers, on top of one OpenMP thread per worker with passive
-        waiting (set before torch loads in the worker).
+        Environment of the local workers, on top of this process's own (whose thread settings
+        they keep, so that they compute the same floats) and passive OpenMP waiting.
     """
 
     def __init__(
@@ -363,10 +370,15 @@ class DaskExecutor:
         else:
             if int(workers) < 1:
                 raise ValueError(f"workers must be at least 1, got {workers}")
+            if not log.isEnabledFor(logging.INFO):  # quiet unless asked (-v)
+                for name in ("distributed", "dask"):
+                    logging.getLogger(name).setLevel(logging.WARNING)
+            # The workers inherit this process's thread settings (OMP_NUM_THREADS, ...): the
+            # BLAS libraries read them at start, beyond torch.set_num_threads, and a point
+            # computed under other settings may differ in the last bits. Each point sets its
+            # own torch thread count (the serial run's), so equal settings give equal floats.
             worker_env = {
-                "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-                "OPENBLAS_NUM_THREADS": "1",
+                "DASK_LOGGING__DISTRIBUTED": "warning",
                 "OMP_WAIT_POLICY": "PASSIVE",
                 **(dict(env) if env else {}),
             }
@@ -377,6 +389,8 @@ class DaskExecutor:
                     processes=True,
                     host="127.0.0.1",
                     dashboard_address=None,
+                    # health and metrics only, on a free loopback port (not 8787, maybe taken)
+                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                     env=worker_env,
                 )
             try:
@@ -429,7 +443,14 @@ class DaskExecutor:
         """Close the client and, when this executor started it, the local cluster."""
         self.client.close()
         if self.cluster is not None:
-            self.cluster.close()
+            # a worker slow to exit is killed: expected on a busy machine, not worth a warning
+            nanny = logging.getLogger("distributed.nanny")
+            level = nanny.level
+            nanny.setLevel(logging.ERROR)
+            try:
+                self.cluster.close()
+            finally:
+                nanny.setLevel(level)
             self.cluster = None
 
     def __enter__(self) -> DaskExecutor:
@@ -515,7 +536,7 @@ def run_jobs(
     Parameters
     ----------
     jobs : sequence of SweepJob
-        Sweeps with distinct names.
+        Distinct sweeps (progress names them ``<directory>/<name>`` when two share a name).
     executor : Executor, optional
         Default :class:`SerialExecutor`.
     progress : CostProgress, optional
@@ -534,9 +555,14 @@ def run_jobs(
 
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
+    paths = [str(job.sweep.path) for job in jobs]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"sweeps must be distinct, got {paths}")
     names = [job.sweep.name for job in jobs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"sweep names must be distinct, got {names}")
+    if len(set(names)) != len(names):  # the same name in two stages: tell them apart
+        labels = {id(job): f"{job.sweep.out_dir.name}/{job.sweep.name}" for job in jobs}
+    else:
+        labels = {id(job): job.sweep.name for job in jobs}
     executor = executor if executor is not None else SerialExecutor()
     summary = RunSummary()
     t_start = time.perf_counter()
@@ -544,18 +570,20 @@ def run_jobs(
     where: dict[str, tuple[SweepJob, dict[str, Any], str]] = {}
     for job in jobs:
         sweep = job.sweep
+        label = labels[id(job)]
         done = sweep.done()
         points = [dict(p) for p in job.points]
         costs = [float(job.cost(p)) if job.cost else default_cost(p) for p in points]
         if progress is not None:
-            progress.add(sweep.name, cost=sum(costs), points=len(points))
+            progress.add(label, cost=sum(costs), points=len(points))
+            progress.start_stage(label)
         seen: set[str] = set()
         for p, c in zip(points, costs):
             pkey = point_key(sweep.digest, p)
             if pkey in done or pkey in seen:
                 summary.skipped += pkey in done
                 if progress is not None:
-                    progress.skip(sweep.name, cost=c)
+                    progress.skip(label, cost=c)
                 continue
             seen.add(pkey)
             shared = set(p) & set(job.context)
@@ -563,10 +591,10 @@ def run_jobs(
                 raise ValueError(
                     f"{sweep.name}: point and context share the key(s) {', '.join(sorted(shared))}"
                 )
-            tkey = f"{sweep.name}/{pkey}"
+            tkey = f"{label}/{pkey}"
             where[tkey] = (job, p, pkey)
             config = {**job.context, **p}
-            tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=sweep.name))
+            tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=label))
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
@@ -597,7 +625,7 @@ def _take(
         append_jsonl(job.sweep.path, record)
         summary.computed += 1
         if progress is not None:
-            progress.advance(job.sweep.name, cost=outcome.task.effective_cost)
+            progress.advance(outcome.task.group, cost=outcome.task.effective_cost)
         return
     if outcome.status == "error":
         if on_error == "raise":

@@ -253,6 +253,8 @@ class CostProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if not self.stages:  # nothing was declared: nothing to say
+            return
         self._write(
             f"{self.desc}: finished {self.done_points}/{self.total_points} points "
             f"({math.floor(100 * self.fraction())}% of cost) in {format_seconds(self.elapsed())}"

@@ -9,19 +9,31 @@ reopened.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from .results import _jsonable, append_jsonl, load_json, load_jsonl, run_metadata, write_json
 
-__all__ = ["Sweep", "config_hash", "point_key", "preset_config"]
+__all__ = [
+    "Deferred",
+    "Plan",
+    "Sweep",
+    "config_hash",
+    "planning",
+    "point_key",
+    "preset_config",
+    "queued",
+    "reporting",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +87,62 @@ def preset_config(
     if isinstance(entry, StageConfig):
         entry.check(overrides)
     return cfg
+
+
+class Deferred(Exception):
+    """Raised by :meth:`Sweep.run` while planning: the sweep's points were queued, not computed.
+
+    The stage stops there; the driver computes the queued points of every stage in one queue,
+    then runs the stage again, which finds them finished (docs/cluster.md).
+    """
+
+
+class Plan:
+    """The sweeps queued while a stage runs under :func:`planning` (a list of ``SweepJob``)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+
+    def add(self, job: Any) -> None:
+        """Queue ``job`` unless a job of the same sweep file is queued already."""
+        if all(j.sweep.path != job.sweep.path for j in self.jobs):
+            self.jobs.append(job)
+
+
+_PLAN: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("meanfield_plan", default=None)
+_PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("meanfield_progress", default=None)
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[Plan]:
+    """Within the block, sweeps with a task function queue their unfinished points.
+
+    :meth:`Sweep.submit` queues and returns; :meth:`Sweep.run` queues and raises
+    :class:`Deferred` (its caller needs the records). Sweeps without a task function compute
+    their points at once, in this process, as outside the block.
+    """
+    plan = Plan()
+    token = _PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _PLAN.reset(token)
+
+
+def queued() -> bool:
+    """Whether sweeps were queued under :func:`planning` (the stage must then run again)."""
+    plan = _PLAN.get()
+    return plan is not None and bool(plan.jobs)
+
+
+@contextlib.contextmanager
+def reporting(progress: Any) -> Iterator[None]:
+    """Within the block, sweeps computed in this process report to ``progress`` (CostProgress)."""
+    token = _PROGRESS.set(progress)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def _repair_torn_tail(path: Path) -> None:
@@ -150,28 +218,100 @@ class Sweep:
         """Keys of finished points."""
         return {r["key"] for r in self.records()}
 
+    def tasks(
+        self,
+        points: Iterable[Mapping[str, Any]],
+        fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        context: Mapping[str, Any] | None = None,
+        *,
+        cost: Callable[[Mapping[str, Any]], float] | None = None,
+    ) -> Any:
+        """The points as an ``experiments.execution.SweepJob`` (``fn`` top-level, pure).
+
+        ``fn({**context, **point})`` computes one point; the record and the key keep the point
+        alone. The job's unfinished points are those whose key is not in :meth:`done`.
+        """
+        from .execution import SweepJob
+
+        return SweepJob(self, [dict(p) for p in points], fn, cost, dict(context or {}))
+
+    def unfinished(self, points: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The points without a record of this configuration."""
+        done = self.done()
+        return [dict(p) for p in points if point_key(self.digest, p) not in done]
+
+    def submit(
+        self,
+        points: Iterable[Mapping[str, Any]],
+        fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        context: Mapping[str, Any] | None = None,
+        *,
+        cost: Callable[[Mapping[str, Any]], float] | None = None,
+        progress: bool = True,
+        desc: str | None = None,
+    ) -> None:
+        """Have the points computed, now or, under :func:`planning`, by the driver's queue.
+
+        For a sweep whose records the stage reads only later (through :meth:`run` or
+        :meth:`records`), so that several sweeps of a stage join one queue.
+        """
+        points = [dict(p) for p in points]
+        plan = _PLAN.get()
+        if plan is not None:
+            if self.unfinished(points):
+                plan.add(self.tasks(points, fn, context, cost=cost))
+            return
+        self.run(points, task=fn, context=context, cost=cost, progress=progress, desc=desc)
+
     def run(
         self,
         points: Iterable[Mapping[str, Any]],
-        compute: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        compute: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
         *,
+        task: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+        context: Mapping[str, Any] | None = None,
+        cost: Callable[[Mapping[str, Any]], float] | None = None,
         progress: bool = True,
         desc: str | None = None,
     ) -> list[dict[str, Any]]:
         """Compute every unfinished point and append its record; return all records in order.
 
         ``compute(point)`` returns the measured values of one point; the record stored is
-        ``{"key", "config_hash", "point", "seconds", **values}``.
+        ``{"key", "config_hash", "point", "seconds", **values}``. Alternatively ``task`` is a
+        top-level function of ``{**context, **point}`` (a task the driver may send to another
+        process, see :meth:`tasks`): under :func:`planning` the unfinished points are then
+        queued and :class:`Deferred` is raised; otherwise they are computed here, one by one.
+        ``cost(point)`` (default ``n² · d · windows``) weighs the point in the progress.
         """
         from tqdm.auto import tqdm
 
+        from .execution import default_cost
+
         points = [dict(p) for p in points]
+        if compute is None:
+            if task is None:
+                raise TypeError("give compute or task")
+            ctx = dict(context or {})
+
+            def compute(p: Mapping[str, Any]) -> Mapping[str, Any]:
+                return task({**ctx, **p})
+
+        cost_of = cost or default_cost
         done = self.done()
         todo = [p for p in points if point_key(self.digest, p) not in done]
+        plan = _PLAN.get()
+        if todo and plan is not None and task is not None:
+            plan.add(self.tasks(points, task, context, cost=cost))
+            raise Deferred(self.name)
         if len(todo) < len(points):
             log.info(
                 "%s: %d of %d points already done", self.name, len(points) - len(todo), len(points)
             )
+        tracker = _PROGRESS.get() if todo else None
+        label = f"{self.out_dir.name}/{self.name}"
+        if tracker is not None:
+            tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
+            tracker.start_stage(label)
         bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
         t_start = time.perf_counter()
         for p in bar:
@@ -185,6 +325,8 @@ class Sweep:
                 **values,
             }
             append_jsonl(self.path, record)
+            if tracker is not None:
+                tracker.advance(label, cost=cost_of(p))
             # one line per point for logs (the bar is off when stderr is not a terminal)
             log.debug("%s: %s done in %.1f s", self.name, p, record["seconds"])
         if todo:

@@ -7,6 +7,7 @@ The models (offline stand-ins and tiny random ones), one resumable sweep per con
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 from .._threads import torch_threads
 from ..results import load_json, write_csv, write_json
-from ..runner import Sweep, config_hash, point_key
+from ..runner import Deferred, Sweep, config_hash, point_key
 from .bounds import _head_facts, global_bound, released_heuristic
 from .report import load_results
 from .settings import CONFIGS, NAME, TINY_MODEL_KEYS, AdvConfig, _config_settings, _resolve
@@ -86,58 +87,85 @@ def _f(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _run_config(
-    out: Path,
+class _Workspace:
+    """Models and per-configuration heads of one run of the stage, in one process."""
+
+    def __init__(self) -> None:
+        self.models: dict[tuple[str, int], Any] = {}
+        self.heads: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def model(self, key: str, seed: int) -> Any:
+        if (key, seed) not in self.models:
+            self.models[(key, seed)] = _load(key, seed)
+        return self.models[(key, seed)]
+
+    def head(self, c: AdvConfig, settings: Mapping[str, Any], device: str) -> dict[str, Any]:
+        """The loaded model, the layer's parameters, their facts and the constructions memo."""
+        import torch
+
+        from meanfield.models import hf_attention
+
+        if (c.id, device) not in self.heads:
+            loaded = self.model(settings["model"], c.seed)
+            att = hf_attention(
+                loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64
+            )
+            att = att.to(device)
+            params = att.params
+            if not 0 <= settings["head"] < params.n_heads:
+                raise ValueError(
+                    f"{c.id}: head {settings['head']} out of range ({params.n_heads} heads)"
+                )
+            facts = _head_facts(params)
+            self.heads[(c.id, device)] = {
+                "loaded": loaded,
+                "att": att,
+                "params": params,
+                "facts": facts,
+                "rope": any(f["rope"] for f in facts),
+                "constructions": {},
+            }
+        return self.heads[(c.id, device)]
+
+
+def _workspace(run: str) -> _Workspace:
+    """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
+    from ..execution import worker_cache
+
+    return worker_cache(("adversarial", run), _Workspace)
+
+
+def adv_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One point (``n``, ``variant``) of a model configuration: the stage's top-level task.
+
+    The context holds ``config`` (an :class:`AdvConfig`), ``settings``, ``device``, ``threads``
+    (the torch threads of the serial run, so that every process computes the same floats) and
+    ``run`` (names the per-process workspace that loads each model once).
+    """
+    from .._threads import torch_threads
+
+    with torch_threads(cfg["threads"]):
+        ws = _workspace(cfg["run"])
+        head = ws.head(cfg["config"], cfg["settings"], cfg["device"])
+        return _adv_compute(cfg["config"], cfg["settings"], head, cfg, cfg["device"])
+
+
+def _adv_compute(
     c: AdvConfig,
-    settings: dict[str, Any],
-    *,
+    settings: Mapping[str, Any],
+    head: Mapping[str, Any],
+    point: Mapping[str, Any],
     device: str,
-    progress: bool,
-    cache: dict[tuple[str, int], Any],
-) -> list[Path]:
+) -> dict[str, Any]:
     import torch
 
     from meanfield.attacks import adversarial_sequence
     from meanfield.lipschitz import certified_local_upper, local_lipschitz
-    from meanfield.models import hf_attention
 
-    sweep = Sweep(out, c.id, settings, seed=c.seed, device=device, dtype="float64")
-    points = [{"n": n, "variant": v} for n in settings["n_grid"] for v in settings["variants"]]
-    digest = config_hash(settings)
-    info_path = out / f"{c.id}.json"
-    done = sweep.done()
-    missing = [p for p in points if point_key(sweep.digest, p) not in done]
-    if not missing and info_path.exists() and load_json(info_path).get("config_hash") == digest:
-        return [sweep.path, sweep.meta_path, info_path]
-
-    key = (settings["model"], c.seed)
-    if key not in cache:
-        cache[key] = _load(settings["model"], c.seed)
-    loaded = cache[key]
-    att = hf_attention(loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64)
-    att = att.to(device)
-    params = att.params
-    if not 0 <= settings["head"] < params.n_heads:
-        raise ValueError(f"{c.id}: head {settings['head']} out of range ({params.n_heads} heads)")
-    facts = _head_facts(params)
-    rope = any(f["rope"] for f in facts)
+    loaded, params, facts, rope = head["loaded"], head["params"], head["facts"], head["rope"]
+    constructions = head["constructions"]
     R = settings["R"]
-    write_json(
-        info_path,
-        {
-            "config": asdict(c),
-            "config_hash": digest,
-            "settings": settings,
-            "label": loaded.label,
-            "provenance": dict(loaded.provenance),
-            "layer_info": att.info.as_dict(),
-            "head_facts": facts,
-            "construction_exact": not rope,
-            "standin": _is_standin(settings["model"]),
-        },
-    )
     n_max = max(settings["n_grid"])
-    constructions: dict[str, Any] = {}
 
     def construction(variant: str) -> Any:
         if variant not in constructions:
@@ -149,71 +177,115 @@ def _run_config(
                 constructions[variant] = err
         return constructions[variant]
 
-    def compute(point: Mapping[str, Any]) -> dict[str, Any]:
-        n, variant = int(point["n"]), point["variant"]
-        rec: dict[str, Any] = {
-            "config": c.id,
-            "n": n,
-            "variant": variant,
-            "model": loaded.label,
-            "model_key": settings["model"],
-            "layer": settings["layer"],
-            "head": settings["head"],
-            "R": R,
-            "map": settings["map"],
-            "masked": settings["masked"],
-            "seed": c.seed,
-            "rope": rope,
-            "construction_exact": not rope,
-        }
-        seq = construction(variant)
-        if isinstance(seq, Exception):
-            return {**rec, "status": "skipped", "reason": str(seq)}
-        X = seq.X[:n].to(device)
-        norms = torch.linalg.vector_norm(X, dim=-1)
-        if float(norms.max()) > R * (1 + 1e-12):
-            raise RuntimeError("the construction left the ball of radius R")
-        est = local_lipschitz(
-            X,
-            params,
-            masked=settings["masked"],
-            tol=settings["tol"],
-            max_iter=settings["max_iter"],
-            seed=c.seed,
-        )
-        loc = certified_local_upper(
-            X, params, masked=settings["masked"], WV_norms=[f["WV_norm"] for f in facts]
-        )
-        g3 = global_bound(facts, R, n, form="sqrt3")
-        gt = global_bound(facts, R, n, form="triangle")
-        lower = float(est.lower)
-        p = 1.0 / (1.0 + math.exp(min(math.log(n - 1) - seq.gamma, 700.0)))
-        return {
-            **rec,
-            "status": "ok",
-            "case": seq.case,
-            "lam": seq.lam,
-            "gamma": seq.gamma,
-            "p": p,
-            "value": float(est.value),
-            "lower": lower,
-            "upper": _f(est.upper),
-            "method": est.method,
-            "upper_method": est.upper_method,
-            "converged": bool(est.converged),
-            "n_iter": int(est.n_iter),
-            "residual": float(est.residual),
-            "global_bound": g3,
-            "global_bound_triangle": gt,
-            "local_bound": loc.value,
-            "local_terms": {"T1": loc.T1, "T2": loc.T2, "T3": loc.T3},
-            "released_heuristic": released_heuristic(X, params),
-            "max_token_norm": float(norms.max()),
-            "rms_radius": float(norms.square().mean().sqrt()),
-            "bounds_hold": bool(lower <= gt <= g3 and lower <= loc.value),
-        }
+    n, variant = int(point["n"]), point["variant"]
+    rec: dict[str, Any] = {
+        "config": c.id,
+        "n": n,
+        "variant": variant,
+        "model": loaded.label,
+        "model_key": settings["model"],
+        "layer": settings["layer"],
+        "head": settings["head"],
+        "R": R,
+        "map": settings["map"],
+        "masked": settings["masked"],
+        "seed": c.seed,
+        "rope": rope,
+        "construction_exact": not rope,
+    }
+    seq = construction(variant)
+    if isinstance(seq, Exception):
+        return {**rec, "status": "skipped", "reason": str(seq)}
+    X = seq.X[:n].to(device)
+    norms = torch.linalg.vector_norm(X, dim=-1)
+    if float(norms.max()) > R * (1 + 1e-12):
+        raise RuntimeError("the construction left the ball of radius R")
+    est = local_lipschitz(
+        X,
+        params,
+        masked=settings["masked"],
+        tol=settings["tol"],
+        max_iter=settings["max_iter"],
+        seed=c.seed,
+    )
+    loc = certified_local_upper(
+        X, params, masked=settings["masked"], WV_norms=[f["WV_norm"] for f in facts]
+    )
+    g3 = global_bound(facts, R, n, form="sqrt3")
+    gt = global_bound(facts, R, n, form="triangle")
+    lower = float(est.lower)
+    p = 1.0 / (1.0 + math.exp(min(math.log(n - 1) - seq.gamma, 700.0)))
+    return {
+        **rec,
+        "status": "ok",
+        "case": seq.case,
+        "lam": seq.lam,
+        "gamma": seq.gamma,
+        "p": p,
+        "value": float(est.value),
+        "lower": lower,
+        "upper": _f(est.upper),
+        "method": est.method,
+        "upper_method": est.upper_method,
+        "converged": bool(est.converged),
+        "n_iter": int(est.n_iter),
+        "residual": float(est.residual),
+        "global_bound": g3,
+        "global_bound_triangle": gt,
+        "local_bound": loc.value,
+        "local_terms": {"T1": loc.T1, "T2": loc.T2, "T3": loc.T3},
+        "released_heuristic": released_heuristic(X, params),
+        "max_token_norm": float(norms.max()),
+        "rms_radius": float(norms.square().mean().sqrt()),
+        "bounds_hold": bool(lower <= gt <= g3 and lower <= loc.value),
+    }
 
-    sweep.run(points, compute, progress=progress, desc=f"adversarial {c.id}")
+
+def _run_config(
+    out: Path,
+    c: AdvConfig,
+    settings: dict[str, Any],
+    *,
+    device: str,
+    progress: bool,
+    run: str,
+    threads: int,
+) -> list[Path]:
+    sweep = Sweep(out, c.id, settings, seed=c.seed, device=device, dtype="float64")
+    points = [{"n": n, "variant": v} for n in settings["n_grid"] for v in settings["variants"]]
+    digest = config_hash(settings)
+    info_path = out / f"{c.id}.json"
+    done = sweep.done()
+    missing = [p for p in points if point_key(sweep.digest, p) not in done]
+    if not missing and info_path.exists() and load_json(info_path).get("config_hash") == digest:
+        return [sweep.path, sweep.meta_path, info_path]
+
+    head = _workspace(run).head(c, settings, device)
+    loaded, att = head["loaded"], head["att"]
+    write_json(
+        info_path,
+        {
+            "config": asdict(c),
+            "config_hash": digest,
+            "settings": settings,
+            "label": loaded.label,
+            "provenance": dict(loaded.provenance),
+            "layer_info": att.info.as_dict(),
+            "head_facts": head["facts"],
+            "construction_exact": not head["rope"],
+            "standin": _is_standin(settings["model"]),
+        },
+    )
+    context = {"config": c, "settings": settings, "device": device, "threads": threads, "run": run}
+    d = int(att.info.d)
+    sweep.run(
+        points,
+        task=adv_point,
+        context=context,
+        cost=lambda p: float(p["n"]) ** 2 * d,
+        progress=progress,
+        desc=f"adversarial {c.id}",
+    )
     return [sweep.path, sweep.meta_path, info_path]
 
 
@@ -230,21 +302,22 @@ def _synthetic_head(wc: Mapping[str, Any]) -> Any:
     return AttentionParams(A, torch.eye(d, dtype=torch.float64))
 
 
-def _run_worst_case(out: Path, wc: Mapping[str, Any], *, progress: bool) -> list[Path]:
+def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``n`` of the worst-case sequence search: a top-level task (context: wc, threads)."""
     import torch
 
     from meanfield.attacks import adversarial_sequence, worst_case_sequence
     from theory.bounds import sqrt_n_lower, sqrt_n_upper
 
-    settings = {"kind": "worst_case_sequence", **dict(wc)}
-    sweep = Sweep(out, "worst_case", settings, seed=int(wc["seed"]), device="cpu", dtype="float64")
-    head = _synthetic_head(wc)
-    R = float(wc["R"])
-    A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
-    V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
+    from .._threads import torch_threads
 
-    def compute(point: Mapping[str, Any]) -> dict[str, Any]:
-        n = int(point["n"])
+    wc = cfg["wc"]
+    with torch_threads(cfg["threads"]):
+        head = _synthetic_head(wc)
+        R = float(wc["R"])
+        A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
+        V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
+        n = int(cfg["n"])
         res = worst_case_sequence(
             head,
             R,
@@ -272,9 +345,22 @@ def _run_worst_case(out: Path, wc: Mapping[str, Any], *, progress: bool) -> list
             ),
         }
 
+
+def _run_worst_case(
+    out: Path, wc: Mapping[str, Any], *, progress: bool, threads: int
+) -> list[Path]:
+    import torch
+
+    settings = {"kind": "worst_case_sequence", **dict(wc)}
+    sweep = Sweep(out, "worst_case", settings, seed=int(wc["seed"]), device="cpu", dtype="float64")
+    head = _synthetic_head(wc)
+    A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
+    V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
     sweep.run(
         [{"n": int(n)} for n in sorted(set(wc["n_grid"]))],
-        compute,
+        task=worst_case_point,
+        context={"wc": dict(wc), "threads": threads},
+        cost=lambda p: float(p["n"]) ** 2 * int(wc["d"]),
         progress=progress,
         desc="adversarial worst case",
     )
@@ -326,16 +412,41 @@ def run(
     cfg = _resolve(preset, overrides)
     out = Path(results_dir) / NAME
     out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    from ..execution import forget_worker_cache
+
     files: list[Path] = []
-    cache: dict[tuple[str, int], Any] = {}
-    with torch_threads(cfg["torch_threads"]):
-        for cid in cfg["configs"]:
-            c = CONFIGS[cid]
-            files += _run_config(
-                out, c, _config_settings(c, cfg), device=device, progress=progress, cache=cache
-            )
-        if cfg["worst_case"] is not None:
-            files += _run_worst_case(out, cfg["worst_case"], progress=progress)
+    run_id = uuid.uuid4().hex
+    deferred = False
+    try:
+        with torch_threads(cfg["torch_threads"]):
+            threads = torch.get_num_threads()  # every point runs on as many (see adv_point)
+            for cid in cfg["configs"]:
+                c = CONFIGS[cid]
+                try:
+                    files += _run_config(
+                        out,
+                        c,
+                        _config_settings(c, cfg),
+                        device=device,
+                        progress=progress,
+                        run=run_id,
+                        threads=threads,
+                    )
+                except Deferred:  # queued (docs/cluster.md); queue the other sweeps too
+                    deferred = True
+            if cfg["worst_case"] is not None:
+                try:
+                    files += _run_worst_case(
+                        out, cfg["worst_case"], progress=progress, threads=threads
+                    )
+                except Deferred:
+                    deferred = True
+    finally:
+        forget_worker_cache(("adversarial", run_id))
+    if deferred:
+        raise Deferred(NAME)
     write_json(
         out / "run.json",
         {"preset": preset, "configs": cfg["configs"], "worst_case": cfg["worst_case"] is not None},

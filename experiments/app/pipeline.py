@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "draw_all",
     "render_report",
     "reproduce",
+    "run_stages",
 ]
 
 log = logging.getLogger("meanfield.reproduce")
@@ -86,6 +87,150 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
+def _executor(workers: int | None, scheduler: str | None) -> Any:
+    """``None`` (compute in this process, as always) or a Dask executor (docs/cluster.md)."""
+    if scheduler is None and (workers is None or int(workers) <= 1):
+        return None
+    from experiments.execution import make_executor
+
+    try:
+        return make_executor(workers, scheduler)
+    except ImportError as err:
+        raise UsageError(str(err)) from None
+
+
+def run_stages(
+    stages: Sequence[Any],
+    results_dir: str | Path,
+    preset: str,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    catch: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Run ``stages`` into ``results_dir``; return each stage's status, files and seconds.
+
+    Without ``workers`` (or with one) and without ``scheduler``, the stages run one after the
+    other in this process, as they always have. Otherwise the points run on Dask
+    (``workers`` local worker processes, or the running scheduler at ``scheduler``) in rounds:
+    each stage runs until it needs points that are not computed yet, which it queues
+    (:func:`experiments.runner.planning`); the queued points of every stage then form one
+    queue, largest cost first, whose records this process alone appends; the stages then run
+    again and find them finished. Records are identical to a serial run's (docs/cluster.md).
+
+    ``settings`` maps a stage name to its settings (``--set``). With ``catch`` (the pipeline),
+    a failing stage is recorded and the others go on; without, its exception propagates.
+    One cost-weighted progress tracker covers the run (a bar on a terminal, else a log line per
+    percent or per minute, whichever is rarer).
+    """
+    from experiments.execution import run_jobs
+    from experiments.progress import CostProgress
+    from experiments.runner import Deferred, planning, reporting
+
+    settings = settings or {}
+    results_dir = Path(results_dir)
+    executor = _executor(workers, scheduler)
+    tracker = CostProgress(desc="meanfield", enabled=progress)
+    status: dict[str, dict[str, Any]] = {}
+    t_first: dict[str, float] = {}
+
+    def call(stage: Any) -> list[Path]:
+        t_first.setdefault(stage.name, time.perf_counter())
+        return stage.run(
+            results_dir,
+            preset,
+            device=device,
+            progress=progress,
+            **dict(settings.get(stage.name, {})),
+        )
+
+    def finish(stage: Any, files: list[Path] | None, err: BaseException | str | None) -> None:
+        entry: dict[str, Any] = {"title": stage.title}
+        if err is None:
+            entry.update(status="ok", files=[str(p) for p in files or []])
+        else:
+            msg = err if isinstance(err, str) else _one_line(err)
+            entry.update(status="failed", error=msg, files=[])
+            log.error("stage %s failed: %s", stage.name, msg)
+        entry["seconds"] = time.perf_counter() - t_first.get(stage.name, time.perf_counter())
+        status[stage.name] = entry
+
+    try:
+        with reporting(tracker):
+            if executor is None:
+                for stage in stages:
+                    log.info("stage %s (%s preset)", stage.name, preset)
+                    try:
+                        files = call(stage)
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as err:  # noqa: BLE001 - one failing stage must not stop the others
+                        if not catch:
+                            raise
+                        finish(stage, None, err)
+                    else:
+                        finish(stage, files, None)
+                return status
+            log.info("running the points on %r", executor)
+            pending = list(stages)
+            for rnd in range(1, 1000):
+                if not pending:
+                    break
+                queued: dict[str, list[Any]] = {}
+                waiting = []
+                for stage in pending:
+                    log.info("stage %s (%s preset), round %d", stage.name, preset, rnd)
+                    with planning() as plan:
+                        try:
+                            files, err = call(stage), None
+                        except Deferred:
+                            files, err = None, None
+                        except KeyboardInterrupt:
+                            raise
+                        except Exception as e:  # noqa: BLE001 - as above
+                            if not catch:
+                                raise
+                            files, err = None, e
+                    if err is not None:
+                        finish(stage, None, err)
+                    elif plan.jobs:
+                        queued[stage.name] = plan.jobs
+                        waiting.append(stage)
+                    elif files is None:
+                        finish(stage, None, "a sweep waited for points it did not queue")
+                    else:
+                        finish(stage, files, None)
+                if not queued:
+                    break
+                jobs = [j for js in queued.values() for j in js]
+                summary = run_jobs(jobs, executor, progress=tracker, on_error="record")
+                pending = []
+                for stage in waiting:
+                    left = sum(len(j.sweep.unfinished(j.points)) for j in queued[stage.name])
+                    if not left:
+                        pending.append(stage)
+                        continue
+                    names = {j.sweep.name for j in queued[stage.name]}
+                    bad = [
+                        o
+                        for o in summary.errors + summary.lost
+                        if o.task.group.rsplit("/", 1)[-1] in names
+                    ]
+                    why = f"; first: {bad[0].error}" if bad else ""
+                    msg = f"{left} point(s) failed or lost{why}"
+                    if not catch:
+                        raise RuntimeError(f"{stage.name}: {msg}; rerun to resume")
+                    finish(stage, None, msg)
+            return {s.name: status[s.name] for s in stages if s.name in status}
+    finally:
+        tracker.close()
+        if executor is not None:
+            executor.close()
+
+
 def reproduce(
     out: str | Path,
     preset: str = "quick",
@@ -95,13 +240,16 @@ def reproduce(
     figures: bool = True,
     progress: bool = True,
     seed: int | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
     """Run the stages of ``preset`` into ``out/results``, draw figures, write ``out/report.md``.
 
     Parameters
     ----------
     out : path
-        Output directory (created).
+        Output directory (created). It is locked for the run: a second run into the same
+        directory fails at once, naming the first; a lock left by a killed run is taken over.
     preset : {"tiny", "quick", "paper"}
         ``quick`` draws every figure in about 4 minutes on 2 CPU cores (budget 10 minutes);
         ``paper`` runs the paper's full grids (hours); ``tiny`` is the smoke test.
@@ -113,16 +261,22 @@ def reproduce(
     figures : bool
         Draw the figures and write the report (default True).
     progress : bool
-        Progress bars on stderr.
+        Progress on stderr: one cost-weighted bar on a terminal, else plain log lines.
     seed : int, optional
         Replaces the preset's seed in every stage that has one (the adversarial stage's seeds
         are the paper's own); ``None`` keeps the presets' seeds.
+    workers, scheduler : optional
+        Run the points on Dask: ``workers`` local worker processes, or the running scheduler at
+        the address ``scheduler`` (the optional extra ``meanfield[dist]``; docs/cluster.md).
+        The records are identical to a serial run's.
 
     Returns
     -------
     dict
         The document written to ``out/reproduce.json``.
     """
+    from experiments.lock import LockHeldError, OutDirLock, sigterm_as_exit
+
     if preset not in PRESET_NAMES:
         raise UsageError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
     check_device(device)
@@ -131,51 +285,51 @@ def reproduce(
         _quiet_loaders()
     out = Path(out)
     results_dir, figures_dir = out / "results", out / "figures"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-    status: dict[str, dict[str, Any]] = {}
-    for stage in stages:
-        t0 = time.perf_counter()
-        log.info("stage %s (%s preset)", stage.name, preset)
-        entry: dict[str, Any] = {"title": stage.title}
+    with sigterm_as_exit():
         try:
-            seeded = seed is not None and "seed" in stage.presets[preset].options()
-            files = stage.run(
+            lock = OutDirLock(out).acquire()
+        except LockHeldError as err:
+            raise UsageError(str(err)) from None
+        with lock:
+            results_dir.mkdir(parents=True, exist_ok=True)
+            t_start = time.perf_counter()
+            settings = {}
+            for stage in stages:
+                if seed is not None and "seed" in stage.presets[preset].options():
+                    settings[stage.name] = {"seed": int(seed)}
+            status = run_stages(
+                stages,
                 results_dir,
                 preset,
                 device=device,
                 progress=progress,
-                **({"seed": int(seed)} if seeded else {}),
+                settings=settings,
+                workers=workers,
+                scheduler=scheduler,
             )
-            entry.update(status="ok", files=[str(p) for p in files])
-        except KeyboardInterrupt:
-            raise
-        except Exception as err:  # noqa: BLE001 - one failing stage must not stop the others
-            entry.update(status="failed", error=_one_line(err), files=[])
-            log.error("stage %s failed: %s", stage.name, entry["error"])
-        entry["seconds"] = time.perf_counter() - t0
-        status[stage.name] = entry
-    doc: dict[str, Any] = {
-        "kind": "reproduce",
-        "preset": preset,
-        "device": device,
-        "stages": status,
-        "experiments_seconds": time.perf_counter() - t_start,
-    }
-    if figures:
-        t0 = time.perf_counter()
-        doc["figures"] = draw_all(results_dir, figures_dir)
-        doc["figures_seconds"] = time.perf_counter() - t0
-    doc["total_seconds"] = time.perf_counter() - t_start
-    doc["budget_seconds"] = BUDGET_SECONDS[preset]
-    doc["metadata"] = run_metadata(
-        device=device, config={"preset": preset, "only": only, "seed": seed}
-    )
-    if figures:
-        report = out / "report.md"
-        atomic_write_text(report, render_report(out, doc))
-        doc["report"] = str(report)
-    write_json(out / "reproduce.json", doc)
+            doc: dict[str, Any] = {
+                "kind": "reproduce",
+                "preset": preset,
+                "device": device,
+                "stages": status,
+                "experiments_seconds": time.perf_counter() - t_start,
+            }
+            if workers is not None or scheduler is not None:
+                doc["execution"] = {"workers": workers, "scheduler": scheduler}
+            if figures:
+                t0 = time.perf_counter()
+                doc["figures"] = draw_all(results_dir, figures_dir)
+                doc["figures_seconds"] = time.perf_counter() - t0
+            doc["total_seconds"] = time.perf_counter() - t_start
+            doc["budget_seconds"] = BUDGET_SECONDS[preset]
+            doc["metadata"] = run_metadata(
+                device=device, config={"preset": preset, "only": only, "seed": seed}
+            )
+            if figures:
+                report = out / "report.md"
+                atomic_write_text(report, render_report(out, doc))
+                doc["report"] = str(report)
+            write_json(out / "reproduce.json", doc)
     return doc
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..execution import forget_worker_cache
 from ..results import load_json, write_json
-from ..runner import Sweep, point_key
+from ..runner import Deferred, Sweep, point_key, queued
 from .report import export_csv
 from .settings import (
     CONFIGS,
@@ -38,7 +40,7 @@ class _Workspace:
     def __init__(self, seed: int, dtype: Any, device: str, cache: dict) -> None:
         self.seed, self.dtype, self.device = seed, dtype, device
         self.models = cache
-        self.ids: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self.ids: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.maps: dict[str, Any] = {}
         self.need: dict[tuple[str, str], int] = {}
 
@@ -52,18 +54,18 @@ class _Workspace:
     def token_ids(self, key: str, corpus: str) -> tuple[Any, Any]:
         from experiments.corpora import corpus_token_ids
 
-        if (key, corpus) not in self.ids:
+        need = self.need.get((key, corpus), 0)
+        if (key, corpus, need) not in self.ids:
             lm = self.model(key)
             if lm.tokenizer is None:
                 raise ValueError(f"model {key!r} has no tokenizer available offline")
-            need = self.need.get((key, corpus), 0)
             ids, corp = corpus_token_ids(corpus, lm.tokenizer, min_tokens=need)
             if ids.numel() < need:
                 raise ValueError(
                     f"corpus {corpus!r} has {ids.numel()} tokens for {key}, the grid needs {need}"
                 )
-            self.ids[(key, corpus)] = (ids, corp)
-        return self.ids[(key, corpus)]
+            self.ids[(key, corpus, need)] = (ids, corp)
+        return self.ids[(key, corpus, need)]
 
     def attention(self, config: RealConfig) -> Any:
         from meanfield.models import hf_attention
@@ -73,6 +75,40 @@ class _Workspace:
             att = hf_attention(lm.model, config.layer, map=config.map, dtype=self.dtype)
             self.maps[config.id] = att.to(self.device)
         return self.maps[config.id]
+
+
+def _workspace(run: str, seed: int, dtype: str, device: str) -> _Workspace:
+    """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
+    import torch
+
+    from ..execution import worker_cache
+
+    return worker_cache(
+        ("real_data", run, int(seed), dtype, device),
+        lambda: _Workspace(int(seed), getattr(torch, dtype), device, {}),
+    )
+
+
+def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One point of a real-data sweep: the stage's top-level task (docs/cluster.md).
+
+    ``cfg`` holds the point (``n``, ``start``) and the sweep's context: ``config`` (a
+    :class:`RealConfig`), ``corpus``, ``opts`` (the resolved settings), ``need`` (tokens of the
+    corpus the run needs for that model), ``device``, ``threads`` (torch threads of the point)
+    and ``run`` (names the workspace: the models, texts and maps this process loaded for the run).
+
+    The point runs on ``threads`` torch threads, the count the serial run uses (the preset's
+    ``threads``, or the driver's own count when that is ``None``), so that a Dask worker, started
+    with one thread, computes the same floats as the serial run.
+    """
+    from .._threads import torch_threads
+
+    config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
+    with torch_threads(cfg["threads"]):
+        ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
+        key = (config.model, corpus)
+        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        return _estimate(config, ws, corpus, cfg, opts)
 
 
 def _estimate(
@@ -206,15 +242,15 @@ def run(
     opts = _resolve(preset, overrides)
     out = Path(results_dir) / NAME
     out.mkdir(parents=True, exist_ok=True)
-    dtype = getattr(torch, opts["dtype"])
     old_threads = torch.get_num_threads()
     if opts["threads"] is not None:
         torch.set_num_threads(int(opts["threads"]))
-    cache: dict[str, Any] = {}
+    threads = torch.get_num_threads()  # what every point runs on (see real_point)
+    run_id = uuid.uuid4().hex
     try:
+        ws = _workspace(run_id, opts["seed"], opts["dtype"], device)
         configs = [CONFIGS[c] for c in opts["configs"]]
-        configs += _user_configs(opts["models"], opts["layers"], cache)
-        ws = _Workspace(int(opts["seed"]), dtype, device, cache)
+        configs += _user_configs(opts["models"], opts["layers"], ws.models)
         plan = []
         for config in configs:
             for corpus in opts["corpora"]:
@@ -276,16 +312,32 @@ def run(
                 )
                 write_json(manifest_path, manifest)
 
-                def compute(p, config=config, corpus=corpus):
-                    return _estimate(config, ws, corpus, p, opts)
+                d = ws.attention(config).info.d
 
-                sweep.run(points, compute, progress=progress, desc=f"{NAME} {name}")
+                def cost(p: Mapping[str, Any], d: int = d) -> float:
+                    return float(p["n"]) ** 2 * d * opts["n_windows"]
+
+                context = {
+                    "config": config,
+                    "corpus": corpus,
+                    "opts": opts,
+                    "need": ws.need[(config.model, corpus)],
+                    "device": device,
+                    "threads": threads,
+                    "run": run_id,
+                }
+                sweep.submit(
+                    points, real_point, context, cost=cost, progress=progress, desc=f"{NAME} {name}"
+                )
             files += [sweep.path, sweep.meta_path]
+        if queued():  # computed by the driver's queue; this stage runs again after
+            raise Deferred(NAME)
         files.append(manifest_path)
         files += export_csv(results_dir)
         return files
     finally:
         torch.set_num_threads(old_threads)
+        forget_worker_cache(("real_data", run_id, int(opts["seed"]), opts["dtype"], device))
 
 
 def _key(sweep: Sweep, point: Mapping[str, Any]) -> str:

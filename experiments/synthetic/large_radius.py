@@ -71,6 +71,14 @@ def _f7_point(point: Mapping[str, Any], A, V, X, R: np.ndarray, device: str) -> 
     }
 
 
+def f7_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One F7 point as a top-level task (point, ``A``, ``V``, ``X``, ``R``, ``device``)."""
+    from .._threads import torch_threads
+
+    with torch_threads(1):
+        return _f7_point(cfg, cfg["A"], cfg["V"], cfg["X"], cfg["R"], cfg["device"])
+
+
 def _settled_radius(R: np.ndarray, rel_err: np.ndarray, tol: float) -> float:
     """Smallest grid radius from which the relative error stays below ``tol`` (nan if never)."""
     tail_ok = np.flip(np.cumprod(np.flip(rel_err <= tol))).astype(bool)
@@ -89,7 +97,8 @@ def _run_f7(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
         dtype="float64",
     )
     pts = [{"input": k, "masked": m} for m in (False, True) for k in range(len(X))]
-    recs = sweep.run(pts, lambda p: _f7_point(p, A, V, X, R, device), progress=progress, desc="F7")
+    context = {"A": A, "V": V, "X": X, "R": R, "device": device}
+    recs = sweep.run(pts, task=f7_task, context=context, progress=progress, desc="F7")
     by = {(r["point"]["input"], r["point"]["masked"]): r for r in recs}
     n = int(cfg["f7_n"])
     a_norm, v_norm = _spec(A), _spec(V)

@@ -141,6 +141,27 @@ def _off_axis_point(point: Mapping[str, Any], cfg: Mapping[str, Any], device: st
     }
 
 
+def off_axis_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One off-axis point as a top-level task (point, ``cfg``: the stage settings, ``device``)."""
+    from .._threads import torch_threads
+
+    with torch_threads(1):
+        return _off_axis_point(cfg, cfg["cfg"], cfg["device"])
+
+
+def worst_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One worst-measure search as a top-level task.
+
+    ``cfg``: the point, ``cfg`` (the stage settings), ``device`` and ``off_axis`` (the off-axis
+    measures by ``(setting, R)``, the searches' extra start).
+    """
+    from .._threads import torch_threads
+
+    with torch_threads(1):
+        start = cfg["off_axis"][(cfg["setting"], cfg["R"])]
+        return _worst_point(cfg, cfg["cfg"], start, cfg["device"])
+
+
 def _mf_curves(A: np.ndarray, V: np.ndarray, R: np.ndarray) -> dict[str, np.ndarray]:
     r"""Closed-form mean-field curves of docs/theory.md §5–§6 on a radius grid.
 
@@ -191,7 +212,8 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
     off = Sweep(out, "off_axis", off_cfg, seed=seed, device=device, dtype="float64")
     orecs = off.run(
         [{"setting": s, "R": float(R)} for s in cfg["mf_settings"] for R in radii],
-        lambda p: _off_axis_point(p, cfg, device),
+        task=off_axis_task,
+        context={"cfg": cfg, "device": device},
         progress=progress,
         desc="off-axis",
     )
@@ -219,7 +241,15 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
         pts += [{"setting": s, "R": float(R), "n_atoms": k} for R in radii for k in atoms]
     recs = sweep.run(
         pts,
-        lambda p: _worst_point(p, cfg, oa[(p["setting"], p["R"])], device),
+        task=worst_task,
+        context={
+            "cfg": cfg,
+            "device": device,
+            "off_axis": {
+                k: {f: r[f] for f in ("measure_points", "measure_log_weights")}
+                for k, r in oa.items()
+            },
+        },
         progress=progress,
         desc="worst measures",
     )

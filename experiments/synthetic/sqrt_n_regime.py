@@ -173,6 +173,14 @@ def _f5_point(point: Mapping[str, Any], device: str) -> dict[str, Any]:
     }
 
 
+def f5_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One F5 point as a top-level task (point and ``device``), on one torch thread."""
+    from .._threads import torch_threads
+
+    with torch_threads(1):
+        return _f5_point(cfg, cfg["device"])
+
+
 def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list[Path]:
     R = float(cfg["f5_R"])
     gammas = np.asarray(cfg["f5_gammas"], dtype=np.float64)
@@ -192,7 +200,9 @@ def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
     points = [
         {"gamma": float(g), "R": R, "n": int(n), "masked": True} for g in gammas for n in m_grid
     ] + [{"gamma": float(g), "R": R, "n": int(n), "masked": False} for g in gammas for n in c_grid]
-    recs = sweep.run(points, lambda p: _f5_point(p, device), progress=progress, desc="F5 engine")
+    recs = sweep.run(
+        points, task=f5_task, context={"device": device}, progress=progress, desc="F5 engine"
+    )
     by = {(r["point"]["gamma"], r["point"]["n"], r["point"]["masked"]): r for r in recs}
 
     G = len(gammas)

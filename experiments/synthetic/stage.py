@@ -13,6 +13,7 @@ from typing import Any
 
 from .._threads import torch_threads
 from ..results import load_json, run_metadata, write_json
+from ..runner import Deferred
 from ..stage import ModuleStage
 from .large_radius import _run_f7
 from .mean_field import _run_mean_field
@@ -63,11 +64,17 @@ def run(
     t0 = time.perf_counter()
     files: list[Path] = []
     timings = {}
+    deferred = False
     with torch_threads(1):
         for key, fn in (("f5", _run_f5), ("f7", _run_f7), ("mean_field", _run_mean_field)):
             t = time.perf_counter()
-            files += fn(cfg, out, device, progress)
+            try:
+                files += fn(cfg, out, device, progress)
+            except Deferred:  # its points are queued (docs/cluster.md); queue the others' too
+                deferred = True
             timings[key] = time.perf_counter() - t
+    if deferred:
+        raise Deferred(NAME)
     sweeps = [
         out / f"{s}.{e}"
         for s in ("f5_engine", "worst_measures", "off_axis", "f7")

@@ -35,6 +35,15 @@ def _schedule(n_instances: int, kinds: Sequence[str]) -> list[dict[str, Any]]:
     return [{"index": i, "kind": sched[i % len(sched)]} for i in range(n_instances)]
 
 
+def instance_point(config: Mapping[str, Any]) -> dict[str, Any]:
+    """One instance's record, from ``{seed, index, kind}``: the stage's top-level task.
+
+    Pure and picklable by reference, so that a Dask worker can compute it (docs/cluster.md); it
+    checks the registered bounds (:data:`~experiments.verify_bounds.checks.BOUNDS`).
+    """
+    return check_instance(int(config["seed"]), config["index"], config["kind"], _registry(None))
+
+
 def verify(
     n_instances: int = 200,
     seed: int = 0,
@@ -94,7 +103,16 @@ def verify(
             "bounds": [s.name for s in specs],
         }
         sweep = Sweep(sweep_dir, "instances", config, seed=int(seed), device="cpu", dtype="float64")
-        records = sweep.run(points, compute, progress=progress, desc="verify-bounds")
+        if extra_bounds:  # bounds given as objects: computed here, by the closure
+            records = sweep.run(points, compute, progress=progress, desc="verify-bounds")
+        else:  # a top-level task: the driver may send the instances to other processes
+            records = sweep.run(
+                points,
+                task=instance_point,
+                context={"seed": int(seed)},
+                progress=progress,
+                desc="verify-bounds",
+            )
     else:
         from tqdm.auto import tqdm
 

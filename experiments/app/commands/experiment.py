@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import UsageError, add_common, add_device, check_device
+from .reproduce import add_execution, check_execution
 
 __all__ = ["parse_setting", "register"]
 
@@ -43,6 +44,9 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
     """List the settings (``--list``) or run the stage into ``--out``."""
+    from experiments.lock import LockHeldError, OutDirLock, sigterm_as_exit
+
+    from ..pipeline import run_stages
     from ..registry import STAGES
 
     stages = {s.name: s for s in STAGES}
@@ -67,11 +71,27 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     if args.list_options:
         return doc
     check_device(args.device)
+    check_execution(args)
     results = Path(args.out)
     t0 = time.perf_counter()
-    files = stage.run(
-        results, args.preset, device=args.device, progress=not args.no_progress, **overrides
-    )
+    with sigterm_as_exit():
+        try:
+            lock = OutDirLock(results).acquire()
+        except LockHeldError as err:
+            raise UsageError(str(err)) from None
+        with lock:
+            status = run_stages(
+                [stage],
+                results,
+                args.preset,
+                device=args.device,
+                progress=not args.no_progress,
+                settings={stage.name: overrides},
+                workers=args.workers,
+                scheduler=args.scheduler,
+                catch=False,
+            )
+    files = status[stage.name]["files"]
     doc.update(
         results=str(results / stage.name),
         seconds=time.perf_counter() - t0,
@@ -129,4 +149,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the preset's options and exit",
     )
+    add_execution(p)
     p.set_defaults(handler=handle, printer=show)

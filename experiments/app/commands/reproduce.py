@@ -7,13 +7,41 @@ from typing import Any
 
 from ..options import UsageError, add_common, add_device
 
-__all__ = ["register"]
+__all__ = ["add_execution", "register"]
+
+
+def add_execution(p: argparse.ArgumentParser) -> None:
+    """Add ``--workers`` and ``--scheduler`` (Dask, the optional extra; docs/cluster.md)."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the points on N local Dask worker processes (needs the extra "
+        "meanfield[dist]; default: serially in this process)",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run the points on the Dask cluster whose scheduler is at ADDRESS, "
+        "e.g. tcp://node1:8786 (docs/cluster.md)",
+    )
+
+
+def check_execution(args: argparse.Namespace) -> None:
+    """Raise UsageError for a bad ``--workers`` / ``--scheduler`` combination."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers is not None and args.scheduler:
+        raise UsageError("give --workers or --scheduler, not both")
 
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
     """Run the pipeline; a failed stage or figure makes the command exit 2 after the report."""
     from ..pipeline import reproduce
 
+    check_execution(args)
     only = args.only.split(",") if args.only else None
     doc = reproduce(
         args.out,
@@ -23,6 +51,8 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         figures=not args.no_figures,
         progress=not args.no_progress,
         seed=args.seed,
+        workers=args.workers,
+        scheduler=args.scheduler,
     )
     failed = [k for k, e in doc["stages"].items() if e["status"] != "ok"]
     failed += [f"figure {k}" for k, e in doc.get("figures", {}).items() if e["status"] == "failed"]
@@ -77,4 +107,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device(p)
     p.add_argument("--only", default=None, help="comma-separated stages to run")
     p.add_argument("--no-figures", action="store_true", help="run the experiments only")
+    add_execution(p)
     p.set_defaults(handler=handle, printer=show)

@@ -1,0 +1,173 @@
+"""``reproduce`` and ``experiment`` on Dask, the lock on ``--out``, a killed driver resumed.
+
+The Dask tests skip without the optional extra ``meanfield[dist]``; the lock tests run always.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.app import pipeline as rp
+from experiments.app.main import main
+from experiments.lock import LOCK_NAME
+from experiments.results import load_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _need_dask() -> None:
+    pytest.importorskip("dask")
+    pytest.importorskip("distributed")
+
+
+def _records(root: Path) -> dict[str, dict[str, dict]]:
+    """Every JSONL file under ``root``: key -> record without its timings (``seconds*``)."""
+    out: dict[str, dict[str, dict]] = {}
+    for path in sorted(root.rglob("*.jsonl")):
+        recs = load_jsonl(path)
+        by_key = {
+            r["key"]: {k: v for k, v in r.items() if not k.startswith("seconds")} for r in recs
+        }
+        assert len(by_key) == len(recs), f"{path}: a point recorded twice"
+        out[str(path.relative_to(root))] = by_key
+    return out
+
+
+def _npz(root: Path) -> dict[str, dict[str, np.ndarray]]:
+    out = {}
+    for path in sorted(root.rglob("*.npz")):
+        with np.load(path, allow_pickle=False) as z:
+            out[str(path.relative_to(root))] = {k: z[k] for k in z.files}
+    return out
+
+
+@pytest.mark.parametrize(
+    "only",
+    [
+        pytest.param(["synthetic", "verify_bounds"], id="engine-stages"),
+        pytest.param(
+            ["real_data", "adversarial", "synthetic", "verify_bounds"],
+            id="with-models",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_tiny_preset_on_two_workers_is_bit_identical_to_serial(tmp_path: Path, only) -> None:
+    """A 2-worker LocalCluster against the serial run: the same records, float for float.
+
+    The stages that load models (real_data, adversarial) take a minute more: slow suite.
+    """
+    _need_dask()
+    serial = rp.reproduce(tmp_path / "s", "tiny", only=only, figures=False, progress=False)
+    dist = rp.reproduce(tmp_path / "d", "tiny", only=only, figures=False, progress=False, workers=2)
+    assert {k: e["status"] for k, e in serial["stages"].items()} == dict.fromkeys(only, "ok")
+    assert {k: e["status"] for k, e in dist["stages"].items()} == dict.fromkeys(only, "ok")
+    assert dist["execution"] == {"workers": 2, "scheduler": None}
+    s, d = _records(tmp_path / "s" / "results"), _records(tmp_path / "d" / "results")
+    assert sum(len(v) for v in s.values()) >= 40 and len(s) >= 5
+    assert s == d  # exact equality of every value, floats included
+    zs, zd = _npz(tmp_path / "s" / "results"), _npz(tmp_path / "d" / "results")
+    assert zs.keys() == zd.keys() and zs
+    for name in zs:
+        assert zs[name].keys() == zd[name].keys()
+        for k in zs[name]:
+            if "second" in k:
+                continue
+            np.testing.assert_array_equal(zs[name][k], zd[name][k], err_msg=f"{name}:{k}")
+    assert not (tmp_path / "d" / LOCK_NAME).exists()  # released
+
+
+def test_workers_without_dask_is_a_one_line_error(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if the extra were absent
+    out = tmp_path / "o"
+    code = main(["reproduce", "--preset", "tiny", "--out", str(out), "--workers", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "meanfield[dist]" in err[0]
+    code = main(["reproduce", "--out", str(out), "--workers", "2", "--scheduler", "tcp://x:1"])
+    assert code == 2 and "not both" in capsys.readouterr().err
+
+
+HOLD = """
+import sys, time
+from experiments.lock import OutDirLock
+with OutDirLock(sys.argv[1], command="holder"):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_lock_on_reproduce_live_then_stale(tmp_path: Path, capsys, caplog) -> None:
+    """A live run holds OUT: a second fails at once naming it; killed, its lock is taken over."""
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], env=ENV, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        args = ["reproduce", "--preset", "tiny", "--out", str(out), "--only", "verify_bounds"]
+        t0 = time.perf_counter()
+        code = main([*args, "--no-figures"])
+        elapsed = time.perf_counter() - t0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"meanfield: error: {out} is in use by pid {holder.pid}")
+        assert "command: holder" in err[0]
+        assert elapsed < 10  # at once: nothing was computed
+        assert not (out / "results").exists()
+        # the same for `experiment` on its own --out
+        code = main(["experiment", "verify_bounds", "--preset", "tiny", "--out", str(out)])
+        assert code == 2 and f"pid {holder.pid}" in capsys.readouterr().err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert json.loads((out / LOCK_NAME).read_text())["pid"] == holder.pid  # left behind
+    with caplog.at_level(logging.WARNING, logger="experiments.lock"):
+        doc = rp.reproduce(out, "tiny", only=["verify_bounds"], figures=False, progress=False)
+    assert doc["stages"]["verify_bounds"]["status"] == "ok"
+    assert "taking over a stale lock" in caplog.text and f"pid {holder.pid}" in caplog.text
+    assert len(load_jsonl(out / "results" / "verify_bounds" / "instances.jsonl")) == 30
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_killed_driver_resumes_on_two_workers(tmp_path: Path) -> None:
+    """SIGKILL the driver mid-run; the rerun (Dask) takes the stale lock and finishes the rest.
+
+    Every point is then recorded once, with the values of an uninterrupted serial run.
+    """
+    _need_dask()
+    res, ref = tmp_path / "res", tmp_path / "ref"
+    cmd = [sys.executable, "-m", "experiments", "experiment", "verify_bounds", "--preset", "tiny"]
+    cmd += ["--set", "n_instances=60", "--no-progress"]
+    proc = subprocess.Popen([*cmd, "--out", str(res)], env=ENV, cwd=ROOT)
+    path = res / "verify_bounds" / "instances.jsonl"
+    deadline = time.monotonic() + 120
+    while len(load_jsonl(path)) < 8 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_before = len(load_jsonl(path))
+    assert proc.returncode == -signal.SIGKILL and 8 <= n_before < 60
+    assert (res / LOCK_NAME).exists()  # stale
+    code = main(
+        ["experiment", "verify_bounds", "--preset", "tiny", "--set", "n_instances=60"]
+        + ["--no-progress", "--out", str(res), "--workers", "2"]
+    )
+    assert code == 0
+    assert main([*cmd[3:], "--out", str(ref)]) == 0  # uninterrupted, serial
+    got, want = _records(res), _records(ref)
+    assert len(want["verify_bounds/instances.jsonl"]) == 60
+    assert got == want
+    report = json.loads((res / "verify_bounds" / "report.json").read_text())
+    assert report["n_theorem_violations"] == 0 and not (res / LOCK_NAME).exists()
