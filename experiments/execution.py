@@ -382,7 +382,22 @@ class DaskExecutor:
                 "OMP_WAIT_POLICY": "PASSIVE",
                 **(dict(env) if env else {}),
             }
-            with dask.config.set({"distributed.scheduler.allowed-failures": int(allowed_failures)}):
+            # Dask's nanny sets OMP/MKL/OPENBLAS_NUM_THREADS=1 before it spawns a worker; the
+            # BLAS and OpenMP pools are sized from them at start, and a point whose torch thread
+            # count is then raised to the serial run's still differs from it in the last bits.
+            # Spawn the workers with this process's own values (unset stays unset).
+            spawn_env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+            for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+                if key in os.environ:
+                    spawn_env[key] = os.environ[key]
+                else:
+                    spawn_env.pop(key, None)
+            with dask.config.set(
+                {
+                    "distributed.scheduler.allowed-failures": int(allowed_failures),
+                    "distributed.nanny.pre-spawn-environ": spawn_env,
+                }
+            ):
                 self.cluster = LocalCluster(
                     n_workers=int(workers),
                     threads_per_worker=1,
