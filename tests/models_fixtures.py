@@ -130,6 +130,20 @@ def store_output(got: dict, key: str = "y"):
     return hook
 
 
+def run_capturing(model, module, ids) -> dict:
+    """Run ``model`` on ``ids``; return the first input ``"x"`` and output ``"y"`` of ``module``."""
+    got: dict = {}
+    h1 = module.register_forward_pre_hook(store_input(got), with_kwargs=True)
+    h2 = module.register_forward_hook(store_output(got))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        h1.remove()
+        h2.remove()
+    return got
+
+
 def causal_additive(n: int, dtype=D64) -> torch.Tensor:
     """The additive (1, 1, n, n) mask HF modules expect: -inf above the diagonal."""
     return torch.full((n, n), float("-inf"), dtype=dtype).triu(1)[None, None]

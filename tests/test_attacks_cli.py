@@ -67,39 +67,10 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
     A = np.array([[0.5, 1.0], [-0.3, -1.2]])
     np.save(tmp_path / "A.npy", A)
     np.savez(tmp_path / "AV.npz", A=A, V=2 * np.eye(2))
-    assert (
-        _main(
-            [
-                "attack",
-                "construct",
-                "--A-file",
-                str(tmp_path / "A.npy"),
-                "--R",
-                "1.5",
-                "--n",
-                "4",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    construct, rest = ["attack", "construct", "--A-file"], "--R 1.5 --n 4 --json".split()
+    assert _main(construct + [str(tmp_path / "A.npy")] + rest) == 0
     d1 = json.loads(capsys.readouterr().out)
-    assert (
-        _main(
-            [
-                "attack",
-                "construct",
-                "--A-file",
-                str(tmp_path / "AV.npz"),
-                "--R",
-                "1.5",
-                "--n",
-                "4",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert _main(construct + [str(tmp_path / "AV.npz")] + rest) == 0
     d2 = json.loads(capsys.readouterr().out)
     assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=1e-12)  # V = 2I
     np.save(tmp_path / "obj.npy", np.array([{"A": 1}], dtype=object), allow_pickle=True)
