@@ -52,6 +52,18 @@ RC = {
 }
 
 
+def plot_curves(ax, x, curves: Sequence[tuple[object, str, dict]]) -> None:
+    """Plot each ``(y, label, kwargs)`` of ``curves`` against ``x`` on ``ax``, in that order.
+
+    ``kwargs`` are the keyword arguments of ``ax.plot``; an optional ``"fmt"`` entry is passed as
+    its format string.
+    """
+    for y, label, kwargs in curves:
+        kw = dict(kwargs)
+        fmt = kw.pop("fmt", None)
+        ax.plot(*((x, y) if fmt is None else (x, y, fmt)), label=label, **kw)
+
+
 @contextlib.contextmanager
 def style() -> Iterator[None]:
     """Apply the shared style for the duration of a ``with`` block."""
@@ -102,5 +114,19 @@ def figure_main(
         "--out", type=Path, default=Path("figures"), help="output directory (default ./figures)"
     )
     args = parser.parse_args(argv)
+    for p in draw(args.results, args.out):
+        print(p)
+
+
+def attack_figure_main(draw: Callable[..., list[Path]], doc: str | None, what: str) -> None:
+    """The command line of the attack figures: ``RESULTS [--out DIR]``.
+
+    ``RESULTS`` is ``what`` (an ``.npz`` of the attack experiment) or its directory, by default
+    ``attack_out``; the files written are printed.
+    """
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("results", nargs="?", default="attack_out", help=f"{what} or its directory")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
     for p in draw(args.results, args.out):
         print(p)

@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments.results import load_json, load_npz
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -63,51 +63,35 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             def g(key: str, s: str = s) -> np.ndarray:
                 return d[f"{s}__{key}"]
 
-            ax.plot(
+            global_label = r"global lower bound $\max(\|V\|_2, \sup_\varepsilon g)$"
+            asymptote = r"asymptote $\frac{3\sqrt{3}}{16}\gamma^* e^{\gamma^*/2}$ (lower bound)"
+            plot_curves(
+                ax,
                 Rc,
-                g("curve_global_lower"),
-                color="0.75",
-                lw=3.0,
-                label=r"global lower bound $\max(\|V\|_2, \sup_\varepsilon g)$",
-            )
-            ax.plot(
-                Rc,
-                g("curve_upper_c1"),
-                color=PALETTE["bound"],
-                ls="-.",
-                lw=1.0,
-                label=r"upper bound, candidate $c'=1$ (reconstructed)",
-            )
-            ax.plot(
-                Rc,
-                g("curve_upper_c2"),
-                color="#8aa61c",
-                ls=(0, (5, 2, 1, 2, 1, 2)),
-                lw=1.0,
-                label=r"upper bound, candidate $c'=2$ (reconstructed)",
-            )
-            ax.plot(
-                Rc,
-                g("curve_sup_g"),
-                color="k",
-                lw=1.1,
-                label=r"two-Dirac optimum on the eigen-axes, $\gamma^*$ (lower bound)",
-            )
-            ax.plot(
-                Rc,
-                g("curve_half"),
-                color="k",
-                ls="--",
-                lw=0.7,
-                label=r"two Diracs at $w = 1/2$ (lower bound)",
-            )
-            ax.plot(
-                Rc,
-                g("curve_asymptote"),
-                color="k",
-                ls=":",
-                lw=0.9,
-                label=r"asymptote $\frac{3\sqrt{3}}{16}\gamma^* e^{\gamma^*/2}$ (lower bound)",
+                [
+                    (g("curve_global_lower"), global_label, dict(color="0.75", lw=3.0)),
+                    (
+                        g("curve_upper_c1"),
+                        r"upper bound, candidate $c'=1$ (reconstructed)",
+                        dict(color=PALETTE["bound"], ls="-.", lw=1.0),
+                    ),
+                    (
+                        g("curve_upper_c2"),
+                        r"upper bound, candidate $c'=2$ (reconstructed)",
+                        dict(color="#8aa61c", ls=(0, (5, 2, 1, 2, 1, 2)), lw=1.0),
+                    ),
+                    (
+                        g("curve_sup_g"),
+                        r"two-Dirac optimum on the eigen-axes, $\gamma^*$ (lower bound)",
+                        dict(color="k", lw=1.1),
+                    ),
+                    (
+                        g("curve_half"),
+                        r"two Diracs at $w = 1/2$ (lower bound)",
+                        dict(color="k", ls="--", lw=0.7),
+                    ),
+                    (g("curve_asymptote"), asymptote, dict(color="k", ls=":", lw=0.9)),
+                ],
             )
             atoms = g("atoms")
             colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(atoms)))

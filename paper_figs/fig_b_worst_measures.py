@@ -10,7 +10,6 @@ computation here (docs/theory.md §A4; docs/experiments.md, "Stages and figures"
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from experiments.results import load_json, load_npz
 
-from ._style import TWO_COLUMNS, save, style
+from ._style import TWO_COLUMNS, attack_figure_main, save, style
 
 __all__ = ["draw"]
 
@@ -59,6 +58,13 @@ def _mass_label(log10_mass: float) -> str:
     return f"$10^{{{log10_mass:.1f}}}$"
 
 
+def _atoms(ax, x, y, c, cmap, norm):
+    """The atoms of a measure, coloured by log-mass on the shared scale."""
+    return ax.scatter(
+        x, y, c=c, cmap=cmap, norm=norm, s=30, edgecolors="k", linewidths=0.4, zorder=3
+    )
+
+
 def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw ``fig_b_worst_measures.{pdf,png}`` from a saved results file (or its directory)."""
     import matplotlib.pyplot as plt
@@ -89,17 +95,7 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
                 y = r_i + _stagger(x)
                 order = np.argsort(-c)  # light atoms drawn on top
                 ax.axhline(r_i, color="0.85", lw=0.6, zorder=0)
-                sc = ax.scatter(
-                    x[order],
-                    y[order],
-                    c=c[order],
-                    cmap=cmap,
-                    norm=norm,
-                    s=30,
-                    edgecolors="k",
-                    linewidths=0.4,
-                    zorder=3,
-                )
+                sc = _atoms(ax, x[order], y[order], c[order], cmap, norm)
                 for xi, yi, ci in zip(x, y, c):
                     ax.annotate(
                         _mass_label(ci),
@@ -134,17 +130,7 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
                 c = data["d2_log_weights"][r_i] / math.log(10.0)
                 order = np.argsort(-c)
                 ax.plot(np.cos(theta), np.sin(theta), color="0.6", lw=0.6)
-                sc = ax.scatter(
-                    P[order, 0],
-                    P[order, 1],
-                    c=c[order],
-                    cmap=cmap,
-                    norm=norm,
-                    s=30,
-                    edgecolors="k",
-                    linewidths=0.4,
-                    zorder=3,
-                )
+                sc = _atoms(ax, P[order, 0], P[order, 1], c[order], cmap, norm)
                 ax.set_aspect("equal", adjustable="box")
                 ax.set_xlim(-1.15, 1.15)
                 ax.set_ylim(-1.15, 1.15)
@@ -167,11 +153,4 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "results", nargs="?", default="attack_out", help="worst_measures.npz or its directory"
-    )
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    for p in draw(args.results, args.out):
-        print(p)
+    attack_figure_main(draw, __doc__, "worst_measures.npz")

@@ -10,14 +10,13 @@ measured with ``W_inf`` (no gain). Reads ``mass_splitting.npz`` written by
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_npz
 
-from ._style import PALETTE, TWO_COLUMNS, save, style
+from ._style import PALETTE, TWO_COLUMNS, attack_figure_main, save, style
 
 __all__ = ["draw"]
 
@@ -86,11 +85,4 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "results", nargs="?", default="attack_out", help="mass_splitting.npz or its directory"
-    )
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    for p in draw(args.results, args.out):
-        print(p)
+    attack_figure_main(draw, __doc__, "mass_splitting.npz")

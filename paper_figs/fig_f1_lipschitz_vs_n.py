@@ -184,28 +184,21 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
             zorder=1,
             label="certified bracket of $\\|J\\|_2$",
         )
-    ax.scatter(
-        n,
-        val,
-        s=9,
-        marker="o",
-        facecolors=PALETTE["fit"],
-        edgecolors="none",
-        alpha=0.75,
-        zorder=3,
-        label=r"$\|J\|_2$ (true, one window)",
-    )
-    ax.scatter(
-        n,
-        rel,
-        s=10,
-        marker="^",
-        facecolors=PALETTE["released"],
-        edgecolors="none",
-        alpha=0.75,
-        zorder=3,
-        label=r"released $\sqrt{\|J^\top f\|}$ (D1)",
-    )
+    for y, size, marker, colour, label in (
+        (val, 9, "o", PALETTE["fit"], r"$\|J\|_2$ (true, one window)"),
+        (rel, 10, "^", PALETTE["released"], r"released $\sqrt{\|J^\top f\|}$ (D1)"),
+    ):
+        ax.scatter(
+            n,
+            y,
+            s=size,
+            marker=marker,
+            facecolors=colour,
+            edgecolors="none",
+            alpha=0.75,
+            zorder=3,
+            label=label,
+        )
     grid = np.geomspace(n.min(), n.max(), 100) if log else np.linspace(n.min(), n.max(), 100)
     for y, name, color in (
         (val, r"$\|J\|_2$ fit", PALETTE["fit"]),

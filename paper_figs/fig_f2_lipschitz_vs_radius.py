@@ -31,18 +31,9 @@ STEM = "fig_f2_lipschitz_vs_radius"
 
 
 def draw(results_dir: Path, out_dir: Path) -> list[Path]:
-    """Draw ``fig_f2_lipschitz_vs_radius.{pdf,png}`` (one panel per sweep) from saved results.
+    """Draw ``fig_f2_lipschitz_vs_radius.{pdf,png}`` (one panel per sweep) into ``out_dir``; return the two paths.
 
-    Parameters
-    ----------
-    results_dir : Path
-        The results root holding ``real_data/``.
-    out_dir : Path
-
-    Returns
-    -------
-    list of Path
-        The PDF and PNG.
+    The results are read from ``results_dir/real_data/`` (see :func:`sweeps_or_raise`).
     """
     from matplotlib.colors import Normalize
     from matplotlib.lines import Line2D
@@ -70,28 +61,20 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
         for ax, s in zip(axes, sweeps):
             a = s["arrays"]
             R = a["mean_radius"]
-            sc = ax.scatter(
-                R,
-                a["value"],
-                c=a["n"],
-                cmap="viridis",
-                norm=norm,
-                s=8,
-                marker="o",
-                edgecolors="0.15",
-                linewidths=0.25,
-            )
-            ax.scatter(
-                R,
-                a["released"],
-                c=a["n"],
-                cmap="viridis",
-                norm=norm,
-                s=9,
-                marker="^",
-                edgecolors="0.15",
-                linewidths=0.25,
-            )
+            sc = [
+                ax.scatter(
+                    R,
+                    a[key],
+                    c=a["n"],
+                    cmap="viridis",
+                    norm=norm,
+                    s=size,
+                    marker=marker,
+                    edgecolors="0.15",
+                    linewidths=0.25,
+                )
+                for key, size, marker in (("value", 8, "o"), ("released", 9, "^"))
+            ][0]
             ax.set_yscale("log")
             log_axes(ax, x=False)
             ax.xaxis.set_major_locator(MaxNLocator(3))

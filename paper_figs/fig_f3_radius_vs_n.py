@@ -91,18 +91,9 @@ def fit_misses(n: np.ndarray, R: np.ndarray, fit: Any) -> tuple[np.ndarray, np.n
 
 
 def draw(results_dir: Path, out_dir: Path) -> list[Path]:
-    """Draw ``fig_f3_radius_vs_n.{pdf,png}`` from saved results.
+    """Draw ``fig_f3_radius_vs_n.{pdf,png}`` into ``out_dir``; return the two paths.
 
-    Parameters
-    ----------
-    results_dir : Path
-        The results root holding ``real_data/``.
-    out_dir : Path
-
-    Returns
-    -------
-    list of Path
-        The PDF and PNG.
+    The results are read from ``results_dir/real_data/`` (see :func:`sweeps_or_raise`).
     """
     sweeps = sweeps_or_raise(results_dir)
     chosen = [s for s in sweeps if s.get("paper_configuration") == TARGET]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -153,38 +153,23 @@ def _panel(ax, cid: str, entry: dict) -> None:
         lw=0.9,
         label=r"paper's hand-set $C\sqrt{n}$ (for the paper's model)",
     )
-    ax.text(
-        0.03,
-        0.97,
-        f"{text}\npaper C = {conf['paper_C']:g}",
-        transform=ax.transAxes,
-        va="top",
-        fontsize=6.5,
-        color=PALETTE["fit"],
-    )
-    ax.plot(
+    _fit_text(ax, f"{text}\npaper C = {conf['paper_C']:g}")
+    plot_curves(
+        ax,
         n,
-        _column(main, "global_bound_triangle"),
-        "-",
-        color=PALETTE["bound"],
-        lw=0.9,
-        label=r"global $\sqrt{n}$ bound",
-    )
-    ax.plot(
-        n,
-        _column(main, "local_bound"),
-        "-.",
-        color=PALETTE["bound"],
-        lw=0.9,
-        label="certified local bound",
-    )
-    ax.plot(
-        n,
-        _column(main, "released_heuristic"),
-        ":",
-        color=PALETTE["released"],
-        lw=1.0,
-        label="released quantity: heuristic (not a bound)",
+        [
+            _global_bound(main),
+            (
+                _column(main, "local_bound"),
+                "certified local bound",
+                dict(fmt="-.", color=PALETTE["bound"], lw=0.9),
+            ),
+            (
+                _column(main, "released_heuristic"),
+                "released quantity: heuristic (not a bound)",
+                dict(fmt=":", color=PALETTE["released"], lw=1.0),
+            ),
+        ],
     )
     _log_axes(ax)
     short = _SHORT.get(settings["model"], info["label"])
@@ -196,6 +181,17 @@ def _panel(ax, cid: str, entry: dict) -> None:
         f"{settings['map']}, {mask}{approx}",
         fontsize=7,
     )
+
+
+def _fit_text(ax, text: str) -> None:
+    """The fitted law, written in the top-left corner of a panel."""
+    ax.text(0.03, 0.97, text, transform=ax.transAxes, va="top", fontsize=6.5, color=PALETTE["fit"])
+
+
+def _global_bound(rows) -> tuple:
+    """The global square-root bound as a curve of :func:`plot_curves`."""
+    style = dict(fmt="-", color=PALETTE["bound"], lw=0.9)
+    return _column(rows, "global_bound_triangle"), r"global $\sqrt{n}$ bound", style
 
 
 def _worst_panel(ax, wc: dict) -> None:
@@ -214,23 +210,8 @@ def _worst_panel(ax, wc: dict) -> None:
         label="best construction start",
     )
     text = _fit_curve(ax, n, y, grid)
-    ax.text(
-        0.03,
-        0.97,
-        text,
-        transform=ax.transAxes,
-        va="top",
-        fontsize=6.5,
-        color=PALETTE["fit"],
-    )
-    ax.plot(
-        n,
-        _column(recs, "global_bound_triangle"),
-        "-",
-        color=PALETTE["bound"],
-        lw=0.9,
-        label=r"global $\sqrt{n}$ bound",
-    )
+    _fit_text(ax, text)
+    plot_curves(ax, n, [_global_bound(recs)])
     _log_axes(ax)
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 

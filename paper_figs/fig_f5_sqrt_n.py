@@ -21,7 +21,7 @@ import numpy as np
 
 from experiments.results import load_npz
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -78,67 +78,48 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                     color=PALETTE["masked"],
                     label="masked: certified engine bracket",
                 )
-            ax.plot(
+            plot_curves(
+                ax,
                 n,
-                d["lower_formula"][gi],
-                "--",
-                color=PALETTE["unmasked"],
-                lw=0.8,
-                label="lower bound formula (construction)",
+                [
+                    (
+                        d["lower_formula"][gi],
+                        "lower bound formula (construction)",
+                        dict(fmt="--", color=PALETTE["unmasked"], lw=0.8),
+                    ),
+                    (
+                        d["masked_lower_formula"][gi],
+                        "masked lower bound formula",
+                        dict(fmt=":", color=PALETTE["masked"], lw=1.0),
+                    ),
+                    (
+                        d["k_copy_lower"][gi],
+                        "best $k$-copy input (lower bound on sup over $B_R^n$)",
+                        dict(fmt="-.", color="0.45", lw=0.8),
+                    ),
+                    (
+                        d["upper_triangle"][gi],
+                        "√n upper bound (triangle form)",
+                        dict(color=PALETTE["bound"], lw=1.0),
+                    ),
+                    (
+                        d["upper_sqrt3"][gi],
+                        "√n upper bound ($\\sqrt{3}$ form)",
+                        dict(fmt="--", color=PALETTE["bound"], lw=0.7, alpha=0.7),
+                    ),
+                ],
             )
-            ax.plot(
-                n,
-                d["masked_lower_formula"][gi],
-                ":",
-                color=PALETTE["masked"],
-                lw=1.0,
-                label="masked lower bound formula",
-            )
-            ax.plot(
-                n,
-                d["k_copy_lower"][gi],
-                "-.",
-                color="0.45",
-                lw=0.8,
-                label="best $k$-copy input (lower bound on sup over $B_R^n$)",
-            )
-            ax.plot(
-                n,
-                d["upper_triangle"][gi],
-                color=PALETTE["bound"],
-                lw=1.0,
-                label="√n upper bound (triangle form)",
-            )
-            ax.plot(
-                n,
-                d["upper_sqrt3"][gi],
-                "--",
-                color=PALETTE["bound"],
-                lw=0.7,
-                alpha=0.7,
-                label="√n upper bound ($\\sqrt{3}$ form)",
-            )
-            ax.axhline(
-                d["sup_g"][gi],
-                color="k",
-                ls="--",
-                lw=0.7,
-                label="mean-field lower bound $\\sup_\\varepsilon g$",
-            )
-            ax.axhline(
-                d["mf_upper_c1"][gi],
-                color="k",
-                ls="-.",
-                lw=0.7,
-                label="mean-field upper bound, candidate $c'=1$",
-            )
-            ax.axhline(
-                d["masked_limit"][gi],
-                color=PALETTE["masked"],
-                ls=(0, (1, 3)),
-                lw=0.7,
-                label="masked lower bound, limit $n\\to\\infty$",
-            )
+            for key, color, ls, label in (
+                ("sup_g", "k", "--", "mean-field lower bound $\\sup_\\varepsilon g$"),
+                ("mf_upper_c1", "k", "-.", "mean-field upper bound, candidate $c'=1$"),
+                (
+                    "masked_limit",
+                    PALETTE["masked"],
+                    (0, (1, 3)),
+                    "masked lower bound, limit $n\\to\\infty$",
+                ),
+            ):
+                ax.axhline(d[key][gi], color=color, ls=ls, lw=0.7, label=label)
             ax.axvline(1 + np.exp(g), color="0.6", ls=":", lw=0.8, label="$n - 1 = e^{\\gamma}$")
             ax.set_xscale("log")
             ax.set_yscale("log")

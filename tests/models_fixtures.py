@@ -1,6 +1,8 @@
 """Small random Hugging Face models and hooks shared by the tests of meanfield.models.
 
-Imported by tests/test_models_*.py (pytest picks up the fixtures imported into a test module).
+Imported by tests/test_models_*.py (pytest picks up the fixtures imported into a test module):
+``from .models_fixtures import *`` brings the fixtures listed in ``__all__``; the helpers and
+constants are imported by name where they are used.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+
+#: The fixtures (pytest finds them by the argument names of the tests).
+__all__ = ["X", "bert", "bert_decoder", "gpt2", "llama", "llama_fp64_softmax"]
 
 D64 = torch.float64
 D, H, N = 64, 4, 7
@@ -37,8 +42,14 @@ def _seeded(fn, seed=0):
         return fn()
 
 
-@pytest.fixture(scope="module")
-def bert():
+def _build(model_cls, cfg, seed: int, bias_seed: int):
+    """A seeded float64 model in eval mode with random biases."""
+    m = _seeded(lambda: model_cls(cfg), seed).eval().to(D64)
+    _randomize_biases(m, bias_seed)
+    return m
+
+
+def _bert(seed: int, bias_seed: int, **extra):
     cfg = transformers.BertConfig(
         hidden_size=D,
         num_attention_heads=H,
@@ -47,27 +58,19 @@ def bert():
         vocab_size=100,
         max_position_embeddings=64,
         attn_implementation="eager",
+        **extra,
     )
-    m = _seeded(lambda: transformers.BertModel(cfg)).eval().to(D64)
-    _randomize_biases(m)
-    return m
+    return _build(transformers.BertModel, cfg, seed, bias_seed)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return _bert(0, 1)
 
 
 @pytest.fixture(scope="module")
 def bert_decoder():
-    cfg = transformers.BertConfig(
-        hidden_size=D,
-        num_attention_heads=H,
-        num_hidden_layers=2,
-        intermediate_size=96,
-        vocab_size=100,
-        max_position_embeddings=64,
-        is_decoder=True,
-        attn_implementation="eager",
-    )
-    m = _seeded(lambda: transformers.BertModel(cfg), 3).eval().to(D64)
-    _randomize_biases(m, 3)
-    return m
+    return _bert(3, 3, is_decoder=True)
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +85,7 @@ def gpt2():
         eos_token_id=0,
         attn_implementation="eager",
     )
-    m = _seeded(lambda: transformers.GPT2Model(cfg), 1).eval().to(D64)
-    _randomize_biases(m, 2)
-    return m
+    return _build(transformers.GPT2Model, cfg, 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +104,7 @@ def llama():
         rope_theta=1000.0,
         attn_implementation="eager",
     )
-    m = _seeded(lambda: transformers.LlamaForCausalLM(cfg), 2).eval().to(D64)
-    _randomize_biases(m, 4)
-    return m
+    return _build(transformers.LlamaForCausalLM, cfg, 2, 4)
 
 
 @pytest.fixture
@@ -129,6 +128,20 @@ def store_output(got: dict, key: str = "y"):
         got.setdefault(key, output[0])
 
     return hook
+
+
+def run_capturing(model, module, ids) -> dict:
+    """Run ``model`` on ``ids``; return the first input ``"x"`` and output ``"y"`` of ``module``."""
+    got: dict = {}
+    h1 = module.register_forward_pre_hook(store_input(got), with_kwargs=True)
+    h2 = module.register_forward_hook(store_output(got))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        h1.remove()
+        h2.remove()
+    return got
 
 
 def causal_additive(n: int, dtype=D64) -> torch.Tensor:

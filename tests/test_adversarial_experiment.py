@@ -198,26 +198,18 @@ def test_certified_and_global_bounds_dominate_dense_norm(kind, masked, gen):
     from meanfield.models import hf_attention
 
     torch.manual_seed(3)
+    common = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        vocab_size=32,
+        attn_implementation="eager",
+    )
     if kind == "llama":
-        cfg = tr.LlamaConfig(
-            hidden_size=16,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            vocab_size=32,
-            attn_implementation="eager",
-        )
+        cfg = tr.LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
         model = tr.LlamaModel(cfg).eval()
     else:
-        cfg = tr.BertConfig(
-            hidden_size=16,
-            num_attention_heads=2,
-            num_hidden_layers=1,
-            intermediate_size=32,
-            vocab_size=32,
-            attn_implementation="eager",
-        )
+        cfg = tr.BertConfig(num_attention_heads=2, **common)
         model = tr.BertModel(cfg).eval()
     with torch.no_grad():  # large random weights and biases: far from the init's near-zero A
         for p in model.parameters():

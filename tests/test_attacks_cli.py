@@ -67,39 +67,10 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
     A = np.array([[0.5, 1.0], [-0.3, -1.2]])
     np.save(tmp_path / "A.npy", A)
     np.savez(tmp_path / "AV.npz", A=A, V=2 * np.eye(2))
-    assert (
-        _main(
-            [
-                "attack",
-                "construct",
-                "--A-file",
-                str(tmp_path / "A.npy"),
-                "--R",
-                "1.5",
-                "--n",
-                "4",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    construct, rest = ["attack", "construct", "--A-file"], "--R 1.5 --n 4 --json".split()
+    assert _main(construct + [str(tmp_path / "A.npy")] + rest) == 0
     d1 = json.loads(capsys.readouterr().out)
-    assert (
-        _main(
-            [
-                "attack",
-                "construct",
-                "--A-file",
-                str(tmp_path / "AV.npz"),
-                "--R",
-                "1.5",
-                "--n",
-                "4",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert _main(construct + [str(tmp_path / "AV.npz")] + rest) == 0
     d2 = json.loads(capsys.readouterr().out)
     assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=1e-12)  # V = 2I
     np.save(tmp_path / "obj.npy", np.array([{"A": 1}], dtype=object), allow_pickle=True)
@@ -124,73 +95,19 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
 
 
 def test_cli_search_and_split(tmp_path, capsys):
-    assert (
-        _main(
-            [
-                "attack",
-                "search",
-                "--random-d",
-                "2",
-                "--R",
-                "1.5",
-                "--atoms",
-                "2",
-                "--restarts",
-                "1",
-                "--steps",
-                "10",
-                "--json",
-                "--out",
-                str(tmp_path / "s"),
-            ]
-        )
-        == 0
-    )
+    search = "attack search --random-d 2 --R 1.5 --restarts 1".split()
+    out = ["--json", "--out", str(tmp_path / "s")]
+    assert _main(search + "--atoms 2 --steps 10".split() + out) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["value"] >= doc["construction_value"] * (1 - 1e-12)
     assert (tmp_path / "s" / "search.npz").exists() and (tmp_path / "s" / "search.json").exists()
-    assert (
-        _main(
-            [
-                "attack",
-                "search",
-                "--random-d",
-                "2",
-                "--R",
-                "1.5",
-                "--sequence",
-                "4",
-                "--restarts",
-                "1",
-                "--steps",
-                "5",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert _main(search + "--sequence 4 --steps 5 --json".split()) == 0
     assert json.loads(capsys.readouterr().out)["target"] == "sequence"
     assert _main(["attack", "split", "--s", "3", "--k-max", "30", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["k_opt"] == optimal_split_k(3.0) and doc["G_k"]["1"] == 1.0
-    assert (
-        _main(
-            [
-                "attack",
-                "split",
-                "--budget",
-                "0.3",
-                "--k-max",
-                "2",
-                "--restarts",
-                "1",
-                "--steps",
-                "10",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    split = "attack split --budget 0.3 --k-max 2 --restarts 1 --steps 10 --json".split()
+    assert _main(split) == 0
     a = json.loads(capsys.readouterr().out)["attack"]
     assert a["split"]["ratio_w2"] >= a["move"]["ratio_w2"]
     assert _main(["attack", "split"]) == 2

@@ -57,6 +57,20 @@ def _jacrev(params, X, **kw):
     return J.reshape(J.shape[0] * J.shape[1], n * d)
 
 
+def _check_products(lin, J, H, G, geometry):
+    """``jvp`` and ``vjp`` at ``lin`` against the dense Jacobian ``J``; returns both products."""
+    B = H.shape[0]
+    JH = jvp(lin, H, geometry=geometry)
+    JtG = vjp(lin, G, geometry=geometry)
+    torch.testing.assert_close(
+        JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+    )
+    torch.testing.assert_close(
+        JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
+    )
+    return JH, JtG
+
+
 @pytest.mark.parametrize(
     "kind,masked,weighted", [(k, m, w) for k, m in KIND_MASK for w in (False, True)]
 )
@@ -148,14 +162,7 @@ def test_jvp_vjp_match_dense_and_are_adjoint(gen, kind, masked, geometry):
         G = torch.randn(
             B, n, params.d_out if kind != "single" else params.d_v, generator=gen, dtype=D64
         )
-        JH = jvp(lin, H, geometry=geometry)
-        JtG = vjp(lin, G, geometry=geometry)
-        torch.testing.assert_close(
-            JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
-        )
-        torch.testing.assert_close(
-            JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
-        )
+        JH, JtG = _check_products(lin, J, H, G, geometry)
         lhs = (JH * G).sum((-2, -1))
         rhs = (H * JtG).sum((-2, -1))
         assert float(((lhs - rhs).abs() / (lhs.abs() + rhs.abs() + 1)).max()) < TOL_ADJOINT
@@ -416,14 +423,7 @@ def test_head_space_products_match_dense_and_unfactored(gen, with_wo, masked, ge
         ref = linearize(X, plain, log_weights=lw, masked=masked, chunk_size=chunk)
         assert lin.QKV is not None and lin.Qx.shape[-1] == 2  # head width k, not d
         assert ref.QKV is None and ref.Qx.shape[-1] == d
-        JH = jvp(lin, H, geometry=geometry)
-        JtG = vjp(lin, G, geometry=geometry)
-        torch.testing.assert_close(
-            JH.reshape(B, -1), (J @ H.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
-        )
-        torch.testing.assert_close(
-            JtG.reshape(B, -1), (J.mT @ G.reshape(B, -1, 1)).squeeze(-1), **TOL_AUTOGRAD
-        )
+        JH, JtG = _check_products(lin, J, H, G, geometry)
         torch.testing.assert_close(JH, jvp(ref, H, geometry=geometry), **TOL_AUTOGRAD)
         torch.testing.assert_close(JtG, vjp(ref, G, geometry=geometry), **TOL_AUTOGRAD)
         SU = self_jvp(lin, U)

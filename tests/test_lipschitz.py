@@ -48,6 +48,18 @@ def _exact(X, params, *, lw=None, masked=False, positions=None, geometry="euclid
     return val
 
 
+def _exact_mu(mu: DiracMeasure, params, masked: bool, geometry: str) -> torch.Tensor:
+    """:func:`_exact` at a measure."""
+    return _exact(
+        mu.points,
+        params,
+        lw=mu.log_weights,
+        masked=masked,
+        positions=mu.positions,
+        geometry=geometry,
+    )
+
+
 def _check_bracket(est: LipschitzEstimate, exact: torch.Tensor) -> None:
     assert bool((est.lower <= exact * (1 + TOL_BRACKET)).all()), (est.lower, exact)
     assert bool((est.upper >= exact * (1 - TOL_BRACKET)).all()), (est.upper, exact)
@@ -70,14 +82,7 @@ def test_lanczos_matches_exact_svd(gen, kind, geometry, masked):
     B, n, d = 3, 9, 4
     params = random_params(gen, d, kind=kind, scale=1.5)
     mu = _measure(gen, B, n, d, causal=masked)
-    exact = _exact(
-        mu.points,
-        params,
-        lw=mu.log_weights,
-        masked=masked,
-        positions=mu.positions,
-        geometry=geometry,
-    )
+    exact = _exact_mu(mu, params, masked, geometry)
     est = local_lipschitz(mu, params, geometry=geometry, method="lanczos")
     assert est.value.shape == (B,) and est.value.dtype == D64
     assert est.method == "lanczos" and est.geometry == geometry and est.upper_method == "block"
@@ -108,14 +113,7 @@ def _bracket_ratios(gen, method: str, n_instances: int = 50):
         d = 2 + k % 3
         params = random_params(gen, d, kind=kind, scale=1.0 + k % 4)
         mu = _measure(gen, 5, 6, d, causal=masked, spread=1.0 + k % 5)
-        exact = _exact(
-            mu.points,
-            params,
-            lw=mu.log_weights,
-            masked=masked,
-            positions=mu.positions,
-            geometry=geometry,
-        )
+        exact = _exact_mu(mu, params, masked, geometry)
         est = local_lipschitz(mu, params, geometry=geometry, method=method)
         _check_bracket(est, exact)
         ratios.append(est.upper / est.lower)

@@ -18,23 +18,10 @@ from meanfield.models import (  # noqa: E402
     hidden_states_grid,
 )
 
-from .models_fixtures import (  # noqa: E402, F401  (fixtures are used by name)
+from .models_fixtures import *  # noqa: E402, F403  (the fixtures, used by name)
+from .models_fixtures import (  # noqa: E402
     D64,
     D,
-    H,
-    N,
-    X,
-    _randomize_biases,
-    _seeded,
-    bert,
-    bert_decoder,
-    causal_additive,
-    gpt2,
-    llama,
-    llama_fp64_softmax,
-    rope_f64,
-    store_input,
-    store_output,
 )
 
 # ----------------------------------------------------------------------------------------------

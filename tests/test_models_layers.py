@@ -30,23 +30,16 @@ from meanfield.models import (  # noqa: E402
     released_head_A,
 )
 
-from .models_fixtures import (  # noqa: E402, F401  (fixtures are used by name)
+from .models_fixtures import *  # noqa: E402, F403  (the fixtures, used by name)
+from .models_fixtures import (  # noqa: E402
     D64,
     D,
     H,
     N,
-    X,
-    _randomize_biases,
-    _seeded,
-    bert,
-    bert_decoder,
     causal_additive,
-    gpt2,
-    llama,
-    llama_fp64_softmax,
     rope_f64,
+    run_capturing,
     store_input,
-    store_output,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -118,16 +111,7 @@ def test_bert_decoder_is_causal_and_masked_map_matches(bert_decoder, X):
 def test_bert_full_forward_capture_matches_module_output(bert_decoder, gen):
     """Inside the model's own forward (its own causal mask), our map reproduces the module."""
     ids = torch.randint(0, 100, (2, 9), generator=gen)
-    got = {}
-    att = bert_decoder.encoder.layer[1].attention
-    h1 = att.register_forward_pre_hook(store_input(got), with_kwargs=True)
-    h2 = att.register_forward_hook(store_output(got))
-    try:
-        with torch.no_grad():
-            bert_decoder(input_ids=ids)
-    finally:
-        h1.remove()
-        h2.remove()
+    got = run_capturing(bert_decoder, bert_decoder.encoder.layer[1].attention, ids)
     f = hf_attention(bert_decoder, 1, map="block")
     assert_close(f(got["x"]), got["y"], **F64_EXACT)
 
@@ -168,16 +152,7 @@ def test_gpt2_heads_equal_c_proj_input(gpt2, X):
 
 def test_gpt2_full_forward_capture_matches_module_output(gpt2, gen):
     ids = torch.randint(0, 100, (2, 11), generator=gen)
-    got = {}
-    attn = gpt2.h[1].attn
-    h1 = attn.register_forward_pre_hook(store_input(got), with_kwargs=True)
-    h2 = attn.register_forward_hook(store_output(got))
-    try:
-        with torch.no_grad():
-            gpt2(input_ids=ids)
-    finally:
-        h1.remove()
-        h2.remove()
+    got = run_capturing(gpt2, gpt2.h[1].attn, ids)
     assert_close(hf_attention_fn(gpt2, 1)(got["x"]), got["y"], **F64_EXACT)
 
 
@@ -259,16 +234,7 @@ def test_llama_stock_eager_agrees_to_float32_precision(llama, X):
 
 def test_llama_full_forward_capture_matches_module_output(llama, gen):
     ids = torch.randint(0, 100, (2, 10), generator=gen)
-    got = {}
-    attn = llama.model.layers[1].self_attn
-    h1 = attn.register_forward_pre_hook(store_input(got), with_kwargs=True)
-    h2 = attn.register_forward_hook(store_output(got))
-    try:
-        with torch.no_grad():
-            llama(input_ids=ids)
-    finally:
-        h1.remove()
-        h2.remove()
+    got = run_capturing(llama, llama.model.layers[1].self_attn, ids)
     assert_close(hf_attention(llama, 1)(got["x"]), got["y"], **F32_VS_F64)
 
 

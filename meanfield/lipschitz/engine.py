@@ -1,60 +1,31 @@
-r"""Local Lipschitz constants of attention with certified brackets (docs/theory.md §16).
+r"""The certified local Lipschitz estimator of attention: :func:`local_lipschitz`.
 
-:func:`local_lipschitz` estimates, at a sequence or a weighted atomic measure (the definitions
-are in docs/theory.md §16 and §A2),
-
-* ``geometry="euclidean"``: :math:`\|Df(X)\|_2` (masked: :math:`\|Df^m(X)\|_2`);
-* ``geometry="wasserstein"``: :math:`L_W(\mu) = \|D_a^{1/2}JD_a^{-1/2}\|_2`, which equals
-  the Euclidean value for uniform weights; for a causal (position-tagged) measure this is the
-  conditional-distance constant;
-* ``geometry="split"``: :math:`\max\big(L_W(\mu),\max_i\|\sum_hW_hV_hC^h_iA_h^\top\|_2\big)`
-  (mass splitting allowed).
-
-Every :class:`LipschitzEstimate` carries a bracket ``lower <= exact <= upper``:
-
-* ``lower`` is :math:`\|Jv\|/\|v\|` for the returned vector, recomputed from one explicit product
-  (in float64 when the inputs are float32), so it is a true lower bound;
-* ``upper`` is, for dense problems, Gram iteration on the assembled Jacobian certified by a
-  Cholesky test, and for large problems the block-norm bound with a Collatz–Wielandt
-  certificate (both in docs/theory.md §B5; docs/certificates.md §5), computed in
-  :math:`O(Hn^2d)` without :math:`(nd)^2` storage.
-
-Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024 (arXiv
-2312.14820 v2). The formulas are our reconstructions (docs/theory.md §16), labelled *derived
-and checked numerically*; they are not quoted from the paper.
-
-Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix grows
-with the magnitude of the logits (its §2), and is propagated through a nonnegative magnitude
-operator of the closed form (its §3–§4). Every norm is computed on :math:`2^{-e}J` for a
-power-of-two scale and multiplied back (its §5), so constants up to float64's maximum come back
-finite; beyond it ``upper`` is ``inf``. Both ends are rounded outwards when cast to float32.
-``converged`` means the residual rule holds for the returned vector, for every method
-(docs/rounding.md §7).
+At a sequence or a weighted atomic measure, in the Euclidean, Wasserstein or mass-splitting
+geometry, it returns a :class:`LipschitzEstimate` whose bracket ``lower <= exact <= upper``
+includes the rounding margin. The geometries, the bracket and the margin are described in the
+package docstring (:mod:`meanfield.lipschitz`).
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
-import torch.func as tfunc
 from torch import Tensor
 
-from . import _rounding as _rnd
-from ._certificates import golub_kahan_certified, krylov_rounding_margin, probabilistic_upper
-from ._numerics import as_float_tensor, check_finite, iter_chunks
-from ._spectral import (
+from .. import _rounding as _rnd
+from .._certificates import golub_kahan_certified, krylov_rounding_margin, probabilistic_upper
+from .._numerics import as_float_tensor, check_finite, iter_chunks
+from .._spectral import (
     SpectralResult,
     collatz_wielandt_bound,
     spectral_norm_upper,
     top_singular_value,
 )
-from .jacobian import (
+from ..jacobian import (
     AttentionLinearization,
     _dense_from_lin,
     _self_blocks,
@@ -68,17 +39,8 @@ from .jacobian import (
     structured_block_norms,
     vjp,
 )
-from .measures import DiracMeasure
-from .params import AttentionParams, MultiHeadParams
-
-__all__ = [
-    "LipschitzEstimate",
-    "LocalUpperBound",
-    "certified_local_upper",
-    "local_lipschitz",
-    "local_lipschitz_fn",
-    "released_metric",
-]
+from ..measures import DiracMeasure
+from ..params import AttentionParams, MultiHeadParams
 
 Params = AttentionParams | MultiHeadParams
 Geometry = Literal["euclidean", "wasserstein", "split"]
@@ -733,356 +695,3 @@ def local_lipschitz(
         upper_prob=None if upper_prob64 is None else _round_up(upper_prob64, dtype),
         confidence=None if delta is None else 1.0 - float(delta),
     )
-
-
-# ------------------------------------------------------------------ arbitrary differentiable maps
-def _sample_fn(fn: Callable[[Tensor], Tensor], batch_dims: int, sample_shape: torch.Size):
-    def f(x: Tensor) -> Tensor:
-        return fn(x.reshape((1,) * batch_dims + tuple(sample_shape))).reshape(-1)
-
-    return f
-
-
-def local_lipschitz_fn(
-    fn: Callable[[Tensor], Tensor],
-    X: Tensor,
-    *,
-    method: Method = "auto",
-    tol: float = 1e-6,
-    max_iter: int | None = None,
-    krylov_dim: int = 32,
-    seed: int | None = 0,
-    generator: torch.Generator | None = None,
-    upper: Literal["auto", "gram", "none"] = "auto",
-    batch_dims: int = 0,
-    delta: float | None = 1e-6,
-) -> LipschitzEstimate:
-    r"""Estimate the local Lipschitz constant of any differentiable torch callable.
-
-    The same estimator as :func:`local_lipschitz`, on a general map.
-
-    Products use ``torch.func.jvp`` — its **tangent** output, element ``[1]`` (the released
-    estimator took element ``[0]``, the primal :math:`f(X)`; docs/experiments.md, defect D1) — and
-    ``torch.func.vjp``. ``method="dense"`` builds :math:`J` with ``torch.func.jacrev``.
-
-    Parameters
-    ----------
-    fn : callable
-        Differentiable map of tensors. With ``batch_dims > 0`` it must act independently on each
-        sample of the leading ``batch_dims`` dimensions (as attention does).
-    X : Tensor
-        Input; ``X.shape[batch_dims:]`` is one sample.
-    method : {"auto", "dense", "lanczos", "power"}, default "auto"
-        ``"auto"``: dense when a sample has at most 1500 entries.
-    tol, max_iter, krylov_dim, seed, generator
-        As in :func:`local_lipschitz`.
-    upper : {"auto", "gram", "none"}, default "auto"
-        Dense: Gram iteration certified by Cholesky. Matrix-free methods have no upper
-        certificate for a general map: ``upper = +inf``.
-    batch_dims : int, default 0
-        Number of leading batch dimensions.
-    delta : float or None, default 1e-6
-        ``method="lanczos"``: failure probability of ``upper_prob``, the Kuczyński–Woźniakowski
-        bound of the run's own Krylov space (free; docs/certificates.md §1). It holds for any
-        map, since it only uses products with the Jacobian. ``None``: no ``upper_prob``.
-
-    Returns
-    -------
-    LipschitzEstimate
-        Fields of shape ``X.shape[:batch_dims]``, in the dtype of ``X``. ``lower`` is
-        :math:`\|Jv\|` from an explicit final product in that dtype; the dense upper bound
-        includes a relative evaluation margin :math:`64\sqrt N\varepsilon` of the dtype.
-        For a general map the bracket is certified for the Jacobian *as autograd computes it*:
-        the rounding of ``fn`` itself cannot be analysed here, so unlike :func:`local_lipschitz`
-        (docs/rounding.md) it is not a floating-point certificate for the exact map.
-    """
-    if method not in ("auto", "dense", "lanczos", "power"):
-        raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
-    if upper not in ("auto", "gram", "none"):
-        raise ValueError(f"upper must be 'auto', 'gram' or 'none', got {upper!r}")
-    batch = X.shape[:batch_dims]
-    sample = X.shape[batch_dims:]
-    N = math.prod(sample)
-    dtype, dev = X.dtype, X.device
-    resolved = method if method != "auto" else ("dense" if N <= DENSE_AUTO_MAX else "lanczos")
-    if resolved == "dense":
-        f = _sample_fn(fn, batch_dims, sample)
-        Xf = X.reshape((-1, N))
-        J = torch.stack([tfunc.jacrev(f)(Xf[k]) for k in range(Xf.shape[0])])
-        J = J.reshape(batch + J.shape[1:])
-        J64 = J.to(torch.float64)
-        _, S, Vh = torch.linalg.svd(J64, full_matrices=False)
-        v = Vh[..., 0, :]
-        Jv = (J64 @ v.unsqueeze(-1)).squeeze(-1)
-        sigma = torch.linalg.vector_norm(Jv, dim=-1)
-        residual = torch.linalg.vector_norm(
-            (J64.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
-        )
-        em = 64 * math.sqrt(N) * torch.finfo(dtype).eps
-        if upper == "none":
-            up64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
-        else:
-            up64 = spectral_norm_upper(J64, candidate=S[..., 0], max_iter=_DENSE_GRAM_STEPS)
-            up64 = up64 * (1 + em)
-        zeros = torch.zeros(batch, dtype=torch.int64, device=dev)
-        return LipschitzEstimate(
-            value=S[..., 0].to(dtype),
-            lower=_round_down(sigma * (1 - em), dtype),
-            upper=_round_up(up64, dtype),
-            converged=torch.ones(batch, dtype=torch.bool, device=dev),
-            n_iter=zeros,
-            n_matvec=zeros,
-            residual=residual.to(dtype),
-            method="dense",
-            geometry="euclidean",
-            upper_method="none" if upper == "none" else "gram",
-            vector=v.reshape(X.shape).to(dtype),
-            upper_prob=None if delta is None else _round_up(up64, dtype),
-            confidence=None if delta is None else 1.0 - float(delta),
-        )
-    if upper == "gram":
-        raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
-    out, pullback = tfunc.vjp(fn, X)
-    out_shape = out.shape
-
-    def matvec(v: Tensor) -> Tensor:
-        return tfunc.jvp(fn, (X,), (v.reshape(X.shape),))[1].reshape(batch + (-1,))
-
-    def rmatvec(u: Tensor) -> Tensor:
-        return pullback(u.reshape(out_shape))[0].reshape(batch + (-1,))
-
-    x0 = _start(batch + (N,), X, seed, generator)
-    res = top_singular_value(
-        matvec, rmatvec, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
-    )
-    upper_prob = None
-    if delta is not None:
-        upper_prob = torch.full(batch, math.inf, dtype=dtype, device=dev)
-        if resolved == "lanczos":
-            ritz = torch.maximum(res.history[-1], res.sigma)
-            k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
-            u = torch.finfo(dtype).eps / 2
-            margin = (64 * math.sqrt(N) + 16 * int(k1.max())) * u
-            upper_prob = _round_up(probabilistic_upper(ritz, k1, N, delta, margin), dtype)
-    return LipschitzEstimate(
-        value=res.sigma,
-        lower=res.sigma,
-        upper=torch.full(batch, math.inf, dtype=dtype, device=dev),
-        converged=res.converged,
-        n_iter=res.n_iter,
-        n_matvec=res.n_matvec,
-        residual=res.residual,
-        method=resolved,
-        geometry="euclidean",
-        upper_method="none",
-        vector=res.vector.reshape(X.shape),
-        history=res.history,
-        upper_prob=upper_prob,
-        confidence=None if delta is None else 1.0 - float(delta),
-    )
-
-
-def released_metric(fn: Callable[[Tensor], Tensor], X: Tensor, *, batch_dims: int = 0) -> Tensor:
-    r"""Reproduce the released estimator's output :math:`\sqrt{\|J(X)^\top f(X)\|}`.
-
-    The released power iteration took ``torch.func.jvp(f, (X,), (u,))[0]``, the **primal**
-    :math:`f(X)`, instead of the tangent :math:`Ju`, so every iterate is :math:`J^\top f(X)`,
-    independent of :math:`u`, and the loop returns :math:`\sqrt{\|J(X)^\top f(X)\|}`
-    (docs/experiments.md, defect D1; *from the authors' released code*). **This is not a Lipschitz
-    constant**; it is provided to reproduce and compare with the published y-axes. It is homogeneous
-    of degree one in :math:`f` (replacing :math:`f` by :math:`cf` multiplies it by :math:`|c|`,
-    since :math:`J^\top f` scales by :math:`c^2`), as a Lipschitz constant would be, but unlike one
-    it depends on the values of :math:`f`, not only on its derivative: adding a constant vector to
-    :math:`f` changes it (and it is 0 wherever :math:`f(X) = 0`).
-
-    Parameters
-    ----------
-    fn : callable
-        The differentiated map.
-    X : Tensor
-        Input; ``X.shape[batch_dims:]`` is one sample.
-    batch_dims : int, default 0
-        Leading dimensions treated as independent samples.
-
-    Returns
-    -------
-    Tensor, shape ``X.shape[:batch_dims]``
-    """
-    out, pullback = tfunc.vjp(fn, X)
-    g = pullback(out)[0]
-    return torch.linalg.vector_norm(g.reshape(X.shape[:batch_dims] + (-1,)), dim=-1).sqrt()
-
-
-#: Relative margin applied to the float64 evaluation of :func:`certified_local_upper`.
-_LOCAL_BOUND_MARGIN = 1e-9
-
-
-@dataclass(frozen=True)
-class LocalUpperBound:
-    r"""The certified data-dependent bound of :func:`certified_local_upper`.
-
-    Attributes
-    ----------
-    value : float
-        The bound on :math:`\|Df(X)\|_2`: the head-weighted terms summed plus the rounding
-        margin of docs/rounding.md §8, which grows with the logits' magnitude (rotary heads:
-        a relative :math:`10^{-9}`, docs/rounding.md §6).
-    T1, T2, T3 : float
-        Head-weighted sums :math:`\sum_h\|W_hV_h\|_2\,T_k^h` of the three terms.
-    """
-
-    value: float
-    T1: float
-    T2: float
-    T3: float
-
-
-def _lambda_max_product(KL: Tensor, KR: Tensor) -> Tensor:
-    r""":math:`\lambda_{\max}(K^LK^R)` for batches of PSD matrices, via :math:`(K^L)^{1/2}K^R(K^L)^{1/2}`."""
-    e, U = torch.linalg.eigh(KL)
-    S = (U * e.clamp_min(0.0).sqrt().unsqueeze(-2)) @ U.mT
-    M = S @ KR @ S
-    return torch.linalg.eigvalsh(0.5 * (M + M.mT))[..., -1].clamp_min(0.0)
-
-
-def _head_local_terms(
-    X: Tensor, head: AttentionParams, masked: bool
-) -> tuple[float, float, float, tuple[Tensor, Tensor, Tensor]]:
-    r"""(T1, T2, T3) of the certified local bound for one head, float64, V factor excluded.
-
-    The fourth element holds the logits (``-inf`` where masked), :math:`\kappa^2` and
-    :math:`\beta^2`, which the rounding margin reads (docs/rounding.md §8).
-    """
-    n, d = X.shape
-    pos = torch.arange(n, device=X.device)
-    if head.rope is None:
-        A = head.A.to(X)
-        c = None if head.c is None else head.c.to(X)
-        S = X @ A @ X.mT
-        if c is not None:
-            S = S + (X @ c).unsqueeze(0)
-    else:
-        Q, K = head.Q.to(X), head.K.to(X)
-        q = head.rope.apply(X @ Q.mT, pos)  # (n, k) rotated queries rho_i Q x_i
-        k = head.rope.apply(X @ K.mT, pos)  # rotated keys rho_j K x_j
-        S = q @ k.mT
-    if masked:
-        S = S.masked_fill(torch.ones(n, n, dtype=torch.bool, device=X.device).triu(1), -math.inf)
-    P = torch.softmax(S, dim=-1)
-    sqP = P.sqrt()
-    # Differences x_j - m_i in coordinates of an orthonormal basis of the span of the tokens
-    # (at most n of them): exact differences without forming (n, n, d) tensors or the
-    # cancellation-prone |x_j|^2 - 2 x_j.m_i + |m_i|^2.
-    Y = X if n >= d else X @ torch.linalg.qr(X.mT)[0]
-    m = P @ Y
-    D = Y.unsqueeze(0) - m.unsqueeze(1)  # D[i, j] = x_j - m_i
-    kappa2 = (P * D.square().sum(-1)).sum(-1)
-    # T1 = ||P||_2: the exact value or the column-sum bound, whichever is smaller
-    t1_col = float(P.sum(0).max().sqrt())
-    t1 = min(t1_col, float(torch.linalg.matrix_norm(P, ord=2)) * (1 + _LOCAL_BOUND_MARGIN))
-    # beta_ij = ||d s_ij / d x_j|| and the Gram matrices of the query gradients d s_ij / d x_i
-    if head.rope is None:
-        g = X @ A  # rows (A^T x_i)^T
-        if c is not None:
-            g = g + c
-        beta2 = g.square().sum(-1).unsqueeze(-1).expand(n, n)
-        a = X @ A.mT  # rows (A x_j)^T, the same for every query
-        KR = sqP.unsqueeze(-1) * (a @ a.mT).unsqueeze(0) * sqP.unsqueeze(-2)
-    else:
-        # d s_ij / d x_j = K^T rho_j^T q~_i and d s_ij / d x_i = Q^T rho_i^T k~_j, where
-        # rho_p = alpha Rot(p theta), so rho_p^T = alpha Rot(-p theta): rope.apply at -p.
-        neg = -pos
-        zq = head.rope.apply(q.unsqueeze(1).expand(n, n, -1), neg.unsqueeze(0).expand(n, n))
-        beta2 = ((zq @ (K @ K.mT)) * zq).sum(-1)  # [i, j] = |K^T rho_j^T q~_i|^2
-        zk = head.rope.apply(k.unsqueeze(0).expand(n, n, -1), neg.unsqueeze(1).expand(n, n))
-        KR = sqP.unsqueeze(-1) * (zk @ (Q @ Q.mT) @ zk.mT) * sqP.unsqueeze(-2)
-    t2 = float((P * kappa2.unsqueeze(-1) * beta2).sum(0).max().clamp_min(0.0).sqrt())
-    L = sqP.unsqueeze(-1) * D  # L_i rows sqrt(P_ij) (x_j - m_i)
-    t3 = float(_lambda_max_product(L @ L.mT, KR).max().sqrt())
-    return t1, t2, t3, (S, kappa2, beta2)
-
-
-def certified_local_upper(
-    X: Tensor,
-    params: Params,
-    *,
-    masked: bool = False,
-    WV_norms: list[float] | tuple[float, ...] | None = None,
-) -> LocalUpperBound:
-    r"""Certified data-dependent upper bound on :math:`\|Df(X)\|_2` at one sequence.
-
-    .. math:: \|Df(X)\|_2\le\sum_h\|W_hV_h\|_2\Big(\|P^h\|_2
-              +\big(\max_j\textstyle\sum_iP^h_{ij}\kappa_i^2\beta_{ij}^2\big)^{1/2}
-              +\max_i\|M^h_i\|_2\Big),
-
-    with :math:`\kappa_i^2=\sum_jP_{ij}\|x_j-m_i\|^2`, :math:`\beta_{ij}=\|\partial_{x_j}s_{ij}\|`
-    and :math:`M_i=\sum_jP_{ij}(x_j-m_i)(\partial_{x_i}s_{ij})^\top` for the logits
-    :math:`s_{ij}`. Without rotary embedding :math:`\partial_{x_j}s_{ij}=A^\top x_i+c` and
-    :math:`\partial_{x_i}s_{ij}=Ax_j`, and this is docs/theory.md §2a (:math:`M_i=C_iA^\top`); with
-    rotary heads the same proof holds with the position-dependent gradients (our extension).
-    :math:`\|P\|_2` is the smaller of its exact value and :math:`(\max_j\sum_iP_{ij})^{1/2}`;
-    :math:`\|M_i\|_2^2=\lambda_{\max}(K^L_iK^R_i)` with the :math:`n\times n` Gram matrices of
-    :math:`\sqrt{P_{ij}}(x_j-m_i)` and :math:`\sqrt{P_{ij}}\,\partial_{x_i}s_{ij}`. Holds masked
-    or not. :func:`theory.bounds.certified_local_upper` is the independent numpy form (no
-    rotary heads), used as the oracle of this one.
-
-    Provenance: *derived and checked numerically* (docs/theory.md §2a; tests compare it with dense
-    Jacobians, with biases, masks and rotary heads). Cost: :math:`O(n^3)` per head (one
-    :math:`n\times n` eigenproblem per query when :math:`n<d`); meant for the sequence lengths
-    of the √n regime, not as a matrix-free certificate.
-
-    Parameters
-    ----------
-    X : Tensor, shape (n, d)
-        One sequence (evaluated in float64).
-    params : AttentionParams or MultiHeadParams
-        Biases, output projection and rotary embedding included.
-    masked : bool, default False
-        Causal mask.
-    WV_norms : sequence of float, optional
-        Precomputed :math:`\|W_hV_h\|_2` (default: one SVD per head).
-
-    Returns
-    -------
-    LocalUpperBound
-    """
-    if X.ndim != 2:
-        raise ValueError(f"X must have shape (n, d), got {tuple(X.shape)}")
-    if X.shape[-1] != params.d:
-        raise ValueError(f"X has d = {X.shape[-1]} but the parameters have d = {params.d}")
-    if not bool(torch.isfinite(X).all()):
-        raise ValueError("X has non-finite entries")
-    heads = params.heads  # an AttentionParams is its own single head
-    if WV_norms is not None and len(WV_norms) != len(heads):
-        raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
-    from theory._rounding import head_upper  # the one rounding model (numpy), lazily
-
-    X64 = X.detach().to(torch.float64)
-    terms = [0.0, 0.0, 0.0]
-    total = 0.0
-    with torch.no_grad():
-        for h, head in enumerate(heads):
-            WV = params.head_output_matrix(h) if isinstance(params, MultiHeadParams) else head.V
-            WV = WV.detach().to(torch.float64)
-            # a given norm is taken as exact (a 1 x 1 matrix carries it to the margin below)
-            w = (
-                float(torch.linalg.matrix_norm(WV, ord=2))
-                if WV_norms is None
-                else float(WV_norms[h])
-            )
-            h64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
-            t1, t2, t3, (S, kappa2, beta2) = _head_local_terms(X64, h64, masked)
-            for k, t in enumerate((t1, t2, t3)):
-                terms[k] += w * t
-            if head.rope is None:
-                # rounding margin of docs/rounding.md §8: grows with the logits' magnitude
-                c = None if h64.c is None else h64.c.cpu().numpy()
-                WVm = WV.cpu().numpy() if WV_norms is None else np.array([[w]])
-                total += head_upper(
-                    X64.cpu().numpy(), h64.A.cpu().numpy(), c, S.cpu().numpy(), WVm,
-                    t1, t2, t3, kappa2.cpu().numpy(), beta2.cpu().numpy(),
-                )  # fmt: skip
-            else:
-                # rotary heads: first-order relative margin (docs/rounding.md §6)
-                total += w * (t1 + t2 + t3) * (1 + _LOCAL_BOUND_MARGIN)
-    return LocalUpperBound(total, *terms)

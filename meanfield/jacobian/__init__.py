@@ -1,0 +1,81 @@
+r"""Closed-form Jacobians of self-attention and matrix-free Jacobian products (THEORY.md §4).
+
+For one head with score matrix :math:`A`, value matrix :math:`V` and key-logit term :math:`c`
+(query bias, THEORY.md §2.2), the logits are
+:math:`\ell_{il} = x_i^\top Ax_l + c^\top x_l + \log a_l` (:math:`-\infty` where masked), and
+:math:`f(X)_i = Vm_i + b` with :math:`m_i = \sum_lP_{il}x_l`. Since
+:math:`\partial\ell_{il}/\partial x_i = Ax_l` and :math:`\partial\ell_{il}/\partial x_l =
+A^\top x_i + c =: b_i`, the blocks :math:`J_{ij} = \partial f_i/\partial x_j` (column convention,
+:math:`d_{\mathrm{out}}\times d`) are
+
+.. math::
+    J_{ij} = P_{ij}\,V\big(I + (x_j - m_i)\,b_i^\top\big) + \delta_{ij}\,VC_iA^\top,\qquad
+    C_i = \sum_lP_{il}(x_l-m_i)(x_l-m_i)^\top .
+
+A multi-head layer has :math:`J = \sum_h(I_n\otimes W_h)J^h` with :math:`W_h` column block
+:math:`h` of :math:`W^O` (a block selector when the heads are concatenated). Masking only zeroes
+:math:`P_{ij}`; weighted atoms only add :math:`\log a_j` to the logits. *(derived and checked
+numerically against finite differences and torch.func; THEORY.md §4.1.)*
+
+The **Wasserstein** operator of a weighted measure is :math:`D_a^{1/2}JD_a^{-1/2}` (THEORY.md
+§5.2), whose blocks are :math:`\sqrt{a_i/a_j}J_{ij}`: the same formula with
+:math:`\tilde P_{ij} = \sqrt{a_i/a_j}\,P_{ij}` in the two interaction terms, while the self term
+:math:`VC_iA^\top` is unchanged.
+
+Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024 (arXiv
+2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
+numerically*; they are not quoted from the paper.
+
+Products :func:`jvp` and :func:`vjp` never form a block; their matrix-product form is derived in
+``docs/derivations/jacobian_products.md``. For heads with factors :math:`A = Q^\top K`
+(:math:`Q, K\in\mathbb R^{k\times d}`) every :math:`n\times n` contraction runs in head space
+(through :math:`Qx, Kx, Vx`, precomputed by :func:`linearize`), so a product costs
+:math:`O(n^2(k + d_v) + nd(2k + d_v))` per head, the order of the forward pass; heads given only
+by :math:`A` cost :math:`O(n^2d + nd^2)`. Heads with a rotary embedding (``head.rope``) fall back
+to ``torch.func`` products of :func:`~meanfield.attention.attention_points`.
+
+The package is split along those concepts: :mod:`~meanfield.jacobian.linearization`
+(:class:`AttentionLinearization`, :func:`linearize`), :mod:`~meanfield.jacobian.products`
+(:func:`jvp`, :func:`vjp`, the self-map products, :func:`dense_jacobian`) and
+:mod:`~meanfield.jacobian.block_norms` (the certified block-norm bounds). Every name is importable
+from ``meanfield.jacobian``.
+"""
+
+from .block_norms import (
+    WeightNorms,
+    block_norm_bounds,
+    head_structured_upper,
+    self_norm_trace_bound,
+    structured_block_norms,
+    weight_norms,
+)
+from .linearization import _PRODUCT_BLOCK as _PRODUCT_BLOCK
+from .linearization import AttentionLinearization, linearize
+from .products import _dense_from_lin as _dense_from_lin
+from .products import _key_blocks as _key_blocks
+from .products import _self_blocks as _self_blocks
+from .products import (
+    dense_jacobian,
+    jvp,
+    self_jacobian_blocks,
+    self_jvp,
+    self_vjp,
+    vjp,
+)
+
+__all__ = [
+    "AttentionLinearization",
+    "WeightNorms",
+    "block_norm_bounds",
+    "dense_jacobian",
+    "head_structured_upper",
+    "jvp",
+    "linearize",
+    "self_jacobian_blocks",
+    "self_jvp",
+    "self_norm_trace_bound",
+    "self_vjp",
+    "structured_block_norms",
+    "vjp",
+    "weight_norms",
+]

@@ -1,0 +1,391 @@
+r"""The linearisation of an attention layer at a point cloud: what the Jacobian products reuse.
+
+:func:`linearize` computes once the attention matrix, the barycentres, the per-query covariances
+and the head-space projections of one layer at one input; :class:`AttentionLinearization` holds
+them. The products (:mod:`meanfield.jacobian.products`) and the block-norm certificates
+(:mod:`meanfield.jacobian.block_norms`) read from it. The formulas are described in the package
+docstring (:mod:`meanfield.jacobian`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .._numerics import as_float_tensor, check_finite, iter_chunks
+from ..attention import admissible_keys, head_logits
+from ..params import AttentionParams, MultiHeadParams
+
+Params = AttentionParams | MultiHeadParams
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionLinearization:
+    r"""Everything the closed-form Jacobian needs at one input, built once by :func:`linearize`.
+
+    Heads without a rotary embedding ("analytic" heads, :math:`H_a` of them) are stacked along a
+    head axis; heads with one are handled by automatic differentiation.
+
+    Attributes
+    ----------
+    X : Tensor, shape (..., n, d)
+        The input points.
+    P : Tensor, shape (..., H_a, n, n)
+        Attention matrices :math:`P^h` (row-stochastic, zero where masked).
+    P_w : Tensor, shape (..., H_a, n, n) or None
+        :math:`\tilde P^h_{ij} = \sqrt{a_i/a_j}\,P^h_{ij}` (computed in the log domain) when
+        log-weights were given and all finite; ``None`` otherwise.
+    m : Tensor, shape (..., H_a, n, d)
+        Attention means :math:`m^h_i = \sum_lP^h_{il}x_l` (a property, computed on first use).
+    B : Tensor, shape (..., H_a, n, d)
+        Rows :math:`b^h_i = A_h^\top x_i + c_h` (a property, computed on first use).
+    x_bar : Tensor, shape (..., 1, d)
+        Token mean, used to centre coordinates before the :math:`x_l - m_i` products.
+    A : Tensor, shape (H_a, d, d)
+        Score matrices :math:`A_h` (a property, stacked on first use: the products of factored
+        heads only use the factors).
+    V : Tensor, shape (H_a, d_v, d)
+    W : Tensor, shape (H, d_out, d_v)
+        Output matrices :math:`W_h` of *all* heads (column blocks of :math:`W^O`, or block
+        selectors when the heads are concatenated).
+    concat : bool
+        Whether the heads are concatenated (no :math:`W^O`).
+    QK : tuple of Tensor, shapes (H_a, k, d), or None
+        Stacked factors :math:`A_h = Q_h^\top K_h` when every analytic head has them (products
+        with :math:`A_h` then cost :math:`O(ndk)` instead of :math:`O(nd^2)`).
+    params : AttentionParams or MultiHeadParams
+    analytic_heads, rope_heads : tuple of int
+        Indices of the heads handled in closed form and by autograd.
+    log_weights, positions, token_index : Tensor or None
+    masked : bool
+    chunk_size : int or None
+        Query-block size of the products.
+    Qx : Tensor, shape (..., H_a, n, k)
+        Head-space queries :math:`q^h_i = Q_hx_i`, with :math:`b^h_i = K_h^\top q^h_i + c_h`.
+        Without factors (``QK is None``) the identity stands for :math:`Q_h` and :math:`A_h` for
+        :math:`K_h` (:math:`k = d`, ``Qx`` is ``X`` broadcast over the heads).
+    KXc, KMc : Tensor, shape (..., H_a, n, k)
+        :math:`K_h(x_l - \bar x)` and :math:`K_h(m^h_i - \bar x)` (:math:`A_h` in place of
+        :math:`K_h` without factors).
+    VXc, VMc : Tensor, shape (..., H_a, n, d_v)
+        :math:`V_h(x_l - \bar x)` and :math:`V_h(m^h_i - \bar x)`.
+    C : Tensor, shape (H_a, d), or None
+        Key-logit terms :math:`c_h` (``None`` when no analytic head has one).
+    QKV : Tensor, shape (H_a (2k + d_v), d), or None
+        Rows :math:`[Q_h; K_h; V_h]` stacked head after head (factored heads only), so that the
+        three head-space projections of a tangent are one matrix product.
+    """
+
+    X: Tensor
+    P: Tensor
+    P_w: Tensor | None
+    x_bar: Tensor
+    V: Tensor
+    W: Tensor
+    concat: bool
+    QK: tuple[Tensor, Tensor] | None
+    params: Params
+    analytic_heads: tuple[int, ...]
+    rope_heads: tuple[int, ...]
+    log_weights: Tensor | None
+    positions: Tensor | None
+    token_index: Tensor | None
+    masked: bool
+    chunk_size: int | None
+    Qx: Tensor | None = None
+    KXc: Tensor | None = None
+    KMc: Tensor | None = None
+    VXc: Tensor | None = None
+    VMc: Tensor | None = None
+    C: Tensor | None = None
+    QKV: Tensor | None = None
+    _m: Tensor | None = field(default=None, repr=False)
+    _B: Tensor | None = field(default=None, repr=False)
+    _A: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def A(self) -> Tensor:
+        """Score matrices of the analytic heads, (H_a, d, d), in the dtype of ``X``."""
+        if self._A is None:
+            if self.analytic_heads:
+                heads = self.params.heads
+                A = torch.stack([heads[h].A for h in self.analytic_heads]).to(self.X.dtype)
+            else:
+                A = self.X.new_zeros(0, self.d, self.d)
+            object.__setattr__(self, "_A", A)
+        return self._A
+
+    @property
+    def m(self) -> Tensor:
+        r"""Attention means :math:`m^h_i = \sum_lP^h_{il}x_l`, computed on first use.
+
+        The products never need them (they use :math:`V_h(m^h_i-\bar x)` and
+        :math:`K_h(m^h_i-\bar x)`, formed in head space by :func:`linearize`); the explicit
+        blocks and the block-norm certificate do, at a cost :math:`O(H_an^2d)`.
+        """
+        if self._m is None:
+            object.__setattr__(
+                self, "_m", _attend(self.P, self.X.unsqueeze(-3), self._causal_block())
+            )
+        return self._m
+
+    @property
+    def B(self) -> Tensor:
+        r"""Rows :math:`b^h_i = A_h^\top x_i + c_h`, computed on first use."""
+        if self._B is None:
+            B = _right_A(self.A, self.QK, self.X)
+            if self.C is not None:
+                B = B + self.C.unsqueeze(-2)
+            object.__setattr__(self, "_B", B)
+        return self._B
+
+    def _causal_block(self) -> int | None:
+        """Query-block size of the products with P when whole upper blocks are zero."""
+        if not self.masked or self.positions is not None:
+            return None
+        return self.chunk_size if self.chunk_size is not None else _PRODUCT_BLOCK
+
+    @property
+    def n(self) -> int:
+        """Number of tokens (atoms)."""
+        return self.X.shape[-2]
+
+    @property
+    def d(self) -> int:
+        """Input dimension."""
+        return self.X.shape[-1]
+
+    @property
+    def d_out(self) -> int:
+        """Output dimension."""
+        return self.W.shape[-2]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Leading (batch) dimensions of ``X``."""
+        return self.X.shape[:-2]
+
+    @property
+    def weighted(self) -> bool:
+        """Whether non-uniform weights give a distinct Wasserstein operator."""
+        return self.P_w is not None
+
+
+# ----------------------------------------------------------------------------- construction
+def _head_output_matrices(params: Params) -> tuple[Tensor, bool]:
+    """Stack the per-head output matrices W_h (H, d_out, d_v) and tell whether heads concatenate."""
+    heads = params.heads
+    H, d_v = len(heads), heads[0].d_v
+    ref = heads[0].A
+    if isinstance(params, MultiHeadParams) and params.W_O is not None:
+        W = params.W_O.reshape(params.W_O.shape[0], H, d_v).permute(1, 0, 2)
+        return W.contiguous(), False
+    eye = torch.eye(H * d_v, dtype=ref.dtype, device=ref.device)
+    return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous(), True
+
+
+def _admissible(
+    masked: bool, n: int, positions: Tensor | None, device: torch.device
+) -> Tensor | None:
+    return admissible_keys(masked, n, n, positions, None, device)
+
+
+def _log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
+    """Row log-softmax with the empty-row policy of :func:`meanfield._numerics.masked_softmax`."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, -torch.inf)
+    row_max = logits.amax(dim=-1)
+    if not bool(torch.isfinite(row_max).all()):
+        if bool(torch.isnan(row_max).any()):
+            raise ValueError("attention logits contain NaN")
+        if bool((row_max == torch.inf).any()):
+            raise ValueError(
+                "attention logits overflowed to +inf; inputs are too large for this dtype"
+            )
+        raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
+    return torch.log_softmax(logits, dim=-1)
+
+
+#: Query-block size of the products when ``chunk_size=None``: blocks of this size keep the
+#: (H, block, n) intermediates in cache and, for causal sequences, skip the zero upper part of P.
+_PRODUCT_BLOCK = 64
+
+
+def _attend(P: Tensor, F: Tensor, block: int | None) -> Tensor:
+    """``P @ F`` (..., H, n, r) for ``P`` (..., H, n, n); causal ``block``: skip the zero blocks."""
+    n = P.shape[-1]
+    if block is None or block >= n:
+        return P @ F
+    parts = [P[..., sl, : sl.stop] @ F[..., : sl.stop, :] for sl in iter_chunks(n, block)]
+    return torch.cat(parts, dim=-2)
+
+
+def _right_A(
+    A: Tensor, QK: tuple[Tensor, Tensor] | None, Y: Tensor, *, per_head: bool = False
+) -> Tensor:
+    """Rows ``y^T A_h`` for every head: ``Y`` (..., n, d), or (..., H, n, d) when ``per_head``."""
+    lhs = "...hnd" if per_head else "...nd"
+    if QK is None:
+        return torch.einsum(f"{lhs},hde->...hne", Y, A)
+    Q, K = QK
+    return torch.einsum("...hnk,hke->...hne", torch.einsum(f"{lhs},hkd->...hnk", Y, Q), K)
+
+
+def _head_rows(
+    QK: tuple[Tensor, Tensor] | None, A: Tensor, V: Tensor, QKV: Tensor | None, Y: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Head-space rows ``(Q_h y, K_h y, V_h y)`` of ``Y`` (..., n, d), each (..., H_a, n, .).
+
+    Without factors the identity stands for ``Q_h`` and ``A_h`` for ``K_h`` (the first output is
+    then ``Y`` broadcast over the heads). With them, one product with the stacked ``QKV``.
+    """
+    if QKV is not None:
+        H_a, k = QK[0].shape[0], QK[0].shape[1]
+        Z = (Y @ QKV.mT).unflatten(-1, (H_a, -1)).movedim(-2, -3)  # (..., H_a, n, 2k + d_v)
+        return Z[..., :k], Z[..., k : 2 * k], Z[..., 2 * k :]
+    qY = Y.unsqueeze(-3).expand(Y.shape[:-2] + (A.shape[0],) + Y.shape[-2:])
+    return qY, torch.einsum("...nd,hed->...hne", Y, A), torch.einsum("...nd,hvd->...hnv", Y, V)
+
+
+def linearize(
+    X: Tensor,
+    params: Params,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+    positions: Tensor | None = None,
+    token_index: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> AttentionLinearization:
+    r"""Precompute :math:`P^h`, :math:`m^h_i`, :math:`b^h_i` for the closed-form Jacobian at ``X``.
+
+    Cost :math:`O(H(n^2k + ndk))` with head width :math:`k` (:math:`k = d` for heads without
+    factors), memory :math:`O(Hn^2 + Hnk)`; the attention means :math:`m^h_i` and the rows
+    :math:`b^h_i`, which only the explicit blocks and the certificates need, are formed on first
+    use (:attr:`AttentionLinearization.m`, :attr:`AttentionLinearization.B`).
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, d)
+        Points; leading dimensions are a batch.
+    params : AttentionParams or MultiHeadParams
+    log_weights : Tensor, shape (..., n), optional
+        Log-masses :math:`\log a_j` (uniform when omitted).
+    masked : bool, default False
+        Causal attention: keys ``j <= i``, or keys with ``positions[j] <= positions[i]``.
+    positions : Tensor, shape (..., n), optional
+        Positions of a position-tagged measure (THEORY.md §3.3).
+    token_index : Tensor, shape (..., n) or (n,), optional
+        Integer token positions for rotary heads (default ``0, ..., n-1``).
+    chunk_size : int, optional
+        Query-block size used by the products (bounds intermediates to ``chunk x n`` per head).
+        Default: blocks of 64 queries, which keep the intermediates in cache; for causal
+        sequences they also skip the all-zero upper part of :math:`P`.
+
+    Returns
+    -------
+    AttentionLinearization
+    """
+    heads = params.heads
+    d = heads[0].d
+    X = as_float_tensor(X, "X")
+    if X.ndim < 2 or X.shape[-1] != d:
+        raise ValueError(f"X must have shape (..., n, {d}), got {tuple(X.shape)}")
+    check_finite(X, "X")
+    if X.dtype != params.dtype:
+        raise ValueError(f"X has dtype {X.dtype} but the parameters have {params.dtype}")
+    n = X.shape[-2]
+    if log_weights is not None:
+        log_weights = as_float_tensor(log_weights, "log_weights", like=X)
+        if log_weights.shape[-1] != n:
+            raise ValueError(
+                f"log_weights must have shape (..., {n}), got {tuple(log_weights.shape)}"
+            )
+    if positions is not None:
+        positions = as_float_tensor(positions, "positions", like=X)
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    analytic = tuple(h for h, head in enumerate(heads) if getattr(head, "rope", None) is None)
+    rope = tuple(h for h, head in enumerate(heads) if getattr(head, "rope", None) is not None)
+    allowed = _admissible(masked, n, positions, X.device)
+    W, concat = _head_output_matrices(params)
+    batch = X.shape[:-2]
+    x_bar = X.mean(-2, keepdim=True)
+    A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
+    if analytic:
+        V = torch.stack([heads[h].V for h in analytic])
+        logP = torch.stack(
+            [_log_attention(head_logits(X, X, heads[h], log_weights), allowed) for h in analytic],
+            dim=-3,
+        )
+        P = logP.exp()
+        QK = None
+        if (
+            all(heads[h].Q is not None for h in analytic)
+            and len({tuple(heads[h].Q.shape) for h in analytic}) == 1
+        ):
+            QK = (
+                torch.stack([heads[h].Q for h in analytic]),
+                torch.stack([heads[h].K for h in analytic]),
+            )
+        cs = [heads[h].c for h in analytic]
+        C = None
+        if any(c is not None for c in cs):
+            zero = X.new_zeros(d)
+            C = torch.stack([zero if c is None else c for c in cs])
+        # head-space features (factors Q_h, K_h of width k; A_h and the identity without them)
+        Xc = X - x_bar
+        QKV = None
+        if QK is not None:
+            QKV = torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, d)
+        else:
+            A = torch.stack([heads[h].A for h in analytic])
+        _, KXc, VXc = _head_rows(QK, A, V, QKV, Xc)
+        if QK is None:
+            Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
+        else:
+            Qx = torch.einsum("...nd,hkd->...hnk", X, QK[0])
+        # K_h(m_i - x_bar) and V_h(m_i - x_bar) in head space: rows of P sum to one, so they are
+        # P K_h(X - x_bar) and P V_h(X - x_bar); the means m_i themselves are formed lazily
+        block = None if (not masked or positions is not None) else (chunk_size or _PRODUCT_BLOCK)
+        KVMc = _attend(P, torch.cat([KXc, VXc], dim=-1), block)
+        KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
+        P_w = None
+        if log_weights is not None and bool(torch.isfinite(log_weights).all()):
+            half = 0.5 * log_weights.unsqueeze(-2)  # (..., 1, n)
+            P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
+    else:
+        QK = C = QKV = Qx = KXc = KMc = VXc = VMc = None
+        V = X.new_zeros(0, heads[0].d_v, d)
+        P = X.new_zeros(batch + (0, n, n))
+        P_w = None
+        if log_weights is not None and bool(torch.isfinite(log_weights).all()):
+            P_w = P
+    return AttentionLinearization(
+        X=X,
+        P=P,
+        P_w=P_w,
+        x_bar=x_bar,
+        _A=A,
+        V=V,
+        W=W,
+        concat=concat,
+        QK=QK,
+        params=params,
+        analytic_heads=analytic,
+        rope_heads=rope,
+        log_weights=log_weights,
+        positions=positions,
+        token_index=token_index,
+        masked=masked,
+        chunk_size=chunk_size,
+        Qx=Qx,
+        KXc=KXc,
+        KMc=KMc,
+        VXc=VXc,
+        VMc=VMc,
+        C=C,
+        QKV=QKV,
+    )

@@ -1,0 +1,530 @@
+r"""Matrix-free Jacobian products of attention at a linearisation, and the dense Jacobian.
+
+:func:`jvp`, :func:`vjp` (Euclidean or Wasserstein operator), the self-map products
+:func:`self_jvp` / :func:`self_vjp`, the per-query self blocks and :func:`dense_jacobian` (small
+cases and tests). The product form is derived in ``docs/derivations/jacobian_products.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+import torch.func as tfunc
+from torch import Tensor
+
+from .._numerics import as_float_tensor, iter_chunks
+from ..attention import attention_points
+from ..params import AttentionParams, MultiHeadParams
+from .linearization import _PRODUCT_BLOCK, AttentionLinearization, _head_rows, linearize
+
+Params = AttentionParams | MultiHeadParams
+Geometry = Literal["euclidean", "wasserstein"]
+
+
+# ----------------------------------------------------------------------------------- products
+def _check_geometry(lin: AttentionLinearization, geometry: str) -> bool:
+    """Return whether the Wasserstein scaling applies."""
+    if geometry == "euclidean":
+        return False
+    if geometry != "wasserstein":
+        raise ValueError(f"geometry must be 'euclidean' or 'wasserstein', got {geometry!r}")
+    if lin.log_weights is None:
+        return False
+    if lin.P_w is None:
+        raise ValueError("the Wasserstein operator needs positive masses; drop zero-mass atoms")
+    return True
+
+
+def _interaction(lin: AttentionLinearization, weighted: bool) -> Tensor:
+    return lin.P_w if (weighted and lin.P_w is not None) else lin.P
+
+
+def _rope_fn(lin: AttentionLinearization, h: int):
+    head = lin.params.heads[h]
+    W_h = lin.W[h]
+
+    def fn(Y: Tensor) -> Tensor:
+        out = attention_points(
+            Y,
+            head,
+            log_weights=lin.log_weights,
+            masked=lin.masked,
+            positions=lin.positions,
+            token_index=lin.token_index,
+        )
+        return out @ W_h.mT
+
+    return fn
+
+
+def _sqrt_weights(lin: AttentionLinearization) -> Tensor:
+    lw = lin.log_weights
+    return torch.exp(0.5 * (lw - lw.amax(-1, keepdim=True))).unsqueeze(-1)
+
+
+def _check_shape(T: Tensor, lin: AttentionLinearization, last: int, name: str) -> Tensor:
+    expected = lin.batch_shape + (lin.n, last)
+    if T.shape != expected:
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(T.shape)}")
+    return T.to(lin.X.dtype)
+
+
+def _combine(lin: AttentionLinearization, vals: Tensor, heads: tuple[int, ...]) -> Tensor:
+    """Map per-head values (..., H_a, n, d_v) to outputs (..., n, d_out) with the W_h."""
+    return torch.einsum("...hnv,hov->...no", vals, lin.W[list(heads)])
+
+
+def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
+    r"""Query blocks ``sl`` with the keys ``ks`` they can see.
+
+    Causal sequences (``masked`` without ``positions``): query ``i`` sees keys ``j <= i``, so the
+    block ending at ``sl.stop`` needs keys ``[0, sl.stop)`` only (the others have
+    :math:`P_{ij} = 0` exactly): with query blocks of size :math:`b` this skips the all-zero
+    upper blocks, a fraction :math:`(1 - b/n)/2` of the :math:`n\times n` work. Their size is
+    ``chunk_size``, or 64 queries when it is ``None`` (small blocks also keep the
+    :math:`H\times b\times n` intermediates in cache: at :math:`n = 1024` a product is about
+    twice as fast as with one block). Otherwise every key, in blocks of ``chunk_size`` or 64
+    (1.5 times faster than one block at :math:`n = 1024`, the same at :math:`n = 256`).
+    """
+    block = lin._causal_block()
+    if block is None:
+        size = lin.chunk_size if lin.chunk_size is not None else _PRODUCT_BLOCK
+        for sl in iter_chunks(lin.n, size):
+            yield sl, slice(0, lin.n)
+        return
+    for sl in iter_chunks(lin.n, block):
+        yield sl, slice(0, sl.stop)
+
+
+def _output_rows(lin: AttentionLinearization, G: Tensor) -> Tensor:
+    """Per-head rows ``W_h^T g_i`` for outputs ``G`` (..., n, d_out) -> (..., H_a, n, d_v)."""
+    return torch.einsum("...no,hov->...hnv", G, lin.W[list(lin.analytic_heads)])
+
+
+def _query_rows(lin: AttentionLinearization, Y: Tensor) -> Tensor:
+    """Per-head rows ``Q_h y`` (``y`` itself, broadcast over the heads, without factors)."""
+    if lin.QK is None:
+        return Y.unsqueeze(-3).expand(Y.shape[:-2] + (len(lin.analytic_heads),) + Y.shape[-2:])
+    return torch.einsum("...nd,hkd->...hnk", Y, lin.QK[0])
+
+
+def _head_rows_adjoint(
+    lin: AttentionLinearization, Yq: Tensor, Yk: Tensor | None = None, Yv: Tensor | None = None
+) -> Tensor:
+    r"""Rows :math:`\sum_h(Q_h^\top y^q_h + K_h^\top y^k_h + V_h^\top y^v_h)` -> (..., n, d).
+
+    The adjoint of :func:`_head_rows` (``None`` terms are zero); without factors the identity
+    stands for :math:`Q_h` and :math:`A_h` for :math:`K_h`.
+    """
+    if lin.QKV is not None and Yk is not None and Yv is not None:
+        Z = torch.cat([Yq, Yk, Yv], dim=-1)  # (..., H_a, n, 2k + d_v), rows of QKV per head
+        return Z.movedim(-3, -2).flatten(-2) @ lin.QKV
+    if lin.QK is None:
+        out = Yq.sum(-3)
+        if Yk is not None:
+            out = out + torch.einsum("...hne,hed->...nd", Yk, lin.A)
+    else:
+        out = torch.einsum("...hnk,hkd->...nd", Yq, lin.QK[0])
+        if Yk is not None:
+            out = out + torch.einsum("...hnk,hkd->...nd", Yk, lin.QK[1])
+    if Yv is not None:
+        out = out + torch.einsum("...hnv,hvd->...nd", Yv, lin.V)
+    return out
+
+
+def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclidean") -> Tensor:
+    r"""Jacobian-vector product :math:`JH` from the closed form, without forming :math:`J`.
+
+    With :math:`S_{il} = \langle b_i, h_l\rangle` and :math:`R_{il} = \langle Ax_l, h_i\rangle`
+    (matrix products :math:`BH^\top` and :math:`HAX^\top`),
+
+    .. math::
+        (JH)_i = V\Big(\sum_j\tilde P_{ij}h_j + \sum_l\big(\tilde P_{il}S_{il} + P_{il}R_{il}\big)
+                 (x_l - m_i)\Big),
+
+    summed over heads through :math:`W_h`; :math:`\tilde P = P` except in the Wasserstein
+    geometry.
+
+    Every :math:`n\times n` contraction runs in head space *(our derivation;
+    docs/derivations/jacobian_products.md §2 in factored form)*: with :math:`A = Q^\top K`
+    (:math:`Q, K\in\mathbb R^{k\times d}`),
+    :math:`S_{il} = \langle Qx_i, Kh_l\rangle + \langle c, h_l\rangle`,
+    :math:`R_{il} = \langle Qh_i, K(x_l - \bar x)\rangle` and
+    :math:`V\sum_lT_{il}(x_l - m_i) = \sum_lT_{il}V(x_l-\bar x) - (\sum_lT_{il})V(m_i-\bar x)`,
+    with :math:`Kx, Vx, Vm` precomputed by :func:`linearize`. Cost per head
+    :math:`O(n^2(k + d_v) + nd(2k + d_v))`, plus :math:`O(nd_vd_{\mathrm{out}})` for the output
+    map; heads without factors use :math:`Q = I`, :math:`K = A` (:math:`k = d`,
+    :math:`O(n^2d + nd^2)`).
+
+    Parameters
+    ----------
+    lin : AttentionLinearization
+    H : Tensor, shape (..., n, d)
+        Tangent, same shape as ``lin.X``.
+    geometry : {"euclidean", "wasserstein"}, default "euclidean"
+        ``"wasserstein"`` applies :math:`D_a^{1/2}JD_a^{-1/2}` (identical for uniform weights).
+
+    Returns
+    -------
+    Tensor, shape (..., n, d_out)
+    """
+    weighted = _check_geometry(lin, geometry)
+    H = _check_shape(H, lin, lin.d, "H")
+    out = None
+    if lin.analytic_heads:
+        Pi_all = _interaction(lin, weighted)
+        A = None if lin.QKV is not None else lin.A  # factored heads: the factors only
+        qH, kH, vH = _head_rows(lin.QK, A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
+        cH = None if lin.C is None else (H @ lin.C.mT).mT.unsqueeze(-2)  # (..., H_a, 1, n)
+        # Euclidean geometry (Pi = P): T = P o (S + R) with S + R one product of width 2k
+        merged = Pi_all is lin.P
+        if merged:
+            left = torch.cat([lin.Qx, qH], dim=-1)
+            right = torch.cat([kH, lin.KXc], dim=-1)
+        parts = []
+        for sl, ks in _key_blocks(lin):
+            P = lin.P[..., sl, ks]
+            Pi = Pi_all[..., sl, ks]
+            if merged:
+                S = left[..., sl, :] @ right[..., ks, :].mT  # S + R
+            else:
+                S = lin.Qx[..., sl, :] @ kH[..., ks, :].mT  # <b_i, h_l> = <Q x_i, K h_l>
+            if cH is not None:
+                S = S + cH[..., ks]  # + <c, h_l>
+            if merged:
+                T = P * S
+            else:
+                R = qH[..., sl, :] @ lin.KXc[..., ks, :].mT  # <A(x_l - x_bar), h_i>
+                T = Pi * S + P * R
+            vals = Pi @ vH[..., ks, :] + T @ lin.VXc[..., ks, :]  # V(Pi h + T (x - x_bar))
+            parts.append(vals - T.sum(-1, keepdim=True) * lin.VMc[..., sl, :])
+        vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+        out = _combine(lin, vals, lin.analytic_heads)
+    if lin.rope_heads:
+        scale = _sqrt_weights(lin) if weighted else None
+        Hs = H if scale is None else H / scale
+        for h in lin.rope_heads:
+            tangent = tfunc.jvp(_rope_fn(lin, h), (lin.X,), (Hs,))[1]
+            tangent = tangent if scale is None else scale * tangent
+            out = tangent if out is None else out + tangent
+    return out
+
+
+def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclidean") -> Tensor:
+    r"""Vector-Jacobian product :math:`J^\top G` from the closed form, without forming :math:`J`.
+
+    With :math:`\tilde g_i = V^\top W_h^\top g_i` and
+    :math:`Z_{il} = \langle\tilde g_i, x_l - m_i\rangle`,
+
+    .. math::
+        (J^\top G)_l = \sum_i\tilde P_{il}\tilde g_i + \sum_i\tilde P_{il}Z_{il}\,b_i
+                       + A\sum_jP_{lj}Z_{lj}\,x_j ,
+
+    summed over heads; the last term is :math:`AC_l\tilde g_l`.
+
+    In head space *(our derivation)*, with :math:`\gamma_i = W_h^\top g_i\in\mathbb R^{d_v}`,
+    :math:`A = Q^\top K` and :math:`b_i = K^\top Qx_i + c`:
+    :math:`Z_{il} = \langle\gamma_i, V(x_l-\bar x)\rangle - \langle\gamma_i, V(m_i-\bar x)\rangle`,
+    the first two terms are :math:`V^\top\sum_i\tilde P_{il}\gamma_i +
+    K^\top\sum_i\tilde P_{il}Z_{il}Qx_i + c\sum_i\tilde P_{il}Z_{il}` and the last is
+    :math:`Q^\top\sum_jP_{lj}Z_{lj}K(x_j-\bar x)` (centring is free: :math:`\sum_jP_{lj}Z_{lj}
+    = 0`). The maps back to :math:`\mathbb R^d` are one product with the stacked
+    :math:`[Q_h; K_h; V_h]`. Cost as :func:`jvp`.
+
+    Parameters
+    ----------
+    lin : AttentionLinearization
+    G : Tensor, shape (..., n, d_out)
+    geometry : {"euclidean", "wasserstein"}, default "euclidean"
+
+    Returns
+    -------
+    Tensor, shape (..., n, d)
+    """
+    weighted = _check_geometry(lin, geometry)
+    G = _check_shape(G, lin, lin.d_out, "G")
+    out = None
+    if lin.analytic_heads:
+        Pi_all = _interaction(lin, weighted)
+        gv = _output_rows(lin, G)  # (..., H_a, n, d_v): W_h^T g_i
+        acc_v = G.new_zeros(lin.VXc.shape)  # sum_i Pi_il W_h^T g_i
+        acc_k = G.new_zeros(lin.Qx.shape)  # sum_i Pi_il Z_il Q x_i
+        acc_c = None if lin.C is None else G.new_zeros(lin.VXc.shape[:-1])  # sum_i Pi_il Z_il
+        rows = []
+        for sl, ks in _key_blocks(lin):
+            P = lin.P[..., sl, ks]
+            Pi = Pi_all[..., sl, ks]
+            g = gv[..., sl, :]
+            Z = g @ lin.VXc[..., ks, :].mT  # <g~_i, x_l - m_i>
+            Z = Z - (g * lin.VMc[..., sl, :]).sum(-1, keepdim=True)
+            PiZ = Pi * Z
+            acc_v[..., ks, :] += Pi.mT @ g
+            acc_k[..., ks, :] += PiZ.mT @ lin.Qx[..., sl, :]
+            if acc_c is not None:
+                acc_c[..., ks] += PiZ.sum(-2)
+            PZ = PiZ if Pi_all is lin.P else P * Z  # Euclidean geometry: Pi = P
+            rows.append(PZ @ lin.KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
+        acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
+        out = _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
+        if acc_c is not None:
+            out = out + acc_c.mT @ lin.C
+    if lin.rope_heads:
+        scale = _sqrt_weights(lin) if weighted else None
+        Gs = G if scale is None else G * scale
+        for h in lin.rope_heads:
+            _, pullback = tfunc.vjp(_rope_fn(lin, h), lin.X)
+            cot = pullback(Gs)[0]
+            cot = cot if scale is None else cot / scale
+            out = cot if out is None else out + cot
+    return out
+
+
+def _require_analytic(lin: AttentionLinearization, what: str) -> None:
+    if lin.rope_heads:
+        raise NotImplementedError(
+            f"{what} uses the closed form, which does not apply to heads with a rotary embedding"
+        )
+
+
+def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
+    r"""Per-atom self-Jacobian products :math:`u_i\mapsto S_iu_i`, all atoms at once.
+
+    :math:`S_i = \sum_hW_hV_hC^h_iA_h^\top` is the self-Jacobian :math:`J_\mu(x_i)` of
+    THEORY.md §4.2 (multi-head form of §5.3). With :math:`A = Q^\top K`,
+    :math:`VC_iA^\top u_i = \sum_lP_{il}\langle K(x_l-m_i), Qu_i\rangle V(x_l-m_i)`: one
+    :math:`n\times n` product per head in head space, cost
+    :math:`O(H(n^2(k + d_v) + ndk))` (:math:`k = d`, :math:`Q = I`, :math:`K = A` without
+    factors).
+
+    Parameters
+    ----------
+    lin : AttentionLinearization
+    U : Tensor, shape (..., n, d)
+        One vector per atom.
+
+    Returns
+    -------
+    Tensor, shape (..., n, d_out)
+    """
+    _require_analytic(lin, "self_jvp")
+    U = _check_shape(U, lin, lin.d, "U")
+    vals = _cov_apply(lin, _query_rows(lin, U), lin.KXc, lin.KMc, lin.VXc, lin.VMc)
+    return _combine(lin, vals, lin.analytic_heads)
+
+
+def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
+    r"""Per-atom adjoint products :math:`g_i\mapsto S_i^\top g_i`, all atoms at once.
+
+    :math:`S_i^\top g_i = \sum_hA_hC^h_iV_h^\top W_h^\top g_i = \sum_hQ_h^\top\sum_lP_{il}
+    \langle V_h(x_l-m_i), W_h^\top g_i\rangle K_h(x_l-m_i)`, cost as :func:`self_jvp`.
+
+    Parameters
+    ----------
+    lin : AttentionLinearization
+    G : Tensor, shape (..., n, d_out)
+
+    Returns
+    -------
+    Tensor, shape (..., n, d)
+    """
+    _require_analytic(lin, "self_vjp")
+    G = _check_shape(G, lin, lin.d_out, "G")
+    rows = _cov_apply(lin, _output_rows(lin, G), lin.VXc, lin.VMc, lin.KXc, lin.KMc)
+    return _head_rows_adjoint(lin, rows)
+
+
+def _cov_apply(
+    lin: AttentionLinearization, Wv: Tensor, Fx: Tensor, Fm: Tensor, Gx: Tensor, Gm: Tensor
+) -> Tensor:
+    r"""Rows :math:`\sum_lP_{il}\langle w_i, F(x_l - m_i)\rangle\,G(x_l - m_i)` per head.
+
+    ``Wv`` (..., H_a, n, p) holds the :math:`w_i`; ``Fx``, ``Fm`` (..., H_a, n, p) and ``Gx``,
+    ``Gm`` (..., H_a, n, r) the centred projections :math:`F(x_l-\bar x)`, :math:`F(m_i-\bar x)`
+    (likewise for :math:`G`). Returns (..., H_a, n, r): :math:`GC_iF^\top w_i`.
+    """
+    parts = []
+    for sl, ks in _key_blocks(lin):
+        w = Wv[..., sl, :]
+        Z = w @ Fx[..., ks, :].mT - (w * Fm[..., sl, :]).sum(-1, keepdim=True)
+        PZ = lin.P[..., sl, ks] * Z
+        parts.append(PZ @ Gx[..., ks, :] - PZ.sum(-1, keepdim=True) * Gm[..., sl, :])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+
+# ------------------------------------------------------------------------------ explicit blocks
+def _self_blocks(lin: AttentionLinearization, sl: slice) -> Tensor:
+    """Explicit S_i (..., |sl|, d_out, d) for the atoms in ``sl``."""
+    Xc = lin.X.unsqueeze(-3) - lin.x_bar.unsqueeze(-3)
+    Mc = lin.m[..., sl, :] - lin.x_bar.unsqueeze(-3)
+    Wa = lin.W[list(lin.analytic_heads)]
+    O = Wa @ lin.V  # (H_a, d_out, d): W_h V_h
+    OX = Xc @ O.mT  # (..., H_a, n, d_out)
+    AX = Xc @ lin.A.mT  # rows A (x_l - x_bar)
+    P = lin.P[..., sl, :]
+    second = torch.einsum("...hil,...hla,...hlb->...iab", P, OX, AX)
+    first = torch.einsum("...hia,...hib->...iab", Mc @ O.mT, Mc @ lin.A.mT)
+    return second - first
+
+
+def self_jacobian_blocks(
+    X: Tensor,
+    params: Params,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+    positions: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    r"""Self-Jacobians :math:`S_i = \sum_hW_hV_hC^h_iA_h^\top`, one (d_out, d) block per atom.
+
+    These are the :math:`J_\mu(x_i) = VC_{x_i}A^\top` of THEORY.md §4.2 entering the split
+    constant of §5.3 (multi-head: :math:`\|\sum_hW_hV_hC^h_iA_h^\top\|_2`). *(derived and checked
+    numerically.)* Memory :math:`O(nd_{\mathrm{out}}d)`.
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, d)
+    params : AttentionParams or MultiHeadParams
+    log_weights, masked, positions, chunk_size
+        As in :func:`linearize`.
+
+    Returns
+    -------
+    Tensor, shape (..., n, d_out, d)
+    """
+    lin = linearize(
+        X,
+        params,
+        log_weights=log_weights,
+        masked=masked,
+        positions=positions,
+        chunk_size=chunk_size,
+    )
+    _require_analytic(lin, "self_jacobian_blocks")
+    parts = [_self_blocks(lin, sl) for sl in iter_chunks(lin.n, chunk_size)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-3)
+
+
+def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
+    """Blocks (..., n, d_out, n, d) of the analytic heads."""
+    Pi = _interaction(lin, weighted)
+    Xh = lin.X.unsqueeze(-3)
+    Wa = lin.W[list(lin.analytic_heads)]
+    O = Wa @ lin.V  # (H_a, d_out, d)
+    OX = Xh @ O.mT  # (..., H_a, n, d_out)   O x_j
+    OM = lin.m @ O.mT  # (..., H_a, n, d_out)   O m_i
+    Oa = OX.unsqueeze(-3) - OM.unsqueeze(-2)  # (..., H_a, i, j, d_out)  O (x_j - m_i)
+    J = torch.einsum("...hij,hab->...iajb", Pi, O)
+    J = J + torch.einsum("...hij,...hija,...hib->...iajb", Pi, Oa, lin.B)
+    n = lin.n
+    S = _self_blocks(lin, slice(0, n))  # (..., n, d_out, d)
+    idx = torch.arange(n, device=J.device)
+    # advanced indices separated by a slice put the atom axis first: (n, ..., d_out, d)
+    J[..., idx, :, idx, :] += S.movedim(-3, 0)
+    return J
+
+
+def _dense_rope(lin: AttentionLinearization, h: int) -> Tensor:
+    """Blocks (..., n, d_out, n, d) of a rotary head via torch.func.jacrev, sample by sample."""
+    head = lin.params.heads[h]
+    W_h = lin.W[h]
+    batch = lin.batch_shape
+    n, d = lin.n, lin.d
+
+    def per_sample(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.expand(batch + (n,)).reshape(-1, n)
+
+    Xf = lin.X.reshape(-1, n, d)
+    lw, pos = per_sample(lin.log_weights), per_sample(lin.positions)
+    blocks = []
+    for k in range(Xf.shape[0]):
+        lw_k = None if lw is None else lw[k]
+        pos_k = None if pos is None else pos[k]
+
+        def fn(Y: Tensor, lw_k: Tensor | None = lw_k, pos_k: Tensor | None = pos_k) -> Tensor:
+            out = attention_points(
+                Y,
+                head,
+                log_weights=lw_k,
+                masked=lin.masked,
+                positions=pos_k,
+                token_index=lin.token_index,
+            )
+            return out @ W_h.mT
+
+        blocks.append(tfunc.jacrev(fn)(Xf[k]))
+    return torch.stack(blocks).reshape(batch + (n, lin.d_out, n, d))
+
+
+def dense_jacobian(
+    X: Tensor,
+    params: Params,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+    positions: Tensor | None = None,
+    token_index: Tensor | None = None,
+    geometry: Geometry = "euclidean",
+    max_size: int = 4096,
+    force: bool = False,
+) -> Tensor:
+    r"""Assemble the full :math:`(nd_{\mathrm{out}})\times(nd)` Jacobian from the closed form.
+
+    Row block :math:`i`, column block :math:`j` is :math:`J_{ij} = \partial f_i/\partial x_j`
+    (``vec`` stacks tokens row-major, THEORY.md §1.1); in the Wasserstein geometry the blocks are
+    :math:`\sqrt{a_i/a_j}J_{ij}`. Rotary heads use ``torch.func.jacrev``.
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, d)
+    params : AttentionParams or MultiHeadParams
+    log_weights, masked, positions, token_index
+        As in :func:`linearize`.
+    geometry : {"euclidean", "wasserstein"}, default "euclidean"
+    max_size : int, default 4096
+        Largest ``n * d`` assembled without ``force``.
+    force : bool, default False
+        Assemble even when ``n * d > max_size``.
+
+    Returns
+    -------
+    Tensor, shape (..., n * d_out, n * d)
+
+    Raises
+    ------
+    ValueError
+        When ``n * d > max_size`` and ``force`` is false.
+    """
+    X = as_float_tensor(X, "X")
+    if X.ndim >= 2 and X.shape[-2] * X.shape[-1] > max_size and not force:
+        raise ValueError(
+            f"n * d = {X.shape[-2] * X.shape[-1]} exceeds max_size = {max_size}; "
+            "use the matrix-free jvp/vjp or pass force=True"
+        )
+    lin = linearize(
+        X,
+        params,
+        log_weights=log_weights,
+        masked=masked,
+        positions=positions,
+        token_index=token_index,
+    )
+    return _dense_from_lin(lin, geometry)
+
+
+def _dense_from_lin(lin: AttentionLinearization, geometry: str) -> Tensor:
+    weighted = _check_geometry(lin, geometry)
+    n, d, d_out = lin.n, lin.d, lin.d_out
+    J = lin.X.new_zeros(lin.batch_shape + (n, d_out, n, d))
+    if lin.analytic_heads:
+        J = J + _dense_analytic(lin, weighted)
+    if lin.rope_heads:
+        Jr = sum(_dense_rope(lin, h) for h in lin.rope_heads)
+        if weighted:
+            s = _sqrt_weights(lin).squeeze(-1)  # (..., n)
+            ratio = s[..., :, None] / s[..., None, :]
+            Jr = Jr * ratio[..., :, None, :, None]
+        J = J + Jr
+    return J.reshape(lin.batch_shape + (n * d_out, n * d))
