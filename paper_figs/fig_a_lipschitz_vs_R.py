@@ -2,7 +2,7 @@ r"""Figure A: the mean-field Lipschitz constant against :math:`R` in the style o
 
 One panel per setting (:math:`d = 1` with :math:`A = \pm1`, :math:`V = 1`; :math:`d = 2` with
 :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`; a random Gaussian :math:`A = Q^\top K/\sqrt k`
-with :math:`V = I`), log y: the **candidate** upper bounds :math:`c' = 1, 2` (docs/theory.md §6,
+with :math:`V = I`), log y: the upper bounds :math:`c' = 1` (proved, docs/theory.md §17) and :math:`c' = 2` (docs/theory.md §6,
 reconstructed constants, not the paper's), the exact two-Dirac optimum :math:`\sup_\varepsilon g`
 at the best gap :math:`\gamma^*` (§5), the :math:`w = 1/2` form, the asymptote, the global lower
 bound :math:`\max(\|V\|_2, \sup_\varepsilon g)`, and the values reached by optimized worst measures
@@ -72,12 +72,12 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                     (g("curve_global_lower"), global_label, dict(color="0.75", lw=3.0)),
                     (
                         g("curve_upper_c1"),
-                        r"upper bound, candidate $c'=1$ (reconstructed)",
+                        r"upper bound $c'=1$ (proved, ours)",
                         dict(color=PALETTE["bound"], ls="-.", lw=1.0),
                     ),
                     (
                         g("curve_upper_c2"),
-                        r"upper bound, candidate $c'=2$ (reconstructed)",
+                        r"upper bound $c'=2$ (ours)",
                         dict(color="#8aa61c", ls=(0, (5, 2, 1, 2, 1, 2)), lw=1.0),
                     ),
                     (
@@ -112,7 +112,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             sup = g("curve_sup_g")
             lo = min(float(g("curve_trivial").min()), float(sup[sup > 0].min(initial=np.inf)))
             top = max(float(np.nanmax(g("opt_value"))), float(sup.max()))
-            ax.set_ylim(lo / 3.0, top * 1e6)  # the candidates may leave the axis
+            ax.set_ylim(lo / 3.0, top * 1e6)  # the upper bounds may leave the axis
             ax.set_title(meta.get("settings", {}).get(s, s), loc="left", fontsize=8)
             ax.set_xlabel("radius $R$")
             ax.set_ylabel("Lipschitz constant")

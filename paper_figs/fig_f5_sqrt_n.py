@@ -5,7 +5,7 @@ One panel per gap :math:`\gamma` (head :math:`d = 1`, :math:`A = -\gamma/(2R^2)`
 (exact, closed form at every integer :math:`n`, with certified engine brackets at a few :math:`n`)
 and masked (certified engine brackets). Overlays: the lower-bound formulas of §3 and §4, the best
 :math:`k`-copy input (a lower bound on :math:`\mathrm{Lip}(f\,|\,B_R^n)`), the √n upper bounds of
-§1, the mean-field level :math:`\sup_\varepsilon g` and the candidate :math:`c' = 1` bound (§5–§6),
+§1, the mean-field level :math:`\sup_\varepsilon g` and the :math:`c' = 1` bound (proved, §17) (§5–§6),
 and :math:`n - 1 = e^\gamma`. It shows the √n rise, the peak at :math:`n` of order
 :math:`e^\gamma`, and decay (unmasked) against saturation (masked).
 
@@ -111,7 +111,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             )
             for key, color, ls, label in (
                 ("sup_g", "k", "--", "mean-field lower bound $\\sup_\\varepsilon g$"),
-                ("mf_upper_c1", "k", "-.", "mean-field upper bound, candidate $c'=1$"),
+                ("mf_upper_c1", "k", "-.", "mean-field upper bound $c'=1$ (proved)"),
                 (
                     "masked_limit",
                     PALETTE["masked"],

@@ -3,9 +3,9 @@ r"""Figure F6: the mean-field constant against the radius (docs/experiments.md, 
 Head :math:`d = 2`, :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`. Left (log y):
 :math:`\sup_\varepsilon g` of the two unbalanced Diracs (§5) at the best gap, the :math:`w = 1/2`
 form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`, the trivial :math:`\|V\|_2`, the
-**candidate** upper bounds :math:`c' = 1, 2` (§6, reconstructed constants, not the paper's), the
+upper bounds :math:`c' = 1` (proved, §17) and :math:`c' = 2` (§6; our constants, not the paper's), the
 values reached by the multi-start search over 2–5 weighted atoms (§A4) and the maximised off-axis
-two-atom bound (§A3). The left axis is clipped to the data (the candidate bounds grow like
+two-atom bound (§A3). The left axis is clipped to the data (the upper bounds grow like
 :math:`e^{cR^2}` and leave it; a note says where), and the markers of the 2–5-atom searches are
 dodged sideways by :data:`DODGE` of the R range, since their values nearly coincide. Right: the
 same values divided by :math:`\sup_\varepsilon g`.
@@ -74,14 +74,14 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 PALETTE["bound"],
                 "-.",
                 1.0,
-                r"upper bound, candidate $c'=1$ (reconstructed)",
+                r"upper bound $c'=1$ (proved, ours)",
             ),
             (
                 "curve_upper_c2",
                 "#8aa61c",
                 (0, (5, 2, 1, 2, 1, 2)),
                 1.0,
-                r"upper bound, candidate $c'=2$ (reconstructed)",
+                r"upper bound $c'=2$ (ours)",
             ),
         ]
         for key, c, ls, lw, label in curves:
@@ -120,7 +120,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         )
         low = min(float(d["curve_trivial"].min()), float(np.nanmin(d["opt_value"])))
         top = max(float(np.nanmax(d["opt_value"])), float(sup_c.max()))
-        # clipped to the data: the candidate upper bounds grow like exp(c R^2) and would squash
+        # clipped to the data: the upper bounds grow like exp(c R^2) and would squash
         # the measured values (a note on the panel says where they leave it)
         ax0.set_ylim(low / 3.0, 100.0 * top)
         ax1.set_ylim(0.2, max(3.0, 3.0 * float(np.nanmax(measured))))  # zoom: bounds leave it

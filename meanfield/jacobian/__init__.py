@@ -1,7 +1,8 @@
-r"""Closed-form Jacobians of self-attention and matrix-free Jacobian products (THEORY.md §4).
+r"""Closed-form Jacobians of self-attention and matrix-free Jacobian products
+(docs/derivations/jacobian_products.md).
 
 For one head with score matrix :math:`A`, value matrix :math:`V` and key-logit term :math:`c`
-(query bias, THEORY.md §2.2), the logits are
+(query bias, docs/conventions.md §1), the logits are
 :math:`\ell_{il} = x_i^\top Ax_l + c^\top x_l + \log a_l` (:math:`-\infty` where masked), and
 :math:`f(X)_i = Vm_i + b` with :math:`m_i = \sum_lP_{il}x_l`. Since
 :math:`\partial\ell_{il}/\partial x_i = Ax_l` and :math:`\partial\ell_{il}/\partial x_l =
@@ -15,15 +16,15 @@ A^\top x_i + c =: b_i`, the blocks :math:`J_{ij} = \partial f_i/\partial x_j` (c
 A multi-head layer has :math:`J = \sum_h(I_n\otimes W_h)J^h` with :math:`W_h` column block
 :math:`h` of :math:`W^O` (a block selector when the heads are concatenated). Masking only zeroes
 :math:`P_{ij}`; weighted atoms only add :math:`\log a_j` to the logits. *(derived and checked
-numerically against finite differences and torch.func; THEORY.md §4.1.)*
+numerically against finite differences and torch.func; docs/derivations/jacobian_products.md.)*
 
-The **Wasserstein** operator of a weighted measure is :math:`D_a^{1/2}JD_a^{-1/2}` (THEORY.md
-§5.2), whose blocks are :math:`\sqrt{a_i/a_j}J_{ij}`: the same formula with
+The **Wasserstein** operator of a weighted measure is :math:`D_a^{1/2}JD_a^{-1/2}` (docs/theory.md
+§16), whose blocks are :math:`\sqrt{a_i/a_j}J_{ij}`: the same formula with
 :math:`\tilde P_{ij} = \sqrt{a_i/a_j}\,P_{ij}` in the two interaction terms, while the self term
 :math:`VC_iA^\top` is unchanged.
 
 Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024 (arXiv
-2312.14820 v2). The formulas are THEORY.md reconstructions labelled *derived and checked
+2312.14820 v2). The formulas are our reconstructions labelled *derived and checked
 numerically*; they are not quoted from the paper.
 
 Products :func:`jvp` and :func:`vjp` never form a block; their matrix-product form is derived in

@@ -178,7 +178,7 @@ def block_norm_bounds(
 ) -> Tensor:
     r"""Nonnegative :math:`N_{ij}\ge\|J_{ij}\|_2` from the closed form, in :math:`O(Hn^2d)`.
 
-    THEORY.md §13.3 (*standard*; the analytic block bound is derived). For each head and
+    docs/theory.md §B5 and docs/certificates.md §5 (*standard*; the analytic block bound is derived). For each head and
     :math:`M\in\{V_h, W_hV_h\}`, with :math:`a_{ij} = x_j - m_i` and
     :math:`b_i = A^\top x_i + c`,
 

@@ -276,7 +276,7 @@ def linearize(
     masked : bool, default False
         Causal attention: keys ``j <= i``, or keys with ``positions[j] <= positions[i]``.
     positions : Tensor, shape (..., n), optional
-        Positions of a position-tagged measure (THEORY.md §3.3).
+        Positions of a position-tagged measure (docs/theory.md §B2).
     token_index : Tensor, shape (..., n) or (n,), optional
         Integer token positions for rotary heads (default ``0, ..., n-1``).
     chunk_size : int, optional

@@ -292,7 +292,7 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     r"""Per-atom self-Jacobian products :math:`u_i\mapsto S_iu_i`, all atoms at once.
 
     :math:`S_i = \sum_hW_hV_hC^h_iA_h^\top` is the self-Jacobian :math:`J_\mu(x_i)` of
-    THEORY.md §4.2 (multi-head form of §5.3). With :math:`A = Q^\top K`,
+    docs/theory.md §16 (multi-head form of §A5). With :math:`A = Q^\top K`,
     :math:`VC_iA^\top u_i = \sum_lP_{il}\langle K(x_l-m_i), Qu_i\rangle V(x_l-m_i)`: one
     :math:`n\times n` product per head in head space, cost
     :math:`O(H(n^2(k + d_v) + ndk))` (:math:`k = d`, :math:`Q = I`, :math:`K = A` without
@@ -379,7 +379,7 @@ def self_jacobian_blocks(
 ) -> Tensor:
     r"""Self-Jacobians :math:`S_i = \sum_hW_hV_hC^h_iA_h^\top`, one (d_out, d) block per atom.
 
-    These are the :math:`J_\mu(x_i) = VC_{x_i}A^\top` of THEORY.md §4.2 entering the split
+    These are the :math:`J_\mu(x_i) = VC_{x_i}A^\top` of docs/theory.md §16 entering the split
     constant of §5.3 (multi-head: :math:`\|\sum_hW_hV_hC^h_iA_h^\top\|_2`). *(derived and checked
     numerically.)* Memory :math:`O(nd_{\mathrm{out}}d)`.
 
@@ -473,7 +473,7 @@ def dense_jacobian(
     r"""Assemble the full :math:`(nd_{\mathrm{out}})\times(nd)` Jacobian from the closed form.
 
     Row block :math:`i`, column block :math:`j` is :math:`J_{ij} = \partial f_i/\partial x_j`
-    (``vec`` stacks tokens row-major, THEORY.md §1.1); in the Wasserstein geometry the blocks are
+    (``vec`` stacks tokens row-major, docs/conventions.md §2); in the Wasserstein geometry the blocks are
     :math:`\sqrt{a_i/a_j}J_{ij}`. Rotary heads use ``torch.func.jacrev``.
 
     Parameters
