@@ -1,5 +1,6 @@
-r"""Closed-form Jacobians of self-attention and matrix-free Jacobian products
-(docs/derivations/jacobian_products.md).
+r"""Closed-form Jacobians of self-attention and matrix-free Jacobian products.
+
+Derivation of the products: docs/derivations/jacobian_products.md.
 
 For one head with score matrix :math:`A`, value matrix :math:`V` and key-logit term :math:`c`
 (query bias, docs/conventions.md §1), the logits are
