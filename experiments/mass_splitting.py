@@ -29,7 +29,7 @@ import numpy as np
 from ._threads import torch_threads
 from .results import load_json, load_npz, run_metadata, save_npz, write_json
 from .runner import preset_config
-from .stage import ModuleStage, StageConfig
+from .stage import ModuleStage, StageConfig, StageRun
 
 __all__ = [
     "FIG_B_SETTINGS",
@@ -39,10 +39,12 @@ __all__ = [
     "MassSplittingSettings",
     "attack_doc",
     "attack_inputs",
+    "execute",
     "figure_b_results",
     "figure_c_results",
     "measure_doc",
     "report_section",
+    "resolve",
     "run",
     "summary",
 ]
@@ -345,7 +347,8 @@ def figure_c_results(
 _FILES = {"figure_b": "worst_measures", "figure_c": "mass_splitting"}
 
 
-def _resolve(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``preset`` with ``overrides`` merged and checked (the stage contract)."""
     config = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     for key, value in overrides.items():
         config[key] = {**config[key], **value} if isinstance(config[key], dict) else value
@@ -385,37 +388,14 @@ def _norm(v: Any) -> Any:
     return v
 
 
-def run(
-    results_dir: str | Path,
-    preset: str = "quick",
-    *,
-    device: str = "cpu",
-    progress: bool = True,
-    **overrides: Any,
-) -> list[Path]:
-    """Run the figure-B and figure-C sweeps of ``preset`` into ``results_dir/"attacks"``.
+def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+    """The figure-B and figure-C sweeps of ``config`` into ``out`` (the stage contract).
 
-    Parameters
-    ----------
-    results_dir : path
-    preset : {"tiny", "quick", "paper"}
-    device : str
-        Only ``"cpu"``: these are tiny dense problems, faster on one CPU thread than on a GPU.
-    progress : bool
-        Unused (the sweeps are short); accepted for the stage interface.
-    **overrides
-        ``figure_b={...}``, ``figure_c={...}`` (merged into the preset's) or ``seed=``.
-
-    Returns
-    -------
-    list of Path
+    Tiny dense problems, faster on one CPU thread than on a GPU (the stage runs on the CPU only);
+    the settings are ``figure_b={...}`` and ``figure_c={...}`` (merged into the preset's) and
+    ``seed``. A sub-result already computed with the same settings is kept.
     """
-    del progress
-    if device != "cpu":
-        raise ValueError(f"the attacks stage runs on the CPU only, got device={device!r}")
-    config = _resolve(preset, overrides)
-    out = Path(results_dir) / NAME
-    out.mkdir(parents=True, exist_ok=True)
+    del run  # no progress bars (the sweeps are short), CPU only
     files: list[Path] = []
     for key, fn in (("figure_b", figure_b_results), ("figure_c", figure_c_results)):
         stem = out / _FILES[key]
@@ -513,12 +493,8 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
 
 
 #: The stage (experiments/stage.py contract).
-STAGE = ModuleStage(
-    name=NAME,
-    title="Worst-case measures and mass splitting",
-    presets=PRESETS,
-    run_fn=run,
-    summary_fn=summary,
-    report_fn=report_section,
-    uses_device=False,
+STAGE = ModuleStage.from_module(
+    __name__, "Worst-case measures and mass splitting", uses_device=False
 )
+#: Run the figure-B and figure-C sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+run = STAGE.run

@@ -153,6 +153,17 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+def stage_result(results_dir: str | os.PathLike, stage: str, name: str) -> Path:
+    """The path of the result ``name`` of ``stage``; ``FileNotFoundError`` naming the stage if absent.
+
+    How a figure or a report finds what a stage wrote: ``results_dir / stage / name``.
+    """
+    path = Path(results_dir) / stage / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the {stage!r} experiment first")
+    return path
+
+
 def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Atomically write long-format CSV; columns are the union of keys in order of appearance."""
     rows = [dict(r) for r in rows]

@@ -5,9 +5,13 @@ synthetic sweeps, mass splitting, the bound checks). Each stage module defines
 
 - a frozen dataclass of its settings (a subclass of :class:`StageConfig`), with one instance per
   preset in ``PRESETS`` (``"tiny"``, ``"quick"``, ``"paper"``);
-- ``run(results_dir, preset, *, device, progress, **settings) -> list[Path]``, resumable;
+- ``resolve(preset, settings) -> dict``: the preset's settings with the given ones applied and
+  checked;
+- ``execute(cfg, out, run) -> list[Path]``: the work, resumable, written under ``out``
+  (``run`` is a :class:`StageRun`: preset, settings, device, progress);
 - ``summary(results_dir) -> dict`` and ``report_section(results_dir, figures_dir) -> str``;
-- ``STAGE``, a :class:`ModuleStage` that bundles the above and satisfies :class:`Stage`.
+- ``STAGE = ModuleStage.from_module(__name__, title)``, which bundles the above, satisfies
+  :class:`Stage` and gives the module its public ``run = STAGE.run``.
 
 The application layer (``experiments.app``) holds the list of stages by direct reference, so a
 type checker sees the whole contract. Settings given on the command line (``meanfield experiment
@@ -21,6 +25,7 @@ import collections.abc as cabc
 import copy
 import dataclasses
 import numbers
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -30,7 +35,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["ModuleStage", "Names", "Stage", "StageConfig", "check_setting"]
+__all__ = ["ModuleStage", "Names", "Stage", "StageConfig", "StageRun", "check_setting"]
 
 #: A setting that takes one name or a list of names.
 Names = tuple[str, ...] | str
@@ -163,8 +168,8 @@ class Stage(Protocol):
 
     def run(
         self,
-        results_dir: Path,
-        preset: str,
+        results_dir: str | Path,
+        preset: str = "quick",
         *,
         device: str = "cpu",
         progress: bool = True,
@@ -183,39 +188,98 @@ class Stage(Protocol):
 
 
 @dataclass(frozen=True)
+class StageRun:
+    """How one call of a stage runs: what :meth:`ModuleStage.run` hands to the module's ``execute``.
+
+    Attributes
+    ----------
+    preset : str
+        The preset's name.
+    settings : Mapping
+        The settings given to replace the preset's (already applied by the module's
+        ``resolve``; kept for the run's metadata).
+    device : str
+        Torch device of the stage's computations.
+    progress : bool
+        Whether to show progress bars.
+    """
+
+    preset: str
+    settings: Mapping[str, Any]
+    device: str = "cpu"
+    progress: bool = True
+
+
+@dataclass(frozen=True)
 class ModuleStage:
-    """A :class:`Stage` made of a module's functions (the form every stage module uses)."""
+    """A :class:`Stage` made of a module's functions (the form every stage module uses).
+
+    The module provides ``resolve(preset, settings) -> cfg`` (the preset's settings with the
+    given ones applied and checked, as a plain dictionary) and ``execute(cfg, out, run) ->
+    files`` (the work, resumable, written under ``out``); :meth:`run` joins them, so the stage
+    contract and its parameters are written once, here.
+    """
 
     name: str
     title: str
     presets: Mapping[str, Any]
-    run_fn: Callable[..., list[Path]]
+    resolve_fn: Callable[[str, Mapping[str, Any]], dict[str, Any]]
+    execute_fn: Callable[[dict[str, Any], Path, StageRun], list[Path]]
     summary_fn: Callable[[Path], dict[str, Any]]
     report_fn: Callable[[Path, Path], str]
     uses_device: bool = True
 
+    @classmethod
+    def from_module(cls, module: str, title: str, *, uses_device: bool = True) -> ModuleStage:
+        """The stage of the module named ``module``.
+
+        It reads the module's ``NAME``, ``PRESETS``, ``resolve``, ``execute``, ``summary`` and
+        ``report_section``; call it at the end of the module (``from_module(__name__, ...)``).
+        """
+        m = sys.modules[module]
+        return cls(
+            m.NAME, title, m.PRESETS, m.resolve, m.execute, m.summary, m.report_section, uses_device
+        )
+
     def run(
         self,
-        results_dir: Path,
-        preset: str,
+        results_dir: str | Path,
+        preset: str = "quick",
         *,
         device: str = "cpu",
         progress: bool = True,
         **settings: Any,
     ) -> list[Path]:
-        """Call the module's ``run``.
+        """Run (or resume) the stage into ``results_dir / name``; return the files written.
 
-        The device is forced to the CPU when the stage has no use for another.
+        Parameters
+        ----------
+        results_dir : path
+            Root of the results; the stage writes under ``results_dir / name`` only.
+        preset : {"tiny", "quick", "paper"}, default "quick"
+            ``tiny`` for tests, ``quick`` for ``make demo``, ``paper`` for the paper's grids
+            (the module's ``PRESETS``).
+        device : str, default "cpu"
+            Torch device of the computations. A stage that runs on the CPU only
+            (``uses_device`` false) raises ``ValueError`` for another.
+        progress : bool, default True
+            Progress bars (and log lines when stderr is not a terminal).
+        **settings
+            Replace the preset's settings (the fields of the stage's settings dataclass);
+            an unknown name or a value of the wrong type raises a one-line ``ValueError``.
+
+        Returns
+        -------
+        list of Path
+            The files written, or already complete: a rerun computes nothing finished.
         """
-        return list(
-            self.run_fn(
-                results_dir,
-                preset,
-                device=device if self.uses_device else "cpu",
-                progress=progress,
-                **settings,
-            )
-        )
+        if not self.uses_device and device != "cpu":
+            raise ValueError(f"the {self.name} stage runs on the CPU only, got device={device!r}")
+        cfg = self.resolve_fn(preset, settings)
+        out = Path(results_dir) / self.name
+        out.mkdir(parents=True, exist_ok=True)
+        run = StageRun(preset, dict(settings), device, progress)
+        return list(self.execute_fn(cfg, out, run))
 
     def summary(self, results_dir: Path) -> dict[str, Any]:
         """The module's ``summary``."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json, load_npz
+from experiments.results import load_json, load_npz, stage_result
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
@@ -35,11 +35,8 @@ _MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def _load(results_dir: str | Path) -> tuple[dict[str, np.ndarray], dict]:
-    base = Path(results_dir) / "synthetic"
-    p, j = base / "a.npz", base / "a.json"
-    if not (p.exists() and j.exists()):
-        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
-    return load_npz(p), load_json(j)
+    arrays = load_npz(stage_result(results_dir, "synthetic", "a.npz"))
+    return arrays, load_json(stage_result(results_dir, "synthetic", "a.json"))
 
 
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_npz
+from experiments.results import load_npz, stage_result
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
@@ -28,18 +28,11 @@ __all__ = ["STEM", "draw", "main"]
 STEM = "fig_f5_sqrt_n"
 
 
-def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
-    p = Path(results_dir) / "synthetic" / "f5.npz"
-    if not p.exists():
-        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
-    return load_npz(p)
-
-
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw ``fig_f5_sqrt_n.{pdf,png}`` into ``out_dir`` from the saved F5 results."""
     import matplotlib.pyplot as plt
 
-    d = _load(results_dir)
+    d = load_npz(stage_result(results_dir, "synthetic", "f5.npz"))
     gammas = d["gammas"]
     G = len(gammas)
     with style():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_npz
+from experiments.results import load_npz, stage_result
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
@@ -40,19 +40,12 @@ def _tick(v: float, _pos: object) -> str:
     return f"$10^{{{int(round(np.log10(v)))}}}$"
 
 
-def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
-    p = Path(results_dir) / "synthetic" / "f6.npz"
-    if not p.exists():
-        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
-    return load_npz(p)
-
-
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw ``fig_f6_mean_field.{pdf,png}`` into ``out_dir`` from the saved F6 results."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    d = _load(results_dir)
+    d = load_npz(stage_result(results_dir, "synthetic", "f6.npz"))
     Rc, radii, atoms = d["curve_R"], d["radii"], d["atoms"]
     sup_c, sup_r = d["curve_sup_g"], d["at_radii_sup_g"]
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(atoms)))

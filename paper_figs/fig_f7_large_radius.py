@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_npz
+from experiments.results import load_npz, stage_result
 
 from ._style import TWO_COLUMNS, figure_main, save, style
 
@@ -28,19 +28,12 @@ STEM = "fig_f7_large_radius"
 _FLOOR = 1e-16
 
 
-def _load(results_dir: str | Path) -> dict[str, np.ndarray]:
-    p = Path(results_dir) / "synthetic" / "f7.npz"
-    if not p.exists():
-        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
-    return load_npz(p)
-
-
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw ``fig_f7_large_radius.{pdf,png}`` into ``out_dir`` from the saved F7 results."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    d = _load(results_dir)
+    d = load_npz(stage_result(results_dir, "synthetic", "f7.npz"))
     R = d["R"]
     n_in = d["unmasked_value"].shape[0]
     colors = plt.get_cmap("tab10")(np.arange(n_in) % 10)

@@ -36,14 +36,15 @@ TOY = textwrap.dedent(
     PRESETS = {"tiny": ToySettings(1), "quick": ToySettings(2), "paper": ToySettings(3)}
     CALLS = []
 
-    def run(results_dir, preset="quick", *, device="cpu", progress=True):
-        CALLS.append((preset, device))
-        out = Path(results_dir) / "@NAME@"
-        out.mkdir(parents=True, exist_ok=True)
+    def resolve(preset, settings):
+        return PRESETS[preset].options()
+
+    def execute(cfg, out, run):
+        CALLS.append((run.preset, run.device))
         if @FAIL@:
             raise RuntimeError("toy stage exploded\\non two lines")
         p = out / "toy.json"
-        p.write_text(json.dumps({"x": PRESETS[preset].x}))
+        p.write_text(json.dumps({"x": cfg["x"]}))
         return [p]
 
     def summary(results_dir):
@@ -94,15 +95,8 @@ def toy_stages(tmp_path, monkeypatch):
     import toypkg.good
 
     def stage(mod, name, title, uses_device=True):
-        return ModuleStage(
-            name=name,
-            title=title,
-            presets=mod.PRESETS,
-            run_fn=mod.run,
-            summary_fn=mod.summary,
-            report_fn=mod.report_section,
-            uses_device=uses_device,
-        )
+        mod.NAME = name
+        return ModuleStage.from_module(mod.__name__, title, uses_device=uses_device)
 
     good = stage(toypkg.good, "good", "Good stage")
     bad = stage(toypkg.bad, "bad", "Bad", False)

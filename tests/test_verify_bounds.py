@@ -235,7 +235,7 @@ def test_stage_interface_is_importable_from_the_package():
         "preset",
         "device",
         "progress",
-        "overrides",
+        "settings",
     ]
     assert list(inspect.signature(vb.report_section).parameters) == ["results_dir", "figures_dir"]
     assert set(vb.PRESETS) == {"tiny", "quick", "paper"}

@@ -89,8 +89,16 @@ from __future__ import annotations
 from ..stage import ModuleStage
 from .bounds import fit_sqrt_n, global_bound, released_heuristic
 from .report import SQRT_N_TOLERANCE, load_results, report_section, sqrt_n_consistent, summary
-from .settings import CONFIGS, NAME, PAPER_N_GRID, PRESETS, AdvConfig, AdversarialSettings
-from .sweep import export_csv, run
+from .settings import (
+    CONFIGS,
+    NAME,
+    PAPER_N_GRID,
+    PRESETS,
+    AdvConfig,
+    AdversarialSettings,
+    resolve,
+)
+from .sweep import execute, export_csv
 
 __all__ = [
     "CONFIGS",
@@ -101,23 +109,20 @@ __all__ = [
     "STAGE",
     "AdvConfig",
     "AdversarialSettings",
+    "execute",
     "export_csv",
     "fit_sqrt_n",
     "global_bound",
     "load_results",
     "released_heuristic",
     "report_section",
+    "resolve",
     "run",
     "sqrt_n_consistent",
     "summary",
 ]
 
 #: The stage (experiments/stage.py contract).
-STAGE = ModuleStage(
-    name=NAME,
-    title="Adversarial inputs on real models",
-    presets=PRESETS,
-    run_fn=run,
-    summary_fn=summary,
-    report_fn=report_section,
-)
+STAGE = ModuleStage.from_module(__name__, "Adversarial inputs on real models")
+#: Run the adversarial sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+run = STAGE.run

@@ -222,7 +222,8 @@ PRESETS: Mapping[str, AdversarialSettings] = {
 TINY_MODEL_KEYS = ("gpt2-random-tiny", "bert-random-tiny")
 
 
-def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
     cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     cfg.update(copy.deepcopy(dict(overrides)))
     configs = list(cfg["configs"])

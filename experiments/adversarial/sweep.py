@@ -16,9 +16,10 @@ from typing import Any
 from .._threads import torch_threads
 from ..results import load_json, write_csv, write_json
 from ..runner import Deferred, Sweep, config_hash, point_key
+from ..stage import StageRun
 from .bounds import _head_facts, global_bound, released_heuristic
 from .report import load_results
-from .settings import CONFIGS, NAME, TINY_MODEL_KEYS, AdvConfig, _config_settings, _resolve
+from .settings import CONFIGS, NAME, TINY_MODEL_KEYS, AdvConfig, _config_settings
 
 
 def _tiny_model(key: str, seed: int) -> Any:
@@ -379,39 +380,18 @@ def _run_worst_case(
     return [sweep.path, sweep.meta_path, info]
 
 
-def run(
-    results_dir: Path,
-    preset: str = "quick",
-    *,
-    device: str = "cpu",
-    progress: bool = True,
-    **overrides: Any,
-) -> list[Path]:
-    """Run the adversarial sweeps of a preset into ``results_dir / "adversarial"``.
+def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+    """The adversarial sweeps of ``cfg`` into ``out`` (the stage contract, experiments/stage.py).
 
-    Parameters
-    ----------
-    results_dir : path
-        Root of the results; this experiment writes under ``results_dir / "adversarial"``.
-    preset : {"tiny", "quick", "paper"}
-        ``tiny``: tiny random models (tests). ``quick``: random GPT-2 L6 and MiniLM L0 on
-        n ∈ {2, 12, 27, 52, 97} plus a small worst-case search. ``paper``: the four
-        configurations on ``range(2, 100, 5)`` and the worst-case search.
-    device : str, default "cpu"
-    progress : bool, default True
-    **overrides
-        Replace preset entries: ``configs``, ``models`` ({id: model key or checkpoint path}),
-        ``layers``, ``heads``, ``radii`` ({id: value}), ``n_grid``, ``variants``, ``worst_case``
-        (mapping, or None to skip), ``tol``, ``max_iter``, ``torch_threads``.
-
-    Returns
-    -------
-    list of Path
-        Files written (or already complete).
+    ``tiny``: tiny random models (tests). ``quick``: random GPT-2 L6 and MiniLM L0 on
+    n ∈ {2, 12, 27, 52, 97} plus a small worst-case search. ``paper``: the four configurations on
+    ``range(2, 100, 5)`` and the worst-case search. The settings (:class:`AdversarialSettings`)
+    are ``configs``, ``models`` ({id: model key or checkpoint path}), ``layers``, ``heads``,
+    ``radii`` ({id: value}), ``n_grid``, ``variants``, ``worst_case`` (mapping, or None to
+    skip), ``tol``, ``max_iter`` and ``torch_threads``. Also writes ``run.json`` and the CSV
+    export.
     """
-    cfg = _resolve(preset, overrides)
-    out = Path(results_dir) / NAME
-    out.mkdir(parents=True, exist_ok=True)
+    preset, device, progress, results_dir = run.preset, run.device, run.progress, out.parent
     import torch
 
     from ..execution import forget_worker_cache

@@ -142,7 +142,7 @@ def run_stages(
         return stage.run(
             results_dir,
             preset,
-            device=device,
+            device=device if stage.uses_device else "cpu",  # a CPU-only stage ignores --device
             progress=progress,
             **dict(settings.get(stage.name, {})),
         )

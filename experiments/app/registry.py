@@ -7,13 +7,14 @@ names the stage whose results it reads by that stage's object, not by a string.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from experiments import adversarial, mass_splitting, real_data, synthetic, verify_bounds
-from experiments.stage import ModuleStage, Names, Stage, StageConfig
+from experiments.stage import Names, Stage, StageConfig
 from paper_figs import (
     fig_a_lipschitz_vs_R,
     fig_b_worst_measures,
@@ -65,21 +66,13 @@ def _verify_bounds_presets() -> Mapping[str, VerifyBoundsSettings]:
     }
 
 
-def _run_verify_bounds(
-    results_dir: Path, preset: str, *, device: str = "cpu", progress: bool = True, **settings: Any
-) -> list[Path]:
+def _resolve_verify_bounds(preset: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     VerifyBoundsSettings.check(settings)
-    return verify_bounds.run(results_dir, preset, device=device, progress=progress, **settings)
+    return verify_bounds.resolve(preset, settings)
 
 
-VERIFY_BOUNDS = ModuleStage(
-    name=verify_bounds.NAME,
-    title="Bounds checked against the engine",
-    presets=_verify_bounds_presets(),
-    run_fn=_run_verify_bounds,
-    summary_fn=verify_bounds.summary,
-    report_fn=verify_bounds.report_section,
-    uses_device=False,
+VERIFY_BOUNDS = dataclasses.replace(
+    verify_bounds.STAGE, presets=_verify_bounds_presets(), resolve_fn=_resolve_verify_bounds
 )
 
 #: Every stage, in the order ``reproduce`` runs them.

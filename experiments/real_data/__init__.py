@@ -59,8 +59,9 @@ from .settings import (
     TRAINING_LENGTH,
     RealConfig,
     RealDataSettings,
+    resolve,
 )
-from .sweep import run
+from .sweep import execute
 
 __all__ = [
     "CONFIGS",
@@ -74,20 +75,17 @@ __all__ = [
     "RealConfig",
     "RealDataSettings",
     "curve_difference",
+    "execute",
     "export_csv",
     "load_sweeps",
     "report_section",
+    "resolve",
     "row_verdict",
     "run",
     "summary",
 ]
 
 #: The stage (experiments/stage.py contract).
-STAGE = ModuleStage(
-    name=NAME,
-    title="Real data: local Lipschitz constant vs n",
-    presets=PRESETS,
-    run_fn=run,
-    summary_fn=summary,
-    report_fn=report_section,
-)
+STAGE = ModuleStage.from_module(__name__, "Real data: local Lipschitz constant vs n")
+#: Run the real-data sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+run = STAGE.run

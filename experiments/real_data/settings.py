@@ -275,7 +275,8 @@ PRESETS: Mapping[str, RealDataSettings] = {
 # ----------------------------------------------------------------------------------------------
 
 
-def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
     cfg = preset_config(PRESETS, preset, overrides, what="real_data option(s)")
     cfg.update(overrides)
     for key in ("configs", "corpora", "models"):

@@ -17,6 +17,7 @@ from typing import Any
 from ..execution import forget_worker_cache
 from ..results import load_json, write_json
 from ..runner import Deferred, Sweep, point_key, queued
+from ..stage import StageRun
 from .report import export_csv
 from .settings import (
     CONFIGS,
@@ -25,7 +26,6 @@ from .settings import (
     NAME,
     RealConfig,
     _load,
-    _resolve,
     _starts,
     _sweep_name,
     _user_configs,
@@ -199,49 +199,25 @@ def _estimate(
 _RECORDED = ("n_windows", "method", "tol", "max_iter", "seed", "dtype", "batch_tokens")
 
 
-def run(
-    results_dir: Path,
-    preset: str = "quick",
-    *,
-    device: str = "cpu",
-    progress: bool = True,
-    **overrides: Any,
-) -> list[Path]:
-    """Run the real-data sweeps of ``preset`` into ``results_dir / "real_data"``.
+def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+    """The real-data sweeps of ``opts`` into ``out`` (the stage contract, experiments/stage.py).
 
-    Parameters
-    ----------
-    results_dir : Path
-        Root of the results; this module writes under ``results_dir / "real_data"``.
-    preset : {"tiny", "quick", "paper"}, default "quick"
-        See :data:`PRESETS`.
-    device : str, default "cpu"
-        Device of the hidden states and of the estimator (the forward passes run where the
-        model is, on the CPU).
-    progress : bool, default True
-        Progress bars.
-    **overrides
-        Replace preset entries: ``configs`` (ids of :data:`CONFIGS`), ``corpora`` (``"kjv"``,
-        ``"pydoc"`` or text-file paths), ``n_grid``, ``long_grid`` (``None`` disables),
-        ``long_corpora`` (the corpora that get the long grid; ``None``: all of them),
-        ``n_windows``, ``method``, ``tol``, ``max_iter``, ``seed``, ``dtype``, ``threads``
-        (torch threads during the run; ``None`` leaves the setting), ``batch_tokens`` (windows
-        are estimated in batched calls of at most ``max(1, batch_tokens // n)`` windows, which
-        bounds memory on the long grid), ``models`` (local
-        checkpoint directories or cached hub names, measured at ``layers``, default 0 and the
-        middle layer, with the model's own causal flag; BERT checkpoints also get the "block"
-        map; pass ``configs=[]`` to run only them) and ``layers``.
-
-    Returns
-    -------
-    list of Path
-        The sweep files (``.jsonl`` and ``.meta.json``) and the manifest.
+    The settings (:class:`RealDataSettings`): ``configs`` (ids of :data:`CONFIGS`), ``corpora``
+    (``"kjv"``, ``"pydoc"`` or text-file paths), ``n_grid``, ``long_grid`` (``None`` disables),
+    ``long_corpora`` (the corpora that get the long grid; ``None``: all of them), ``n_windows``,
+    ``method``, ``tol``, ``max_iter``, ``seed``, ``dtype``, ``threads`` (torch threads during
+    the run; ``None`` leaves the setting), ``batch_tokens`` (windows are estimated in batched
+    calls of at most ``max(1, batch_tokens // n)`` windows, which bounds memory on the long
+    grid), ``models`` (local checkpoint directories or cached hub names, measured at
+    ``layers``, default 0 and the middle layer, with the model's own causal flag; BERT
+    checkpoints also get the "block" map; pass ``configs=[]`` to run only them) and ``layers``.
+    The hidden states and the estimator live on ``run.device`` (the forward passes run where
+    the model is, on the CPU). Returns the sweep files (``.jsonl`` and ``.meta.json``) and the
+    manifest.
     """
     import torch
 
-    opts = _resolve(preset, overrides)
-    out = Path(results_dir) / NAME
-    out.mkdir(parents=True, exist_ok=True)
+    preset, device, progress = run.preset, run.device, run.progress
     old_threads = torch.get_num_threads()
     if opts["threads"] is not None:
         torch.set_num_threads(int(opts["threads"]))
@@ -333,7 +309,7 @@ def run(
         if queued():  # computed by the driver's queue; this stage runs again after
             raise Deferred(NAME)
         files.append(manifest_path)
-        files += export_csv(results_dir)
+        files += export_csv(out.parent)
         return files
     finally:
         torch.set_num_threads(old_threads)

@@ -153,7 +153,8 @@ _F5_TOL = 1e-8
 # ============================================================================ helpers
 
 
-def _resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
     cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     for k, v in overrides.items():
         cfg[k] = list(v) if isinstance(v, (tuple, list, np.ndarray)) else v

@@ -12,55 +12,32 @@ from pathlib import Path
 from typing import Any
 
 from .._threads import torch_threads
-from ..results import load_json, run_metadata, write_json
+from ..results import load_json, run_metadata, stage_result, write_json
 from ..runner import Deferred
-from ..stage import ModuleStage
+from ..stage import ModuleStage, StageRun
 from .large_radius import _run_f7
 from .mean_field import _run_mean_field
 from .settings import (
     NAME,
     PRESETS,
     STEMS,
-    _resolve,
+    resolve,
 )
 from .sqrt_n_regime import _run_f5
+
+__all__ = ["NAME", "PRESETS", "STAGE", "execute", "report_section", "resolve", "run", "summary"]
 
 log = logging.getLogger("experiments.synthetic")
 
 
 # ============================================================================ contract
-def run(
-    results_dir: Path,
-    preset: str = "quick",
-    *,
-    device: str = "cpu",
-    progress: bool = True,
-    **overrides: Any,
-) -> list[Path]:
-    """Run the synthetic sweeps of F5, F6, F7 and A and write them under ``results_dir/synthetic``.
+def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+    """The sweeps of F5, F6, F7 and A into ``out``; resumable per point (the stage contract).
 
-    Parameters
-    ----------
-    results_dir : path
-        Root results directory.
-    preset : {"tiny", "quick", "paper"}
-        Grids and optimiser budgets (:data:`PRESETS`).
-    device : str
-        Torch device of the engine and the searches (``"cpu"`` or ``"cuda"``).
-    progress : bool
-        Progress bars (tqdm, via :class:`~experiments.runner.Sweep`).
-    **overrides
-        Replace preset entries (unknown keys raise ``ValueError``).
-
-    Returns
-    -------
-    list of Path
-        Files written (Sweep records and metadata, and the assembled ``f5``, ``f6``, ``f7`` and
-        ``a`` sub-results). Per-point work is resumable: a rerun recomputes nothing finished.
+    Writes the Sweep records and metadata and the assembled ``f5``, ``f6``, ``f7`` and ``a``
+    sub-results, and ``run.json`` with the timings.
     """
-    cfg = _resolve(preset, overrides)
-    out = Path(results_dir) / NAME
-    out.mkdir(parents=True, exist_ok=True)
+    preset, overrides, device, progress = run.preset, run.settings, run.device, run.progress
     t0 = time.perf_counter()
     files: list[Path] = []
     timings = {}
@@ -101,10 +78,7 @@ def run(
 
 
 def _load(results_dir: Path, part: str) -> dict[str, Any]:
-    p = Path(results_dir) / NAME / f"{part}.json"
-    if not p.exists():
-        raise FileNotFoundError(f"{p} not found: run the 'synthetic' experiment first")
-    return load_json(p)
+    return load_json(stage_result(results_dir, NAME, f"{part}.json"))
 
 
 def summary(results_dir: Path) -> dict[str, Any]:
@@ -267,11 +241,6 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
 
 
 #: The stage (experiments/stage.py contract).
-STAGE = ModuleStage(
-    name=NAME,
-    title="Synthetic theory sweeps",
-    presets=PRESETS,
-    run_fn=run,
-    summary_fn=summary,
-    report_fn=report_section,
-)
+STAGE = ModuleStage.from_module(__name__, "Synthetic theory sweeps")
+#: Run the synthetic sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+run = STAGE.run

@@ -56,6 +56,7 @@ carry the provenance labels of docs/theory.md §15).
 
 from __future__ import annotations
 
+from ..stage import ModuleStage
 from ._engine import Target
 from .checks import BOUND_RTOL, BOUNDS, BoundSpec
 from .checks import EVALUATORS as EVALUATORS
@@ -70,19 +71,27 @@ from .report import NAME as NAME
 from .report import aggregate as aggregate
 from .report import report_section, summary
 from .stage import HARNESS_VERSION as HARNESS_VERSION
-from .stage import PRESETS, run, verify
+from .stage import PRESETS, execute, resolve, verify
 
 __all__ = [
     "BOUNDS",
     "BOUND_RTOL",
     "KINDS",
     "PRESETS",
+    "STAGE",
     "BoundSpec",
     "Target",
     "add_parser",
+    "execute",
     "make_targets",
     "report_section",
+    "resolve",
     "run",
     "summary",
     "verify",
 ]
+
+#: The stage (experiments/stage.py contract); ``experiments.app.registry`` gives it typed presets.
+STAGE = ModuleStage.from_module(__name__, "Bounds checked against the engine", uses_device=False)
+#: Run the harness for a preset (:meth:`experiments.stage.ModuleStage.run`).
+run = STAGE.run

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..results import run_metadata, write_json
 from ..runner import preset_config
+from ..stage import StageRun
 from .checks import BoundSpec, _registry, check_instance
 from .generation import KINDS, SCHEDULE
 from .report import NAME, aggregate
@@ -132,31 +133,11 @@ def verify(
 # =============================================================================================
 # experiment-module contract
 # =============================================================================================
-def run(
-    results_dir: Path,
-    preset: str = "quick",
-    *,
-    device: str = "cpu",
-    progress: bool = True,
-    **overrides: Any,
-) -> list[Path]:
-    """Run the harness for a preset and write ``results_dir/verify_bounds/report.json``.
+def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract).
 
-    Parameters
-    ----------
-    results_dir : Path
-    preset : {"tiny", "quick", "paper"}
-        Instance counts 30, 600, 5000.
-    device : str
-        Only ``"cpu"`` (the certified dense brackets run in float64 on the CPU).
-    progress : bool
-    **overrides
-        ``n_instances``, ``seed`` or ``kinds`` replace the preset's entries.
-
-    Returns
-    -------
-    list of Path
-        The report and the per-instance records (``instances.jsonl``, resumable).
+    The presets hold 30, 600 and 5000 instances; ``n_instances``, ``seed`` or ``kinds`` replace
+    the preset's entries.
     """
     cfg = preset_config(
         {k: {"kinds": list(KINDS), **v} for k, v in PRESETS.items()},
@@ -165,9 +146,16 @@ def run(
         what=f"{NAME} option(s)",
     )
     cfg.update(overrides)
-    if device != "cpu":
-        raise ValueError(f"verify_bounds runs on the CPU only, got device={device!r}")
-    out = Path(results_dir) / NAME
+    return cfg
+
+
+def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+    """Check the bounds on ``cfg``'s instances; write ``out/report.json`` (the stage contract).
+
+    The certified dense brackets run in float64 on the CPU. Returns the report and the
+    per-instance records (``instances.jsonl``, resumable).
+    """
+    preset, device, progress = run.preset, run.device, run.progress
     report = verify(cfg["n_instances"], cfg["seed"], cfg["kinds"], progress, sweep_dir=out)
     doc = {
         "kind": NAME,
