@@ -49,6 +49,7 @@ __all__ = [
     "LockHeldError",
     "OutDirLock",
     "describe",
+    "exclusive_run",
     "lock_owner",
     "sigterm_as_exit",
 ]
@@ -405,3 +406,13 @@ def sigterm_as_exit() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def exclusive_run(out_dir: str | os.PathLike) -> Iterator[OutDirLock]:
+    """Hold the lock on ``out_dir`` for a run, with ``SIGTERM`` turned into a clean exit.
+
+    Raises :class:`LockHeldError` at once, naming the run in progress, when another run holds it.
+    """
+    with sigterm_as_exit(), OutDirLock(out_dir) as lock:
+        yield lock

@@ -50,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _is_user_error(err: BaseException) -> bool:
     """Whether ``err`` is about the user's input or environment rather than a bug."""
-    if isinstance(err, (ValueError, FileNotFoundError, KeyboardInterrupt)):
-        return True
+    from experiments.lock import LockHeldError
+
+    if isinstance(err, (ValueError, FileNotFoundError, KeyboardInterrupt, LockHeldError)):
+        return True  # LockHeldError: another run writes into the same --out
     # a missing optional package: the library says which extra to install
     return isinstance(err, ImportError) and "pip install" in str(err)
 

@@ -275,7 +275,7 @@ def reproduce(
     dict
         The document written to ``out/reproduce.json``.
     """
-    from experiments.lock import LockHeldError, OutDirLock, sigterm_as_exit
+    from experiments.lock import exclusive_run
 
     if preset not in PRESET_NAMES:
         raise UsageError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
@@ -285,51 +285,46 @@ def reproduce(
         _quiet_loaders()
     out = Path(out)
     results_dir, figures_dir = out / "results", out / "figures"
-    with sigterm_as_exit():
-        try:
-            lock = OutDirLock(out).acquire()
-        except LockHeldError as err:
-            raise UsageError(str(err)) from None
-        with lock:
-            results_dir.mkdir(parents=True, exist_ok=True)
-            t_start = time.perf_counter()
-            settings = {}
-            for stage in stages:
-                if seed is not None and "seed" in stage.presets[preset].options():
-                    settings[stage.name] = {"seed": int(seed)}
-            status = run_stages(
-                stages,
-                results_dir,
-                preset,
-                device=device,
-                progress=progress,
-                settings=settings,
-                workers=workers,
-                scheduler=scheduler,
-            )
-            doc: dict[str, Any] = {
-                "kind": "reproduce",
-                "preset": preset,
-                "device": device,
-                "stages": status,
-                "experiments_seconds": time.perf_counter() - t_start,
-            }
-            if workers is not None or scheduler is not None:
-                doc["execution"] = {"workers": workers, "scheduler": scheduler}
-            if figures:
-                t0 = time.perf_counter()
-                doc["figures"] = draw_all(results_dir, figures_dir)
-                doc["figures_seconds"] = time.perf_counter() - t0
-            doc["total_seconds"] = time.perf_counter() - t_start
-            doc["budget_seconds"] = BUDGET_SECONDS[preset]
-            doc["metadata"] = run_metadata(
-                device=device, config={"preset": preset, "only": only, "seed": seed}
-            )
-            if figures:
-                report = out / "report.md"
-                atomic_write_text(report, render_report(out, doc))
-                doc["report"] = str(report)
-            write_json(out / "reproduce.json", doc)
+    with exclusive_run(out):
+        results_dir.mkdir(parents=True, exist_ok=True)
+        t_start = time.perf_counter()
+        settings = {}
+        for stage in stages:
+            if seed is not None and "seed" in stage.presets[preset].options():
+                settings[stage.name] = {"seed": int(seed)}
+        status = run_stages(
+            stages,
+            results_dir,
+            preset,
+            device=device,
+            progress=progress,
+            settings=settings,
+            workers=workers,
+            scheduler=scheduler,
+        )
+        doc: dict[str, Any] = {
+            "kind": "reproduce",
+            "preset": preset,
+            "device": device,
+            "stages": status,
+            "experiments_seconds": time.perf_counter() - t_start,
+        }
+        if workers is not None or scheduler is not None:
+            doc["execution"] = {"workers": workers, "scheduler": scheduler}
+        if figures:
+            t0 = time.perf_counter()
+            doc["figures"] = draw_all(results_dir, figures_dir)
+            doc["figures_seconds"] = time.perf_counter() - t0
+        doc["total_seconds"] = time.perf_counter() - t_start
+        doc["budget_seconds"] = BUDGET_SECONDS[preset]
+        doc["metadata"] = run_metadata(
+            device=device, config={"preset": preset, "only": only, "seed": seed}
+        )
+        if figures:
+            report = out / "report.md"
+            atomic_write_text(report, render_report(out, doc))
+            doc["report"] = str(report)
+        write_json(out / "reproduce.json", doc)
     return doc
 
 

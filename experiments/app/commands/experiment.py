@@ -44,7 +44,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
     """List the settings (``--list``) or run the stage into ``--out``."""
-    from experiments.lock import LockHeldError, OutDirLock, sigterm_as_exit
+    from experiments.lock import exclusive_run
 
     from ..pipeline import run_stages
     from ..registry import STAGES
@@ -74,23 +74,18 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     check_execution(args)
     results = Path(args.out)
     t0 = time.perf_counter()
-    with sigterm_as_exit():
-        try:
-            lock = OutDirLock(results).acquire()
-        except LockHeldError as err:
-            raise UsageError(str(err)) from None
-        with lock:
-            status = run_stages(
-                [stage],
-                results,
-                args.preset,
-                device=args.device,
-                progress=not args.no_progress,
-                settings={stage.name: overrides},
-                workers=args.workers,
-                scheduler=args.scheduler,
-                catch=False,
-            )
+    with exclusive_run(results):
+        status = run_stages(
+            [stage],
+            results,
+            args.preset,
+            device=args.device,
+            progress=not args.no_progress,
+            settings={stage.name: overrides},
+            workers=args.workers,
+            scheduler=args.scheduler,
+            catch=False,
+        )
     files = status[stage.name]["files"]
     doc.update(
         results=str(results / stage.name),
