@@ -335,3 +335,25 @@ def test_old_entry_points_still_work_with_a_warning():
     from experiments.cli import main as old_main
 
     assert old_main is main
+
+
+def test_add_command_reads_name_help_and_description_from_the_docstring():
+    import argparse
+
+    from experiments.app.options import add_command
+
+    sub = argparse.ArgumentParser(prog="meanfield").add_subparsers()
+    doc = """``meanfield thing N``: do a :mod:`theory` thing.
+
+    Longer ``text``, on
+    two lines.
+    """
+    p = add_command(sub, doc)
+    assert p.prog == "meanfield thing"
+    assert p.description == "Longer text, on two lines."
+    assert sub.choices["thing"] is p
+    assert [a.help for a in sub._choices_actions] == ["do a theory thing"]
+    one_line = add_command(sub, "``meanfield other``: redraw it.")
+    assert one_line.description == "Redraw it."
+    with pytest.raises(ValueError, match="meanfield NAME"):
+        add_command(sub, "Not a command docstring.")

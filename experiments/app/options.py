@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
-__all__ = ["UsageError", "add_common", "add_device", "check_device", "plain_text"]
+__all__ = ["UsageError", "add_command", "add_common", "add_device", "check_device", "plain_text"]
 
 
 class UsageError(ValueError):
@@ -72,3 +73,21 @@ def plain_text(text: str) -> str:
     ``:mod:`theory.bounds``` becomes ``theory.bounds``.
     """
     return re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", text).replace("``", "")
+
+
+def add_command(
+    sub: argparse._SubParsersAction, doc: str | None, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """Add the command that a command module's docstring ``doc`` describes.
+
+    The docstring's first line reads ``"``meanfield NAME [ARGS]``: what it does."``: ``NAME``
+    is the command, the rest its one-line help; the paragraphs below are its description. So a
+    command's help and its module's docstring are one text.
+    """
+    head, _, body = (doc or "").strip().partition("\n\n")
+    m = re.fullmatch(r"``meanfield ([a-z-]+)[^`]*``: (.+?)\.?", " ".join(head.split()))
+    if m is None:
+        raise ValueError(f"a command docstring starts with '``meanfield NAME``: ...', got {head!r}")
+    help_ = plain_text(m.group(2))
+    description = plain_text(" ".join(body.split())) or help_[:1].upper() + help_[1:] + "."
+    return sub.add_parser(m.group(1), help=help_, description=description, **kwargs)

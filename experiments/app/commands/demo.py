@@ -1,11 +1,17 @@
-"""``meanfield demo``: a random 2-d attention head on a weighted measure, and its picture."""
+"""``meanfield demo``: random 2-d attention on a weighted measure: W2 distances and a picture.
+
+Draw a random attention head in d = 2 and a measure of N atoms in the ball of radius R with uneven
+masses; print the W2 distances between the measure and its images (masked and unmasked), the
+local Lipschitz constants with certified brackets, and write demo.npz, demo.json and a picture to
+--out.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ..options import add_common
+from ..options import add_command, add_common
 
 __all__ = ["register"]
 
@@ -42,15 +48,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``demo``."""
-    p = sub.add_parser(
-        "demo",
-        help="random 2-d attention on a weighted measure: W2 distances and a picture",
-        description="Draw a random attention head in d = 2 and a measure of N atoms in the ball "
-        "of radius R with uneven masses; print the W2 distances between the measure and its "
-        "images (masked and unmasked), the local Lipschitz constants with certified brackets, "
-        "and write demo.npz, demo.json and a picture to --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = add_command(sub, __doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common(p, seed="seed of the head and the measure")
     p.add_argument("--out", default="demo_out", help="output directory")
     p.add_argument("--n", type=int, default=12, help="number of atoms")

@@ -1,11 +1,14 @@
-"""``meanfield derive NAME``: print a sympy derivation of :mod:`theory.symbolic`."""
+"""``meanfield derive NAME``: print a sympy derivation of :mod:`theory.symbolic`.
+
+Print a derivation of :mod:`theory.symbolic`: the expression, its LaTeX and the steps.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ..options import UsageError, add_common
+from ..options import UsageError, add_command, add_common
 
 __all__ = ["register"]
 
@@ -42,12 +45,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``derive``."""
-    p = sub.add_parser(
-        "derive",
-        help="print a sympy derivation of theory.symbolic",
-        description="Print a derivation of theory.symbolic: the expression, its LaTeX and the "
-        "steps.",
-    )
+    p = add_command(sub, __doc__)
     add_common(p)
     p.add_argument("name", help="derivation name, e.g. kim-softmax-lemma or two-dirac-optimal-mass")
     p.add_argument("--latex", action="store_true", help="print only the LaTeX of the result")

@@ -1,4 +1,9 @@
-"""``meanfield experiment STAGE``: one stage of ``reproduce``, with settings changed by ``--set``."""
+"""``meanfield experiment STAGE``: run one experiment stage (resumable), with preset options changed by --set.
+
+Run one stage of `meanfield reproduce` into OUT/<stage> (resumable: rerun to continue). Options
+of the preset are replaced with --set KEY=VALUE, e.g. --set configs=minilm-L0,gpt2rand-L6
+--set n_grid=[2,4,8] --set long_grid=null.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..options import UsageError, add_common, add_device, check_device
+from ..options import UsageError, add_command, add_common, add_device, check_device
 from .reproduce import add_execution, check_execution
 
 __all__ = ["parse_setting", "register"]
@@ -110,13 +115,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``experiment``."""
-    p = sub.add_parser(
-        "experiment",
-        help="run one experiment stage (resumable), with preset options changed by --set",
-        description="Run one stage of `meanfield reproduce` into OUT/<stage> (resumable: rerun "
-        "to continue). Options of the preset are replaced with --set KEY=VALUE, e.g. "
-        "--set configs=minilm-L0,gpt2rand-L6 --set n_grid=[2,4,8] --set long_grid=null.",
-    )
+    p = add_command(sub, __doc__)
     add_common(
         p,
         seed="the same as --set seed=SEED (default: the preset's)",

@@ -1,4 +1,8 @@
-"""``meanfield figures``: redraw every figure from saved results (no computation)."""
+"""``meanfield figures``: redraw every figure from saved results.
+
+Redraw every figure from the results of `meanfield reproduce` or `meanfield experiment`. A figure
+whose results are missing is listed as missing.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..options import UsageError, add_common
+from ..options import UsageError, add_command, add_common
 
 __all__ = ["register"]
 
@@ -36,12 +40,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``figures``."""
-    p = sub.add_parser(
-        "figures",
-        help="redraw every figure from saved results",
-        description="Redraw every figure from the results of `meanfield reproduce` or "
-        "`meanfield experiment`. A figure whose results are missing is listed as missing.",
-    )
+    p = add_command(sub, __doc__)
     add_common(p)
     p.add_argument(
         "--results",

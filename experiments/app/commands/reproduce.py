@@ -1,11 +1,15 @@
-"""``meanfield reproduce``: every stage of a preset, every figure, and ``report.md``."""
+"""``meanfield reproduce``: run the experiments of a preset, draw every figure and write report.md.
+
+Run every experiment stage of a preset (resumable: rerun to continue), draw all figures and write
+OUT/report.md.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ..options import UsageError, add_common, add_device
+from ..options import UsageError, add_command, add_common, add_device
 
 __all__ = ["add_execution", "register"]
 
@@ -82,12 +86,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``reproduce``."""
-    p = sub.add_parser(
-        "reproduce",
-        help="run the experiments of a preset, draw every figure and write report.md",
-        description="Run every experiment stage of a preset (resumable: rerun to continue), "
-        "draw all figures and write OUT/report.md.",
-    )
+    p = add_command(sub, __doc__)
     add_common(
         p,
         seed="replaces the seed of every stage whose preset has one (default: keep them)",
