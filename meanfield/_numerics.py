@@ -94,9 +94,18 @@ def masked_softmax(logits: Tensor, allowed: Tensor | None = None, *, dim: int = 
     attention distribution. The policy is to raise: such a row is always a caller error here,
     because causal rows contain their own token and measures have positive total mass.
     """
+    return torch.softmax(admissible_logits(logits, allowed, dim=dim), dim=dim)
+
+
+def admissible_logits(logits: Tensor, allowed: Tensor | None = None, *, dim: int = -1) -> Tensor:
+    """``logits`` with disallowed entries at ``-inf``, after the checks every softmax row needs.
+
+    Raises a one-line ``ValueError`` for a NaN logit, a logit that overflowed to ``+inf``, or a
+    row with no admissible key (the policy of :func:`masked_softmax`).
+    """
     if allowed is not None:
         logits = logits.masked_fill(~allowed, -torch.inf)
-    row_max = logits.amax(dim=dim, keepdim=True)
+    row_max = logits.amax(dim=dim)
     if not bool(torch.isfinite(row_max).all()):
         if bool(torch.isnan(row_max).any()):
             raise ValueError("attention logits contain NaN")
@@ -105,7 +114,7 @@ def masked_softmax(logits: Tensor, allowed: Tensor | None = None, *, dim: int = 
                 "attention logits overflowed to +inf; inputs are too large for this dtype"
             )
         raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
-    return torch.softmax(logits, dim=dim)
+    return logits
 
 
 def iter_chunks(n: int, chunk_size: int | None) -> Iterator[slice]:

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._spectral import certify_upper, spectral_norm_upper
+from ._spectral import _U64, _gamma, certify_upper, spectral_norm_upper
 
 __all__ = [
     "ConvSpectralResult",
@@ -53,15 +53,6 @@ __all__ = [
     "module_spectral_upper",
     "zero_padding_grid",
 ]
-
-_U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
-
-
-def _gamma(k: int) -> float:
-    r"""Higham's :math:`\gamma_k = ku/(1-ku)` for float64."""
-    ku = k * _U64
-    return ku / (1.0 - ku)
-
 
 @dataclass(frozen=True, eq=False)
 class ConvSpectralResult:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._numerics import as_float_tensor, check_finite, iter_chunks
+from .._numerics import admissible_logits, as_float_tensor, check_finite, iter_chunks
 from ..attention import admissible_keys, head_logits
 from ..params import AttentionParams, MultiHeadParams
 
@@ -194,18 +194,7 @@ def _admissible(
 
 def _log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
     """Row log-softmax with the empty-row policy of :func:`meanfield._numerics.masked_softmax`."""
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, -torch.inf)
-    row_max = logits.amax(dim=-1)
-    if not bool(torch.isfinite(row_max).all()):
-        if bool(torch.isnan(row_max).any()):
-            raise ValueError("attention logits contain NaN")
-        if bool((row_max == torch.inf).any()):
-            raise ValueError(
-                "attention logits overflowed to +inf; inputs are too large for this dtype"
-            )
-        raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
-    return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(admissible_logits(logits, allowed), dim=-1)
 
 
 #: Query-block size of the products when ``chunk_size=None``: blocks of this size keep the
