@@ -18,13 +18,13 @@ import numpy as np
 
 from theory import bounds
 
-from ..results import run_metadata, save_npz, write_json
 from ..runner import Sweep
 from .settings import (
     STEMS,
     _params,
     _spec,
-    _subset,
+    part_metadata,
+    save_part,
 )
 
 
@@ -154,11 +154,5 @@ def _run_f7(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
             "deviation_bound": "theory.bounds.large_radius_deviation (ours)",
         },
         "findings": find,
-        "metadata": run_metadata(
-            seed=int(cfg["seed"]),
-            device=device,
-            dtype="float64",
-            config={"preset_entries": _subset(cfg, "f7_")},
-        ),
     }
-    return [save_npz(out / "f7.npz", **arrays), write_json(out / "f7.json", doc)]
+    return save_part(out, "f7", arrays, doc, part_metadata(cfg, device, "f7_"))

@@ -28,7 +28,6 @@ from scipy import special
 
 from theory import bounds
 
-from ..results import run_metadata, save_npz, write_json
 from ..runner import Sweep
 from .settings import (
     _LR,
@@ -37,8 +36,9 @@ from .settings import (
     STEMS,
     _params,
     _spec,
-    _subset,
     mf_setting,
+    part_metadata,
+    save_part,
 )
 
 
@@ -295,30 +295,17 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
     # ---- F6: setting d2, atoms f6_atoms, off-axis
     f6 = {"radii": radii, "curve_R": curve_R, **block(F6_SETTING, f6_atoms)}
     f6_find = _mf_findings(f6, radii)
-    meta = run_metadata(
-        seed=seed,
-        device=device,
-        dtype="float64",
-        config={
-            "preset_entries": _subset(
-                cfg, "mf_", "restarts", "steps", "off_axis_", "a_atoms", "f6_atoms", "curve_points"
-            )
-        },
+    meta = part_metadata(
+        cfg, device, "mf_", "restarts", "steps", "off_axis_", "a_atoms", "f6_atoms", "curve_points"
     )
-    files.append(save_npz(out / "f6.npz", **f6))
-    files.append(
-        write_json(
-            out / "f6.json",
-            {
-                "kind": "synthetic/f6",
-                "figure": STEMS["f6"],
-                "setting": MF_SETTINGS[F6_SETTING],
-                "provenance": _MF_PROVENANCE,
-                "findings": f6_find,
-                "metadata": meta,
-            },
-        )
-    )
+    f6_doc = {
+        "kind": "synthetic/f6",
+        "figure": STEMS["f6"],
+        "setting": MF_SETTINGS[F6_SETTING],
+        "provenance": _MF_PROVENANCE,
+        "findings": f6_find,
+    }
+    files += save_part(out, "f6", f6, f6_doc, meta)
     # ---- A: every setting, atoms a_atoms
     a_arr: dict[str, Any] = {
         "radii": radii,
@@ -332,20 +319,14 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
         a_arr.update({f"{s}__{k}": v for k, v in blk.items()})
         a_find[s] = _mf_findings(blk, radii)
         labels[s] = MF_SETTINGS[s].format(seed=seed)
-    files.append(save_npz(out / "a.npz", **a_arr))
-    files.append(
-        write_json(
-            out / "a.json",
-            {
-                "kind": "synthetic/a",
-                "figure": STEMS["a"],
-                "settings": labels,
-                "provenance": _MF_PROVENANCE,
-                "findings": a_find,
-                "metadata": meta,
-            },
-        )
-    )
+    a_doc = {
+        "kind": "synthetic/a",
+        "figure": STEMS["a"],
+        "settings": labels,
+        "provenance": _MF_PROVENANCE,
+        "findings": a_find,
+    }
+    files += save_part(out, "a", a_arr, a_doc, meta)
     return files
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ..results import run_metadata, save_npz, write_json
 from ..runner import preset_config
 from ..stage import StageConfig
 
@@ -218,3 +220,19 @@ def _spec(A: np.ndarray) -> float:
 
 def _subset(cfg: Mapping[str, Any], *prefixes: str) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k == "seed" or any(k.startswith(p) for p in prefixes)}
+
+
+def part_metadata(cfg: Mapping[str, Any], device: str, *prefixes: str) -> dict[str, Any]:
+    """Run metadata of one part (F5, F6, F7, A): the seed and the preset entries it reads."""
+    entries = _subset(cfg, *prefixes)
+    return run_metadata(
+        seed=int(cfg["seed"]), device=device, dtype="float64", config={"preset_entries": entries}
+    )
+
+
+def save_part(
+    out: Path, part: str, arrays: Mapping[str, Any], doc: Mapping[str, Any], meta: Mapping[str, Any]
+) -> list[Path]:
+    """Write ``out/<part>.npz`` and ``out/<part>.json`` (``doc`` with the run metadata ``meta``)."""
+    json_doc = {**doc, "metadata": meta}
+    return [save_npz(out / f"{part}.npz", **arrays), write_json(out / f"{part}.json", json_doc)]

@@ -50,7 +50,6 @@ from scipy import special
 
 from theory import bounds, regimes
 
-from ..results import run_metadata, save_npz, write_json
 from ..runner import Sweep
 from .settings import (
     _F5_TOL,
@@ -58,7 +57,8 @@ from .settings import (
     _int_grid,
     _params,
     _spec,
-    _subset,
+    part_metadata,
+    save_part,
 )
 
 
@@ -290,14 +290,8 @@ def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
             "mf_upper_c1": "docs/theory.md §6 and §17: c' = 1, proved (ours; not the paper's constant)",
         },
         "findings": findings,
-        "metadata": run_metadata(
-            seed=int(cfg["seed"]),
-            device=device,
-            dtype="float64",
-            config={"preset_entries": _subset(cfg, "f5_")},
-        ),
     }
-    return [save_npz(out / "f5.npz", **arrays), write_json(out / "f5.json", doc)]
+    return save_part(out, "f5", arrays, doc, part_metadata(cfg, device, "f5_"))
 
 
 def _f5_findings(d: Mapping[str, np.ndarray]) -> dict[str, Any]:
