@@ -174,7 +174,7 @@ def _kind_weighted_measure(rng: np.random.Generator) -> list[Target]:
     mu = _measure(X, lw, pos)
     params = _params(heads, WO)
     ctx = _measure_ctx(X, lw, heads, WO, masked=masked, positions=pos)
-    out = [Target("measure", "wasserstein", *_engine(mu, params, geometry="wasserstein"), ctx)]
+    out = [_w2_target("measure", mu, params, ctx)]
     if not masked:
         out.append(Target("measure", "split", *_engine(mu, params, geometry="split"), dict(ctx)))
     return out
@@ -371,10 +371,24 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         td = two_dirac(_t(A), R, log_eps=log_eps, case=td0.case, V=_t(V))
         c = ctx_of(td)
         c["construction"] = label
-        out.append(
-            Target(label, "wasserstein", *_engine(td.measure, params, geometry="wasserstein"), c)
-        )
+        out.append(_w2_target(label, td.measure, params, c))
     return out
+
+
+def _w2_target(kind: str, mu: Any, params: Any, ctx: dict[str, Any]) -> Target:
+    """The target of a measure in the W2 geometry: its bracket from the engine, with ``ctx``."""
+    return Target(kind, "wasserstein", *_engine(mu, params, geometry="wasserstein"), ctx)
+
+
+def _search_head(
+    rng: np.random.Generator, d_range: tuple[int, int], theta_max: float
+) -> tuple[float, list[Any], Any]:
+    """A radius and a random single head for a search: ``(R, heads, params)``."""
+    d = int(rng.integers(*d_range))
+    R = float(rng.choice(RADII[:6]))
+    A, V = _single_head(rng, d, _log_uniform(rng, 0.05, theta_max) / R**2)
+    heads = [(A, V, None)]
+    return R, heads, _params(heads, None)
 
 
 def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
@@ -400,29 +414,16 @@ def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
         "h": h,
         "w": w,
     }
-    return [
-        Target(
-            "off_axis",
-            "wasserstein",
-            *_engine(mu, _params(heads, None), geometry="wasserstein"),
-            ctx,
-        )
-    ]
+    return [_w2_target("off_axis", mu, _params(heads, None), ctx)]
 
 
 def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:
     from meanfield.attacks import off_axis_two_atoms
 
-    d = int(rng.integers(2, 4))
-    R = float(rng.choice(RADII[:6]))
-    A, V = _single_head(rng, d, _log_uniform(rng, 0.05, 30.0) / R**2)
-    heads = [(A, V, None)]
-    params = _params(heads, None)
+    R, heads, params = _search_head(rng, (2, 4), 30.0)
     res = off_axis_two_atoms(params, R, n_restarts=2, steps=40, seed=int(rng.integers(2**31)))
-    pts = res.measure.points.numpy()
-    lw = res.measure.log_weights.numpy()
     ctx = {
-        **_measure_ctx(pts, lw, heads),
+        **_measure_ctx(res.measure.points.numpy(), res.measure.log_weights.numpy(), heads),
         "construction": "off_axis",
         "x": res.x.numpy(),
         "y": res.y.numpy(),
@@ -431,24 +432,13 @@ def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:
     }
     if not 0.0 < res.w < 1.0:
         return []
-    return [
-        Target(
-            "off_axis_opt",
-            "wasserstein",
-            *_engine(res.measure, params, geometry="wasserstein"),
-            ctx,
-        )
-    ]
+    return [_w2_target("off_axis_opt", res.measure, params, ctx)]
 
 
 def _kind_worst_case(rng: np.random.Generator) -> list[Target]:
     from meanfield.attacks import worst_case_measure
 
-    d = int(rng.integers(1, 3))
-    R = float(rng.choice(RADII[:6]))
-    A, V = _single_head(rng, d, _log_uniform(rng, 0.05, 8.0) / R**2)
-    heads = [(A, V, None)]
-    params = _params(heads, None)
+    R, heads, params = _search_head(rng, (1, 3), 8.0)
     geometry = "wasserstein" if rng.random() < 0.7 else "split"
     res = worst_case_measure(
         params,
