@@ -510,6 +510,13 @@ class SweepJob:
     model name, tolerances): the task's configuration is ``{**context, **point}``, while the
     record, and the point's key, keep the point alone, as :meth:`Sweep.run` does. Point and
     context must not share a key.
+
+    ``batch_fn`` and ``batch_key`` (both or neither) compute several points in one task: the
+    driver puts the unfinished points of all the jobs with the same ``batch_fn`` whose task
+    configurations have equal ``batch_key(config)`` into one task, whose configuration is
+    ``{"members": [config, ...]}``; ``batch_fn`` (top-level, pure) returns ``{"members":
+    [values, ...]}`` in the same order, and each member still gets its own record, keyed by its
+    own point, so resuming works as for single points (docs/cluster.md, "Batched points").
     """
 
     sweep: Any
@@ -517,6 +524,8 @@ class SweepJob:
     fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     cost: Callable[[Mapping[str, Any]], float] | None = None
     context: Mapping[str, Any] = field(default_factory=dict)
+    batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    batch_key: Callable[[Mapping[str, Any]], Hashable] | None = None
 
 
 class PointError(RuntimeError):
@@ -582,8 +591,11 @@ def run_jobs(
     summary = RunSummary()
     t_start = time.perf_counter()
     tasks: list[Task] = []
-    where: dict[str, tuple[SweepJob, dict[str, Any], str]] = {}
+    where: dict[str, list[_Member]] = {}
+    groups: dict[Hashable, list[_Member]] = {}
     for job in jobs:
+        if (job.batch_fn is None) != (job.batch_key is None):
+            raise ValueError(f"{job.sweep.name}: give both batch_fn and batch_key, or neither")
         sweep = job.sweep
         label = labels[id(job)]
         done = sweep.done()
@@ -607,45 +619,89 @@ def run_jobs(
                     f"{sweep.name}: point and context share the key(s) {', '.join(sorted(shared))}"
                 )
             tkey = f"{label}/{pkey}"
-            where[tkey] = (job, p, pkey)
             config = {**job.context, **p}
+            member = _Member(job, p, pkey, tkey, config, c, label)
+            if job.batch_fn is not None:
+                gkey = (job.batch_fn, job.batch_key(config))
+                if gkey not in groups:  # the group's task takes the place of its first point
+                    groups[gkey] = []
+                    tasks.append(Task(key=f"batch:{tkey}", fn=job.batch_fn, config={}, group=label))
+                    where[f"batch:{tkey}"] = groups[gkey]
+                groups[gkey].append(member)
+                continue
+            where[tkey] = [member]
             tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=label))
+    for i, task in enumerate(tasks):  # fill in the batched tasks: all their members, their cost
+        if task.key.startswith("batch:"):
+            members = where[task.key]
+            config = {"members": [m.config for m in members]}
+            cost = sum(m.cost for m in members)
+            tasks[i] = Task(key=task.key, fn=task.fn, config=config, cost=cost, group=task.group)
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
         for outcome in outcomes:
-            _take(outcome, where, summary, progress, on_error, append_jsonl)
+            _take(outcome, where[outcome.task.key], summary, progress, on_error, append_jsonl)
     summary.seconds = time.perf_counter() - t_start
     return summary
 
 
+@dataclass(frozen=True)
+class _Member:
+    """One unfinished point in the driver's queue: its job, point, keys, task config and cost."""
+
+    job: SweepJob
+    point: dict[str, Any]
+    pkey: str
+    tkey: str
+    config: dict[str, Any]
+    cost: float
+    label: str
+
+
 def _take(
     outcome: Outcome,
-    where: Mapping[str, tuple[SweepJob, dict[str, Any], str]],
+    members: Sequence[_Member],
     summary: RunSummary,
     progress: Any,
     on_error: str,
     append_jsonl: Callable[..., None],
 ) -> None:
-    """Append one outcome's record (or note its failure)."""
-    job, p, pkey = where[outcome.task.key]
+    """Append the records of one outcome, one per point it computed (or note its failure).
+
+    A batched task's time is shared among its points in proportion to their costs.
+    """
+    batched = outcome.task.key.startswith("batch:")
     if outcome.ok:
-        record = {
-            "key": pkey,
-            "config_hash": job.sweep.digest,
-            "point": p,
-            "seconds": outcome.seconds,
-            **outcome.value,
-        }
-        append_jsonl(job.sweep.path, record)
-        summary.computed += 1
-        if progress is not None:
-            progress.advance(outcome.task.group, cost=outcome.task.effective_cost)
+        values = outcome.value["members"] if batched else [outcome.value]
+        if len(values) != len(members):
+            raise RuntimeError(
+                f"{outcome.task.key}: {len(values)} results for {len(members)} points"
+            )
+        total = sum(m.cost for m in members)
+        for m, v in zip(members, values):
+            share = m.cost / total if total > 0 else 1.0 / len(members)
+            record = {
+                "key": m.pkey,
+                "config_hash": m.job.sweep.digest,
+                "point": m.point,
+                "seconds": outcome.seconds * share if batched else outcome.seconds,
+                **v,
+            }
+            append_jsonl(m.job.sweep.path, record)
+            summary.computed += 1
+            if progress is not None:
+                progress.advance(m.label, cost=m.cost)
         return
     if outcome.status == "error":
         if on_error == "raise":
-            raise PointError(f"{job.sweep.name}: point {p} failed: {outcome.error}")
+            m = members[0]
+            which = (
+                f"point {m.point}" if len(members) == 1 else f"{len(members)} points from {m.point}"
+            )
+            raise PointError(f"{m.job.sweep.name}: {which} failed: {outcome.error}")
         summary.errors.append(outcome)
     else:
         summary.lost.append(outcome)
-    log.warning("%s: point %s %s: %s", job.sweep.name, p, outcome.status, outcome.error)
+    for m in members:
+        log.warning("%s: point %s %s: %s", m.job.sweep.name, m.point, outcome.status, outcome.error)

@@ -33,6 +33,7 @@ __all__ = [
     "preset_config",
     "queued",
     "reporting",
+    "submit_jobs",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,26 @@ def reporting(progress: Any) -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
+def submit_jobs(jobs: Iterable[Any]) -> None:
+    """Have the points of ``jobs`` (``SweepJob``) computed, now or by the driver's queue.
+
+    Under :func:`planning` the jobs with unfinished points are queued (the stage must then raise
+    :class:`Deferred` or check :func:`queued`); otherwise they run here, in one serial queue
+    (largest cost first, batched jobs grouped), reporting to the tracker of :func:`reporting`.
+    A point that raises stops the run with ``experiments.execution.PointError``.
+    """
+    from .execution import SerialExecutor, run_jobs
+
+    jobs = list(jobs)
+    plan = _PLAN.get()
+    if plan is not None:
+        for job in jobs:
+            if job.sweep.unfinished(job.points):
+                plan.add(job)
+        return
+    run_jobs(jobs, SerialExecutor(), progress=_PROGRESS.get())
+
+
 def _repair_torn_tail(path: Path) -> None:
     """Cut a partial last line left by a crash, so later appends start on a fresh line."""
     if not path.exists() or path.stat().st_size == 0:
@@ -225,15 +246,21 @@ class Sweep:
         context: Mapping[str, Any] | None = None,
         *,
         cost: Callable[[Mapping[str, Any]], float] | None = None,
+        batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+        batch_key: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> Any:
         """The points as an ``experiments.execution.SweepJob`` (``fn`` top-level, pure).
 
         ``fn({**context, **point})`` computes one point; the record and the key keep the point
         alone. The job's unfinished points are those whose key is not in :meth:`done`.
+        ``batch_fn`` and ``batch_key`` let the driver compute several points in one task
+        (:class:`~experiments.execution.SweepJob`).
         """
         from .execution import SweepJob
 
-        return SweepJob(self, [dict(p) for p in points], fn, cost, dict(context or {}))
+        return SweepJob(
+            self, [dict(p) for p in points], fn, cost, dict(context or {}), batch_fn, batch_key
+        )
 
     def unfinished(self, points: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The points without a record of this configuration."""
