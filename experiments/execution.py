@@ -208,8 +208,11 @@ def call_task(
     torch = sys.modules.get("torch")
     old = None
     if threads is not None and torch is not None:
+        from ._threads import thread_cap
+
+        cap = thread_cap()
         old = torch.get_num_threads()
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
     t0 = time.perf_counter()
     try:
         value = dict(fn(dict(config)))
@@ -345,6 +348,11 @@ class DaskExecutor:
     env : mapping, optional
         Environment of the local workers, on top of this process's own (whose thread settings
         they keep, so that they compute the same floats) and passive OpenMP waiting.
+    max_threads : int, None or "auto"
+        Most torch threads a point may use on a local worker. ``"auto"`` (default):
+        ``os.cpu_count() // workers`` (at least 1), so that the workers do not oversubscribe the
+        cores, unless ``OMP_NUM_THREADS`` is set in this process, which is then respected (no
+        cap: every point keeps the thread count of the serial run). ``None``: no cap.
     """
 
     def __init__(
@@ -355,6 +363,7 @@ class DaskExecutor:
         threads: int | None = None,
         allowed_failures: int = 3,
         env: Mapping[str, str] | None = None,
+        max_threads: int | str | None = "auto",
     ) -> None:
         require_dask()
         import dask
@@ -365,6 +374,7 @@ class DaskExecutor:
         self.threads = threads
         self.cluster = None
         self.submitted: list[str] = []
+        self.max_threads: int | None = None
         if scheduler is not None:
             self.client = Client(scheduler)
         else:
@@ -392,6 +402,15 @@ class DaskExecutor:
                     spawn_env[key] = os.environ[key]
                 else:
                     spawn_env.pop(key, None)
+            # workers x threads <= cores: each worker's thread pools are sized to its share
+            from ._threads import MAX_THREADS_ENV, worker_thread_cap
+
+            cap = worker_thread_cap(int(workers)) if max_threads == "auto" else max_threads
+            if cap is not None:
+                self.max_threads = int(cap)
+                worker_env[MAX_THREADS_ENV] = str(self.max_threads)
+                for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+                    spawn_env[key] = str(self.max_threads)
             with dask.config.set(
                 {
                     "distributed.scheduler.allowed-failures": int(allowed_failures),
@@ -476,7 +495,8 @@ class DaskExecutor:
 
     def __repr__(self) -> str:
         where = "LocalCluster" if self.cluster is not None else self.client.scheduler.address
-        return f"DaskExecutor({where}, workers={self.workers})"
+        cap = f", max_threads={self.max_threads}" if self.max_threads is not None else ""
+        return f"DaskExecutor({where}, workers={self.workers}{cap})"
 
 
 def make_executor(
