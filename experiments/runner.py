@@ -32,6 +32,7 @@ __all__ = [
     "point_key",
     "preset_config",
     "queued",
+    "remote",
     "reporting",
     "submit_jobs",
 ]
@@ -99,10 +100,15 @@ class Deferred(Exception):
 
 
 class Plan:
-    """The sweeps queued while a stage runs under :func:`planning` (a list of ``SweepJob``)."""
+    """The sweeps queued while a stage runs under :func:`planning` (a list of ``SweepJob``).
 
-    def __init__(self) -> None:
+    ``executor`` is where the queued points will run (``None``: this process); :func:`remote`
+    sends its calls there.
+    """
+
+    def __init__(self, executor: Any = None) -> None:
         self.jobs: list[Any] = []
+        self.executor = executor
 
     def add(self, job: Any) -> None:
         """Queue ``job`` unless a job of the same sweep file is queued already."""
@@ -115,19 +121,40 @@ _PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("meanfield_progr
 
 
 @contextlib.contextmanager
-def planning() -> Iterator[Plan]:
+def planning(executor: Any = None) -> Iterator[Plan]:
     """Within the block, sweeps with a task function queue their unfinished points.
 
     :meth:`Sweep.submit` queues and returns; :meth:`Sweep.run` queues and raises
     :class:`Deferred` (its caller needs the records). Sweeps without a task function compute
-    their points at once, in this process, as outside the block.
+    their points at once, in this process, as outside the block. ``executor`` (the one that
+    will run the queue) also runs the calls of :func:`remote` made in the block.
     """
-    plan = Plan()
+    plan = Plan(executor)
     token = _PLAN.set(plan)
     try:
         yield plan
     finally:
         _PLAN.reset(token)
+
+
+def remote(fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]) -> Any:
+    """``fn(config)`` where the points run: on the executor of :func:`planning`, else here.
+
+    For what a stage needs to know before it queues its points (a model's layer sizes, the
+    labels of its manifest) and would otherwise load in the driver: the call loads it on a
+    worker, in that worker's cache, where the points will use it again. ``fn`` is a top-level
+    function, like a point's. Raises ``RuntimeError`` when the call fails remotely.
+    """
+    plan = _PLAN.get()
+    executor = plan.executor if plan is not None else None
+    if executor is None:
+        return fn(dict(config))
+    from .execution import Task
+
+    (outcome,) = list(executor.map_unordered([Task("remote", fn, dict(config), cost=0.0)]))
+    if not outcome.ok:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on a worker: {outcome.error}")
+    return outcome.value
 
 
 def queued() -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..execution import forget_worker_cache
 from ..results import load_json, write_json
-from ..runner import Deferred, Sweep, point_key, queued, submit_jobs
+from ..runner import Deferred, Sweep, point_key, queued, remote, submit_jobs
 from .report import export_csv
 from .settings import (
     CONFIGS,
@@ -109,6 +109,36 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         key = (config.model, corpus)
         ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
         return _estimate(config, ws, corpus, cfg, opts)
+
+
+def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What the manifest says of a sweep's model, corpus and layer (``cfg``: a point's context).
+
+    Loads them into the run's workspace of the process it runs in, where the points find them.
+    """
+    from .._threads import torch_threads
+
+    config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
+    with torch_threads(cfg["threads"]):
+        ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
+        key = (config.model, corpus)
+        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        lm = ws.model(config.model)
+        _, corp = ws.token_ids(config.model, corpus)
+        return dict(
+            model_label=lm.label,
+            provenance=dict(lm.provenance),
+            corpus_label=corp.label,
+            corpus_source=corp.source,
+            corpus_parts=list(corp.parts),
+            layer_info=ws.attention(config).info.as_dict(),
+        )
+
+
+def user_configs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"configs": [...]}``: the configurations of the user checkpoints ``cfg["models"]``."""
+    ws = _workspace(cfg["run"], cfg["seed"], cfg["dtype"], cfg["device"])
+    return {"configs": _user_configs(cfg["models"], cfg["layers"], ws.models)}
 
 
 def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -336,8 +366,13 @@ def run(
     run_id = uuid.uuid4().hex
     try:
         ws = _workspace(run_id, opts["seed"], opts["dtype"], device)
+        where = {"seed": opts["seed"], "dtype": opts["dtype"], "device": device}
         configs = [CONFIGS[c] for c in opts["configs"]]
-        configs += _user_configs(opts["models"], opts["layers"], ws.models)
+        if opts["models"]:
+            configs += remote(
+                user_configs,
+                {"models": opts["models"], "layers": opts["layers"], "run": run_id, **where},
+            )["configs"]
         plan = []
         for config in configs:
             for corpus in opts["corpora"]:
@@ -391,23 +426,6 @@ def run(
             manifest["sweeps"][name] = entry
             write_json(manifest_path, manifest)
             if len(sweep.done() & {_key(sweep, p) for p in points}) < len(points):
-                lm = ws.model(config.model)
-                _, corp = ws.token_ids(config.model, corpus)
-                entry.update(
-                    model_label=lm.label,
-                    provenance=dict(lm.provenance),
-                    corpus_label=corp.label,
-                    corpus_source=corp.source,
-                    corpus_parts=list(corp.parts),
-                    layer_info=ws.attention(config).info.as_dict(),
-                )
-                write_json(manifest_path, manifest)
-
-                d = ws.attention(config).info.d
-
-                def cost(p: Mapping[str, Any], d: int = d) -> float:
-                    return float(p["n"]) ** 2 * d * opts["n_windows"]
-
                 context = {
                     "config": config,
                     "corpus": corpus,
@@ -417,6 +435,15 @@ def run(
                     "threads": threads,
                     "run": run_id,
                 }
+                # loaded where the points run: the driver of a distributed run loads no model
+                entry.update(remote(real_facts, context))
+                write_json(manifest_path, manifest)
+
+                d = entry["layer_info"]["d"]
+
+                def cost(p: Mapping[str, Any], d: int = d) -> float:
+                    return float(p["n"]) ** 2 * d * opts["n_windows"]
+
                 if batch:
                     jobs.append(
                         sweep.tasks(
