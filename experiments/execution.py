@@ -618,12 +618,14 @@ def run_jobs(
             raise ValueError(f"{job.sweep.name}: give both batch_fn and batch_key, or neither")
         sweep = job.sweep
         label = labels[id(job)]
-        done = sweep.done()
+        records = sweep.records()
+        done = {r["key"] for r in records}
         points = [dict(p) for p in job.points]
         costs = [float(job.cost(p)) if job.cost else default_cost(p) for p in points]
         if progress is not None:
             progress.add(label, cost=sum(costs), points=len(points))
             progress.start_stage(label)
+            _calibrate(progress, label, records, job.cost or default_cost)
         seen: set[str] = set()
         for p, c in zip(points, costs):
             pkey = point_key(sweep.digest, p)
@@ -664,6 +666,25 @@ def run_jobs(
             _take(outcome, where[outcome.task.key], summary, progress, on_error, append_jsonl)
     summary.seconds = time.perf_counter() - t_start
     return summary
+
+
+def _calibrate(
+    progress: Any,
+    label: str,
+    records: Iterable[Mapping[str, Any]],
+    cost: Callable[[Mapping[str, Any]], float],
+) -> None:
+    """Tell ``progress`` the seconds per cost of a sweep's finished records (its time model)."""
+    total_cost = total_s = 0.0
+    n = 0
+    for r in records:
+        try:
+            c, t = float(cost(r["point"])), float(r["seconds"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        total_cost, total_s, n = total_cost + c, total_s + t, n + 1
+    if n and total_s > 0:
+        progress.calibrate(label, cost=total_cost, seconds=total_s, points=n)
 
 
 @dataclass(frozen=True)
@@ -711,7 +732,7 @@ def _take(
             append_jsonl(m.job.sweep.path, record)
             summary.computed += 1
             if progress is not None:
-                progress.advance(m.label, cost=m.cost)
+                progress.advance(m.label, cost=m.cost, seconds=record["seconds"])
         return
     if outcome.status == "error":
         if on_error == "raise":

@@ -351,7 +351,8 @@ class Sweep:
                 return task({**ctx, **p})
 
         cost_of = cost or default_cost
-        done = self.done()
+        finished = self.records()
+        done = {r["key"] for r in finished}
         todo = [p for p in points if point_key(self.digest, p) not in done]
         plan = _PLAN.get()
         if todo and plan is not None and task is not None:
@@ -364,8 +365,11 @@ class Sweep:
         tracker = _PROGRESS.get() if todo else None
         label = f"{self.out_dir.name}/{self.name}"
         if tracker is not None:
+            from .execution import _calibrate
+
             tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
             tracker.start_stage(label)
+            _calibrate(tracker, label, finished, cost_of)
         bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
         t_start = time.perf_counter()
         for p in bar:
@@ -380,7 +384,7 @@ class Sweep:
             }
             append_jsonl(self.path, record)
             if tracker is not None:
-                tracker.advance(label, cost=cost_of(p))
+                tracker.advance(label, cost=cost_of(p), seconds=record["seconds"])
             # one line per point for logs (the bar is off when stderr is not a terminal)
             log.debug("%s: %s done in %.1f s", self.name, p, record["seconds"])
         if todo:
