@@ -148,3 +148,27 @@ def test_batch_windows_setting(tmp_path):
     assert real_data.PRESETS["paper"].options()["batch_windows"] is None  # follows the device
     with pytest.raises(ValueError, match="batch_windows"):
         real_data.run(tmp_path, "tiny", progress=False, batch_windows="yes")
+
+
+@pytest.mark.slow
+def test_batched_on_two_workers_equals_batched_serial(runs, tmp_path):
+    """Batched tasks on a 2-worker LocalCluster (OMP_NUM_THREADS set: no cap): bit for bit."""
+    pytest.importorskip("distributed")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, txt = runs
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env["OMP_NUM_THREADS"] = "1"
+    args = [sys.executable, "-m", "experiments", "experiment", "real_data", "--preset", "tiny"]
+    args += ["--set", "batch_windows=true", "--set", f"corpora=kjv,{txt}", "--set", "n_windows=3"]
+    args += ["--set", "n_grid=[2,5]", "--set", "threads=1", "--no-progress"]
+    subprocess.run([*args, "--out", str(tmp_path), "--workers", "2"], env=env, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("seconds")}  # noqa: E731
+    for sweep in SWEEPS:
+        got = {k: strip(r) for k, r in _by_key(tmp_path, sweep).items()}
+        want = {k: strip(r) for k, r in _by_key(root / "batch", sweep).items()}
+        assert got == want and all(r["points_per_call"] == 2 for r in got.values())
