@@ -2,10 +2,14 @@
 
 Points of a sweep differ in cost by orders of magnitude (the cost of one point grows like
 ``n² · d`` times its number of windows), so a count of finished points says little about the time
-left. :class:`CostProgress` counts cost instead: the fraction done is the finished cost over the
-total cost, and the estimated time left is the remaining cost divided by the rate measured so far
-(cost finished in this run per second of this run). Points found already finished when a run
-resumes count as done but not towards the rate, so a resumed run does not promise too much.
+left. :class:`CostProgress` counts cost instead, and, as soon as points come with their measured
+seconds, predicted seconds: each stage (sweep) converts its costs with its own seconds per unit of
+cost, measured on its finished records (:meth:`CostProgress.calibrate`) and on the points of this
+run, so stages whose costs are in different units compare. The fraction done is the finished
+share of the predicted seconds (of the cost, before any timing), and the estimated time left is
+the predicted seconds left times the wall seconds per measured point-second of this run (the
+remaining cost over this run's cost rate, before any timing). Points found already finished when
+a run resumes count as done but not towards the rate, so a resumed run does not promise too much.
 
 On a terminal it draws one tqdm bar. Elsewhere (a batch job's log) it writes plain lines to the
 stream: one when a whole percent more is done *and* at least a minute has passed since the last
@@ -66,7 +70,7 @@ class _Stage:
 
 
 class CostProgress:
-    """Cost-weighted progress over several stages, with an ETA and plain-log lines.
+    """Progress over several stages, weighted by cost or predicted seconds, with an ETA.
 
     Parameters
     ----------
@@ -266,7 +270,7 @@ class CostProgress:
         return remaining * elapsed / self._computed_cost
 
     def status_line(self) -> str:
-        """``desc: 37% of cost, 120/400 points, elapsed 12m03s, ETA 20m15s``."""
+        """``desc: 37% of time, 120/400 points, elapsed 12m03s, ETA 20m15s`` (``of cost`` untimed)."""
         pct = math.floor(100 * self.fraction())
         return (
             f"{self.desc}: {pct}% of {self._unit()}, {self.done_points}/{self.total_points} points, "
