@@ -473,6 +473,27 @@ class DaskExecutor:
             if pending:  # the driver stopped early: do not leave work running for nobody
                 self.client.cancel([futures[k][0] for k in pending])
 
+    def call(
+        self, fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]
+    ) -> Outcome:
+        """Run one task now, preferably on the same worker every time, and return its outcome.
+
+        For the calls a stage makes before it queues its points (``experiments.runner.remote``):
+        kept on one worker (another if it is gone), they load each model once, as the driver
+        would have, instead of once on each worker they happen to land on.
+        """
+        names = sorted(self.client.scheduler_info()["workers"])
+        where = {"workers": names[:1], "allow_other_workers": True} if names else {}
+        fut = self.client.submit(call_task, fn, dict(config), self.threads, pure=False, **where)
+        task = Task("remote", fn, dict(config), cost=0.0)
+        try:
+            raw = fut.result()
+        except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
+            return Outcome(task=task, status="lost", error=_one_line(err))
+        finally:
+            fut.release()
+        return _outcome(task, raw)
+
     def close(self) -> None:
         """Close the client and, when this executor started it, the local cluster."""
         self.client.close()

@@ -151,7 +151,11 @@ def remote(fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping
         return fn(dict(config))
     from .execution import Task
 
-    (outcome,) = list(executor.map_unordered([Task("remote", fn, dict(config), cost=0.0)]))
+    call = getattr(executor, "call", None)
+    if call is not None:  # Dask: always the same worker, which keeps what it loads
+        outcome = call(fn, config)
+    else:
+        (outcome,) = list(executor.map_unordered([Task("remote", fn, dict(config), cost=0.0)]))
     if not outcome.ok:
         raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on a worker: {outcome.error}")
     return outcome.value
