@@ -208,8 +208,11 @@ def call_task(
     torch = sys.modules.get("torch")
     old = None
     if threads is not None and torch is not None:
+        from ._threads import thread_cap
+
+        cap = thread_cap()
         old = torch.get_num_threads()
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
     t0 = time.perf_counter()
     try:
         value = dict(fn(dict(config)))
@@ -345,6 +348,11 @@ class DaskExecutor:
     env : mapping, optional
         Environment of the local workers, on top of this process's own (whose thread settings
         they keep, so that they compute the same floats) and passive OpenMP waiting.
+    max_threads : int, None or "auto"
+        Most torch threads a point may use on a local worker. ``"auto"`` (default):
+        ``os.cpu_count() // workers`` (at least 1), so that the workers do not oversubscribe the
+        cores, unless ``OMP_NUM_THREADS`` is set in this process, which is then respected (no
+        cap: every point keeps the thread count of the serial run). ``None``: no cap.
     """
 
     def __init__(
@@ -355,6 +363,7 @@ class DaskExecutor:
         threads: int | None = None,
         allowed_failures: int = 3,
         env: Mapping[str, str] | None = None,
+        max_threads: int | str | None = "auto",
     ) -> None:
         require_dask()
         import dask
@@ -365,6 +374,7 @@ class DaskExecutor:
         self.threads = threads
         self.cluster = None
         self.submitted: list[str] = []
+        self.max_threads: int | None = None
         if scheduler is not None:
             self.client = Client(scheduler)
         else:
@@ -392,6 +402,15 @@ class DaskExecutor:
                     spawn_env[key] = os.environ[key]
                 else:
                     spawn_env.pop(key, None)
+            # workers x threads <= cores: each worker's thread pools are sized to its share
+            from ._threads import MAX_THREADS_ENV, worker_thread_cap
+
+            cap = worker_thread_cap(int(workers)) if max_threads == "auto" else max_threads
+            if cap is not None:
+                self.max_threads = int(cap)
+                worker_env[MAX_THREADS_ENV] = str(self.max_threads)
+                for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+                    spawn_env[key] = str(self.max_threads)
             with dask.config.set(
                 {
                     "distributed.scheduler.allowed-failures": int(allowed_failures),
@@ -454,6 +473,27 @@ class DaskExecutor:
             if pending:  # the driver stopped early: do not leave work running for nobody
                 self.client.cancel([futures[k][0] for k in pending])
 
+    def call(
+        self, fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]
+    ) -> Outcome:
+        """Run one task now, preferably on the same worker every time, and return its outcome.
+
+        For the calls a stage makes before it queues its points (``experiments.runner.remote``):
+        kept on one worker (another if it is gone), they load each model once, as the driver
+        would have, instead of once on each worker they happen to land on.
+        """
+        names = sorted(self.client.scheduler_info()["workers"])
+        where = {"workers": names[:1], "allow_other_workers": True} if names else {}
+        fut = self.client.submit(call_task, fn, dict(config), self.threads, pure=False, **where)
+        task = Task("remote", fn, dict(config), cost=0.0)
+        try:
+            raw = fut.result()
+        except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
+            return Outcome(task=task, status="lost", error=_one_line(err))
+        finally:
+            fut.release()
+        return _outcome(task, raw)
+
     def close(self) -> None:
         """Close the client and, when this executor started it, the local cluster."""
         self.client.close()
@@ -476,7 +516,8 @@ class DaskExecutor:
 
     def __repr__(self) -> str:
         where = "LocalCluster" if self.cluster is not None else self.client.scheduler.address
-        return f"DaskExecutor({where}, workers={self.workers})"
+        cap = f", max_threads={self.max_threads}" if self.max_threads is not None else ""
+        return f"DaskExecutor({where}, workers={self.workers}{cap})"
 
 
 def make_executor(
@@ -510,6 +551,13 @@ class SweepJob:
     model name, tolerances): the task's configuration is ``{**context, **point}``, while the
     record, and the point's key, keep the point alone, as :meth:`Sweep.run` does. Point and
     context must not share a key.
+
+    ``batch_fn`` and ``batch_key`` (both or neither) compute several points in one task: the
+    driver puts the unfinished points of all the jobs with the same ``batch_fn`` whose task
+    configurations have equal ``batch_key(config)`` into one task, whose configuration is
+    ``{"members": [config, ...]}``; ``batch_fn`` (top-level, pure) returns ``{"members":
+    [values, ...]}`` in the same order, and each member still gets its own record, keyed by its
+    own point, so resuming works as for single points (docs/cluster.md, "Batched points").
     """
 
     sweep: Any
@@ -517,6 +565,8 @@ class SweepJob:
     fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     cost: Callable[[Mapping[str, Any]], float] | None = None
     context: Mapping[str, Any] = field(default_factory=dict)
+    batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    batch_key: Callable[[Mapping[str, Any]], Hashable] | None = None
 
 
 class PointError(RuntimeError):
@@ -582,16 +632,21 @@ def run_jobs(
     summary = RunSummary()
     t_start = time.perf_counter()
     tasks: list[Task] = []
-    where: dict[str, tuple[SweepJob, dict[str, Any], str]] = {}
+    where: dict[str, list[_Member]] = {}
+    groups: dict[Hashable, list[_Member]] = {}
     for job in jobs:
+        if (job.batch_fn is None) != (job.batch_key is None):
+            raise ValueError(f"{job.sweep.name}: give both batch_fn and batch_key, or neither")
         sweep = job.sweep
         label = labels[id(job)]
-        done = sweep.done()
+        records = sweep.records()
+        done = {r["key"] for r in records}
         points = [dict(p) for p in job.points]
         costs = [float(job.cost(p)) if job.cost else default_cost(p) for p in points]
         if progress is not None:
             progress.add(label, cost=sum(costs), points=len(points))
             progress.start_stage(label)
+            _calibrate(progress, label, records, job.cost or default_cost)
         seen: set[str] = set()
         for p, c in zip(points, costs):
             pkey = point_key(sweep.digest, p)
@@ -607,45 +662,108 @@ def run_jobs(
                     f"{sweep.name}: point and context share the key(s) {', '.join(sorted(shared))}"
                 )
             tkey = f"{label}/{pkey}"
-            where[tkey] = (job, p, pkey)
             config = {**job.context, **p}
+            member = _Member(job, p, pkey, tkey, config, c, label)
+            if job.batch_fn is not None:
+                gkey = (job.batch_fn, job.batch_key(config))
+                if gkey not in groups:  # the group's task takes the place of its first point
+                    groups[gkey] = []
+                    tasks.append(Task(key=f"batch:{tkey}", fn=job.batch_fn, config={}, group=label))
+                    where[f"batch:{tkey}"] = groups[gkey]
+                groups[gkey].append(member)
+                continue
+            where[tkey] = [member]
             tasks.append(Task(key=tkey, fn=job.fn, config=config, cost=c, group=label))
+    for i, task in enumerate(tasks):  # fill in the batched tasks: all their members, their cost
+        if task.key.startswith("batch:"):
+            members = where[task.key]
+            config = {"members": [m.config for m in members]}
+            cost = sum(m.cost for m in members)
+            tasks[i] = Task(key=task.key, fn=task.fn, config=config, cost=cost, group=task.group)
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
         for outcome in outcomes:
-            _take(outcome, where, summary, progress, on_error, append_jsonl)
+            _take(outcome, where[outcome.task.key], summary, progress, on_error, append_jsonl)
     summary.seconds = time.perf_counter() - t_start
     return summary
 
 
+def _calibrate(
+    progress: Any,
+    label: str,
+    records: Iterable[Mapping[str, Any]],
+    cost: Callable[[Mapping[str, Any]], float],
+) -> None:
+    """Tell ``progress`` the seconds per cost of a sweep's finished records (its time model)."""
+    total_cost = total_s = 0.0
+    n = 0
+    for r in records:
+        try:
+            c, t = float(cost(r["point"])), float(r["seconds"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        total_cost, total_s, n = total_cost + c, total_s + t, n + 1
+    if n and total_s > 0:
+        progress.calibrate(label, cost=total_cost, seconds=total_s, points=n)
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One unfinished point in the driver's queue: its job, point, keys, task config and cost."""
+
+    job: SweepJob
+    point: dict[str, Any]
+    pkey: str
+    tkey: str
+    config: dict[str, Any]
+    cost: float
+    label: str
+
+
 def _take(
     outcome: Outcome,
-    where: Mapping[str, tuple[SweepJob, dict[str, Any], str]],
+    members: Sequence[_Member],
     summary: RunSummary,
     progress: Any,
     on_error: str,
     append_jsonl: Callable[..., None],
 ) -> None:
-    """Append one outcome's record (or note its failure)."""
-    job, p, pkey = where[outcome.task.key]
+    """Append the records of one outcome, one per point it computed (or note its failure).
+
+    A batched task's time is shared among its points in proportion to their costs.
+    """
+    batched = outcome.task.key.startswith("batch:")
     if outcome.ok:
-        record = {
-            "key": pkey,
-            "config_hash": job.sweep.digest,
-            "point": p,
-            "seconds": outcome.seconds,
-            **outcome.value,
-        }
-        append_jsonl(job.sweep.path, record)
-        summary.computed += 1
-        if progress is not None:
-            progress.advance(outcome.task.group, cost=outcome.task.effective_cost)
+        values = outcome.value["members"] if batched else [outcome.value]
+        if len(values) != len(members):
+            raise RuntimeError(
+                f"{outcome.task.key}: {len(values)} results for {len(members)} points"
+            )
+        total = sum(m.cost for m in members)
+        for m, v in zip(members, values):
+            share = m.cost / total if total > 0 else 1.0 / len(members)
+            record = {
+                "key": m.pkey,
+                "config_hash": m.job.sweep.digest,
+                "point": m.point,
+                "seconds": outcome.seconds * share if batched else outcome.seconds,
+                **v,
+            }
+            append_jsonl(m.job.sweep.path, record)
+            summary.computed += 1
+            if progress is not None:
+                progress.advance(m.label, cost=m.cost, seconds=record["seconds"])
         return
     if outcome.status == "error":
         if on_error == "raise":
-            raise PointError(f"{job.sweep.name}: point {p} failed: {outcome.error}")
+            m = members[0]
+            which = (
+                f"point {m.point}" if len(members) == 1 else f"{len(members)} points from {m.point}"
+            )
+            raise PointError(f"{m.job.sweep.name}: {which} failed: {outcome.error}")
         summary.errors.append(outcome)
     else:
         summary.lost.append(outcome)
-    log.warning("%s: point %s %s: %s", job.sweep.name, p, outcome.status, outcome.error)
+    for m in members:
+        log.warning("%s: point %s %s: %s", m.job.sweep.name, m.point, outcome.status, outcome.error)

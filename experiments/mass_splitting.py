@@ -9,9 +9,12 @@ W₂-budget attacks (move only, or split then move) with exact W₂ and W∞ on 
 :func:`figure_b_results` and :func:`figure_c_results` do the work (``meanfield attack search
 --figure-b`` and ``meanfield attack split --figure-c`` call them too); :data:`STAGE` gives them
 presets for ``meanfield reproduce``. Results go to ``results_dir/"attacks"``:
-``worst_measures.{npz,json}`` and ``mass_splitting.{npz,json}``. Each file is written atomically
-once its sweep is complete, and a rerun skips a sweep whose files exist with the same
-configuration, so an interrupted run redoes at most the sweep in flight.
+``worst_measures.{npz,json}`` and ``mass_splitting.{npz,json}``. In the stage, each point (a
+setting and radius of figure B, an input and budget of figure C) is a task with its own record in
+``worst_measures_points.jsonl`` / ``mass_splitting_points.jsonl``, so a distributed run queues
+them with the other stages' points (docs/cluster.md) and an interrupted run redoes only the
+points in flight; each figure's files are written atomically once all its points are done, and a
+rerun skips a figure whose files exist with the same configuration.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from ._threads import torch_threads
 from .results import load_json, load_npz, run_metadata, save_npz, write_json
-from .runner import preset_config
+from .runner import Deferred, Sweep, preset_config, queued
 from .stage import ModuleStage, StageConfig, StageRun
 
 __all__ = [
@@ -127,36 +130,67 @@ def measure_doc(mu: Any) -> dict[str, Any]:
     }
 
 
-def _worst_measures_sweep(
-    radii: Sequence[float],
-    *,
-    n_atoms: int,
-    n_restarts: int,
-    steps: int,
-    seed: int,
-    progress: bool = False,
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def worst_measure_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One point of figure B: the worst measure of setting ``cfg["setting"]`` at radius ``R``.
+
+    A top-level task (docs/cluster.md): ``cfg`` holds ``setting``, ``R``, ``n_atoms``,
+    ``n_restarts``, ``steps``, ``seed`` and optionally ``progress``; one torch thread.
+    """
     import torch
 
     from meanfield import AttentionParams
     from meanfield.attacks import worst_case_measure
 
+    key, R = cfg["setting"], cfg["R"]
+    with torch_threads(1):
+        A = torch.tensor(FIG_B_SETTINGS[key][0], dtype=torch.float64)
+        params = AttentionParams(A, torch.eye(A.shape[0], dtype=torch.float64))
+        res = worst_case_measure(
+            params,
+            R,
+            cfg["n_atoms"],
+            n_restarts=cfg["n_restarts"],
+            steps=cfg["steps"],
+            seed=cfg["seed"],
+            progress=cfg.get("progress", False),
+        )
+    log.info("%s R=%g: %.6g (two-Dirac %.6g)", key, R, res.value, res.two_dirac_bound)
+    return {
+        "points": res.measure.points.numpy(),
+        "log_weights": res.measure.log_weights.numpy(),
+        "value": res.value,
+        "two_dirac_bound": res.two_dirac_bound,
+        "construction_value": res.construction_value,
+    }
+
+
+def _num(x: Any) -> Any:
+    """A value as :func:`experiments.results.append_jsonl` stored it, back as floats.
+
+    ``None`` is NaN and ``"inf"``/``"-inf"`` are infinities; lists are converted element-wise.
+    """
+    if isinstance(x, (list, tuple)):
+        return [_num(v) for v in x]
+    if x is None:
+        return math.nan
+    if isinstance(x, str):
+        return float(x)
+    return x
+
+
+def _assemble_b(
+    radii: Sequence[float], n_atoms: int, rows: Mapping[tuple[str, float], Mapping[str, Any]]
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Figure B's arrays and summary from its points, ``rows[(setting, R)]``."""
     arrays: dict[str, np.ndarray] = {"radii": np.asarray(radii, dtype=np.float64)}
     summary: dict[str, Any] = {"radii": list(radii), "n_atoms": n_atoms, "settings": {}}
     for key, (A_list, label) in FIG_B_SETTINGS.items():
-        A = torch.tensor(A_list, dtype=torch.float64)
-        params = AttentionParams(A, torch.eye(A.shape[0], dtype=torch.float64))
-        pts, lws, vals, tds, cons = [], [], [], [], []
-        for R in radii:
-            res = worst_case_measure(
-                params, R, n_atoms, n_restarts=n_restarts, steps=steps, seed=seed, progress=progress
-            )
-            log.info("%s R=%g: %.6g (two-Dirac %.6g)", key, R, res.value, res.two_dirac_bound)
-            pts.append(res.measure.points.numpy())
-            lws.append(res.measure.log_weights.numpy())
-            vals.append(res.value)
-            tds.append(np.nan if res.two_dirac_bound is None else res.two_dirac_bound)
-            cons.append(res.construction_value)
+        got = [rows[(key, R)] for R in radii]
+        pts = [np.asarray(_num(r["points"]), dtype=np.float64) for r in got]
+        lws = [np.asarray(_num(r["log_weights"]), dtype=np.float64) for r in got]
+        vals = [_num(r["value"]) for r in got]
+        tds = [_num(r["two_dirac_bound"]) for r in got]
+        cons = [_num(r["construction_value"]) for r in got]
         arrays[f"{key}_points"] = np.stack(pts)
         arrays[f"{key}_log_weights"] = np.stack(lws)
         arrays[f"{key}_value"] = np.asarray(vals)
@@ -170,6 +204,42 @@ def _worst_measures_sweep(
             "construction_value": cons,
         }
     return arrays, summary
+
+
+def _worst_measures_sweep(
+    radii: Sequence[float],
+    *,
+    n_atoms: int,
+    n_restarts: int,
+    steps: int,
+    seed: int,
+    progress: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    cfg = {"n_atoms": n_atoms, "n_restarts": n_restarts, "steps": steps, "seed": seed}
+    rows = {
+        (key, R): worst_measure_point({**cfg, "setting": key, "R": R, "progress": progress})
+        for key in FIG_B_SETTINGS
+        for R in radii
+    }
+    return _assemble_b(radii, n_atoms, rows)
+
+
+def _write_b(
+    out: Path,
+    arrays: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    config: Mapping[str, Any],
+    seed: int,
+) -> list[Path]:
+    doc = {
+        "kind": "worst_measures",
+        **summary,
+        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=dict(config)),
+    }
+    return [
+        save_npz(out / "worst_measures.npz", **arrays),
+        write_json(out / "worst_measures.json", doc),
+    ]
 
 
 def figure_b_results(
@@ -188,26 +258,16 @@ def figure_b_results(
     ``n_atoms`` atoms (:func:`meanfield.attacks.worst_case_measure`), its value, the closed-form
     two-Dirac bound and the best construction value.
     """
-    out = Path(out_dir)
-    with torch_threads(1):
-        arrays, summary = _worst_measures_sweep(
-            radii,
-            n_atoms=n_atoms,
-            n_restarts=n_restarts,
-            steps=steps,
-            seed=seed,
-            progress=progress,
-        )
+    arrays, summary = _worst_measures_sweep(
+        radii,
+        n_atoms=n_atoms,
+        n_restarts=n_restarts,
+        steps=steps,
+        seed=seed,
+        progress=progress,
+    )
     config = {"radii": list(radii), "n_atoms": n_atoms, "n_restarts": n_restarts, "steps": steps}
-    doc = {
-        "kind": "worst_measures",
-        **summary,
-        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=config),
-    }
-    return [
-        save_npz(out / "worst_measures.npz", **arrays),
-        write_json(out / "worst_measures.json", doc),
-    ]
+    return _write_b(Path(out_dir), arrays, summary, config, seed)
 
 
 def attack_inputs(R: float) -> tuple[Any, dict[str, Any]]:
@@ -278,9 +338,54 @@ def figure_c_results(
     at a Dirac ``delta_{R u / 2}`` and at a three-atom measure, for the head
     ``A = diag(1, -0.3)``, ``V = I`` in ``B_R``, ``R = R_attack``.
     """
-    from meanfield.attacks import mass_splitting_attack, optimal_split_k, split_gain
+    cfg = {"R_attack": R_attack, "k_max": k_max, "n_restarts": n_restarts, "steps": steps}
+    rows = {
+        (name, b): mass_splitting_point({**cfg, "seed": seed, "input": name, "budget": b})
+        for name in ATTACK_INPUTS
+        for b in budgets
+    }
+    config = {"radii": list(radii), "budgets": list(budgets), **cfg}
+    return _write_c(Path(out_dir), config, rows, seed, k_curve_max)
 
-    out = Path(out_dir)
+
+#: The input measures of figure C's attacks (:func:`attack_inputs`).
+ATTACK_INPUTS = ("dirac", "few-atom")
+
+
+def mass_splitting_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """One point of figure C: the attack on input ``cfg["input"]`` under W₂ budget ``budget``.
+
+    A top-level task (docs/cluster.md): ``cfg`` holds ``input``, ``budget``, ``R_attack``,
+    ``k_max``, ``n_restarts``, ``steps`` and ``seed``; one torch thread.
+    """
+    from meanfield.attacks import mass_splitting_attack
+
+    params, inputs = attack_inputs(cfg["R_attack"])
+    with torch_threads(1):
+        res = mass_splitting_attack(
+            inputs[cfg["input"]],
+            params,
+            cfg["budget"],
+            R=cfg["R_attack"],
+            k_max=cfg["k_max"],
+            n_restarts=cfg["n_restarts"],
+            steps=cfg["steps"],
+            seed=cfg["seed"],
+        )
+    return {"attack": attack_doc(res)}
+
+
+def _write_c(
+    out: Path,
+    config: Mapping[str, Any],
+    rows: Mapping[tuple[str, float], Mapping[str, Any]],
+    seed: int,
+    k_curve_max: int,
+) -> list[Path]:
+    """Figure C's files from its points, ``rows[(input, budget)]``."""
+    from meanfield.attacks import optimal_split_k, split_gain
+
+    radii, budgets = config["radii"], config["budgets"]
     ks = np.unique(np.round(np.logspace(0, math.log10(k_curve_max), 240))).astype(np.float64)
     s = np.asarray(radii, dtype=np.float64) ** 2 / 4.0
     G = np.stack([split_gain(ks, si) for si in s])
@@ -292,41 +397,22 @@ def figure_c_results(
         "k_opt": np.asarray([float(optimal_split_k(si)) for si in s]),
         "budgets": np.asarray(budgets, dtype=np.float64),
     }
-    params, inputs = attack_inputs(R_attack)
+    params, _ = attack_inputs(config["R_attack"])
     attacks: dict[str, Any] = {}
-    with torch_threads(1):
-        for name, mu in inputs.items():
-            rows = {f: [] for f in ("move_w2", "split_w2", "move_winf", "split_winf", "split_k")}
-            attacks[name] = []
-            for b in budgets:
-                res = mass_splitting_attack(
-                    mu,
-                    params,
-                    b,
-                    R=R_attack,
-                    k_max=k_max,
-                    n_restarts=n_restarts,
-                    steps=steps,
-                    seed=seed,
-                )
-                rows["move_w2"].append(res.move.ratio_w2)
-                rows["split_w2"].append(res.split.ratio_w2)
-                rows["move_winf"].append(res.move.ratio_winf)
-                rows["split_winf"].append(res.split.ratio_winf)
-                rows["split_k"].append(res.split.k)
-                attacks[name].append(attack_doc(res))
-            key = name.replace("-", "_")
-            for f, vals in rows.items():
-                arrays[f"{key}_{f}"] = np.asarray(vals, dtype=np.float64)
+    for name in ATTACK_INPUTS:
+        docs = [rows[(name, b)]["attack"] for b in budgets]
+        attacks[name] = docs
+        key = name.replace("-", "_")
+        for f, (part, field) in {
+            "move_w2": ("move", "ratio_w2"),
+            "split_w2": ("split", "ratio_w2"),
+            "move_winf": ("move", "ratio_winf"),
+            "split_winf": ("split", "ratio_winf"),
+            "split_k": ("split", "k"),
+        }.items():
+            vals = [_num(d[part][field]) for d in docs]
+            arrays[f"{key}_{f}"] = np.asarray(vals, dtype=np.float64)
     arrays["V_norm"] = np.float64(float(params.V_norm()))
-    config = {
-        "radii": list(radii),
-        "budgets": list(budgets),
-        "R_attack": R_attack,
-        "k_max": k_max,
-        "n_restarts": n_restarts,
-        "steps": steps,
-    }
     doc = {
         "kind": "mass_splitting",
         "head": "d = 2, A = diag(1, -0.3), V = I",
@@ -335,7 +421,7 @@ def figure_c_results(
             "few-atom": "0.6 delta_{(R/2) e1} + 0.3 delta_{-(R/2) e1} + 0.1 delta_{(R/2) e2}",
         },
         "attacks": attacks,
-        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=config),
+        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=dict(config)),
     }
     return [
         save_npz(out / "mass_splitting.npz", **arrays),
@@ -395,16 +481,71 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     the settings are ``figure_b={...}`` and ``figure_c={...}`` (merged into the preset's) and
     ``seed``. A sub-result already computed with the same settings is kept.
     """
-    del run  # no progress bars (the sweeps are short), CPU only
+    progress = run.progress
+    seed = int(config["seed"])
     files: list[Path] = []
-    for key, fn in (("figure_b", figure_b_results), ("figure_c", figure_c_results)):
+    todo = []
+    for key in ("figure_b", "figure_c"):
         stem = out / _FILES[key]
         kwargs = config[key]
         if _same_config(stem.with_suffix(".json"), kwargs):
             files += [stem.with_suffix(".npz"), stem.with_suffix(".json")]
             continue
-        files += fn(out, seed=config["seed"], **kwargs)
+        sweep, points, task, context = _sweep(out, key, kwargs, seed)
+        work = float(context["n_restarts"] * context["steps"])  # optimizer steps of a point
+
+        def _cost(point: Mapping[str, Any], work: float = work) -> float:
+            return work
+
+        # one point per (setting, radius) or (input, budget): queued with the other stages'
+        # points in a distributed run (docs/cluster.md)
+        sweep.submit(points, task, context, cost=_cost, progress=progress, desc=f"{NAME} {key}")
+        todo.append((key, kwargs, sweep, points, task, context, _cost))
+    if queued():
+        raise Deferred(NAME)
+    for key, kwargs, sweep, points, task, context, _cost in todo:
+        recs = sweep.run(points, task=task, context=context, cost=_cost, progress=False)
+        if key == "figure_b":
+            rows = {(r["point"]["setting"], r["point"]["R"]): r for r in recs}
+            arrays, summ = _assemble_b(kwargs["radii"], kwargs["n_atoms"], rows)
+            cfg = {k: kwargs[k] for k in ("radii", "n_atoms", "n_restarts", "steps")}
+            files += _write_b(out, arrays, summ, cfg, seed)
+        else:
+            rows = {(r["point"]["input"], r["point"]["budget"]): r for r in recs}
+            full = {**_C_DEFAULTS, **kwargs}
+            cfg = {
+                k: full[k] for k in ("radii", "budgets", "R_attack", "k_max", "n_restarts", "steps")
+            }
+            files += _write_c(out, cfg, rows, seed, full["k_curve_max"])
+        files += [sweep.path, sweep.meta_path]
     return files
+
+
+#: Defaults of :func:`figure_c_results` the presets leave out.
+_C_DEFAULTS = {"R_attack": 4.0, "k_max": 4}
+
+
+def _sweep(out: Path, key: str, kwargs: Mapping[str, Any], seed: int) -> tuple[Any, ...]:
+    """The sweep of figure B or C: its points, task function and context."""
+    if key == "figure_b":
+        context = {k: kwargs[k] for k in ("n_atoms", "n_restarts", "steps")}
+        points = [{"setting": s, "R": float(R)} for s in FIG_B_SETTINGS for R in kwargs["radii"]]
+        task = worst_measure_point
+    else:
+        full = {**_C_DEFAULTS, **kwargs}
+        context = {k: full[k] for k in ("R_attack", "k_max", "n_restarts", "steps")}
+        points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in full["budgets"]]
+        task = mass_splitting_point
+    context["seed"] = seed
+    sweep = Sweep(
+        out,
+        f"{_FILES[key]}_points",
+        {"kind": _FILES[key], **context},
+        seed=seed,
+        device="cpu",
+        dtype="float64",
+    )
+    return sweep, points, task, context
 
 
 def summary(results_dir: str | Path) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 Points of a sweep differ in cost by orders of magnitude (the cost of one point grows like
 ``n² · d`` times its number of windows), so a count of finished points says little about the time
-left. :class:`CostProgress` counts cost instead: the fraction done is the finished cost over the
-total cost, and the estimated time left is the remaining cost divided by the rate measured so far
-(cost finished in this run per second of this run). Points found already finished when a run
-resumes count as done but not towards the rate, so a resumed run does not promise too much.
+left. :class:`CostProgress` counts cost instead, and, as soon as points come with their measured
+seconds, predicted seconds: each stage (sweep) converts its costs with its own seconds per unit of
+cost, measured on its finished records (:meth:`CostProgress.calibrate`) and on the points of this
+run, so stages whose costs are in different units compare. The fraction done is the finished
+share of the predicted seconds (of the cost, before any timing), and the estimated time left is
+the predicted seconds left times the wall seconds per measured point-second of this run (the
+remaining cost over this run's cost rate, before any timing). Points found already finished when
+a run resumes count as done but not towards the rate, so a resumed run does not promise too much.
 
 On a terminal it draws one tqdm bar. Elsewhere (a batch job's log) it writes plain lines to the
 stream: one when a whole percent more is done *and* at least a minute has passed since the last
@@ -50,10 +54,23 @@ class _Stage:
     started: float | None = None
     finished: bool = False
     seconds: float = field(default=0.0)
+    # the stage's own time model: measured seconds against cost, from records finished before
+    # this run (prior) and from the points computed in it (run)
+    prior_cost: float = 0.0
+    prior_seconds: float = 0.0
+    prior_points: int = 0
+    run_cost: float = 0.0
+    run_seconds: float = 0.0
+    run_points: int = 0
+
+    def seconds_per_cost(self) -> float | None:
+        cost = self.prior_cost + self.run_cost
+        secs = self.prior_seconds + self.run_seconds
+        return secs / cost if cost > 0 and secs > 0 else None
 
 
 class CostProgress:
-    """Cost-weighted progress over several stages, with an ETA and plain-log lines.
+    """Progress over several stages, weighted by cost or predicted seconds, with an ETA.
 
     Parameters
     ----------
@@ -100,6 +117,7 @@ class CostProgress:
         self.stages: dict[str, _Stage] = {}
         self.t0 = clock()
         self._computed_cost = 0.0  # finished in this run (the rate's numerator)
+        self._computed_seconds = 0.0  # measured seconds of the points finished in this run
         self._skipped_cost = 0.0
         self._last_line_t = self.t0
         self._last_line_pct = 0
@@ -115,9 +133,19 @@ class CostProgress:
         st.cost += float(cost)
         st.points += int(points)
         st.finished = False
-        if self._bar is not None:
-            self._bar.total = self.total_cost
-            self._bar.refresh()
+        self._sync_bar()
+
+    def calibrate(self, stage: str, cost: float, seconds: float, points: int = 1) -> None:
+        """Tell the stage's time model about points finished before: their cost and seconds.
+
+        E.g. the records of a sweep found on disk (each carries its point's ``seconds``). With
+        such timings, or points advanced with their ``seconds``, progress and ETA are counted in
+        predicted seconds, each stage's cost converted by its own measured seconds per cost.
+        """
+        st = self.stages.setdefault(stage, _Stage(stage))
+        st.prior_cost += float(cost)
+        st.prior_seconds += float(seconds)
+        st.prior_points += int(points)
 
     def skip(self, stage: str, cost: float, points: int = 1) -> None:
         """Mark declared points as found finished (resumed): done, but not part of the rate."""
@@ -128,14 +156,25 @@ class CostProgress:
         self._skipped_cost += float(cost)
         self._after_update(st, float(cost))
 
-    def advance(self, stage: str, cost: float, points: int = 1) -> None:
-        """Record ``points`` points of ``cost`` finished in this run."""
+    def advance(
+        self, stage: str, cost: float, points: int = 1, seconds: float | None = None
+    ) -> None:
+        """Record ``points`` points of ``cost`` finished in this run, in ``seconds`` if known.
+
+        ``seconds`` is the points' own measured time (on whatever worker ran them): it
+        calibrates the stage's time model (:meth:`calibrate`).
+        """
         st = self.stages[stage]
         if st.started is None:
             st.started = self.clock()
         st.done_cost += float(cost)
         st.done_points += int(points)
         self._computed_cost += float(cost)
+        if seconds is not None:
+            st.run_cost += float(cost)
+            st.run_seconds += float(seconds)
+            st.run_points += int(points)
+            self._computed_seconds += float(seconds)
         self._after_update(st, float(cost))
 
     def start_stage(self, stage: str) -> None:
@@ -165,10 +204,46 @@ class CostProgress:
         """Number of finished points, including skipped ones."""
         return sum(st.done_points for st in self.stages.values())
 
+    @property
+    def timed(self) -> bool:
+        """Whether some stage has measured seconds: progress then counts predicted seconds."""
+        return any(st.seconds_per_cost() is not None for st in self.stages.values())
+
+    def _seconds_per_point(self) -> float | None:
+        secs = sum(st.prior_seconds + st.run_seconds for st in self.stages.values())
+        pts = sum(st.prior_points + st.run_points for st in self.stages.values())
+        return secs / pts if pts > 0 and secs > 0 else None
+
+    def _predicted(self, st: _Stage, cost: float, points: int) -> float:
+        """Seconds of ``points`` points of ``cost`` in stage ``st`` by its time model.
+
+        A stage without timings of its own is given the mean seconds per point of the others.
+        """
+        spc = st.seconds_per_cost()
+        if spc is not None:
+            return cost * spc
+        spp = self._seconds_per_point()
+        return points * spp if spp is not None else 0.0
+
+    def predicted_seconds(self) -> tuple[float, float]:
+        """``(done, total)`` in predicted seconds of one worker (see :meth:`calibrate`)."""
+        done = total = 0.0
+        for st in self.stages.values():
+            done += self._predicted(st, st.done_cost, st.done_points)
+            total += self._predicted(st, st.cost, st.points)
+        return done, total
+
     def fraction(self) -> float:
-        """Finished share of the total cost, in [0, 1] (1 when nothing was declared)."""
-        total = self.total_cost
-        return 1.0 if total <= 0 else min(1.0, self.done_cost / total)
+        """Finished share of the work, in [0, 1] (1 when nothing was declared).
+
+        The share of the predicted seconds when stages have timings (:attr:`timed`), else
+        of the total cost.
+        """
+        if self.timed:
+            done, total = self.predicted_seconds()
+        else:
+            done, total = self.done_cost, self.total_cost
+        return 1.0 if total <= 0 else min(1.0, done / total)
 
     def elapsed(self) -> float:
         """Seconds since this tracker was made."""
@@ -183,15 +258,22 @@ class CostProgress:
         if remaining == 0.0:
             return 0.0
         elapsed = self.elapsed()
+        if self.timed:
+            # predicted seconds of one worker left, times the wall seconds per measured point
+            # second of this run (about 1/W on W busy workers, more with overheads)
+            if self._computed_seconds <= 0 or elapsed <= 0:
+                return None
+            done, total = self.predicted_seconds()
+            return max(0.0, total - done) * elapsed / self._computed_seconds
         if self._computed_cost <= 0 or elapsed <= 0:
             return None
         return remaining * elapsed / self._computed_cost
 
     def status_line(self) -> str:
-        """``desc: 37% of cost, 120/400 points, elapsed 12m03s, ETA 20m15s``."""
+        """``desc: 37% of time, 120/400 points, elapsed 12m03s, ETA 20m15s`` (``of cost`` untimed)."""
         pct = math.floor(100 * self.fraction())
         return (
-            f"{self.desc}: {pct}% of cost, {self.done_points}/{self.total_points} points, "
+            f"{self.desc}: {pct}% of {self._unit()}, {self.done_points}/{self.total_points} points, "
             f"elapsed {format_seconds(self.elapsed())}, ETA {format_seconds(self.eta())}"
         )
 
@@ -219,6 +301,21 @@ class CostProgress:
             leave=True,
         )
 
+    def _unit(self) -> str:
+        return "time" if self.timed else "cost"
+
+    def _sync_bar(self) -> None:
+        """The bar's total and position: predicted seconds when timed, else cost."""
+        if self._bar is None:
+            return
+        if self.timed:
+            done, total = self.predicted_seconds()
+        else:
+            done, total = self.done_cost, self.total_cost
+        self._bar.total = total
+        self._bar.n = min(done, total)
+        self._bar.refresh()
+
     def _after_update(self, st: _Stage, cost: float) -> None:
         now = self.clock()
         if st.done_points >= st.points and not st.finished:
@@ -232,7 +329,7 @@ class CostProgress:
         if self.tty:
             self._ensure_bar()
             if self._bar is not None:
-                self._bar.update(cost)
+                self._sync_bar()
                 self._bar.set_postfix_str(
                     f"{self.done_points}/{self.total_points} pts, "
                     f"ETA {format_seconds(self.eta())} [{st.name}]",
@@ -257,7 +354,8 @@ class CostProgress:
             return
         self._write(
             f"{self.desc}: finished {self.done_points}/{self.total_points} points "
-            f"({math.floor(100 * self.fraction())}% of cost) in {format_seconds(self.elapsed())}"
+            f"({math.floor(100 * self.fraction())}% of {self._unit()}) in "
+            f"{format_seconds(self.elapsed())}"
         )
 
     def __enter__(self) -> CostProgress:

@@ -32,7 +32,9 @@ __all__ = [
     "point_key",
     "preset_config",
     "queued",
+    "remote",
     "reporting",
+    "submit_jobs",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,10 +100,15 @@ class Deferred(Exception):
 
 
 class Plan:
-    """The sweeps queued while a stage runs under :func:`planning` (a list of ``SweepJob``)."""
+    """The sweeps queued while a stage runs under :func:`planning` (a list of ``SweepJob``).
 
-    def __init__(self) -> None:
+    ``executor`` is where the queued points will run (``None``: this process); :func:`remote`
+    sends its calls there.
+    """
+
+    def __init__(self, executor: Any = None) -> None:
         self.jobs: list[Any] = []
+        self.executor = executor
 
     def add(self, job: Any) -> None:
         """Queue ``job`` unless a job of the same sweep file is queued already."""
@@ -114,19 +121,44 @@ _PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("meanfield_progr
 
 
 @contextlib.contextmanager
-def planning() -> Iterator[Plan]:
+def planning(executor: Any = None) -> Iterator[Plan]:
     """Within the block, sweeps with a task function queue their unfinished points.
 
     :meth:`Sweep.submit` queues and returns; :meth:`Sweep.run` queues and raises
     :class:`Deferred` (its caller needs the records). Sweeps without a task function compute
-    their points at once, in this process, as outside the block.
+    their points at once, in this process, as outside the block. ``executor`` (the one that
+    will run the queue) also runs the calls of :func:`remote` made in the block.
     """
-    plan = Plan()
+    plan = Plan(executor)
     token = _PLAN.set(plan)
     try:
         yield plan
     finally:
         _PLAN.reset(token)
+
+
+def remote(fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]) -> Any:
+    """``fn(config)`` where the points run: on the executor of :func:`planning`, else here.
+
+    For what a stage needs to know before it queues its points (a model's layer sizes, the
+    labels of its manifest) and would otherwise load in the driver: the call loads it on a
+    worker, in that worker's cache, where the points will use it again. ``fn`` is a top-level
+    function, like a point's. Raises ``RuntimeError`` when the call fails remotely.
+    """
+    plan = _PLAN.get()
+    executor = plan.executor if plan is not None else None
+    if executor is None:
+        return fn(dict(config))
+    from .execution import Task
+
+    call = getattr(executor, "call", None)
+    if call is not None:  # Dask: always the same worker, which keeps what it loads
+        outcome = call(fn, config)
+    else:
+        (outcome,) = list(executor.map_unordered([Task("remote", fn, dict(config), cost=0.0)]))
+    if not outcome.ok:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on a worker: {outcome.error}")
+    return outcome.value
 
 
 def queued() -> bool:
@@ -143,6 +175,26 @@ def reporting(progress: Any) -> Iterator[None]:
         yield
     finally:
         _PROGRESS.reset(token)
+
+
+def submit_jobs(jobs: Iterable[Any]) -> None:
+    """Have the points of ``jobs`` (``SweepJob``) computed, now or by the driver's queue.
+
+    Under :func:`planning` the jobs with unfinished points are queued (the stage must then raise
+    :class:`Deferred` or check :func:`queued`); otherwise they run here, in one serial queue
+    (largest cost first, batched jobs grouped), reporting to the tracker of :func:`reporting`.
+    A point that raises stops the run with ``experiments.execution.PointError``.
+    """
+    from .execution import SerialExecutor, run_jobs
+
+    jobs = list(jobs)
+    plan = _PLAN.get()
+    if plan is not None:
+        for job in jobs:
+            if job.sweep.unfinished(job.points):
+                plan.add(job)
+        return
+    run_jobs(jobs, SerialExecutor(), progress=_PROGRESS.get())
 
 
 def _repair_torn_tail(path: Path) -> None:
@@ -225,15 +277,21 @@ class Sweep:
         context: Mapping[str, Any] | None = None,
         *,
         cost: Callable[[Mapping[str, Any]], float] | None = None,
+        batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+        batch_key: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> Any:
         """The points as an ``experiments.execution.SweepJob`` (``fn`` top-level, pure).
 
         ``fn({**context, **point})`` computes one point; the record and the key keep the point
         alone. The job's unfinished points are those whose key is not in :meth:`done`.
+        ``batch_fn`` and ``batch_key`` let the driver compute several points in one task
+        (:class:`~experiments.execution.SweepJob`).
         """
         from .execution import SweepJob
 
-        return SweepJob(self, [dict(p) for p in points], fn, cost, dict(context or {}))
+        return SweepJob(
+            self, [dict(p) for p in points], fn, cost, dict(context or {}), batch_fn, batch_key
+        )
 
     def unfinished(self, points: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The points without a record of this configuration."""
@@ -297,7 +355,8 @@ class Sweep:
                 return task({**ctx, **p})
 
         cost_of = cost or default_cost
-        done = self.done()
+        finished = self.records()
+        done = {r["key"] for r in finished}
         todo = [p for p in points if point_key(self.digest, p) not in done]
         plan = _PLAN.get()
         if todo and plan is not None and task is not None:
@@ -310,8 +369,11 @@ class Sweep:
         tracker = _PROGRESS.get() if todo else None
         label = f"{self.out_dir.name}/{self.name}"
         if tracker is not None:
+            from .execution import _calibrate
+
             tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
             tracker.start_stage(label)
+            _calibrate(tracker, label, finished, cost_of)
         bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
         t_start = time.perf_counter()
         for p in bar:
@@ -326,7 +388,7 @@ class Sweep:
             }
             append_jsonl(self.path, record)
             if tracker is not None:
-                tracker.advance(label, cost=cost_of(p))
+                tracker.advance(label, cost=cost_of(p), seconds=record["seconds"])
             # one line per point for logs (the bar is off when stderr is not a terminal)
             log.debug("%s: %s done in %.1f s", self.name, p, record["seconds"])
         if todo:

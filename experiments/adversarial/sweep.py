@@ -15,7 +15,7 @@ from typing import Any
 
 from .._threads import torch_threads
 from ..results import load_json, write_csv, write_json
-from ..runner import Deferred, Sweep, config_hash, point_key
+from ..runner import Deferred, Sweep, config_hash, point_key, remote
 from ..stage import StageRun
 from .bounds import _head_facts, global_bound, released_heuristic
 from .report import load_results
@@ -151,6 +151,25 @@ def adv_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return _adv_compute(cfg["config"], cfg["settings"], head, cfg, cfg["device"])
 
 
+def adv_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``<id>.json`` says of a configuration's model and head (``cfg``: a point's context).
+
+    Loads them into the run's workspace of the process it runs in, where the points find them.
+    """
+    from .._threads import torch_threads
+
+    with torch_threads(cfg["threads"]):
+        head = _workspace(cfg["run"]).head(cfg["config"], cfg["settings"], cfg["device"])
+        loaded, att = head["loaded"], head["att"]
+        return {
+            "label": loaded.label,
+            "provenance": dict(loaded.provenance),
+            "layer_info": att.info.as_dict(),
+            "head_facts": head["facts"],
+            "construction_exact": not head["rope"],
+        }
+
+
 def _adv_compute(
     c: AdvConfig,
     settings: Mapping[str, Any],
@@ -261,24 +280,20 @@ def _run_config(
     if not missing and info_path.exists() and load_json(info_path).get("config_hash") == digest:
         return [sweep.path, sweep.meta_path, info_path]
 
-    head = _workspace(run).head(c, settings, device)
-    loaded, att = head["loaded"], head["att"]
+    context = {"config": c, "settings": settings, "device": device, "threads": threads, "run": run}
+    # loaded where the points run: the driver of a distributed run loads no model
+    facts = remote(adv_facts, context)
     write_json(
         info_path,
         {
             "config": asdict(c),
             "config_hash": digest,
             "settings": settings,
-            "label": loaded.label,
-            "provenance": dict(loaded.provenance),
-            "layer_info": att.info.as_dict(),
-            "head_facts": head["facts"],
-            "construction_exact": not head["rope"],
+            **facts,
             "standin": _is_standin(settings["model"]),
         },
     )
-    context = {"config": c, "settings": settings, "device": device, "threads": threads, "run": run}
-    d = int(att.info.d)
+    d = int(facts["layer_info"]["d"])
     sweep.run(
         points,
         task=adv_point,

@@ -183,7 +183,7 @@ def run_stages(
                 waiting = []
                 for stage in pending:
                     log.info("stage %s (%s preset), round %d", stage.name, preset, rnd)
-                    with planning() as plan:
+                    with planning(executor) as plan:
                         try:
                             files, err = call(stage), None
                         except Deferred:

@@ -198,6 +198,7 @@ class RealDataSettings(StageConfig):
     dtype: str
     threads: int | None
     batch_tokens: int
+    batch_windows: bool | None
     models: Names
     layers: tuple[int, ...] | None
 
@@ -222,6 +223,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
         dtype="float64",
         threads=1,
         batch_tokens=1024,
+        batch_windows=None,
         models=(),
         layers=None,
     ),
@@ -246,6 +248,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
         dtype="float64",
         threads=None,
         batch_tokens=1024,
+        batch_windows=None,
         models=(),
         layers=None,
     ),
@@ -264,6 +267,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
         dtype="float64",
         threads=None,
         batch_tokens=1024,
+        batch_windows=None,
         models=(),
         layers=None,
     ),
@@ -298,6 +302,8 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"dtype must be 'float32' or 'float64', got {cfg['dtype']!r}")
     if int(cfg["batch_tokens"]) < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {cfg['batch_tokens']}")
+    if cfg["batch_windows"] not in (None, True, False):
+        raise ValueError(f"batch_windows must be true, false or null, got {cfg['batch_windows']!r}")
     if cfg["threads"] is not None and int(cfg["threads"]) < 1:
         raise ValueError(f"threads must be >= 1 or None, got {cfg['threads']}")
     if not float(cfg["tol"]) > 0:

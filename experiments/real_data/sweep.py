@@ -16,7 +16,7 @@ from typing import Any
 
 from ..execution import forget_worker_cache
 from ..results import load_json, write_json
-from ..runner import Deferred, Sweep, point_key, queued
+from ..runner import Deferred, Sweep, point_key, queued, remote, submit_jobs
 from ..stage import StageRun
 from .report import export_csv
 from .settings import (
@@ -111,6 +111,81 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return _estimate(config, ws, corpus, cfg, opts)
 
 
+def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What the manifest says of a sweep's model, corpus and layer (``cfg``: a point's context).
+
+    Loads them into the run's workspace of the process it runs in, where the points find them.
+    """
+    from .._threads import torch_threads
+
+    config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
+    with torch_threads(cfg["threads"]):
+        ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
+        key = (config.model, corpus)
+        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        lm = ws.model(config.model)
+        _, corp = ws.token_ids(config.model, corpus)
+        return dict(
+            model_label=lm.label,
+            provenance=dict(lm.provenance),
+            corpus_label=corp.label,
+            corpus_source=corp.source,
+            corpus_parts=list(corp.parts),
+            layer_info=ws.attention(config).info.as_dict(),
+        )
+
+
+def user_configs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"configs": [...]}``: the configurations of the user checkpoints ``cfg["models"]``."""
+    ws = _workspace(cfg["run"], cfg["seed"], cfg["dtype"], cfg["device"])
+    return {"configs": _user_configs(cfg["models"], cfg["layers"], ws.models)}
+
+
+def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Several points of one configuration and one n, in one estimator call (``batch_windows``).
+
+    ``cfg["members"]`` holds task configurations of :func:`real_point` that share the
+    configuration, the n, the settings and the run (one per sweep: corpus and grid). The windows of
+    all of them are stacked into one batch and bracketed in one call, whatever ``batch_tokens``;
+    the result is ``{"members": [record values, ...]}``, one per member, in its order, each as
+    :func:`real_point` would return it, plus ``batch_windows: True`` and the number of points
+    batched (``points_per_call``). The values agree with the one-point path to within the
+    estimator's tolerance, not bit for bit: the batch runs with other starting vectors.
+    """
+    import torch
+
+    from .._threads import torch_threads
+
+    members = list(cfg["members"])
+    first = members[0]
+    config, opts = first["config"], first["opts"]
+    for m in members[1:]:
+        if (m["config"], m["n"], m["run"], m["device"]) != (
+            config,
+            first["n"],
+            first["run"],
+            first["device"],
+        ):
+            raise ValueError("real_points: members of one batch must share configuration and n")
+    with torch_threads(first["threads"]):
+        ws = _workspace(first["run"], opts["seed"], opts["dtype"], first["device"])
+        windows = []
+        for m in members:
+            key = (config.model, m["corpus"])
+            ws.need[key] = max(ws.need.get(key, 0), int(m["need"]))
+            windows.append(_windows(config, ws, m["corpus"], m, opts))
+        X = torch.cat([hs.X for hs, _ in windows])
+        br = _bracket(config, ws.attention(config), X, opts, per_call=X.shape[0])
+        out, i = [], 0
+        for m, (hs, t_hidden) in zip(members, windows):
+            k = hs.X.shape[0]
+            rec = _values(config, int(m["n"]), hs, t_hidden, br, slice(i, i + k), opts)
+            rec.update(batch_windows=True, points_per_call=len(members))
+            out.append(rec)
+            i += k
+    return {"members": out}
+
+
 def _estimate(
     config: RealConfig,
     ws: _Workspace,
@@ -118,38 +193,57 @@ def _estimate(
     point: Mapping[str, Any],
     opts: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """One record: every window of one n, estimated in one batched call."""
-    import torch
+    """One record: every window of one n, in calls of at most ``batch_tokens // n`` windows."""
+    hs, t_hidden = _windows(config, ws, corpus, point, opts)
+    per_call = max(1, int(opts["batch_tokens"]) // int(point["n"]))
+    br = _bracket(config, ws.attention(config), hs.X, opts, per_call=per_call)
+    return _values(config, int(point["n"]), hs, t_hidden, br, slice(None), opts)
 
-    from meanfield.lipschitz import local_lipschitz, local_lipschitz_fn, released_metric
+
+def _windows(
+    config: RealConfig,
+    ws: _Workspace,
+    corpus: str,
+    point: Mapping[str, Any],
+    opts: Mapping[str, Any],
+) -> tuple[Any, float]:
+    """The hidden states of the point's windows (at the layer's input), and their time."""
     from meanfield.models import hidden_states
 
     lm = ws.model(config.model)
     ids, _ = ws.token_ids(config.model, corpus)
-    att = ws.attention(config)
-    n, start = int(point["n"]), int(point["start"])
+    ws.attention(config)
     t0 = time.perf_counter()
     hs = hidden_states(
         lm.model,
         lm.tokenizer,
         ids,
         config.layer,
-        n,
+        int(point["n"]),
         n_windows=opts["n_windows"],
-        start=start,
+        start=int(point["start"]),
         dtype=ws.dtype,
         device=ws.device,
     )
-    X = hs.X
-    t1 = time.perf_counter()
+    return hs, time.perf_counter() - t0
+
+
+_FIELDS = ("value", "lower", "upper", "converged", "n_matvec", "n_iter", "residual")
+
+
+def _bracket(
+    config: RealConfig, att: Any, X: Any, opts: Mapping[str, Any], *, per_call: int
+) -> dict[str, Any]:
+    """Bracket, estimate and released metric of every window of ``X``, ``per_call`` at a time."""
+    import torch
+
+    from meanfield.lipschitz import local_lipschitz, local_lipschitz_fn, released_metric
 
     def f(Y):
         return att(Y, masked=config.masked)
 
     kw = dict(method=opts["method"], tol=opts["tol"], max_iter=opts["max_iter"], seed=opts["seed"])
-    per_call = max(1, int(opts["batch_tokens"]) // n)
-    fields = ("value", "lower", "upper", "converged", "n_matvec", "n_iter", "residual")
-    parts: dict[str, list] = {k: [] for k in (*fields, "released")}
+    parts: dict[str, list] = {k: [] for k in (*_FIELDS, "released")}
     t_est = t_rel = 0.0
     methods = set()
     for i in range(0, X.shape[0], per_call):
@@ -164,11 +258,30 @@ def _estimate(
         t_rel += time.perf_counter() - tb
         t_est += tb - ta
         methods.add((est.method, est.upper_method))
-        for k in fields:
+        for k in _FIELDS:
             parts[k].append(getattr(est, k).detach().cpu())
         parts["released"].append(rel.detach().cpu())
-    cat = {k: torch.cat(v) for k, v in parts.items()}
     ((method, upper_method),) = methods
+    return {
+        "cat": {k: torch.cat(v) for k, v in parts.items()},
+        "method": method,
+        "upper_method": upper_method,
+        "seconds_estimate": t_est,
+        "seconds_released": t_rel,
+        "windows_per_call": per_call,
+    }
+
+
+def _values(
+    config: RealConfig,
+    n: int,
+    hs: Any,
+    t_hidden: float,
+    br: Mapping[str, Any],
+    rows: slice,
+    opts: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The record of one point from its windows and its rows of the bracket ``br``."""
 
     def lst(t):
         return t.detach().cpu().tolist()
@@ -178,15 +291,15 @@ def _estimate(
         "n_windows": hs.n_windows,
         "starts": list(hs.starts),
         "next_start": hs.next_start,
-        **{k: lst(v) for k, v in cat.items()},
-        "method": method,
-        "upper_method": upper_method,
+        **{k: lst(v[rows]) for k, v in br["cat"].items()},
+        "method": br["method"],
+        "upper_method": br["upper_method"],
         "mean_radius": lst(hs.mean_radius()),
         "max_radius": lst(hs.max_radius()),
-        "seconds_hidden": t1 - t0,
-        "seconds_estimate": t_est,
-        "seconds_released": t_rel,
-        "windows_per_call": per_call,
+        "seconds_hidden": t_hidden,
+        "seconds_estimate": br["seconds_estimate"],
+        "seconds_released": br["seconds_released"],
+        "windows_per_call": br["windows_per_call"],
         "seed": opts["seed"],
         "dtype": opts["dtype"],
         "map": config.map,
@@ -208,12 +321,15 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     ``method``, ``tol``, ``max_iter``, ``seed``, ``dtype``, ``threads`` (torch threads during
     the run; ``None`` leaves the setting), ``batch_tokens`` (windows are estimated in batched
     calls of at most ``max(1, batch_tokens // n)`` windows, which bounds memory on the long
-    grid), ``models`` (local checkpoint directories or cached hub names, measured at
-    ``layers``, default 0 and the middle layer, with the model's own causal flag; BERT
-    checkpoints also get the "block" map; pass ``configs=[]`` to run only them) and ``layers``.
-    The hidden states and the estimator live on ``run.device`` (the forward passes run where
-    the model is, on the CPU). Returns the sweep files (``.jsonl`` and ``.meta.json``) and the
-    manifest.
+    grid), ``batch_windows`` (``True``: the windows of every sweep of the run with the same
+    configuration and n, all corpora and grids, go into one estimator call, whatever
+    ``batch_tokens``; ``None``, the presets' value: ``True`` on a CUDA device, ``False``
+    elsewhere; not part of the sweep's hash, see docs/cluster.md), ``models`` (local checkpoint
+    directories or cached hub names, measured at ``layers``, default 0 and the middle layer,
+    with the model's own causal flag; BERT checkpoints also get the "block" map; pass
+    ``configs=[]`` to run only them) and ``layers``. The hidden states and the estimator live on
+    ``run.device`` (the forward passes run where the model is, on the CPU). Returns the sweep
+    files (``.jsonl`` and ``.meta.json``) and the manifest.
     """
     import torch
 
@@ -225,8 +341,13 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     run_id = uuid.uuid4().hex
     try:
         ws = _workspace(run_id, opts["seed"], opts["dtype"], device)
+        where = {"seed": opts["seed"], "dtype": opts["dtype"], "device": device}
         configs = [CONFIGS[c] for c in opts["configs"]]
-        configs += _user_configs(opts["models"], opts["layers"], ws.models)
+        if opts["models"]:
+            configs += remote(
+                user_configs,
+                {"models": opts["models"], "layers": opts["layers"], "run": run_id, **where},
+            )["configs"]
         plan = []
         for config in configs:
             for corpus in opts["corpora"]:
@@ -239,6 +360,10 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
                     need = opts["n_windows"] * sum(grid)
                     key = (config.model, corpus)
                     ws.need[key] = max(ws.need.get(key, 0), need)
+        batch = opts["batch_windows"]
+        if batch is None:  # batched on a GPU; one point per call on the CPU (docs/cluster.md)
+            batch = str(device).startswith("cuda")
+        jobs: list[Any] = []
         manifest_path = out / MANIFEST
         manifest = load_json(manifest_path) if manifest_path.exists() else {"sweeps": {}}
         files: list[Path] = []
@@ -276,23 +401,6 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
             manifest["sweeps"][name] = entry
             write_json(manifest_path, manifest)
             if len(sweep.done() & {_key(sweep, p) for p in points}) < len(points):
-                lm = ws.model(config.model)
-                _, corp = ws.token_ids(config.model, corpus)
-                entry.update(
-                    model_label=lm.label,
-                    provenance=dict(lm.provenance),
-                    corpus_label=corp.label,
-                    corpus_source=corp.source,
-                    corpus_parts=list(corp.parts),
-                    layer_info=ws.attention(config).info.as_dict(),
-                )
-                write_json(manifest_path, manifest)
-
-                d = ws.attention(config).info.d
-
-                def cost(p: Mapping[str, Any], d: int = d) -> float:
-                    return float(p["n"]) ** 2 * d * opts["n_windows"]
-
                 context = {
                     "config": config,
                     "corpus": corpus,
@@ -302,10 +410,38 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
                     "threads": threads,
                     "run": run_id,
                 }
-                sweep.submit(
-                    points, real_point, context, cost=cost, progress=progress, desc=f"{NAME} {name}"
-                )
+                # loaded where the points run: the driver of a distributed run loads no model
+                entry.update(remote(real_facts, context))
+                write_json(manifest_path, manifest)
+
+                d = entry["layer_info"]["d"]
+
+                def cost(p: Mapping[str, Any], d: int = d) -> float:
+                    return float(p["n"]) ** 2 * d * opts["n_windows"]
+
+                if batch:
+                    jobs.append(
+                        sweep.tasks(
+                            points,
+                            real_point,
+                            context,
+                            cost=cost,
+                            batch_fn=real_points,
+                            batch_key=_batch_key,
+                        )
+                    )
+                else:
+                    sweep.submit(
+                        points,
+                        real_point,
+                        context,
+                        cost=cost,
+                        progress=progress,
+                        desc=f"{NAME} {name}",
+                    )
             files += [sweep.path, sweep.meta_path]
+        if jobs:  # one call per (configuration, n) across the sweeps of this run
+            submit_jobs(jobs)
         if queued():  # computed by the driver's queue; this stage runs again after
             raise Deferred(NAME)
         files.append(manifest_path)
@@ -314,6 +450,11 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     finally:
         torch.set_num_threads(old_threads)
         forget_worker_cache(("real_data", run_id, int(opts["seed"]), opts["dtype"], device))
+
+
+def _batch_key(cfg: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Points computed in one call: same configuration, n, run, device and threads."""
+    return (cfg["config"].id, int(cfg["n"]), cfg["run"], cfg["device"], cfg["threads"])
 
 
 def _key(sweep: Sweep, point: Mapping[str, Any]) -> str:

