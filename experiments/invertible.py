@@ -40,11 +40,14 @@ from .runner import preset_config
 from .stage import ModuleStage, StageConfig
 
 __all__ = [
+    "MAPS",
     "NAME",
+    "OUTCOMES",
     "PRESETS",
     "STAGE",
     "InvertibleSettings",
     "invert_case",
+    "load",
     "random_heads",
     "report_section",
     "run",
@@ -55,6 +58,8 @@ log = logging.getLogger("meanfield.invertible")
 
 NAME = "invertible"
 MAPS = ("L2", "DP")
+#: Outcomes of one inversion; ``<map>_outcome`` in the npz holds their index.
+OUTCOMES = ("recovered", "wrong preimage", "no convergence")
 #: A converged iterate farther than this (relative) from x* is a wrong preimage.
 WRONG_PREIMAGE_RTOL = 1e-8
 #: Forward check of a found preimage: ||x + g(x) - y|| <= this times max(1, ||y||).
@@ -208,6 +213,7 @@ def invert_case(
                     "outcome": _outcome(res.converged, err, fwd),
                     "preimage_error": err,
                     "forward_residual": fwd,
+                    "y_norm": float(torch.linalg.vector_norm(y)),
                     "rate": res.rate,
                     "max_ratio": check.max_ratio,
                     "banach_holds": check.holds,
@@ -259,11 +265,19 @@ def _sweep(config: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any
     for m in MAPS:
         arrays[f"{m}_residuals"] = np.stack(res[m])  # (seeds, radii, max_iter)
         arrays[f"{m}_scale"] = np.asarray(scales[m])
-        for f in ("local_lipschitz", "spectral_radius", "preimage_error", "rate", "max_ratio"):
+        fields = ("local_lipschitz", "spectral_radius", "preimage_error", "rate", "max_ratio")
+        for f in (*fields, "y_norm"):
             vals = [r[f] for r in all_rows if r["map"] == m]
             arrays[f"{m}_{f}"] = np.asarray(vals, dtype=np.float64).reshape(
                 len(config["seeds"]), len(radii)
             )
+        codes = [OUTCOMES.index(r["outcome"]) for r in all_rows if r["map"] == m]
+        arrays[f"{m}_outcome"] = np.asarray(codes, dtype=np.int64).reshape(
+            len(config["seeds"]), len(radii)
+        )
+    arrays["target"] = np.float64(config["target"])
+    arrays["ref_radius"] = np.float64(config["ref_radius"])
+    arrays["tol"] = np.float64(config["tol"])
     return arrays, {"rows": all_rows}
 
 
@@ -392,6 +406,12 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
             "failures": sum(r["outcome"] != "recovered" for r in mine),
             "runs": len(mine),
             "banach_holds": all(r["banach_holds"] for r in mine),
+            "failures_with_rho_le_1": sum(
+                r["outcome"] != "recovered" and r["spectral_radius"] <= 1 for r in mine
+            ),
+            "recovered_with_rho_gt_1": sum(
+                r["outcome"] == "recovered" and r["spectral_radius"] > 1 for r in mine
+            ),
         }
     return out
 
