@@ -100,7 +100,7 @@ def test_registry_joins_figures_to_registered_stages():
         assert any(fig.stage is s for s in registry.STAGES), fig.id
         assert callable(fig.draw_fn)
     ids = [f.id for f in registry.FIGURES]
-    assert len(ids) == len(set(ids)) == 11
+    assert len(ids) == len(set(ids)) == 12
     vb = registry.VERIFY_BOUNDS.presets["quick"]
     assert vb.options()["n_instances"] == 600
     with pytest.raises(ValueError, match="verify_bounds: setting n_instances must be an integer"):
