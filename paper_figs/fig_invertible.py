@@ -78,7 +78,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 if OUTCOMES[int(oc[s, i])] != "no convergence"
             ]
             ax.set_xlim(0, max(10, int(1.1 * max(done, default=res.shape[-1]))))
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
             ax.set_xlabel("iteration $k$")
             ax.set_title(_TITLES[m], loc="left")
         for ax in axes[:2]:
@@ -111,7 +111,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                             zorder=3,
                         )
         ax.axhline(c, color="#2c7d3f", ls="--", lw=0.9)
-        ax.axhline(1.0, color="k", ls=":", lw=0.8)
+        ax.axhline(1.0, color="0.55", ls="-", lw=0.8)
         ax.axvline(float(d["ref_radius"]), color="0.5", ls="-.", lw=0.7)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -125,7 +125,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         handles = [
             Line2D([], [], color="k", ls=":", lw=0.8, label="tolerance"),
             Line2D([], [], color="0.3", ls="--", lw=0.8, label="residual, wrong preimage"),
-            Line2D([], [], color="0.3", ls=(0, (1, 1)), lw=0.8, label="residual, no convergence"),
+            Line2D([], [], color="0.3", ls=":", lw=0.8, label="residual, no convergence"),
             Line2D([], [], color="#1f4e9c", lw=1.0, label="L2"),
             Line2D([], [], color="#c0392b", lw=1.0, label="dot product"),
             Line2D(
@@ -136,6 +136,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 lw=0.9,
                 label=f"certified $c = {c:g}$ (left: rate $c^k$)",
             ),
+            Line2D([], [], color="0.55", ls="-", lw=0.8, label="$\\|Dg\\|_2 = 1$"),
             Line2D([], [], color="0.5", ls="-.", lw=0.7, label="radius of the DP certificate"),
         ] + [
             Line2D(
@@ -150,7 +151,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             )
             for o in OUTCOMES
         ]
-        fig.legend(handles=handles, loc="outside lower center", ncol=5, frameon=False, fontsize=6.5)
+        fig.legend(handles=handles, loc="outside lower center", ncol=4, frameon=False, fontsize=7)
         return save(fig, Path(out_dir) / STEM)
 
 
