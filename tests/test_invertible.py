@@ -334,3 +334,40 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["invert", "--radius", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "meanfield: error: --radius must be positive numbers, got [0.0]"
+
+
+def test_jacobian_blocks_and_row_sums_of_the_proof():
+    # docs/derivations/invertible.md §2, steps 2-3, at unit temperature (W_Q = k^{1/4} I, V = I,
+    # so the L2 map is M(V)_i = sum_j P_ij v_j with P_ij = softmax_j(-|v_i - v_j|^2)): the
+    # autograd blocks equal the closed forms, and every block row sum is at most 1 + 4 phi.
+    k, n = 3, 5
+    eye = torch.eye(k, dtype=F64)
+    p = L2AttentionParams((k**0.25 * eye)[None], eye[None])
+    phi = lambertw((n - 1) / math.e).real
+    g = torch.Generator().manual_seed(5)
+    t_star = 1 + phi  # the lemma's equal-cost configuration: |v_i - v_0|^2 = 1 + phi
+    tight = torch.zeros(n, k, dtype=F64)
+    tight[1:, 0] = math.sqrt(t_star)
+    for V in [torch.randn(n, k, generator=g, dtype=F64) * s for s in (0.3, 1.0, 3.0)] + [tight]:
+        J = jacrev(lambda z: l2_self_attention(z, p))(V)  # (n, k, n, k)
+        P = torch.softmax(-torch.cdist(V, V).square(), dim=-1)
+        m = P @ V
+        rows = []
+        for i in range(n):
+            Dv = V - m[i]
+            C = (P[i, :, None, None] * Dv[:, :, None] * Dv[:, None, :]).sum(0)
+            total = 0.0
+            for l in range(n):
+                if l == i:
+                    block = P[i, i] * eye + 2 * C
+                else:
+                    block = P[i, l] * (eye + 2 * torch.outer(V[l] - m[i], V[i] - V[l]))
+                torch.testing.assert_close(J[i, :, l, :], block, rtol=1e-10, atol=1e-12)
+                total += float(torch.linalg.matrix_norm(block, ord=2))
+            rows.append(total)
+            # the softmax lemma: sum_l P_il |v_i - v_l|^2 <= phi (equality at the tight input)
+            S = float((P[i] * (V[i] - V).square().sum(-1)).sum())
+            assert S <= phi * (1 + 1e-12)
+        assert max(rows) <= 1 + 4 * phi
+    P0 = torch.softmax(-torch.cdist(tight, tight).square(), dim=-1)[0]
+    assert float((P0 * tight.square().sum(-1)).sum()) == pytest.approx(phi, rel=1e-12)
