@@ -45,6 +45,15 @@ from .distances import (
     wasserstein,
     wasserstein_inf,
 )
+from .invertible import (
+    FixedPointResult,
+    ResidualAttention,
+    certified_lipschitz,
+    contractive_scale,
+    invert_fixed_point,
+    l2_lipschitz_upper,
+    residual_forward,
+)
 from .lipschitz import (
     LipschitzEstimate,
     LocalUpperBound,
@@ -88,4 +97,12 @@ __all__ = [
     "sinkhorn_wasserstein",
     "wasserstein",
     "wasserstein_inf",
+    # invertible residual attention (meanfield.invertible)
+    "FixedPointResult",
+    "ResidualAttention",
+    "certified_lipschitz",
+    "contractive_scale",
+    "invert_fixed_point",
+    "l2_lipschitz_upper",
+    "residual_forward",
 ]

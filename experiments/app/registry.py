@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from experiments import adversarial, mass_splitting, real_data, synthetic, verify_bounds
+from experiments import (
+    adversarial,
+    invertible,
+    mass_splitting,
+    real_data,
+    synthetic,
+    verify_bounds,
+)
 from experiments.stage import Names, Stage, StageConfig
 from paper_figs import (
     fig_a_lipschitz_vs_R,
@@ -26,6 +33,7 @@ from paper_figs import (
     fig_f5_sqrt_n,
     fig_f6_mean_field,
     fig_f7_large_radius,
+    fig_invertible,
     fig_theory_bounds,
 )
 
@@ -82,6 +90,7 @@ STAGES: tuple[Stage, ...] = (
     synthetic.STAGE,
     mass_splitting.STAGE,
     VERIFY_BOUNDS,
+    invertible.STAGE,
 )
 
 
@@ -122,8 +131,8 @@ class Figure:
         return [Path(p) for p in self.draw_fn(src, out_dir)]
 
 
-#: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, and T for
-#: the theory figure).
+#: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, T for
+#: the theory figure, I for invertible attention).
 FIGURES: tuple[Figure, ...] = (
     Figure("F1", fig_f1_lipschitz_vs_n.draw, real_data.STAGE, "real data: Lipschitz constant vs n"),
     Figure(
@@ -152,6 +161,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure("C", fig_c_mass_splitting.draw, mass_splitting.STAGE, "mass splitting", stage_dir=True),
     Figure("T", fig_theory_bounds.draw, VERIFY_BOUNDS, "bounds and regimes (theory)"),
+    Figure("I", fig_invertible.draw, invertible.STAGE, "invertible residual attention"),
 )
 
 
