@@ -173,7 +173,8 @@ class L2Construction:
     ----------
     X : Tensor, shape (N, D)
         Token 0 (the query) and ``n_zero - 1`` copies at the origin; the others at
-        :math:`\pm c\,u` (``"symmetric"``, half on each side) or at :math:`c\,u` (``"common"``).
+        :math:`\pm c\,u` (``"symmetric"``, half on each side) or at :math:`c\,u` (``"common"``),
+        then ``n_parked`` far out.
     value : float
         :math:`\ell^1` norm of the gradient of :math:`F_{0b}`, from the closed form
         (:func:`l2_construction_value`); a lower bound on :math:`\|DF(X)\|_\infty`.
@@ -184,6 +185,9 @@ class L2Construction:
         Output coordinate of the row.
     n_zero : int
         Tokens at the origin, the query included.
+    n_parked : int
+        Tokens parked far out along :math:`u` (symmetric layout with an even ``N``: cost at
+        least 800 in every head, so their attention weight for the query is exactly 0 in float64).
     costs : Tensor, shape (H,)
         :math:`t_h = c^2u^\top A_hu`, the cost of a far token for the query in head :math:`h`.
     """
@@ -195,15 +199,29 @@ class L2Construction:
     u: Tensor
     b: int
     n_zero: int
+    n_parked: int
     costs: Tensor
 
 
-def _split(N: int, layout: Layout) -> tuple[int, int]:
-    """(tokens at the origin, tokens away) for ``layout``; the symmetric one needs an even rest."""
+#: Cost :math:`t` of the parked token (symmetric layout, even N): e^-800 underflows to 0 in
+#: float64, so the parked token carries no attention of the query and drops out of its row.
+_PARK_COST = 800.0
+
+
+def _split(N: int, layout: Layout, lam: Tensor) -> tuple[int, int, int]:
+    r"""(tokens at the origin, tokens at +-cu or cu, parked tokens) for ``layout``.
+
+    The symmetric layout needs an even number of tokens away from the origin. With an odd
+    number, one token is parked far out along ``u`` (cost >= 800 in every head) when every head
+    sees ``u`` (``lam`` = the :math:`u^\top A_hu`, all positive); otherwise it joins the origin.
+    """
     if layout == "common":
-        return 1, N - 1
-    n0 = 1 if (N - 1) % 2 == 0 else 2
-    return n0, N - n0
+        return 1, N - 1, 0
+    if (N - 1) % 2 == 0:
+        return 1, N - 1, 0
+    if bool((lam > 1e-12 * lam.abs().max()).all()):
+        return 1, N - 2, 1
+    return 2, N - 2, 0
 
 
 def l2_construction_value(
@@ -217,8 +235,9 @@ def l2_construction_value(
 ) -> Tensor:
     r"""Closed-form :math:`\ell^1` norm of the gradient of :math:`F_{0b}` at the construction.
 
-    With :math:`n_0` tokens at the origin (the query among them), :math:`n_1 = N - n_0` at
-    :math:`\pm cu` or :math:`cu`, per head :math:`t_h = c^2u^\top A_hu`, the zero-cost mass
+    With :math:`n_0` tokens at the origin (the query among them), :math:`n_1` at
+    :math:`\pm cu` or :math:`cu` (:math:`n_0 + n_1 = N`, or :math:`N - 1` when a token is
+    parked, which then has no weight in the query's row), per head :math:`t_h = c^2u^\top A_hu`, the zero-cost mass
     :math:`q_h = n_0/(n_0 + n_1e^{-t_h})`, :math:`\alpha_h = A_hB_he_b` and :math:`\kappa_h = 1`
     (symmetric) or :math:`q_h` (common):
 
@@ -230,9 +249,9 @@ def l2_construction_value(
     (docs/theory.md §8a). ``c`` may be a tensor of scales (the result has its shape).
     """
     A, B = _head_maps(params)
-    n0, n1 = _split(int(N), layout)
     u = u.detach().to(torch.float64)
     u = u / torch.linalg.vector_norm(u)
+    n0, n1, _ = _split(int(N), layout, A @ u @ u)
     c_shape = torch.as_tensor(c).shape
     c = torch.as_tensor(c, dtype=torch.float64).reshape(-1, 1, 1)  # (C, 1, 1)
     Au = A @ u  # (H, D)
@@ -256,14 +275,16 @@ def l2_construction_value(
     return out.reshape(c_shape)
 
 
-def _construction_points(N: int, c: float, u: Tensor, layout: Layout) -> Tensor:
-    n0, n1 = _split(N, layout)
+def _construction_points(N: int, c: float, u: Tensor, layout: Layout, lam: Tensor) -> Tensor:
+    n0, n1, parked = _split(N, layout, lam)
     X = torch.zeros(N, u.shape[0], dtype=torch.float64, device=u.device)
     if layout == "common":
         X[n0:] = c * u
     else:
         X[n0 : n0 + n1 // 2] = c * u
-        X[n0 + n1 // 2 :] = -c * u
+        X[n0 + n1 // 2 : n0 + n1] = -c * u
+    if parked:
+        X[n0 + n1 :] = math.sqrt(_PARK_COST / float(lam.min())) * u
     return X
 
 
@@ -321,8 +342,9 @@ def l2_construction(
                 best = (float(fv[j]), float(fine[j]), iu, b)
     value, c, iu, b = best
     u = U[iu]
-    n0, _ = _split(N, layout)
-    X = _construction_points(N, c, u, layout)
+    lam = A @ u @ u
+    n0, _, parked = _split(N, layout, lam)
+    X = _construction_points(N, c, u, layout, lam)
     dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2Construction(
         X=X.to(dtype=dtype, device=dev),
@@ -332,6 +354,7 @@ def l2_construction(
         u=u.to(dtype=dtype, device=dev),
         b=b,
         n_zero=n0,
+        n_parked=parked,
         costs=(c**2 * (A @ u @ u)).to(dtype=dtype, device=dev),
     )
 
@@ -366,6 +389,9 @@ class L2LowerBound:
     search_value: float
     n_starts: int
 
+
+#: Objective evaluations without a step before the 2-norm ascent (power iterations only).
+_WARMUP = 5
 
 _DEFAULTS = SearchOptions(n_restarts=2, steps=150, lr=0.03, seed=0)
 
@@ -417,19 +443,38 @@ def _inf_objective(maps: tuple[Tensor, Tensor, float]):
     return obj
 
 
-def _power(f, Z: Tensor, v: Tensor, iters: int) -> tuple[Tensor, Tensor]:
-    r"""``iters`` power steps on :math:`J^\top J` per sample; unit (v, u = Jv/|Jv|)."""
-    from torch.func import jvp, vjp
+def _unit(x: Tensor) -> Tensor:
+    return x / torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True).clamp_min(1e-300)
 
-    _, pull = vjp(f, Z)
-    for _ in range(iters):
-        Jv = jvp(f, (Z,), (v,))[1]
-        u = Jv / torch.linalg.vector_norm(Jv, dim=(-1, -2), keepdim=True).clamp_min(1e-300)
-        v = pull(u)[0]
-        v = v / torch.linalg.vector_norm(v, dim=(-1, -2), keepdim=True).clamp_min(1e-300)
-    Jv = jvp(f, (Z,), (v,))[1]
-    u = Jv / torch.linalg.vector_norm(Jv, dim=(-1, -2), keepdim=True).clamp_min(1e-300)
-    return v, u
+
+def _spectral_objective(f, shape: torch.Size, gen: torch.Generator, iters: int):
+    r"""Surrogate :math:`\langle w, DF(X)v\rangle` of the spectral norm, for a batch of inputs.
+
+    Warm-started power iteration on reverse-mode products only: with :math:`g = DF^\top w`
+    built with ``create_graph`` (:math:`w` = the previous left vector), :math:`DF\,v` is the
+    gradient of :math:`\langle g, v\rangle` in :math:`w` (no forward-mode pass), and the value
+    :math:`\langle g, v\rangle` is differentiable in :math:`X`.
+    """
+    state = {
+        "u": _unit(torch.randn(shape, generator=gen, dtype=torch.float64)),
+        "v": _unit(torch.randn(shape, generator=gen, dtype=torch.float64)),
+    }
+
+    def obj(Z: Tensor) -> Tensor:
+        F = f(Z)
+        w = state["u"].to(Z.device).requires_grad_(True)
+        (g,) = torch.autograd.grad(F, Z, w, create_graph=True)
+        v = state["v"].to(Z.device)
+        u = state["u"]
+        for _ in range(iters):
+            (Jv,) = torch.autograd.grad(g, w, v, retain_graph=True)
+            u = _unit(Jv)
+            (JTu,) = torch.autograd.grad(F, Z, u, retain_graph=True)
+            v = _unit(JTu)
+        state["u"], state["v"] = u.detach(), v.detach()
+        return (g * v).sum((-1, -2)).abs()
+
+    return obj
 
 
 def l2_lipschitz_lower(
@@ -442,7 +487,7 @@ def l2_lipschitz_lower(
     steps: int | None = None,
     lr: float | None = None,
     options: SearchOptions | None = None,
-    power_iters: int = 3,
+    power_iters: int = 2,
 ) -> L2LowerBound:
     r"""Lower bound on :math:`\mathrm{Lip}_p(F)` of L2 attention with ``N`` tokens, by search.
 
@@ -470,8 +515,8 @@ def l2_lipschitz_lower(
     Returns
     -------
     L2LowerBound
-        ``value`` is recomputed at the best input and is a valid lower bound; it is never below
-        ``construction_value`` for ``p="inf"`` (the starts are kept if nothing improves).
+        ``value`` is recomputed at the best input and is a valid lower bound, never below
+        ``construction_value`` (the starts are kept if nothing improves).
     """
     p = _check_p(p)
     N = int(N)
@@ -500,16 +545,14 @@ def l2_lipschitz_lower(
         cons_value = max(cs.value for cs in cons)
         objective = _inf_objective(maps)
     else:
-        cons_value = max(l2_jacobian_spectral_norm(cs.X, p64) for cs in cons)
-        state = {"v": torch.randn(Z0.shape, generator=gen, dtype=torch.float64)}
-
-        def objective(Z: Tensor) -> Tensor:
-            v, u = _power(f, Z.detach(), state["v"].to(Z.device), power_iters)
-            state["v"] = v
-            (g,) = torch.autograd.grad(f(Z), Z, u, create_graph=True)
-            return (g * v).sum((-1, -2)).abs()
+        cons_vals = [l2_jacobian_spectral_norm(cs.X, p64) for cs in cons]
+        cons_value = max(cons_vals)
+        objective = _spectral_objective(f, Z0.shape, gen, power_iters)
 
     Z = Z0.clone().requires_grad_(True)
+    if p == 2:
+        for _ in range(_WARMUP):  # converge the power iteration at the starts first
+            objective(Z)
     opt = torch.optim.Adam([Z], lr=float(opts.lr) * scale)
     best = torch.full((Z.shape[0],), -math.inf, dtype=torch.float64)
     best_Z = Z0.clone()
@@ -532,6 +575,9 @@ def l2_lipschitz_lower(
         value = l2_jacobian_inf_norm(X, p64, rows=[0])[0]
     else:
         value = l2_jacobian_spectral_norm(X, p64)
+        j = max(range(len(cons)), key=lambda i: cons_vals[i])
+        if cons_vals[j] > value:  # an unconverged surrogate may pick a worse start
+            value, X = cons_vals[j], cons[j].X.to(X)
     dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2LowerBound(
         value=float(value),
