@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from experiments import adversarial, mass_splitting, real_data, synthetic
+from experiments import adversarial, kim_tightness, mass_splitting, real_data, synthetic
 from experiments.runner import preset_config
 from experiments.stage import Names, Stage, StageConfig
 
@@ -70,7 +70,9 @@ def test_preset_config_accepts_typed_presets():
         preset_config({"quick": TOY}, "quick", {"tol": "x"})
 
 
-@pytest.mark.parametrize("module", [real_data, adversarial, synthetic, mass_splitting])
+@pytest.mark.parametrize(
+    "module", [real_data, adversarial, synthetic, mass_splitting, kim_tightness]
+)
 def test_every_stage_module_follows_the_contract(module):
     stage = module.STAGE
     assert isinstance(stage, Stage)
@@ -87,13 +89,20 @@ def test_registry_joins_figures_to_registered_stages():
     from experiments.app import registry
 
     names = [s.name for s in registry.STAGES]
-    assert names == ["real_data", "adversarial", "synthetic", "attacks", "verify_bounds"]
+    assert names == [
+        "real_data",
+        "adversarial",
+        "synthetic",
+        "attacks",
+        "verify_bounds",
+        "kim_tightness",
+    ]
     assert all(isinstance(s, Stage) for s in registry.STAGES)
     for fig in registry.FIGURES:
         assert any(fig.stage is s for s in registry.STAGES), fig.id
         assert callable(fig.draw_fn)
     ids = [f.id for f in registry.FIGURES]
-    assert len(ids) == len(set(ids)) == 11
+    assert len(ids) == len(set(ids)) == 12
     vb = registry.VERIFY_BOUNDS.presets["quick"]
     assert vb.options()["n_instances"] == 600
     with pytest.raises(ValueError, match="verify_bounds: setting n_instances must be an integer"):

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from experiments import adversarial, mass_splitting, real_data, synthetic, verify_bounds
+from experiments import (
+    adversarial,
+    kim_tightness,
+    mass_splitting,
+    real_data,
+    synthetic,
+    verify_bounds,
+)
 from experiments.stage import ModuleStage, Names, Stage, StageConfig
 from paper_figs import (
     fig_a_lipschitz_vs_R,
@@ -25,6 +32,7 @@ from paper_figs import (
     fig_f5_sqrt_n,
     fig_f6_mean_field,
     fig_f7_large_radius,
+    fig_kim_tightness,
     fig_theory_bounds,
 )
 
@@ -89,6 +97,7 @@ STAGES: tuple[Stage, ...] = (
     synthetic.STAGE,
     mass_splitting.STAGE,
     VERIFY_BOUNDS,
+    kim_tightness.STAGE,
 )
 
 
@@ -129,8 +138,8 @@ class Figure:
         return [Path(p) for p in self.draw_fn(src, out_dir)]
 
 
-#: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, and T for
-#: the theory figure).
+#: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, T for
+#: the theory figure, K for the tightness of Kim et al.'s bounds).
 FIGURES: tuple[Figure, ...] = (
     Figure("F1", fig_f1_lipschitz_vs_n.draw, real_data.STAGE, "real data: Lipschitz constant vs n"),
     Figure(
@@ -159,6 +168,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure("C", fig_c_mass_splitting.draw, mass_splitting.STAGE, "mass splitting", stage_dir=True),
     Figure("T", fig_theory_bounds.draw, VERIFY_BOUNDS, "bounds and regimes (theory)"),
+    Figure("K", fig_kim_tightness.draw, kim_tightness.STAGE, "tightness of Kim et al.'s bounds"),
 )
 
 
