@@ -50,8 +50,10 @@ PNorm = Literal[2, "inf"]
 
 #: Number of points of the grid on :math:`\log c` searched by :func:`l2_construction`.
 _C_GRID = 384
-#: Input entries up to which :func:`l2_jacobian_spectral_norm` builds the Jacobian.
+#: Input entries up to which :func:`l2_jacobian_spectral_norm` builds the Jacobian ...
 _DENSE_MAX = 1500
+#: ... provided entries x N^2 x head width stays below this (the memory of the vectorised jacrev).
+_DENSE_WORK = 2e7
 
 
 def _check_p(p: object) -> PNorm:
@@ -100,7 +102,8 @@ def _row_grads(X64: Tensor, p64: L2AttentionParams, coords: Tensor) -> Tensor:
     Xg = X64.clone().requires_grad_(True)
     F = l2_self_attention(Xg, p64)
     out = []
-    for chunk in coords.split(256):
+    N, k = X64.shape[0], p64.W_Q.shape[2]
+    for chunk in coords.split(max(1, min(256, int(_DENSE_WORK // (N * N * k))))):
         G = torch.zeros(chunk.shape[0], *F.shape, dtype=F.dtype, device=F.device)
         G[torch.arange(chunk.shape[0]), chunk[:, 0], chunk[:, 1]] = 1.0
         (g,) = torch.autograd.grad(F, Xg, G, retain_graph=True, is_grads_batched=True)
@@ -146,7 +149,8 @@ def l2_jacobian_inf_norm(
 def l2_jacobian_spectral_norm(X: Tensor, params: L2AttentionParams, *, tol: float = 1e-9) -> float:
     r"""A lower bound on :math:`\|DF(X)\|_2` that is exact up to ``tol`` (relative).
 
-    Dense SVD of the Jacobian up to 1500 input entries, Lanczos on Jacobian–vector products
+    Dense SVD of the Jacobian up to 1500 input entries (and :math:`ND\cdot N^2k\le2\cdot10^7`,
+    the memory of the vectorised ``jacrev``), Lanczos on Jacobian–vector products
     (:func:`meanfield.lipschitz.local_lipschitz_fn`) above. Either way the value is the norm
     :math:`\|DF(X)v\|` of an explicit unit vector (dense) or a Ritz value (Lanczos), never above the
     true norm in exact arithmetic, so it is a valid lower bound on the Lipschitz constant.
@@ -155,7 +159,10 @@ def l2_jacobian_spectral_norm(X: Tensor, params: L2AttentionParams, *, tol: floa
 
     p64 = _params64(params)
     X64 = _check_points(X, p64)
-    method = "dense" if X64.numel() <= _DENSE_MAX else "lanczos"
+    N, k = X64.shape[0], p64.W_Q.shape[2]
+    # jacrev vectorises one pullback per input entry over (N, N, k) intermediates
+    dense = X64.numel() <= _DENSE_MAX and X64.numel() * N * N * k <= _DENSE_WORK
+    method = "dense" if dense else "lanczos"
     est = local_lipschitz_fn(
         lambda Y: l2_self_attention(Y, p64), X64, method=method, tol=tol, upper="none", delta=None
     )
