@@ -162,9 +162,13 @@ def l2_jacobian_spectral_norm(X: Tensor, params: L2AttentionParams, *, tol: floa
     N, k = X64.shape[0], p64.W_Q.shape[2]
     # jacrev vectorises one pullback per input entry over (N, N, k) intermediates
     dense = X64.numel() <= _DENSE_MAX and X64.numel() * N * N * k <= _DENSE_WORK
-    method = "dense" if dense else "lanczos"
     est = local_lipschitz_fn(
-        lambda Y: l2_self_attention(Y, p64), X64, method=method, tol=tol, upper="none", delta=None
+        lambda Y: l2_self_attention(Y, p64),
+        X64,
+        method="dense" if dense else "lanczos",
+        tol=tol,
+        upper="none",
+        delta=None,
     )
     return float(est.lower)
 
@@ -349,9 +353,9 @@ def l2_construction(
                 best = (float(fv[j]), float(fine[j]), iu, b)
     value, c, iu, b = best
     u = U[iu]
-    lam = A @ u @ u
-    n0, _, parked = _split(N, layout, lam)
-    X = _construction_points(N, c, u, layout, lam)
+    lam_u = A @ u @ u
+    n0, _, parked = _split(N, layout, lam_u)
+    X = _construction_points(N, c, u, layout, lam_u)
     dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2Construction(
         X=X.to(dtype=dtype, device=dev),
@@ -417,7 +421,7 @@ def _fast_attention(Z: Tensor, maps: tuple[Tensor, Tensor, float]) -> Tensor:
     :func:`meanfield.attention.l2_self_attention`. Equal to it to rounding (tests).
     """
     WQ, AB, s = maps
-    out = 0.0
+    out = torch.zeros(Z.shape[:-1] + AB.shape[-1:], dtype=Z.dtype, device=Z.device)
     for h in range(WQ.shape[0]):
         Y = Z @ WQ[h]
         sq = Y.square().sum(-1)
@@ -429,7 +433,7 @@ def _fast_attention(Z: Tensor, maps: tuple[Tensor, Tensor, float]) -> Tensor:
 def _query_row(Z: Tensor, maps: tuple[Tensor, Tensor, float]) -> Tensor:
     r"""Output row of token 0, :math:`F_0(X)` for a batch (S, N, D): O(N) per sample."""
     WQ, AB, s = maps
-    out = 0.0
+    out = torch.zeros(Z.shape[:-2] + AB.shape[-1:], dtype=Z.dtype, device=Z.device)
     for h in range(WQ.shape[0]):
         Y = Z @ WQ[h]
         d2 = (Y - Y[..., :1, :]).square().sum(-1)  # (S, N)
@@ -539,7 +543,7 @@ def l2_lipschitz_lower(
         cons.append(l2_construction(p64, N, layout="symmetric"))
     scale = max(cs.c for cs in cons)
     starts = [cs.X.to(torch.float64) for cs in cons]
-    for _ in range(int(opts.n_restarts)):
+    for _ in range(int(opts.n_restarts or 0)):
         starts.append(scale * torch.randn(N, p64.D, generator=gen, dtype=torch.float64))
     Z0 = torch.stack(starts).to(p64.W_Q.device)
 
@@ -556,25 +560,27 @@ def l2_lipschitz_lower(
         cons_value = max(cons_vals)
         objective = _spectral_objective(f, Z0.shape, gen, power_iters)
 
+    steps = int(opts.steps or 0)
     Z = Z0.clone().requires_grad_(True)
     if p == 2:
         for _ in range(_WARMUP):  # converge the power iteration at the starts first
             objective(Z)
-    opt = torch.optim.Adam([Z], lr=float(opts.lr) * scale)
+    opt = torch.optim.Adam([Z], lr=float(opts.lr or _DEFAULTS.lr or 0.03) * scale)
     best = torch.full((Z.shape[0],), -math.inf, dtype=torch.float64)
     best_Z = Z0.clone()
-    for step in range(int(opts.steps) + 1):
+    for step in range(steps + 1):
         vals = objective(Z)
         v = torch.nan_to_num(vals.detach(), nan=-math.inf).cpu()
         better = v > best
         if bool(better.any()):
             best = torch.where(better, v, best)
             best_Z[better.to(best_Z.device)] = Z.detach()[better.to(best_Z.device)]
-        if step == int(opts.steps):
+        if step == steps:
             break
         opt.zero_grad()
         (-torch.where(torch.isfinite(vals), vals, torch.zeros_like(vals)).sum()).backward()
-        torch.nan_to_num_(Z.grad, nan=0.0, posinf=0.0, neginf=0.0)
+        if Z.grad is not None:
+            torch.nan_to_num_(Z.grad, nan=0.0, posinf=0.0, neginf=0.0)
         opt.step()
     k = int(best.argmax())
     X = best_Z[k]
