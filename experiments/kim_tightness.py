@@ -382,6 +382,12 @@ def _fmt(x: Any) -> str:
     return f"{x:.3g}"
 
 
+def _signed(x: Any) -> str:
+    if x is None or not math.isfinite(x):
+        return "+ –"
+    return f"{'−' if x < 0 else '+'} {abs(x):.3g}"
+
+
 def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     """Markdown for ``report.md``: per head, the table bound / lower bound / ratio at every N."""
     heads = load_heads(results_dir)
@@ -429,12 +435,15 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         lines += [
             "",
             f"Fits over N ≥ {f['lower_inf']['n_min']}: ∞-norm lower bound / K ≈ "
-            f"{_fmt(f['lower_inf_over_K']['slope_w0'])}·W₀((N−1)/e) + "
-            f"{_fmt(f['lower_inf_over_K'].get('intercept_w0'))} (the bound has slope 4); "
+            f"{_fmt(f['lower_inf_over_K']['slope_w0'])}·W₀((N−1)/e) "
+            f"{_signed(f['lower_inf_over_K'].get('intercept_w0'))} (the bound has slope 4); "
             f"against log N − log log N the slope is {_fmt(f['lower_inf']['slope_lnlnln'])}. "
-            f"Ratio ∞ grows like N^{_fmt(f['ratio_inf']['exponent'])}; "
-            f"2-norm lower bound like N^{_fmt(f['lower_2']['exponent'])}, ratio 2 like "
-            f"N^{_fmt(f['ratio_2']['exponent'])} (√N log N upper bound).",
+            f"Ratio ∞ goes from {_fmt(r['ratio_inf'][0])} (N = {r['n'][0]}) to "
+            f"{_fmt(r['ratio_inf'][-1])} (N = {r['n'][-1]}), like "
+            f"N^{_fmt(f['ratio_inf']['exponent'])}; the 2-norm lower bound grows like "
+            f"N^{_fmt(f['lower_2']['exponent'])} and the ratio of the recalled 2-norm bound goes "
+            f"from {_fmt(r['ratio_2'][0])} to {_fmt(_last_finite(r['ratio_2']))}, like "
+            f"N^{_fmt(f['ratio_2']['exponent'])} (the bound is √N log N).",
             "",
         ]
         if d["violations"]:
