@@ -209,13 +209,14 @@ def test_print_scale_follows_the_saved_width():
 
 # ------------------------------------------------------------------------- every figure
 def _stage_results(root: Path) -> Path:
-    from experiments import adversarial, invertible, synthetic
+    from experiments import adversarial, invertible, kim_tightness, synthetic
     from experiments import verify_bounds as vb
     from tests.test_attacks_cli import _tiny_results
 
     synthetic.run(root, "tiny", progress=False)
     invertible.run(root, "tiny", progress=False)
     vb.run(root, "tiny", progress=False, n_instances=12)
+    kim_tightness.run(root, "tiny", progress=False)
     try:
         import transformers  # noqa: F401
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from experiments import adversarial, invertible, mass_splitting, real_data, synthetic
+from experiments import adversarial, invertible, kim_tightness, mass_splitting, real_data, synthetic
 from experiments.runner import preset_config
 from experiments.stage import Names, Stage, StageConfig
 
@@ -70,7 +70,9 @@ def test_preset_config_accepts_typed_presets():
         preset_config({"quick": TOY}, "quick", {"tol": "x"})
 
 
-@pytest.mark.parametrize("module", [real_data, adversarial, synthetic, mass_splitting, invertible])
+@pytest.mark.parametrize(
+    "module", [real_data, adversarial, synthetic, mass_splitting, invertible, kim_tightness]
+)
 def test_every_stage_module_follows_the_contract(module):
     stage = module.STAGE
     assert isinstance(stage, Stage)
@@ -94,13 +96,14 @@ def test_registry_joins_figures_to_registered_stages():
         "attacks",
         "verify_bounds",
         "invertible",
+        "kim_tightness",
     ]
     assert all(isinstance(s, Stage) for s in registry.STAGES)
     for fig in registry.FIGURES:
         assert any(fig.stage is s for s in registry.STAGES), fig.id
         assert callable(fig.draw_fn)
     ids = [f.id for f in registry.FIGURES]
-    assert len(ids) == len(set(ids)) == 12
+    assert len(ids) == len(set(ids)) == 13
     vb = registry.VERIFY_BOUNDS.presets["quick"]
     assert vb.options()["n_instances"] == 600
     with pytest.raises(ValueError, match="verify_bounds: setting n_instances must be an integer"):

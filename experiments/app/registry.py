@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from experiments import (
     adversarial,
     invertible,
+    kim_tightness,
     mass_splitting,
     real_data,
     synthetic,
@@ -34,6 +35,7 @@ from paper_figs import (
     fig_f6_mean_field,
     fig_f7_large_radius,
     fig_invertible,
+    fig_kim_tightness,
     fig_theory_bounds,
 )
 
@@ -91,6 +93,7 @@ STAGES: tuple[Stage, ...] = (
     mass_splitting.STAGE,
     VERIFY_BOUNDS,
     invertible.STAGE,
+    kim_tightness.STAGE,
 )
 
 
@@ -132,7 +135,7 @@ class Figure:
 
 
 #: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, T for
-#: the theory figure, I for invertible attention).
+#: the theory figure, I for invertible attention, K for the tightness of Kim et al.'s bounds).
 FIGURES: tuple[Figure, ...] = (
     Figure("F1", fig_f1_lipschitz_vs_n.draw, real_data.STAGE, "real data: Lipschitz constant vs n"),
     Figure(
@@ -162,6 +165,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("C", fig_c_mass_splitting.draw, mass_splitting.STAGE, "mass splitting", stage_dir=True),
     Figure("T", fig_theory_bounds.draw, VERIFY_BOUNDS, "bounds and regimes (theory)"),
     Figure("I", fig_invertible.draw, invertible.STAGE, "invertible residual attention"),
+    Figure("K", fig_kim_tightness.draw, kim_tightness.STAGE, "tightness of Kim et al.'s bounds"),
 )
 
 

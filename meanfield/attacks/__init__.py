@@ -9,6 +9,10 @@ Subpackage layout (one concept per module):
   multi-start gradient ascent of the exact local constant, started from the constructions;
 * :mod:`~meanfield.attacks.splitting`: :func:`split_gain`, :func:`optimal_split_k` (formulas from
   :mod:`theory.bounds`, imported lazily), :func:`split_constant` and :func:`mass_splitting_attack`;
+* :mod:`~meanfield.attacks.l2_lower`: lower bounds on the :math:`\infty`- and 2-norm Lipschitz
+  constants of L2 attention (Kim et al.): :func:`l2_construction` (closed form),
+  :func:`l2_lipschitz_lower` (search), :func:`l2_jacobian_inf_norm`,
+  :func:`l2_jacobian_spectral_norm`;
 * ``_common`` (private): the multi-start ascent and :class:`SearchOptions`, the options every
   search takes (``n_restarts``, ``steps``, ``lr``, ``seed``).
 
@@ -49,6 +53,15 @@ from .constructions import (
     two_dirac,
     two_dirac_measure,
 )
+from .l2_lower import (
+    L2Construction,
+    L2LowerBound,
+    l2_construction,
+    l2_construction_value,
+    l2_jacobian_inf_norm,
+    l2_jacobian_spectral_norm,
+    l2_lipschitz_lower,
+)
 from .search import WorstCaseMeasure, WorstCaseSequence, worst_case_measure, worst_case_sequence
 from .splitting import (
     MassSplittingAttack,
@@ -62,6 +75,8 @@ from .splitting import (
 __all__ = [
     "LOG_MASS_FLOOR",
     "AdversarialSequence",
+    "L2Construction",
+    "L2LowerBound",
     "MassSplittingAttack",
     "OffAxisTwoAtoms",
     "Perturbation",
@@ -70,6 +85,11 @@ __all__ = [
     "WorstCaseMeasure",
     "WorstCaseSequence",
     "adversarial_sequence",
+    "l2_construction",
+    "l2_construction_value",
+    "l2_jacobian_inf_norm",
+    "l2_jacobian_spectral_norm",
+    "l2_lipschitz_lower",
     "mass_splitting_attack",
     "off_axis_two_atoms",
     "optimal_split_k",

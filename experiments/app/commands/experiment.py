@@ -122,7 +122,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         seed_default=None,
         progress=True,
     )
-    p.add_argument("stage", help="real_data, adversarial, synthetic, attacks or verify_bounds")
+    p.add_argument(
+        "stage", help="real_data, adversarial, synthetic, attacks, verify_bounds or kim_tightness"
+    )
     p.add_argument("--preset", default="quick", help="tiny, quick (default) or paper")
     p.add_argument(
         "--out",

@@ -1,0 +1,450 @@
+r"""Experiment stage ``kim_tightness``: the tightness in N of Kim et al.'s L2-attention bounds.
+
+For a few fixed heads of L2 multi-head attention (:func:`meanfield.attention.l2_self_attention`)
+and a logarithmic grid of sequence lengths N, the stage measures lower bounds on the global
+Lipschitz constants in the :math:`\infty`-norm and the 2-norm of the flattened input (the local
+Jacobian norm at inputs found by :func:`meanfield.attacks.l2_lipschitz_lower`, started from the
+closed-form construction of docs/theory.md §8a) and sets them against
+:func:`theory.bounds.kim_l2_upper` (p = ∞; p = 2 with ``wq_power`` 1 and 2). It records the
+ratio upper / lower, its growth with N, and a fit of the ∞-norm lower bound against the predicted
+growth :math:`\log N-\log\log N` (more precisely :math:`W_0((N - 1)/e)`).
+
+Results go to ``results_dir/"kim_tightness"``: one ``head_<name>.{npz,json}`` per head, written
+atomically once complete; a rerun skips a head whose files exist with the same configuration.
+docs/experiments.md, "Tightness of Kim et al.'s bounds".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ._threads import torch_threads
+from .results import load_json, load_npz, run_metadata, save_npz, write_json
+from .runner import preset_config
+from .stage import ModuleStage, Names, StageConfig, StageRun
+
+__all__ = [
+    "HEADS",
+    "NAME",
+    "PRESETS",
+    "STAGE",
+    "KimTightnessSettings",
+    "execute",
+    "fit_growth",
+    "head_params",
+    "head_results",
+    "load_heads",
+    "report_section",
+    "resolve",
+    "run",
+    "summary",
+]
+
+log = logging.getLogger("meanfield.kim_tightness")
+
+NAME = "kim_tightness"
+
+#: The heads: name -> (D, H, seed, description). Seed ``None``: every weight equal to 1 (the
+#: scalar head on which the ∞-norm construction is exact). Otherwise W^Q, W^V, W^O have
+#: independent N(0, 1/D) entries drawn from ``numpy.random.default_rng(seed)``.
+HEADS: Mapping[str, tuple[int, int, int | None, str]] = {
+    "scalar": (1, 1, None, "D = H = 1, W^Q = W^V = W^O = 1"),
+    "d4h1": (4, 1, 4, "D = 4, H = 1, random N(0, 1/D) weights (seed 4)"),
+    "d8h2": (8, 2, 8, "D = 8, H = 2, random N(0, 1/D) weights (seed 8)"),
+}
+
+
+@dataclass(frozen=True)
+class KimTightnessSettings(StageConfig):
+    """Settings of the ``kim_tightness`` stage.
+
+    ``heads`` are keys of :data:`HEADS`; ``n_values`` the sequence lengths; ``p2_max_n`` the
+    largest N for the 2-norm search (larger N are skipped there, every Jacobian product costing
+    O(N^2)); ``n_restarts`` and ``steps`` (∞-norm) and ``p2_restarts`` and ``p2_steps`` (2-norm)
+    the search options of :func:`meanfield.attacks.l2_lipschitz_lower`.
+    """
+
+    stage: ClassVar[str] = "kim_tightness"
+
+    heads: Names
+    n_values: tuple[int, ...]
+    p2_max_n: int
+    n_restarts: int
+    steps: int
+    p2_restarts: int
+    p2_steps: int
+    seed: int
+
+
+_PAPER_N = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+PRESETS: Mapping[str, KimTightnessSettings] = {
+    "tiny": KimTightnessSettings(
+        heads=("scalar", "d4h1"),
+        n_values=(2, 3, 5),
+        p2_max_n=5,
+        n_restarts=1,
+        steps=5,
+        p2_restarts=0,
+        p2_steps=3,
+        seed=0,
+    ),
+    "quick": KimTightnessSettings(
+        heads=("scalar", "d4h1", "d8h2"),
+        n_values=(2, 3, 4, 8, 16, 32, 64),
+        p2_max_n=32,
+        n_restarts=4,
+        steps=100,
+        p2_restarts=0,
+        p2_steps=10,
+        seed=0,
+    ),
+    "paper": KimTightnessSettings(
+        heads=("scalar", "d4h1", "d8h2"),
+        n_values=_PAPER_N,
+        p2_max_n=1024,
+        n_restarts=16,
+        steps=600,
+        p2_restarts=1,
+        p2_steps=40,
+        seed=0,
+    ),
+}
+
+
+# ------------------------------------------------------------------------------ the work
+def head_params(name: str) -> tuple[Any, dict[str, np.ndarray]]:
+    """The :class:`meanfield.L2AttentionParams` of head ``name`` and its weights as arrays."""
+    import torch
+
+    from meanfield.params import L2AttentionParams
+
+    if name not in HEADS:
+        raise ValueError(f"unknown head {name!r}; known: {', '.join(HEADS)}")
+    D, H, seed, _ = HEADS[name]
+    k = D // H
+    if seed is None:
+        WQ, WV, WO = np.ones((H, D, k)), np.ones((H, D, k)), np.ones((D, D))
+    else:
+        rng = np.random.default_rng(seed)
+        WQ = rng.standard_normal((H, D, k)) / math.sqrt(D)
+        WV = rng.standard_normal((H, D, k)) / math.sqrt(D)
+        WO = rng.standard_normal((D, D)) / math.sqrt(D)
+    t = {k_: torch.tensor(v, dtype=torch.float64) for k_, v in (("Q", WQ), ("V", WV), ("O", WO))}
+    return L2AttentionParams(t["Q"], t["V"], t["O"]), {"WQ": WQ, "WV": WV, "WO": WO}
+
+
+def _uppers(n: np.ndarray, D: int, H: int, W: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from theory.bounds import kim_l2_norms, kim_l2_upper
+
+    ninf = kim_l2_norms(W["WQ"], W["WV"], W["WO"], p="inf")
+    n2 = kim_l2_norms(W["WQ"], W["WV"], W["WO"], p=2)
+    return {
+        "upper_inf": np.asarray(kim_l2_upper(n, D=D, H=H, p="inf", **ninf), dtype=float),
+        "upper_2": np.asarray(kim_l2_upper(n, D=D, H=H, p=2, **n2), dtype=float),
+        "upper_2_wq2": np.asarray(kim_l2_upper(n, D=D, H=H, p=2, wq_power=2, **n2), dtype=float),
+        # the weight factor of the ∞-norm bound: upper_inf = (4 W0((N-1)/e) + 1/sqrt(k)) K_inf
+        "K_inf": np.float64(ninf["WO_norm"] * ninf["WQ_norms"].max() * ninf["WV_norms"].max()),
+    }
+
+
+def fit_growth(n: Any, y: Any, *, n_min: int = 8) -> dict[str, float]:
+    r"""Least-squares fits of ``y`` over ``n >= n_min``.
+
+    ``slope_lnlnln``: :math:`y\approx a(\log N-\log\log N)+b`; ``slope_w0``:
+    :math:`y\approx a\,W_0((N - 1)/e)+b` (the form inside Kim et al.'s ∞-norm bound);
+    ``exponent``: :math:`y\approx cN^{\alpha}` (log–log). NaN when fewer than 3 points.
+    """
+    from theory.lambert import lambertw
+
+    n = np.asarray(n, dtype=float)
+    y = np.asarray(y, dtype=float)
+    keep = (n >= n_min) & np.isfinite(y) & (y > 0)
+    out = {"slope_lnlnln": math.nan, "slope_w0": math.nan, "exponent": math.nan, "n_min": n_min}
+    if keep.sum() < 3:
+        return out
+    n, y = n[keep], y[keep]
+    x1 = np.log(n) - np.log(np.log(n))
+    x2 = np.asarray(lambertw((n - 1) / math.e), dtype=float)
+    out["slope_lnlnln"], out["intercept_lnlnln"] = (float(v) for v in np.polyfit(x1, y, 1))
+    out["slope_w0"], out["intercept_w0"] = (float(v) for v in np.polyfit(x2, y, 1))
+    out["exponent"] = float(np.polyfit(np.log(n), np.log(y), 1)[0])
+    return out
+
+
+def head_results(
+    out_dir: str | Path,
+    name: str,
+    *,
+    n_values: Sequence[int],
+    p2_max_n: int,
+    n_restarts: int,
+    steps: int,
+    p2_restarts: int,
+    p2_steps: int,
+    seed: int,
+) -> list[Path]:
+    """Measure head ``name`` on every N and write ``head_<name>.{npz,json}``."""
+    from meanfield.attacks import l2_construction, l2_lipschitz_lower
+
+    params, W = head_params(name)
+    D, H, _, label = HEADS[name]
+    n = np.asarray(n_values, dtype=np.int64)
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "lower_inf",
+            "construction_inf",
+            "construction_inf_symmetric",
+            "construction_inf_common",
+            "lower_2",
+            "construction_2",
+        )
+    }
+    with torch_threads(1):
+        for N in n_values:
+            N = int(N)
+            res = l2_lipschitz_lower(
+                params, N, p="inf", n_restarts=n_restarts, steps=steps, seed=seed
+            )
+            rows["lower_inf"].append(res.value)
+            rows["construction_inf"].append(res.construction_value)
+            sym = l2_construction(params, N, layout="symmetric").value if N >= 3 else math.nan
+            rows["construction_inf_symmetric"].append(sym)
+            rows["construction_inf_common"].append(
+                l2_construction(params, N, layout="common").value
+            )
+            if N <= p2_max_n:
+                r2 = l2_lipschitz_lower(
+                    params, N, p=2, n_restarts=p2_restarts, steps=p2_steps, seed=seed
+                )
+                rows["lower_2"].append(r2.value)
+                rows["construction_2"].append(r2.construction_value)
+            else:
+                rows["lower_2"].append(math.nan)
+                rows["construction_2"].append(math.nan)
+            log.info("%s N=%d: inf %.6g, 2 %.6g", name, N, res.value, rows["lower_2"][-1])
+    arrays: dict[str, Any] = {"n": n, **{k: np.asarray(v) for k, v in rows.items()}}
+    arrays.update(_uppers(n.astype(float), D, H, W))
+    for key in ("upper_inf", "upper_2", "upper_2_wq2"):
+        lower = arrays["lower_inf"] if key == "upper_inf" else arrays["lower_2"]
+        arrays[f"ratio_{key[6:]}"] = arrays[key] / lower
+    fits = {
+        "lower_inf": fit_growth(n, arrays["lower_inf"]),
+        "lower_inf_over_K": fit_growth(n, arrays["lower_inf"] / arrays["K_inf"]),
+        "lower_2": fit_growth(n, arrays["lower_2"]),
+        **{f"ratio_{k}": fit_growth(n, arrays[f"ratio_{k}"]) for k in ("inf", "2", "2_wq2")},
+    }
+    violations = [
+        {"bound": key, "N": int(N), "upper": float(u), "lower": float(lo)}
+        for key, low in (
+            ("upper_inf", "lower_inf"),
+            ("upper_2", "lower_2"),
+            ("upper_2_wq2", "lower_2"),
+        )
+        for N, u, lo in zip(n, arrays[key], arrays[low], strict=True)
+        if np.isfinite(lo) and lo > u
+    ]
+    config = {
+        "n_values": [int(v) for v in n_values],
+        "p2_max_n": p2_max_n,
+        "n_restarts": n_restarts,
+        "steps": steps,
+        "p2_restarts": p2_restarts,
+        "p2_steps": p2_steps,
+    }
+    doc = {
+        "kind": "kim_tightness",
+        "head": name,
+        "label": label,
+        "D": D,
+        "H": H,
+        "weights": {k: v.tolist() for k, v in W.items()},
+        "rows": {k: np.asarray(v).tolist() for k, v in arrays.items() if k != "K_inf"},
+        "K_inf": float(arrays["K_inf"]),
+        "fits": fits,
+        "violations": violations,
+        "metadata": run_metadata(seed=seed, device="cpu", dtype="float64", config=config),
+    }
+    out = Path(out_dir)
+    return [
+        save_npz(out / f"head_{name}.npz", **arrays),
+        write_json(out / f"head_{name}.json", doc),
+    ]
+
+
+# ----------------------------------------------------------------------------- the stage
+def _same_config(json_path: Path, config: Mapping[str, Any]) -> bool:
+    """Whether a finished head (``.json`` and ``.npz``) was produced with ``config``."""
+    if not (json_path.exists() and json_path.with_suffix(".npz").exists()):
+        return False
+    try:
+        recorded = load_json(json_path)["metadata"]["config"] or {}
+        load_npz(json_path.with_suffix(".npz"))
+    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        log.warning("%s: unreadable result (%s); computing it again", json_path, err)
+        return False
+    return all(recorded.get(k) == v for k, v in config.items())
+
+
+def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
+    config = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
+    config.update(overrides)
+    return config
+
+
+def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+    """The heads of ``config`` into ``out``, resumable per head (the stage contract; CPU only)."""
+    del run  # small dense problems on the CPU; no progress bar
+    heads = (config["heads"],) if isinstance(config["heads"], str) else tuple(config["heads"])
+    kwargs = {
+        "n_values": [int(v) for v in config["n_values"]],
+        "p2_max_n": int(config["p2_max_n"]),
+        "n_restarts": int(config["n_restarts"]),
+        "steps": int(config["steps"]),
+        "p2_restarts": int(config["p2_restarts"]),
+        "p2_steps": int(config["p2_steps"]),
+    }
+    files: list[Path] = []
+    for name in heads:
+        stem = out / f"head_{name}"
+        if _same_config(stem.with_suffix(".json"), kwargs):
+            files += [stem.with_suffix(".npz"), stem.with_suffix(".json")]
+            continue
+        files += head_results(out, name, seed=int(config["seed"]), **kwargs)
+    return files
+
+
+def load_heads(results_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The saved heads, ``name -> JSON document``, in the order of :data:`HEADS`."""
+    out = Path(results_dir) / NAME
+    docs = {}
+    for name in HEADS:
+        path = out / f"head_{name}.json"
+        if path.exists():
+            docs[name] = load_json(path)
+    return docs
+
+
+def summary(results_dir: str | Path) -> dict[str, Any]:
+    """Per head: the largest N, the lower bounds and ratios there, the fits and any violation."""
+    doc: dict[str, Any] = {}
+    for name, d in load_heads(results_dir).items():
+        r = d["rows"]
+        doc[name] = {
+            "label": d["label"],
+            "n_max": r["n"][-1],
+            "lower_inf": r["lower_inf"][-1],
+            "ratio_inf": r["ratio_inf"][-1],
+            "ratio_inf_min": float(np.nanmin(np.asarray(r["ratio_inf"], dtype=float))),
+            "ratio_2_wq2_last": _last_finite(r["ratio_2_wq2"]),
+            "fit_lower_inf_over_K_slope_w0": d["fits"]["lower_inf_over_K"]["slope_w0"],
+            "fit_lower_2_exponent": d["fits"]["lower_2"]["exponent"],
+            "violations": d["violations"],
+        }
+    return doc
+
+
+def _last_finite(v: Sequence[Any]) -> float:
+    a = np.asarray(v, dtype=float)
+    a = a[np.isfinite(a)]
+    return float(a[-1]) if a.size else math.nan
+
+
+def _fmt(x: Any) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.3g}"
+
+
+def _signed(x: Any) -> str:
+    if x is None or not math.isfinite(x):
+        return "+ –"
+    return f"{'−' if x < 0 else '+'} {abs(x):.3g}"
+
+
+def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
+    """Markdown for ``report.md``: per head, the table bound / lower bound / ratio at every N."""
+    heads = load_heads(results_dir)
+    figs = Path(figures_dir).name
+    lines = ["## Tightness of Kim et al.'s L2-attention bounds in N", ""]
+    if not heads:
+        return "\n".join(lines + ["No results."]) + "\n"
+    lines += [
+        "Lower bounds on the global Lipschitz constant of L2 multi-head attention in the ∞-norm "
+        "and the 2-norm of the flattened input: the Jacobian norm at an input found by a "
+        "multi-start search started from the closed-form construction of docs/theory.md §8a "
+        "(any input gives a valid lower bound). Ratio = Kim et al.'s upper bound / measured "
+        "lower bound; `p=2` is the bound as recalled (wq_power = 1), `p=2,WQ²` our repaired "
+        "candidate. The ∞-norm bound is (4 W₀((N−1)/e) + 1/√(D/H)) K with W₀((N−1)/e) ≈ "
+        "log N − log log N: the prediction is that the ∞-norm lower bound grows like "
+        "log N − log log N with slope 4K against W₀((N−1)/e), so the ∞ ratio tends to a "
+        "constant (1 on the scalar head), while the 2-norm ratio may grow.",
+        "",
+    ]
+    for d in heads.values():
+        r = d["rows"]
+        lines += [
+            f"**{d['label']}** (K = {_fmt(d['K_inf'])})",
+            "",
+            "| N | lower ∞ | upper ∞ | ratio ∞ | lower 2 | upper 2 | ratio 2 | upper 2,WQ² "
+            "| ratio 2,WQ² |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for i, N in enumerate(r["n"]):
+            cells = [
+                r[k][i]
+                for k in (
+                    "lower_inf",
+                    "upper_inf",
+                    "ratio_inf",
+                    "lower_2",
+                    "upper_2",
+                    "ratio_2",
+                    "upper_2_wq2",
+                    "ratio_2_wq2",
+                )
+            ]
+            lines.append(f"| {N} | " + " | ".join(_fmt(c) for c in cells) + " |")
+        f = d["fits"]
+        lines += [
+            "",
+            f"Fits over N ≥ {f['lower_inf']['n_min']}: ∞-norm lower bound / K ≈ "
+            f"{_fmt(f['lower_inf_over_K']['slope_w0'])}·W₀((N−1)/e) "
+            f"{_signed(f['lower_inf_over_K'].get('intercept_w0'))} (the bound has slope 4); "
+            f"against log N − log log N the slope is {_fmt(f['lower_inf']['slope_lnlnln'])}. "
+            f"Ratio ∞ goes from {_fmt(r['ratio_inf'][0])} (N = {r['n'][0]}) to "
+            f"{_fmt(r['ratio_inf'][-1])} (N = {r['n'][-1]}), like "
+            f"N^{_fmt(f['ratio_inf']['exponent'])}; the 2-norm lower bound grows like "
+            f"N^{_fmt(f['lower_2']['exponent'])} and the ratio of the recalled 2-norm bound goes "
+            f"from {_fmt(r['ratio_2'][0])} to {_fmt(_last_finite(r['ratio_2']))}, like "
+            f"N^{_fmt(f['ratio_2']['exponent'])} (the bound is √N log N).",
+            "",
+        ]
+        if d["violations"]:
+            lines += ["**Lower bound above an upper bound (finding):**", ""]
+            for v in d["violations"]:
+                lines.append(
+                    f"- `{v['bound']}` at N = {v['N']}: lower {_fmt(v['lower'])} > "
+                    f"upper {_fmt(v['upper'])}"
+                )
+            lines.append("")
+    lines += [f"![Kim tightness]({figs}/fig_kim_tightness.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
+#: The stage (experiments/stage.py contract).
+STAGE = ModuleStage.from_module(
+    __name__, "Tightness of Kim et al.'s L2-attention bounds", uses_device=False
+)
+#: Run the heads of a preset (:meth:`experiments.stage.ModuleStage.run`).
+run = STAGE.run
