@@ -8,15 +8,17 @@ dense Jacobian of a naive attention (the attention bracket), numpy SVDs of the s
 
 from __future__ import annotations
 
+import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from meanfield.profile import ModelProfile, model_blocks, profile_model
 
 from .models_fixtures import *  # noqa: F403  (fixtures: bert, bert_decoder, gpt2, llama, ...)
-from .models_fixtures import D64
+from .models_fixtures import D64, transformers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -196,3 +198,168 @@ def _rotate(z, rope):
     half = z.shape[-1] // 2
     rot = torch.cat([-z[..., half:], z[..., :half]], -1)
     return z * cos + rot * sin
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights, chain rule, matrix-free path, schema
+# ----------------------------------------------------------------------------------------------
+
+
+def _hf_weights(model, name, layer):
+    """The HF weight matrices in (out, in) layout, read independently of meanfield.profile."""
+    blk = _layer_modules(model)[layer]
+    if name == "gpt2":
+        d = blk.attn.c_attn.weight.shape[0]
+        q, k, v = blk.attn.c_attn.weight.detach().split(d, dim=1)
+        mats = {"q": q, "k": k, "v": v, "o": blk.attn.c_proj.weight, "up": blk.mlp.c_fc.weight}
+        mats["down"] = blk.mlp.c_proj.weight
+        return {key: w.detach().T for key, w in mats.items()}
+    if name == "llama":
+        a, m = blk.self_attn, blk.mlp
+        mods = {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "o": a.o_proj}
+        mods.update(gate=m.gate_proj, up=m.up_proj, down=m.down_proj)
+    else:
+        s = blk.attention.self
+        mods = {"q": s.query, "k": s.key, "v": s.value, "o": blk.attention.output.dense}
+        mods.update(up=blk.intermediate.dense, down=blk.output.dense)
+    return {key: mod.weight.detach() for key, mod in mods.items()}
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_gram_norms_bound_the_exact_svd(name, request):
+    model = request.getfixturevalue(name)
+    prof = profile_model(model, _ids(6), n=3, heads=False, end_to_end=False)
+    for layer, maps in prof.linear:
+        ref = _hf_weights(model, name, layer)
+        assert sorted(m.name for m in maps) == sorted(ref)
+        for m in maps:
+            W = ref[m.name].numpy()
+            exact = float(np.linalg.svd(W, compute_uv=False)[0])
+            assert m.shape == W.shape
+            assert m.sigma == pytest.approx(exact, rel=1e-12)
+            # certified: above the exact norm, and within the Gram/Cholesky rounding margin
+            assert exact <= m.upper <= exact * (1 + 1e-8)
+
+
+@pytest.mark.parametrize("name", ["bert_decoder", "gpt2", "llama"])
+def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64_softmax):
+    model = request.getfixturevalue(name)
+    n = 6
+    prof = profile_model(model, _ids(n + 1, seed=3), n=n, heads=False)
+    (c,) = prof.chains
+    e = c.end_to_end
+    assert c.layers == (0, 1) and c.bound_kind == "certified" and c.confidence == 1.0
+    recs = [prof.record(layer, n) for layer in c.layers]
+    assert c.product_value == pytest.approx(math.prod(r.block.value for r in recs), rel=1e-12)
+    assert c.product_bound == pytest.approx(math.prod(r.block.upper for r in recs), rel=1e-12)
+    # ||D(g o f)|| <= ||Dg|| ||Df||: the certified product above the end-to-end lower end
+    assert c.holds and e.lower <= c.product_bound
+    assert e.value <= c.product_value * (1 + 1e-9) and c.slack >= 1 - 1e-9
+    # the end-to-end value: dense reverse-mode Jacobian of the model's own two blocks
+    ids = _ids(n + 1, seed=3)[:n]
+    xs, _ = _hf_io(model, ids)
+    f0, f1 = _hf_block_fn(model, 0, ids), _hf_block_fn(model, 1, ids)
+    exact = _dense_norm(lambda x: f1(f0(x)), xs[0])
+    rtol = 1e-5 if name == "llama" else 1e-9
+    assert e.value == pytest.approx(exact, rel=rtol)
+    assert e.lower <= exact * (1 + rtol) <= e.upper * (1 + 2 * rtol)
+
+
+def test_matrix_free_path_and_hidden_state_input(gpt2):
+    """n d > 1500: Lanczos through autograd products; hidden states given directly."""
+    n = 26
+    xs, _ = _hf_io(gpt2, _ids(n, seed=5))
+    prof = profile_model(gpt2, xs[0], n=[n, 5], tol=1e-9, heads=False)
+    assert prof.ns == (5, n) and prof.settings["input"] == "hidden states"
+    rec = prof.record(0, n)
+    assert rec.block.method == "lanczos" and rec.block.converged
+    exact = _dense_norm(_hf_block_fn(gpt2, 0, _ids(n, seed=5)), xs[0])
+    assert rec.block.value == pytest.approx(exact, rel=1e-8)
+    assert rec.block.lower <= exact * (1 + 1e-12)
+    assert not math.isfinite(rec.block.upper) and rec.block.upper_prob >= exact
+    assert rec.attention.lower <= rec.attention.value <= rec.attention.upper
+    # n = 5 uses the first 5 rows; for a causal model they are the window of 5 tokens
+    exact5 = _dense_norm(_hf_block_fn(gpt2, 0, _ids(n, seed=5)[:5]), xs[0][:5])
+    assert prof.record(0, 5).block.value == pytest.approx(exact5, rel=1e-9)
+    (c5, c26) = prof.chains
+    assert c26.holds and c26.bound_kind == "probabilistic" and 0.99 < c26.confidence < 1
+    assert c5.bound_kind == "certified"
+
+
+def test_float32_follows_the_input(gpt2):
+    x = _hf_io(gpt2, _ids(6))[0][0]
+    p64 = profile_model(gpt2, x, n=6, layers=[1], heads=False)
+    p32 = profile_model(gpt2, x.float(), n=6, layers=[1], heads=False)
+    assert (p64.dtype, p32.dtype) == ("float64", "float32")
+    assert p32.record(1, 6).block.value == pytest.approx(p64.record(1, 6).block.value, rel=1e-4)
+    assert p64.chains and p64.chains[0].layers == (1,)
+
+
+def test_schema_layers_and_progress(llama):
+    events = []
+    prof = profile_model(
+        llama, _ids(10), n=[4, 8], layers=[1, 0, 1], progress=events.append, label="tiny"
+    )
+    assert prof.layers == (0, 1) and prof.model == "tiny"
+    assert [e.step for e in events] == list(range(7))  # 0 (plan), 2 n x 2 layers, 2 chains
+    assert all(e.total == 6 for e in events)
+    assert sum(e.cost for e in events) == pytest.approx(events[0].total_cost)
+    doc = json.loads(json.dumps(prof.to_dict()))
+    assert doc["kind"] == "profile" and doc["ns"] == [4, 8] and doc["layers"] == [0, 1]
+    assert {"model", "arch", "n_layers", "d", "n_heads", "causal", "dtype", "device"} <= set(doc)
+    assert len(doc["records"]) == 4 and len(doc["chains"]) == 2
+    r = doc["records"][0]
+    assert set(r) == {"layer", "n", "radius", "attention_radius", "attention", "block"}
+    assert len(r["attention"]["head_values"]) == 4
+    assert {"value", "lower", "upper", "upper_prob", "confidence", "method"} <= set(r["block"])
+    assert [m["name"] for m in doc["linear"][0]["maps"]] == [
+        "q",
+        "k",
+        "v",
+        "o",
+        "gate",
+        "up",
+        "down",
+    ]
+    assert {"product_value", "product_bound", "end_to_end", "holds", "slack"} <= set(
+        doc["chains"][0]
+    )
+    # one layer: the chain is that block itself
+    (c,) = profile_model(llama, _ids(4), n=4, layers=[1], heads=False).chains
+    assert c.product_value == pytest.approx(c.end_to_end.value, rel=1e-9)
+    with pytest.raises(ValueError, match="out of range"):
+        profile_model(llama, _ids(4), n=4, layers=[2])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n=11), "larger than the input"),
+        (dict(n=4, start=8), "larger than the input"),
+        (dict(n=0), "positive"),
+        (dict(n=4, tol=0.0), "tol"),
+    ],
+)
+def test_bad_input(gpt2, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        profile_model(gpt2, _ids(10), **kwargs)
+
+
+def test_n_beyond_positions(gpt2):
+    with pytest.raises(ValueError, match="64 positions"):
+        profile_model(gpt2, _ids(80), n=70)
+
+
+def test_layers_that_are_not_consecutive_have_no_chain():
+    cfg = transformers.GPT2Config(
+        n_embd=16, n_head=2, n_layer=3, vocab_size=100, n_positions=16, attn_implementation="eager"
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.GPT2Model(cfg).eval()
+    prof = profile_model(model, _ids(5), n=5, layers=[2, 0], heads=False)
+    assert prof.layers == (0, 2) and prof.chains == () and prof.dtype == "float64"
+    assert not prof.settings["end_to_end"]
+    # the input of layer 2 is block 1 applied to the input of layer 0 (the skipped block runs)
+    xs, _ = _hf_io(model, _ids(5))
+    assert prof.record(2, 5).radius == pytest.approx(float(xs[2].norm(dim=-1).max()), rel=1e-5)

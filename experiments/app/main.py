@@ -25,6 +25,7 @@ from .commands import (
     experiment,
     figures,
     lipschitz,
+    profile,
     reproduce,
     verify_bounds,
 )
@@ -32,7 +33,18 @@ from .commands import (
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: The commands, in the order ``meanfield --help`` lists them.
-COMMANDS = (demo, reproduce, experiment, figures, bound, derive, lipschitz, attack, verify_bounds)
+COMMANDS = (
+    demo,
+    reproduce,
+    experiment,
+    figures,
+    bound,
+    derive,
+    lipschitz,
+    attack,
+    verify_bounds,
+    profile,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
