@@ -301,6 +301,9 @@ class AttentionRecord:
         rounding included).
     upper_method : str
         ``"gram"`` (dense) or ``"block"`` (matrix-free block-norm bound).
+    upper_prob : float
+        Probabilistic upper end of the same run (Lanczos: holds with probability
+        ``1 - delta`` over the random start; dense: ``upper``).
     converged : bool
     n_matvec : int
     seconds : float
@@ -313,6 +316,7 @@ class AttentionRecord:
     lower: float
     upper: float
     upper_method: str
+    upper_prob: float
     converged: bool
     n_matvec: int
     seconds: float
@@ -654,6 +658,7 @@ def _attention(
         lower=_f(est.lower),
         upper=_f(est.upper),
         upper_method=est.upper_method,
+        upper_prob=_f(est.upper_prob) if est.upper_prob is not None else _f(est.upper),
         converged=bool(est.converged),
         n_matvec=int(est.n_matvec),
         seconds=time.perf_counter() - t0,
