@@ -124,6 +124,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             dtype=dtype,
             device=args.device,
             tol=args.tol,
+            krylov=args.krylov,
             seed=args.seed,
             label=loaded.label,
             progress=progress,
@@ -230,6 +231,13 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=_DTYPES, default="float64", help="default float64")
     p.add_argument(
         "--tol", type=float, default=1e-4, help="solver residual tolerance (default 1e-4)"
+    )
+    p.add_argument(
+        "--krylov",
+        type=int,
+        default=24,
+        help="Lanczos steps of each block and end-to-end run (default 24; fewer is faster, "
+        "but the probabilistic upper end needs about 16 or more)",
     )
     p.add_argument("--no-heads", action="store_true", help="skip the per-head brackets")
     p.add_argument(
