@@ -99,39 +99,39 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             axes[1].set_title(f"attention heads, n = {n_max}")
         ax = axes[-1]
         x = [r["layer"] for r in last]
-        ax.semilogy(
-            x,
-            [_num(r["block"]["value"]) for r in last],
-            "o-",
-            ms=2.5,
-            color=PALETTE["fit"],
-            label="block",
-        )
-        ax.semilogy(
-            x,
-            [_num(r["attention"]["value"]) for r in last],
-            "s-",
-            ms=2.5,
-            color=PALETTE["masked"],
-            label="attention",
-        )
-        ax.semilogy(
-            x,
-            [_num(r["attention"]["upper"]) for r in last],
-            "--",
-            color=PALETTE["bound"],
-            label="attention, certified upper",
-        )
+        curves = [
+            (
+                [_num(r["block"]["value"]) for r in last],
+                "block",
+                dict(fmt="o-", ms=2.5, color=PALETTE["fit"]),
+            ),
+            (
+                [_num(r["attention"]["value"]) for r in last],
+                "attention",
+                dict(fmt="s-", ms=2.5, color=PALETTE["masked"]),
+            ),
+            (
+                [_num(r["attention"]["upper"]) for r in last],
+                "attention, certified upper",
+                dict(fmt="--", color=PALETTE["bound"]),
+            ),
+        ]
+        for y, label, kw in curves:
+            kw = dict(kw)
+            ax.semilogy(x, y, kw.pop("fmt"), label=label, **kw)
+        finite = [v for y, _, _ in curves for v in y if math.isfinite(v) and v > 0]
+        if finite:  # room below the curves for the legend
+            ax.set_ylim(min(finite) / 60, max(finite) * 2)
         ax.set_xlabel("layer")
         ax.set_ylabel("local Lipschitz constant")
-        ax.legend(loc="best", frameon=False)
+        ax.legend(loc="lower right", frameon=False)
         chain = [c for c in doc.get("chains", []) if c["n"] == n_max]
         title = f"per layer, n = {n_max}"
         if chain:
             c = chain[0]
             title += (
-                f"\n$\\prod_\\ell$ = {_num(c['product_value']):.3g}, end-to-end = "
-                f"{_num(c['end_to_end']['value']):.3g}"
+                f"\nproduct of blocks {_num(c['product_value']):.3g}, "
+                f"end-to-end {_num(c['end_to_end']['value']):.3g}"
             )
         ax.set_title(title)
         fig.suptitle(f"{doc['model']}", fontsize=8.5)
