@@ -228,7 +228,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--start", type=int, default=0, help="token offset of the window (default 0)")
     p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
-    p.add_argument("--dtype", choices=_DTYPES, default="float64", help="default float64")
+    p.add_argument(
+        "--dtype",
+        choices=_DTYPES,
+        default="float64",
+        help="precision of the blocks and every estimate (default float64)",
+    )
     p.add_argument(
         "--tol", type=float, default=1e-4, help="solver residual tolerance (default 1e-4)"
     )
