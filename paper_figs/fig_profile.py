@@ -67,7 +67,7 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     heads = last[0]["attention"].get("head_values") is not None
     with style():
         ncols = 3 if heads else 2
-        widths = [1.0 + 0.15 * len(ns), 1.6, 2.2] if heads else [1.0 + 0.15 * len(ns), 2.2]
+        widths = [1.0 + 0.15 * len(ns), 1.5, 2.5] if heads else [1.0 + 0.15 * len(ns), 2.5]
         fig, axes = plt.subplots(
             1, ncols, figsize=(TWO_COLUMNS, 2.9), gridspec_kw={"width_ratios": widths}
         )
@@ -112,7 +112,7 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             ),
             (
                 [_num(r["attention"]["upper"]) for r in last],
-                "attention, certified upper",
+                "attention upper (certified)",
                 dict(fmt="--", color=PALETTE["bound"]),
             ),
         ]
