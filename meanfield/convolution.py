@@ -54,6 +54,7 @@ __all__ = [
     "zero_padding_grid",
 ]
 
+
 @dataclass(frozen=True, eq=False)
 class ConvSpectralResult:
     r"""Outcome of :func:`conv2d_spectral_upper`.

@@ -26,6 +26,7 @@ from .commands import (
     figures,
     invert,
     lipschitz,
+    profile,
     reproduce,
     verify_bounds,
 )
@@ -44,6 +45,7 @@ COMMANDS = (
     attack,
     verify_bounds,
     invert,
+    profile,
 )
 
 

@@ -1,0 +1,263 @@
+r"""The ``meanfield profile`` subcommand: a whole model, layer by layer (docs/profile.md).
+
+``meanfield profile MODEL --text FILE_OR_CORPUS --n 32 64 128`` loads ``MODEL`` (``minilm``,
+``smollm2``, ``gpt2-random``, ``bert-random``, a local checkpoint directory or a cached hub name;
+:func:`meanfield.models.load_model`, nothing downloaded), tokenizes the text once (``kjv``,
+``pydoc`` or a text file; :func:`experiments.corpora.corpus_token_ids`) and calls
+:func:`meanfield.profile.profile_model` on the window of ``n`` tokens from ``--start`` for each
+``n``. For each layer it reports the attention sublayer's certified bracket (and one per head),
+the whole block's Jacobian norm, the certified norms of the block's weight matrices, and the
+chain-rule product across layers against the measured end-to-end constant.
+
+It writes ``profile.json`` (atomically, with run metadata) and the heatmaps ``profile.png`` /
+``profile.pdf`` (:mod:`paper_figs.fig_profile`, drawn from the saved JSON) under ``--out``, and
+shows a cost-weighted progress bar on stderr (:class:`experiments.progress.CostProgress`). Bad
+input (an unknown model, ``n`` beyond the text or the model's positions) is a one-line error with
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from ..options import UsageError, add_common, add_device, check_device
+from .lipschitz import BUILT_IN_MODELS, _check_model_name
+
+__all__ = ["handle", "register", "show"]
+
+_DTYPES = ("float64", "float32")
+
+
+def parse_layers(specs: list[str] | None) -> list[int] | None:
+    """``["0", "3-5"]`` -> ``[0, 3, 4, 5]`` (``None`` stays ``None``: every layer)."""
+    if specs is None:
+        return None
+    out: list[int] = []
+    for spec in specs:
+        for part in str(spec).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                if "-" in part[1:]:
+                    a, b = part.split("-", 1)
+                    lo, hi = int(a), int(b)
+                    if hi < lo:
+                        raise ValueError
+                    out.extend(range(lo, hi + 1))
+                else:
+                    out.append(int(part))
+            except ValueError:
+                raise UsageError(
+                    f"--layers: expected integers or ranges like 3-7, got {part!r}"
+                ) from None
+    if not out:
+        raise UsageError("--layers is empty")
+    return out
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from meanfield.models import load_model, random_gpt2
+
+    if args.n_layer is not None:
+        if args.model != "gpt2-random":
+            raise UsageError("--n-layer only applies to gpt2-random")
+        if args.n_layer < 1:
+            raise UsageError(f"--n-layer must be a positive integer, got {args.n_layer}")
+        return random_gpt2(args.seed, n_layer=args.n_layer)
+    _check_model_name(args.model)
+    try:
+        return load_model(args.model, seed=args.seed)
+    except OSError as err:
+        raise UsageError(
+            " ".join(str(err).split()) + f"; built-in models: {', '.join(BUILT_IN_MODELS)}"
+        ) from err
+
+
+def handle(args: argparse.Namespace) -> dict[str, Any]:
+    """``meanfield profile``: profile every layer and write the JSON record and the heatmaps."""
+    import torch
+
+    from experiments.corpora import corpus_token_ids
+    from experiments.progress import CostProgress
+    from experiments.results import run_metadata, write_json
+    from meanfield.profile import profile_model
+
+    check_device(args.device)
+    if any(n < 1 for n in args.n):
+        raise UsageError(f"--n must be positive integers, got {args.n}")
+    if args.start < 0:
+        raise UsageError(f"--start must be >= 0, got {args.start}")
+    if not (math.isfinite(args.tol) and args.tol > 0):
+        raise UsageError(f"--tol must be a positive number, got {args.tol}")
+    layers = parse_layers(args.layers)
+    loaded = _load(args)
+    model, tok = loaded.model, loaded.tokenizer
+    if tok is None:
+        raise UsageError(f"{loaded.label} has no tokenizer available offline")
+    ids, corp = corpus_token_ids(args.text, tok, min_tokens=args.start + max(args.n))
+    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    tracker = CostProgress(desc="profile", enabled=not args.no_progress)
+    declared = False
+
+    def progress(ev: Any) -> None:
+        nonlocal declared
+        if not declared:
+            tracker.add("profile", cost=ev.total_cost, points=ev.total)
+            tracker.start_stage("profile")
+            declared = True
+        if ev.step > 0:
+            tracker.advance("profile", cost=ev.cost)
+
+    try:
+        prof = profile_model(
+            model,
+            ids,
+            n=args.n,
+            layers=layers,
+            heads=not args.no_heads,
+            end_to_end=not args.no_end_to_end,
+            start=args.start,
+            dtype=dtype,
+            device=args.device,
+            tol=args.tol,
+            krylov=args.krylov,
+            seed=args.seed,
+            label=loaded.label,
+            progress=progress,
+        )
+    finally:
+        tracker.close()
+    doc: dict[str, Any] = {
+        **prof.to_dict(),
+        "model_arg": args.model,
+        "provenance": dict(loaded.provenance),
+        "text": corp.label,
+        "n_text_tokens": int(ids.numel()),
+    }
+    out = Path(args.out)
+    config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
+    meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
+    path = write_json(out / "profile.json", {**doc, "metadata": meta})
+    files = [str(path)]
+    if not args.no_figure:
+        from paper_figs import fig_profile
+
+        files += [str(p) for p in fig_profile.draw(out, out)]
+    doc["files"] = files
+    return doc
+
+
+def _fmt(x: Any) -> str:
+    return "inf" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.4g}"
+
+
+def show(doc: dict[str, Any]) -> None:
+    """Human-readable summary of ``meanfield profile``."""
+    print(
+        f"profile of {doc['model']} ({doc['arch']}, {doc['n_layers']} layers, d = {doc['d']}, "
+        f"{doc['n_heads']} heads, {'causal' if doc['causal'] else 'bidirectional'}), "
+        f"{doc['dtype']} on {doc['device']}, text {doc['text']}; {doc['seconds']:.1f} s"
+    )
+    maxw = {e["layer"]: max(e["maps"], key=lambda m: m["upper"]) for e in doc.get("linear", [])}
+    for n in doc["ns"]:
+        print(f"n = {n}")
+        print(
+            f"  {'layer':>5} {'R':>8} {'attention [lower, upper]':>32} {'block':>10} "
+            f"{'block up':>10} {'max ||W||':>12}"
+        )
+        for r in (r for r in doc["records"] if r["n"] == n):
+            a, b = r["attention"], r["block"]
+            w = maxw.get(r["layer"])
+            ws = f"{w['upper']:.4g} ({w['name']})" if w else ""
+            print(
+                f"  {r['layer']:>5} {r['radius']:>8.3g} {a['value']:>10.4g} "
+                f"[{_fmt(a['lower']):>9}, {_fmt(a['upper']):>9}] {b['value']:>10.4g} "
+                f"{_fmt(b['upper_prob']):>10} {ws:>12}"
+            )
+        for c in (c for c in doc["chains"] if c["n"] == n):
+            e = c["end_to_end"]
+            print(
+                f"  chain rule, layers {c['layers'][0]}-{c['layers'][-1]}: product of block norms "
+                f"{_fmt(c['product_value'])} (upper {_fmt(c['product_bound'])}, {c['bound_kind']})"
+                f" >= end-to-end {_fmt(e['value'])}: {'holds' if c['holds'] else 'VIOLATED'}, "
+                f"slack x{_fmt(c['slack'])}"
+            )
+    for f in doc.get("files", []):
+        print(f"  wrote {f}")
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``profile``."""
+    p = sub.add_parser(
+        "profile",
+        help="whole-model profile: per-layer attention bracket, block norm, weights, chain rule",
+        description=(
+            "Profile every layer of a model on a window of text: the attention sublayer's "
+            "certified bracket (per head too), the whole block's Jacobian norm, the certified "
+            "norms of its weight matrices, and the chain-rule product against the end-to-end "
+            "constant (docs/profile.md). Writes profile.json and a heatmap figure."
+        ),
+    )
+    add_common(
+        p,
+        seed="seed of gpt2-random and bert-random and of the solvers' start vectors (default 0)",
+        progress=True,
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help=f"{', '.join(BUILT_IN_MODELS)}, or a local checkpoint directory",
+    )
+    p.add_argument(
+        "--text",
+        default="kjv",
+        metavar="FILE_OR_CORPUS",
+        help="kjv, pydoc or a text file (default kjv)",
+    )
+    p.add_argument("--n", type=int, nargs="+", default=[128], help="window lengths (default 128)")
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        default=None,
+        metavar="L",
+        help="layers to profile, e.g. 0 1 2 or 0-5 (default all; the chain rule needs a range)",
+    )
+    p.add_argument("--start", type=int, default=0, help="token offset of the window (default 0)")
+    p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
+    p.add_argument(
+        "--dtype",
+        choices=_DTYPES,
+        default="float64",
+        help="precision of the blocks and every estimate (default float64)",
+    )
+    p.add_argument(
+        "--tol", type=float, default=1e-4, help="solver residual tolerance (default 1e-4)"
+    )
+    p.add_argument(
+        "--krylov",
+        type=int,
+        default=24,
+        help="Lanczos steps of each block and end-to-end run (default 24; fewer is faster, "
+        "but the probabilistic upper end needs about 16 or more)",
+    )
+    p.add_argument("--no-heads", action="store_true", help="skip the per-head brackets")
+    p.add_argument(
+        "--no-end-to-end",
+        action="store_true",
+        help="skip the end-to-end Jacobian and the chain-rule check",
+    )
+    p.add_argument("--no-figure", action="store_true", help="write profile.json only")
+    p.add_argument(
+        "--n-layer",
+        dest="n_layer",
+        type=int,
+        default=None,
+        help="layers of gpt2-random (fewer is faster; default 12)",
+    )
+    add_device(p)
+    p.set_defaults(handler=handle, printer=show)
+    return p

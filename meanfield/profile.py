@@ -1,0 +1,989 @@
+r"""Whole-model profile: per-layer smoothness of a Hugging Face transformer (docs/profile.md).
+
+:func:`profile_model` walks the blocks of a BERT, GPT-2 or Llama-style model on one window of
+tokens (or on given hidden states) and reports, for each layer and each window length ``n``:
+
+* the **attention sublayer**'s local Lipschitz constant :math:`\|Df(X)\|_2` with its certified
+  bracket (:func:`meanfield.local_lipschitz`), at the hidden state entering the attention
+  (after the block's first norm for Pre-LN models), and optionally one bracket per head (head
+  :math:`h` through its own slice of the output projection);
+* the **whole block**'s Jacobian norm :math:`\|D\,\mathrm{block}_\ell(x_\ell)\|_2` (attention,
+  MLP, norms and residuals), matrix-free through autograd
+  (:func:`meanfield.local_lipschitz_fn`);
+* the **linear maps** of the block (Q, K, V, O, MLP up/gate/down): their exact spectral norms
+  and Gram-iteration upper bounds certified by a Cholesky test (independent of the input);
+* the **chain rule** across the profiled layers:
+  :math:`\|D(\mathrm{block}_L\circ\dots\circ\mathrm{block}_1)(x_1)\|\le\prod_\ell
+  \|D\,\mathrm{block}_\ell(x_\ell)\|`, the product of the per-block upper ends against the
+  measured end-to-end constant.
+
+Every block is rebuilt as a pure torch function from the model's weights, cast to the profile's
+dtype (float64 by default: the reference), with the toolkit's attention
+(:func:`meanfield.self_attention`) and the model's own causal mask; the tests check it against
+the model's own forward pass. The library draws no figure; the ``meanfield profile`` command
+writes the JSON record and the heatmaps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._spectral import spectral_norm_upper
+from .lipschitz import local_lipschitz, local_lipschitz_fn
+from .models.layers import (
+    HFAttention,
+    _arch,
+    _base,
+    _layers,
+    _max_positions,
+    hf_attention,
+    layer_info,
+)
+from .params import MultiHeadParams
+
+__all__ = [
+    "AttentionRecord",
+    "BlockRecord",
+    "ChainRecord",
+    "LayerRecord",
+    "LinearNorm",
+    "ModelProfile",
+    "ProfileProgress",
+    "TransformerBlock",
+    "model_blocks",
+    "profile_model",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure blocks
+# ----------------------------------------------------------------------------------------------
+
+
+def _activation(name: str) -> Callable[[Tensor], Tensor]:
+    """The MLP activation of ``config.hidden_act`` / ``activation_function``, as a pure function."""
+    table: dict[str, Callable[[Tensor], Tensor]] = {
+        "gelu": F.gelu,
+        "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "relu": F.relu,
+        "silu": F.silu,
+        "swish": F.silu,
+    }
+    if name not in table:
+        raise NotImplementedError(
+            f"MLP activation {name!r} is not supported (supported: {', '.join(sorted(table))})"
+        )
+    return table[name]
+
+
+@dataclass(frozen=True, eq=False)
+class _Linear:
+    """An affine map stored as ``W`` (out, in) and an optional bias."""
+
+    W: Tensor
+    b: Tensor | None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.W, self.b)
+
+
+@dataclass(frozen=True, eq=False)
+class _Norm:
+    """LayerNorm (with shift) or RMSNorm (``b is None`` and ``rms``)."""
+
+    w: Tensor
+    b: Tensor | None
+    eps: float
+    rms: bool
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.rms:
+            return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.w
+        return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+
+
+def _copy(t: Tensor | None, dtype: torch.dtype, device: Any) -> Tensor | None:
+    return None if t is None else t.detach().to(device=device, dtype=dtype).clone()
+
+
+def _lin(module: Any, dtype: torch.dtype, device: Any, *, conv1d: bool = False) -> _Linear:
+    W = module.weight.detach()
+    W = W.mT if conv1d else W  # Conv1D stores (in, out)
+    return _Linear(_copy(W, dtype, device), _copy(module.bias, dtype, device))
+
+
+def _norm(module: Any, dtype: torch.dtype, device: Any, *, rms: bool) -> _Norm:
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", 1e-5)
+    return _Norm(
+        _copy(module.weight, dtype, device),
+        None if rms else _copy(getattr(module, "bias", None), dtype, device),
+        float(eps),
+        rms,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class TransformerBlock:
+    r"""One transformer block of a Hugging Face model as a pure, differentiable torch map.
+
+    Calling it maps the hidden states entering the block, shape (..., n, d), to those leaving
+    it, in eval mode (no dropout), rotary positions ``0, ..., n-1``:
+
+    - BERT (Post-LN): :math:`a = \mathrm{LN}_1(x + \mathrm{MHSA}(x))`,
+      :math:`y = \mathrm{LN}_2(a + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}a))`;
+    - GPT-2 (Pre-LN): :math:`h = x + \mathrm{MHSA}(\mathrm{LN}_1 x)`,
+      :math:`y = h + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}\mathrm{LN}_2 h)`;
+    - Llama-style (Pre-RMSNorm, gated MLP): :math:`h = x + \mathrm{MHSA}(\mathrm{N}_1 x)`,
+      :math:`y = h + W_{\mathrm{down}}(\phi(W_{\mathrm{gate}}z)\odot W_{\mathrm{up}}z)`,
+      :math:`z = \mathrm{N}_2 h`;
+
+    with :math:`\mathrm{MHSA}` the attention with its output projection and biases
+    (:func:`meanfield.self_attention`; causal when the model is) and biases on every affine map
+    that has one.
+
+    Attributes
+    ----------
+    layer : int
+    arch : {"bert", "gpt2", "llama"}
+    attention : HFAttention
+        The attention sublayer (map ``"heads+WO"``).
+    linears : dict of str to (W, b)
+        The block's affine maps, ``W`` in (out, in) layout: ``q``, ``k``, ``v``, ``o``, ``up``,
+        ``down`` and (Llama) ``gate``.
+    """
+
+    layer: int
+    arch: str
+    attention: HFAttention
+    norm1: _Norm
+    norm2: _Norm
+    mlp: dict[str, _Linear]
+    act: Callable[[Tensor], Tensor]
+    linears: dict[str, tuple[Tensor, Tensor | None]] = field(default_factory=dict)
+
+    @property
+    def causal(self) -> bool:
+        """Whether the attention is masked (the model's own mask)."""
+        return self.attention.causal
+
+    def attention_input(self, x: Tensor) -> Tensor:
+        """The input of the attention sublayer: ``x`` (Post-LN) or the first norm of ``x``."""
+        return x if self.arch == "bert" else self.norm1(x)
+
+    def _mlp(self, z: Tensor) -> Tensor:
+        if "gate" in self.mlp:
+            return self.mlp["down"](self.act(self.mlp["gate"](z)) * self.mlp["up"](z))
+        return self.mlp["down"](self.act(self.mlp["up"](z)))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """The hidden states leaving the block."""
+        if self.arch == "bert":
+            a = self.norm1(x + self.attention(x))
+            return self.norm2(a + self._mlp(a))
+        h = x + self.attention(self.norm1(x))
+        return h + self._mlp(self.norm2(h))
+
+
+def _block(model: Any, arch: str, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
+    cfg = model.config
+    blk = _layers(model, arch)[layer]
+    att = hf_attention(model, layer, map="heads+WO", dtype=dtype).to(device=device)
+    if arch == "bert":
+        s = blk.attention.self
+        lin = {
+            "q": _lin(s.query, dtype, device),
+            "k": _lin(s.key, dtype, device),
+            "v": _lin(s.value, dtype, device),
+            "o": _lin(blk.attention.output.dense, dtype, device),
+        }
+        mlp = {
+            "up": _lin(blk.intermediate.dense, dtype, device),
+            "down": _lin(blk.output.dense, dtype, device),
+        }
+        n1 = _norm(blk.attention.output.LayerNorm, dtype, device, rms=False)
+        n2 = _norm(blk.output.LayerNorm, dtype, device, rms=False)
+        act = _activation(str(cfg.hidden_act))
+    elif arch == "gpt2":
+        d = att.info.d
+        c = _lin(blk.attn.c_attn, dtype, device, conv1d=True)  # (3d, d)
+        Wq, Wk, Wv = c.W.split(d, dim=0)
+        bq, bk, bv = (None, None, None) if c.b is None else c.b.split(d)
+        lin = {
+            "q": _Linear(Wq, bq),
+            "k": _Linear(Wk, bk),
+            "v": _Linear(Wv, bv),
+            "o": _lin(blk.attn.c_proj, dtype, device, conv1d=True),
+        }
+        mlp = {
+            "up": _lin(blk.mlp.c_fc, dtype, device, conv1d=True),
+            "down": _lin(blk.mlp.c_proj, dtype, device, conv1d=True),
+        }
+        n1 = _norm(blk.ln_1, dtype, device, rms=False)
+        n2 = _norm(blk.ln_2, dtype, device, rms=False)
+        act = _activation(str(cfg.activation_function))
+    else:
+        a = blk.self_attn
+        lin = {
+            "q": _lin(a.q_proj, dtype, device),
+            "k": _lin(a.k_proj, dtype, device),
+            "v": _lin(a.v_proj, dtype, device),
+            "o": _lin(a.o_proj, dtype, device),
+        }
+        m = blk.mlp
+        mlp = {
+            "gate": _lin(m.gate_proj, dtype, device),
+            "up": _lin(m.up_proj, dtype, device),
+            "down": _lin(m.down_proj, dtype, device),
+        }
+        n1 = _norm(blk.input_layernorm, dtype, device, rms=True)
+        n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True)
+        act = _activation(str(getattr(cfg, "hidden_act", "silu")))
+    linears = {k: (v.W, v.b) for k, v in {**lin, **mlp}.items()}
+    return TransformerBlock(layer, arch, att, n1, n2, mlp, act, linears)
+
+
+def model_blocks(
+    model: Any,
+    layers: Iterable[int] | None = None,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> tuple[TransformerBlock, ...]:
+    """The model's blocks as pure torch maps (:class:`TransformerBlock`), weights copied.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        BERT, GPT-2 or Llama-style (bare or with a head).
+    layers : iterable of int, optional
+        Default all.
+    dtype : torch.dtype, default torch.float64
+    device : torch.device or str, optional
+        Default the model's.
+
+    Returns
+    -------
+    tuple of TransformerBlock
+    """
+    arch = _arch(model)
+    n_layers = len(_layers(model, arch))
+    idx = _check_layers(layers, n_layers)
+    dev = device if device is not None else _model_device(model)
+    return tuple(_block(model, arch, layer, dtype, dev) for layer in idx)
+
+
+# ----------------------------------------------------------------------------------------------
+# Records
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionRecord:
+    r"""The attention sublayer's local constant at the hidden state entering it.
+
+    Attributes
+    ----------
+    value, lower, upper : float
+        Estimate and certified bracket of :math:`\|Df(X)\|_2` (:func:`local_lipschitz`,
+        rounding included).
+    upper_method : str
+        ``"gram"`` (dense) or ``"block"`` (matrix-free block-norm bound).
+    upper_prob : float
+        Probabilistic upper end of the same run (Lanczos: holds with probability
+        ``1 - delta`` over the random start; dense: ``upper``).
+    converged : bool
+    n_matvec : int
+    seconds : float
+    head_values, head_lowers, head_uppers : tuple of float, or None
+        Per head :math:`h`, the same bracket for the head through its slice :math:`W_h` of the
+        output projection (``None`` when heads were not profiled).
+    """
+
+    value: float
+    lower: float
+    upper: float
+    upper_method: str
+    upper_prob: float
+    converged: bool
+    n_matvec: int
+    seconds: float
+    head_values: tuple[float, ...] | None = None
+    head_lowers: tuple[float, ...] | None = None
+    head_uppers: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    r"""The whole block's Jacobian norm :math:`\|D\,\mathrm{block}(x)\|_2` (autograd products).
+
+    Attributes
+    ----------
+    value, lower : float
+        Estimate and a true lower end (:math:`\|Jv\|` of the returned unit vector).
+    upper : float
+        Certified upper end (``inf`` for matrix-free runs; the dense path certifies the Jacobian
+        as autograd computes it).
+    upper_prob : float
+        Upper end holding with probability ``confidence`` over the random start (Lanczos), or
+        ``upper`` (dense).
+    confidence : float
+    method : str
+        ``"dense"`` or ``"lanczos"``.
+    converged : bool
+    n_matvec : int
+    seconds : float
+    """
+
+    value: float
+    lower: float
+    upper: float
+    upper_prob: float
+    confidence: float
+    method: str
+    converged: bool
+    n_matvec: int
+    seconds: float
+
+    @property
+    def bound(self) -> float:
+        """The upper end used in the chain rule: ``upper`` if finite, else ``upper_prob``."""
+        return self.upper if math.isfinite(self.upper) else self.upper_prob
+
+
+@dataclass(frozen=True)
+class LinearNorm:
+    r"""Spectral norm of one weight matrix of a block.
+
+    Attributes
+    ----------
+    name : str
+        ``q``, ``k``, ``v``, ``o``, ``up``, ``gate`` or ``down``.
+    shape : tuple of int
+        (out, in).
+    sigma : float
+        Largest singular value, the square root of the top eigenvalue of the smaller Gram matrix
+        :math:`W^\top W` or :math:`WW^\top` (float64; an estimate, not a bound).
+    upper : float
+        Certified upper bound: ``sigma`` inflated by the rounding margin and proved by a Cholesky
+        test of :math:`s^2I-W^\top W\succeq0` (:func:`meanfield._spectral.spectral_norm_upper`,
+        whose Gram iteration is the fallback), rounding included.
+    """
+
+    name: str
+    shape: tuple[int, int]
+    sigma: float
+    upper: float
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One layer at one window length.
+
+    Attributes
+    ----------
+    layer, n : int
+    radius : float
+        Largest token norm of the hidden state entering the block.
+    attention_radius : float
+        Largest token norm entering the attention sublayer.
+    attention : AttentionRecord
+    block : BlockRecord
+    """
+
+    layer: int
+    n: int
+    radius: float
+    attention_radius: float
+    attention: AttentionRecord
+    block: BlockRecord
+
+
+@dataclass(frozen=True)
+class ChainRecord:
+    r"""The chain rule across the profiled layers at one window length.
+
+    Attributes
+    ----------
+    n : int
+    layers : tuple of int
+    product_value : float
+        :math:`\prod_\ell` of the block estimates.
+    product_bound : float
+        :math:`\prod_\ell` of the blocks' upper ends (:attr:`BlockRecord.bound`).
+    bound_kind : {"certified", "probabilistic"}
+        ``"probabilistic"`` when any factor is a Lanczos ``upper_prob``.
+    confidence : float
+        Probability that ``product_bound`` holds (union bound over the factors).
+    end_to_end : BlockRecord
+        The stack's own Jacobian norm at the first layer's input.
+    holds : bool
+        ``end_to_end.lower <= product_bound``: the chain rule, checked against a true lower end.
+    slack : float
+        ``product_value / end_to_end.value``: how much the layer-by-layer product overestimates.
+    """
+
+    n: int
+    layers: tuple[int, ...]
+    product_value: float
+    product_bound: float
+    bound_kind: str
+    confidence: float
+    end_to_end: BlockRecord
+    holds: bool
+    slack: float
+
+
+@dataclass(frozen=True)
+class ProfileProgress:
+    """What :func:`profile_model` passes to a ``progress`` callback after each step.
+
+    Attributes
+    ----------
+    step, total : int
+        Steps finished and planned (one per layer and window length, plus one end-to-end run per
+        window length).
+    label : str
+        E.g. ``"n=128 layer 3"`` or ``"n=128 end-to-end"``.
+    cost, total_cost : float
+        Estimated cost of this step and of the whole run (arbitrary units, for an ETA).
+    """
+
+    step: int
+    total: int
+    label: str
+    cost: float
+    total_cost: float
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Result of :func:`profile_model`.
+
+    Attributes
+    ----------
+    model : str
+        Label of the model.
+    arch : str
+    n_layers, d, n_heads : int
+    causal : bool
+    layers, ns : tuple of int
+        The profiled layers and window lengths.
+    dtype, device : str
+        Precision and device of every computation.
+    records : tuple of LayerRecord
+        One per (n, layer), ``n``-major.
+    linear : tuple of (int, tuple of LinearNorm)
+        Per layer, its weight matrices' norms.
+    chains : tuple of ChainRecord
+        One per ``n`` (empty when the layers are not consecutive).
+    settings : dict
+        ``tol``, ``delta``, ``seed``, ``heads``, ``start``, input kind.
+    seconds : float
+        Wall time of the whole profile.
+    """
+
+    model: str
+    arch: str
+    n_layers: int
+    d: int
+    n_heads: int
+    causal: bool
+    layers: tuple[int, ...]
+    ns: tuple[int, ...]
+    dtype: str
+    device: str
+    records: tuple[LayerRecord, ...]
+    linear: tuple[tuple[int, tuple[LinearNorm, ...]], ...]
+    chains: tuple[ChainRecord, ...]
+    settings: dict[str, Any]
+    seconds: float
+
+    def record(self, layer: int, n: int) -> LayerRecord:
+        """The record of ``layer`` at window length ``n``."""
+        for r in self.records:
+            if r.layer == layer and r.n == n:
+                return r
+        raise KeyError(f"no record for layer {layer} at n = {n}")
+
+    def chain(self, n: int) -> ChainRecord:
+        """The chain-rule record at window length ``n``."""
+        for c in self.chains:
+            if c.n == n:
+                return c
+        raise KeyError(f"no chain-rule record at n = {n}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dictionary (floats, ints, strings, lists; ``inf`` stays a float)."""
+
+        def conv(obj: Any) -> Any:
+            if hasattr(obj, "__dataclass_fields__"):
+                return {k: conv(getattr(obj, k)) for k in obj.__dataclass_fields__}
+            if isinstance(obj, dict):
+                return {str(k): conv(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [conv(v) for v in obj]
+            return obj
+
+        out = conv(self)
+        out["linear"] = [
+            {"layer": layer, "maps": [conv(m) for m in maps]} for layer, maps in self.linear
+        ]
+        out["kind"] = "profile"
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def _model_device(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _check_layers(layers: Iterable[int] | None, n_layers: int) -> tuple[int, ...]:
+    if layers is None:
+        return tuple(range(n_layers))
+    out = []
+    for layer in layers:
+        try:
+            i = operator.index(layer)
+        except TypeError:
+            i = None
+        if isinstance(layer, bool) or i is None:
+            raise ValueError(f"layers must be integers in [0, {n_layers}), got {layer!r}")
+        if not 0 <= i < n_layers:
+            raise ValueError(f"layer {i} is out of range: the model has layers 0 to {n_layers - 1}")
+        out.append(i)
+    if not out:
+        raise ValueError("layers is empty")
+    return tuple(sorted(set(out)))
+
+
+def _check_ns(n: int | Sequence[int]) -> tuple[int, ...]:
+    ns = (n,) if isinstance(n, int) else tuple(n)
+    if not ns:
+        raise ValueError("n is empty")
+    for v in ns:
+        if isinstance(v, bool) or int(v) != v or int(v) < 1:
+            raise ValueError(f"n must be positive integers, got {v!r}")
+    return tuple(sorted({int(v) for v in ns}))
+
+
+class _Captured(Exception):
+    """Raised by the capture hook to stop the forward pass early."""
+
+
+def _block_input(model: Any, arch: str, layer: int, ids: Tensor) -> Tensor:
+    """Hidden states entering block ``layer`` for one window of token ids (model's precision)."""
+    base = _base(model)
+    module = _layers(model, arch)[layer]
+    got: list[Tensor] = []
+
+    def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+        got.append((args[0] if args else kwargs["hidden_states"]).detach())
+        raise _Captured
+
+    ids = ids.reshape(1, -1).to(_model_device(model))
+    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
+    if arch == "bert" and int(getattr(model.config, "type_vocab_size", 0) or 0) > 0:
+        kwargs["token_type_ids"] = torch.zeros_like(ids)
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    was_training = base.training
+    try:
+        base.eval()
+        with torch.no_grad(), contextlib.suppress(_Captured):
+            base(input_ids=ids, **kwargs)
+    finally:
+        handle.remove()
+        base.train(was_training)
+    if not got:
+        raise RuntimeError(f"the forward pass never reached layer {layer}")
+    return got[0][0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Estimates
+# ----------------------------------------------------------------------------------------------
+
+
+def _f(x: Tensor) -> float:
+    return float(x.detach().to(torch.float64).cpu())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _attention(
+    X: Tensor, att: HFAttention, *, heads: bool, tol: float, seed: int, delta: float
+) -> AttentionRecord:
+    t0 = time.perf_counter()
+    kw = dict(masked=att.causal, tol=tol, seed=seed, delta=delta)
+    est = local_lipschitz(X, att.params, **kw)
+    hv = hl = hu = None
+    if heads:
+        p = att.params
+        ests = [
+            local_lipschitz(
+                X,
+                MultiHeadParams((p.heads[h],), W_O=p.head_projection(h)),
+                **kw,
+            )
+            for h in range(p.n_heads)
+        ]
+        hv = tuple(_f(e.value) for e in ests)
+        hl = tuple(_f(e.lower) for e in ests)
+        hu = tuple(_f(e.upper) for e in ests)
+    _sync(X.device)
+    return AttentionRecord(
+        value=_f(est.value),
+        lower=_f(est.lower),
+        upper=_f(est.upper),
+        upper_method=est.upper_method,
+        upper_prob=_f(est.upper_prob) if est.upper_prob is not None else _f(est.upper),
+        converged=bool(est.converged),
+        n_matvec=int(est.n_matvec),
+        seconds=time.perf_counter() - t0,
+        head_values=hv,
+        head_lowers=hl,
+        head_uppers=hu,
+    )
+
+
+def _jacobian(
+    fn: Callable[[Tensor], Tensor],
+    X: Tensor,
+    *,
+    tol: float,
+    seed: int,
+    delta: float,
+    krylov: int,
+) -> BlockRecord:
+    t0 = time.perf_counter()
+    # A fixed number of Lanczos steps (one cycle; tol = 0 never stops early, except at an exact
+    # breakdown) rather than stopping at ``tol``: the probabilistic upper end depends on the
+    # size of the Krylov space only, and needs ~16-32 steps to be finite and tight even when a
+    # large spectral gap makes the estimate converge in a few (docs/profile.md §3); ``tol``
+    # then only judges convergence.
+    est = local_lipschitz_fn(
+        fn, X, tol=0.0, max_iter=krylov, krylov_dim=krylov, seed=seed, delta=delta
+    )
+    _sync(X.device)
+    upper = _f(est.upper)
+    prob = _f(est.upper_prob) if est.upper_prob is not None else math.inf
+    value = _f(est.value)
+    converged = bool(torch.isfinite(est.residual)) and _f(est.residual) <= tol * value**2
+    return BlockRecord(
+        value=value,
+        lower=_f(est.lower),
+        upper=upper,
+        upper_prob=min(prob, upper),
+        confidence=1.0 if math.isfinite(upper) else float(est.confidence),
+        method=est.method,
+        converged=converged if est.method != "dense" else bool(est.converged),
+        n_matvec=int(est.n_matvec),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _linear_norms(block: TransformerBlock) -> tuple[LinearNorm, ...]:
+    out = []
+    for name, (W, _) in block.linears.items():
+        W64 = W.to(torch.float64)
+        Ws = W64 if W64.shape[0] >= W64.shape[1] else W64.mT
+        # the top eigenvalue of the smaller Gram matrix: sigma_1 to ~1e-15 relative, cheaper
+        # than an SVD; the certificate below does not depend on its accuracy
+        sigma = torch.linalg.eigvalsh(Ws.mT @ Ws)[-1].clamp_min(0).sqrt()
+        # Cholesky test of s^2 I - W^T W at sigma inflated by the rounding margin (Gram
+        # iteration only as the fallback): certified, and tight to ~1e-10
+        upper = spectral_norm_upper(W64, candidate=sigma, max_iter=0)
+        out.append(LinearNorm(name, (int(W.shape[0]), int(W.shape[1])), _f(sigma), _f(upper)))
+    return tuple(out)
+
+
+def _chain(
+    n: int, layers: tuple[int, ...], recs: list[LayerRecord], e2e: BlockRecord
+) -> ChainRecord:
+    log_value = sum(math.log(r.block.value) if r.block.value > 0 else -math.inf for r in recs)
+    log_bound = sum(math.log(r.block.bound) if r.block.bound > 0 else -math.inf for r in recs)
+    prob = any(not math.isfinite(r.block.upper) for r in recs)
+    fail = sum(1.0 - r.block.confidence for r in recs)
+    product_value = math.exp(log_value) if log_value < 709 else math.inf
+    product_bound = math.exp(log_bound) if log_bound < 709 else math.inf
+    slack = product_value / e2e.value if e2e.value > 0 else math.inf
+    return ChainRecord(
+        n=n,
+        layers=layers,
+        product_value=product_value,
+        product_bound=product_bound,
+        bound_kind="probabilistic" if prob else "certified",
+        confidence=max(0.0, 1.0 - fail),
+        end_to_end=e2e,
+        holds=bool(e2e.lower <= product_bound),
+        slack=slack,
+    )
+
+
+def _cost(n: int, d: int, d_ff: int, n_heads: int, heads: bool) -> float:
+    attn = n * n * d * (2 if heads else 1) + n * d * d
+    return float(attn + 3 * n * d * d_ff)
+
+
+# ----------------------------------------------------------------------------------------------
+# The profile
+# ----------------------------------------------------------------------------------------------
+
+
+def profile_model(
+    model: Any,
+    tokens_or_hidden: Tensor | Sequence[int],
+    *,
+    n: int | Sequence[int],
+    layers: Iterable[int] | None = None,
+    heads: bool = True,
+    end_to_end: bool = True,
+    start: int = 0,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    tol: float = 1e-4,
+    delta: float = 1e-6,
+    krylov: int = 24,
+    seed: int = 0,
+    label: str | None = None,
+    progress: bool | Callable[[ProfileProgress], None] = False,
+) -> ModelProfile:
+    r"""Profile every layer of a transformer: attention bracket, block norm, weights, chain rule.
+
+    For each window length ``n`` the hidden states :math:`x_{\ell_0}` entering the first
+    profiled layer are taken from the model's forward pass on the window (or from
+    ``tokens_or_hidden`` directly), then pushed through the pure blocks
+    (:func:`model_blocks`), :math:`x_{\ell+1}=\mathrm{block}_\ell(x_\ell)`, in ``dtype``; at each
+    layer the attention sublayer, the block and, once, the weight matrices are measured
+    (module docstring; docs/profile.md explains each number and what is certified).
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        BERT, GPT-2 or Llama-style (e.g. from :func:`meanfield.models.load_model`).
+    tokens_or_hidden : Tensor or sequence of int
+        Token ids, shape (N,): each ``n`` uses the window ``ids[start : start + n]`` with
+        positions restarting at 0. Or hidden states entering the first profiled layer, float
+        shape (N, d): each ``n`` uses the first ``n`` rows (``start`` is ignored).
+    n : int or sequence of int
+        Window lengths (each at most the model's positions and the input's length).
+    layers : iterable of int, optional
+        Layers to profile (default all). The layers between two profiled ones still run (to
+        carry the hidden states), unmeasured. The chain rule needs consecutive layers;
+        otherwise ``chains`` is empty.
+    heads : bool, default True
+        Also bracket each head (for a layer x head heatmap); costs about as much again.
+    end_to_end : bool, default True
+        Measure the stack's Jacobian norm and the chain rule.
+    start : int, default 0
+        Token offset of the window.
+    dtype : torch.dtype, optional
+        Precision of the blocks and every estimate: float hidden states keep their own; token
+        ids default to float64 (the reference).
+    device : torch.device or str, optional
+        Default: the hidden states' device, else the model's.
+    tol : float, default 1e-4
+        Residual tolerance: the attention's Lanczos runs stop there (:func:`local_lipschitz`);
+        the block and end-to-end runs take ``krylov`` steps and ``converged`` says whether
+        their residual meets it. Brackets do not depend on it being met.
+    delta : float, default 1e-6
+        Failure probability of each Lanczos ``upper_prob``.
+    krylov : int, default 24
+        Lanczos steps (two autograd products each) of every matrix-free block and end-to-end
+        run. The probabilistic upper end of a run needs enough of them: for ``n d`` = 73 728
+        (SmolLM2 at n = 128) and ``delta = 1e-6`` its factor over the estimate is infinite
+        below 12 steps, 1.3 at 16, 1.10 at 24 and 1.05 at 32.
+    seed : int, default 0
+        Seed of the solvers' start vectors.
+    label : str, optional
+        Model label for the record (default ``config._name_or_path`` or the class name).
+    progress : bool or callable, default False
+        ``True``: a tqdm bar on stderr; a callable receives a :class:`ProfileProgress` once
+        before the first step (``step = 0``, ``cost = 0``) and after each step.
+
+    Returns
+    -------
+    ModelProfile
+
+    Raises
+    ------
+    ValueError
+        When ``n`` exceeds the input's length or the model's positions, or for bad ``layers``.
+    NotImplementedError
+        For unsupported architectures or activations.
+    """
+    t_start = time.perf_counter()
+    arch = _arch(model)
+    n_layers = len(_layers(model, arch))
+    idx = _check_layers(layers, n_layers)
+    ns = _check_ns(n)
+    if not (math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number, got {tol}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if isinstance(krylov, bool) or int(krylov) != krylov or krylov < 2:
+        raise ValueError(f"krylov must be an integer >= 2, got {krylov!r}")
+    krylov = int(krylov)
+    info = layer_info(model, idx[0], map="heads+WO")
+    src = tokens_or_hidden
+    if not isinstance(src, Tensor):
+        src = torch.as_tensor(list(src), dtype=torch.long)
+    hidden = src.is_floating_point()
+    if hidden:
+        if src.ndim != 2 or src.shape[-1] != info.d:
+            raise ValueError(f"hidden states must have shape (N, {info.d}), got {tuple(src.shape)}")
+        dt = dtype if dtype is not None else src.dtype
+        dev = torch.device(device) if device is not None else src.device
+        length = int(src.shape[0])
+    else:
+        if src.ndim != 1:
+            raise ValueError(f"token ids must have shape (N,), got {tuple(src.shape)}")
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        dt = dtype if dtype is not None else torch.float64
+        dev = torch.device(device) if device is not None else _model_device(model)
+        length = int(src.numel()) - int(start)
+    max_pos = _max_positions(model, arch)
+    for v in ns:
+        if max_pos is not None and v > max_pos and not hidden:
+            raise ValueError(f"n = {v} exceeds the model's {max_pos} positions")
+        if v > length:
+            what = (
+                f"the hidden states have {length} tokens"
+                if hidden
+                else f"the text has {length} tokens from token {start}"
+            )
+            raise ValueError(f"n = {v} is larger than the input: {what}")
+    span = tuple(range(idx[0], idx[-1] + 1))
+    blocks = model_blocks(model, span, dtype=dt, device=dev)  # skipped layers still run
+    consecutive = idx == span
+    run_e2e = bool(end_to_end) and consecutive
+
+    d_ff = blocks[0].linears["up"][0].shape[0]
+    costs = [_cost(v, info.d, d_ff, info.n_heads, heads) for v in ns]
+    plan = [(f"n={v} layer {layer}", c) for v, c in zip(ns, costs) for layer in idx]
+    if run_e2e:
+        plan += [(f"n={v} end-to-end", c * len(idx)) for v, c in zip(ns, costs)]
+    total_cost = sum(c for _, c in plan)
+    bar = None
+    callback = progress if callable(progress) else None
+    if progress is True:
+        try:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(plan), desc="profile", leave=False)
+        except ImportError:  # pragma: no cover
+            bar = None
+    step = 0
+
+    def tick(label_: str, cost: float) -> None:
+        nonlocal step
+        step += 1
+        if bar is not None:
+            bar.set_postfix_str(label_, refresh=False)
+            bar.update(1)
+        if callback is not None:
+            callback(ProfileProgress(step, len(plan), label_, cost, total_cost))
+
+    if callback is not None:  # announce the plan before the first (long) step
+        callback(ProfileProgress(0, len(plan), "start", 0.0, total_cost))
+    linear = tuple((b.layer, _linear_norms(b)) for b in blocks if b.layer in idx)
+    records: list[LayerRecord] = []
+    chains: list[ChainRecord] = []
+    try:
+        for v, c in zip(ns, costs):
+            if hidden:
+                x = src[:v].to(device=dev, dtype=dt)
+            else:
+                window = src[int(start) : int(start) + v]
+                x = _block_input(model, arch, idx[0], window).to(device=dev, dtype=dt)
+            x_first = x
+            recs_n: list[LayerRecord] = []
+            for blk in blocks:
+                if blk.layer not in idx:
+                    with torch.no_grad():
+                        x = blk(x)
+                    continue
+                with torch.no_grad():
+                    Xa = blk.attention_input(x)
+                att = _attention(Xa, blk.attention, heads=heads, tol=tol, seed=seed, delta=delta)
+                jac = _jacobian(blk, x, tol=tol, seed=seed, delta=delta, krylov=krylov)
+                rec = LayerRecord(
+                    layer=blk.layer,
+                    n=v,
+                    radius=_f(x.norm(dim=-1).amax()),
+                    attention_radius=_f(Xa.norm(dim=-1).amax()),
+                    attention=att,
+                    block=jac,
+                )
+                recs_n.append(rec)
+                with torch.no_grad():
+                    x = blk(x)
+                if not bool(torch.isfinite(x).all()):
+                    raise FloatingPointError(
+                        f"hidden states leaving layer {blk.layer} are not finite in {dt}"
+                    )
+                tick(f"n={v} layer {blk.layer}", c)
+            records.extend(recs_n)
+            if run_e2e:
+
+                def stack(y: Tensor) -> Tensor:
+                    for b in blocks:
+                        y = b(y)
+                    return y
+
+                e2e = _jacobian(stack, x_first, tol=tol, seed=seed, delta=delta, krylov=krylov)
+                chains.append(_chain(v, idx, recs_n, e2e))
+                tick(f"n={v} end-to-end", c * len(idx))
+    finally:
+        if bar is not None:
+            bar.close()
+    name = label or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    return ModelProfile(
+        model=name,
+        arch=arch,
+        n_layers=n_layers,
+        d=info.d,
+        n_heads=info.n_heads,
+        causal=info.causal,
+        layers=idx,
+        ns=ns,
+        dtype=str(dt).replace("torch.", ""),
+        device=str(dev),
+        records=tuple(records),
+        linear=linear,
+        chains=tuple(chains),
+        settings={
+            "tol": float(tol),
+            "delta": float(delta),
+            "krylov": krylov,
+            "seed": int(seed),
+            "heads": bool(heads),
+            "start": None if hidden else int(start),
+            "input": "hidden states" if hidden else "token ids",
+            "end_to_end": run_e2e,
+        },
+        seconds=time.perf_counter() - t_start,
+    )
