@@ -186,9 +186,9 @@ def kim_l2_upper(
     wq_power : {1, 2}, default 1
         ``p=2`` only: the power of :math:`\|W^{Q,h}\|_2` inside the sum. ``1`` is the form as
         recalled in docs/theory.md §8, **refuted** by our verification harness for large
-        :math:`W^Q` (see Warnings); ``2`` is our repaired candidate
-        :math:`(\sum_h\|W^{Q,h}\|_2^4\|W^{V,h}\|_2^2)^{1/2}`, which never failed in the harness
-        but is not proved.
+        :math:`W^Q` (see Warnings); ``2`` is our repaired form
+        :math:`(\sum_h\|W^{Q,h}\|_2^4\|W^{V,h}\|_2^2)^{1/2}`, a global Lipschitz bound in the
+        Frobenius norm, **proved** in docs/derivations/invertible.md §2 (ours).
 
     Returns
     -------
@@ -210,8 +210,8 @@ def kim_l2_upper(
     :math:`\|DF\| = \|A_hW^{V,h}W^O\|` grows like :math:`\|W^Q\|^2` while the recalled bound
     grows like :math:`\|W^Q\|`. Counterexample found by ``meanfield verify-bounds``: :math:`N = 2`,
     :math:`D = H = 1`, :math:`W^Q = 2.32` (docs/theory.md §14). Either the recollection of the
-    theorem or of the definition is wrong; use ``wq_power=2`` until it is checked against the
-    paper. The ``p="inf"`` form is already quadratic in :math:`W^Q` and survived.
+    theorem or of the definition is wrong; use ``wq_power=2``, which is proved
+    (docs/derivations/invertible.md §2). The ``p="inf"`` form is already quadratic in :math:`W^Q` and survived.
     """
     if p not in (2, "inf"):
         raise ValueError(f"p must be 2 or 'inf', got {p!r}")

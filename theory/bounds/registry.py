@@ -438,11 +438,13 @@ BOUNDS: tuple[Bound, ...] = (
         note="Kim et al. Thm 3.2 as recalled, unverified", verified=True,
     ),
     Bound(
-        "kim_l2_upper[p=2,WQ^2]", "kim_l2_upper", "upper", _C, "ours; no proof", _S8,
+        "kim_l2_upper[p=2,WQ^2]", "kim_l2_upper", "upper", _T,
+        _DER + " (ours; proof in docs/derivations/invertible.md §2)", _S8,
         ("N",), "Kim et al.'s 2-norm form with ||W^{Q,h}|| squared",
         options=("D", "H", "WQ_norms", "WV_norms", "WO_norm", "variant"),
         fixed={"p": 2, "wq_power": 2},
-        note="ours: the p=2 form with ||W^{Q,h}||_2 squared (the map is quadratic in W^Q)",
+        note="ours: the p=2 form with ||W^{Q,h}||_2 squared, proved "
+        "(docs/derivations/invertible.md §2)",
         verified=True,
     ),
     Bound(
