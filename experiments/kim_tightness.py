@@ -385,7 +385,8 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         "multi-start search started from the closed-form construction of docs/theory.md §8a "
         "(any input gives a valid lower bound). Ratio = Kim et al.'s upper bound / measured "
         "lower bound; `p=2` is the bound as recalled (wq_power = 1), `p=2,WQ²` our repaired "
-        "candidate. The ∞-norm bound is (4 W₀((N−1)/e) + 1/√(D/H)) K with W₀((N−1)/e) ≈ "
+        "form (proved, docs/derivations/invertible.md §2). The ∞-norm bound is "
+        "(4 W₀((N−1)/e) + 1/√(D/H)) K with W₀((N−1)/e) ≈ "
         "log N − log log N: the prediction is that the ∞-norm lower bound grows like "
         "log N − log log N with slope 4K against W₀((N−1)/e), so the ∞ ratio tends to a "
         "constant (1 on the scalar head), while the 2-norm ratio may grow.",

@@ -6,7 +6,7 @@ docs/theory.md §8a, Kim et al.'s upper bound, and the predicted growth
 :math:`a(\log N-\log\log N)` with :math:`a` chosen so that it meets the lower bound at the largest
 :math:`N` (said so in the legend). Bottom row (2-norm): the measured lower bound on
 :math:`\mathrm{Lip}_2` against the 2-norm bound as recalled (``wq_power = 1``) and our repaired
-candidate (``wq_power = 2``).
+form (``wq_power = 2``, proved in docs/derivations/invertible.md §2).
 
 Reads ``<results>/kim_tightness/head_<name>.json`` written by :func:`experiments.kim_tightness.run`;
 no computation.
