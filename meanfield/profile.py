@@ -26,7 +26,6 @@ writes the JSON record and the heatmaps.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import time
@@ -40,10 +39,10 @@ from torch import Tensor
 
 from ._spectral import spectral_norm_upper
 from .lipschitz import local_lipschitz, local_lipschitz_fn
+from .models.capture import _model_device, _module_input
 from .models.layers import (
     HFAttention,
     _arch,
-    _base,
     _layers,
     _max_positions,
     hf_attention,
@@ -550,13 +549,6 @@ class ModelProfile:
 # ----------------------------------------------------------------------------------------------
 
 
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
 def _check_layers(layers: Iterable[int] | None, n_layers: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(n_layers))
@@ -586,36 +578,11 @@ def _check_ns(n: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in ns}))
 
 
-class _Captured(Exception):
-    """Raised by the capture hook to stop the forward pass early."""
-
-
 def _block_input(model: Any, arch: str, layer: int, ids: Tensor) -> Tensor:
     """Hidden states entering block ``layer`` for one window of token ids (model's precision)."""
-    base = _base(model)
+    token_types = arch == "bert" and int(getattr(model.config, "type_vocab_size", 0) or 0) > 0
     module = _layers(model, arch)[layer]
-    got: list[Tensor] = []
-
-    def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-        got.append((args[0] if args else kwargs["hidden_states"]).detach())
-        raise _Captured
-
-    ids = ids.reshape(1, -1).to(_model_device(model))
-    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
-    if arch == "bert" and int(getattr(model.config, "type_vocab_size", 0) or 0) > 0:
-        kwargs["token_type_ids"] = torch.zeros_like(ids)
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    was_training = base.training
-    try:
-        base.eval()
-        with torch.no_grad(), contextlib.suppress(_Captured):
-            base(input_ids=ids, **kwargs)
-    finally:
-        handle.remove()
-        base.train(was_training)
-    if not got:
-        raise RuntimeError(f"the forward pass never reached layer {layer}")
-    return got[0][0]
+    return _module_input(model, module, ids.reshape(1, -1), token_types, layer)[0]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -95,8 +95,16 @@ def _forward_capture(
     ids: Tensor,
     token_types: bool,
 ) -> Tensor:
+    return _module_input(model, _capture_module(model, arch, layer), ids, token_types, layer)
+
+
+def _module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer: int) -> Tensor:
+    """The hidden states entering ``module`` (of layer ``layer``) when ``model`` reads ``ids``.
+
+    A pre-hook records them and stops the forward pass there; the model runs in eval mode without
+    gradients and is restored to its training mode afterwards.
+    """
     base = _base(model)
-    module = _capture_module(model, arch, layer)
     captured: list[Tensor] = []
 
     def hook(mod: Any, args: tuple, kwargs: dict) -> None:
