@@ -200,7 +200,9 @@ def dot_product_lipschitz_upper(params: AttentionParams, n: int, radius: float) 
     n = int(n)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
-    bound = sqrt_n_upper(_spec(params.A), _spec(params.V), R, n, form="triangle")
+    A = params.A
+    assert A is not None  # AttentionParams.__post_init__ always sets A (from Q, K if need be)
+    bound = sqrt_n_upper(_spec(A), _spec(params.V), R, n, form="triangle")
     return float(bound) * (1.0 + _NORM_MARGIN)
 
 
@@ -238,6 +240,7 @@ def certified_lipschitz(
     if block.l2:
         if radius is not None:
             raise ValueError("the L2 bound is global: give no radius")
+        assert isinstance(block.params, L2AttentionParams)  # what block.l2 means
         return LipschitzCertificate(
             block.scale * l2_lipschitz_upper(block.params, n), "global", None, int(n)
         )
@@ -574,7 +577,9 @@ def dot_product_tie_input(params: AttentionParams, R: float, n: int) -> TieInput
     n = int(n)
     if n < 2:
         raise ValueError(f"n must be an integer >= 2, got {n}")
-    A = params.A.detach().to(torch.float64)
+    like = params.A
+    assert like is not None  # AttentionParams.__post_init__ always sets A
+    A = like.detach().to(torch.float64)
     V = params.V.detach().to(torch.float64)
     M = A.mT @ V
     evals, evecs = torch.linalg.eigh((M + M.mT) / 2)
@@ -586,7 +591,6 @@ def dot_product_tie_input(params: AttentionParams, R: float, n: int) -> TieInput
     signs = torch.tensor([1.0] * n_plus + [-1.0] * n_minus, dtype=torch.float64)
     X = torch.cat([torch.zeros(1, A.shape[0], dtype=torch.float64), R * signs[:, None] * w])
     kappa = (n - 1) / n - ((n_plus - n_minus) / n) ** 2
-    like = params.A
     return TieInput(
         X=X.to(dtype=like.dtype, device=like.device),
         w=w.to(dtype=like.dtype, device=like.device),

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._spectral import spectral_norm_upper
+from ._typing import Arch
 from .lipschitz import local_lipschitz, local_lipschitz_fn
 from .models.capture import _model_device, _module_input
 from .models.layers import (
@@ -112,23 +113,27 @@ class _Norm:
         return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
 
 
-def _copy(t: Tensor | None, dtype: torch.dtype, device: Any) -> Tensor | None:
-    return None if t is None else t.detach().to(device=device, dtype=dtype).clone()
+def _copy(t: Tensor, dtype: torch.dtype, device: Any) -> Tensor:
+    return t.detach().to(device=device, dtype=dtype).clone()
+
+
+def _copy_opt(t: Tensor | None, dtype: torch.dtype, device: Any) -> Tensor | None:
+    return None if t is None else _copy(t, dtype, device)
 
 
 def _lin(module: Any, dtype: torch.dtype, device: Any, *, conv1d: bool = False) -> _Linear:
     W = module.weight.detach()
     W = W.mT if conv1d else W  # Conv1D stores (in, out)
-    return _Linear(_copy(W, dtype, device), _copy(module.bias, dtype, device))
+    return _Linear(_copy(W, dtype, device), _copy_opt(module.bias, dtype, device))
 
 
 def _norm(module: Any, dtype: torch.dtype, device: Any, *, rms: bool) -> _Norm:
-    eps = getattr(module, "variance_epsilon", None)
+    eps: Any = getattr(module, "variance_epsilon", None)
     if eps is None:
         eps = getattr(module, "eps", 1e-5)
     return _Norm(
         _copy(module.weight, dtype, device),
-        None if rms else _copy(getattr(module, "bias", None), dtype, device),
+        None if rms else _copy_opt(getattr(module, "bias", None), dtype, device),
         float(eps),
         rms,
     )
@@ -196,7 +201,7 @@ class TransformerBlock:
         return h + self._mlp(self.norm2(h))
 
 
-def _block(model: Any, arch: str, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
+def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
     cfg = model.config
     blk = _layers(model, arch)[layer]
     att = hf_attention(model, layer, map="heads+WO", dtype=dtype).to(device=device)
@@ -578,7 +583,7 @@ def _check_ns(n: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in ns}))
 
 
-def _block_input(model: Any, arch: str, layer: int, ids: Tensor) -> Tensor:
+def _block_input(model: Any, arch: Arch, layer: int, ids: Tensor) -> Tensor:
     """Hidden states entering block ``layer`` for one window of token ids (model's precision)."""
     token_types = arch == "bert" and int(getattr(model.config, "type_vocab_size", 0) or 0) > 0
     module = _layers(model, arch)[layer]
@@ -603,7 +608,7 @@ def _attention(
     X: Tensor, att: HFAttention, *, heads: bool, tol: float, seed: int, delta: float
 ) -> AttentionRecord:
     t0 = time.perf_counter()
-    kw = dict(masked=att.causal, tol=tol, seed=seed, delta=delta)
+    kw: dict[str, Any] = dict(masked=att.causal, tol=tol, seed=seed, delta=delta)
     est = local_lipschitz(X, att.params, **kw)
     hv = hl = hu = None
     if heads:
@@ -663,7 +668,7 @@ def _jacobian(
         lower=_f(est.lower),
         upper=upper,
         upper_prob=min(prob, upper),
-        confidence=1.0 if math.isfinite(upper) else float(est.confidence),
+        confidence=1.0 if math.isfinite(upper) or est.confidence is None else est.confidence,
         method=est.method,
         converged=converged if est.method != "dense" else bool(est.converged),
         n_matvec=int(est.n_matvec),
