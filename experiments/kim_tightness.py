@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._threads import torch_threads
+from .markdown import number as _fmt
 from .results import load_json, load_npz, run_metadata, save_npz, write_json
 from .runner import preset_config
 from .stage import ModuleStage, Names, StageConfig, StageRun
@@ -358,12 +359,6 @@ def _last_finite(v: Sequence[Any]) -> float:
     a = np.asarray(v, dtype=float)
     a = a[np.isfinite(a)]
     return float(a[-1]) if a.size else math.nan
-
-
-def _fmt(x: Any) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{x:.3g}"
 
 
 def _signed(x: Any) -> str:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._threads import torch_threads
+from .markdown import number as _fmt
 from .results import load_json, load_npz, run_metadata, save_npz, write_json
 from .runner import Deferred, Sweep, preset_config, queued
 from .stage import ModuleStage, StageConfig, StageRun
@@ -585,12 +586,6 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
             }
         doc["mass_splitting"] = best
     return doc
-
-
-def _fmt(x: Any) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{x:.3g}"
 
 
 def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..markdown import number as _fmt
 from ..results import load_json, load_jsonl
 from .bounds import _free_power_law, fit_sqrt_n
 from .settings import CONFIGS, NAME, VARIANTS
@@ -153,12 +154,6 @@ def _fmt_c(fit: Mapping[str, Any]) -> str:
     if not sqrt_n_consistent(alpha):
         return f"– (not √n: α = {_fmt(alpha, '.2f')})"
     return _fmt(fit["C_fit"])
-
-
-def _fmt(x: Any, spec: str = ".3g") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return format(x, spec)
 
 
 def report_section(results_dir: Path, figures_dir: Path) -> str:
