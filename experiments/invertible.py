@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,15 @@ import numpy as np
 
 from ._threads import torch_threads
 from .markdown import number as _fmt
-from .results import load_json, load_npz, run_metadata, save_npz, write_json
+from .results import (
+    finished_config,
+    load_json,
+    load_npz,
+    run_metadata,
+    save_npz,
+    stage_result,
+    write_json,
+)
 from .runner import preset_config
 from .stage import ModuleStage, StageConfig, StageRun
 
@@ -286,16 +293,9 @@ def _sweep(config: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any
 
 # ----------------------------------------------------------------------------- the stage
 def _same_config(json_path: Path, config: dict[str, Any]) -> bool:
-    npz_path = json_path.with_suffix(".npz")
-    if not (json_path.exists() and npz_path.exists()):
-        return False
-    try:
-        recorded = load_json(json_path)["metadata"]["config"]
-        load_npz(npz_path)
-    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        log.warning("%s: unreadable result (%s); computing it again", json_path, err)
-        return False
-    return _norm(recorded) == _norm(config)
+    """Whether the finished result was produced with exactly ``config`` (see ``finished_config``)."""
+    recorded = finished_config(json_path)
+    return recorded is not None and _norm(recorded) == _norm(config)
 
 
 def _norm(v: Any) -> Any:
@@ -343,10 +343,8 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
 
 def load(results_dir: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The saved arrays and document; FileNotFoundError naming the stage when missing."""
-    stem = Path(results_dir) / NAME / NAME
-    if not (stem.with_suffix(".npz").exists() and stem.with_suffix(".json").exists()):
-        raise FileNotFoundError(f"{stem}.npz not found: run the '{NAME}' experiment first")
-    return load_npz(stem.with_suffix(".npz")), load_json(stem.with_suffix(".json"))
+    arrays = load_npz(stage_result(results_dir, NAME, f"{NAME}.npz"))
+    return arrays, load_json(stage_result(results_dir, NAME, f"{NAME}.json"))
 
 
 def summary(results_dir: str | Path) -> dict[str, Any]:

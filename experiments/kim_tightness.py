@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 
 from ._threads import torch_threads
 from .markdown import number as _fmt
-from .results import load_json, load_npz, run_metadata, save_npz, write_json
+from .results import finished_config, load_json, run_metadata, save_npz, write_json
 from .runner import preset_config
 from .stage import ModuleStage, Names, StageConfig, StageRun
 
@@ -285,15 +284,8 @@ def head_results(
 # ----------------------------------------------------------------------------- the stage
 def _same_config(json_path: Path, config: Mapping[str, Any]) -> bool:
     """Whether a finished head (``.json`` and ``.npz``) was produced with ``config``."""
-    if not (json_path.exists() and json_path.with_suffix(".npz").exists()):
-        return False
-    try:
-        recorded = load_json(json_path)["metadata"]["config"] or {}
-        load_npz(json_path.with_suffix(".npz"))
-    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        log.warning("%s: unreadable result (%s); computing it again", json_path, err)
-        return False
-    return all(recorded.get(k) == v for k, v in config.items())
+    recorded = finished_config(json_path)
+    return recorded is not None and all(recorded.get(k) == v for k, v in config.items())
 
 
 def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 
 from ._threads import torch_threads
 from .markdown import number as _fmt
-from .results import load_json, load_npz, run_metadata, save_npz, write_json
+from .results import finished_config, load_json, run_metadata, save_npz, write_json
 from .runner import Deferred, Sweep, preset_config, queued
 from .stage import ModuleStage, StageConfig, StageRun
 
@@ -445,21 +444,11 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 def _same_config(json_path: Path, config: dict[str, Any]) -> bool:
     """Whether a finished result (``.json`` and ``.npz``) was produced with ``config``.
 
-    A file that cannot be read is logged and computed again.
+    A file that cannot be read is logged and computed again; a setting the result did not record
+    does not count against it.
     """
-    npz_path = json_path.with_suffix(".npz")
-    if not (json_path.exists() and npz_path.exists()):
-        return False
-    try:
-        recorded = load_json(json_path)["metadata"]["config"] or {}
-        load_npz(npz_path)
-    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        log.warning(
-            "%s: unreadable result (%s: %s); computing it again",
-            json_path.with_suffix(""),
-            type(err).__name__,
-            " ".join(str(err).split()),
-        )
+    recorded = finished_config(json_path)
+    if recorded is None:
         return False
     for key, value in config.items():
         if key in recorded and _norm(recorded[key]) != _norm(value):

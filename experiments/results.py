@@ -11,10 +11,12 @@ import csv
 import datetime as _dt
 import io
 import json
+import logging
 import os
 import platform
 import subprocess
 import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,30 @@ def stage_result(results_dir: str | os.PathLike, stage: str, name: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the {stage!r} experiment first")
     return path
+
+
+def finished_config(json_path: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings recorded with a finished result: ``<stem>.json`` beside ``<stem>.npz``.
+
+    ``None`` when either file is missing, or when one cannot be read: that is logged, and the
+    caller computes the result again. Each stage decides which recorded settings must match.
+    """
+    json_path = Path(json_path)
+    npz_path = json_path.with_suffix(".npz")
+    if not (json_path.exists() and npz_path.exists()):
+        return None
+    try:
+        recorded = load_json(json_path)["metadata"]["config"] or {}
+        load_npz(npz_path)
+    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        logging.getLogger("experiments.results").warning(
+            "%s: unreadable result (%s: %s); computing it again",
+            json_path.with_suffix(""),
+            type(err).__name__,
+            " ".join(str(err).split()),
+        )
+        return None
+    return dict(recorded)
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
