@@ -41,6 +41,7 @@ from typing import Any, Protocol
 __all__ = [
     "DIST_EXTRA_HINT",
     "DaskExecutor",
+    "ExecutionTimes",
     "Executor",
     "Outcome",
     "PointError",
@@ -51,6 +52,7 @@ __all__ = [
     "clear_worker_cache",
     "default_cost",
     "forget_worker_cache",
+    "loading",
     "make_executor",
     "measured_rate",
     "order_by_cost",
@@ -179,6 +181,7 @@ class Outcome:
     status: str
     value: dict[str, Any] | None = None
     seconds: float = 0.0
+    load_seconds: float = 0.0
     error: str | None = None
     traceback: str | None = None
     worker: str | None = None
@@ -200,6 +203,8 @@ def call_task(
 ) -> dict[str, Any]:
     """Run ``fn(config)`` and time it; runs on the worker. Exceptions come back as data.
 
+    ``seconds`` is the task's time, ``load_seconds`` the part of it spent in :func:`loading`.
+
     With ``threads`` set and torch already loaded, the point runs on that many torch threads.
     Point functions that need a fixed thread count for reproducible results set it themselves
     (as the stages do with ``torch_threads``); local Dask workers start with the driver's
@@ -213,13 +218,14 @@ def call_task(
         cap = thread_cap()
         old = torch.get_num_threads()
         torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
-    t0 = time.perf_counter()
+    t0, loads = time.perf_counter(), _LOADS["seconds"]
     try:
         value = dict(fn(dict(config)))
     except Exception as err:  # noqa: BLE001 - any failure of the point is reported to the driver
         return {
             "status": "error",
             "seconds": time.perf_counter() - t0,
+            "load_seconds": _LOADS["seconds"] - loads,
             "error": _one_line(err),
             "traceback": traceback.format_exc(),
             "worker": f"pid {os.getpid()}",
@@ -231,12 +237,91 @@ def call_task(
         "status": "ok",
         "value": value,
         "seconds": time.perf_counter() - t0,
+        "load_seconds": _LOADS["seconds"] - loads,
         "worker": f"pid {os.getpid()}",
     }
 
 
 def _outcome(task: Task, raw: Mapping[str, Any]) -> Outcome:
     return Outcome(task=task, **raw)
+
+
+# ---- warm-up accounting -------------------------------------------------------------------
+_LOADS = {"seconds": 0.0, "count": 0}
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Time a load (a model, a tokenized text) in this process, as warm-up rather than work.
+
+    The stages wrap their loads in it; :func:`call_task` reports the seconds a task spent in
+    them (``load_seconds``), so that a run on several workers can tell the per-worker warm-up
+    from the work itself (docs/cluster.md, "Cost model").
+    """
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _LOADS["seconds"] += time.perf_counter() - t0
+        _LOADS["count"] += 1
+
+
+@dataclass
+class ExecutionTimes:
+    """Where the time of a run on an executor went: the warm-up apart from the work.
+
+    ``start_seconds``: starting the executor (a local cluster and its client, or the connection
+    to a scheduler). ``import_seconds``: per worker, importing the task functions' modules (torch
+    among them) before the first task. ``workers``: per worker, its ``tasks``, their ``seconds``
+    and the part of those spent loading models and texts (``load_seconds``, see
+    :func:`loading`). The warm-up of the run is taken as the start, the slowest worker's imports
+    and the mean worker's loads (they overlap across workers); docs/cluster.md, "Cost model".
+    """
+
+    start_seconds: float = 0.0
+    import_seconds: dict[str, float] = field(default_factory=dict)
+    workers: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, outcome: Outcome) -> None:
+        """Count one outcome against its worker."""
+        w = self.workers.setdefault(
+            outcome.worker or "unknown", {"tasks": 0, "seconds": 0.0, "load_seconds": 0.0}
+        )
+        w["tasks"] += 1
+        w["seconds"] += outcome.seconds
+        w["load_seconds"] += outcome.load_seconds
+
+    def warmup_seconds(self) -> float:
+        """Start + the slowest worker's imports + the mean worker's loads."""
+        loads = [w["load_seconds"] for w in self.workers.values()]
+        imports = max(self.import_seconds.values(), default=0.0)
+        return self.start_seconds + imports + (sum(loads) / len(loads) if loads else 0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (``reproduce.json``'s ``execution``)."""
+        return {
+            "start_seconds": self.start_seconds,
+            "import_seconds": dict(self.import_seconds),
+            "workers": {k: dict(v) for k, v in self.workers.items()},
+            "warmup_seconds": self.warmup_seconds(),
+            "task_seconds": sum(w["seconds"] for w in self.workers.values()),
+            "load_seconds": sum(w["load_seconds"] for w in self.workers.values()),
+        }
+
+
+def _import_modules(names: Sequence[str]) -> dict[str, Any]:
+    """Import ``names`` in this (worker) process; its pid and the seconds it took.
+
+    A module that cannot be imported by name (a function sent by value) is skipped: the task
+    brings it along.
+    """
+    import importlib
+
+    t0 = time.perf_counter()
+    for name in names:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    return {"pid": os.getpid(), "seconds": time.perf_counter() - t0}
 
 
 # ---- per-process cache --------------------------------------------------------------------
@@ -279,6 +364,7 @@ class Executor(Protocol):
     """Runs tasks and yields their outcomes as they complete (in any order)."""
 
     workers: int
+    times: ExecutionTimes
 
     def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
         """Run ``tasks`` (largest cost first) and yield one :class:`Outcome` per task."""
@@ -297,13 +383,16 @@ class SerialExecutor:
     def __init__(self, *, threads: int | None = None) -> None:
         self.threads = threads
         self.submitted: list[str] = []
+        self.times = ExecutionTimes()
 
     def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
         """Run each task in turn and yield its outcome."""
         ordered = order_by_cost(tasks)
         self.submitted = [t.key for t in ordered]
         for task in ordered:
-            yield _outcome(task, call_task(task.fn, task.config, self.threads))
+            outcome = _outcome(task, call_task(task.fn, task.config, self.threads))
+            self.times.add(outcome)
+            yield outcome
 
     def close(self) -> None:
         """Nothing to release."""
@@ -371,6 +460,9 @@ class DaskExecutor:
 
         if (workers is None) == (scheduler is None):
             raise ValueError("give exactly one of workers and scheduler")
+        t_start = time.perf_counter()
+        self.times = ExecutionTimes()
+        self._imported: set[str] = set()
         self.threads = threads
         self.cluster = None
         self.submitted: list[str] = []
@@ -432,6 +524,7 @@ class DaskExecutor:
             except BaseException:
                 self.cluster.close()
                 raise
+        self.times.start_seconds = time.perf_counter() - t_start
 
     @property
     def workers(self) -> int:
@@ -444,6 +537,7 @@ class DaskExecutor:
 
         ordered = order_by_cost(tasks)
         self.submitted = [t.key for t in ordered]
+        self._import_on_workers(t.fn for t in ordered)
         run = uuid.uuid4().hex[:8]
         futures = {}
         for rank, task in enumerate(ordered):
@@ -467,11 +561,30 @@ class DaskExecutor:
                 except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
                     yield Outcome(task=task, status="lost", error=_one_line(err))
                 else:
-                    yield _outcome(task, raw)
+                    outcome = _outcome(task, raw)
+                    self.times.add(outcome)
+                    yield outcome
                 fut.release()
         finally:
             if pending:  # the driver stopped early: do not leave work running for nobody
                 self.client.cancel([futures[k][0] for k in pending])
+
+    def _import_on_workers(self, fns: Iterable[Callable[..., Any]]) -> None:
+        """Import the modules of ``fns`` (not imported yet) on every worker, timed: warm-up."""
+        names = sorted({f.__module__ for f in fns} - self._imported)
+        if not names:
+            return
+        try:
+            done = self.client.run(_import_modules, ["torch", *names])
+        except Exception as err:  # noqa: BLE001 - the tasks import them anyway; only timing lost
+            log.warning("could not time the imports on the workers: %s", _one_line(err))
+            return
+        self._imported.update(names)
+        for info in done.values():
+            key = f"pid {info['pid']}"
+            self.times.import_seconds[key] = self.times.import_seconds.get(key, 0.0) + float(
+                info["seconds"]
+            )
 
     def call(
         self, fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]
@@ -492,7 +605,9 @@ class DaskExecutor:
             return Outcome(task=task, status="lost", error=_one_line(err))
         finally:
             fut.release()
-        return _outcome(task, raw)
+        outcome = _outcome(task, raw)
+        self.times.add(outcome)
+        return outcome
 
     def close(self) -> None:
         """Close the client and, when this executor started it, the local cluster."""

@@ -37,7 +37,9 @@ class MarkedExecutor(SerialExecutor):
             finally:
                 self.on_worker = False
             self.tasks += 1
-            yield _outcome(task, raw)
+            outcome = _outcome(task, raw)
+            self.times.add(outcome)
+            yield outcome
 
 
 @pytest.fixture
@@ -63,8 +65,13 @@ def _run(tmp_path, **kw):
 
 def test_distributed_driver_loads_no_model(tmp_path, counted):
     ex, loads = counted
-    status = _run(tmp_path, workers=2)
+    times: dict = {}
+    status = _run(tmp_path, workers=2, times=times)
     assert {k: e["status"] for k, e in status.items()} == dict.fromkeys(STAGES, "ok")
+    # the loads are timed apart from the work (docs/cluster.md, "Cost model")
+    assert times["rounds"] >= 1 and 0 < times["queue_seconds"]
+    assert 0 < times["load_seconds"] < times["task_seconds"]
+    assert times["workers"] and times["warmup_seconds"] >= times["load_seconds"]
     # the workers loaded the models (here: twice each, as the driver's end of a round drops
     # the run's workspace, which a real worker process keeps)
     assert ex.tasks > 0 and loads

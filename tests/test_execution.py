@@ -74,6 +74,18 @@ def cached_point(config):
     }
 
 
+def loading_point(config):
+    """Loads (timed by ``execution.loading``) for ``config["load"]`` seconds, then computes."""
+
+    def load():
+        with execution.loading():
+            time.sleep(config["load"])
+        return {"w": 1.0}
+
+    worker_cache(("slow", config["model"]), load)
+    return {"pid": os.getpid(), **toy_point(config)}
+
+
 def die_once(config):
     """Kill this worker process the first time (marker file absent), then compute."""
     marker = Path(config["marker"])
@@ -240,6 +252,27 @@ def test_worker_cache_loads_once_per_process() -> None:
     assert execution._CACHE_STATS == {"hits": 4, "misses": 2}
 
 
+def test_load_time_is_told_apart_from_the_work() -> None:
+    """call_task reports the seconds spent in loading(); the executor sums them per worker."""
+    execution.clear_worker_cache()
+    ex = SerialExecutor()
+    tasks = [
+        Task(str(i), loading_point, {"model": i % 2, "load": 0.05, "n": 2, "d": 3, "seed": i})
+        for i in range(4)
+    ]
+    out = {o.task.key: o for o in ex.map_unordered(tasks)}
+    assert all(o.ok for o in out.values())
+    loaded = [o for o in out.values() if o.load_seconds > 0]
+    assert len(loaded) == 2  # one load per model, in the first task that needs it
+    assert all(0.05 <= o.load_seconds <= o.seconds for o in loaded)
+    times = ex.times.as_dict()
+    ((worker, w),) = times["workers"].items()
+    assert worker == f"pid {os.getpid()}" and w["tasks"] == 4
+    assert w["load_seconds"] == pytest.approx(sum(o.load_seconds for o in out.values()))
+    assert times["warmup_seconds"] == pytest.approx(w["load_seconds"])  # no start, no imports
+    assert times["task_seconds"] == pytest.approx(sum(o.seconds for o in out.values()))
+
+
 def test_torn_record_repaired_and_killed_driver_resumes(tmp_path: Path) -> None:
     """A driver killed (SIGKILL) mid-run, plus a torn last line, then a rerun: every point once."""
     script = tmp_path / "driver.py"
@@ -362,6 +395,27 @@ def test_dask_worker_cache_once_per_worker(dask2) -> None:
         by_pid[o.value["pid"]] = by_pid.get(o.value["pid"], 0) + o.value["loaded"]
     assert all(v <= 1 for v in by_pid.values())
     assert os.getpid() not in by_pid  # ran in the workers, not in the driver
+
+
+def test_dask_warmup_is_timed_per_worker(dask2) -> None:
+    """Start, imports on every worker and each worker's loads are recorded apart from the work."""
+    tasks = [
+        Task(
+            str(i), loading_point, {"model": "m", "load": 0.2, "n": 2, "d": 3, "seed": i}, cost=1.0
+        )
+        for i in range(8)
+    ]
+    out = list(dask2.map_unordered(tasks))
+    assert all(o.ok for o in out), [o.error for o in out]
+    times = dask2.times.as_dict()
+    assert times["start_seconds"] > 0
+    assert len(times["import_seconds"]) == 2  # timed on both workers before the first task
+    pids = {f"pid {o.value['pid']}" for o in out}
+    for pid in pids:  # each worker that ran a task loaded the model once, in its first task
+        mine = [o for o in out if o.worker == pid]
+        assert sum(o.load_seconds > 0 for o in mine) == 1
+        assert times["workers"][pid]["load_seconds"] >= 0.2
+    assert times["warmup_seconds"] >= times["start_seconds"] + 0.2
 
 
 def test_dask_worker_killed_mid_run_is_retried(tmp_path: Path, dask2) -> None:

@@ -96,8 +96,11 @@ class _Workspace:
         self.heads: dict[tuple[str, str], dict[str, Any]] = {}
 
     def model(self, key: str, seed: int) -> Any:
+        from ..execution import loading
+
         if (key, seed) not in self.models:
-            self.models[(key, seed)] = _load(key, seed)
+            with loading():
+                self.models[(key, seed)] = _load(key, seed)
         return self.models[(key, seed)]
 
     def head(self, c: AdvConfig, settings: Mapping[str, Any], device: str) -> dict[str, Any]:
@@ -106,18 +109,21 @@ class _Workspace:
 
         from meanfield.models import hf_attention
 
+        from ..execution import loading
+
         if (c.id, device) not in self.heads:
             loaded = self.model(settings["model"], c.seed)
-            att = hf_attention(
-                loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64
-            )
-            att = att.to(device)
-            params = att.params
-            if not 0 <= settings["head"] < params.n_heads:
-                raise ValueError(
-                    f"{c.id}: head {settings['head']} out of range ({params.n_heads} heads)"
+            with loading():  # the layer's setup: once per process, like the model's load
+                att = hf_attention(
+                    loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64
                 )
-            facts = _head_facts(params)
+                att = att.to(device)
+                params = att.params
+                if not 0 <= settings["head"] < params.n_heads:
+                    raise ValueError(
+                        f"{c.id}: head {settings['head']} out of range ({params.n_heads} heads)"
+                    )
+                facts = _head_facts(params)
             self.heads[(c.id, device)] = {
                 "loaded": loaded,
                 "att": att,

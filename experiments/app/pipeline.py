@@ -110,6 +110,7 @@ def run_stages(
     workers: int | None = None,
     scheduler: str | None = None,
     catch: bool = True,
+    times: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run ``stages`` into ``results_dir``; return each stage's status, files and seconds.
 
@@ -125,6 +126,11 @@ def run_stages(
     a failing stage is recorded and the others go on; without, its exception propagates.
     One cost-weighted progress tracker covers the run (a bar on a terminal, else a log line per
     percent or per minute, whichever is rarer).
+
+    ``times``, when given and the points run on Dask, is filled with where the time went: the
+    executor's :class:`~experiments.execution.ExecutionTimes` (start, imports, per-worker task
+    and load seconds, the warm-up), the number of ``rounds`` and ``queue_seconds``, the time
+    spent running the queues (the rest is the stages' own passes in this process).
     """
     from experiments.execution import run_jobs
     from experiments.progress import CostProgress
@@ -176,6 +182,7 @@ def run_stages(
                 return status
             log.info("running the points on %r", executor)
             pending = list(stages)
+            queue_seconds, rounds = 0.0, 0
             for rnd in range(1, 1000):
                 if not pending:
                     break
@@ -207,6 +214,8 @@ def run_stages(
                     break
                 jobs = [j for js in queued.values() for j in js]
                 summary = run_jobs(jobs, executor, progress=tracker, on_error="record")
+                queue_seconds += summary.seconds
+                rounds = rnd
                 pending = []
                 for stage in waiting:
                     left = sum(len(j.sweep.unfinished(j.points)) for j in queued[stage.name])
@@ -224,6 +233,8 @@ def run_stages(
                     if not catch:
                         raise RuntimeError(f"{stage.name}: {msg}; rerun to resume")
                     finish(stage, None, msg)
+            if times is not None:
+                times.update(executor.times.as_dict(), rounds=rounds, queue_seconds=queue_seconds)
             return {s.name: status[s.name] for s in stages if s.name in status}
     finally:
         tracker.close()
@@ -292,6 +303,7 @@ def reproduce(
         for stage in stages:
             if seed is not None and "seed" in stage.presets[preset].options():
                 settings[stage.name] = {"seed": int(seed)}
+        times: dict[str, Any] = {}
         status = run_stages(
             stages,
             results_dir,
@@ -301,6 +313,7 @@ def reproduce(
             settings=settings,
             workers=workers,
             scheduler=scheduler,
+            times=times,
         )
         doc: dict[str, Any] = {
             "kind": "reproduce",
@@ -310,7 +323,7 @@ def reproduce(
             "experiments_seconds": time.perf_counter() - t_start,
         }
         if workers is not None or scheduler is not None:
-            doc["execution"] = {"workers": workers, "scheduler": scheduler}
+            doc["execution"] = {"workers": workers, "scheduler": scheduler, **times}
         if figures:
             t0 = time.perf_counter()
             doc["figures"] = draw_all(results_dir, figures_dir)

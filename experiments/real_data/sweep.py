@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..execution import forget_worker_cache
+from ..execution import forget_worker_cache, loading
 from ..results import load_json, write_json
 from ..runner import Deferred, Sweep, point_key, queued, remote, submit_jobs
 from ..stage import StageRun
@@ -47,7 +47,8 @@ class _Workspace:
     def model(self, key: str) -> Any:
         if key not in self.models:
             t0 = time.perf_counter()
-            self.models[key] = _load(key, self.seed)
+            with loading():
+                self.models[key] = _load(key, self.seed)
             log.info("loaded %s in %.1f s", key, time.perf_counter() - t0)
         return self.models[key]
 
@@ -59,7 +60,8 @@ class _Workspace:
             lm = self.model(key)
             if lm.tokenizer is None:
                 raise ValueError(f"model {key!r} has no tokenizer available offline")
-            ids, corp = corpus_token_ids(corpus, lm.tokenizer, min_tokens=need)
+            with loading():
+                ids, corp = corpus_token_ids(corpus, lm.tokenizer, min_tokens=need)
             if ids.numel() < need:
                 raise ValueError(
                     f"corpus {corpus!r} has {ids.numel()} tokens for {key}, the grid needs {need}"
@@ -72,8 +74,9 @@ class _Workspace:
 
         if config.id not in self.maps:
             lm = self.model(config.model)
-            att = hf_attention(lm.model, config.layer, map=config.map, dtype=self.dtype)
-            self.maps[config.id] = att.to(self.device)
+            with loading():
+                att = hf_attention(lm.model, config.layer, map=config.map, dtype=self.dtype)
+                self.maps[config.id] = att.to(self.device)
         return self.maps[config.id]
 
 

@@ -79,6 +79,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     check_execution(args)
     results = Path(args.out)
     t0 = time.perf_counter()
+    times: dict[str, Any] = {}
     with exclusive_run(results):
         status = run_stages(
             [stage],
@@ -90,6 +91,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             workers=args.workers,
             scheduler=args.scheduler,
             catch=False,
+            times=times,
         )
     files = status[stage.name]["files"]
     doc.update(
@@ -98,6 +100,8 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         files=[str(p) for p in files],
         summary=stage.summary(results),
     )
+    if times:
+        doc["execution"] = times
     return doc
 
 
