@@ -302,7 +302,7 @@ class ExecutionTimes:
         return {
             "start_seconds": self.start_seconds,
             "import_seconds": dict(self.import_seconds),
-            "workers": {k: dict(v) for k, v in self.workers.items()},
+            "per_worker": {k: dict(v) for k, v in self.workers.items()},
             "warmup_seconds": self.warmup_seconds(),
             "task_seconds": sum(w["seconds"] for w in self.workers.values()),
             "load_seconds": sum(w["load_seconds"] for w in self.workers.values()),

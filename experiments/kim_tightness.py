@@ -11,6 +11,8 @@ growth :math:`\log N-\log\log N` (more precisely :math:`W_0((N - 1)/e)`).
 
 Results go to ``results_dir/"kim_tightness"``: one ``head_<name>.{npz,json}`` per head, written
 atomically once complete; a rerun skips a head whose files exist with the same configuration.
+Each (head, N) is a point of the sweep ``head_<name>_points.jsonl`` (:func:`kim_point`), queued
+with the other stages' points in a distributed run and resumed point by point.
 docs/experiments.md, "Tightness of Kim et al.'s bounds".
 """
 
@@ -28,7 +30,7 @@ import numpy as np
 from ._threads import torch_threads
 from .markdown import number as _fmt
 from .results import finished_config, load_json, run_metadata, save_npz, write_json
-from .runner import preset_config
+from .runner import Deferred, Sweep, preset_config, queued
 from .stage import ModuleStage, Names, StageConfig, StageRun
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "fit_growth",
     "head_params",
     "head_results",
+    "kim_point",
     "load_heads",
     "report_section",
     "resolve",
@@ -180,6 +183,65 @@ def fit_growth(n: Any, y: Any, *, n_min: int = 8) -> dict[str, float]:
     return out
 
 
+_ROWS = (
+    "lower_inf",
+    "construction_inf",
+    "construction_inf_symmetric",
+    "construction_inf_common",
+    "lower_2",
+    "construction_2",
+)
+
+
+def kim_point(cfg: Mapping[str, Any]) -> dict[str, float]:
+    """One N of one head: the row of ``head_<name>``, the stage's top-level task (docs/cluster.md).
+
+    ``cfg`` holds ``head`` and ``N`` (the point) and the search settings ``p2_max_n``,
+    ``n_restarts``, ``steps``, ``p2_restarts``, ``p2_steps`` and ``seed``; one torch thread. NaN
+    where a quantity is not measured (the 2-norm above ``p2_max_n``, the symmetric layout at
+    N < 3).
+    """
+    from meanfield.attacks import l2_construction, l2_lipschitz_lower
+
+    name, N, seed = cfg["head"], int(cfg["N"]), int(cfg["seed"])
+    params, _ = head_params(name)
+    with torch_threads(1):
+        res = l2_lipschitz_lower(
+            params, N, p="inf", n_restarts=cfg["n_restarts"], steps=cfg["steps"], seed=seed
+        )
+        row = {
+            "lower_inf": res.value,
+            "construction_inf": res.construction_value,
+            "construction_inf_symmetric": (
+                l2_construction(params, N, layout="symmetric").value if N >= 3 else math.nan
+            ),
+            "construction_inf_common": l2_construction(params, N, layout="common").value,
+            "lower_2": math.nan,
+            "construction_2": math.nan,
+        }
+        if N <= cfg["p2_max_n"]:
+            r2 = l2_lipschitz_lower(
+                params, N, p=2, n_restarts=cfg["p2_restarts"], steps=cfg["p2_steps"], seed=seed
+            )
+            row.update(lower_2=r2.value, construction_2=r2.construction_value)
+    log.info("%s N=%d: inf %.6g, 2 %.6g", name, N, row["lower_inf"], row["lower_2"])
+    return row
+
+
+def _point_cost(point: Mapping[str, Any], context: Mapping[str, Any]) -> float:
+    """Search steps times N (the ∞-norm search), plus N² per step of the 2-norm search."""
+    N = float(point["N"])
+    cost = (context["n_restarts"] + 1) * context["steps"] * N
+    if N <= context["p2_max_n"]:
+        cost += (context["p2_restarts"] + 1) * context["p2_steps"] * N * N
+    return cost
+
+
+def _as_float(v: Any) -> float:
+    """A value as the JSONL record stored it (``None`` for NaN), back as a float."""
+    return math.nan if v is None else float(v)
+
+
 def head_results(
     out_dir: str | Path,
     name: str,
@@ -191,48 +253,33 @@ def head_results(
     p2_restarts: int,
     p2_steps: int,
     seed: int,
+    rows: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[Path]:
-    """Measure head ``name`` on every N and write ``head_<name>.{npz,json}``."""
-    from meanfield.attacks import l2_construction, l2_lipschitz_lower
+    """Measure head ``name`` on every N and write ``head_<name>.{npz,json}``.
 
-    params, W = head_params(name)
+    ``rows`` maps N to the values :func:`kim_point` returned (the records of the stage's
+    queued points); the N missing from it are computed here.
+    """
+    context = {
+        "head": name,
+        "p2_max_n": p2_max_n,
+        "n_restarts": n_restarts,
+        "steps": steps,
+        "p2_restarts": p2_restarts,
+        "p2_steps": p2_steps,
+        "seed": seed,
+    }
+    rows = dict(rows or {})
+    for N in n_values:
+        if int(N) not in rows:
+            rows[int(N)] = kim_point({**context, "N": int(N)})
+    _, W = head_params(name)
     D, H, _, label = HEADS[name]
     n = np.asarray(n_values, dtype=np.int64)
-    rows: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "lower_inf",
-            "construction_inf",
-            "construction_inf_symmetric",
-            "construction_inf_common",
-            "lower_2",
-            "construction_2",
-        )
+    arrays: dict[str, Any] = {
+        "n": n,
+        **{k: np.asarray([_as_float(rows[int(N)][k]) for N in n_values]) for k in _ROWS},
     }
-    with torch_threads(1):
-        for N in n_values:
-            N = int(N)
-            res = l2_lipschitz_lower(
-                params, N, p="inf", n_restarts=n_restarts, steps=steps, seed=seed
-            )
-            rows["lower_inf"].append(res.value)
-            rows["construction_inf"].append(res.construction_value)
-            sym = l2_construction(params, N, layout="symmetric").value if N >= 3 else math.nan
-            rows["construction_inf_symmetric"].append(sym)
-            rows["construction_inf_common"].append(
-                l2_construction(params, N, layout="common").value
-            )
-            if N <= p2_max_n:
-                r2 = l2_lipschitz_lower(
-                    params, N, p=2, n_restarts=p2_restarts, steps=p2_steps, seed=seed
-                )
-                rows["lower_2"].append(r2.value)
-                rows["construction_2"].append(r2.construction_value)
-            else:
-                rows["lower_2"].append(math.nan)
-                rows["construction_2"].append(math.nan)
-            log.info("%s N=%d: inf %.6g, 2 %.6g", name, N, res.value, rows["lower_2"][-1])
-    arrays: dict[str, Any] = {"n": n, **{k: np.asarray(v) for k, v in rows.items()}}
     arrays.update(_uppers(n.astype(float), D, H, W))
     for key in ("upper_inf", "upper_2", "upper_2_wq2"):
         lower = arrays["lower_inf"] if key == "upper_inf" else arrays["lower_2"]
@@ -296,8 +343,14 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
-    """The heads of ``config`` into ``out``, resumable per head (the stage contract; CPU only)."""
-    del run  # small dense problems on the CPU; no progress bar
+    """The heads of ``config`` into ``out`` (the stage contract; CPU only).
+
+    Each (head, N) is a point of the sweep ``head_<name>_points``, queued with the other stages'
+    points in a distributed run (docs/cluster.md) and resumable point by point; a head is
+    written once all its points are done, and a head already written with the same settings is
+    kept.
+    """
+    seed = int(config["seed"])
     heads = (config["heads"],) if isinstance(config["heads"], str) else tuple(config["heads"])
     kwargs = {
         "n_values": [int(v) for v in config["n_values"]],
@@ -308,12 +361,41 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
         "p2_steps": int(config["p2_steps"]),
     }
     files: list[Path] = []
+    todo = []
     for name in heads:
         stem = out / f"head_{name}"
         if _same_config(stem.with_suffix(".json"), kwargs):
             files += [stem.with_suffix(".npz"), stem.with_suffix(".json")]
+            points_files = (
+                out / f"head_{name}_points.jsonl",
+                out / f"head_{name}_points.meta.json",
+            )
+            files += [p for p in points_files if p.exists()]
             continue
-        files += head_results(out, name, seed=int(config["seed"]), **kwargs)
+        context = {"head": name, **{k: v for k, v in kwargs.items() if k != "n_values"}}
+        context["seed"] = seed
+        sweep = Sweep(
+            out,
+            f"head_{name}_points",
+            {"kind": "kim_tightness_points", **context},
+            seed=seed,
+            device="cpu",
+            dtype="float64",
+        )
+        points = [{"N": N} for N in kwargs["n_values"]]
+
+        def cost(point: Mapping[str, Any], context: Mapping[str, Any] = context) -> float:
+            return _point_cost(point, context)
+
+        sweep.submit(points, kim_point, context, cost=cost, progress=run.progress, desc=name)
+        todo.append((name, sweep, points, context, cost))
+    if queued():
+        raise Deferred(NAME)
+    for name, sweep, points, context, cost in todo:
+        recs = sweep.run(points, task=kim_point, context=context, cost=cost, progress=False)
+        rows = {int(r["point"]["N"]): r for r in recs}
+        files += head_results(out, name, seed=seed, rows=rows, **kwargs)
+        files += [sweep.path, sweep.meta_path]
     return files
 
 

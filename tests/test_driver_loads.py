@@ -71,7 +71,7 @@ def test_distributed_driver_loads_no_model(tmp_path, counted):
     # the loads are timed apart from the work (docs/cluster.md, "Cost model")
     assert times["rounds"] >= 1 and 0 < times["queue_seconds"]
     assert 0 < times["load_seconds"] < times["task_seconds"]
-    assert times["workers"] and times["warmup_seconds"] >= times["load_seconds"]
+    assert times["per_worker"] and times["warmup_seconds"] >= times["load_seconds"]
     # the workers loaded the models (here: twice each, as the driver's end of a round drops
     # the run's workspace, which a real worker process keeps)
     assert ex.tasks > 0 and loads

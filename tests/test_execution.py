@@ -266,7 +266,7 @@ def test_load_time_is_told_apart_from_the_work() -> None:
     assert len(loaded) == 2  # one load per model, in the first task that needs it
     assert all(0.05 <= o.load_seconds <= o.seconds for o in loaded)
     times = ex.times.as_dict()
-    ((worker, w),) = times["workers"].items()
+    ((worker, w),) = times["per_worker"].items()
     assert worker == f"pid {os.getpid()}" and w["tasks"] == 4
     assert w["load_seconds"] == pytest.approx(sum(o.load_seconds for o in out.values()))
     assert times["warmup_seconds"] == pytest.approx(w["load_seconds"])  # no start, no imports
@@ -414,7 +414,7 @@ def test_dask_warmup_is_timed_per_worker(dask2) -> None:
     for pid in pids:  # each worker that ran a task loaded the model once, in its first task
         mine = [o for o in out if o.worker == pid]
         assert sum(o.load_seconds > 0 for o in mine) == 1
-        assert times["workers"][pid]["load_seconds"] >= 0.2
+        assert times["per_worker"][pid]["load_seconds"] >= 0.2
     assert times["warmup_seconds"] >= times["start_seconds"] + 0.2
 
 

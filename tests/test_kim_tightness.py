@@ -203,7 +203,9 @@ def test_stage_tiny_preset_and_rerun(tmp_path, monkeypatch):
 
     files = kt.run(tmp_path, "tiny", progress=False)
     assert sorted(p.name for p in files) == sorted(
-        f"head_{h}.{e}" for h in ("scalar", "d4h1") for e in ("json", "npz")
+        f"head_{h}{e}"
+        for h in ("scalar", "d4h1")
+        for e in (".json", ".npz", "_points.jsonl", "_points.meta.json")
     )
     doc = load_json(tmp_path / "kim_tightness" / "head_d4h1.json")
     rows = doc["rows"]
@@ -226,6 +228,27 @@ def test_stage_tiny_preset_and_rerun(tmp_path, monkeypatch):
     again = kt.run(tmp_path, "tiny", progress=False)
     assert sorted(again) == sorted(files)
     assert all(p.stat().st_mtime_ns == m for p, m in mtimes.items())
+    # a head whose files are gone is assembled again from its points; only missing N computed
+    monkeypatch.undo()
+    before = load_npz(tmp_path / "kim_tightness" / "head_d4h1.npz")
+    for e in ("json", "npz"):
+        (tmp_path / "kim_tightness" / f"head_d4h1.{e}").unlink()
+    points = tmp_path / "kim_tightness" / "head_d4h1_points.jsonl"
+    points.write_text("".join(points.read_text().splitlines(keepends=True)[:-1]))
+    calls = []
+    real_point = kt.kim_point
+
+    def counting(cfg):
+        calls.append(cfg["N"])
+        return real_point(cfg)
+
+    monkeypatch.setattr(kt, "kim_point", counting)
+    kt.run(tmp_path, "tiny", progress=False)
+    assert calls == [5]
+    after = load_npz(tmp_path / "kim_tightness" / "head_d4h1.npz")
+    assert before.keys() == after.keys()
+    for k in before:  # the records round-trip the floats exactly
+        np.testing.assert_array_equal(before[k], after[k], err_msg=k)
     text = kt.report_section(tmp_path, tmp_path / "figures")
     assert "| N | lower ∞ | upper ∞ | ratio ∞ |" in text and "log N − log log N" in text
     s = kt.summary(tmp_path)

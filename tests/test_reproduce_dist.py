@@ -55,7 +55,7 @@ def _npz(root: Path) -> dict[str, dict[str, np.ndarray]]:
 @pytest.mark.parametrize(
     "only",
     [
-        pytest.param(["synthetic", "verify_bounds"], id="engine-stages"),
+        pytest.param(["synthetic", "verify_bounds", "kim_tightness"], id="engine-stages"),
         pytest.param(
             ["real_data", "adversarial", "synthetic", "verify_bounds"],
             id="with-models",
@@ -73,7 +73,11 @@ def test_tiny_preset_on_two_workers_is_bit_identical_to_serial(tmp_path: Path, o
     dist = rp.reproduce(tmp_path / "d", "tiny", only=only, figures=False, progress=False, workers=2)
     assert {k: e["status"] for k, e in serial["stages"].items()} == dict.fromkeys(only, "ok")
     assert {k: e["status"] for k, e in dist["stages"].items()} == dict.fromkeys(only, "ok")
-    assert dist["execution"] == {"workers": 2, "scheduler": None}
+    ex = dist["execution"]
+    assert ex["workers"] == 2 and ex["scheduler"] is None and ex["rounds"] >= 1
+    assert len(ex["import_seconds"]) == 2 and ex["warmup_seconds"] >= ex["start_seconds"] > 0
+    assert sum(w["tasks"] for w in ex["per_worker"].values()) >= 40  # every point ran on a worker
+    assert "execution" not in serial
     s, d = _records(tmp_path / "s" / "results"), _records(tmp_path / "d" / "results")
     assert sum(len(v) for v in s.values()) >= 40 and len(s) >= 5
     assert s == d  # exact equality of every value, floats included
