@@ -197,7 +197,7 @@ class RealDataSettings(StageConfig):
     seed: int
     dtype: str
     threads: int | None
-    batch_tokens: int | None
+    batch_tokens: int
     batch_windows: bool | None
     models: Names
     layers: tuple[int, ...] | None
@@ -222,7 +222,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
         seed=0,
         dtype="float64",
         threads=1,
-        batch_tokens=None,
+        batch_tokens=1024,
         batch_windows=None,
         models=(),
         layers=None,
@@ -247,7 +247,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
         seed=0,
         dtype="float64",
         threads=None,
-        batch_tokens=None,
+        batch_tokens=1024,
         batch_windows=None,
         models=(),
         layers=None,
@@ -268,7 +268,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
         seed=0,
         dtype="float64",
         threads=None,
-        batch_tokens=None,
+        batch_tokens=1024,
         batch_windows=None,
         models=(),
         layers=None,
@@ -302,7 +302,7 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"method must be auto, dense, lanczos or power, got {cfg['method']!r}")
     if cfg["dtype"] not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {cfg['dtype']!r}")
-    if cfg["batch_tokens"] is not None and int(cfg["batch_tokens"]) < 1:
+    if int(cfg["batch_tokens"]) < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {cfg['batch_tokens']}")
     if cfg["batch_windows"] not in (None, True, False):
         raise ValueError(f"batch_windows must be true, false or null, got {cfg['batch_windows']!r}")

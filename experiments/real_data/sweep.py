@@ -312,11 +312,6 @@ def _values(
     }
 
 
-#: ``batch_tokens`` on a CUDA device when the setting is ``None``; elsewhere one window per call
-#: (``batch_tokens = 1``): on the CPU a batched call iterates until its slowest window converges
-#: and its einsums run slower, 10-25 % over the windows one by one (docs/cluster.md).
-_DEVICE_BATCH_TOKENS = 1024
-
 _RECORDED = ("n_windows", "method", "tol", "max_iter", "seed", "dtype", "batch_tokens")
 
 
@@ -329,8 +324,7 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     ``method``, ``tol``, ``max_iter``, ``seed``, ``dtype``, ``threads`` (torch threads during
     the run; ``None`` leaves the setting), ``batch_tokens`` (windows are estimated in batched
     calls of at most ``max(1, batch_tokens // n)`` windows, which bounds memory on the long
-    grid; ``None``, the presets' value: 1024 on a CUDA device, and one window per call
-    elsewhere, where batched calls are slower, docs/cluster.md), ``batch_windows`` (``True``: the windows of every sweep of the run with the same
+    grid), ``batch_windows`` (``True``: the windows of every sweep of the run with the same
     configuration and n, all corpora and grids, go into one estimator call, whatever
     ``batch_tokens``; ``None``, the presets' value: ``True`` on a CUDA device, ``False``
     elsewhere; not part of the sweep's hash, see docs/cluster.md), ``models`` (local checkpoint
@@ -369,9 +363,6 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
                     need = opts["n_windows"] * sum(grid)
                     key = (config.model, corpus)
                     ws.need[key] = max(ws.need.get(key, 0), need)
-        if opts["batch_tokens"] is None:  # recorded as the value used (part of the hash)
-            on_gpu = str(device).startswith("cuda")
-            opts = {**opts, "batch_tokens": _DEVICE_BATCH_TOKENS if on_gpu else 1}
         batch = opts["batch_windows"]
         if batch is None:  # batched on a GPU; one point per call on the CPU (docs/cluster.md)
             batch = str(device).startswith("cuda")
