@@ -122,9 +122,9 @@ class ExecutionTimes:
 
     ``start_seconds``: starting the executor (a local cluster and its client, or the connection
     to a scheduler). ``import_seconds``: per worker, importing the task functions' modules (torch
-    among them) before the first task. ``workers``: per worker, its ``tasks``, their ``seconds``
-    and the part of those spent loading models and texts (``load_seconds``, see
-    :func:`loading`). The warm-up of the run is taken as the start, the slowest worker's imports
+    among them) before the first task. ``workers`` (``per_worker`` in :meth:`as_dict`): per
+    worker, its ``tasks``, their ``seconds`` and the part of those spent loading models, texts
+    and a layer's setup (``load_seconds``, see :func:`loading`). The warm-up of the run is taken as the start, the slowest worker's imports
     and the mean worker's loads (they overlap across workers); docs/cluster.md, "Cost model".
     """
 
