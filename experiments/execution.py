@@ -358,7 +358,17 @@ class DaskExecutor:
             # count is then raised to the serial run's still differs from it in the last bits.
             # Spawn the workers with this process's own values (unset stays unset).
             spawn_env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
-            for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            # Dask also sets MALLOC_TRIM_THRESHOLD_=65536, so that glibc returns freed memory to
+            # the system at once; the points allocate and free large tensors in every Jacobian
+            # product, and each new allocation then faults its pages in again: a 2-worker run
+            # spent 41 % of its CPU time in the kernel (docs/cluster.md, "Cost model").
+            # The same rule as the threads: the workers get the driver's own setting.
+            for key in (
+                "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS",
+                "OPENBLAS_NUM_THREADS",
+                "MALLOC_TRIM_THRESHOLD_",
+            ):
                 if key in os.environ:
                     spawn_env[key] = os.environ[key]
                 else:

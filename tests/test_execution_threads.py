@@ -87,10 +87,18 @@ def by_value():
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+def malloc_trim(config):
+    return {"trim": os.environ.get("MALLOC_TRIM_THRESHOLD_")}
+
+
 def test_local_workers_are_capped_to_their_share_of_the_cores(by_value, monkeypatch) -> None:
     cap = max(1, (os.cpu_count() or 1) // 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with execution.DaskExecutor(workers=2) as ex:
+        # not Dask's MALLOC_TRIM_THRESHOLD_=65536 (pages faulted in again on every product)
+        trims = list(ex.map_unordered([Task(str(i), malloc_trim, {}, cost=1.0) for i in range(4)]))
+        assert [o.value for o in trims] == [{"trim": None}] * 4
         assert ex.max_threads == cap and f"max_threads={cap}" in repr(ex)
         for r in _reports(ex):
             assert r == {"two": min(2, cap), "default": cap, "omp": str(cap), "cap": str(cap)}
