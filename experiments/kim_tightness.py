@@ -18,6 +18,7 @@ docs/experiments.md, "Tightness of Kim et al.'s bounds".
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,14 @@ import numpy as np
 
 from ._threads import torch_threads
 from .markdown import number as _fmt
-from .results import finished_config, load_json, run_metadata, save_npz, write_json
+from .results import (
+    finished_config,
+    load_json,
+    record_float,
+    run_metadata,
+    save_npz,
+    write_json,
+)
 from .runner import Deferred, Sweep, preset_config, queued
 from .stage import ModuleStage, Names, StageConfig, StageRun
 
@@ -228,6 +236,11 @@ def kim_point(cfg: Mapping[str, Any]) -> dict[str, float]:
     return row
 
 
+def _point_context(name: str, seed: int, **search: int) -> dict[str, Any]:
+    """What every point of head ``name`` shares: the head, the search settings and the seed."""
+    return {"head": name, **search, "seed": seed}
+
+
 def _point_cost(point: Mapping[str, Any], context: Mapping[str, Any]) -> float:
     """Search steps times N (the ∞-norm search), plus N² per step of the 2-norm search."""
     N = float(point["N"])
@@ -235,11 +248,6 @@ def _point_cost(point: Mapping[str, Any], context: Mapping[str, Any]) -> float:
     if N <= context["p2_max_n"]:
         cost += (context["p2_restarts"] + 1) * context["p2_steps"] * N * N
     return cost
-
-
-def _as_float(v: Any) -> float:
-    """A value as the JSONL record stored it (``None`` for NaN), back as a float."""
-    return math.nan if v is None else float(v)
 
 
 def head_results(
@@ -260,15 +268,15 @@ def head_results(
     ``rows`` maps N to the values :func:`kim_point` returned (the records of the stage's
     queued points); the N missing from it are computed here.
     """
-    context = {
-        "head": name,
-        "p2_max_n": p2_max_n,
-        "n_restarts": n_restarts,
-        "steps": steps,
-        "p2_restarts": p2_restarts,
-        "p2_steps": p2_steps,
-        "seed": seed,
-    }
+    context = _point_context(
+        name,
+        seed,
+        p2_max_n=p2_max_n,
+        n_restarts=n_restarts,
+        steps=steps,
+        p2_restarts=p2_restarts,
+        p2_steps=p2_steps,
+    )
     rows = dict(rows or {})
     for N in n_values:
         if int(N) not in rows:
@@ -278,7 +286,7 @@ def head_results(
     n = np.asarray(n_values, dtype=np.int64)
     arrays: dict[str, Any] = {
         "n": n,
-        **{k: np.asarray([_as_float(rows[int(N)][k]) for N in n_values]) for k in _ROWS},
+        **{k: np.asarray([record_float(rows[int(N)][k]) for N in n_values]) for k in _ROWS},
     }
     arrays.update(_uppers(n.astype(float), D, H, W))
     for key in ("upper_inf", "upper_2", "upper_2_wq2"):
@@ -372,8 +380,8 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
             )
             files += [p for p in points_files if p.exists()]
             continue
-        context = {"head": name, **{k: v for k, v in kwargs.items() if k != "n_values"}}
-        context["seed"] = seed
+        search = {k: v for k, v in kwargs.items() if k != "n_values"}
+        context = _point_context(name, seed, **search)
         sweep = Sweep(
             out,
             f"head_{name}_points",
@@ -383,10 +391,7 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
             dtype="float64",
         )
         points = [{"N": N} for N in kwargs["n_values"]]
-
-        def cost(point: Mapping[str, Any], context: Mapping[str, Any] = context) -> float:
-            return _point_cost(point, context)
-
+        cost = functools.partial(_point_cost, context=context)
         sweep.submit(points, kim_point, context, cost=cost, progress=run.progress, desc=name)
         todo.append((name, sweep, points, context, cost))
     if queued():

@@ -30,7 +30,14 @@ import numpy as np
 
 from ._threads import torch_threads
 from .markdown import number as _fmt
-from .results import finished_config, load_json, run_metadata, save_npz, write_json
+from .results import (
+    finished_config,
+    load_json,
+    record_float,
+    run_metadata,
+    save_npz,
+    write_json,
+)
 from .runner import Deferred, Sweep, preset_config, queued
 from .stage import ModuleStage, StageConfig, StageRun
 
@@ -171,11 +178,7 @@ def _num(x: Any) -> Any:
     """
     if isinstance(x, (list, tuple)):
         return [_num(v) for v in x]
-    if x is None:
-        return math.nan
-    if isinstance(x, str):
-        return float(x)
-    return x
+    return record_float(x) if x is None or isinstance(x, str) else x
 
 
 def _assemble_b(

@@ -12,6 +12,7 @@ import datetime as _dt
 import io
 import json
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -32,6 +33,7 @@ __all__ = [
     "load_json",
     "load_jsonl",
     "load_npz",
+    "record_float",
     "run_metadata",
     "save_npz",
     "write_csv",
@@ -95,6 +97,17 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+def record_float(x: Any) -> float:
+    """A float as :func:`write_json` and :func:`append_jsonl` stored it, back as a float.
+
+    The inverse of their encoding of non-finite floats: ``None`` is NaN, ``"inf"`` and ``"-inf"``
+    are infinities (any other string is NaN); numbers are converted with ``float``.
+    """
+    if isinstance(x, str):
+        return {"inf": math.inf, "-inf": -math.inf}.get(x, math.nan)
+    return math.nan if x is None else float(x)
 
 
 def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> Path:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json
+from experiments.results import load_json, record_float
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 
@@ -41,13 +41,6 @@ STEM = "fig_theory_bounds"
 
 #: Parameters of panels (a) and (b).
 A_NORM, V_NORM, R_N_PANEL, N_R_PANEL, L_TARGET = 1.0, 1.0, 1.5, 16, 10.0
-
-
-def _float(x: object) -> float:
-    """JSON numbers, with the "inf" strings written by ``experiments.results``."""
-    if isinstance(x, str):
-        return math.inf if x == "inf" else (-math.inf if x == "-inf" else math.nan)
-    return math.nan if x is None else float(x)
 
 
 def _panel_n(ax) -> None:
@@ -279,7 +272,7 @@ def _panel_tightness(ax, report: dict) -> None:
     names, rows = [], []
     for name, b in report["bounds"].items():
         t = b["tightness"]
-        lo, med, hi = (_float(t[k]) for k in ("min", "median", "max"))
+        lo, med, hi = (record_float(t[k]) for k in ("min", "median", "max"))
         if b["side"] == "limit" or not np.isfinite(med) or med <= 0:
             continue
         names.append(name)

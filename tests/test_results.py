@@ -75,3 +75,17 @@ def test_run_metadata_records_the_numerical_stack():
         assert versions["pot"] == metadata.version("POT")
     except metadata.PackageNotFoundError:
         assert "pot" not in versions
+
+
+def test_record_float_inverts_the_encoding_of_non_finite_floats(tmp_path):
+    import math
+
+    from experiments.results import append_jsonl, load_jsonl, record_float
+
+    values = [1.5, -0.0, math.inf, -math.inf, math.nan, 3]
+    append_jsonl(tmp_path / "r.jsonl", {"v": values})
+    (stored,) = load_jsonl(tmp_path / "r.jsonl")
+    back = [record_float(x) for x in stored["v"]]
+    assert back[:4] == [1.5, -0.0, math.inf, -math.inf] and math.isnan(back[4])
+    assert back[5] == 3.0 and isinstance(back[5], float)
+    assert math.isnan(record_float("other"))

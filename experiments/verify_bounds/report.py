@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..results import load_json
+from ..results import load_json, record_float
 from .checks import BOUND_RTOL, BoundSpec, _bucket, _holds, _margin
 from .generation import make_targets
 
@@ -68,13 +68,6 @@ def _stats(x: list[float]) -> dict[str, float | None]:
     return {"min": float(a.min()), "median": float(np.median(a)), "max": float(a.max())}
 
 
-def _num(x: Any) -> float:
-    """A float from a record value (``experiments.results`` writes infinities as strings)."""
-    if isinstance(x, str):
-        return {"inf": math.inf, "-inf": -math.inf}.get(x, math.nan)
-    return math.nan if x is None else float(x)
-
-
 def aggregate(
     records: Sequence[Mapping[str, Any]],
     specs: Sequence[BoundSpec],
@@ -93,7 +86,9 @@ def aggregate(
         for name, ti, label, geom, b, lo, val, up, theta in rec["checks"]:
             if name not in per:
                 continue
-            b, lo, val, up = (_num(x) for x in (b, lo, val, up))  # JSONL stores inf as "inf"
+            b, lo, val, up = (
+                record_float(x) for x in (b, lo, val, up)
+            )  # JSONL stores inf as "inf"
             s = spec_of[name]
             p = per[name]
             p["checks"] += 1
