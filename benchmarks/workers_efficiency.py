@@ -81,13 +81,13 @@ def analyse(serial: Path, parallel: Path, stages: list[str], serial_loads: float
     loads = [float(w["load_seconds"]) for w in per_worker.values()]
     mean_load = sum(loads) / len(loads) if loads else 0.0
     pred = {}
-    for name, pts in (("serial_points", s_points), ("own_points", p_points)):
-        sim = predict_wall_time(pts, workers, 1.0)
-        pred[name] = {
-            "wall": warm + driver + sim["wall"] - (0.0 if name == "serial_points" else mean_load),
-            "work": sim["work"],
-            "tail": sim["tail"],
-        }
+    # the workers' loads are part of their own point times already: count them once
+    for name, pts, inside in (
+        ("serial_points", s_points, 0.0),
+        ("own_points", p_points, mean_load),
+    ):
+        sim = predict_wall_time(pts, workers, 1.0, warmup=warm + driver - inside)
+        pred[name] = {k: sim[k] for k in ("wall", "work", "tail")}
     t1_net = t1 - serial_loads
     return {
         "stages": stages,
