@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, jvp, vjp
+from .jacobian.linearization import _attend
 
 __all__ = [
     "ErrorModel",
@@ -217,56 +218,65 @@ def magnitude_linearization(
     :math:`x_l-m_i`, which the products form as :math:`(x_l-\bar x)-(m_i-\bar x)`, gets the
     weighted magnitude :math:`\xi = (\eta_s\xi^c+\eta_r\xi^u)/(\eta_s+\eta_r)`: centred
     (:math:`|x_l-\bar x|+|m_i-\bar x|`) for the logit part, whose row sums vanish, and
-    uncentred (:math:`|x_l|+|m_i|+2|\bar x|`) for the rounding part. The mean term, which the
-    products *subtract*, is stored negated, so the same code computes
-    :math:`|J|_{\rm mag}h\ge0` for :math:`h\ge0`. Only analytic heads are kept (rotary heads
-    are covered by the relative term of :func:`lower_from_product`).
+    uncentred (:math:`|x_l|+\sum_jP_{ij}|x_j|+2|\bar x|`) for the rounding part. The uncentred
+    bound on the mean is linear in the points, so it is formed in head space,
+    :math:`P(|X||K_h|^\top)` rather than :math:`|K_h|(P|X|)`: the same numbers at cost
+    :math:`O(Hn^2k)` instead of :math:`O(Hn^2d)` (docs/rounding.md §3). The mean term, which the products *subtract*,
+    is stored negated, so the same code computes :math:`|J|_{\rm mag}h\ge0` for :math:`h\ge0`.
+    Only analytic heads are kept (rotary heads are covered by the relative term of
+    :func:`lower_from_product`).
     """
     X = lin.X
     aX = X.abs()
-    ab = lin.x_bar.abs()
-    P = lin.P
-    Ha = len(lin.analytic_heads)
-    A = lin.A.abs()
+    ab = lin.x_bar.abs()  # (..., 1, d)
+    A = lin.A.abs() if lin.QK is None else None
     V = lin.V.abs()
     W = lin.W.abs()
     es = model.eta_s.to(X)
     er = model.eta_r.to(X)
     tot = es + er
     ok = torch.isfinite(tot) & (tot > 0)
-    ws = torch.where(ok, es / torch.where(ok, tot, 1.0), 0.5)[..., None, None]
-    wr = torch.where(ok, er / torch.where(ok, tot, 1.0), 0.5)[..., None, None]
-    mabs = torch.einsum("...hin,...nd->...hid", P, aX)  # >= |m_i| (up to gamma_n)
-    mc = (lin.m - lin.x_bar.unsqueeze(-3)).abs() + gamma(lin.n + 4) * (mabs + ab.unsqueeze(-3))
-    xc = (X - lin.x_bar).abs() * (1 + 2 * U64)
-    Xs = (ws * xc + wr * (aX + ab)).unsqueeze(-3)  # weighted |x_l - x_bar|
-    Ms = ws.unsqueeze(-3) * mc + wr.unsqueeze(-3) * (mabs + ab.unsqueeze(-3))
-    Xu = (aX + ab).unsqueeze(-3)  # uncentred, for the logit gradients A x_l
-    ex = Ms.shape[:-2] + Xs.shape[-2:]
+    ws = torch.where(ok, es / torch.where(ok, tot, 1.0), 0.5)[..., None, None, None]
+    wr = torch.where(ok, er / torch.where(ok, tot, 1.0), 0.5)[..., None, None, None]
+    xc = (X - lin.x_bar).abs() * (1 + 2 * U64)  # >= |x_l - x_bar|
     if lin.QK is not None:
         Q, K = lin.QK[0].abs(), lin.QK[1].abs()
         QK = (Q, K)
         QKV = torch.cat([Q, K, V], dim=-2).reshape(-1, lin.d)
         Qx = torch.einsum("...nd,hkd->...hnk", aX, Q)
-        KXc = torch.einsum("...hnd,hkd->...hnk", Xu.expand(ex), K)
-        KMc = torch.einsum("...hnd,hkd->...hnk", Ms, K)
-        B = torch.einsum("...hnk,hkd->...hnd", Qx, K)
+        KV = torch.cat([K, V], dim=-2)  # (H_a, k + d_v, d): the rows the means enter
     else:
         QK = QKV = None
-        Qx = aX.unsqueeze(-3).expand(lin.batch_shape + (Ha, lin.n, lin.d))
-        KXc = torch.einsum("...hnd,hed->...hne", Xu.expand(ex), A)
-        KMc = torch.einsum("...hnd,hed->...hne", Ms, A)
-        B = torch.einsum("...nd,hde->...hne", aX, A)
+        Qx = aX.unsqueeze(-3).expand(lin.batch_shape + (len(lin.analytic_heads), lin.n, lin.d))
+        KV = torch.cat([A, V], dim=-2)
+    k = KV.shape[-2] - V.shape[-2]
+
+    def rows(Y: Tensor) -> Tensor:  # (..., n, d) or (..., H_a, n, d) -> (..., H_a, n, k + d_v)
+        spec = "...hnd" if Y.dim() == X.dim() + 1 else "...nd"
+        return torch.einsum(f"{spec},hed->...hne", Y, KV)
+
+    block = lin._causal_block()
+    Xr, Xcr, abr = rows(aX), rows(xc), rows(ab)
+    if KV.shape[-2] < lin.d:  # head space first: P (|X| |KV|^T), O(H n^2 (k + d_v))
+        Mr = _attend(lin.P, Xr, block)
+    else:  # heads without factors: P |X| in R^d first, O(H n^2 d)
+        Mr = rows(_attend(lin.P, aX.unsqueeze(-3), block))
+    # sums of nonnegative terms (lengths n and d): relative error below gamma_{n+d+4}
+    Mr = Mr * (1 + 2 * gamma(lin.n + lin.d + 4))  # >= |KV| sum_j P_ij |x_j| >= |KV||m_i|
+    unc = Mr + abr
+    # the computed means carry an absolute error gamma_{n+4} sum_j P_ij |x_j|
+    cen = rows((lin.m - lin.x_bar.unsqueeze(-3)).abs()) + gamma(lin.n + 4) * unc
+    Ms = ws * cen + wr * unc
+    KXc = Xr[..., :k] + abr[..., :k]  # uncentred, for the logit gradients A x_l
+    VXc = ws * Xcr[..., k:] + wr * (Xr[..., k:] + abr[..., k:])
     C = None if lin.C is None else lin.C.abs()
-    if C is not None:
-        B = B + C.unsqueeze(-2)
-    VXc = torch.einsum("...hnd,hvd->...hnv", Xs.expand(ex), V)
-    VMc = -torch.einsum("...hnd,hvd->...hnv", Ms, V)
     return dataclasses.replace(
         lin,
         X=aX,
-        _m=mabs,  # the lazily computed fields of the linearisation, set here
-        _B=B,
+        # the lazily formed fields m and B follow from X, P, Q, K, C, all nonnegative now;
+        # A holds |A_h| for heads without factors (factored heads' products use Q, K only)
+        _m=None,
+        _B=None,
         _A=A,
         V=V,
         W=W,
@@ -274,9 +284,9 @@ def magnitude_linearization(
         QKV=QKV,
         Qx=Qx,
         KXc=KXc,
-        KMc=KMc,
+        KMc=Ms[..., :k],
         VXc=VXc,
-        VMc=VMc,
+        VMc=-Ms[..., k:],
         C=C,
         rope_heads=(),
     )
