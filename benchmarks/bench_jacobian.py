@@ -58,6 +58,7 @@ baseline, measurement, machine description and reporting stay in one self-contai
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -456,10 +457,12 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     One process: the layer and the inputs in both dtypes (the float32 input is the rounded
     float64 one), a float64 reference (long Lanczos run), the forward time of each dtype, then
     ``repeats`` rounds; each round times, for each dtype, ``ours`` (``local_lipschitz``,
-    ``upper="none"``, default ``delta`` so its ``upper_prob`` comes along) and the baseline, the
-    order of the dtypes and of the two methods alternating between rounds. The ratio of each
-    round is baseline time / ours time of the same dtype in that round, so a load change between
-    rounds cancels out; the median and the minimum over rounds are reported.
+    ``upper="none"``, default ``delta`` so its ``upper_prob`` comes along), ``estimate`` (the
+    same call with ``certify=False``: the estimate alone, like the baseline) and the baseline,
+    the order of the dtypes alternating and that of the three methods rotating between rounds.
+    The ratio of each round is baseline time / ours time of the same dtype in that round, so a
+    load change between rounds cancels out; the median and the minimum over rounds are
+    reported.
     """
     import statistics
 
@@ -500,7 +503,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         },
     }
 
-    def ours(dt):
+    def ours(dt, certify=True):
         _sync(dev)
         t0 = time.perf_counter()
         est = local_lipschitz(
@@ -512,6 +515,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
             max_iter=spec.get("max_iter", 300),
             upper="none",
             seed=spec["seed"],
+            certify=certify,
         )
         _sync(dev)
         sec = time.perf_counter() - t0
@@ -543,22 +547,30 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     for r in range(max(1, int(spec.get("repeats", 3)))):
         order = dtypes if r % 2 == 0 else dtypes[::-1]
         for dt in order:
-            pair = [("ours", ours), ("power", base)]
-            if r % 2 == 1:
-                pair.reverse()
+            # ours with its certified lower end, ours alone (certify=False), the baseline; the
+            # order rotates from round to round
+            trio = [
+                ("ours", ours),
+                ("estimate", functools.partial(ours, certify=False)),
+                ("power", base),
+            ]
+            trio = trio[r % 3 :] + trio[: r % 3]
             row: dict[str, Any] = {}
-            for name, fn in pair:
+            for name, fn in trio:
                 sec, res = fn(dt)
                 res["seconds"] = sec
                 res["rel_error"] = (res["value"] - ref_value) / ref_value
                 row[name] = res
             row["ratio"] = row["power"]["seconds"] / row["ours"]["seconds"]
+            row["ratio_estimate"] = row["power"]["seconds"] / row["estimate"]["seconds"]
             per[dt]["rounds"].append(row)
             print(
                 f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
                 f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
+                f"estimate alone {row['estimate']['seconds']:.3f} s, "
                 f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
-                f"err {row['power']['rel_error']:.1e}), ratio {row['ratio']:.2f}",
+                f"err {row['power']['rel_error']:.1e}), ratios {row['ratio']:.2f}, "
+                f"{row['ratio_estimate']:.2f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -568,7 +580,13 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         fw = per[dt]["forward_seconds"]
         t_ours = min(row["ours"]["seconds"] for row in rounds)
         t_pow = min(row["power"]["seconds"] for row in rounds)
+        t_est = min(row["estimate"]["seconds"] for row in rounds)
+        ratios_est = [row["ratio_estimate"] for row in rounds]
         per[dt].update(
+            estimate_ratio_median=statistics.median(ratios_est),
+            estimate_ratio_min=min(ratios_est),
+            estimate_seconds_min=t_est,
+            estimate_forward_equivalents=t_est / fw,
             ratio_median=statistics.median(ratios),
             ratio_min=min(ratios),
             ratio_of_minima=t_pow / t_ours,
@@ -760,6 +778,12 @@ def print_side_by_side(res: dict[str, Any]) -> None:
             f"err {r['power_max_abs_rel_error']:.1e} | ratio median {r['ratio_median']:.2f} "
             f"(min {r['ratio_min']:.2f}, of minima {r['ratio_of_minima']:.2f}); ref {ref:.8f}"
         )
+        if "estimate_seconds_min" in r:
+            print(
+                f"n={res['n']} {dt}: estimate alone (certify=False) {r['estimate_seconds_min']:.3f} s, "
+                f"{r['estimate_forward_equivalents']:.1f} fwd-eq | ratio median "
+                f"{r['estimate_ratio_median']:.2f} (min {r['estimate_ratio_min']:.2f})"
+            )
 
 
 def print_table(doc: dict[str, Any]) -> None:

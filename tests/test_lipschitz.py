@@ -383,3 +383,79 @@ def test_certified_local_upper_rejects_bad_input(gen):
         reference(X.numpy() * float("inf"), heads)
     with pytest.raises(ValueError, match="heads is empty"):
         reference(X.numpy(), [])
+
+
+# ------------------------------------------------------------------ the estimate alone (certify)
+def _factored(gen, d, k, H, dtype=D64):
+    W_Q, W_K, W_V = (torch.randn(H * k, d, generator=gen, dtype=D64) / d**0.5 for _ in range(3))
+    W_O = torch.randn(d, H * k, generator=gen, dtype=D64) / (H * k) ** 0.5
+    params = MultiHeadParams.from_qkv(W_Q, W_K, W_V, W_O, n_heads=H)
+    return params if dtype == D64 else params.to(dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [D64, torch.float32])
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_certify_false_is_the_same_estimate_without_a_bracket(gen, dtype, method, masked):
+    params = _factored(gen, 12, 4, 3, dtype)
+    X = torch.randn(2, 40, 12, generator=gen, dtype=D64).to(dtype)
+    tol = 1e-6 if dtype == D64 else 1e-4
+    kw = dict(masked=masked, method=method, tol=tol, max_iter=3000, upper="none")
+    full = local_lipschitz(X, params, **kw)
+    fast = local_lipschitz(X, params, certify=False, **kw)
+    # the same iteration: same number of products, same vector and value (in float32 the
+    # solver's power-of-two scale is read from float32 magnitudes instead of float64 ones,
+    # which can only move the result by rounding)
+    assert torch.equal(fast.n_matvec, full.n_matvec) and torch.equal(fast.converged, full.converged)
+    rtol = 1e-12 if dtype == D64 else 1e-5
+    torch.testing.assert_close(fast.value, full.value, rtol=rtol, atol=0)
+    assert fast.value.dtype == dtype and fast.lower.dtype == dtype
+    # the trivial bracket, never a false one
+    assert bool((fast.lower == 0).all()) and bool(torch.isinf(fast.upper).all())
+    assert fast.upper_prob is None and fast.confidence is None and fast.upper_method == "none"
+    exact = _exact(X.double(), params.to(dtype=D64), masked=masked)
+    torch.testing.assert_close(fast.value.double(), exact, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("geometry", ["euclidean", "wasserstein", "split"])
+def test_certify_false_on_measures_dense_and_split(gen, geometry):
+    params = random_params(gen, 4, kind="wo")
+    mu = _measure(gen, 2, 9, 4, causal=True)
+    exact = _exact_mu(mu, params, True, geometry)
+    for method in ("dense", "lanczos"):
+        full = local_lipschitz(mu, params, geometry=geometry, method=method)
+        fast = local_lipschitz(mu, params, geometry=geometry, method=method, certify=False)
+        torch.testing.assert_close(fast.value, full.value, rtol=1e-12, atol=0)
+        torch.testing.assert_close(fast.value, exact, rtol=TOL_VALUE, atol=0)
+        assert bool((fast.lower == 0).all()) and bool(torch.isinf(fast.upper).all())
+        assert fast.upper_prob is None
+
+
+def test_certify_false_float32_outside_the_float32_scale_goes_through_float64(gen):
+    # ||J|| ~ 2**110: the float32 solver's power-of-two scale would leave float32's range, so the
+    # estimate runs on the float64 linearisation, as the certified call does
+    params = _factored(gen, 8, 4, 2, torch.float32)
+    big = 2.0**55
+    params = MultiHeadParams.from_qkv(
+        torch.cat([h.Q for h in params.heads]),
+        torch.cat([h.K for h in params.heads]),
+        torch.cat([h.V for h in params.heads]) * big,
+        params.W_O * big,
+        n_heads=2,
+    )
+    X = torch.randn(20, 8, generator=gen, dtype=D64).float()
+    full = local_lipschitz(X, params, method="lanczos", tol=1e-4, upper="none")
+    fast = local_lipschitz(X, params, method="lanczos", tol=1e-4, certify=False)
+    assert bool(torch.isfinite(fast.value)) and float(fast.value) > 2.0**100
+    torch.testing.assert_close(fast.value, full.value, rtol=1e-6, atol=0)
+
+
+def test_certify_false_rejects_certificates(gen):
+    params = random_params(gen, 4, kind="wo")
+    X = torch.randn(30, 4, generator=gen, dtype=D64)
+    with pytest.raises(ValueError, match="needs certify=True"):
+        local_lipschitz(X, params, method="lanczos", upper="block", certify=False)
+    with pytest.raises(ValueError, match="needs certify=True"):
+        local_lipschitz(X, params, method="lanczos", prob_rtol=0.05, certify=False)
+    with pytest.raises(ValueError, match="needs certify=True"):
+        local_lipschitz(X, params, method="dense", upper="gram", certify=False)

@@ -162,6 +162,19 @@ def test_printer(capsys):
     assert f"{doc['inputs'][0]['value']:.6g}" in text and "released" in text
 
 
+def test_no_certify_prints_the_estimate_alone(capsys):
+    argv = ("--random-d", "4", "--heads", "2", "--n", "30", "--method", "lanczos", "--tol", "1e-8")
+    full = run(*argv)
+    fast = run(*argv, "--no-certify")
+    (r_full,), (r_fast,) = full["inputs"], fast["inputs"]
+    assert r_fast["value"] == pytest.approx(r_full["value"], rel=1e-12)
+    assert r_full["certified"] and not r_fast["certified"]
+    assert r_fast["lower"] == 0 and math.isinf(r_fast["upper"])
+    lipschitz_cli.show(fast)
+    text = capsys.readouterr().out
+    assert "(not certified)" in text and f"{r_fast['value']:.6g}" in text
+
+
 @pytest.mark.parametrize(
     ("setup", "argv", "message"),
     [

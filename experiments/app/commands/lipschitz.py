@@ -215,6 +215,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
                 method=args.method,
                 tol=args.tol,
                 seed=args.seed,
+                certify=args.certify,
             )
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -232,6 +233,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             "residual": float(est.residual),
             "method": est.method,
             "upper_method": est.upper_method,
+            "certified": params is None or args.certify,
             "seconds": seconds,
             "max_radius": float(Xi.norm(dim=-1).max()),
         }
@@ -283,6 +285,12 @@ def show(doc: dict[str, Any]) -> None:
             f"  {r['index']:>3} {r['value']:>12.6g} [{r['lower']:>11.6g}, {r['upper']:>11.6g}] "
             f"{r['ratio']:>7.3g} {'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
         )
+        if not r.get("certified", True):
+            bracket = f"{'(not certified)':>27}"
+            line = (
+                f"  {r['index']:>3} {r['value']:>12.6g} {bracket} {'':>7} "
+                f"{'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
+            )
         if released:
             line += f"  {r['released_metric']:.6g}"
         print(line)
@@ -364,6 +372,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--tol", type=float, default=1e-6, help="relative residual tolerance (default 1e-6)"
     )
     p.add_argument("--dtype", choices=_DTYPES, default="float64")
+    p.add_argument(
+        "--no-certify",
+        dest="certify",
+        action="store_false",
+        help="the estimate alone, without the certified bracket (faster, above all in float32)",
+    )
     add_device(p)
     p.add_argument(
         "--released",
