@@ -458,8 +458,9 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     float64 one), a float64 reference (long Lanczos run), the forward time of each dtype, then
     ``repeats`` rounds; each round times, for each dtype, ``ours`` (``local_lipschitz``,
     ``upper="none"``, default ``delta`` so its ``upper_prob`` comes along), ``estimate`` (the
-    same call with ``certify=False``: the estimate alone, like the baseline) and the baseline,
-    the order of the dtypes alternating and that of the three methods rotating between rounds.
+    same call with ``certify=False``: the estimate alone, like the baseline), ``estimate_kron``
+    (the estimate alone from ``start="kronecker"``) and the baseline, the order of the dtypes
+    alternating and that of the four methods rotating between rounds.
     The ratio of each round is baseline time / ours time of the same dtype in that round, so a
     load change between rounds cancels out; the median and the minimum over rounds are
     reported.
@@ -503,7 +504,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         },
     }
 
-    def ours(dt, certify=True):
+    def ours(dt, certify=True, start=None):
         _sync(dev)
         t0 = time.perf_counter()
         est = local_lipschitz(
@@ -516,6 +517,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
             upper="none",
             seed=spec["seed"],
             certify=certify,
+            start=start,
         )
         _sync(dev)
         sec = time.perf_counter() - t0
@@ -547,30 +549,34 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     for r in range(max(1, int(spec.get("repeats", 3)))):
         order = dtypes if r % 2 == 0 else dtypes[::-1]
         for dt in order:
-            # ours with its certified lower end, ours alone (certify=False), the baseline; the
-            # order rotates from round to round
-            trio = [
+            # ours with its certified lower end, the estimate alone (certify=False) from the
+            # random and from the Kronecker start, the baseline; the order rotates by round
+            methods = [
                 ("ours", ours),
                 ("estimate", functools.partial(ours, certify=False)),
+                ("estimate_kron", functools.partial(ours, certify=False, start="kronecker")),
                 ("power", base),
             ]
-            trio = trio[r % 3 :] + trio[: r % 3]
+            methods = methods[r % 4 :] + methods[: r % 4]
             row: dict[str, Any] = {}
-            for name, fn in trio:
+            for name, fn in methods:
                 sec, res = fn(dt)
                 res["seconds"] = sec
                 res["rel_error"] = (res["value"] - ref_value) / ref_value
                 row[name] = res
             row["ratio"] = row["power"]["seconds"] / row["ours"]["seconds"]
             row["ratio_estimate"] = row["power"]["seconds"] / row["estimate"]["seconds"]
+            row["ratio_estimate_kron"] = row["power"]["seconds"] / row["estimate_kron"]["seconds"]
             per[dt]["rounds"].append(row)
             print(
                 f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
                 f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
-                f"estimate alone {row['estimate']['seconds']:.3f} s, "
+                f"estimate alone {row['estimate']['seconds']:.3f} s, from the Kronecker start "
+                f"{row['estimate_kron']['seconds']:.3f} s ({row['estimate_kron']['n_products']} "
+                f"products, err {row['estimate_kron']['rel_error']:.1e}), "
                 f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
                 f"err {row['power']['rel_error']:.1e}), ratios {row['ratio']:.2f}, "
-                f"{row['ratio_estimate']:.2f}",
+                f"{row['ratio_estimate']:.2f}, {row['ratio_estimate_kron']:.2f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -582,7 +588,17 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         t_pow = min(row["power"]["seconds"] for row in rounds)
         t_est = min(row["estimate"]["seconds"] for row in rounds)
         ratios_est = [row["ratio_estimate"] for row in rounds]
+        t_kron = min(row["estimate_kron"]["seconds"] for row in rounds)
+        ratios_kron = [row["ratio_estimate_kron"] for row in rounds]
         per[dt].update(
+            estimate_kron_ratio_median=statistics.median(ratios_kron),
+            estimate_kron_ratio_min=min(ratios_kron),
+            estimate_kron_seconds_min=t_kron,
+            estimate_kron_forward_equivalents=t_kron / fw,
+            estimate_kron_products=sorted({row["estimate_kron"]["n_products"] for row in rounds}),
+            estimate_kron_max_abs_rel_error=max(
+                abs(row["estimate_kron"]["rel_error"]) for row in rounds
+            ),
             estimate_ratio_median=statistics.median(ratios_est),
             estimate_ratio_min=min(ratios_est),
             estimate_seconds_min=t_est,
@@ -783,6 +799,14 @@ def print_side_by_side(res: dict[str, Any]) -> None:
                 f"n={res['n']} {dt}: estimate alone (certify=False) {r['estimate_seconds_min']:.3f} s, "
                 f"{r['estimate_forward_equivalents']:.1f} fwd-eq | ratio median "
                 f"{r['estimate_ratio_median']:.2f} (min {r['estimate_ratio_min']:.2f})"
+            )
+        if "estimate_kron_seconds_min" in r:
+            print(
+                f"n={res['n']} {dt}: estimate alone from the Kronecker start "
+                f"{r['estimate_kron_seconds_min']:.3f} s, products {r['estimate_kron_products']}, "
+                f"{r['estimate_kron_forward_equivalents']:.1f} fwd-eq, "
+                f"err {r['estimate_kron_max_abs_rel_error']:.1e} | ratio median "
+                f"{r['estimate_kron_ratio_median']:.2f} (min {r['estimate_kron_ratio_min']:.2f})"
             )
 
 

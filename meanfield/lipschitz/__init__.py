@@ -31,22 +31,25 @@ finite; beyond it ``upper`` is ``inf``. Both ends are rounded outwards when cast
 ``converged`` means the residual rule holds for the returned vector, for every method
 (docs/rounding.md §7).
 
-The package is split along three concepts: :mod:`~meanfield.lipschitz.engine`
+The package is split along four concepts: :mod:`~meanfield.lipschitz.engine`
 (:class:`LipschitzEstimate`, :func:`local_lipschitz`), :mod:`~meanfield.lipschitz.any_map`
-(:func:`local_lipschitz_fn`, :func:`released_metric`: any differentiable map) and
+(:func:`local_lipschitz_fn`, :func:`released_metric`: any differentiable map),
 :mod:`~meanfield.lipschitz.local_bound` (:func:`certified_local_upper`, the data-dependent
-bound). Every name is importable from ``meanfield.lipschitz``.
+bound) and :mod:`~meanfield.lipschitz.starts` (:func:`kronecker_start`, a start vector close
+to the top singular vector). Every name is importable from ``meanfield.lipschitz``.
 """
 
 from .any_map import local_lipschitz_fn, released_metric
 from .engine import DENSE_AUTO_MAX as DENSE_AUTO_MAX
 from .engine import LipschitzEstimate, local_lipschitz
 from .local_bound import LocalUpperBound, certified_local_upper
+from .starts import kronecker_start
 
 __all__ = [
     "LipschitzEstimate",
     "LocalUpperBound",
     "certified_local_upper",
+    "kronecker_start",
     "local_lipschitz",
     "local_lipschitz_fn",
     "released_metric",
