@@ -175,6 +175,21 @@ def test_no_certify_prints_the_estimate_alone(capsys):
     assert "(not certified)" in text and f"{r_fast['value']:.6g}" in text
 
 
+def test_kronecker_start_option_matches_the_direct_call():
+    argv = ("--random-d", "6", "--heads", "3", "--n", "40", "--masked", "--method", "lanczos")
+    doc = run(*argv, "--tol", "1e-9", "--kronecker-start", "--seed", "2")
+    assert doc["start"] == "kronecker"
+    (row,) = doc["inputs"]
+    params, _ = inputs.random_layer(6, 3, 2, torch.float64, "cpu")
+    X = torch.from_numpy(inputs.random_tokens(40, 6, 1.0, 2))
+    est = local_lipschitz(
+        X, params, masked=True, method="lanczos", tol=1e-9, seed=2, start="kronecker"
+    )
+    assert row["value"] == float(est.value) and row["n_matvec"] == int(est.n_matvec)
+    rand = run(*argv, "--tol", "1e-9", "--seed", "2")["inputs"][0]
+    assert row["value"] == pytest.approx(rand["value"], rel=1e-8)
+
+
 @pytest.mark.parametrize(
     ("setup", "argv", "message"),
     [

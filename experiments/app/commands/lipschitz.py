@@ -216,6 +216,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
                 tol=args.tol,
                 seed=args.seed,
                 certify=args.certify,
+                start="kronecker" if args.kronecker_start else None,
             )
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -250,6 +251,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         "geometry": args.geometry,
         "method": args.method,
         "tol": args.tol,
+        "start": "kronecker" if args.kronecker_start else "random",
         "dtype": args.dtype,
         "device": args.device,
         "inputs": rows,
@@ -372,6 +374,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--tol", type=float, default=1e-6, help="relative residual tolerance (default 1e-6)"
     )
     p.add_argument("--dtype", choices=_DTYPES, default="float64")
+    p.add_argument(
+        "--kronecker-start",
+        action="store_true",
+        help="start the matrix-free methods from the layer's Kronecker start instead of a seeded "
+        "random vector: fewer products, but no probabilistic upper end",
+    )
     p.add_argument(
         "--no-certify",
         dest="certify",
