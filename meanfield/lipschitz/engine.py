@@ -592,7 +592,19 @@ def local_lipschitz(
     if certify:  # rounding model (docs/rounding.md §2-§4)
         model = _rnd.error_model(lin64)
         mlin = _rnd.magnitude_linearization(lin64s, model) if lin64s.analytic_heads else None
-        mag_norm = _rnd.magnitude_norm(mlin, op_geometry, model.eta)  # ||J_mag||, both ends
+        # ||J_mag|| (two magnitude products), formed only for the ends that need it: the upper
+        # certificates; the lower end uses ||J_mag |v| || from one product when it can
+        mag_cache: list[Tensor] = []
+
+        def mag_norm() -> Tensor:
+            if not mag_cache:
+                mag_cache.append(_rnd.magnitude_norm(mlin, op_geometry, model.eta))
+            return mag_cache[0]
+
+        def mag_norm_for_lower(mag_v: Tensor | None) -> Tensor:
+            if mag_v is None or mag_cache:
+                return mag_norm()
+            return torch.full_like(model.eta, math.inf)
 
     self_term = None
     if geometry == "split":
@@ -635,14 +647,16 @@ def local_lipschitz(
                 jvp(lin64s, v.reshape(batch + (n, d)), geometry=op_geometry).flatten(-2), dim=-1
             )
             mag_v = _rnd.magnitude_vector_norm(mlin, v, op_geometry)
-            lower64 = _rnd.lower_from_product(s_prod, v, mag_norm, model, rope, n_out, mag_v)
+            lower64 = _rnd.lower_from_product(
+                s_prod, v, mag_norm_for_lower(mag_v), model, rope, n_out, mag_v
+            )
         vector = v.reshape(batch + (n, d)).to(dtype)
         converged = finite
         n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
         n_matvec = torch.zeros(batch, dtype=torch.int64, device=dev)
         if up_method == "gram":
             upper64 = spectral_norm_upper(J, candidate=value64, max_iter=_DENSE_GRAM_STEPS)
-            upper64 = _rnd.upper_margin(mag_norm, model, upper64, rope)
+            upper64 = _rnd.upper_margin(mag_norm(), model, upper64, rope)
             upper64 = torch.where(finite, upper64, math.inf)
         lower64 = torch.where(finite, lower64, 0.0)
     else:
@@ -683,7 +697,7 @@ def local_lipschitz(
             # solver units (2**e_solve) to those of 2**e, plus the products' evaluation error
             # (docs/rounding.md §4.2), as for the deterministic end
             prob = _rnd.unscale(prob.to(torch.float64), e_solve - e)
-            prob = _rnd.upper_margin(mag_norm, model, prob, rope)
+            prob = _rnd.upper_margin(mag_norm(), model, prob, rope)
         v64 = res.vector.to(torch.float64)
         if lin_solve is lin64s or not certify:
             s_prod = res.sigma.to(torch.float64)
@@ -699,7 +713,7 @@ def local_lipschitz(
             lower64 = _rnd.lower_from_product(
                 torch.where(finite, s_prod, 0.0),
                 v_safe,
-                mag_norm,
+                mag_norm_for_lower(mag_v),
                 model,
                 rope,
                 n_out,
@@ -715,7 +729,7 @@ def local_lipschitz(
     if up_method == "block":
         self_norms = None if self_term is None else self_term.upper_atoms
         upper64 = _block_upper(lin64, op_geometry, self_norms, e)
-        upper64 = _rnd.upper_margin(mag_norm, model, upper64, rope)
+        upper64 = _rnd.upper_margin(mag_norm(), model, upper64, rope)
     elif up_method == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
     # back to the units of J (docs/rounding.md §5): overflow gives upper = inf, and a lower end
