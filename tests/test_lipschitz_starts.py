@@ -115,3 +115,38 @@ def test_kronecker_start_float32_seeded_and_checked(gen):
         local_lipschitz(X, params, method="lanczos", start="kronecker", prob_rtol=0.05)
     with pytest.raises(ValueError, match="geometry"):
         kronecker_start(lin, geometry="split")
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_kronecker_start_at_the_extremes_of_float64(method):
+    # constants beyond sqrt(float64 max) and a mass of 1e-298 (tests/test_rigour.py): the start
+    # is formed on normalised matrices, and the bracket holds as from the random start
+    x = (685 / 2) ** 0.5
+    w = torch.tensor([1 - 1e-298, 1e-298], dtype=D64)
+    mu = DiracMeasure(torch.tensor([[x], [-x]], dtype=D64), w)
+    p = AttentionParams(torch.tensor([[-1.0]], dtype=D64), torch.tensor([[2000.0]], dtype=D64))
+    kw = dict(geometry="wasserstein", method=method, max_iter=3000)
+    a = local_lipschitz(mu, p, **kw)
+    b = local_lipschitz(mu, p, start="kronecker", **kw)
+    assert bool(torch.isfinite(b.value)) and bool(b.converged)
+    torch.testing.assert_close(b.value, a.value, rtol=1e-6, atol=0)
+    assert float(b.lower) <= float(a.upper) and float(a.lower) <= float(b.upper)
+    X = torch.tensor([[0.3, -0.2], [1.1, 0.4], [-0.7, 0.9]], dtype=D64)
+    A = torch.tensor([[0.5, -0.3], [0.2, 0.8]], dtype=D64)
+    for scale in (1e300, 1e-300):
+        V = torch.tensor([[1.0, 2.0], [-0.5, 3.0]], dtype=D64) * scale
+        a = local_lipschitz(X, AttentionParams(A, V), method=method, tol=1e-10, max_iter=3000)
+        b = local_lipschitz(
+            X, AttentionParams(A, V), method=method, tol=1e-10, max_iter=3000, start="kronecker"
+        )
+        assert bool(torch.isfinite(b.value)) and float(b.value) > 0
+        torch.testing.assert_close(b.value, a.value, rtol=1e-8, atol=0)
+
+
+def test_top_right_vector_of_a_non_finite_or_zero_matrix_is_zero():
+    M = torch.tensor([[[1.0, torch.inf], [0.0, 1.0]], [[0.0, 0.0], [0.0, 0.0]]], dtype=D64)
+    v = _top_right_vector(M)
+    assert torch.equal(v, torch.zeros(2, 2, dtype=D64))
+    big = torch.tensor([[1e300, 2e300], [3e300, -1e300]], dtype=D64)
+    ref = torch.linalg.svd(big / 1e300)[2][0]
+    assert abs(float((_top_right_vector(big) * ref).sum())) > 1 - 1e-12

@@ -41,6 +41,11 @@ def _top_right_vector(M: Tensor, steps: int = _LANCZOS_STEPS) -> Tensor:
     values of the matrices here can be a few percent, where power iteration would need hundreds
     of steps.
     """
+    # direction only: divide by the largest entry (constants near float64's range would
+    # overflow M^T M); where that fails, no vector (zeros), and the start is the Gaussian alone
+    scale = M.abs().amax((-2, -1), keepdim=True)
+    ok = torch.isfinite(scale) & (scale > 0)
+    M = torch.where(ok, M / torch.where(ok, scale, 1.0), 0.0)
     c = M.shape[-1]
     k = max(1, min(steps, c))
     q = torch.ones(M.shape[:-2] + (c,), dtype=M.dtype, device=M.device) / c**0.5
@@ -65,7 +70,9 @@ def _top_right_vector(M: Tensor, steps: int = _LANCZOS_STEPS) -> Tensor:
         T = T + off + off.mT
     _, vecs = torch.linalg.eigh(T)
     v = (torch.stack(basis[:m], dim=-1) @ vecs[..., -1:]).squeeze(-1)
-    return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    good = ok.squeeze(-1) & torch.isfinite(v).all(-1, keepdim=True)
+    return torch.where(good, v, 0.0)
 
 
 #: v_M per parameters object (it depends on the weights only); a stale entry after an in-place
@@ -117,8 +124,8 @@ def kronecker_start(
     :math:`\hat s = v_{\bar P}\otimes v_M/\|\cdot\|`, the top right singular vector of the
     Kronecker approximation :math:`\bar P\otimes M` of the value path (module docstring;
     :math:`\bar P` is the mean of the heads' attention matrices of the operator of
-    ``geometry``, :math:`M = \sum_hW_hV_h`), and :math:`\hat g` a unit Gaussian vector drawn
-    from ``generator``. Cost :math:`O(Hn^2 + d_{\rm out}dd_v H)` to form the two matrices,
+    ``geometry``, :math:`M = \sum_hW_hV_h`; zero if either matrix is not finite), and
+    :math:`\hat g` a unit Gaussian vector drawn from ``generator``. Cost :math:`O(Hn^2 + d_{\rm out}dd_v H)` to form the two matrices,
     then :math:`O(n^2 + d_{\rm out}d)` per Lanczos step (rotary heads add their attention
     matrices, :math:`O(Hn^2k)`); no product with :math:`J`. :math:`v_M` depends on the weights
     only and is kept per parameters object.
@@ -141,7 +148,7 @@ def kronecker_start(
     X = lin.X
     vM = _value_vector(lin).to(X)
     vP = _top_right_vector(_mean_attention(lin, geometry == "wasserstein"))
-    s = vP.unsqueeze(-1) * vM  # (..., n, d), unit norm
+    s = vP.unsqueeze(-1) * vM  # (..., n, d), unit norm (zero where a matrix was not finite)
     gdev = generator.device if generator is not None else torch.device("cpu")
     g = torch.randn(s.shape, generator=generator, dtype=torch.float64, device=gdev).to(s)
     g = g / torch.linalg.vector_norm(g.flatten(-2), dim=-1)[..., None, None]
