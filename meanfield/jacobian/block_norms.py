@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .._numerics import iter_chunks
 from .._spectral import rank_one_sigma_max_from_stats, spectral_norm_upper
 from ..attention import head_logits
 from ..params import AttentionParams, MultiHeadParams
@@ -99,6 +100,10 @@ def _combine_heads(bV: Tensor, bO: Tensor | None, norms: WeightNorms, concat: bo
     return torch.minimum(bO.sum(-3), norms.W_O * stacked)
 
 
+#: Query-block size of :func:`block_norm_bounds` (its (H, block, n) intermediates stay in cache).
+_BLOCK_ROWS = 64
+
+
 @dataclass(frozen=True)
 class _Projected:
     """Centred statistics of the keys seen through a matrix M (per head)."""
@@ -136,14 +141,24 @@ def _projectors(lin: AttentionLinearization) -> dict:
 
 
 def _projected(
-    project, Xc: Tensor, Mc: Tensor, P: Tensor, M_norm: Tensor | None, *, dist: bool = True
+    project,
+    Xc: Tensor,
+    Mc: Tensor,
+    P: Tensor,
+    M_norm: Tensor | None,
+    *,
+    dist: bool = True,
+    Z: Tensor | None = None,
 ) -> _Projected:
     """Statistics through a projector of :func:`_projectors`, or the identity when ``None``.
 
-    ``Xc`` (..., n, d) and ``Mc`` (..., H, n, d) are centred float64 keys and means. With
-    ``dist=False`` only the variances are formed (no (H, n, n) tensors).
+    ``Xc`` (..., n, d) and ``Mc`` (..., H, m, d) are centred float64 keys and means, ``P``
+    (..., H, m, n) the rows of the attention matrices of those means (``m`` queries, all ``n``
+    keys). ``Z``: the keys already projected (they do not depend on the queries). With
+    ``dist=False`` only the variances are formed (no (H, m, n) tensors).
     """
-    Z = Xc.unsqueeze(-3) if project is None else project(Xc, False)  # (..., 1 or H, n, k)
+    if Z is None:
+        Z = Xc.unsqueeze(-3) if project is None else project(Xc, False)  # (..., 1 or H, n, k)
     Zm = Mc if project is None else project(Mc, True)  # (..., H, n, k)
     k = Z.shape[-1] + Xc.shape[-1]
     slack = 4 * (k + 4) * _U64
@@ -194,7 +209,8 @@ def block_norm_bounds(
     :math:`\|W_hV_hT_h\|` bounds, or root-sum-square of :math:`\|V_hT_h\|` bounds when the heads
     are concatenated, or :math:`\|W^O\|` times that). Then :math:`\|J\|_2\le\|N\|_2`.
     Rounding of the inner products is dominated by explicit slack terms; the caller adds a small
-    relative margin for the closed form.
+    relative margin for the closed form. The pairs are formed in blocks of 64 queries, so the
+    intermediates take :math:`O(H\cdot64\cdot n)` memory besides the :math:`n\times n` result.
 
     Parameters
     ----------
@@ -220,24 +236,31 @@ def block_norm_bounds(
     d = lin.d
     slack = 4 * (d + 4) * _U64
     xn = Xc.square().sum(-1).sqrt().unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, n): ||x_j - x_bar||
-    mn = Mc.square().sum(-1, keepdim=True).sqrt()  # (..., H, n, 1)
-    bn = (B.square().sum(-1, keepdim=True) * (1 + slack)).sqrt()
-    t = torch.einsum("...hid,...jd->...hij", B, Xc) - (B * Mc).sum(-1, keepdim=True)
-    t = t + slack * bn * (xn + mn)  # over-estimate <b_i, x_j - m_i>
-    ident = _projected(None, Xc, Mc, P, None)
-    sig = rank_one_sigma_max_from_stats(t, ident.dist2 * bn.square(), d)
-    if d == 1:
-        sig = sig + slack * (1 + bn * (xn + mn))
     proj = _projectors(lin)
-
-    def off_bound(kind: str, M_norm: Tensor) -> Tensor:
-        stats = _projected(proj[kind], Xc, Mc, P, M_norm)
-        nM = M_norm.reshape(-1, 1, 1)
-        return Pi * torch.minimum(nM * sig, nM + stats.dist2.sqrt() * bn)
-
-    bV = off_bound("V", norms.V)
-    bO = None if lin.concat else off_bound("O", norms.O)
-    off = _combine_heads(bV, bO, norms, lin.concat)
+    kinds = ("V",) if lin.concat else ("V", "O")
+    keys = {k: proj[k](Xc, False) for k in kinds}  # the keys through V_h, W_hV_h: (..., H, n, .)
+    M_norms = {"V": norms.V, "O": norms.O}
+    rows = []
+    # query blocks: every quantity below is per pair (i, j), so blocks of queries keep the
+    # (H, block, n) intermediates in cache (the products of docs/certificates.md do the same)
+    for sl in iter_chunks(lin.n, _BLOCK_ROWS):
+        Mb, Bb = Mc[..., sl, :], B[..., sl, :]
+        Pb, Pib = P[..., sl, :], Pi[..., sl, :]
+        mn = Mb.square().sum(-1, keepdim=True).sqrt()  # (..., H, b, 1)
+        bn = (Bb.square().sum(-1, keepdim=True) * (1 + slack)).sqrt()
+        t = torch.einsum("...hid,...jd->...hij", Bb, Xc) - (Bb * Mb).sum(-1, keepdim=True)
+        t = t + slack * bn * (xn + mn)  # over-estimate <b_i, x_j - m_i>
+        ident = _projected(None, Xc, Mb, Pb, None)
+        sig = rank_one_sigma_max_from_stats(t, ident.dist2 * bn.square(), d)
+        if d == 1:
+            sig = sig + slack * (1 + bn * (xn + mn))
+        bounds = {}
+        for kind in kinds:
+            stats = _projected(proj[kind], Xc, Mb, Pb, M_norms[kind], Z=keys[kind])
+            nM = M_norms[kind].reshape(-1, 1, 1)
+            bounds[kind] = Pib * torch.minimum(nM * sig, nM + stats.dist2.sqrt() * bn)
+        rows.append(_combine_heads(bounds["V"], bounds.get("O"), norms, lin.concat))
+    off = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
     if self_norms is None:
         self_norms = self_norm_trace_bound(lin)
     return off + torch.diag_embed(self_norms.to(torch.float64))
