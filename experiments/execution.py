@@ -689,17 +689,18 @@ def _calibrate(
     records: Iterable[Mapping[str, Any]],
     cost: Callable[[Mapping[str, Any]], float],
 ) -> None:
-    """Tell ``progress`` the seconds per cost of a sweep's finished records (its time model)."""
-    total_cost = total_s = 0.0
-    n = 0
+    """Tell ``progress`` the cost and seconds of each finished record of a sweep (its time model).
+
+    One timing per record, so that the model can tell the fixed part of a point from the part
+    that grows with its cost.
+    """
     for r in records:
         try:
             c, t = float(cost(r["point"])), float(r["seconds"])
         except (KeyError, TypeError, ValueError):
             continue
-        total_cost, total_s, n = total_cost + c, total_s + t, n + 1
-    if n and total_s > 0:
-        progress.calibrate(label, cost=total_cost, seconds=total_s, points=n)
+        if t > 0:
+            progress.calibrate(label, cost=c, seconds=t, points=1)
 
 
 @dataclass(frozen=True)

@@ -62,11 +62,39 @@ class _Stage:
     run_cost: float = 0.0
     run_seconds: float = 0.0
     run_points: int = 0
+    # sums over the timings (points p, cost c, seconds t) for the affine model below
+    sums: list[float] = field(default_factory=lambda: [0.0] * 7)  # p, t, pp, cc, pc, pt, ct
 
-    def seconds_per_cost(self) -> float | None:
-        cost = self.prior_cost + self.run_cost
-        secs = self.prior_seconds + self.run_seconds
-        return secs / cost if cost > 0 and secs > 0 else None
+    def add_timing(self, points: int, cost: float, seconds: float) -> None:
+        if points <= 0 or seconds <= 0:
+            return
+        p, c, t = float(points), float(cost), float(seconds)
+        for i, v in enumerate((p, t, p * p, c * c, p * c, p * t, c * t)):
+            self.sums[i] += v
+
+    def time_model(self) -> tuple[float, float] | None:
+        """``(a, b)`` with seconds ~ a per point + b per unit of cost, or ``None`` (no timing).
+
+        Least squares over the timings with ``a, b >= 0``. A point has a fixed part (loading a
+        window, setting up a solver) that a cost such as n²·d leaves out: seconds per unit of
+        cost, read off the cheapest points of a sweep, would predict its costliest ones many
+        times too long. Timings that cannot separate the two parts (one timing, or the same cost
+        per point in all) give seconds per point.
+        """
+        p, t, pp, cc, pc, pt, ct = self.sums
+        if p <= 0 or t <= 0:
+            return None
+        spp = t / p
+        det = pp * cc - pc * pc
+        if cc <= 0 or det <= 1e-9 * pp * cc:  # one timing, or proportional costs
+            return spp, 0.0
+        a = (pt * cc - ct * pc) / det
+        b = (ct * pp - pt * pc) / det
+        if a < 0:
+            return 0.0, ct / cc
+        if b < 0:
+            return pt / pp, 0.0
+        return a, b
 
 
 class CostProgress:
@@ -140,12 +168,14 @@ class CostProgress:
 
         E.g. the records of a sweep found on disk (each carries its point's ``seconds``). With
         such timings, or points advanced with their ``seconds``, progress and ETA are counted in
-        predicted seconds, each stage's cost converted by its own measured seconds per cost.
+        predicted seconds, each stage's points and cost converted by its own time model
+        (:meth:`_Stage.time_model`: a fixed part per point plus a part per unit of cost).
         """
         st = self.stages.setdefault(stage, _Stage(stage))
         st.prior_cost += float(cost)
         st.prior_seconds += float(seconds)
         st.prior_points += int(points)
+        st.add_timing(int(points), float(cost), float(seconds))
 
     def skip(self, stage: str, cost: float, points: int = 1) -> None:
         """Mark declared points as found finished (resumed): done, but not part of the rate."""
@@ -174,6 +204,7 @@ class CostProgress:
             st.run_cost += float(cost)
             st.run_seconds += float(seconds)
             st.run_points += int(points)
+            st.add_timing(int(points), float(cost), float(seconds))
             self._computed_seconds += float(seconds)
         self._after_update(st, float(cost))
 
@@ -207,7 +238,7 @@ class CostProgress:
     @property
     def timed(self) -> bool:
         """Whether some stage has measured seconds: progress then counts predicted seconds."""
-        return any(st.seconds_per_cost() is not None for st in self.stages.values())
+        return any(st.time_model() is not None for st in self.stages.values())
 
     def _seconds_per_point(self) -> float | None:
         secs = sum(st.prior_seconds + st.run_seconds for st in self.stages.values())
@@ -219,9 +250,9 @@ class CostProgress:
 
         A stage without timings of its own is given the mean seconds per point of the others.
         """
-        spc = st.seconds_per_cost()
-        if spc is not None:
-            return cost * spc
+        model = st.time_model()
+        if model is not None:
+            return points * model[0] + cost * model[1]
         spp = self._seconds_per_point()
         return points * spp if spp is not None else 0.0
 

@@ -105,3 +105,45 @@ def test_run_jobs_feeds_point_seconds_and_earlier_records(tmp_path: Path) -> Non
         assert st.prior_points == (4 if name == "a" else 2)
         assert st.prior_seconds == pytest.approx(recorded[name])
         assert st.prior_cost == (4e6 if name == "a" else 2.0)
+
+
+def test_time_model_separates_the_fixed_part_of_a_point_from_its_cost() -> None:
+    # a sweep over n with cost n^2 whose points also take a fixed 1.5 s (loading, set-up): the
+    # seconds per unit of cost of its cheapest points would predict the costliest ones hundreds
+    # of times too long (the early "ETA 51m" of a 3-minute demo)
+    clock = Clock()
+    p, _ = _plain(clock)
+    ns = [2, 4, 8, 16, 32, 64, 96]
+
+    def secs(n: int) -> float:
+        return 1.5 + 1e-3 * n * n
+
+    p.add("s", cost=float(sum(n * n for n in ns)), points=len(ns))
+    truth = sum(secs(n) for n in ns)
+    clock.t += secs(2)
+    p.advance("s", cost=4.0, seconds=secs(2))
+    # one timing cannot separate the parts: seconds per point
+    assert p.predicted_seconds() == pytest.approx((secs(2), len(ns) * secs(2)))
+    clock.t += secs(4)
+    p.advance("s", cost=16.0, seconds=secs(4))
+    done, total = p.predicted_seconds()
+    assert done == pytest.approx(secs(2) + secs(4)) and total == pytest.approx(truth)
+    assert p.eta() == pytest.approx(truth - secs(2) - secs(4))
+    # the ratio model it replaces: 2.5 s per unit of cost... would predict ~4 hours here
+    ratio = (secs(2) + secs(4)) / 20.0
+    assert ratio * sum(n * n for n in ns) > 20 * truth
+
+
+def test_time_model_never_goes_negative() -> None:
+    clock = Clock()
+    p, _ = _plain(clock)
+    p.add("s", cost=30.0, points=3)
+    p.advance("s", cost=10.0, seconds=2.0)
+    p.advance("s", cost=5.0, seconds=3.0)  # cheaper but slower: no cost part, 2.5 s a point
+    assert p.stages["s"].time_model() == pytest.approx((2.5, 0.0))
+    q, _ = _plain(clock)
+    q.add("s", cost=30.0, points=3)
+    q.advance("s", cost=10.0, seconds=0.5)
+    q.advance("s", cost=100.0, seconds=10.0, points=2)  # faster than proportional: cost only
+    a, b = q.stages["s"].time_model()
+    assert a == 0.0 and b == pytest.approx((10 * 0.5 + 100 * 10) / (10**2 + 100**2))
