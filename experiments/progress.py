@@ -59,7 +59,6 @@ class _Stage:
     prior_cost: float = 0.0
     prior_seconds: float = 0.0
     prior_points: int = 0
-    run_cost: float = 0.0
     run_seconds: float = 0.0
     run_points: int = 0
     # sums over the timings (points p, cost c, seconds t) for the affine model below
@@ -201,7 +200,6 @@ class CostProgress:
         st.done_points += int(points)
         self._computed_cost += float(cost)
         if seconds is not None:
-            st.run_cost += float(cost)
             st.run_seconds += float(seconds)
             st.run_points += int(points)
             st.add_timing(int(points), float(cost), float(seconds))

@@ -86,9 +86,8 @@ def aggregate(
         for name, ti, label, geom, b, lo, val, up, theta in rec["checks"]:
             if name not in per:
                 continue
-            b, lo, val, up = (
-                record_float(x) for x in (b, lo, val, up)
-            )  # JSONL stores inf as "inf"
+            # JSONL stores inf as "inf"
+            b, lo, val, up = (record_float(x) for x in (b, lo, val, up))
             s = spec_of[name]
             p = per[name]
             p["checks"] += 1

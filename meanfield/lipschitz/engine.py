@@ -303,6 +303,25 @@ def _relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinear
     )
 
 
+def _float32_scaled(
+    lin: AttentionLinearization, scale_from: AttentionLinearization
+) -> tuple[AttentionLinearization, int] | None:
+    """Float32 ``lin`` scaled by a power of two that brings the operator near norm one.
+
+    The scale is read from ``scale_from`` (``lin`` itself or its float64 copy). ``None`` when
+    that scale or the attention matrices leave float32's range (float32 norms underflow below
+    ~1e-19 and overflow above ~1e19): the solver must then run in float64.
+    """
+    if not bool(torch.isfinite(lin.P).all()):
+        return None
+    if lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all()):
+        return None
+    e32 = _rnd.scale_exponent(scale_from, threshold=4)
+    if abs(e32) > 100:
+        return None
+    return _rnd.scaled(lin, e32), e32
+
+
 def _solver_lin(
     lin: AttentionLinearization,
     lin64: AttentionLinearization,
@@ -311,40 +330,27 @@ def _solver_lin(
 ) -> tuple[AttentionLinearization, int]:
     """The linearisation the iterative solver runs on and its scale (docs/rounding.md §5).
 
-    Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled by a power of two
-    that brings the operator near norm one (float32 norms underflow below ~1e-19 and overflow
-    above ~1e19), unless that scale or the attention matrices leave float32's range; then
-    ``lin64s``.
+    Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled as
+    :func:`_float32_scaled` says with the scale read from ``lin64``, or ``lin64s`` when that
+    leaves float32's range.
     """
     if lin is lin64s or lin.X.dtype == torch.float64:
         return lin64s, e
-    e32 = _rnd.scale_exponent(lin64, threshold=4)
-    if abs(e32) > 100 or (lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all())):
-        return lin64s, e
-    if not bool(torch.isfinite(lin.P).all()):
-        return lin64s, e
-    return _rnd.scaled(lin, e32), e32
+    out = _float32_scaled(lin, lin64)
+    return (lin64s, e) if out is None else out
 
 
 def _fast_lin(lin: AttentionLinearization) -> tuple[AttentionLinearization, int] | None:
     """The solver's linearisation without a float64 copy (``certify=False``), or ``None``.
 
-    Float64 inputs: their own, with the scale of docs/rounding.md §5. Float32 inputs: their own,
-    scaled by a power of two that brings the operator near norm one, as :func:`_solver_lin`
-    does, with the scale read from the float32 linearisation; ``None`` (the caller then goes
-    through float64) when that scale or the attention matrices leave float32's range.
+    Float64 inputs: their own, with the scale of docs/rounding.md §5. Float32 inputs:
+    :func:`_float32_scaled` with the scale read from the float32 linearisation; ``None`` (the
+    caller then goes through float64) when that leaves float32's range.
     """
     if lin.X.dtype == torch.float64:
         e = _rnd.scale_exponent(lin)
         return _rnd.scaled(lin, e), e
-    if not bool(torch.isfinite(lin.P).all()):
-        return None
-    if lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all()):
-        return None
-    e32 = _rnd.scale_exponent(lin, threshold=4)
-    if abs(e32) > 100:
-        return None
-    return _rnd.scaled(lin, e32), e32
+    return _float32_scaled(lin, lin)
 
 
 @dataclass(frozen=True)
