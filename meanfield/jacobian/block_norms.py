@@ -15,13 +15,15 @@ import torch
 from torch import Tensor
 
 from .._numerics import iter_chunks
-from .._spectral import rank_one_sigma_max_from_stats, spectral_norm_upper
+from .._spectral import _gamma, rank_one_sigma_max_from_stats, spectral_norm_upper
 from ..attention import head_logits
 from ..params import AttentionParams, MultiHeadParams
 from .linearization import (
     AttentionLinearization,
     _admissible,
+    _attend,
     _head_output_matrices,
+    _head_rows,
     _log_attention,
 )
 from .products import _check_geometry, _interaction, _require_analytic
@@ -94,7 +96,8 @@ def _combine_heads(bV: Tensor, bO: Tensor | None, norms: WeightNorms, concat: bo
     stack vertically: :math:`(\sum_hb_{V,h}^2)^{1/2}`. With :math:`W^O`:
     :math:`\min\big(\sum_hb_{O,h},\ \|W^O\|(\sum_hb_{V,h}^2)^{1/2}\big)`.
     """
-    stacked = bV.square().sum(-3).sqrt()
+    # squares below 2**-1074 underflow: the term inside the root covers their loss
+    stacked = bV.square().sum(-3).add_(bV.shape[-3] * 2.0**-1072).sqrt_()
     if concat:
         return stacked
     return torch.minimum(bO.sum(-3), norms.W_O * stacked)
@@ -102,87 +105,306 @@ def _combine_heads(bV: Tensor, bO: Tensor | None, norms: WeightNorms, concat: bo
 
 #: Query-block size of :func:`block_norm_bounds` (its (H, block, n) intermediates stay in cache).
 _BLOCK_ROWS = 64
+#: Relative inflation of the head-space bounds for the rounding of their own elementwise
+#: arithmetic (a few dozen operations on nonnegative numbers; docs/certificates.md §5.1).
+_OUT_INFL = 1 + 64 * _U64
+
+
+def _subnormal_floor(H: int) -> float:
+    """Absolute term covering results in the subnormal range (docs/certificates.md §5.1).
+
+    There rounding is absolute, at most ``2**-1075`` per operation: a few operations per head.
+    """
+    return 2.0**-1074 * 16 * (H + 1)
+
+
+def _fro_upper(M: Tensor) -> Tensor:
+    r"""Upper bounds on :math:`\|M\|_F` over the last two axes.
+
+    They bound :math:`\|M\|_2` and :math:`\||M|\|_2` (the norm of the entrywise absolute value),
+    which the rounding terms need.
+    """
+    M = M.to(torch.float64)
+    return M.square().sum((-2, -1)).sqrt() * (1 + _gamma(M.shape[-1] * M.shape[-2] + 2))
+
+
+@dataclass(frozen=True, eq=False)
+class _GramFactor:
+    r"""Square-root factor of a Gram matrix with a certified defect (per head).
+
+    For every ``y``: :math:`\|F_hy\|^2\le\|R_hy\|^2 + e_h\|y\|^2`, so norms through the
+    tall ``F_h`` (``p`` rows) are computed through the small ``R_h`` (at most ``k`` rows).
+    """
+
+    R: Tensor  # (H, r, k)
+    nu: Tensor  # (H,) upper bounds on ||R_h||_F
+    e: Tensor  # (H,) upper bounds on ||F_h^T F_h - R_h^T R_h||_2
+
+
+def _gram_factor(F: Tensor) -> _GramFactor:
+    r""":math:`R_h` from the QR factorisation of ``F`` (H, p, k) and a certified :math:`e_h`.
+
+    The computed :math:`\hat E = \mathrm{fl}(F^\top F) - \mathrm{fl}(R^\top R)` differs from the
+    exact defect by at most :math:`\gamma_p|F|^\top|F| + \gamma_r|R|^\top|R| + u|\hat E|`
+    entrywise, and :math:`\||F|^\top|F|\|_F\le\|F\|_F^2`; the spectral norm is bounded by the
+    Frobenius norm.
+    """
+    F = F.to(torch.float64)
+    R = torch.linalg.qr(F, mode="r").R
+    E = F.mT @ F - R.mT @ R
+    nF, nR = _fro_upper(F), _fro_upper(R)
+    e = (
+        _fro_upper(E) * (1 + _U64)
+        + _gamma(F.shape[-2] + 1) * nF.square()
+        + _gamma(R.shape[-2] + 1) * nR.square()
+    ) * (1 + 4 * _U64)
+    return _GramFactor(R=R, nu=nR, e=e)
+
+
+@dataclass(frozen=True, eq=False)
+class _HeadFactors:
+    """Weight-side quantities of the head-space block bound (analytic heads, cached per params)."""
+
+    nu_V: Tensor  # (H,) ||V_h||_F
+    nu_K: Tensor  # (H,) ||K_h||_F (||A_h||_F without factors)
+    nu_Q: Tensor | None  # (H,) ||Q_h||_F (None: no factors, the identity stands for Q_h)
+    c_norm: Tensor  # (H,) ||c_h|| (zero without key-logit terms)
+    W: _GramFactor | None  # factors of W_h (None: concatenated heads, no W^O)
+    Q: _GramFactor | None  # factors of Q_h^T (None: no factors)
+
+
+_FACTOR_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
+    cached = _FACTOR_CACHE.get(lin.params)
+    if cached is not None:
+        return cached
+    heads = [lin.params.heads[h] for h in lin.analytic_heads]
+    f64 = torch.float64
+    V = torch.stack([h.V for h in heads]).to(f64)
+    if lin.QK is not None:
+        Q, K = (t.to(f64) for t in lin.QK)
+        nu_Q, Qf = _fro_upper(Q), _gram_factor(Q.mT)
+    else:
+        K = torch.stack([h.A for h in heads]).to(f64)
+        nu_Q = Qf = None
+    c_norm = (
+        torch.zeros(len(heads), dtype=f64, device=V.device)
+        if lin.C is None
+        else lin.C.to(f64).square().sum(-1).sqrt() * (1 + _gamma(lin.d + 2))
+    )
+    Wf = None if lin.concat else _gram_factor(lin.W[list(lin.analytic_heads)])
+    out = _HeadFactors(nu_V=_fro_upper(V), nu_K=_fro_upper(K), nu_Q=nu_Q, c_norm=c_norm, W=Wf, Q=Qf)
+    _FACTOR_CACHE[lin.params] = out
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    r"""One family of rows :math:`z_l = M(x_l-\bar x)` and means, as stored, with error radii.
+
+    The reference operator of docs/certificates.md §5.1 uses the exact rows :math:`z_l` and the
+    exact means :math:`\bar z_i = \sum_lP_{il}z_l` of the stored attention matrix ``P``.
+    """
+
+    z: Tensor  # (..., H or 1, n, k) stored rows
+    zm: Tensor  # (..., H, n, k) stored means
+    zn2: Tensor  # (..., H or 1, n) ||z_l||^2 as computed
+    zmn2: Tensor  # (..., H, n)
+    eps: Tensor  # (..., H or 1, n): ||z_l - exact row|| <= eps_l
+    eps_m: Tensor  # (..., H, n): ||zm_i - exact mean|| <= eps_m_i
+    g: Tensor  # (..., H, n): ||zm_i - sum_l P_il (stored z_l)|| <= g_i
+    p_norm: Tensor  # (..., H, n): sum_l P_il ||stored z_l||, over-estimated
+    spread: Tensor  # (..., H, n): (sum_l P_il ||exact z_l - exact mean_i||^2)^(1/2) <= spread_i
 
 
 @dataclass(frozen=True)
-class _Projected:
-    """Centred statistics of the keys seen through a matrix M (per head)."""
+class _RowSums:
+    """Sums of each row of ``P`` (exact sum within ``sigma`` of 1)."""
 
-    dist2: Tensor | None  # (..., H, n, n): ||M (x_j - m_i)||^2, over-estimated (None: not asked)
-    var: Tensor  # (..., H, n): sum_l P_il ||M (x_l - m_i)||^2 = tr(M C_i M^T), over-estimated
+    s: Tensor  # (..., H, n) computed row sums
+    sigma: Tensor  # (..., H, n) >= |1 - exact row sum|
 
 
-def _projectors(lin: AttentionLinearization) -> dict:
-    """Row maps ``y -> M_h y`` for M in {V, O = W V, A}, as einsums (float64 ``lin``).
+def _row_sums(P: Tensor) -> _RowSums:
+    s = P.sum(-1)
+    n = P.shape[-1]
+    return _RowSums(s=s, sigma=(s - 1).abs() + _gamma(n + 1) * s)
 
-    Each takes ``Y`` of shape (..., n, d) (shared by the heads) or (..., H, n, d) (``per_head``)
-    and returns (..., H, n, k).
+
+def _rows(
+    P: Tensor, sums: _RowSums, z: Tensor, zm: Tensor, eps: Tensor, g: Tensor | None = None
+) -> _Rows:
+    r"""Error radii and spread of stored rows ``z`` and means ``zm``.
+
+    ``eps`` bounds the distance of each stored row to its exact value and ``g`` that of each
+    stored mean to :math:`\sum_lP_{il}\hat z_l` over the *stored* rows (default: the means
+    were computed as ``P @ z``, so :math:`g_i = \gamma_{n}\sum_lP_{il}\|\hat z_l\|`). The
+    spread is bounded through the seminorm
+    :math:`T(w) = (\sum_lP_{il}\|w_l - \sum_{l'}P_{il'}w_{l'}\|^2)^{1/2}`:
+    :math:`T(z)\le T(\hat z) + T(\hat z - z)`, with
+    :math:`T(\hat z)^2 = \sum_lP_{il}\|\hat z_l\|^2 - (2-s_i)\|\bar{\hat z}_i\|^2` and
+    :math:`T(\delta)\le(1+s_i)(\sum_lP_{il}\|\delta_l\|^2)^{1/2}` (docs/certificates.md §5.1).
     """
-    V, A, QK = lin.V, lin.A, lin.QK
-    W = lin.W[list(lin.analytic_heads)]
+    n, k = P.shape[-1], z.shape[-1]
+    infl = 1 + _gamma(n + 4)
+    zn2, zmn2 = z.square().sum(-1), zm.square().sum(-1)
+    cols = (zn2, eps, eps.square(), zn2.sqrt())
+    sums_P = P @ torch.stack([t.expand(P.shape[:-1]) for t in cols], dim=-1)
+    second, P_eps, P_eps2, p_norm = sums_P.unbind(-1)
+    if g is None:
+        g = _gamma(n + 2) * p_norm
+    eps_m = (g + P_eps) * infl
+    zmn = zmn2.sqrt()
+    c = 4 * (n + k + 4) * _U64
+    core = (
+        (second - zmn2).clamp_min(0)
+        + c * (second + zmn2) * (1 + sums.s)
+        + g * (2 * zmn + g)
+        + sums.sigma * (zmn + g).square()
+    )
+    spread = (core.sqrt() + (1 + sums.s + sums.sigma) * P_eps2.sqrt()) * infl
+    return _Rows(
+        z=z, zm=zm, zn2=zn2, zmn2=zmn2, eps=eps, eps_m=eps_m, g=g, p_norm=p_norm * infl,
+        spread=spread,
+    )  # fmt: skip
 
-    def lhs(per_head: bool) -> str:
-        return "...hnd" if per_head else "...nd"
 
-    def proj_V(Y: Tensor, per_head: bool) -> Tensor:
-        return torch.einsum(f"{lhs(per_head)},hvd->...hnv", Y, V)
+def _through(fam: _Rows, f: _GramFactor, P: Tensor, sums: _RowSums) -> _Rows:
+    r"""The family seen through :math:`R_h` (:class:`_GramFactor`): rows :math:`\mathrm{fl}(Rz)`.
 
-    def proj_O(Y: Tensor, per_head: bool) -> Tensor:
-        return torch.einsum("...hnv,hov->...hno", proj_V(Y, per_head), W)
-
-    def proj_A(Y: Tensor, per_head: bool) -> Tensor:
-        if QK is None:
-            return torch.einsum(f"{lhs(per_head)},hed->...hne", Y, A)
-        Q, K = QK
-        t = torch.einsum(f"{lhs(per_head)},hkd->...hnk", Y, K)
-        return torch.einsum("...hnk,hke->...hne", t, Q)
-
-    return {"V": proj_V, "O": proj_O, "A": proj_A}
-
-
-def _projected(
-    project,
-    Xc: Tensor,
-    Mc: Tensor,
-    P: Tensor,
-    M_norm: Tensor | None,
-    *,
-    dist: bool = True,
-    Z: Tensor | None = None,
-) -> _Projected:
-    """Statistics through a projector of :func:`_projectors`, or the identity when ``None``.
-
-    ``Xc`` (..., n, d) and ``Mc`` (..., H, m, d) are centred float64 keys and means, ``P``
-    (..., H, m, n) the rows of the attention matrices of those means (``m`` queries, all ``n``
-    keys). ``Z``: the keys already projected (they do not depend on the queries). With
-    ``dist=False`` only the variances are formed (no (H, m, n) tensors).
+    The new rows are within :math:`\gamma_k\nu\|\hat z_l\| + \nu\epsilon_l` of
+    :math:`Rz_l`, and the new stored means :math:`\mathrm{fl}(R\hat z_{m,i})` within
+    :math:`\gamma_k\nu(\|\hat z_{m,i}\| + \sum_lP_{il}\|\hat z_l\|) + \nu g_i` of the mean
+    of the new stored rows (:math:`\nu\ge\|R\|_F\ge\||R|\|_2`).
     """
-    if Z is None:
-        Z = Xc.unsqueeze(-3) if project is None else project(Xc, False)  # (..., 1 or H, n, k)
-    Zm = Mc if project is None else project(Mc, True)  # (..., H, n, k)
-    k = Z.shape[-1] + Xc.shape[-1]
-    slack = 4 * (k + 4) * _U64
-    zn2 = Z.square().sum(-1).unsqueeze(-2)  # (..., ., 1, n)
-    zmn2 = Zm.square().sum(-1, keepdim=True)  # (..., H, n, 1)
-    second = (P @ zn2.mT).squeeze(-1)  # sum_l P_il ||z_l||^2
-    var_scale = second + zmn2.squeeze(-1)
-    if project is not None:  # absolute rounding of the projections themselves
-        xn2 = Xc.square().sum(-1).unsqueeze(-2).unsqueeze(-3)
-        mn2 = Mc.square().sum(-1, keepdim=True)
-        nM2 = M_norm.reshape(-1, 1, 1).square()
-        var_scale = var_scale + nM2.squeeze(-1) * ((P @ xn2.mT) + mn2).squeeze(-1)
-    var = (second - zmn2.squeeze(-1)).clamp_min(0) + slack * var_scale
-    if not dist:
-        return _Projected(dist2=None, var=var)
-    scale = zn2 + zmn2
-    if project is not None:
-        scale = scale + nM2 * (xn2 + mn2)
-    if project is None:
-        cross = torch.einsum("...hik,...jk->...hij", Zm, Xc)
+    R = f.R  # (H, r, k)
+    nu = f.nu.unsqueeze(-1)
+    gk = _gamma(fam.z.shape[-1] + 2)
+    eps = gk * nu * fam.zn2.sqrt() + nu * fam.eps
+    g = (gk * nu * (fam.zmn2.sqrt() + fam.p_norm) + nu * fam.g) * (1 + 4 * _U64)
+    return _rows(P, sums, fam.z @ R.mT, fam.zm @ R.mT, eps, g)
+
+
+def _float64_rows(lin: AttentionLinearization) -> AttentionLinearization:
+    """A float64 linearisation whose head rows were computed in float64.
+
+    A float32 linearisation converted by :func:`_as_float64` keeps rows rounded in float32, which
+    the float64 error radii of :func:`_rows` would not cover; they are recomputed from the
+    (exact) float64 values of ``X`` and the weights, and the attention matrix is kept as stored.
+    """
+    if lin.X.dtype == torch.float64:
+        return lin
+    lin = _as_float64(lin)
+    Xc = lin.X - lin.x_bar
+    A = lin.A if lin.QK is None else None
+    _, KXc, VXc = _head_rows(lin.QK, A, lin.V, lin.QKV, Xc)
+    KVMc = _attend(lin.P, torch.cat([KXc, VXc], dim=-1), lin._causal_block())
+    k = KXc.shape[-1]
+    return replace(
+        lin, KXc=KXc, VXc=VXc, KMc=KVMc[..., :k], VMc=KVMc[..., k:], Qx=None, _m=None, _B=None
+    )
+
+
+def _ambient_default(lin: AttentionLinearization) -> bool:
+    """Whether the terms that need inner products in R^d are worth their cost: d <= 2 d_v."""
+    return lin.d <= 2 * lin.V.shape[-2]
+
+
+def _families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -> dict:
+    r"""The row families of docs/certificates.md §5.1 for a float64 ``lin`` (see :func:`_rows`).
+
+    ``"V"``: :math:`V_h(x_l-\bar x)`; ``"WV"``: the same through the factor of :math:`W_h`;
+    ``"K"``, ``"QK"``: :math:`K_h(x_l-\bar x)` and through the factor of :math:`Q_h^\top` (self
+    terms); ``"I"``: :math:`x_l-\bar x` itself (ambient terms).
+    """
+    P = lin.P
+    d = lin.d
+    fac = _head_factors(lin)
+    sums = _row_sums(P)
+    Xc = lin.X - lin.x_bar
+    # ||x_l - x_bar|| <= rho_l: the stored centred rows are within 2u of the exact ones
+    rho = (Xc.square().sum(-1).sqrt() * (1 + _gamma(d + 4))).unsqueeze(-2)  # (..., 1, n)
+    gd = _gamma(d + 2)
+    out = {"sums": sums, "factors": fac, "rho": rho}
+    out["V"] = _rows(P, sums, lin.VXc, lin.VMc, gd * fac.nu_V.unsqueeze(-1) * rho)
+    if fac.W is not None:
+        out["WV"] = _through(out["V"], fac.W, P, sums)
+    if self_terms:
+        out["K"] = _rows(P, sums, lin.KXc, lin.KMc, gd * fac.nu_K.unsqueeze(-1) * rho)
+        if fac.Q is not None:
+            out["QK"] = _through(out["K"], fac.Q, P, sums)
+    if ambient:
+        Mc = _attend(P, Xc.unsqueeze(-3), lin._causal_block())  # (..., H, n, d)
+        out["I"] = _rows(P, sums, Xc.unsqueeze(-3), Mc, 2 * _U64 * rho)
+    return out
+
+
+def _b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Upper bounds on :math:`\|b_i\|` for the exact :math:`b_i = A_h^\top x_i + c_h`.
+
+    Returns ``(bn, B_norm, err)`` (..., H, n): the bound, the norm of the stored rows
+    :math:`\hat b_i` and the bound on :math:`\|\hat b_i - b_i\|`, which is
+    :math:`\gamma_{d+k+2}(2\nu_K\nu_Q\|x_i\| + \|c\|)` with factors
+    (:math:`\hat b_i = \mathrm{fl}(K^\top\mathrm{fl}(Qx_i)) + c`) and
+    :math:`\gamma_{d+2}(\nu_A\|x_i\| + \|c\|)` without.
+    """
+    d = lin.d
+    B_norm = lin.B.square().sum(-1).sqrt() * (1 + _gamma(d + 2))
+    x_norm = (lin.X.square().sum(-1).sqrt() * (1 + _gamma(d + 2))).unsqueeze(-2)
+    nu_K, c = fac.nu_K.unsqueeze(-1), fac.c_norm.unsqueeze(-1)
+    if fac.nu_Q is None:
+        err = _gamma(d + 3) * (nu_K * x_norm + c)
     else:
-        cross = torch.einsum("...hik,...hjk->...hij", Zm, Z)
-    dist2 = (zn2 - 2 * cross + zmn2).clamp_min(0) + slack * scale
-    return _Projected(dist2=dist2, var=var)
+        k = lin.QK[0].shape[-2]
+        err = _gamma(d + k + 3) * (2 * nu_K * fac.nu_Q.unsqueeze(-1) * x_norm + c)
+    return (B_norm + err) * (1 + 4 * _U64), B_norm, err
+
+
+def _pair_dist(fam: _Rows, sl: slice, kend: int) -> Tensor:
+    r"""Upper bounds on :math:`\|z_j - \bar z_i\|` (exact rows and means), (..., H, b, kend).
+
+    For the queries ``sl`` and the keys ``:kend``.
+
+    :math:`\|\hat z_j\|^2 - 2\hat z_j^\top\hat z_{m,i} + \|\hat z_{m,i}\|^2` is computed
+    within :math:`2\gamma_{k+2}(\|\hat z_j\|^2 + \|\hat z_{m,i}\|^2)` of the exact squared
+    distance of the stored vectors; :math:`4(k+4)u` times the same is added before the root, and
+    the radii of the rows and the mean after it.
+    """
+    c = 1 + 4 * (fam.z.shape[-1] + 4) * _U64
+    D = fam.zm[..., sl, :] @ fam.z[..., :kend, :].mT
+    D.mul_(-2).add_((fam.zmn2[..., sl] * c).unsqueeze(-1))
+    D.add_((fam.zn2[..., :kend] * c).unsqueeze(-2))
+    D.clamp_min_(0).sqrt_()
+    D.add_(fam.eps_m[..., sl].unsqueeze(-1))
+    return D.add_(fam.eps[..., :kend].unsqueeze(-2))
+
+
+def _rank_one_sigma(
+    lin: AttentionLinearization, fam: _Rows, bnorms: tuple, sl: slice, kend: int
+) -> Tensor:
+    r"""Upper bounds on :math:`\sigma_{\max}(I + a_{ij}b_i^\top)` (exact :math:`a, b`).
+
+    From over-estimates of :math:`\|a_{ij}\|\|b_i\|` and of :math:`t = a_{ij}^\top b_i`.
+
+    :math:`|\hat t - t|\le\|\hat b_i\|\big(\gamma_{d+1}(\|\hat x_j\| + \|\hat m_i\|) +
+    \epsilon_j + \epsilon_{m,i}\big) + \|\hat b_i - b_i\|\,\|a_{ij}\|` (centred rows).
+    """
+    bn, B_norm, err = (t[..., sl].unsqueeze(-1) for t in bnorms)
+    Bb = lin.B[..., sl, :]
+    Xc = fam.z[..., :kend, :]
+    Mb = fam.zm[..., sl, :]
+    dist = _pair_dist(fam, sl, kend)
+    t = Bb @ Xc.mT - (Bb * Mb).sum(-1, keepdim=True)
+    xn = fam.zn2[..., :kend].sqrt().unsqueeze(-2)
+    mn = fam.zmn2[..., sl].sqrt().unsqueeze(-1)
+    gd = _gamma(lin.d + 2)
+    t_err = B_norm * (gd * (xn + mn) + fam.eps[..., :kend].unsqueeze(-2))
+    t_err = (t_err + B_norm * fam.eps_m[..., sl].unsqueeze(-1) + err * dist) * (1 + 8 * _U64)
+    if lin.d == 1:
+        return ((1 + t).abs() + t_err) * (1 + 4 * _U64)
+    return rank_one_sigma_max_from_stats(t + t_err, (dist * bn).square(), lin.d) * (1 + 8 * _U64)
 
 
 def block_norm_bounds(
@@ -190,27 +412,34 @@ def block_norm_bounds(
     *,
     geometry: Geometry = "euclidean",
     self_norms: Tensor | None = None,
+    ambient: bool | None = None,
 ) -> Tensor:
-    r"""Nonnegative :math:`N_{ij}\ge\|J_{ij}\|_2` from the closed form, in :math:`O(Hn^2d)`.
+    r"""Nonnegative :math:`N_{ij}\ge\|J_{ij}\|_2` from the closed form, in :math:`O(Hn^2k)`.
 
-    docs/theory.md §B5 and docs/certificates.md §5 (*standard*; the analytic block bound is derived). For each head and
-    :math:`M\in\{V_h, W_hV_h\}`, with :math:`a_{ij} = x_j - m_i` and
-    :math:`b_i = A^\top x_i + c`,
+    docs/theory.md §B5 and docs/certificates.md §5.1 (*standard*; the analytic block bound and
+    its rounding analysis are derived there). For each head and :math:`M\in\{V_h, W_hV_h\}`,
+    with :math:`a_{ij} = x_j - m_i` and :math:`b_i = A_h^\top x_i + c_h`,
 
     .. math::
-        \|M(I + a_{ij}b_i^\top)\|_2\le\min\big(\|M\|_2\,\sigma_{\max}(I + a_{ij}b_i^\top),\
-        \|M\|_2 + \|Ma_{ij}\|\,\|b_i\|\big),
+        \|M(I + a_{ij}b_i^\top)\|_2\le\|M\|_2 + \|Ma_{ij}\|\,\|b_i\|,
 
-    with :math:`\sigma_{\max}` in closed form (:func:`~meanfield._spectral.rank_one_sigma_max`)
-    from :math:`a_{ij}^\top b_i` and :math:`\|a_{ij}\|^2`, all obtained by matrix products.
-    The block bound is :math:`\tilde P_{ij}` times that, plus :math:`\delta_{ij}` times a bound
-    on :math:`\|S_i\|_2`, where :math:`\tilde P_{ij} = \sqrt{a_i/a_j}P_{ij}` in the Wasserstein
-    geometry (:math:`P` otherwise). Heads combine by :func:`_combine_heads` (sum of
-    :math:`\|W_hV_hT_h\|` bounds, or root-sum-square of :math:`\|V_hT_h\|` bounds when the heads
-    are concatenated, or :math:`\|W^O\|` times that). Then :math:`\|J\|_2\le\|N\|_2`.
-    Rounding of the inner products is dominated by explicit slack terms; the caller adds a small
-    relative margin for the closed form. The pairs are formed in blocks of 64 queries, so the
-    intermediates take :math:`O(H\cdot64\cdot n)` memory besides the :math:`n\times n` result.
+    where :math:`\|V_ha_{ij}\|` is a distance between head-space rows and
+    :math:`\|W_hV_ha_{ij}\|` one through the small triangular factor of
+    :math:`W_h^\top W_h`, so no product runs in :math:`\mathbb R^d`. With ``ambient``, the
+    rank-one closed form :math:`\|M\|_2\,\sigma_{\max}(I + a_{ij}b_i^\top)`
+    (:func:`~meanfield._spectral.rank_one_sigma_max_from_stats`, from
+    :math:`a_{ij}^\top b_i` and :math:`\|a_{ij}\|`, :math:`O(Hn^2d)`) is also formed and the
+    smaller kept. The block bound is :math:`\tilde P_{ij}` times that, plus :math:`\delta_{ij}`
+    times a bound on :math:`\|S_i\|_2`, where :math:`\tilde P_{ij} = \sqrt{a_i/a_j}P_{ij}` in
+    the Wasserstein geometry (:math:`P` otherwise). Heads combine by :func:`_combine_heads` (sum
+    of :math:`\|W_hV_hT_h\|` bounds, or root-sum-square of :math:`\|V_hT_h\|` bounds when the
+    heads are concatenated, or :math:`\|W^O\|` times that). Then :math:`\|J\|_2\le\|N\|_2`.
+
+    The bound holds for the Jacobian formula evaluated on the stored attention matrix ``P`` in
+    exact arithmetic: every rounding of the head-space rows, of the means and of the bound's own
+    arithmetic is covered (docs/certificates.md §5.1); the distance of that operator to the
+    exact Jacobian is the caller's (docs/rounding.md §4.2). Pairs are formed in blocks of 64
+    queries, and a causal layer skips the keys after each block.
 
     Parameters
     ----------
@@ -219,6 +448,11 @@ def block_norm_bounds(
     self_norms : Tensor, shape (..., n), optional
         Upper bounds on :math:`\|S_i\|_2 = \|\sum_hW_hV_hC^h_iA_h^\top\|_2`. Default:
         :func:`self_norm_trace_bound`.
+    ambient : bool, optional
+        Also form the terms that need inner products in :math:`\mathbb R^d` (the rank-one
+        closed form here, the trace of :math:`C_i` in :func:`self_norm_trace_bound`). Default:
+        when :math:`d\le2d_v`; on layers with :math:`d\gg d_v` they cost several times the
+        rest and tightened no bound we measured (docs/certificates.md §5.1).
 
     Returns
     -------
@@ -226,44 +460,88 @@ def block_norm_bounds(
     """
     _require_analytic(lin, "block_norm_bounds")
     weighted = _check_geometry(lin, geometry)
-    lin = _as_float64(lin)
+    lin = _float64_rows(lin)
     norms = weight_norms(lin.params)
-    P = lin.P
+    use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
+    fams = _families(lin, ambient=use_ambient, self_terms=self_norms is None)
+    fac = fams["factors"]
     Pi = _interaction(lin, weighted)
-    Xc = lin.X - lin.x_bar  # (..., n, d)
-    Mc = lin.m - lin.x_bar.unsqueeze(-3)  # (..., H, n, d)
-    B = lin.B
-    d = lin.d
-    slack = 4 * (d + 4) * _U64
-    xn = Xc.square().sum(-1).sqrt().unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, n): ||x_j - x_bar||
-    proj = _projectors(lin)
-    kinds = ("V",) if lin.concat else ("V", "O")
-    keys = {k: proj[k](Xc, False) for k in kinds}  # the keys through V_h, W_hV_h: (..., H, n, .)
-    M_norms = {"V": norms.V, "O": norms.O}
+    n = lin.n
+    bnorms = _b_norms(lin, fac)
+    bn = bnorms[0]
+    causal = lin.masked and lin.positions is None
+    nV, nO = norms.V.reshape(-1, 1, 1), norms.O.reshape(-1, 1, 1)
     rows = []
-    # query blocks: every quantity below is per pair (i, j), so blocks of queries keep the
-    # (H, block, n) intermediates in cache (the products of docs/certificates.md do the same)
-    for sl in iter_chunks(lin.n, _BLOCK_ROWS):
-        Mb, Bb = Mc[..., sl, :], B[..., sl, :]
-        Pb, Pib = P[..., sl, :], Pi[..., sl, :]
-        mn = Mb.square().sum(-1, keepdim=True).sqrt()  # (..., H, b, 1)
-        bn = (Bb.square().sum(-1, keepdim=True) * (1 + slack)).sqrt()
-        t = torch.einsum("...hid,...jd->...hij", Bb, Xc) - (Bb * Mb).sum(-1, keepdim=True)
-        t = t + slack * bn * (xn + mn)  # over-estimate <b_i, x_j - m_i>
-        ident = _projected(None, Xc, Mb, Pb, None)
-        sig = rank_one_sigma_max_from_stats(t, ident.dist2 * bn.square(), d)
-        if d == 1:
-            sig = sig + slack * (1 + bn * (xn + mn))
-        bounds = {}
-        for kind in kinds:
-            stats = _projected(proj[kind], Xc, Mb, Pb, M_norms[kind], Z=keys[kind])
-            nM = M_norms[kind].reshape(-1, 1, 1)
-            bounds[kind] = Pib * torch.minimum(nM * sig, nM + stats.dist2.sqrt() * bn)
-        rows.append(_combine_heads(bounds["V"], bounds.get("O"), norms, lin.concat))
-    off = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
+    for sl in iter_chunks(n, _BLOCK_ROWS):
+        kend = sl.stop if causal else n
+        Pib = Pi[..., sl, :kend]
+        bnb = bn[..., sl].unsqueeze(-1)
+        dV = _pair_dist(fams["V"], sl, kend)
+        bO = None
+        if fac.W is not None:
+            dO = _pair_dist(fams["WV"], sl, kend).square_()
+            dO.addcmul_(dV.square(), fac.W.e.reshape(-1, 1, 1)).sqrt_()
+            bO = dO.mul_(bnb).add_(nO).mul_(Pib)
+        bV = dV.mul_(bnb).add_(nV).mul_(Pib)
+        if use_ambient:
+            sig = _rank_one_sigma(lin, fams["I"], bnorms, sl, kend).mul_(Pib)
+            bV = torch.minimum(bV, nV * sig)
+            bO = None if bO is None else torch.minimum(bO, nO * sig)
+        block = _combine_heads(bV, bO, norms, lin.concat).add_(_subnormal_floor(bV.shape[-3]))
+        rows.append(torch.nn.functional.pad(block, (0, n - kend)))
+    off = (rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)) * _OUT_INFL
     if self_norms is None:
-        self_norms = self_norm_trace_bound(lin)
+        self_norms = _self_norms(lin, fams, norms, use_ambient)
     return off + torch.diag_embed(self_norms.to(torch.float64))
+
+
+def _self_norms(lin: AttentionLinearization, fams: dict, norms: WeightNorms, ambient: bool):
+    fac = fams["factors"]
+    T_V = fams["V"].spread
+    T_A = fams["K"].spread
+    if fac.Q is not None:
+        T_A = (fams["QK"].spread.square() + fac.Q.e.unsqueeze(-1) * T_A.square()).sqrt()
+    bV = T_V * T_A
+    bO = None
+    if fac.W is not None:
+        T_O = (fams["WV"].spread.square() + fac.W.e.unsqueeze(-1) * T_V.square()).sqrt()
+        bO = T_O * T_A
+    if ambient:
+        tr_C = fams["I"].spread.square()
+        nA = norms.A.reshape(-1, 1)
+        bV = torch.minimum(bV, norms.V.reshape(-1, 1) * nA * tr_C)
+        if bO is not None:
+            bO = torch.minimum(bO, norms.O.reshape(-1, 1) * nA * tr_C)
+    bO = None if bO is None else bO.unsqueeze(-1)
+    out = _combine_heads(bV.unsqueeze(-1), bO, norms, lin.concat).squeeze(-1)
+    return out * _OUT_INFL + _subnormal_floor(bV.shape[-2])
+
+
+def self_norm_trace_bound(lin: AttentionLinearization, *, ambient: bool | None = None) -> Tensor:
+    r"""Upper bounds on :math:`\|S_i\|_2 = \|\sum_hW_hV_hC^h_iA_h^\top\|_2`, in :math:`O(Hn^2k)`.
+
+    Per head and :math:`M\in\{V_h, W_hV_h\}`, writing :math:`C = C^h_i`, from
+    :math:`MCA^\top = (MC^{1/2})(C^{1/2}A^\top)` and :math:`\|\cdot\|_2\le\|\cdot\|_F`,
+
+    .. math::
+        \|MCA^\top\|_2\le\big(\operatorname{tr}(MCM^\top)\operatorname{tr}(ACA^\top)\big)^{1/2},
+
+    each trace :math:`\sum_lP_{il}\|M(x_l-m_i)\|^2` a weighted spread of head-space rows (for
+    :math:`A_h = Q_h^\top K_h`, rows :math:`K_hx_l` through the factor of :math:`Q_hQ_h^\top`),
+    with every rounding covered (docs/certificates.md §5.1). With ``ambient`` (default
+    :math:`d\le2d_v`), also :math:`\|M\|\|A\|\operatorname{tr}C`, and the smaller is kept.
+    Heads combine as in :func:`block_norm_bounds`. Exact per-atom norms need the explicit
+    blocks (:func:`self_jacobian_blocks`).
+
+    Returns
+    -------
+    Tensor, float64, shape (..., n)
+    """
+    _require_analytic(lin, "self_norm_trace_bound")
+    lin = _float64_rows(lin)
+    use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
+    fams = _families(lin, ambient=use_ambient, self_terms=True)
+    return _self_norms(lin, fams, weight_norms(lin.params), use_ambient)
 
 
 def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
@@ -294,45 +572,6 @@ def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
         C=f(lin.C),
         QKV=f(lin.QKV),
     )
-
-
-def self_norm_trace_bound(lin: AttentionLinearization) -> Tensor:
-    r"""Cheap upper bounds on :math:`\|S_i\|_2 = \|\sum_hW_hV_hC^h_iA_h^\top\|_2` (cost O(Hn^2d)).
-
-    Per head and :math:`M\in\{V_h, W_hV_h\}`, writing :math:`C = C^h_i`,
-
-    .. math::
-        \|MCA^\top\|_2\le\min\Big(\|M\|\|A\|\operatorname{tr}C,\
-        \big(\operatorname{tr}(MCM^\top)\operatorname{tr}(ACA^\top)\big)^{1/2}\Big),
-
-    the second from :math:`MCA^\top = (MC^{1/2})(C^{1/2}A^\top)` and
-    :math:`\|\cdot\|_2\le\|\cdot\|_F`; each trace is
-    :math:`\sum_lP_{il}\|M(x_l-m_i)\|^2` (centred coordinates, rounding slack added). Heads
-    combine as in :func:`block_norm_bounds`. Exact per-atom norms need the explicit blocks
-    (:func:`self_jacobian_blocks`).
-
-    Returns
-    -------
-    Tensor, float64, shape (..., n)
-    """
-    _require_analytic(lin, "self_norm_trace_bound")
-    lin = _as_float64(lin)
-    norms = weight_norms(lin.params)
-    P = lin.P
-    Xc = lin.X - lin.x_bar
-    Mc = lin.m - lin.x_bar.unsqueeze(-3)
-    proj = _projectors(lin)
-    tr_C = _projected(None, Xc, Mc, P, None, dist=False).var  # (..., H, n)
-    tr_A = _projected(proj["A"], Xc, Mc, P, norms.A, dist=False).var
-    nA = norms.A.reshape(-1, 1)
-
-    def per_head(kind: str, M_norm: Tensor) -> Tensor:
-        tr_M = _projected(proj[kind], Xc, Mc, P, M_norm, dist=False).var
-        return torch.minimum(M_norm.reshape(-1, 1) * nA * tr_C, (tr_M * tr_A).sqrt())
-
-    bV = per_head("V", norms.V).unsqueeze(-1)
-    bO = None if lin.concat else per_head("O", norms.O).unsqueeze(-1)
-    return _combine_heads(bV, bO, norms, lin.concat).squeeze(-1)
 
 
 # ------------------------------------------------------------------ per-head structured bound
