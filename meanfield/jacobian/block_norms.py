@@ -645,6 +645,31 @@ def _norm2_upper(M: Tensor | None) -> Tensor:
     return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
 
 
+_HEAD_NORM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _per_head_norms(params: Params, feats: list[dict]) -> dict[int, dict[str, Tensor]]:
+    """Certified norms of each head's ``V``, ``Q``, ``K`` and ``W_h`` (cached per ``params``).
+
+    The structured bounds need them on every call; one SVD each, computed once per layer.
+    """
+    cached = _HEAD_NORM_CACHE.get(params)
+    if cached is not None and all(f["h"] in cached for f in feats):
+        return cached
+    W, _ = _head_output_matrices(params)
+    out = {
+        f["h"]: {
+            "V": _norm2_upper(params.heads[f["h"]].V),
+            "Q": _norm2_upper(f["Q"]),
+            "K": _norm2_upper(f["K"]),
+            "W": _norm2_upper(W[f["h"]]),
+        }
+        for f in feats
+    }
+    _HEAD_NORM_CACHE[params] = out
+    return out
+
+
 _STACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -707,22 +732,18 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
 
     params = lin.params
     feats = _head_features(lin)
-    W, _ = _head_output_matrices(params)
-    W = W.to(torch.float64)
     stack = _stacked_norms(params, feats)
     terms = {"1": [], "2": [], "3": []}  # per-head factors without the stacked norms
     full = {"1": [], "2": [], "3": []}  # per-head bounds on ||J^h_t|| (W_h excluded)
     w_norms = []
     rho_max = 1.0
+    hn = _per_head_norms(params, feats)
     for f in feats:
-        head = params.heads[f["h"]]
         P = f["P"]
         rho = f["rho"]
         rho_k = max(rho, 1.0) if f["c"] is not None else rho
         rho_max = max(rho_max, rho_k, rho)
-        nV = _norm2_upper(head.V)
-        nQ = _norm2_upper(f["Q"])
-        nK = _norm2_upper(f["K"])
+        nV, nQ, nK = (hn[f["h"]][key] for key in ("V", "Q", "K"))
         if f["c"] is not None:
             nK = (nK.square() + f["c"].to(torch.float64).square().sum()).sqrt()
         p_norm = collatz_wielandt_bound(P, n_steps=8)
@@ -744,7 +765,7 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
         full["1"].append(p_norm * nV)
         full["2"].append(s2 * nK * rho_k)
         full["3"].append(s3 * nQ * rho)
-        w_norms.append(_norm2_upper(W[f["h"]]))
+        w_norms.append(hn[f["h"]]["W"])
     wn = torch.stack(w_norms).to(lin.X.device)
     scale = {"1": stack["V"], "2": stack["K"] * rho_max, "3": stack["Q"] * rho_max}
     total = 0
@@ -778,12 +799,11 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     """
     params = lin.params
     feats = _head_features(lin)
-    W, concat = _head_output_matrices(params)
-    W = W.to(torch.float64)
+    _, concat = _head_output_matrices(params)
     total = 0
     squares = 0
+    hn = _per_head_norms(params, feats)
     for f in feats:
-        head = params.heads[f["h"]]
         P, v = f["P"], f["v"]
         vbar = P @ v  # V(m_i - x_bar)
         vn2 = v.square().sum(-1).unsqueeze(-2)  # (..., 1, n)
@@ -791,15 +811,15 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
         slack = 4 * (v.shape[-1] + 4) * _U64
         d2 = (vn2 - 2 * vbar @ v.mT + vb2).clamp_min(0) + slack * (vn2 + vb2)
         qn = f["q"].square().sum(-1).sqrt() * (1 + slack)
-        nV = _norm2_upper(head.V)
-        nK = _norm2_upper(f["K"]) * f["rho"]
-        nQ = _norm2_upper(f["Q"]) * f["rho"]
+        nV = hn[f["h"]]["V"]
+        nK = hn[f["h"]]["K"] * f["rho"]
+        nQ = hn[f["h"]]["Q"] * f["rho"]
         bn = qn * nK
         if f["c"] is not None:
             bn = bn + f["c"].to(torch.float64).square().sum().sqrt()
         self_h = (_variance(P, v) * _variance(P, f["k"])).sqrt() * nQ
         N_h = P * (nV + d2.sqrt() * bn.unsqueeze(-1)) + torch.diag_embed(self_h)
-        total = total + _norm2_upper(W[f["h"]]) * N_h
+        total = total + hn[f["h"]]["W"] * N_h
         squares = squares + N_h.square()
     stacked = squares.sqrt()
     if concat:
