@@ -39,18 +39,13 @@ to ``torch.func`` products of :func:`~meanfield.attention.attention_points`.
 The package is split along those concepts: :mod:`~meanfield.jacobian.linearization`
 (:class:`AttentionLinearization`, :func:`linearize`), :mod:`~meanfield.jacobian.products`
 (:func:`jvp`, :func:`vjp`, the self-map products, :func:`dense_jacobian`) and
-:mod:`~meanfield.jacobian.block_norms` (the certified block-norm bounds). Every name is importable
+:mod:`~meanfield.jacobian.block_norms` (the certified block-norm bounds, on the certified head-space
+rows of :mod:`~meanfield.jacobian.head_rows`) and :mod:`~meanfield.jacobian.structured_bounds`
+(the bounds for any heads, rotary included). Every name is importable
 from ``meanfield.jacobian``.
 """
 
-from .block_norms import (
-    WeightNorms,
-    block_norm_bounds,
-    head_structured_upper,
-    self_norm_trace_bound,
-    structured_block_norms,
-    weight_norms,
-)
+from .block_norms import WeightNorms, block_norm_bounds, self_norm_trace_bound, weight_norms
 from .linearization import _PRODUCT_BLOCK as _PRODUCT_BLOCK
 from .linearization import AttentionLinearization, linearize
 from .products import _dense_from_lin as _dense_from_lin
@@ -64,6 +59,7 @@ from .products import (
     self_vjp,
     vjp,
 )
+from .structured_bounds import head_structured_upper, structured_block_norms
 
 __all__ = [
     "AttentionLinearization",

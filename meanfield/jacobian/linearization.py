@@ -9,7 +9,7 @@ docstring (:mod:`meanfield.jacobian`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -377,4 +377,34 @@ def linearize(
         VMc=VMc,
         C=C,
         QKV=QKV,
+    )
+
+
+def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
+    """The same linearization with its tensors in float64 (no recomputation)."""
+    if lin.X.dtype == torch.float64:
+        return lin
+
+    def f(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(torch.float64)
+
+    return replace(
+        lin,
+        X=f(lin.X),
+        P=f(lin.P),
+        P_w=f(lin.P_w),
+        _m=f(lin._m),
+        _B=f(lin._B),
+        x_bar=f(lin.x_bar),
+        _A=f(lin._A),
+        V=f(lin.V),
+        W=f(lin.W),
+        QK=None if lin.QK is None else (f(lin.QK[0]), f(lin.QK[1])),
+        Qx=f(lin.Qx),
+        KXc=f(lin.KXc),
+        KMc=f(lin.KMc),
+        VXc=f(lin.VXc),
+        VMc=f(lin.VMc),
+        C=f(lin.C),
+        QKV=f(lin.QKV),
     )

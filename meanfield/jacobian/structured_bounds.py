@@ -1,0 +1,281 @@
+r"""Deterministic bounds from the per-head structure, for any heads (rotary included).
+
+:func:`head_structured_upper` (the three-term split of each head's Jacobian, docs/certificates.md
+§5.2) and :func:`structured_block_norms` (block norms with key-dependent logit gradients, §5.3):
+the certificates of layers whose heads rotate queries and keys by position.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import Tensor
+
+from .._spectral import spectral_norm_upper
+from ..attention import head_logits
+from ..params import AttentionParams, MultiHeadParams
+from .linearization import (
+    AttentionLinearization,
+    _admissible,
+    _as_float64,
+    _head_output_matrices,
+    _log_attention,
+)
+
+Params = AttentionParams | MultiHeadParams
+_U64 = torch.finfo(torch.float64).eps / 2
+
+
+def _variance(P: Tensor, F: Tensor) -> Tensor:
+    r""":math:`\sum_lP_{il}\|f_l - \bar f_i\|^2` (..., H, n) for rows ``F`` (..., H, n, k).
+
+    ``F`` should be centred; the cancellation of the second-moment form is covered by a slack
+    :math:`4(k + n + 4)u` times the moments (float64).
+    """
+    f2 = F.square().sum(-1)  # (..., H, n)
+    second = (P @ f2.unsqueeze(-1)).squeeze(-1)
+    mean2 = (P @ F).square().sum(-1)
+    slack = 4 * (F.shape[-1] + P.shape[-1] + 4) * _U64
+    return (second - mean2).clamp_min(0) + slack * (second + mean2)
+
+
+def _head_features(lin: AttentionLinearization) -> list[dict]:
+    """Per head (all heads, rotary included): P, query rows, centred key rows, value spreads."""
+    lin = _as_float64(lin)
+    params = lin.params
+    heads = params.heads
+    X = lin.X
+    n = lin.n
+    out = []
+    allowed = _admissible(lin.masked, n, lin.positions, X.device)
+    idx = lin.token_index
+    if idx is None:
+        idx = torch.arange(n, device=X.device)
+    for a, h in enumerate(lin.analytic_heads):
+        head = heads[h]
+        item = {"h": h, "P": lin.P[..., a, :, :], "q": lin.Qx[..., a, :, :]}
+        item["k"] = lin.KXc[..., a, :, :]
+        item["v"] = lin.VXc[..., a, :, :]
+        item["c"] = None if lin.C is None else lin.C[a]
+        item["rho"] = 1.0
+        if lin.QK is None:
+            item["Q"] = None  # the identity
+            item["K"] = lin.A[a]
+        else:
+            item["Q"], item["K"] = lin.QK[0][a], lin.QK[1][a]
+        del head
+        out.append(item)
+    for h in lin.rope_heads:
+        head = heads[h]
+        head64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
+        logP = _log_attention(head_logits(X, X, head64, lin.log_weights), allowed)
+        q = head64.rope.apply(X @ head64.Q.mT, idx)
+        k = head64.rope.apply(X @ head64.K.mT, idx)
+        k = k - k.mean(-2, keepdim=True)  # a constant shift leaves the spreads unchanged
+        Xc = X - lin.x_bar
+        out.append(
+            {
+                "h": h,
+                "P": logP.exp(),
+                "q": q,
+                "k": k,
+                "v": Xc @ head64.V.mT,
+                "c": head64.c,
+                "rho": abs(float(head64.rope.attention_scaling)) * (1 + 64 * _U64),
+                "Q": head64.Q,
+                "K": head64.K,
+            }
+        )
+    return out
+
+
+def _norm2_upper(M: Tensor | None) -> Tensor:
+    if M is None:
+        return torch.ones((), dtype=torch.float64)
+    M = M.to(torch.float64)
+    return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
+
+
+_HEAD_NORM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _per_head_norms(params: Params, feats: list[dict]) -> dict[int, dict[str, Tensor]]:
+    """Certified norms of each head's ``V``, ``Q``, ``K`` and ``W_h`` (cached per ``params``).
+
+    The structured bounds need them on every call; one SVD each, computed once per layer.
+    """
+    cached = _HEAD_NORM_CACHE.get(params)
+    if cached is not None and all(f["h"] in cached for f in feats):
+        return cached
+    W, _ = _head_output_matrices(params)
+    out = {
+        f["h"]: {
+            "V": _norm2_upper(params.heads[f["h"]].V),
+            "Q": _norm2_upper(f["Q"]),
+            "K": _norm2_upper(f["K"]),
+            "W": _norm2_upper(W[f["h"]]),
+        }
+        for f in feats
+    }
+    _HEAD_NORM_CACHE[params] = out
+    return out
+
+
+_STACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stacked_norms(params: Params, feats: list[dict]) -> dict[str, Tensor]:
+    r"""Certified norms of the head matrices stacked over heads (cached per ``params``).
+
+    ``V``: :math:`[V_1; \dots; V_H]`; ``K``: :math:`[\hat K_1; \dots; \hat K_H]` (with the key-logit
+    rows :math:`c_h^\top`); ``Q``: :math:`[Q_1; \dots; Q_H]` (the identity for heads without
+    factors); ``W``: :math:`\|W^O\|` (1 for concatenated heads).
+    """
+    cached = _STACK_CACHE.get(params)
+    if cached is not None:
+        return cached
+    f64 = torch.float64
+    Vs, Ks, Qs = [], [], []
+    for f in feats:
+        head = params.heads[f["h"]]
+        d = head.V.shape[-1]
+        Vs.append(head.V.to(f64))
+        K = f["K"].to(f64)
+        if f["c"] is not None:
+            K = torch.cat([K, f["c"].to(f64).reshape(1, -1)], dim=0)
+        Ks.append(K)
+        Qs.append(torch.eye(d, dtype=f64, device=K.device) if f["Q"] is None else f["Q"].to(f64))
+    out = {
+        "V": _norm2_upper(torch.cat(Vs)),
+        "K": _norm2_upper(torch.cat(Ks)),
+        "Q": _norm2_upper(torch.cat(Qs)),
+        "W": (
+            torch.ones((), dtype=f64)
+            if not isinstance(params, MultiHeadParams) or params.W_O is None
+            else _norm2_upper(params.W_O)
+        ),
+    }
+    _STACK_CACHE[params] = out
+    return out
+
+
+def head_structured_upper(lin: AttentionLinearization) -> Tensor:
+    r"""Deterministic upper bound on :math:`\|J\|_2` from the per-head structure (Euclidean).
+
+    Each head's Jacobian splits as :math:`J^h = J^h_1 + J^h_2 + J^h_3` (docs/certificates.md §5.2):
+    the mixing term :math:`P^h\otimes V_h` with :math:`\|J^h_1\|\le\|P^h\|_2\|V_h\|_2`
+    (:math:`\|P^h\|_2` by a Collatz–Wielandt bound), the key-logit term
+    :math:`(J^h_2H)_i = \sum_lP_{il}\langle\hat q_i, \hat K_lh_l\rangle V(x_l-m_i)` bounded by
+    Cauchy–Schwarz in :math:`l` and then by the largest column weight, and the self term
+    :math:`(J^h_3H)_i = V\sum_lP_{il}(x_l-m_i)(\tilde k_l-\bar k_i)^\top\tilde Q_ih_i` bounded by
+    the two spreads. Each of the three multi-head terms is bounded twice, per head
+    (:math:`\sum_h\|W_h\|\,\cdot`) and through the stacked head matrices
+    (:math:`\|W^O\|\max_h(\cdot)\,\|[M_1;\dots;M_H]\|`, which sees that the heads share the
+    input and output spaces); the smaller is kept. Rotary heads enter through their rotated
+    queries and keys (rotations scaled by ``attention_scaling``), so this bound covers them.
+    Cost :math:`O(Hn^2k)`, the order of one product. The caller adds its evaluation margin.
+
+    Returns
+    -------
+    Tensor, float64, shape lin.batch_shape
+    """
+    from .._spectral import collatz_wielandt_bound
+
+    params = lin.params
+    feats = _head_features(lin)
+    stack = _stacked_norms(params, feats)
+    terms = {"1": [], "2": [], "3": []}  # per-head factors without the stacked norms
+    full = {"1": [], "2": [], "3": []}  # per-head bounds on ||J^h_t|| (W_h excluded)
+    w_norms = []
+    rho_max = 1.0
+    hn = _per_head_norms(params, feats)
+    for f in feats:
+        P = f["P"]
+        rho = f["rho"]
+        rho_k = max(rho, 1.0) if f["c"] is not None else rho
+        rho_max = max(rho_max, rho_k, rho)
+        nV, nQ, nK = (hn[f["h"]][key] for key in ("V", "Q", "K"))
+        if f["c"] is not None:
+            nK = (nK.square() + f["c"].to(torch.float64).square().sum()).sqrt()
+        p_norm = collatz_wielandt_bound(P, n_steps=8)
+        kap2 = _variance(P, f["v"])  # sum_l P_il ||V (x_l - m_i)||^2
+        q = f["q"]
+        q2 = q.square().sum(-1)
+        if f["c"] is not None:
+            q = torch.cat([q, q.new_ones(q.shape[:-1] + (1,))], dim=-1)
+            q2 = q2 + 1
+        trace_form = (P.mT @ (kap2 * q2).unsqueeze(-1)).squeeze(-1)  # (..., n) over l
+        sq = torch.linalg.matrix_norm(q, ord=2) * (1 + 8 * q.shape[-2] * _U64)
+        weight_form = (kap2.unsqueeze(-1) * P).amax(-2) * sq.square().unsqueeze(-1)
+        lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * _U64)
+        s2 = lam.sqrt()
+        s3 = (kap2 * _variance(P, f["k"])).sqrt().amax(-1)
+        terms["1"].append(p_norm)
+        terms["2"].append(s2)
+        terms["3"].append(s3)
+        full["1"].append(p_norm * nV)
+        full["2"].append(s2 * nK * rho_k)
+        full["3"].append(s3 * nQ * rho)
+        w_norms.append(hn[f["h"]]["W"])
+    wn = torch.stack(w_norms).to(lin.X.device)
+    scale = {"1": stack["V"], "2": stack["K"] * rho_max, "3": stack["Q"] * rho_max}
+    total = 0
+    per_head_total = 0
+    for t in ("1", "2", "3"):
+        b = torch.stack(full[t], dim=-1)  # (..., H)
+        per_head = (b * wn).sum(-1)
+        stacked = stack["W"] * torch.stack(terms[t], dim=-1).amax(-1) * scale[t]
+        total = total + torch.minimum(per_head, stacked)
+        per_head_total = per_head_total + b
+    whole = stack["W"] * per_head_total.square().sum(-1).sqrt()
+    return torch.minimum(total, whole) * (1 + 16 * len(feats) * _U64)
+
+
+def structured_block_norms(lin: AttentionLinearization) -> Tensor:
+    r"""Nonnegative :math:`N_{ij}\ge\|J_{ij}\|_2` for any heads, rotary ones included (Euclidean).
+
+    Per head, :math:`J^h_{ij} = P_{ij}V(I + (x_j-m_i)\,b_{ij}^\top) + \delta_{ij}S^h_i` with
+    :math:`b_{ij} = \partial_{x_j}s_{ij}` (:math:`\hat K_j^\top\hat q_i`; rotated by the key's
+    position for rotary heads), so
+    :math:`\|J^h_{ij}\|\le P_{ij}\big(\|V\| + \|V(x_j-m_i)\|(\rho\|K\|\|q_i\| + \|c\|)\big)
+    + \delta_{ij}\|S^h_i\|`, with :math:`\|S^h_i\|` bounded as the self term of
+    :func:`head_structured_upper`. Heads combine blockwise as
+    :math:`\min(\sum_h\|W_h\|N^h_{ij},\ \|W^O\|(\sum_h(N^h_{ij})^2)^{1/2})`. Cost
+    :math:`O(Hn^2k)`; then :math:`\|J\|_2\le\|N\|_2` (Collatz–Wielandt). For heads without
+    rotary embedding :func:`block_norm_bounds` is sharper (closed-form rank-one norms).
+
+    Returns
+    -------
+    Tensor, float64, shape (..., n, n)
+    """
+    params = lin.params
+    feats = _head_features(lin)
+    _, concat = _head_output_matrices(params)
+    total = 0
+    squares = 0
+    hn = _per_head_norms(params, feats)
+    for f in feats:
+        P, v = f["P"], f["v"]
+        vbar = P @ v  # V(m_i - x_bar)
+        vn2 = v.square().sum(-1).unsqueeze(-2)  # (..., 1, n)
+        vb2 = vbar.square().sum(-1, keepdim=True)  # (..., n, 1)
+        slack = 4 * (v.shape[-1] + 4) * _U64
+        d2 = (vn2 - 2 * vbar @ v.mT + vb2).clamp_min(0) + slack * (vn2 + vb2)
+        qn = f["q"].square().sum(-1).sqrt() * (1 + slack)
+        nV = hn[f["h"]]["V"]
+        nK = hn[f["h"]]["K"] * f["rho"]
+        nQ = hn[f["h"]]["Q"] * f["rho"]
+        bn = qn * nK
+        if f["c"] is not None:
+            bn = bn + f["c"].to(torch.float64).square().sum().sqrt()
+        self_h = (_variance(P, v) * _variance(P, f["k"])).sqrt() * nQ
+        N_h = P * (nV + d2.sqrt() * bn.unsqueeze(-1)) + torch.diag_embed(self_h)
+        total = total + hn[f["h"]]["W"] * N_h
+        squares = squares + N_h.square()
+    stacked = squares.sqrt()
+    if concat:
+        out = stacked
+    else:
+        out = torch.minimum(total, _norm2_upper(params.W_O) * stacked)
+    return out * (1 + 16 * len(feats) * _U64)
