@@ -95,6 +95,8 @@ def run(models, ns, dtype_name, delta, prob_rtol, tol, save=None):
         local_lipschitz(X8, p, masked=masked, method="lanczos", upper="block")
         head_structured_upper(linearize(X8, p, masked=masked))
         structured_block_norms(linearize(X8, p, masked=masked))
+        if not any(getattr(h, "rope", None) is not None for h in p.heads):
+            block_norm_bounds(linearize(X8, p, masked=masked))  # the factors of this dtype's copy
         for n in sorted(Xs):
             X = Xs[n]
             kw = dict(masked=masked, method="lanczos", tol=tol, delta=delta)
