@@ -150,6 +150,7 @@ class CostProgress:
         self._last_line_pct = 0
         self._bar = None
         self._closed = False
+        self._to_come = 0  # stages that will declare their points later (see expect)
 
     # ---- declaring work -------------------------------------------------------------------
     def add(self, stage: str, cost: float, points: int = 1) -> None:
@@ -160,7 +161,20 @@ class CostProgress:
         st.cost += float(cost)
         st.points += int(points)
         st.finished = False
+        # new work lowers the fraction: percent lines resume from where it now stands
+        self._last_line_pct = min(self._last_line_pct, math.floor(100 * self.fraction()))
         self._sync_bar()
+
+    def expect(self, stages: int) -> None:
+        """Say that ``stages`` more stages will declare their points later (0: all declared).
+
+        A serial pipeline learns a stage's points only when it runs; until the last one starts,
+        the fraction and the ETA would speak of the stages so far only, so lines give the points
+        done and the stages still to come instead, once per ``min_interval``.
+        """
+        if stages < 0:
+            raise ValueError("stages must be non-negative")
+        self._to_come = int(stages)
 
     def calibrate(self, stage: str, cost: float, seconds: float, points: int = 1) -> None:
         """Tell the stage's time model about points finished before: their cost and seconds.
@@ -299,7 +313,17 @@ class CostProgress:
         return remaining * elapsed / self._computed_cost
 
     def status_line(self) -> str:
-        """``desc: 37% of time, 120/400 points, elapsed 12m03s, ETA 20m15s`` (``of cost`` untimed)."""
+        """``desc: 37% of time, 120/400 points, elapsed 12m03s, ETA 20m15s`` (``of cost`` untimed).
+
+        While stages are still to come (:meth:`expect`): ``desc: 120/400 points of the stages so
+        far, 3 stages to come, elapsed 12m03s`` (no share or ETA: the rest is not known yet).
+        """
+        if self._to_come > 0:
+            more = f"{self._to_come} stage{'s' if self._to_come > 1 else ''} to come"
+            return (
+                f"{self.desc}: {self.done_points}/{self.total_points} points of the stages so far, "
+                f"{more}, elapsed {format_seconds(self.elapsed())}"
+            )
         pct = math.floor(100 * self.fraction())
         return (
             f"{self.desc}: {pct}% of {self._unit()}, {self.done_points}/{self.total_points} points, "
@@ -359,11 +383,16 @@ class CostProgress:
             self._ensure_bar()
             if self._bar is not None:
                 self._sync_bar()
+                eta = format_seconds(self.eta()) if self._to_come == 0 else "?"
                 self._bar.set_postfix_str(
-                    f"{self.done_points}/{self.total_points} pts, "
-                    f"ETA {format_seconds(self.eta())} [{st.name}]",
+                    f"{self.done_points}/{self.total_points} pts, ETA {eta} [{st.name}]",
                     refresh=True,
                 )
+            return
+        if self._to_come > 0:  # no meaningful percent yet: one line per interval
+            if now - self._last_line_t >= self.min_interval:
+                self._last_line_t = now
+                self._write(self.status_line())
             return
         pct = math.floor(100 * self.fraction())
         if pct > self._last_line_pct and now - self._last_line_t >= self.min_interval:

@@ -115,6 +115,42 @@ def test_stage_lines_and_final_line() -> None:
     assert summary["a"]["skipped_points"] == 1 and summary["a"]["seconds"] == 3.0
 
 
+def test_stages_to_come_give_no_share_and_lines_resume_after_new_work() -> None:
+    """A serial pipeline declares each stage's points when it starts: with stages still to come
+    a line never claims 100 % or an ETA, and once they are declared, percent lines resume
+    (before, the first stage's "100%, ETA 0s" line was the last one of a long run)."""
+    clock = Clock()
+    p, out = _plain(clock)
+    p.expect(2)
+    p.add("first", cost=10.0, points=10)
+    for _ in range(10):
+        clock.t += 30.0
+        p.advance("first", cost=1.0)
+    lines = [line for line in out.getvalue().splitlines() if "stage first" not in line]
+    assert lines, "one line per minute while stages are to come"
+    assert all("%" not in line and "ETA" not in line for line in lines)
+    assert lines[-1] == "run: 10/10 points of the stages so far, 2 stages to come, elapsed 5m00s"
+    assert len(lines) == 5  # 300 s at one line per minute
+    p.expect(0)
+    p.add("last", cost=90.0, points=90)
+    assert p.fraction() == pytest.approx(0.1)
+    n_before = len(out.getvalue().splitlines())
+    for _ in range(20):
+        clock.t += 60.0
+        p.advance("last", cost=1.0)
+    new = out.getvalue().splitlines()[n_before:]
+    pcts = [int(line.split(": ")[1].split("%")[0]) for line in new]
+    # one line per new percent (a floor may skip one where the share lands a hair below it)
+    assert pcts[0] == 11 and pcts[-1] >= 29 and len(pcts) >= 19
+    assert all(a < b for a, b in zip(pcts, pcts[1:])) and all("ETA" in line for line in new)
+
+
+def test_expect_rejects_negative_counts() -> None:
+    p, _ = _plain(Clock())
+    with pytest.raises(ValueError, match="non-negative"):
+        p.expect(-1)
+
+
 def test_disabled_writes_nothing() -> None:
     clock = Clock()
     p, out = _plain(clock, enabled=False)

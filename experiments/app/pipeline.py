@@ -167,8 +167,10 @@ def run_stages(
     try:
         with reporting(tracker):
             if executor is None:
-                for stage in stages:
+                for i, stage in enumerate(stages):
                     log.info("stage %s (%s preset)", stage.name, preset)
+                    # a serial run learns each stage's points when it starts
+                    tracker.expect(len(stages) - i - 1)
                     try:
                         files = call(stage)
                     except KeyboardInterrupt:
