@@ -264,6 +264,33 @@ def test_structured_block_norms_bound_every_block(gen, rope, masked):
     assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_structured_bounds_at_token_positions(gen, masked):
+    """Rotary heads at token positions other than 0..n-1 with gaps (a shift alone leaves rotary
+    logits unchanged): the structured bounds hold, and the rows linearize forms for the products
+    give the same bounds as the ones the bounds form themselves without them (which once
+    attended at positions 0..n-1)."""
+    from dataclasses import replace
+
+    params = _rope_params(gen, scaling=0.8)
+    n, d = 7, 6
+    X = torch.randn(2, n, d, generator=gen, dtype=D64)
+    idx = 3 * torch.arange(n) + 40  # gaps: rotary logits depend on the differences
+    J = dense_jacobian(X, params, masked=masked, token_index=idx)
+    blocks = J.reshape(2, n, -1, n, d).permute(0, 1, 3, 2, 4)
+    exact = torch.linalg.matrix_norm(blocks, 2)
+    lin = linearize(X, params, masked=masked, token_index=idx)
+    N = structured_block_norms(lin)
+    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+    whole = torch.linalg.matrix_norm(J, 2)
+    assert bool((head_structured_upper(lin) >= whole * (1 - 1e-14)).all())
+    bare = replace(lin, rope_rows=None)
+    torch.testing.assert_close(structured_block_norms(bare), N, rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        head_structured_upper(bare), head_structured_upper(lin), rtol=1e-12, atol=0
+    )
+
+
 def test_degenerate_operators():
     # zero operator: the polynomial bound certifies 0; a one-step run has no KW certificate
     x0 = torch.randn(1, 10, generator=torch.Generator().manual_seed(0), dtype=D64)

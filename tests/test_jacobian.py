@@ -292,6 +292,75 @@ def test_rotary_heads_fall_back_to_autograd(gen, masked):
         block_norm_bounds(lin)
 
 
+def _rotary_layer(gen, d=6, k=4, H=3, shared=True):
+    """Three heads, two of them rotary (with their own frequencies and scaling unless
+    ``shared``), and an output projection."""
+    W_Q, W_K, W_V = (torch.randn(H * k, d, generator=gen, dtype=D64) for _ in range(3))
+    W_O = torch.randn(5, H * k, generator=gen, dtype=D64)
+    base = MultiHeadParams.from_qkv(W_Q, W_K, W_V, W_O, n_heads=H)
+    freqs = 1.0 / (100.0 ** (torch.arange(0, k, 2, dtype=D64) / k))
+    ropes = [RotaryEmbedding(freqs), RotaryEmbedding(3 * freqs, 0.8)]
+    heads = []
+    for i, h in enumerate(base.heads):
+        if i < 2:
+            heads.append(
+                AttentionParams(h.A, h.V, Q=h.Q, K=h.K, rope=ropes[i if not shared else 0])
+            )
+        else:
+            heads.append(h)
+    return MultiHeadParams(tuple(heads), W_O=W_O)
+
+
+@pytest.mark.parametrize(
+    "case", ["plain", "masked", "weighted", "positions", "token_index", "own_freqs", "chunks"]
+)
+def test_rotary_products_in_closed_form_match_autograd(gen, case):
+    """The closed-form products of rotary heads (docs/derivations/jacobian_products.md §3b)
+    against autograd through the attention map (the same linearisation without its rotary rows)."""
+    from dataclasses import replace
+
+    B, n, d = 2, 7, 6
+    params = _rotary_layer(gen, d=d, shared=case != "own_freqs")
+    X = torch.randn(B, n, d, generator=gen, dtype=D64)
+    kw: dict = {"masked": case in ("masked", "positions", "chunks")}
+    geometry = "euclidean"
+    if case == "weighted":
+        kw["log_weights"] = random_log_weights(gen, (B, n), spread=3.0)
+        geometry = "wasserstein"
+    if case == "positions":
+        kw["positions"] = torch.rand(B, n, generator=gen, dtype=D64)
+    if case == "token_index":
+        kw["token_index"] = torch.stack([torch.randperm(n, generator=gen) + 3 for _ in range(B)])
+    if case == "chunks":
+        kw["chunk_size"] = 3
+    lin = linearize(X, params, **kw)
+    assert lin.rope_rows is not None and lin.rope_rows.heads == (0, 1)
+    auto = replace(lin, rope_rows=None)  # the autograd path
+    H = torch.randn(B, n, d, generator=gen, dtype=D64)
+    G = torch.randn(B, n, params.d_out, generator=gen, dtype=D64)
+    torch.testing.assert_close(
+        jvp(lin, H, geometry=geometry), jvp(auto, H, geometry=geometry), **TOL_AUTOGRAD
+    )
+    torch.testing.assert_close(
+        vjp(lin, G, geometry=geometry), vjp(auto, G, geometry=geometry), **TOL_AUTOGRAD
+    )
+    # adjoint identity <G, J H> = <J^T G, H> on the closed form alone
+    lhs = (G * jvp(lin, H, geometry=geometry)).sum()
+    rhs = (vjp(lin, G, geometry=geometry) * H).sum()
+    assert abs(float(lhs - rhs)) <= TOL_ADJOINT * float(lhs.abs() + rhs.abs())
+
+
+def test_rotary_products_in_float32(gen):
+    params = _rotary_layer(gen)
+    X = torch.randn(5, 6, generator=gen, dtype=D64)
+    lin32 = linearize(X.float(), params.to(torch.float32), masked=True)
+    lin64 = linearize(X.float().double(), params.to(torch.float32).to(D64), masked=True)
+    H = torch.randn(5, 6, generator=gen, dtype=D64)
+    out32 = jvp(lin32, H.float())
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32.double(), jvp(lin64, H), rtol=1e-4, atol=1e-5)
+
+
 def test_dense_size_guard(gen):
     head = random_params(gen, 8, kind="single")
     X = torch.randn(20, 8, generator=gen, dtype=D64)

@@ -47,7 +47,7 @@ from ``meanfield.jacobian``.
 
 from .block_norms import WeightNorms, block_norm_bounds, self_norm_trace_bound, weight_norms
 from .linearization import _PRODUCT_BLOCK as _PRODUCT_BLOCK
-from .linearization import AttentionLinearization, linearize
+from .linearization import AttentionLinearization, RopeRows, linearize
 from .products import _dense_from_lin as _dense_from_lin
 from .products import _key_blocks as _key_blocks
 from .products import _self_blocks as _self_blocks
@@ -63,6 +63,7 @@ from .structured_bounds import head_structured_upper, structured_block_norms
 
 __all__ = [
     "AttentionLinearization",
+    "RopeRows",
     "WeightNorms",
     "block_norm_bounds",
     "dense_jacobian",

@@ -76,6 +76,9 @@ class AttentionLinearization:
     QKV : Tensor, shape (H_a (2k + d_v), d), or None
         Rows :math:`[Q_h; K_h; V_h]` stacked head after head (factored heads only), so that the
         three head-space projections of a tangent are one matrix product.
+    rope_rows : RopeRows or None
+        Head-space rows of the rotary heads, for their products in closed form (``None`` when
+        there are none, or when their widths differ and the products go through autograd).
     """
 
     X: Tensor
@@ -101,6 +104,7 @@ class AttentionLinearization:
     VMc: Tensor | None = None
     C: Tensor | None = None
     QKV: Tensor | None = None
+    rope_rows: RopeRows | None = None
     _m: Tensor | None = field(default=None, repr=False)
     _B: Tensor | None = field(default=None, repr=False)
     _A: Tensor | None = field(default=None, repr=False)
@@ -238,6 +242,112 @@ def _head_rows(
     return qY, torch.einsum("...nd,hed->...hne", Y, A), torch.einsum("...nd,hvd->...hnv", Y, V)
 
 
+@dataclass(frozen=True, eq=False)
+class RopeRows:
+    r"""Head-space rows of the rotary heads at the linearisation point.
+
+    For rotary heads the logits are :math:`s_{il} = \langle\tilde q_i, \tilde k_l\rangle +
+    \log a_l` with :math:`\tilde q_i = \mathcal R_i Q x_i` and
+    :math:`\tilde k_l = \mathcal R_l K x_l` (:math:`\mathcal R_p` the rotation at token
+    position :math:`p`, times the embedding's ``attention_scaling``). Their products have the
+    closed form of the other heads with rotated rows (docs/derivations/jacobian_products.md §3b).
+
+    Attributes
+    ----------
+    heads : tuple of int
+        The rotary heads, in order.
+    P, P_w : Tensor, shape (..., H_r, n, n)
+        Attention matrices, and their Wasserstein-weighted form (or ``None``).
+    q : Tensor, shape (..., H_r, n, k)
+        Rotated queries :math:`\tilde q_i`.
+    kc : Tensor, shape (..., H_r, n, k)
+        Rotated keys minus their mean over the keys (a shift constant in :math:`l` leaves the
+        products unchanged, since :math:`\sum_lP_{il}(x_l - m_i) = 0`).
+    VXc, VMc : Tensor, shape (..., H_r, n, d_v)
+        :math:`V_h(x_l-\bar x)` and :math:`V_h(m_i-\bar x)`.
+    Q, K, V : Tensor, shapes (H_r, k, d), (H_r, k, d), (H_r, d_v, d)
+    index : Tensor, shape (n,) or (..., 1, n)
+        Token positions of the rotation, shaped to broadcast over the heads.
+    """
+
+    heads: tuple[int, ...]
+    P: Tensor
+    P_w: Tensor | None
+    q: Tensor
+    kc: Tensor
+    VXc: Tensor
+    VMc: Tensor
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    index: Tensor
+    ropes: tuple
+
+    def rotate(self, Z: Tensor, *, adjoint: bool = False) -> Tensor:
+        """Rotate head rows ``Z`` (..., H_r, n, k) at the token positions (or by the adjoint)."""
+        idx = -self.index if adjoint else self.index
+        first = self.ropes[0]
+        if all(
+            r.attention_scaling == first.attention_scaling
+            and torch.equal(r.inv_freq, first.inv_freq)
+            for r in self.ropes[1:]
+        ):
+            return first.apply(Z, idx)
+        return torch.stack(
+            [r.apply(Z[..., a, :, :], idx.squeeze(-2) if idx.ndim > 1 else idx)
+             for a, r in enumerate(self.ropes)],
+            dim=-3,
+        )  # fmt: skip
+
+
+def _rope_rows(
+    X: Tensor,
+    params: Params,
+    rope: tuple[int, ...],
+    log_weights: Tensor | None,
+    allowed: Tensor | None,
+    token_index: Tensor | None,
+    x_bar: Tensor,
+    block: int | None,
+) -> RopeRows | None:
+    """The :class:`RopeRows` of the rotary heads ``rope`` (``None`` if their widths differ)."""
+    heads = [params.heads[h] for h in rope]
+    if len({(tuple(h.Q.shape), h.d_v) for h in heads}) != 1:
+        return None
+    n = X.shape[-2]
+    idx = torch.arange(n, device=X.device) if token_index is None else token_index
+    idx = idx.to(X.device)
+    logP = torch.stack(
+        [
+            _log_attention(
+                head_logits(X, X, h, log_weights, query_index=idx, key_index=idx), allowed
+            )
+            for h in heads
+        ],
+        dim=-3,
+    )
+    P = logP.exp()
+    P_w = None
+    if log_weights is not None and bool(torch.isfinite(log_weights).all()):
+        half = 0.5 * log_weights.unsqueeze(-2)
+        P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
+    Q = torch.stack([h.Q for h in heads])
+    K = torch.stack([h.K for h in heads])
+    V = torch.stack([h.V for h in heads])
+    index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
+    ropes = tuple(h.rope for h in heads)
+    partial = RopeRows(
+        heads=rope, P=P, P_w=P_w, q=X, kc=X, VXc=X, VMc=X, Q=Q, K=K, V=V, index=index,
+        ropes=ropes,
+    )  # fmt: skip
+    q = partial.rotate(torch.einsum("...nd,hkd->...hnk", X, Q))
+    k = partial.rotate(torch.einsum("...nd,hkd->...hnk", X, K))
+    VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
+    return replace(
+        partial, q=q, kc=k - k.mean(-2, keepdim=True), VXc=VXc, VMc=_attend(P, VXc, block)
+    )
+
+
 def linearize(
     X: Tensor,
     params: Params,
@@ -352,6 +462,10 @@ def linearize(
         P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             P_w = P
+    rope_rows = None
+    if rope:
+        block = None if (not masked or positions is not None) else (chunk_size or _PRODUCT_BLOCK)
+        rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
     return AttentionLinearization(
         X=X,
         P=P,
@@ -377,6 +491,7 @@ def linearize(
         VMc=VMc,
         C=C,
         QKV=QKV,
+        rope_rows=rope_rows,
     )
 
 
@@ -407,4 +522,15 @@ def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
         VMc=f(lin.VMc),
         C=f(lin.C),
         QKV=f(lin.QKV),
+        rope_rows=None if lin.rope_rows is None else _rope_rows_float64(lin.rope_rows),
     )
+
+
+def _rope_rows_float64(rr: RopeRows) -> RopeRows:
+    def f(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(torch.float64)
+
+    return replace(
+        rr, P=f(rr.P), P_w=f(rr.P_w), q=f(rr.q), kc=f(rr.kc), VXc=f(rr.VXc), VMc=f(rr.VMc),
+        Q=f(rr.Q), K=f(rr.K), V=f(rr.V),
+    )  # fmt: skip

@@ -202,7 +202,10 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
             parts.append(vals - T.sum(-1, keepdim=True) * lin.VMc[..., sl, :])
         vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
         out = _combine(lin, vals, lin.analytic_heads)
-    if lin.rope_heads:
+    if lin.rope_rows is not None:
+        tangent = _rope_jvp(lin, H, weighted)
+        out = tangent if out is None else out + tangent
+    elif lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
         Hs = H if scale is None else H / scale
         for h in lin.rope_heads:
@@ -270,7 +273,10 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
         out = _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
         if acc_c is not None:
             out = out + acc_c.mT @ lin.C
-    if lin.rope_heads:
+    if lin.rope_rows is not None:
+        cot = _rope_vjp(lin, G, weighted)
+        out = cot if out is None else out + cot
+    elif lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
         Gs = G if scale is None else G * scale
         for h in lin.rope_heads:
@@ -279,6 +285,54 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
             cot = cot if scale is None else cot / scale
             out = cot if out is None else out + cot
     return out
+
+
+def _rope_jvp(lin: AttentionLinearization, H: Tensor, weighted: bool) -> Tensor:
+    r"""The rotary heads' part of :func:`jvp` in closed form (docs/derivations/jacobian_products.md §3b).
+
+    As for the other heads with rotated rows: :math:`S_{il} = \langle\tilde q_i,
+    \mathcal R_lKh_l\rangle`, :math:`R_{il} = \langle\mathcal R_iQh_i, \tilde k_l\rangle`
+    (rotary heads carry no key-logit term).
+    """
+    rr = lin.rope_rows
+    Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
+    qH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.Q))
+    kH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.K))
+    vH = torch.einsum("...nd,hvd->...hnv", H, rr.V)
+    parts = []
+    for sl, ks in _key_blocks(lin):
+        P, Pi = rr.P[..., sl, ks], Pi_all[..., sl, ks]
+        S = rr.q[..., sl, :] @ kH[..., ks, :].mT
+        T = Pi * S + P * (qH[..., sl, :] @ rr.kc[..., ks, :].mT)
+        vals = Pi @ vH[..., ks, :] + T @ rr.VXc[..., ks, :]
+        parts.append(vals - T.sum(-1, keepdim=True) * rr.VMc[..., sl, :])
+    vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+    return _combine(lin, vals, rr.heads)
+
+
+def _rope_vjp(lin: AttentionLinearization, G: Tensor, weighted: bool) -> Tensor:
+    r"""The rotary heads' part of :func:`vjp` in closed form: the adjoint of :func:`_rope_jvp`.
+
+    The rotation's adjoint is the rotation by the opposite angles (times the same scaling).
+    """
+    rr = lin.rope_rows
+    Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
+    gv = torch.einsum("...no,hov->...hnv", G, lin.W[list(rr.heads)])
+    acc_v = G.new_zeros(rr.VXc.shape)
+    acc_k = G.new_zeros(rr.q.shape)
+    rows = []
+    for sl, ks in _key_blocks(lin):
+        P, Pi = rr.P[..., sl, ks], Pi_all[..., sl, ks]
+        g = gv[..., sl, :]
+        Z = g @ rr.VXc[..., ks, :].mT - (g * rr.VMc[..., sl, :]).sum(-1, keepdim=True)
+        PiZ = Pi * Z
+        acc_v[..., ks, :] += Pi.mT @ g
+        acc_k[..., ks, :] += PiZ.mT @ rr.q[..., sl, :]
+        rows.append((P * Z) @ rr.kc[..., ks, :])
+    acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
+    out = torch.einsum("...hnk,hkd->...nd", rr.rotate(acc_q, adjoint=True), rr.Q)
+    out = out + torch.einsum("...hnk,hkd->...nd", rr.rotate(acc_k, adjoint=True), rr.K)
+    return out + torch.einsum("...hnv,hvd->...nd", acc_v, rr.V)
 
 
 def _require_analytic(lin: AttentionLinearization, what: str) -> None:

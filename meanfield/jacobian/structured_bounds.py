@@ -69,18 +69,24 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
     for h in lin.rope_heads:
         head = heads[h]
         head64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
-        logP = _log_attention(head_logits(X, X, head64, lin.log_weights), allowed)
-        q = head64.rope.apply(X @ head64.Q.mT, idx)
-        k = head64.rope.apply(X @ head64.K.mT, idx)
-        k = k - k.mean(-2, keepdim=True)  # a constant shift leaves the spreads unchanged
-        Xc = X - lin.x_bar
+        rr = lin.rope_rows
+        if rr is not None:  # formed by linearize (rotated at the token positions)
+            r = rr.heads.index(h)
+            P, q, k, v = (t[..., r, :, :] for t in (rr.P, rr.q, rr.kc, rr.VXc))
+        else:
+            logits = head_logits(X, X, head64, lin.log_weights, query_index=idx, key_index=idx)
+            P = _log_attention(logits, allowed).exp()
+            q = head64.rope.apply(X @ head64.Q.mT, idx)
+            k = head64.rope.apply(X @ head64.K.mT, idx)
+            k = k - k.mean(-2, keepdim=True)  # a constant shift leaves the spreads unchanged
+            v = (X - lin.x_bar) @ head64.V.mT
         out.append(
             {
                 "h": h,
-                "P": logP.exp(),
+                "P": P,
                 "q": q,
                 "k": k,
-                "v": Xc @ head64.V.mT,
+                "v": v,
                 "c": head64.c,
                 "rho": abs(float(head64.rope.attention_scaling)) * (1 + 64 * _U64),
                 "Q": head64.Q,

@@ -94,7 +94,11 @@ def _mean_attention(lin: AttentionLinearization, weighted: bool) -> Tensor:
     """Mean over every head of the attention matrices of the operator, (..., n, n)."""
     P_an = lin.P_w if (weighted and lin.P_w is not None) else lin.P
     total = P_an.sum(-3) if lin.analytic_heads else None
-    if lin.rope_heads:
+    rr = lin.rope_rows
+    if rr is not None:  # the rotary heads' attention matrices, formed by linearize
+        P_r = rr.P_w if (weighted and rr.P_w is not None) else rr.P
+        total = P_r.sum(-3) if total is None else total + P_r.sum(-3)
+    elif lin.rope_heads:
         n = lin.n
         allowed = admissible_keys(lin.masked, n, n, lin.positions, None, lin.X.device)
         idx = lin.token_index
