@@ -268,6 +268,8 @@ class RopeRows:
     Q, K, V : Tensor, shapes (H_r, k, d), (H_r, k, d), (H_r, d_v, d)
     index : Tensor, shape (n,) or (..., 1, n)
         Token positions of the rotation, shaped to broadcast over the heads.
+    ropes : tuple of RotaryEmbedding
+        Each head's embedding (one rotation for all when they are equal).
     """
 
     heads: tuple[int, ...]
@@ -285,19 +287,23 @@ class RopeRows:
 
     def rotate(self, Z: Tensor, *, adjoint: bool = False) -> Tensor:
         """Rotate head rows ``Z`` (..., H_r, n, k) at the token positions (or by the adjoint)."""
-        idx = -self.index if adjoint else self.index
-        first = self.ropes[0]
-        if all(
-            r.attention_scaling == first.attention_scaling
-            and torch.equal(r.inv_freq, first.inv_freq)
-            for r in self.ropes[1:]
-        ):
-            return first.apply(Z, idx)
-        return torch.stack(
-            [r.apply(Z[..., a, :, :], idx.squeeze(-2) if idx.ndim > 1 else idx)
-             for a, r in enumerate(self.ropes)],
-            dim=-3,
-        )  # fmt: skip
+        return _rotate(self.ropes, Z, self.index, adjoint=adjoint)
+
+
+def _rotate(ropes: tuple, Z: Tensor, index: Tensor, *, adjoint: bool = False) -> Tensor:
+    """Rows ``Z`` (..., H_r, n, k) rotated by each head's embedding at the positions ``index``.
+
+    The adjoint of a rotation is the rotation by the opposite angles (with the same scaling).
+    """
+    idx = -index if adjoint else index
+    first = ropes[0]
+    if all(
+        r.attention_scaling == first.attention_scaling and torch.equal(r.inv_freq, first.inv_freq)
+        for r in ropes[1:]
+    ):
+        return first.apply(Z, idx)
+    per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
+    return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
 
 
 def _rope_rows(
@@ -336,16 +342,13 @@ def _rope_rows(
     V = torch.stack([h.V for h in heads])
     index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
     ropes = tuple(h.rope for h in heads)
-    partial = RopeRows(
-        heads=rope, P=P, P_w=P_w, q=X, kc=X, VXc=X, VMc=X, Q=Q, K=K, V=V, index=index,
-        ropes=ropes,
-    )  # fmt: skip
-    q = partial.rotate(torch.einsum("...nd,hkd->...hnk", X, Q))
-    k = partial.rotate(torch.einsum("...nd,hkd->...hnk", X, K))
+    q = _rotate(ropes, torch.einsum("...nd,hkd->...hnk", X, Q), index)
+    k = _rotate(ropes, torch.einsum("...nd,hkd->...hnk", X, K), index)
     VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
-    return replace(
-        partial, q=q, kc=k - k.mean(-2, keepdim=True), VXc=VXc, VMc=_attend(P, VXc, block)
-    )
+    return RopeRows(
+        heads=rope, P=P, P_w=P_w, q=q, kc=k - k.mean(-2, keepdim=True), VXc=VXc,
+        VMc=_attend(P, VXc, block), Q=Q, K=K, V=V, index=index, ropes=ropes,
+    )  # fmt: skip
 
 
 def linearize(
