@@ -288,7 +288,8 @@ def magnitude_linearization(
         VXc=VXc,
         VMc=-Ms[..., k:],
         C=C,
-        rope_heads=(),
+        rope_heads=(),  # rotary heads: the relative term of lower_from_product and upper_margin
+        rope_rows=None,
     )
 
 

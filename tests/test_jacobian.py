@@ -350,6 +350,25 @@ def test_rotary_products_in_closed_form_match_autograd(gen, case):
     assert abs(float(lhs - rhs)) <= TOL_ADJOINT * float(lhs.abs() + rhs.abs())
 
 
+def test_magnitude_operator_leaves_rotary_heads_out(gen):
+    """The rounding model's magnitude operator covers the analytic heads only (rotary heads get
+    a relative margin): on a mixed layer its products must not pick up the signed rotary rows."""
+    from dataclasses import replace
+
+    from meanfield._rounding import error_model, magnitude_linearization
+
+    params = _rotary_layer(gen)
+    X = torch.randn(7, 6, generator=gen, dtype=D64)
+    lin = linearize(X, params, masked=True)
+    model = error_model(lin)
+    mixed = magnitude_linearization(lin, model)
+    alone = magnitude_linearization(replace(lin, rope_heads=(), rope_rows=None), model)
+    ones = torch.ones(7, 6, dtype=D64)
+    out = jvp(mixed, ones)
+    assert bool((out >= 0).all())
+    torch.testing.assert_close(out, jvp(alone, ones), rtol=1e-14, atol=0)
+
+
 def test_rotary_products_in_float32(gen):
     params = _rotary_layer(gen)
     X = torch.randn(5, 6, generator=gen, dtype=D64)
