@@ -33,31 +33,65 @@ def _mat(a) -> mp.matrix:
 
 def _heads(heads: Sequence[tuple]) -> list[tuple]:
     out = []
-    for head in heads:  # (A, V, W, c); A may be a pair (Q, K) of factors
-        A, V, W, c = (*head, None, None)[:4]
+    for head in heads:  # (A, V, W, c, rope); A may be a pair (Q, K) of factors
+        A, V, W, c, rope = (*head, None, None, None)[:5]
+        QK = None
         if isinstance(A, tuple):  # factors (Q, K): A = Q^T K formed exactly
-            A_ = _mat(A[0]).T * _mat(A[1])
+            QK = (_mat(A[0]), _mat(A[1]))
+            A_ = QK[0].T * QK[1]
         else:
             A_ = _mat(A)
         V_ = _mat(V)
         W_ = mp.eye(V_.rows) if W is None else _mat(W)
         c_ = None if c is None else [mp.mpf(float(v)) for v in np.ravel(c)]
-        out.append((A_, V_, W_, c_))
+        rot = None
+        if rope is not None:  # (inv_freq, scaling, token positions or None)
+            if QK is None:
+                raise ValueError("a rotary head needs its factors (Q, K)")
+            freqs, scaling, pos = rope
+            rot = ([mp.mpf(float(f)) for f in freqs], mp.mpf(float(scaling)), pos, QK)
+        out.append((A_, V_, W_, c_, rot))
     return out
+
+
+def _rotate(z: mp.matrix, p, rot, sign=1) -> mp.matrix:
+    """Rotary embedding of a head row: pairs (t, t + k/2) turned by p*freq_t, times the scaling
+    (``sign=-1``: the transpose, the opposite angles)."""
+    freqs, scaling, _, _ = rot
+    half = len(freqs)
+    out = mp.matrix(2 * half, 1)
+    for t in range(half):
+        ang = sign * mp.mpf(p) * freqs[t]
+        co, si = mp.cos(ang), mp.sin(ang)
+        out[t] = scaling * (z[t] * co - z[t + half] * si)
+        out[t + half] = scaling * (z[t + half] * co + z[t] * si)
+    return out
+
+
+def _positions(rot, n):
+    return list(range(n)) if rot[2] is None else [int(v) for v in rot[2]]
 
 
 def _rows(X: mp.matrix) -> list[mp.matrix]:
     return [X[i, :].T for i in range(X.rows)]
 
 
-def _attention(xs, A, c, logw, masked):
+def _attention(xs, A, c, logw, masked, rot=None):
     n = len(xs)
     P = mp.matrix(n, n)
+    if rot is not None:
+        pos = _positions(rot, n)
+        Q, K = rot[3]
+        qs = [_rotate(Q * xs[i], pos[i], rot) for i in range(n)]
+        ks = [_rotate(K * xs[j], pos[j], rot) for j in range(n)]
     for i in range(n):
         keys = [j for j in range(n) if (j <= i or not masked) and logw[j] is not None]
         s = {}
         for j in keys:
-            v = (xs[i].T * A * xs[j])[0] + logw[j]
+            if rot is None:
+                v = (xs[i].T * A * xs[j])[0] + logw[j]
+            else:
+                v = (qs[i].T * ks[j])[0] + logw[j]
             if c is not None:
                 v += mp.fsum(c[t] * xs[j][t] for t in range(len(c)))
             s[j] = v
@@ -82,8 +116,8 @@ def forward(X, heads, *, weights=None, masked=False) -> mp.matrix:
         n = len(xs)
         logw = _logw(weights, n)
         out = None
-        for A, V, W, c in _heads(heads):
-            P = _attention(xs, A, c, logw, masked)
+        for A, V, W, c, rot in _heads(heads):
+            P = _attention(xs, A, c, logw, masked, rot)
             M = P * Xm  # rows m_i
             Y = M * (W * V).T
             out = Y if out is None else out + Y
@@ -98,23 +132,36 @@ def jacobian(X, heads, *, weights=None, masked=False, geometry="euclidean") -> m
         n, d = Xm.rows, Xm.cols
         logw = _logw(weights, n)
         J = None
-        for A, V, W, c in _heads(heads):
+        for A, V, W, c, rot in _heads(heads):
             O = W * V
             dout = O.rows
             if J is None:
                 J = mp.matrix(n * dout, n * d)
-            P = _attention(xs, A, c, logw, masked)
+            P = _attention(xs, A, c, logw, masked, rot)
             ms = [sum((P[i, j] * xs[j] for j in range(n)), mp.matrix(d, 1)) for i in range(n)]
+            # key_grad[i][k] = d s_ik / d x_k, query_grad[i][j] = d s_ij / d x_i
+            if rot is not None:  # K^T R_k^T q~_i and Q^T R_i^T k~_j
+                pos = _positions(rot, n)
+                Qm, Km = rot[3]
+                qs = [_rotate(Qm * xs[i], pos[i], rot) for i in range(n)]
+                ks = [_rotate(Km * xs[j], pos[j], rot) for j in range(n)]
+                key_grad = [
+                    [Km.T * _rotate(qs[i], pos[k], rot, -1) for k in range(n)] for i in range(n)
+                ]
+                query_grad = [
+                    [Qm.T * _rotate(ks[j], pos[i], rot, -1) for j in range(n)] for i in range(n)
+                ]
+            else:  # A^T x_i + c and A x_j
+                bs = [A.T * xs[i] if c is None else A.T * xs[i] + mp.matrix(c) for i in range(n)]
+                key_grad = [[bs[i]] * n for i in range(n)]
+                query_grad = [[A * xs[j] for j in range(n)]] * n
             for i in range(n):
-                b = A.T * xs[i]
-                if c is not None:
-                    b = b + mp.matrix(c)
                 self_block = mp.matrix(d, d)
                 for j in range(n):
                     if P[i, j] != 0:
-                        self_block += P[i, j] * (xs[j] - ms[i]) * (A * xs[j]).T
+                        self_block += P[i, j] * (xs[j] - ms[i]) * query_grad[i][j].T
                 for k in range(n):
-                    blk = P[i, k] * (mp.eye(d) + (xs[k] - ms[i]) * b.T)
+                    blk = P[i, k] * (mp.eye(d) + (xs[k] - ms[i]) * key_grad[i][k].T)
                     if k == i:
                         blk = blk + self_block
                     blk = O * blk
@@ -180,8 +227,8 @@ def _forward_mp(Xm, heads, weights, masked):
     xs = _rows(Xm)
     logw = _logw(weights, Xm.rows)
     out = None
-    for A, V, W, c in _heads(heads):
-        P = _attention(xs, A, c, logw, masked)
+    for A, V, W, c, rot in _heads(heads):
+        P = _attention(xs, A, c, logw, masked, rot)
         Y = (P * Xm) * (W * V).T
         out = Y if out is None else out + Y
     return out
