@@ -16,7 +16,6 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .._numerics import iter_chunks
 from .._spectral import _gamma, rank_one_sigma_max_from_stats, spectral_norm_upper
 from ..params import AttentionParams, MultiHeadParams
 from .head_rows import (
@@ -29,7 +28,7 @@ from .head_rows import (
     _subnormal_floor,
 )
 from .linearization import AttentionLinearization, _head_output_matrices
-from .products import _check_geometry, _interaction, _require_analytic
+from .products import _check_geometry, _interaction, _key_blocks, _require_analytic
 
 Params = AttentionParams | MultiHeadParams
 Geometry = Literal["euclidean", "wasserstein"]
@@ -106,10 +105,6 @@ def _combine_heads(bV: Tensor, bO: Tensor | None, norms: WeightNorms, concat: bo
     return torch.minimum(bO.sum(-3), norms.W_O * stacked)
 
 
-#: Query-block size of :func:`block_norm_bounds` (its (H, block, n) intermediates stay in cache).
-_BLOCK_ROWS = 64
-
-
 def _ambient_default(lin: AttentionLinearization) -> bool:
     """Whether the terms that need inner products in R^d are worth their cost: d <= 2 d_v."""
     return lin.d <= 2 * lin.V.shape[-2]
@@ -173,7 +168,7 @@ def block_norm_bounds(
     exact arithmetic: every rounding of the head-space rows, of the means and of the bound's own
     arithmetic is covered (docs/certificates.md §5.1); the distance of that operator to the
     exact Jacobian is the caller's (docs/rounding.md §4.2). Pairs are formed in blocks of 64
-    queries, and a causal layer skips the keys after each block.
+    queries (``chunk_size``), and a causal layer skips the keys after each block.
 
     Parameters
     ----------
@@ -203,11 +198,10 @@ def block_norm_bounds(
     n = lin.n
     bnorms = _b_norms(lin, fac)
     bn = bnorms[0]
-    causal = lin.masked and lin.positions is None
     nV, nO = norms.V.reshape(-1, 1, 1), norms.O.reshape(-1, 1, 1)
     rows = []
-    for sl in iter_chunks(n, _BLOCK_ROWS):
-        kend = sl.stop if causal else n
+    for sl, keys in _key_blocks(lin):  # the query blocks of the products, and the keys they see
+        kend = keys.stop
         Pib = Pi[..., sl, :kend]
         bnb = bn[..., sl].unsqueeze(-1)
         dV = _pair_dist(fams["V"], sl, kend)

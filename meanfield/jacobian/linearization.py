@@ -498,42 +498,28 @@ def linearize(
     )
 
 
+def _f64(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.to(torch.float64)
+
+
+#: Tensor fields converted by :func:`_as_float64` (the others are indices, flags or weights).
+_LIN_TENSORS = (
+    "X", "P", "P_w", "_m", "_B", "x_bar", "_A", "V", "W", "Qx", "KXc", "KMc", "VXc", "VMc", "C",
+    "QKV",
+)  # fmt: skip
+_ROPE_TENSORS = ("P", "P_w", "q", "kc", "VXc", "VMc", "Q", "K", "V")
+
+
 def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
     """The same linearization with its tensors in float64 (no recomputation)."""
     if lin.X.dtype == torch.float64:
         return lin
-
-    def f(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(torch.float64)
-
+    rr = lin.rope_rows
     return replace(
         lin,
-        X=f(lin.X),
-        P=f(lin.P),
-        P_w=f(lin.P_w),
-        _m=f(lin._m),
-        _B=f(lin._B),
-        x_bar=f(lin.x_bar),
-        _A=f(lin._A),
-        V=f(lin.V),
-        W=f(lin.W),
-        QK=None if lin.QK is None else (f(lin.QK[0]), f(lin.QK[1])),
-        Qx=f(lin.Qx),
-        KXc=f(lin.KXc),
-        KMc=f(lin.KMc),
-        VXc=f(lin.VXc),
-        VMc=f(lin.VMc),
-        C=f(lin.C),
-        QKV=f(lin.QKV),
-        rope_rows=None if lin.rope_rows is None else _rope_rows_float64(lin.rope_rows),
+        **{name: _f64(getattr(lin, name)) for name in _LIN_TENSORS},
+        QK=None if lin.QK is None else (_f64(lin.QK[0]), _f64(lin.QK[1])),
+        rope_rows=None
+        if rr is None
+        else replace(rr, **{name: _f64(getattr(rr, name)) for name in _ROPE_TENSORS}),
     )
-
-
-def _rope_rows_float64(rr: RopeRows) -> RopeRows:
-    def f(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(torch.float64)
-
-    return replace(
-        rr, P=f(rr.P), P_w=f(rr.P_w), q=f(rr.q), kc=f(rr.kc), VXc=f(rr.VXc), VMc=f(rr.VMc),
-        Q=f(rr.Q), K=f(rr.K), V=f(rr.V),
-    )  # fmt: skip
