@@ -131,12 +131,8 @@ def power_iteration(
 
     Parameters
     ----------
-    matvec, rmatvec : callable
-        :math:`v\mapsto Jv` on ``(*batch, N)`` and :math:`u\mapsto J^\top u` on ``(*batch, M)``.
-    x0 : Tensor, shape (*batch, N)
-        Starting vector(s), nonzero.
-    tol : float, default 1e-6
-        Relative residual tolerance on :math:`J^\top J`.
+    matvec, rmatvec, x0, tol
+        As in :func:`lanczos_svd`.
     max_iter : int, default 1000
         Iteration cap (two products per iteration).
 

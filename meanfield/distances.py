@@ -355,16 +355,8 @@ def wasserstein(
 
     Parameters
     ----------
-    mu : DiracMeasure
-        Unbatched measure :math:`\sum_i a_i\delta_{x_i}`, points (n, d).
-    nu : DiracMeasure
-        Unbatched measure :math:`\sum_j b_j\delta_{y_j}`, points (m, d).
-    p : float, default 2
-        Exponent ``1 <= p < inf``.
-    max_iter : int, default 1_000_000
-        Iteration cap of the network simplex (POT's ``numItermax``).
-    on_failure : {"raise", "warn"}, default "raise"
-        What to do when the network simplex stops before optimality.
+    mu, nu, p, max_iter, on_failure
+        As in :func:`optimal_transport`.
 
     Returns
     -------

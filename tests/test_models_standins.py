@@ -29,6 +29,7 @@ from meanfield.models import (  # noqa: E402
     params_from_hf,
     random_bert,
     random_gpt2,
+    tiny_config,
 )
 
 from .models_fixtures import *  # noqa: E402, F403  (the fixtures, used by name)
@@ -179,3 +180,62 @@ def test_smollm2_full_forward_capture(smollm2):
         h2.remove()
     f = hf_attention(smollm2.model, 15, dtype=D64)
     torch.testing.assert_close(f(got["x"].to(D64)), got["y"].to(D64), rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# tiny_config: one vocabulary for the shapes of every architecture
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arch", "kw", "expected"),
+    [
+        (
+            "gpt2",
+            dict(d=32, heads=4, layers=3, vocab=50, positions=40, intermediate=72),
+            dict(n_embd=32, n_head=4, n_layer=3, vocab_size=50, n_positions=40, n_inner=72),
+        ),
+        (
+            "bert",
+            dict(d=32, heads=4, intermediate=64, is_decoder=True),
+            dict(
+                hidden_size=32,
+                num_attention_heads=4,
+                num_hidden_layers=2,
+                intermediate_size=64,
+                vocab_size=64,
+                max_position_embeddings=128,
+                is_decoder=True,
+            ),
+        ),
+        (
+            "llama",
+            dict(d=32, heads=4, kv_heads=2, layers=1, intermediate=48, rope_theta=1000.0),
+            dict(
+                hidden_size=32,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_hidden_layers=1,
+                intermediate_size=48,
+                vocab_size=64,
+                max_position_embeddings=128,
+                rope_theta=1000.0,
+            ),
+        ),
+    ],
+)
+def test_tiny_config_is_the_hand_written_config(arch, kw, expected):
+    """Each shape name lands on the architecture's own field; eager attention always."""
+    cls = {"gpt2": "GPT2Config", "bert": "BertConfig", "llama": "LlamaConfig"}[arch]
+    want = getattr(transformers, cls)(attn_implementation="eager", **expected)
+    got = tiny_config(arch, **kw)
+    assert type(got) is type(want)
+    assert got.to_dict() == want.to_dict()
+    assert got._attn_implementation == "eager"
+
+
+def test_tiny_config_rejects_unknown_arch_and_fields():
+    with pytest.raises(ValueError, match="arch must be one of"):
+        tiny_config("t5", d=8, heads=2)
+    with pytest.raises(ValueError, match="gpt2 configs have no 'kv_heads'"):
+        tiny_config("gpt2", d=8, heads=2, kv_heads=1)

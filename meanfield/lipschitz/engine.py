@@ -4,6 +4,11 @@ At a sequence or a weighted atomic measure, in the Euclidean, Wasserstein or mas
 geometry, it returns a :class:`LipschitzEstimate` whose bracket ``lower <= exact <= upper``
 includes the rounding margin. The geometries, the bracket and the margin are described in the
 package docstring (:mod:`meanfield.lipschitz`).
+
+The module is a little over 800 lines on purpose: :func:`local_lipschitz` and the private steps
+it runs in order (input parsing, the float32/float64 solver choice, the self term, the upper
+certificate) read best as one page; the products, solvers and certificates it calls have their
+own modules.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Subpackage layout:
 * :mod:`~meanfield.models.capture`: the hidden states entering a layer for windows of a text
   (:func:`hidden_states`, :func:`hidden_states_grid`);
 * :mod:`~meanfield.models.standins`: the offline stand-in loaders (:func:`load_model`,
-  :func:`load_minilm`, :func:`load_smollm2`, :func:`random_gpt2`, :func:`random_bert`).
+  :func:`load_minilm`, :func:`load_smollm2`, :func:`random_gpt2`, :func:`random_bert`) and
+  :func:`tiny_config` (small configs for quick runs and tests).
 
 transformers is imported lazily, so ``import meanfield`` works without it; a missing optional
 package fails with one line naming the extra to install (``pip install meanfield[hf]``).
@@ -41,6 +42,7 @@ from .standins import (
     load_smollm2,
     random_bert,
     random_gpt2,
+    tiny_config,
 )
 
 __all__ = [
@@ -67,4 +69,5 @@ __all__ = [
     "random_bert",
     "random_gpt2",
     "released_head_A",
+    "tiny_config",
 ]

@@ -677,10 +677,8 @@ def hf_attention_fn(
 
     Parameters
     ----------
-    model : transformers.PreTrainedModel
-    layer : int
-    map : {"heads", "heads+WO", "block"}, default "heads+WO"
-    dtype : torch.dtype, optional
+    model, layer, map, dtype
+        As in :func:`hf_attention`.
     masked : bool, optional
         Causal mask; default :func:`is_causal` of the model.
 

@@ -35,6 +35,7 @@ __all__ = [
     "load_smollm2",
     "random_bert",
     "random_gpt2",
+    "tiny_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -267,29 +268,10 @@ def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
         Label "GPT-2 small shapes, random init" (with the layer count appended when changed).
         The tokenizer is the cached ``gpt2`` one, else the MiniLM WordPiece stand-in.
     """
-    tr = _transformers()
     kw: dict[str, Any] = {} if n_layer is None else {"n_layer": int(n_layer)}
-    cfg = tr.GPT2Config(attn_implementation="eager", **kw)
-    with _seeded(seed):
-        model = tr.GPT2Model(cfg)
-    model.eval()
-    tok, tok_src = _offline_tokenizer("gpt2")
+    cfg = _transformers().GPT2Config(attn_implementation="eager", **kw)
     label = GPT2_RANDOM_LABEL if n_layer in (None, 12) else f"{GPT2_RANDOM_LABEL}, {n_layer} layers"
-    return LoadedModel(
-        model,
-        tok,
-        label,
-        _provenance(
-            model,
-            model="GPT2Model(GPT2Config())",
-            source="transformers config",
-            pretrained=False,
-            seed=int(seed),
-            quantization=None,
-            tokenizer=tok_src,
-            stands_in_for="gpt2 (random)",
-        ),
-    )
+    return _random_model("GPT2", cfg, seed, "gpt2", label, "gpt2 (random)")
 
 
 def random_bert(seed: int = 0) -> LoadedModel:
@@ -305,27 +287,129 @@ def random_bert(seed: int = 0) -> LoadedModel:
         Label "BERT-base shapes, random init". The tokenizer is the cached
         ``bert-base-uncased`` one, else the MiniLM WordPiece tokenizer (same vocabulary).
     """
-    tr = _transformers()
-    cfg = tr.BertConfig(attn_implementation="eager")
+    cfg = _transformers().BertConfig(attn_implementation="eager")
+    name = "bert-base-uncased"
+    return _random_model("Bert", cfg, seed, name, BERT_RANDOM_LABEL, name)
+
+
+def _random_model(
+    arch: str, cfg: Any, seed: int, hub_name: str, label: str, stands_in_for: str
+) -> LoadedModel:
+    """``{arch}Model(cfg)`` with seeded random init in eval mode, its offline tokenizer, provenance."""
     with _seeded(seed):
-        model = tr.BertModel(cfg)
+        model = getattr(_transformers(), f"{arch}Model")(cfg)
     model.eval()
-    tok, tok_src = _offline_tokenizer("bert-base-uncased")
+    tok, tok_src = _offline_tokenizer(hub_name)
     return LoadedModel(
         model,
         tok,
-        BERT_RANDOM_LABEL,
+        label,
         _provenance(
             model,
-            model="BertModel(BertConfig())",
+            model=f"{arch}Model({arch}Config())",
             source="transformers config",
             pretrained=False,
             seed=int(seed),
             quantization=None,
             tokenizer=tok_src,
-            stands_in_for="bert-base-uncased",
+            stands_in_for=stands_in_for,
         ),
     )
+
+
+#: How each architecture's config spells the shape arguments of :func:`tiny_config`.
+_CONFIG_FIELDS: dict[str, tuple[str, dict[str, str]]] = {
+    "gpt2": (
+        "GPT2Config",
+        {
+            "d": "n_embd",
+            "heads": "n_head",
+            "layers": "n_layer",
+            "intermediate": "n_inner",
+            "vocab": "vocab_size",
+            "positions": "n_positions",
+        },
+    ),
+    "bert": (
+        "BertConfig",
+        {
+            "d": "hidden_size",
+            "heads": "num_attention_heads",
+            "layers": "num_hidden_layers",
+            "intermediate": "intermediate_size",
+            "vocab": "vocab_size",
+            "positions": "max_position_embeddings",
+        },
+    ),
+    "llama": (
+        "LlamaConfig",
+        {
+            "d": "hidden_size",
+            "heads": "num_attention_heads",
+            "kv_heads": "num_key_value_heads",
+            "layers": "num_hidden_layers",
+            "intermediate": "intermediate_size",
+            "vocab": "vocab_size",
+            "positions": "max_position_embeddings",
+        },
+    ),
+}
+
+
+def tiny_config(
+    arch: str,
+    *,
+    d: int,
+    heads: int,
+    layers: int = 2,
+    vocab: int = 64,
+    positions: int = 128,
+    intermediate: int | None = None,
+    kv_heads: int | None = None,
+    **extra: Any,
+) -> Any:
+    """A small Hugging Face config with eager attention, in one vocabulary for every architecture.
+
+    GPT-2, BERT and Llama name the same shapes differently (``n_embd`` / ``hidden_size``,
+    ``n_head`` / ``num_attention_heads``, ...); this translates once, for the tiny random
+    models of quick runs and tests.
+
+    Parameters
+    ----------
+    arch : {"gpt2", "bert", "llama"}
+    d, heads, layers, vocab, positions : int
+        Hidden size, attention heads, layers, vocabulary size and maximum positions.
+    intermediate : int, optional
+        MLP width (the architecture's default when omitted).
+    kv_heads : int, optional
+        Key/value heads of a grouped-query Llama layer (``llama`` only).
+    **extra
+        Further config fields, passed as they are (``is_decoder=True``, ``rope_theta=...``).
+
+    Returns
+    -------
+    transformers.PretrainedConfig
+    """
+    if arch not in _CONFIG_FIELDS:
+        raise ValueError(f"arch must be one of {sorted(_CONFIG_FIELDS)}, got {arch!r}")
+    cls_name, names = _CONFIG_FIELDS[arch]
+    shape = {
+        "d": d,
+        "heads": heads,
+        "layers": layers,
+        "vocab": vocab,
+        "positions": positions,
+        "intermediate": intermediate,
+        "kv_heads": kv_heads,
+    }
+    kw: dict[str, Any] = {}
+    for key, value in shape.items():
+        if value is None:
+            continue
+        if key not in names:
+            raise ValueError(f"{arch} configs have no {key!r} (got {key}={value})")
+        kw[names[key]] = int(value)
+    return getattr(_transformers(), cls_name)(attn_implementation="eager", **kw, **extra)
 
 
 def load_model(

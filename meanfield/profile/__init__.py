@@ -43,6 +43,7 @@ from ..lipschitz import local_lipschitz, local_lipschitz_fn
 from ..models.capture import _model_device, _module_input
 from ..models.layers import HFAttention, _arch, _layers, _max_positions, layer_info
 from ..params import MultiHeadParams
+from . import records
 from .blocks import TransformerBlock, _check_layers, model_blocks
 from .records import (
     AttentionRecord,
@@ -54,18 +55,7 @@ from .records import (
     ProfileProgress,
 )
 
-__all__ = [
-    "AttentionRecord",
-    "BlockRecord",
-    "ChainRecord",
-    "LayerRecord",
-    "LinearNorm",
-    "ModelProfile",
-    "ProfileProgress",
-    "TransformerBlock",
-    "model_blocks",
-    "profile_model",
-]
+__all__ = [*records.__all__, "TransformerBlock", "model_blocks", "profile_model"]
 
 
 # ----------------------------------------------------------------------------------------------
