@@ -80,6 +80,19 @@ def random_ball(rng, n, d, R):
     return Z / np.linalg.norm(Z, axis=1, keepdims=True) * r
 
 
+def random_instance(rng, n_range, R_range, d, dv):
+    """A random head and input: ``(n, R, A, V, X)`` with A (d, d), V (dv, d), X in B_R^n.
+
+    Draws, in this order, ``n = rng.integers(*n_range)``, ``R = rng.uniform(*R_range)``, A, V
+    (standard normal) and X (:func:`random_ball`).
+    """
+    n = int(rng.integers(*n_range))
+    R = float(rng.uniform(*R_range))
+    A = rng.normal(size=(d, d))
+    V = rng.normal(size=(dv, d))
+    return n, R, A, V, random_ball(rng, n, d, R)
+
+
 def construction(u, R, n, case):
     if case == "+":
         X = np.tile(R / 2 * u, (n, 1))

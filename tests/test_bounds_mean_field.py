@@ -12,7 +12,7 @@ from theory import bounds as B
 
 from .oracles_bounds import (
     mean_field_local,
-    random_ball,
+    random_instance,
     spec,
 )
 
@@ -33,11 +33,7 @@ def test_mean_field_upper_dominates_local_w2_constants(rng):
     d = 2
     worst = 0.0
     for trial in range(60):
-        n = int(rng.integers(2, 5))
-        R = float(rng.uniform(0.5, 2.5))
-        A = rng.normal(size=(d, d))
-        V = rng.normal(size=(d, d))
-        X = random_ball(rng, n, d, R)
+        n, R, A, V, X = random_instance(rng, (2, 5), (0.5, 2.5), d, d)
         a = np.exp(rng.uniform(-12, 0, size=n))
         a /= a.sum()
         LW = mean_field_local(X, a, A, V)

@@ -251,30 +251,18 @@ def test_verified_records_have_bound_sides():
 
 
 @pytest.mark.parametrize(
-    "argv",
+    "command",
     [
-        ["sqrt-n-upper", "--A-norm", "2", "--V-norm", "0.5", "--R", "1,3", "--n", "2:10:4"],
-        [
-            "sqrt-n-upper",
-            "--A-norm",
-            "1",
-            "--V-norm",
-            "1",
-            "--R",
-            "2",
-            "--n",
-            "5",
-            "--form",
-            "sharp",
-        ],
-        ["mean-field-upper", "--A-norm", "1", "--V-norm", "1", "--R", "0.5,2", "--c", "2"],
-        ["two-dirac-lower", "--gamma", "0.5,4"],
-        ["radius-for-target", "--L", "20", "--lam", "-0.5", "--form", "exact"],
-        ["split-gain", "--k", "1,2,30", "--s", "3"],
-        ["kim-softmax", "--N", "2:6:2"],
+        "sqrt-n-upper --A-norm 2 --V-norm 0.5 --R 1,3 --n 2:10:4",
+        "sqrt-n-upper --A-norm 1 --V-norm 1 --R 2 --n 5 --form sharp",
+        "mean-field-upper --A-norm 1 --V-norm 1 --R 0.5,2 --c 2",
+        "two-dirac-lower --gamma 0.5,4",
+        "radius-for-target --L 20 --lam -0.5 --form exact",
+        "split-gain --k 1,2,30 --s 3",
+        "kim-softmax --N 2:6:2",
     ],
 )
-def test_meanfield_bound_equals_the_function_on_the_grid(argv, capsys):
+def test_meanfield_bound_equals_the_function_on_the_grid(command, capsys):
     """The command's values are the theory function evaluated on the outer product of the grids."""
     import json
 
@@ -282,6 +270,7 @@ def test_meanfield_bound_equals_the_function_on_the_grid(argv, capsys):
 
     from experiments.app.main import main
 
+    argv = command.split()
     assert main(["bound", *argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     rec = registry.cli_bounds()[argv[0]]

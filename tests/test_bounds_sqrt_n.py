@@ -19,6 +19,7 @@ from .oracles_bounds import (
     fd_jacobian,
     jacobian,
     random_ball,
+    random_instance,
     spec,
 )
 
@@ -55,11 +56,7 @@ def test_sqrt_n_forms_are_ordered(a, v, R, n):
 def test_sqrt_n_upper_dominates_local_constants(rng, masked):
     d, dv = 3, 2
     for trial in range(30):
-        n = int(rng.integers(1, 9))
-        R = float(rng.uniform(0.3, 2.5))
-        A = rng.normal(size=(d, d))
-        V = rng.normal(size=(dv, d))
-        X = random_ball(rng, n, d, R)
+        n, R, A, V, X = random_instance(rng, (1, 9), (0.3, 2.5), d, dv)
         local = spec(jacobian(X, A, V, masked=masked))
         tri = B.sqrt_n_upper(spec(A), spec(V), R, n, form="triangle")
         assert local <= tri * (1 + 1e-10), (trial, local, tri)

@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory import bounds
+from theory.bounds._common import _ret
 
 __all__ = [
     "RadiusBracket",
@@ -42,10 +43,6 @@ __all__ = [
     "peak_n",
     "radius_bracket",
 ]
-
-
-def _ret(arr: Any) -> Any:
-    return np.asarray(arr)[()]
 
 
 def crossover_n(

@@ -47,6 +47,19 @@ def _norm(x: ArrayLike, name: str) -> NDArray[np.float64]:
     return _float(x, name, min_value=0.0)
 
 
+def _norm_theta(
+    A_norm: ArrayLike, V_norm: ArrayLike, R: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    r"""Validate ``A_norm, V_norm, R`` (in that order) and return ``(V_norm, theta)``.
+
+    ``theta = A_norm * R**2`` is the :math:`\theta = \|A\|_2R^2` of docs/theory.md §1.
+    """
+    a = _norm(A_norm, "A_norm")
+    V = _norm(V_norm, "V_norm")
+    R_ = _norm(R, "R")
+    return V, a * R_**2
+
+
 def _choice(value: str, name: str, options: tuple[str, ...]) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")

@@ -11,6 +11,7 @@ from theory.bounds._common import (
     _choice,
     _float,
     _norm,
+    _norm_theta,
     _ret,
 )
 
@@ -186,11 +187,8 @@ def large_radius_deviation(
     """
     D = _float(gap, "gap", min_value=0.0, allow_inf=True)
     n_ = _float(n, "n", min_value=1.0)
-    a = _norm(A_norm, "A_norm")
-    V = _norm(V_norm, "V_norm")
-    R_ = _norm(R, "R")
+    V, theta = _norm_theta(A_norm, V_norm, R)
     with np.errstate(divide="ignore"):
         log_eta = np.log(n_ - 1.0) - D
     eta = np.exp(np.minimum(log_eta, 0.0))
-    theta = a * R_**2
     return _ret(V * (2.0 * np.sqrt(n_) * eta + 2.0 * theta * np.sqrt(n_ * eta) + 4.0 * theta * eta))

@@ -45,7 +45,7 @@ def released_data_dependent(V_norms: ArrayLike, R_h: ArrayLike, r: ArrayLike, n:
     Returns
     -------
     numpy.float64 or numpy.ndarray
-        Shape (...).
+        The quantity, summed over the head axis: shape (...).
 
     Notes
     -----

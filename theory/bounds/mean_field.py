@@ -18,6 +18,7 @@ from theory.bounds._common import (
     _float,
     _log,
     _norm,
+    _norm_theta,
     _ret,
 )
 from theory.bounds.sqrt_n import rayleigh_extremes
@@ -86,11 +87,8 @@ def mean_field_upper(
     :math:`c = 3`, :math:`c' = 1`); they are not presented as the paper's constants.
     """
     _choice(form, "form", ("sharp", "simple", "refined"))
-    a = _norm(A_norm, "A_norm")
-    V = _norm(V_norm, "V_norm")
-    R_ = _norm(R, "R")
+    V, theta = _norm_theta(A_norm, V_norm, R)
     c_ = _float(c, "c", min_value=0.0)
-    theta = a * R_**2
     if form == "sharp":
         log_val = _log(V) + np.logaddexp(_log(theta), np.log1p(2.0 * theta) + c_ * theta)
     elif form == "refined":
@@ -169,15 +167,13 @@ def mean_field_upper_cells(A: ArrayLike, V: ArrayLike, R: ArrayLike, *, log: boo
         Score matrix.
     V : array_like, shape (d_v, d)
         Value matrix.
-    R : array_like
-        Radius (broadcast).
-    log : bool
-        Return the logarithm.
+    R, log
+        As in :func:`mean_field_upper`.
 
     Returns
     -------
     numpy.float64 or numpy.ndarray
-        The bound (or its log).
+        The bound (or its log), broadcast over ``R``.
 
     Notes
     -----

@@ -214,6 +214,19 @@ _S5, _S6, _S7, _S8 = (f"docs/theory.md §{i}" for i in (5, 6, 7, 8))
 _S9, _S10, _S16 = "docs/theory.md §9", "docs/theory.md §10", "docs/theory.md §16"
 _S17 = "docs/theory.md §17"
 _NORMS = ("A_norm", "V_norm", "R")
+_KIM_OPTIONS = ("D", "H", "WQ_norms", "WV_norms", "WO_norm", "variant")
+_MASKED_MF = "masked mean-field constant finite, constant unknown"
+
+
+def _mean_field_variant(
+    variant: str, status: Status, provenance: str, section: str, help_: str, **kw: Any
+) -> Bound:
+    """The record ``mean_field_upper[variant]``: an upper bound taking ``A_norm, V_norm, R``."""
+    name = f"mean_field_upper[{variant}]"
+    return Bound(
+        name, "mean_field_upper", "upper", status, provenance, section, _NORMS, help_, **kw
+    )
+
 
 BOUNDS: tuple[Bound, ...] = (
     # ---- √n regime: global upper bounds on B_R^n (sequences, masked too)
@@ -284,21 +297,18 @@ BOUNDS: tuple[Bound, ...] = (
         cli="mean-field-upper", cli_options=("c",),
         note="plain function (default c' = 1, proved); variants below",
     ),
-    Bound(
-        "mean_field_upper[c'=2]", "mean_field_upper", "upper", _T,
-        "derived (Kantorovich-Rubinstein route)", _S6, _NORMS, "mean-field bound, c' = 2",
+    _mean_field_variant(
+        "c'=2", _T, "derived (Kantorovich-Rubinstein route)", _S6, "mean-field bound, c' = 2",
         fixed={"c": 2.0}, note="c'=2: derived (Kantorovich-Rubinstein route)", verified=True,
     ),
-    Bound(
-        "mean_field_upper[c'=1]", "mean_field_upper", "upper", _T,
-        _DER + " (Schur test with weights sqrt(a_j)); the paper's c' is unknown", _S17, _NORMS,
-        "mean-field bound, c' = 1", fixed={"c": 1.0},
+    _mean_field_variant(
+        "c'=1", _T, _DER + " (Schur test with weights sqrt(a_j)); the paper's c' is unknown",
+        _S17, "mean-field bound, c' = 1", fixed={"c": 1.0},
         note="c'=1: proved (Schur test, docs/theory.md §17); the paper's c' is unknown",
         verified=True,
     ),
-    Bound(
-        "mean_field_upper[refined]", "mean_field_upper", "upper", _T,
-        _DER + " (Schur test, rows 1 + theta)", _S17, _NORMS,
+    _mean_field_variant(
+        "refined", _T, _DER + " (Schur test, rows 1 + theta)", _S17,
         "||V|| (theta + sqrt((1 + theta)(1 + 2 theta)) e^theta)", fixed={"c": 1.0, "form": "refined"},
         note="c'=1, refined Schur rows: proved (docs/theory.md §17)",
     ),
@@ -311,30 +321,22 @@ BOUNDS: tuple[Bound, ...] = (
         "score_gap_constant", "score_gap_constant", "value", _T,
         _DER, _S17, ("A",), "upper bound on max_{|x|,|y|<=1} x^T A (y - x)",
     ),
-    Bound(
-        "mean_field_upper[c'=1/2]", "mean_field_upper", "upper", _C,
-        "probe below every derivation (expected to fail)", _S5, _NORMS,
+    _mean_field_variant(
+        "c'=1/2", _C, "probe below every derivation (expected to fail)", _S5,
         "mean-field form with c' = 1/2 (a probe)", fixed={"c": 0.5},
         note="probe below every derivation (the two-Dirac 'matching' case predicts failure)",
         verified=True,
     ),
-    Bound(
-        "mean_field_upper[c'=2,masked]", "mean_field_upper", "upper", _C,
-        "masked mean-field constant finite, constant unknown", _S4, _NORMS,
-        "unmasked c' = 2 form applied to masked attention", fixed={"c": 2.0},
-        note="masked mean-field constant finite, constant unknown; applied to masked inputs",
-        verified=True,
+    *(
+        _mean_field_variant(
+            f"c'={c},masked", _C, _MASKED_MF, _S4,
+            f"unmasked c' = {c} form applied to masked attention", fixed={"c": float(c)},
+            note=_MASKED_MF + "; applied to masked inputs", verified=True,
+        )
+        for c in (2, 1)
     ),
-    Bound(
-        "mean_field_upper[c'=1,masked]", "mean_field_upper", "upper", _C,
-        "masked mean-field constant finite, constant unknown", _S4, _NORMS,
-        "unmasked c' = 1 form applied to masked attention", fixed={"c": 1.0},
-        note="masked mean-field constant finite, constant unknown; applied to masked inputs",
-        verified=True,
-    ),
-    Bound(
-        "mean_field_upper[c'=1,masked,Hardy]", "mean_field_upper", "upper", _C,
-        "ours; no proof", _S4, _NORMS,
+    _mean_field_variant(
+        "c'=1,masked,Hardy", _C, "ours; no proof", _S4,
         "||V|| (theta + 2 (1 + 2 theta) e^theta) for masked attention",
         note="ours: interaction term of the c'=1 form times 2, the Hardy constant of the causal "
         "running average; no proof",
@@ -434,15 +436,14 @@ BOUNDS: tuple[Bound, ...] = (
     Bound(
         "kim_l2_upper[p=2]", "kim_l2_upper", "upper", _C, "recollection, unverified", _S8,
         ("N",), "Kim et al.'s Thm 3.2, 2-norm, as recalled",
-        options=("D", "H", "WQ_norms", "WV_norms", "WO_norm", "variant"), fixed={"p": 2},
+        options=_KIM_OPTIONS, fixed={"p": 2},
         note="Kim et al. Thm 3.2 as recalled, unverified", verified=True,
     ),
     Bound(
         "kim_l2_upper[p=2,WQ^2]", "kim_l2_upper", "upper", _T,
         _DER + " (ours; proof in docs/derivations/invertible.md §2)", _S8,
         ("N",), "Kim et al.'s 2-norm form with ||W^{Q,h}|| squared",
-        options=("D", "H", "WQ_norms", "WV_norms", "WO_norm", "variant"),
-        fixed={"p": 2, "wq_power": 2},
+        options=_KIM_OPTIONS, fixed={"p": 2, "wq_power": 2},
         note="ours: the p=2 form with ||W^{Q,h}||_2 squared, proved "
         "(docs/derivations/invertible.md §2)",
         verified=True,
@@ -450,7 +451,7 @@ BOUNDS: tuple[Bound, ...] = (
     Bound(
         "kim_l2_upper[p=inf]", "kim_l2_upper", "upper", _C, "recollection, unverified", _S8,
         ("N",), "Kim et al.'s Thm 3.2, ∞-norm, as recalled",
-        options=("D", "H", "WQ_norms", "WV_norms", "WO_norm", "variant"), fixed={"p": "inf"},
+        options=_KIM_OPTIONS, fixed={"p": "inf"},
         note="Kim et al. Thm 3.2 as recalled, unverified", verified=True,
     ),
     Bound(

@@ -21,6 +21,7 @@ from theory.bounds._common import (
     _float,
     _log_expit,
     _norm,
+    _norm_theta,
     _ret,
 )
 from theory.bounds.two_dirac import two_dirac_log_g, two_dirac_optimal_mass
@@ -97,11 +98,8 @@ def sqrt_n_upper(
     ``"triangle"`` forms are our own, *derived and checked numerically*; they are not the paper's.
     """
     f = _resolve_sqrt_n_form(sharp, form)
-    a = _norm(A_norm, "A_norm")
-    V = _norm(V_norm, "V_norm")
-    R_ = _norm(R, "R")
+    V, theta = _norm_theta(A_norm, V_norm, R)
     n_ = _float(n, "n", min_value=1.0, allow_inf=True)
-    theta = a * R_**2
     if f == "sqrt3":
         out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (4.0 * n_ + 1.0) + n_)
     elif f == "sharp":
@@ -149,11 +147,8 @@ def sqrt_n_constant(
     *recollection, unverified*; the other two forms are *derived and checked numerically*).
     """
     _choice(form, "form", ("sqrt3", "sharp", "triangle"))
-    a = _norm(A_norm, "A_norm")
-    V = _norm(V_norm, "V_norm")
-    R_ = _norm(R, "R")
+    V, theta = _norm_theta(A_norm, V_norm, R)
     n_ = _float(n, "n", min_value=1.0, allow_inf=True)
-    theta = a * R_**2
     if form == "sqrt3":
         out = np.sqrt(3.0) * V * np.sqrt(4.0 * theta**2 + 1.0 + theta**2 / n_)
     elif form == "sharp":
@@ -191,7 +186,7 @@ def multihead_upper(
     Returns
     -------
     numpy.float64 or numpy.ndarray
-        Shape (...).
+        The multi-head bound, the head axis combined: shape (...).
 
     Notes
     -----

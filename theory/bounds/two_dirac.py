@@ -213,7 +213,7 @@ def two_dirac_lower(
     Returns
     -------
     numpy.float64 or numpy.ndarray
-        The bound (or its log).
+        The bound at the optimal mass, or at ``eps`` when given (or its log).
 
     Notes
     -----
@@ -268,12 +268,8 @@ def two_dirac_asymptote(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool
 
     Parameters
     ----------
-    gamma : array_like
-        Gap :math:`\gamma \ge 0`.
-    Vu_norm : array_like
-        :math:`\|Vu\|_2`.
-    log : bool
-        Return the logarithm.
+    gamma, Vu_norm, log
+        As in :func:`two_dirac_half`.
 
     Returns
     -------

@@ -11,6 +11,40 @@ from theory import _symbols as S
 from ._core import Derivation, _check_equal, _exp_lambertw, _make, _stationary_points
 
 
+def _lambert_maximum(
+    what: str,
+    name: str,
+    g: sp.Expr,
+    arg: sp.Symbol,
+    W: sp.Expr,
+    steps: tuple[str, ...],
+    *,
+    t_star: sp.Expr | None = None,
+) -> Derivation:
+    """Maximise ``g`` over the cost ``S.t``: one stationary point, maximum ``W`` (a Lambert W).
+
+    ``g(t*)`` is simplified with ``exp(W(z)) = z / W(z)`` and checked against ``W`` (and the
+    stationary point against ``t_star`` when given). ``steps`` are format strings over ``num``
+    (the factored numerator of ``g'``), ``t_star`` and ``g_star``; ``what`` names the derivation
+    in errors. The result has ``func(arg)`` and extras ``g``, ``stationarity``, ``t_star``.
+    """
+    num, sols = _stationary_points(g, S.t)
+    if len(sols) != 1:
+        raise RuntimeError(f"{what}: expected one stationary point, got {sols}")
+    t_found = sols[0]
+    g_star = sp.simplify(_exp_lambertw(sp.expand(g.subs(S.t, t_found))))
+    if t_star is not None:
+        _check_equal(t_found, t_star, f"{what} t*")
+    _check_equal(g_star, W, f"{what} g*")
+    return _make(
+        name,
+        g_star,
+        (arg,),
+        tuple(step.format(num=num, t_star=t_found, g_star=g_star) for step in steps),
+        {"g": g, "stationarity": num, "t_star": t_found},
+    )
+
+
 @functools.cache
 def kim_softmax_lemma() -> Derivation:
     r"""Derive Kim's softmax-variance lemma (docs/theory.md §8).
@@ -31,28 +65,21 @@ def kim_softmax_lemma() -> Derivation:
     tests check the bound by brute force.
     """
     M = S.N - 1
-    g = M * S.t / (sp.exp(S.t) + M)
-    num, sols = _stationary_points(g, S.t)
-    if len(sols) != 1:
-        raise RuntimeError(f"kim_softmax_lemma: expected one stationary point, got {sols}")
-    t_star = sols[0]
-    g_star = sp.simplify(_exp_lambertw(sp.expand(g.subs(S.t, t_star))))
     W = sp.LambertW((S.N - 1) * sp.exp(-1))
-    _check_equal(t_star, 1 + W, "kim_softmax_lemma t*")
-    _check_equal(g_star, W, "kim_softmax_lemma g*")
-    steps = (
-        "At the maximiser the N - 1 other costs are equal (Lagrange), so maximise "
-        "g(t) = (N - 1) t / (e^t + N - 1).",
-        f"Numerator of g'(t): {num} = 0, i.e. (t - 1) e^t = N - 1.",
-        f"sympy.solve: t* = {t_star}.",
-        f"Substituting and using exp(W(z)) = z / W(z): g(t*) = {g_star}.",
-    )
-    return _make(
+    return _lambert_maximum(
+        "kim_softmax_lemma",
         "Kim softmax-variance lemma",
-        g_star,
-        (S.N,),
-        steps,
-        {"g": g, "stationarity": num, "t_star": t_star},
+        M * S.t / (sp.exp(S.t) + M),
+        S.N,
+        W,
+        (
+            "At the maximiser the N - 1 other costs are equal (Lagrange), so maximise "
+            "g(t) = (N - 1) t / (e^t + N - 1).",
+            "Numerator of g'(t): {num} = 0, i.e. (t - 1) e^t = N - 1.",
+            "sympy.solve: t* = {t_star}.",
+            "Substituting and using exp(W(z)) = z / W(z): g(t*) = {g_star}.",
+        ),
+        t_star=1 + W,
     )
 
 
@@ -73,24 +100,16 @@ def kim_softmax_lemma_mean_field() -> Derivation:
     docs/theory.md §8 (mean-field form): an atom of mass :math:`q` at cost 0, the rest at cost
     :math:`t`.
     """
-    g = (1 - S.q) * S.t * sp.exp(-S.t) / (S.q + (1 - S.q) * sp.exp(-S.t))
-    num, sols = _stationary_points(g, S.t)
-    if len(sols) != 1:
-        raise RuntimeError(f"kim_softmax_lemma_mean_field: expected one solution, got {sols}")
-    t_star = sols[0]
-    g_star = sp.simplify(_exp_lambertw(sp.expand(g.subs(S.t, t_star))))
-    W = sp.LambertW((1 - S.q) / (S.q * sp.E))
-    _check_equal(g_star, W, "kim_softmax_lemma_mean_field g*")
-    steps = (
-        "Maximise the attention-weighted cost with mass q at cost 0 and 1 - q at cost t.",
-        f"Numerator of the derivative: {num}.",
-        f"sympy.solve: t* = {t_star}.",
-        f"g(t*) = {g_star}.",
-    )
-    return _make(
+    return _lambert_maximum(
+        "kim_softmax_lemma_mean_field",
         "Kim lemma, mean-field form",
-        g_star,
-        (S.q,),
-        steps,
-        {"g": g, "stationarity": num, "t_star": t_star},
+        (1 - S.q) * S.t * sp.exp(-S.t) / (S.q + (1 - S.q) * sp.exp(-S.t)),
+        S.q,
+        sp.LambertW((1 - S.q) / (S.q * sp.E)),
+        (
+            "Maximise the attention-weighted cost with mass q at cost 0 and 1 - q at cost t.",
+            "Numerator of the derivative: {num}.",
+            "sympy.solve: t* = {t_star}.",
+            "g(t*) = {g_star}.",
+        ),
     )
