@@ -22,7 +22,7 @@ import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -97,36 +97,37 @@ class KimTightnessSettings(StageConfig):
 
 _PAPER_N = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
+_TINY = KimTightnessSettings(
+    heads=("scalar", "d4h1"),
+    n_values=(2, 3, 5),
+    p2_max_n=5,
+    n_restarts=1,
+    steps=5,
+    p2_restarts=0,
+    p2_steps=3,
+    seed=0,
+)
+_QUICK = replace(
+    _TINY,
+    heads=("scalar", "d4h1", "d8h2"),
+    n_values=(2, 3, 4, 8, 16, 32, 64),
+    p2_max_n=32,
+    n_restarts=4,
+    steps=100,
+    p2_steps=10,
+)
+#: Each preset is written as what it changes in the one before it.
 PRESETS: Mapping[str, KimTightnessSettings] = {
-    "tiny": KimTightnessSettings(
-        heads=("scalar", "d4h1"),
-        n_values=(2, 3, 5),
-        p2_max_n=5,
-        n_restarts=1,
-        steps=5,
-        p2_restarts=0,
-        p2_steps=3,
-        seed=0,
-    ),
-    "quick": KimTightnessSettings(
-        heads=("scalar", "d4h1", "d8h2"),
-        n_values=(2, 3, 4, 8, 16, 32, 64),
-        p2_max_n=32,
-        n_restarts=4,
-        steps=100,
-        p2_restarts=0,
-        p2_steps=10,
-        seed=0,
-    ),
-    "paper": KimTightnessSettings(
-        heads=("scalar", "d4h1", "d8h2"),
+    "tiny": _TINY,
+    "quick": _QUICK,
+    "paper": replace(
+        _QUICK,
         n_values=_PAPER_N,
         p2_max_n=1024,
         n_restarts=16,
         steps=600,
         p2_restarts=1,
         p2_steps=40,
-        seed=0,
     ),
 }
 

@@ -10,10 +10,12 @@ import argparse
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg", force=False)
 
@@ -62,6 +64,47 @@ def plot_curves(ax, x, curves: Sequence[tuple[object, str, dict]]) -> None:
         kw = dict(kwargs)
         fmt = kw.pop("fmt", None)
         ax.plot(*((x, y) if fmt is None else (x, y, fmt)), label=label, **kw)
+
+
+def legend_below(fig: Any, *args: Any, **kwargs: Any) -> Any:
+    """The figure's legend under its panels, without a frame: ``fig.legend(*args, **kwargs)``."""
+    return fig.legend(*args, loc="outside lower center", frameon=False, **kwargs)
+
+
+def legend_entries(axes: Iterable[Any]) -> tuple[list[Any], list[str]]:
+    """Handles and labels of the series of ``axes``, one per label, in order of appearance.
+
+    For one legend shared by several panels: ``fig.legend(*legend_entries(axes), ...)``.
+    """
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    return list(handles.values()), list(handles)
+
+
+#: Marker shapes of the optimized measures, one per atom count (figures A and F6).
+ATOM_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def atom_markers(count: int) -> list[dict[str, Any]]:
+    """``ax.plot`` keywords of the optimized measures of ``count`` atom counts (figures A and F6).
+
+    Open markers without a line, of the shapes :data:`ATOM_MARKERS` in turn, coloured along
+    viridis.
+    """
+    colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, count))
+    return [
+        dict(
+            ls="none",
+            marker=ATOM_MARKERS[i % len(ATOM_MARKERS)],
+            ms=3.8,
+            mfc="none",
+            mec=colors[i],
+            mew=0.9,
+        )
+        for i in range(count)
+    ]
 
 
 @contextlib.contextmanager

@@ -18,20 +18,27 @@ no computation.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_json, load_npz, stage_result
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
+from ._style import (
+    PALETTE,
+    TWO_COLUMNS,
+    atom_markers,
+    figure_main,
+    legend_below,
+    plot_curves,
+    save,
+    style,
+)
 
 __all__ = ["STEM", "draw", "main"]
 
 STEM = "fig_a_lipschitz_vs_R"
-
-_MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def _load(results_dir: str | Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -91,18 +98,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 ],
             )
             atoms = g("atoms")
-            colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(atoms)))
-            for j, k in enumerate(atoms):
+            for j, (k, kw) in enumerate(zip(atoms, atom_markers(len(atoms)), strict=True)):
                 ax.plot(
-                    radii,
-                    g("opt_value")[j],
-                    ls="none",
-                    marker=_MARKERS[j % len(_MARKERS)],
-                    ms=3.8,
-                    mfc="none",
-                    mec=colors[j],
-                    mew=0.9,
-                    label=f"optimized measure, {k} atoms (measured)",
+                    radii, g("opt_value")[j], label=f"optimized measure, {k} atoms (measured)", **kw
                 )
             ax.set_yscale("log")
             ax.set_xlim(Rc.min(), Rc.max())
@@ -113,19 +111,13 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             ax.set_title(meta.get("settings", {}).get(s, s), loc="left", fontsize=8)
             ax.set_xlabel("radius $R$")
             ax.set_ylabel("Lipschitz constant")
-        fig.legend(
-            *axes.ravel()[0].get_legend_handles_labels(),
-            loc="outside lower center",
-            ncol=2,
-            frameon=False,
-            fontsize=6.5,
-        )
+        legend_below(fig, *axes.ravel()[0].get_legend_handles_labels(), ncol=2, fontsize=6.5)
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_a_lipschitz_vs_R --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_a_lipschitz_vs_R --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

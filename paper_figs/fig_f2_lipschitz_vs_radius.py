@@ -10,7 +10,7 @@ radius plots; the legend shows the markers in grey, the colour bar the colours).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -87,9 +87,9 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_f2_lipschitz_vs_radius --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_f2_lipschitz_vs_radius --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ inputs) is drawn instead and the titles say so. Output:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,9 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_f3_radius_vs_n --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_f3_radius_vs_n --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

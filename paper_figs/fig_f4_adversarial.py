@@ -28,12 +28,21 @@ results only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
+from ._style import (
+    PALETTE,
+    TWO_COLUMNS,
+    figure_main,
+    legend_below,
+    legend_entries,
+    plot_curves,
+    save,
+    style,
+)
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -258,28 +267,17 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             ax.axis("off")
         # one shared legend: the union of the panels' series, in order of appearance; in the
         # empty panel when there is one, under the panels otherwise
-        handles: dict[str, object] = {}
-        for ax in axes.flat[: len(panels)]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(lab, h)
+        entries = legend_entries(axes.flat[: len(panels)])
         if spare:
-            spare[0].legend(
-                list(handles.values()), list(handles), loc="center", ncol=1, frameon=False
-            )
+            spare[0].legend(*entries, loc="center", ncol=1, frameon=False)
         else:
-            fig.legend(
-                list(handles.values()),
-                list(handles),
-                loc="outside lower center",
-                ncol=2,
-                frameon=False,
-            )
+            legend_below(fig, *entries, ncol=2)
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_f4_adversarial --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_f4_adversarial --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,14 @@ Reads ``<results>/synthetic/f5.npz`` written by :func:`experiments.synthetic.run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_npz, stage_result
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, legend_below, plot_curves, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -122,7 +122,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             if gi == 0:
                 ax.set_ylabel("local Lipschitz constant $\\|Df(X)\\|_2$")
         handles, labels = axes[0, 0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=6.5)
+        legend_below(fig, handles, labels, ncol=3, fontsize=6.5)
         fig.suptitle(
             "√n regime: construction of docs/theory.md §3, $d = 1$, $A = -\\gamma/(2R^2)$, "
             "$V = 1$, $R = 1$",
@@ -131,9 +131,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_f5_sqrt_n --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_f5_sqrt_n --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

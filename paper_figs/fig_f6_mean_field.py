@@ -15,20 +15,19 @@ Reads ``<results>/synthetic/f6.npz`` written by :func:`experiments.synthetic.run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_npz, stage_result
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, atom_markers, figure_main, legend_below, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
 STEM = "fig_f6_mean_field"
 
-_MARKERS = ("o", "s", "^", "D", "v", "P")
 #: Sideways offset between the markers of successive atom counts, as a fraction of the R range.
 DODGE = 0.018
 
@@ -48,7 +47,6 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     d = load_npz(stage_result(results_dir, "synthetic", "f6.npz"))
     Rc, radii, atoms = d["curve_R"], d["radii"], d["atoms"]
     sup_c, sup_r = d["curve_sup_g"], d["at_radii_sup_g"]
-    colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(atoms)))
     with style():
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(TWO_COLUMNS, 0.45 * TWO_COLUMNS + 0.5))
         curves = [
@@ -83,15 +81,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         # the 2–5-atom values nearly coincide: dodge them sideways so that each marker shows
         span = float(Rc.max() - Rc.min())
         dodge = DODGE * span * (np.arange(len(atoms)) - (len(atoms) - 1) / 2.0)
-        for i, k in enumerate(atoms):
-            kw = dict(
-                ls="none",
-                marker=_MARKERS[i % len(_MARKERS)],
-                ms=3.8,
-                mfc="none",
-                mec=colors[i],
-                mew=0.9,
-            )
+        for i, (k, kw) in enumerate(zip(atoms, atom_markers(len(atoms)), strict=True)):
             x = radii + dodge[i]
             ax0.plot(x, d["opt_value"][i], label=f"optimized measure, {k} atoms (measured)", **kw)
             ax1.plot(x, d["opt_value"][i] / sup_r, **kw)
@@ -140,22 +130,16 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         ax1.set_ylabel(r"ratio to $\sup_\varepsilon g$")
         ax0.set_title("values", loc="left")
         ax1.set_title(r"relative to the two-Dirac optimum (zoom)", loc="left")
-        fig.legend(
-            *ax0.get_legend_handles_labels(),
-            loc="outside lower center",
-            ncol=2,
-            frameon=False,
-            fontsize=6.5,
-        )
+        legend_below(fig, *ax0.get_legend_handles_labels(), ncol=2, fontsize=6.5)
         fig.suptitle(
             r"mean-field regime: $d = 2$, $A = \mathrm{diag}(1, -0.3)$, $V = I$", fontsize=8.5
         )
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_f6_mean_field --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_f6_mean_field --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

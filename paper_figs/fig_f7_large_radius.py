@@ -11,14 +11,14 @@ Reads ``<results>/synthetic/f7.npz`` written by :func:`experiments.synthetic.run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from experiments.results import load_npz, stage_result
 
-from ._style import TWO_COLUMNS, figure_main, save, style
+from ._style import TWO_COLUMNS, figure_main, legend_below, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -92,13 +92,13 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 [], [], color="0.3", ls=":", lw=0.8, label="deviation bound (ours; unmasked inputs)"
             ),
         ]
-        fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False, fontsize=6.5)
+        legend_below(fig, handles=handles, ncol=3, fontsize=6.5)
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_f7_large_radius --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_f7_large_radius --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ no computation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from experiments.invertible import MAPS, OUTCOMES, load
 
-from ._style import TWO_COLUMNS, figure_main, save, style
+from ._style import TWO_COLUMNS, figure_main, legend_below, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
@@ -151,13 +151,13 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             )
             for o in OUTCOMES
         ]
-        fig.legend(handles=handles, loc="outside lower center", ncol=4, frameon=False, fontsize=7)
+        legend_below(fig, handles=handles, ncol=4, fontsize=7)
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_invertible --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_invertible --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,18 @@ no computation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, legend_below, legend_entries, save, style
 
 __all__ = ["STEM", "draw", "main"]
 
 STEM = "fig_kim_tightness"
+#: Kim et al.'s bound, drawn alike in both rows (one legend entry).
+_KIM_BOUND = dict(color=PALETTE["bound"], lw=1.2, label="Kim et al. bound (as recalled)")
 
 
 def _load(results_dir: str | Path) -> dict[str, dict]:
@@ -59,13 +61,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             r = {k: np.asarray(v, dtype=float) for k, v in d["rows"].items()}
             n = r["n"]
             ax = axes[0, j]
-            ax.plot(
-                n,
-                r["upper_inf"],
-                color=PALETTE["bound"],
-                lw=1.2,
-                label="Kim et al. bound (as recalled)",
-            )
+            ax.plot(n, r["upper_inf"], **_KIM_BOUND)
             ax.plot(
                 n,
                 r["construction_inf"],
@@ -101,13 +97,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             if j == 0:
                 ax.set_ylabel(r"$\infty$-norm: $\mathrm{Lip}_\infty$ bounds")
             ax = axes[1, j]
-            ax.plot(
-                n,
-                r["upper_2"],
-                color=PALETTE["bound"],
-                lw=1.2,
-                label="Kim et al. bound (as recalled)",
-            )
+            ax.plot(n, r["upper_2"], **_KIM_BOUND)
             if not np.allclose(r["upper_2"], r["upper_2_wq2"]):
                 ax.plot(
                     n,
@@ -138,18 +128,8 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         for ax in axes.flat:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
-        handles, labels = [], []
-        for ax in axes[:, -1]:
-            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        for ax in axes[:, 0]:
-            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=6.5)
+        # one entry per label, the last column's first
+        legend_below(fig, *legend_entries([*axes[:, -1], *axes[:, 0]]), ncol=3, fontsize=6.5)
         fig.suptitle(
             "L2 attention: measured lower bounds vs Kim et al.'s upper bounds "
             "(docs/theory.md §8, §8a)",
@@ -158,9 +138,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_kim_tightness --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_kim_tightness --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

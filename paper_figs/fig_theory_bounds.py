@@ -26,7 +26,7 @@ constant. STEM ``fig_theory_bounds``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -352,9 +352,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         return save(fig, Path(out_dir) / STEM)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m paper_figs.fig_theory_bounds --results DIR --out DIR``."""
-    figure_main(draw, __doc__, argv)
+#: The command line ``python -m paper_figs.fig_theory_bounds --results DIR --out DIR``:
+#: :func:`._style.figure_main` with this figure's ``draw``.
+main = partial(figure_main, draw, __doc__)
 
 
 if __name__ == "__main__":

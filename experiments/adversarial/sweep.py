@@ -27,28 +27,13 @@ def _tiny_model(key: str, seed: int) -> Any:
     import torch
     import transformers as tr
 
-    from meanfield.models import LoadedModel, layer_info
+    from meanfield.models import LoadedModel, layer_info, tiny_config
 
     if key == "gpt2-random-tiny":
-        cfg = tr.GPT2Config(
-            n_layer=2,
-            n_embd=32,
-            n_head=4,
-            n_positions=128,
-            vocab_size=64,
-            attn_implementation="eager",
-        )
+        cfg = tiny_config("gpt2", d=32, heads=4)
         cls, label = tr.GPT2Model, "GPT-2 architecture, tiny random config (d = 32, 4 heads)"
     else:
-        cfg = tr.BertConfig(
-            hidden_size=32,
-            num_attention_heads=4,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            vocab_size=64,
-            max_position_embeddings=128,
-            attn_implementation="eager",
-        )
+        cfg = tiny_config("bert", d=32, heads=4, intermediate=64)
         cls, label = tr.BertModel, "BERT architecture, tiny random config (d = 32, 4 heads)"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["UsageError", "add_command", "add_common", "add_device", "check_device", "plain_text"]
+__all__ = [
+    "UsageError",
+    "add_command",
+    "add_common",
+    "add_device",
+    "check_device",
+    "plain_text",
+    "print_written",
+]
 
 
 class UsageError(ValueError):
@@ -91,3 +100,9 @@ def add_command(
     help_ = plain_text(m.group(2))
     description = plain_text(" ".join(body.split())) or help_[:1].upper() + help_[1:] + "."
     return sub.add_parser(m.group(1), help=help_, description=description, **kwargs)
+
+
+def print_written(doc: Mapping[str, Any]) -> None:
+    """The last lines of a command's text output: ``  wrote PATH`` for each file it wrote."""
+    for f in doc.get("files", []):
+        print(f"  wrote {f}")

@@ -40,7 +40,7 @@ from experiments.mass_splitting import (
 )
 from experiments.results import load_json, run_metadata, save_npz, write_json
 
-from ..options import add_common
+from ..options import add_common, print_written
 
 __all__ = ["register"]
 
@@ -166,8 +166,7 @@ def print_construct(doc: dict[str, Any]) -> None:
     print(
         f"  ||Df(X)||_2      {e['value']:.6g}   in [{e['lower']:.6g}, {e['upper']:.6g}] ({e['method']})"
     )
-    for f in doc.get("files", []):
-        print(f"  wrote {f}")
+    print_written(doc)
 
 
 # --------------------------------------------------------------------------- search
@@ -278,8 +277,7 @@ def print_search(doc: dict[str, Any]) -> None:
         if "measure" in doc:
             for x, lw in zip(doc["measure"]["points"], doc["measure"]["log10_weights"]):
                 print(f"    atom {np.round(x, 4).tolist()}  log10 mass {lw:.3f}")
-    for f in doc.get("files", []):
-        print(f"  wrote {f}")
+    print_written(doc)
 
 
 # --------------------------------------------------------------------------- split
@@ -395,8 +393,7 @@ def print_split(doc: dict[str, Any]) -> None:
             f"  split-then-move  {a['split']['ratio_w2']:.6g}   (W_inf {a['split']['ratio_winf']:.6g}, k = {a['split']['k']})"
         )
         print(f"  insert a token   {a['insert']['ratio_w2']:.6g}")
-    for f in doc.get("files", []):
-        print(f"  wrote {f}")
+    print_written(doc)
 
 
 # --------------------------------------------------------------------------- parser

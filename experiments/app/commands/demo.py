@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..options import add_command, add_common
+from ..options import add_command, add_common, print_written
 
 __all__ = ["register"]
 
@@ -42,8 +42,7 @@ def show(doc: dict[str, Any]) -> None:
             f"  local Lip of {key:<3s} at mu ({geometry}): {est['value']:.6f} "
             f"(certified bracket [{est['lower']:.6f}, {est['upper']:.6f}])"
         )
-    for f in doc["files"]:
-        print(f"  wrote {f}")
+    print_written(doc)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -41,17 +41,9 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--ref-radius must be a positive number, got {args.ref_radius}")
     if not (math.isfinite(args.tol) and args.tol > 0):
         raise UsageError(f"--tol must be a positive number, got {args.tol}")
-    case = invert_case(
-        args.seed,
-        radii,
-        d=args.d,
-        heads=args.heads,
-        n=args.n,
-        target=args.target,
-        ref_radius=args.ref_radius,
-        max_iter=args.iters,
-        tol=args.tol,
-    )
+    # the block's settings, passed to invert_case and echoed in the result
+    block = {k: getattr(args, k) for k in ("d", "heads", "n", "target", "ref_radius")}
+    case = invert_case(args.seed, radii, **block, max_iter=args.iters, tol=args.tol)
     residuals = {
         m: [[float(x) for x in row if x == x] for row in arr]
         for m, arr in case["residuals"].items()
@@ -59,11 +51,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "kind": "invert",
         "seed": args.seed,
-        "d": args.d,
-        "heads": args.heads,
-        "n": args.n,
-        "target": args.target,
-        "ref_radius": args.ref_radius,
+        **block,
         "iters": args.iters,
         "tol": args.tol,
         "scale": case["scale"],

@@ -44,7 +44,7 @@ from typing import Any
 from experiments.inputs import load_inputs, load_params_npz, random_layer, random_tokens
 from experiments.results import run_metadata, write_json
 
-from ..options import UsageError, add_common, add_device, check_device
+from ..options import UsageError, add_common, add_device, check_device, print_written
 
 __all__ = ["handle", "register", "show"]
 
@@ -300,8 +300,7 @@ def show(doc: dict[str, Any]) -> None:
         print(
             "  (released = sqrt(||J^T f(X)||), the released estimator's quantity; not a Lipschitz constant)"
         )
-    for f in doc.get("files", []):
-        print(f"  wrote {f}")
+    print_written(doc)
 
 
 # --------------------------------------------------------------------------- parser

@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..options import UsageError, add_common, add_device, check_device
+from ..options import UsageError, add_common, add_device, check_device, print_written
 from .lipschitz import BUILT_IN_MODELS, _check_model_name
 
 __all__ = ["handle", "register", "show"]
@@ -186,8 +186,7 @@ def show(doc: dict[str, Any]) -> None:
                 f" >= end-to-end {_fmt(e['value'])}: {'holds' if c['holds'] else 'VIOLATED'}, "
                 f"slack x{_fmt(c['slack'])}"
             )
-    for f in doc.get("files", []):
-        print(f"  wrote {f}")
+    print_written(doc)
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
