@@ -46,6 +46,7 @@ import math
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,11 +64,13 @@ from meanfield.convolution import (  # noqa: E402
 )
 
 
-def _best(fn, repeat):
+def _best(fn, repeat, dev):
+    """``fn()`` and the best wall time of ``repeat`` calls, each timed up to a device sync."""
     best, out = math.inf, None
     for _ in range(repeat):
         t0 = time.perf_counter()
         out = fn()
+        _sync(dev)
         best = min(best, time.perf_counter() - t0)
     return out, best
 
@@ -83,38 +86,34 @@ def _one_kernel(K, seed, args, dev, dtype) -> list[dict]:
     n = args.size
     rows = []
 
+    def new_row(name, value, reference, seconds, **extra):
+        """One output row; ``reference=None`` marks the reference itself (ratio 1)."""
+        ratio = 1.0 if reference is None else value / reference
+        return dict(seed=seed, name=name, value=value, ratio=ratio, time=seconds, **extra)
+
     def svd_circ():
         blocks, _ = conv2d_frequency_blocks(K, n)
-        out = torch.linalg.matrix_norm(blocks, ord=2).max()
-        _sync(dev)
-        return float(out)
+        return float(torch.linalg.matrix_norm(blocks, ord=2).max())
 
-    exact_circ, t_svd = _best(svd_circ, args.repeat)
-    rows.append(dict(seed=seed, name="svd-circ", value=exact_circ, ratio=1.0, time=t_svd))
+    exact_circ, t_svd = _best(svd_circ, args.repeat, dev)
+    rows.append(new_row("svd-circ", exact_circ, None, t_svd))
 
     for T in args.n_iter:
 
         def gram_only(T=T):
             blocks, _ = conv2d_frequency_blocks(K, n)
             work = blocks if dtype == torch.float64 else blocks.to(torch.complex64)
-            out = gram_iteration_complex(work, T).max()
-            _sync(dev)
-            return float(out)
+            return float(gram_iteration_complex(work, T).max())
 
-        def full(T=T):
-            r = conv2d_spectral_upper(K, n, padding="circular", n_iter=T)
-            _sync(dev)
-            return r
-
-        _, t_gram = _best(gram_only, args.repeat)
-        r, t_full = _best(full, args.repeat)
+        _, t_gram = _best(gram_only, args.repeat, dev)
+        full = partial(conv2d_spectral_upper, K, n, padding="circular", n_iter=T)
+        r, t_full = _best(full, args.repeat, dev)
         rows.append(
-            dict(
-                seed=seed,
-                name=f"gram-circ-{T}",
-                value=float(r.upper),
-                ratio=float(r.upper) / exact_circ,
-                time=t_full,
+            new_row(
+                f"gram-circ-{T}",
+                float(r.upper),
+                exact_circ,
+                t_full,
                 time_gram=t_gram,
                 time_cert=t_full - t_gram,
                 certified=r.certified,
@@ -125,69 +124,45 @@ def _one_kernel(K, seed, args, dev, dtype) -> list[dict]:
     g = torch.Generator().manual_seed(1000 + seed)
     x0 = torch.randn(n_in, generator=g, dtype=torch.float64).to(device=dev, dtype=dtype)
 
-    def lanczos():
-        res = lanczos_svd(mv, rmv, x0, tol=1e-10, max_iter=args.lanczos_iter, krylov_dim=64)
-        _sync(dev)
-        return res
-
-    ref, t_lan = _best(lanczos, 1)
+    lanczos = partial(
+        lanczos_svd, mv, rmv, x0, tol=1e-10, max_iter=args.lanczos_iter, krylov_dim=64
+    )
+    ref, t_lan = _best(lanczos, 1, dev)
     ref_val = float(ref.sigma)
     rows.append(
-        dict(
-            seed=seed,
-            name="lanczos-zeros",
-            value=ref_val,
-            ratio=1.0,
-            time=t_lan,
+        new_row(
+            "lanczos-zeros",
+            ref_val,
+            None,
+            t_lan,
             n_matvec=int(ref.n_matvec),
             converged=bool(ref.converged),
             residual_rel=float(ref.residual) / ref_val**2,
         )
     )
     for N in args.power_iters:
-
-        def power(N=N):
-            res = power_iteration(mv, rmv, x0, tol=0.0, max_iter=N)
-            _sync(dev)
-            return res
-
-        p, t_pow = _best(power, 1)
-        rows.append(
-            dict(
-                seed=seed,
-                name=f"power-zeros-{N}",
-                value=float(p.sigma),
-                ratio=float(p.sigma) / ref_val,
-                time=t_pow,
-            )
-        )
+        power = partial(power_iteration, mv, rmv, x0, tol=0.0, max_iter=N)
+        p, t_pow = _best(power, 1, dev)
+        rows.append(new_row(f"power-zeros-{N}", float(p.sigma), ref_val, t_pow))
     for T in args.n_iter:
-
-        def fullz(T=T):
-            r = conv2d_spectral_upper(K, n, padding="zeros", n_iter=T)
-            _sync(dev)
-            return r
-
-        r, t_z = _best(fullz, args.repeat)
+        fullz = partial(conv2d_spectral_upper, K, n, padding="zeros", n_iter=T)
+        r, t_z = _best(fullz, args.repeat, dev)
         rows.append(
-            dict(
-                seed=seed,
-                name=f"gram-zeros-{T}",
-                value=float(r.upper),
-                ratio=float(r.upper) / ref_val,
-                time=t_z,
+            new_row(
+                f"gram-zeros-{T}",
+                float(r.upper),
+                ref_val,
+                t_z,
                 certified=r.certified,
                 grid=list(r.grid),
             )
         )
 
     def reshaped():
-        v = conv2d_reshaped_upper(K)
-        _sync(dev)
-        return float(v)
+        return float(conv2d_reshaped_upper(K))
 
-    v_r, t_r = _best(reshaped, args.repeat)
-    rows.append(dict(seed=seed, name="reshaped", value=v_r, ratio=v_r / ref_val, time=t_r))
+    v_r, t_r = _best(reshaped, args.repeat, dev)
+    rows.append(new_row("reshaped", v_r, ref_val, t_r))
     for row in rows:
         row["time_vs_svd"] = row["time"] / t_svd
         print(
@@ -228,16 +203,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args)
-    meta = dict(
-        channels=args.channels,
-        kernel=args.kernel,
-        size=args.size,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        torch=torch.__version__,
-        machine=platform.processor() or platform.machine(),
-    )
+    options = ("channels", "kernel", "size", "dtype", "device", "threads")
+    meta = {
+        **{k: getattr(args, k) for k in options},
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+    }
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))

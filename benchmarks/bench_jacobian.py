@@ -963,16 +963,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench_jacobian-"))
     layer_path = tmp / "layer.npz"
     layer = save_layer(layer_path, args.seed)
+    # every job's spec: the saved layer, where it runs, and the seed and tolerances as given
+    solver = ("seed", "tol", "power_tol", "power_acc_tol", "ref_tol")
     common = dict(
         layer=str(layer_path),
         dtype=args.dtype,
         device=args.device,
         threads=threads,
-        seed=args.seed,
-        tol=args.tol,
-        power_tol=args.power_tol,
-        power_acc_tol=args.power_acc_tol,
-        ref_tol=args.ref_tol,
+        **{k: getattr(args, k) for k in solver},
     )
     doc: dict[str, Any] = {
         "kind": "bench_jacobian",
@@ -1014,45 +1012,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out}")
         return 0
 
+    def skip(n: int, method: str, reason: str) -> None:
+        doc["skipped"].append({"n": n, "method": method, "reason": reason})
+
     for n in sorted(set(ns) | set(dense_ns)):
         for method in methods:
             if method == "dense" and n * D_MODEL > DENSE_MAX_ND:
-                doc["skipped"].append(
-                    {
-                        "n": n,
-                        "method": method,
-                        "reason": (
-                            f"J has (n d)^2 = {(n * D_MODEL) ** 2:.2e} entries "
-                            f"({(n * D_MODEL) ** 2 * 8 / 2**30:.0f} GiB in float64) and its SVD costs "
-                            f"~(n d)^3 = {(n * D_MODEL) ** 3:.1e} flops; limit n d <= {DENSE_MAX_ND}"
-                        ),
-                    }
+                skip(
+                    n,
+                    method,
+                    f"J has (n d)^2 = {(n * D_MODEL) ** 2:.2e} entries "
+                    f"({(n * D_MODEL) ** 2 * 8 / 2**30:.0f} GiB in float64) and its SVD costs "
+                    f"~(n d)^3 = {(n * D_MODEL) ** 3:.1e} flops; limit n d <= {DENSE_MAX_ND}",
                 )
                 continue
             if method == "ref" and (n * D_MODEL <= DENSE_MAX_ND and "dense" in methods):
                 continue
             if method == "ref" and n > args.ref_max_n:
-                doc["skipped"].append(
-                    {
-                        "n": n,
-                        "method": method,
-                        "reason": (
-                            f"no high-accuracy reference above n = {args.ref_max_n} (time); the accuracy "
-                            "of ours is then bounded by its own residual"
-                        ),
-                    }
+                skip(
+                    n,
+                    method,
+                    f"no high-accuracy reference above n = {args.ref_max_n} (time); the accuracy "
+                    "of ours is then bounded by its own residual",
                 )
                 continue
             if method == "ours" and n > args.cert_max_n:
-                doc["skipped"].append(
-                    {
-                        "n": n,
-                        "method": method,
-                        "reason": (
-                            f"block certificate not run above n = {args.cert_max_n}: it holds several "
-                            f"float64 (H, n, n) arrays ({N_HEADS * n * n * 8 / 2**30:.1f} GiB each)"
-                        ),
-                    }
+                skip(
+                    n,
+                    method,
+                    f"block certificate not run above n = {args.cert_max_n}: it holds several "
+                    f"float64 (H, n, n) arrays ({N_HEADS * n * n * 8 / 2**30:.1f} GiB each)",
                 )
                 continue
             reps = (
@@ -1134,22 +1123,19 @@ def main(argv: list[str] | None = None) -> int:
         if total("power-single") and total("ours-single"):
             sp["power-single / ours-single"] = total("power-single") / total("ours-single")
         vals = {m: ms[m]["values"] for m in ms if "error" not in ms[m]}
-        if "ours-batched" in vals and "power-single" in vals:
-            k = len(vals["power-single"])
-            diffs = [
-                abs(a - c) / c
-                for ra, rc in zip(vals["power-single"][:k], vals["ours-batched"][:k])
-                for a, c in zip(ra, rc)
-            ]
-            wl["max_rel_diff_power_vs_ours"] = max(diffs)
-        if "ours-batched" in vals and "ours-single" in vals:
-            k = len(vals["ours-single"])
-            diffs = [
-                abs(a - c) / c
-                for ra, rc in zip(vals["ours-single"][:k], vals["ours-batched"][:k])
-                for a, c in zip(ra, rc)
-            ]
-            wl["max_rel_diff_single_vs_batched"] = max(diffs)
+        # each one-by-one run against the batched one, over the lengths it completed
+        for m, key in (
+            ("power-single", "max_rel_diff_power_vs_ours"),
+            ("ours-single", "max_rel_diff_single_vs_batched"),
+        ):
+            if "ours-batched" in vals and m in vals:
+                k = len(vals[m])
+                diffs = [
+                    abs(a - c) / c
+                    for ra, rc in zip(vals[m][:k], vals["ours-batched"][:k])
+                    for a, c in zip(ra, rc)
+                ]
+                wl[key] = max(diffs)
         wl["speedups"] = sp
         doc["workload"] = wl
     save()

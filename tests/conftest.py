@@ -64,6 +64,42 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="session")
+def run_tiny(tmp_path_factory: pytest.TempPathFactory):
+    """``run_tiny(stage, name, **options)``: an experiment stage's tiny preset, run once.
+
+    The stage (``experiments.real_data``, ``experiments.synthetic``, ...) writes into a fresh
+    results root named after ``name``; returns the root and the files ``stage.run`` returned.
+    Module fixtures call it so that a test module runs its stage once.
+    """
+
+    def run(stage, name: str, **options):
+        root = tmp_path_factory.mktemp(name)
+        return root, stage.run(root, "tiny", progress=False, **options)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def dask_by_value(request: pytest.FixtureRequest):
+    """Skip without Dask; otherwise Dask workers get the test module's functions by value.
+
+    Test modules are imported by path (``--import-mode=importlib``), so a worker could not
+    import a task function defined in one by name. Registered for the rest of the module.
+    """
+    from experiments import execution
+
+    try:
+        execution.require_dask()
+    except ImportError:
+        pytest.skip("Dask is not installed (the optional extra meanfield[dist])")
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(request.module)
+    yield
+    cloudpickle.unregister_pickle_by_value(request.module)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> torch.device:
     """CPU always; CUDA too when present."""

@@ -10,14 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from meanfield.models import tiny_config
 
+transformers = pytest.importorskip("transformers")
 
 #: The fixtures (pytest finds them by the argument names of the tests).
 __all__ = ["X", "bert", "bert_decoder", "gpt2", "llama", "llama_fp64_softmax"]
 
 D64 = torch.float64
 D, H, N = 64, 4, 7
+#: The special-token ids of the tests' tiny Llama configs (all 0).
+LLAMA_TOKENS = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,17 +52,13 @@ def _build(model_cls, cfg, seed: int, bias_seed: int):
     return m
 
 
+def fixture_config(arch: str, **extra):
+    """The shared tiny shape: width D, H heads, 2 layers, 100 tokens, 64 positions (eager)."""
+    return tiny_config(arch, d=D, heads=H, vocab=100, positions=64, **extra)
+
+
 def _bert(seed: int, bias_seed: int, **extra):
-    cfg = transformers.BertConfig(
-        hidden_size=D,
-        num_attention_heads=H,
-        num_hidden_layers=2,
-        intermediate_size=96,
-        vocab_size=100,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-        **extra,
-    )
+    cfg = fixture_config("bert", intermediate=96, **extra)
     return _build(transformers.BertModel, cfg, seed, bias_seed)
 
 
@@ -75,35 +74,13 @@ def bert_decoder():
 
 @pytest.fixture(scope="module")
 def gpt2():
-    cfg = transformers.GPT2Config(
-        n_embd=D,
-        n_head=H,
-        n_layer=2,
-        vocab_size=100,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        attn_implementation="eager",
-    )
+    cfg = fixture_config("gpt2", bos_token_id=0, eos_token_id=0)
     return _build(transformers.GPT2Model, cfg, 1, 2)
 
 
 @pytest.fixture(scope="module")
 def llama():
-    cfg = transformers.LlamaConfig(
-        hidden_size=D,
-        num_attention_heads=H,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=96,
-        vocab_size=100,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        rope_theta=1000.0,
-        attn_implementation="eager",
-    )
+    cfg = fixture_config("llama", kv_heads=2, intermediate=96, rope_theta=1000.0, **LLAMA_TOKENS)
     return _build(transformers.LlamaForCausalLM, cfg, 2, 4)
 
 

@@ -25,12 +25,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(run_tiny):
     """The tiny preset run once into a temporary results root."""
     pytest.importorskip("transformers")
-    root = tmp_path_factory.mktemp("adv")
-    files = adv.run(root, "tiny", progress=False)
-    return root, files
+    return run_tiny(adv, "adv")
 
 
 def _dense_norm(X: torch.Tensor, params, masked: bool) -> float:

@@ -20,15 +20,21 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- searches
+def _check_search(res, points: torch.Tensor, exact: float, R: float) -> None:
+    """What every search result keeps: at least its constructions' value, the value the oracle
+    gives at its own points (``exact``), and every point inside the ball of radius ``R``."""
+    assert res.value >= res.construction_value * (1 - 1e-12)
+    assert res.value == pytest.approx(exact, rel=1e-9)
+    assert torch.all(points.norm(dim=-1) <= R * (1 + 1e-12))
+
+
 def test_worst_case_measure_never_below_construction_and_exact(rng):
     A, V = random_head(rng, 2, scale=1.0)
     params = AttentionParams(A, V)
     res = worst_case_measure(params, 2.0, 3, n_restarts=4, steps=60)
-    assert res.value >= res.construction_value * (1 - 1e-12)
+    _check_search(res, res.measure.points, lw_norm(res.measure, A, V), 2.0)
     assert res.value >= res.two_dirac_bound * (1 - 1e-12)
-    assert res.value == pytest.approx(lw_norm(res.measure, A, V), rel=1e-9)
     assert res.lower <= res.value * (1 + 1e-9) and res.value <= res.upper * (1 + 1e-9)
-    assert torch.all(res.measure.points.norm(dim=-1) <= 2.0 * (1 + 1e-12))
     assert res.history.shape[0] == len(res.labels) == res.restart_values.numel()
     assert float(res.restart_values.max()) == pytest.approx(res.value, rel=1e-9)
     # steps=0: the constructions alone
@@ -67,10 +73,8 @@ def test_worst_case_sequence(rng):
     A, V = random_head(rng, 2, scale=1.5)
     params = AttentionParams(A, V)
     res = worst_case_sequence(params, 1.5, 5, n_restarts=3, steps=40)
-    assert res.value >= res.construction_value * (1 - 1e-12)
+    _check_search(res, res.X, seq_norm(res.X, A, V), 1.5)
     assert res.construction_value >= res.construction_bound * (1 - 1e-12)
-    assert res.value == pytest.approx(seq_norm(res.X, A, V), rel=1e-9)
-    assert torch.all(res.X.norm(dim=-1) <= 1.5 * (1 + 1e-12))
     assert res.lower <= res.value * (1 + 1e-9) <= res.upper * (1 + 2e-9)
 
 

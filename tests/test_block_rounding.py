@@ -21,6 +21,7 @@ import torch
 
 from meanfield.jacobian import block_norm_bounds, linearize
 from meanfield.params import AttentionParams, MultiHeadParams
+from tests.adversarial_instances import near_ties, spread_masses
 from tests.mpmath_oracle import DPS
 
 KINDS = ("ties", "logits", "masses", "norms", "heads")
@@ -38,16 +39,12 @@ def make_instance(seed: int) -> dict:
     c = rng.standard_normal(1) if rng.integers(2) else None
     heads = None
     if kind == "ties":  # far from the origin, nearly equal tokens: x_j - m_i cancels
-        base = rng.standard_normal(d) * 10 ** rng.uniform(1.0, 3.0)
-        X = base + rng.standard_normal((n, d)) * 10 ** -rng.uniform(2, 8) * np.abs(base).max()
+        X = near_ties(rng, n, d, far=(1.0, 3.0), close=(2, 8))
     elif kind == "logits":  # |x_i A x_j| ~ 1e4, near-one-hot rows
         X = rng.standard_normal((n, d)) * 10 ** rng.uniform(1.0, 2.0)
     elif kind == "masses":
         X = rng.standard_normal((n, d)) * rng.uniform(0.5, 5.0)
-        logw = -rng.uniform(0, 200, size=n) * math.log(10)
-        logw[rng.integers(n)] = 0.0
-        w = np.exp(logw)
-        weights = w / w.sum()
+        weights = spread_masses(rng, n, 200)
         geometry = "wasserstein" if rng.integers(2) else "euclidean"
         masked = False
     elif kind == "norms":  # huge V and inputs of moderate size

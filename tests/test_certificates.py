@@ -159,21 +159,16 @@ def test_polynomial_bound_is_calibrated():
     assert float(up.median()) < float(kw.median())
 
 
+def _certified_on_diagonal(s, x0, **kw):
+    """``golub_kahan_certified`` on diag(s), no margin, residual tolerance 1e-6."""
+    return golub_kahan_certified(lambda v: v * s, lambda u: u * s, x0, margin=0.0, tol=1e-6, **kw)
+
+
 def test_golub_kahan_certified_stops_when_tight():
     g = torch.Generator().manual_seed(3)
     s = torch.cat([torch.tensor([2.0], dtype=D64), torch.rand(299, generator=g, dtype=D64)])
     x0 = torch.randn(2, 300, generator=g, dtype=D64)
-    res, up, k1 = golub_kahan_certified(
-        lambda v: v * s,
-        lambda u: u * s,
-        x0,
-        delta=1e-6,
-        rtol=0.01,
-        margin=0.0,
-        tol=1e-6,
-        max_iter=300,
-        krylov_dim=8,
-    )
+    res, up, k1 = _certified_on_diagonal(s, x0, delta=1e-6, rtol=0.01, max_iter=300, krylov_dim=8)
     assert bool(res.converged.all())
     torch.testing.assert_close(res.sigma, torch.full((2,), 2.0, dtype=D64), rtol=1e-6, atol=0)
     assert bool((up >= 2.0).all()) and bool((up <= 2.0 * 1.01).all())
@@ -294,17 +289,7 @@ def test_structured_bounds_at_token_positions(gen, masked):
 def test_degenerate_operators():
     # zero operator: the polynomial bound certifies 0; a one-step run has no KW certificate
     x0 = torch.randn(1, 10, generator=torch.Generator().manual_seed(0), dtype=D64)
-    res, up, _ = golub_kahan_certified(
-        lambda v: 0 * v,
-        lambda u: 0 * u,
-        x0,
-        delta=1e-3,
-        rtol=0.05,
-        margin=0.0,
-        tol=1e-6,
-        max_iter=5,
-        krylov_dim=4,
-    )
+    res, up, _ = _certified_on_diagonal(0, x0, delta=1e-3, rtol=0.05, max_iter=5, krylov_dim=4)
     assert float(res.sigma) == 0.0 and float(up) == 0.0
     assert math.isinf(
         float(probabilistic_upper(torch.zeros(1), torch.ones(1, dtype=torch.int64), 10, 0.1, 0))

@@ -72,28 +72,16 @@ def test_demo_dtypes(tmp_path, dtype, capsys):
     assert load_npz(tmp_path / "demo.npz")["points"].dtype == np.dtype(dtype)
 
 
+def _bound_json(capsys, args: str) -> dict:
+    """``meanfield bound ARGS --json`` must exit 0; the JSON document it printed."""
+    assert main(["bound", *args.split(), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_bound_matches_theory_on_a_grid(capsys):
     from theory import bounds
 
-    assert (
-        main(
-            [
-                "bound",
-                "sqrt-n-upper",
-                "--A-norm",
-                "2",
-                "--V-norm",
-                "0.5",
-                "--R",
-                "1,3",
-                "--n",
-                "2:10:4",
-                "--json",
-            ]
-        )
-        == 0
-    )
-    doc = json.loads(capsys.readouterr().out)
+    doc = _bound_json(capsys, "sqrt-n-upper --A-norm 2 --V-norm 0.5 --R 1,3 --n 2:10:4")
     assert doc["inputs"] == {
         "A_norm": [2.0],
         "V_norm": [0.5],
@@ -110,25 +98,7 @@ def test_bound_matches_theory_on_a_grid(capsys):
 def test_bound_forwards_options(capsys):
     from theory import bounds
 
-    assert (
-        main(
-            [
-                "bound",
-                "mean-field-upper",
-                "--A-norm",
-                "1",
-                "--V-norm",
-                "1",
-                "--R",
-                "2",
-                "--c",
-                "2",
-                "--json",
-            ]
-        )
-        == 0
-    )
-    doc = json.loads(capsys.readouterr().out)
+    doc = _bound_json(capsys, "mean-field-upper --A-norm 1 --V-norm 1 --R 2 --c 2")
     assert doc["value"] == [[[float(bounds.mean_field_upper(1.0, 1.0, 2.0, c=2.0))]]]
     assert doc["value"] != [[[float(bounds.mean_field_upper(1.0, 1.0, 2.0, c=1.0))]]]
 

@@ -333,21 +333,12 @@ def test_outcome_ok() -> None:
 
 # ---- Dask ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def dask2_cluster():
-    try:
-        execution.require_dask()
-    except ImportError:
-        pytest.skip("Dask is not installed (the optional extra meanfield[dist])")
-    import cloudpickle
-
-    # This test module is imported by path; send its task functions by value.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+def dask2_cluster(dask_by_value):
     ex = execution.DaskExecutor(workers=2, allowed_failures=1)
     try:
         yield ex
     finally:
         ex.close()
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture

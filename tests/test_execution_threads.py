@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -74,24 +73,11 @@ def _reports(ex):
     return [o.value for o in out]
 
 
-@pytest.fixture
-def by_value():
-    try:
-        execution.require_dask()
-    except ImportError:
-        pytest.skip("Dask is not installed (the optional extra meanfield[dist])")
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
 def malloc_trim(config):
     return {"trim": os.environ.get("MALLOC_TRIM_THRESHOLD_")}
 
 
-def test_local_workers_are_capped_to_their_share_of_the_cores(by_value, monkeypatch) -> None:
+def test_local_workers_are_capped_to_their_share_of_the_cores(dask_by_value, monkeypatch) -> None:
     cap = max(1, (os.cpu_count() or 1) // 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
@@ -109,7 +95,7 @@ def test_local_workers_are_capped_to_their_share_of_the_cores(by_value, monkeypa
 
 
 @pytest.mark.slow
-def test_local_workers_keep_an_explicit_omp_setting(by_value, monkeypatch) -> None:
+def test_local_workers_keep_an_explicit_omp_setting(dask_by_value, monkeypatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's choice: no cap
     with execution.DaskExecutor(workers=2) as ex:
         assert ex.max_threads is None

@@ -16,9 +16,8 @@ MODULES = (f1, f2, f3)
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("real_figs")
-    real_data.run(root, "tiny", progress=False, n_grid=[2, 4], tol=1e-4)
+def results(run_tiny):
+    root, _ = run_tiny(real_data, "real_figs", n_grid=[2, 4], tol=1e-4)
     return root
 
 

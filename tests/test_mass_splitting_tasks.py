@@ -44,9 +44,8 @@ def _same(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def serial(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serial")
-    mass_splitting.run(root, "tiny", progress=False, **SMALL)
+def serial(run_tiny):
+    root, _ = run_tiny(mass_splitting, "serial", **SMALL)
     return root
 
 

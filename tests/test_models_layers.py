@@ -33,10 +33,12 @@ from meanfield.models import (  # noqa: E402
 from .models_fixtures import *  # noqa: E402, F403  (the fixtures, used by name)
 from .models_fixtures import (  # noqa: E402
     D64,
+    LLAMA_TOKENS,
     D,
     H,
     N,
     causal_additive,
+    fixture_config,
     rope_f64,
     run_capturing,
     store_input,
@@ -239,19 +241,7 @@ def test_llama_full_forward_capture_matches_module_output(llama, gen):
 
 
 def test_llama_qk_biases_are_refused():
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_hidden_layers=1,
-        intermediate_size=32,
-        vocab_size=50,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        attention_bias=True,
-        attn_implementation="eager",
-    )
+    cfg = fixture_config("llama", kv_heads=1, layers=1, attention_bias=True, **LLAMA_TOKENS)
     with pytest.raises(NotImplementedError, match="biases"):
         params_from_hf(transformers.LlamaModel(cfg), 0)
 

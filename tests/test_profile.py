@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from meanfield.models import tiny_config
 from meanfield.profile import ModelProfile, model_blocks, profile_model
 
 from .models_fixtures import *  # noqa: F403  (fixtures: bert, bert_decoder, gpt2, llama, ...)
-from .models_fixtures import D64, transformers
+from .models_fixtures import D64, LLAMA_TOKENS, transformers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -353,9 +354,7 @@ def test_n_beyond_positions(gpt2):
 
 
 def test_layers_that_are_not_consecutive_have_no_chain():
-    cfg = transformers.GPT2Config(
-        n_embd=16, n_head=2, n_layer=3, vocab_size=100, n_positions=16, attn_implementation="eager"
-    )
+    cfg = tiny_config("gpt2", d=16, heads=2, layers=3, vocab=100, positions=16)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = transformers.GPT2Model(cfg).eval()
@@ -379,18 +378,15 @@ def tiny_checkpoint(tmp_path_factory):
     from meanfield.models import _minilm_dir
 
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=48,
-        vocab_size=30522,
-        max_position_embeddings=40,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        attn_implementation="eager",
+    cfg = tiny_config(
+        "llama",
+        d=32,
+        heads=4,
+        kv_heads=2,
+        intermediate=48,
+        vocab=30522,
+        positions=40,
+        **LLAMA_TOKENS,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)

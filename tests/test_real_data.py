@@ -26,10 +26,8 @@ TINY = real_data.PRESETS["tiny"].options()
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("real")
-    files = real_data.run(root, "tiny", progress=False)
-    return root, files
+def tiny(run_tiny):
+    return run_tiny(real_data, "real")
 
 
 def _records(root):

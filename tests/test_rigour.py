@@ -20,6 +20,7 @@ from meanfield.lipschitz import local_lipschitz
 from meanfield.measures import DiracMeasure
 from meanfield.params import AttentionParams, MultiHeadParams, RotaryEmbedding
 from tests import mpmath_oracle as oracle
+from tests.adversarial_instances import near_ties, spread_masses
 
 METHODS = ("dense", "lanczos", "power")
 KINDS = ("logits", "ties", "masses", "two_diracs", "big_v", "long", "float32", "heads", "rotary")
@@ -42,14 +43,10 @@ def make_instance(seed: int, kind: str | None = None) -> dict:
     if kind == "logits":  # |x_i^T A x_j| up to ~1e5
         X = rng.standard_normal((n, d)) * 10 ** rng.uniform(1.0, 2.5)
     elif kind == "ties":  # far from the origin, nearly equal tokens
-        base = rng.standard_normal(d) * 10 ** rng.uniform(0.5, 2.0)
-        X = base + rng.standard_normal((n, d)) * 10 ** -rng.uniform(2, 9) * np.abs(base).max()
+        X = near_ties(rng, n, d, far=(0.5, 2.0), close=(2, 9))
     elif kind == "masses":  # masses down to 1e-300
         X = rng.standard_normal((n, d)) * rng.uniform(0.5, 10.0)
-        logw = -rng.uniform(0, 300, size=n) * math.log(10)
-        logw[rng.integers(n)] = 0.0
-        w = np.exp(logw)
-        weights = w / w.sum()
+        weights = spread_masses(rng, n, 300)
         geometry = "wasserstein" if rng.integers(4) else "euclidean"
         masked = False
     elif kind == "two_diracs":  # optimal light mass, constants up to ~1e300
@@ -94,8 +91,7 @@ def make_instance(seed: int, kind: str | None = None) -> dict:
         mode = int(rng.integers(3))  # moderate, large logits, near-ties far from the origin
         X = rng.standard_normal((n, d)) * 10 ** rng.uniform(0, 1.5) * (10**1.5 if mode == 1 else 1)
         if mode == 2:
-            base = rng.standard_normal(d) * 10 ** rng.uniform(0.5, 2.0)
-            X = base + rng.standard_normal((n, d)) * 10 ** -rng.uniform(2, 8) * np.abs(base).max()
+            X = near_ties(rng, n, d, far=(0.5, 2.0), close=(2, 8))
         pos = None if rng.integers(2) else np.sort(rng.choice(5000, size=n, replace=False))
         A = []
         for h in range(2):

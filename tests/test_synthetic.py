@@ -38,10 +38,8 @@ PARTS = ("f5", "f6", "f7", "a")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
-    root = tmp_path_factory.mktemp("synthetic_tiny")
-    files = synthetic.run(root, "tiny", progress=False)
-    return root, files
+def tiny(run_tiny) -> tuple[Path, list[Path]]:
+    return run_tiny(synthetic, "synthetic_tiny")
 
 
 def _npz(root: Path, part: str) -> dict[str, np.ndarray]:

@@ -30,10 +30,8 @@ def test_bad_input_raises():
 
 # ------------------------------------------------------------------ experiment contract
 @pytest.fixture(scope="module")
-def tiny_results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("results")
-    files = vb.run(root, "tiny", progress=False)
-    return root, files
+def tiny_results(run_tiny):
+    return run_tiny(vb, "results")
 
 
 def test_run_tiny_schema(tiny_results):
