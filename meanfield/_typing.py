@@ -11,6 +11,9 @@ alias                     meaning
                           ``"wasserstein"`` (measures, fixed masses), ``"split"`` (measures, atoms
                           may split), see docs/theory.md
 ``MeasureGeometry``       the two geometries on measures, the ones a search over measures accepts
+``ProductGeometry``       the two geometries of the Jacobian products and block norms
+                          (:mod:`meanfield.jacobian`); ``"split"`` is built from them
+``AnyParams``             ``Params`` or an L2 layer (:class:`L2AttentionParams`)
 ``Method``                dense SVD or a matrix-free iteration for the top singular value
 ``UpperMethod``           how the certified upper end of a bracket is obtained
 ``Variant``               eigenvector construction: the authors' released rule or the symmetric part
@@ -19,17 +22,16 @@ alias                     meaning
 ``HeadMap``               which linear map of a layer :mod:`meanfield.models` extracts
 ========================  ====================================================================
 
-The modules ``lipschitz``, ``jacobian`` and ``attention`` still define their own copies of
-``Params``/``Geometry``/``Method``; they are the same types and will import these.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from .params import AttentionParams, MultiHeadParams
+from .params import AttentionParams, L2AttentionParams, MultiHeadParams
 
 __all__ = [
+    "AnyParams",
     "Arch",
     "Case",
     "Geometry",
@@ -37,13 +39,16 @@ __all__ = [
     "MeasureGeometry",
     "Method",
     "Params",
+    "ProductGeometry",
     "UpperMethod",
     "Variant",
 ]
 
 Params = AttentionParams | MultiHeadParams
+AnyParams = AttentionParams | MultiHeadParams | L2AttentionParams
 Geometry = Literal["euclidean", "wasserstein", "split"]
 MeasureGeometry = Literal["wasserstein", "split"]
+ProductGeometry = Literal["euclidean", "wasserstein"]
 Method = Literal["auto", "dense", "lanczos", "power"]
 UpperMethod = Literal["auto", "gram", "block", "none"]
 Variant = Literal["released", "symmetric"]

@@ -2,8 +2,8 @@
 
 Every public function that takes points together with parameters (``self_attention``,
 ``attention``, ``attention_map``, ``attention_weights``, ``attention_points``,
-``l2_self_attention``) passes its inputs through :func:`check_points` (or :func:`check_measure`)
-and the helpers below. The rule:
+``l2_self_attention``, ``linearize``, ``local_lipschitz``) passes its inputs through
+:func:`check_points` (or :func:`check_measure`) and the helpers below. The rule:
 
 1. **Floating inputs keep their dtype; they must match the parameters.** A floating tensor (or a
    floating numpy array) whose dtype differs from the parameters' is an error, never a silent cast:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ._numerics import causal_mask, iter_chunks, masked_softmax
+from ._typing import Params
 from ._validation import check_aux, check_index, check_measure, check_points, params_dtype_device
 from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams
@@ -30,8 +31,6 @@ __all__ = [
     "l2_self_attention",
     "self_attention",
 ]
-
-Params = AttentionParams | MultiHeadParams
 
 
 def _points_and_params(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._typing import AnyParams as Params
 from .attention import l2_self_attention, self_attention
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams
 
@@ -50,7 +51,6 @@ __all__ = [
     "residual_forward",
 ]
 
-Params = L2AttentionParams | AttentionParams | MultiHeadParams
 
 #: Relative margin added to the certified bounds for the rounding of the weight norms (an SVD in
 #: float64 has a relative error of a few units of 1e-16; docs/derivations/invertible.md §2).

@@ -21,6 +21,8 @@ from meanfield import (
     l2_self_attention,
     self_attention,
 )
+from meanfield.jacobian import linearize
+from meanfield.lipschitz import local_lipschitz
 
 from .oracles import causal_index, naive_head
 from .strategies import head_data, weighted_measure_data
@@ -370,6 +372,8 @@ def _seq_fns():
         ("self_attention_masked", lambda X, p: self_attention(X, p, masked=True)),
         ("attention_points", lambda X, p: attention_points(X, p)),
         ("attention_weights", lambda X, p: attention_weights(X, p)),
+        ("linearize", lambda X, p: linearize(X, p).P),
+        ("local_lipschitz", lambda X, p: local_lipschitz(X, p).value),
     ]
 
 
@@ -539,3 +543,36 @@ def test_l2_self_attention_follows_the_same_rule():
 def test_empty_parameter_matrices_are_rejected():
     _one_line_error(ValueError, "A is empty", AttentionParams, torch.zeros(0, 0), torch.zeros(2, 0))
     _one_line_error(ValueError, "V is empty", AttentionParams, torch.zeros(2, 2), torch.zeros(0, 2))
+
+
+def test_linearize_follows_the_input_rule_for_auxiliary_inputs():
+    params = _head()
+    X = torch.randn(4, 2, dtype=D64, generator=torch.Generator().manual_seed(481))
+    lw32 = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    assert_close(
+        linearize(X, params, log_weights=lw32).P,
+        linearize(X, params, log_weights=lw32.to(D64)).P,
+        rtol=0,
+        atol=0,
+    )
+    bad = [
+        (ValueError, r"log_weights must have shape \(\.\.\., 4\)", dict(log_weights=[0.0] * 3)),
+        (ValueError, r"positions must have shape \(\.\.\., 4\)", dict(positions=torch.zeros(5))),
+        (TypeError, "token_index must hold integers", dict(token_index=torch.zeros(4))),
+    ]
+    for exc, match, kw in bad:
+        _one_line_error(exc, match, linearize, X, params, **kw)
+
+
+def test_local_lipschitz_checks_a_measure_against_the_parameters():
+    params = _head()
+    mu = DiracMeasure(torch.randn(3, 2, generator=torch.Generator().manual_seed(503)))
+    _one_line_error(ValueError, "local_lipschitz: mu has dtype", local_lipschitz, mu, params)
+    mu3 = DiracMeasure(torch.zeros(3, 3, dtype=D64))
+    _one_line_error(
+        ValueError,
+        "mu has dimension 3 but the parameters expect d = 2",
+        local_lipschitz,
+        mu3,
+        params,
+    )

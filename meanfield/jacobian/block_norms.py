@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from .._spectral import _gamma, rank_one_sigma_max_from_stats, spectral_norm_upper
-from ..params import AttentionParams, MultiHeadParams
+from .._typing import Params
+from .._typing import ProductGeometry as Geometry
 from .head_rows import (
     _OUT_INFL,
     _b_norms,
@@ -29,9 +29,6 @@ from .head_rows import (
 )
 from .linearization import AttentionLinearization, _head_output_matrices
 from .products import _check_geometry, _interaction, _key_blocks, _require_analytic
-
-Params = AttentionParams | MultiHeadParams
-Geometry = Literal["euclidean", "wasserstein"]
 
 # ------------------------------------------------------------------------ block-norm bounds
 _U64 = torch.finfo(torch.float64).eps / 2

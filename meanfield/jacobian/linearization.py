@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from .._numerics import admissible_logits, as_float_tensor, check_finite, iter_chunks
+from .._numerics import admissible_logits, iter_chunks
+from .._typing import Params
+from .._validation import check_aux, check_index, check_points, params_dtype_device
 from ..attention import admissible_keys, head_logits
 from ..params import AttentionParams, MultiHeadParams
-
-Params = AttentionParams | MultiHeadParams
 
 
 @dataclass(frozen=True, eq=False)
@@ -390,23 +390,15 @@ def linearize(
     -------
     AttentionLinearization
     """
+    # the input rule of the attention functions (docs/conventions.md §8)
+    dtype, device = params_dtype_device(params, (AttentionParams, MultiHeadParams), "linearize")
     heads = params.heads
     d = heads[0].d
-    X = as_float_tensor(X, "X")
-    if X.ndim < 2 or X.shape[-1] != d:
-        raise ValueError(f"X must have shape (..., n, {d}), got {tuple(X.shape)}")
-    check_finite(X, "X")
-    if X.dtype != params.dtype:
-        raise ValueError(f"X has dtype {X.dtype} but the parameters have {params.dtype}")
+    X = check_points(X, "X", d, dtype, device)
     n = X.shape[-2]
-    if log_weights is not None:
-        log_weights = as_float_tensor(log_weights, "log_weights", like=X)
-        if log_weights.shape[-1] != n:
-            raise ValueError(
-                f"log_weights must have shape (..., {n}), got {tuple(log_weights.shape)}"
-            )
-    if positions is not None:
-        positions = as_float_tensor(positions, "positions", like=X)
+    log_weights = check_aux(log_weights, "log_weights", X, n, finite=False)
+    positions = check_aux(positions, "positions", X, n)
+    token_index = check_index(token_index, "token_index", X, n)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     analytic = tuple(h for h, head in enumerate(heads) if getattr(head, "rope", None) is None)

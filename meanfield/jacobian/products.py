@@ -8,19 +8,16 @@ cases and tests). The product form is derived in ``docs/derivations/jacobian_pro
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
 
 import torch
 import torch.func as tfunc
 from torch import Tensor
 
 from .._numerics import as_float_tensor, iter_chunks
+from .._typing import Params
+from .._typing import ProductGeometry as Geometry
 from ..attention import attention_points
-from ..params import AttentionParams, MultiHeadParams
 from .linearization import _PRODUCT_BLOCK, AttentionLinearization, _head_rows, linearize
-
-Params = AttentionParams | MultiHeadParams
-Geometry = Literal["euclidean", "wasserstein"]
 
 
 # ----------------------------------------------------------------------------------- products

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from .._spectral import spectral_norm_upper
+from .._typing import Params
 from ..attention import head_logits
-from ..params import AttentionParams, MultiHeadParams
+from ..params import MultiHeadParams
 from .linearization import (
     AttentionLinearization,
     _admissible,
@@ -23,7 +24,6 @@ from .linearization import (
     _log_attention,
 )
 
-Params = AttentionParams | MultiHeadParams
 _U64 = torch.finfo(torch.float64).eps / 2
 
 

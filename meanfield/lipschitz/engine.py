@@ -30,6 +30,8 @@ from .._spectral import (
     spectral_norm_upper,
     top_singular_value,
 )
+from .._typing import Geometry, Method, Params, UpperMethod
+from .._validation import check_measure, check_points, params_dtype_device
 from ..jacobian import (
     AttentionLinearization,
     _dense_from_lin,
@@ -47,11 +49,6 @@ from ..jacobian import (
 from ..measures import DiracMeasure
 from ..params import AttentionParams, MultiHeadParams
 from .starts import kronecker_start
-
-Params = AttentionParams | MultiHeadParams
-Geometry = Literal["euclidean", "wasserstein", "split"]
-Method = Literal["auto", "dense", "lanczos", "power"]
-UpperMethod = Literal["auto", "gram", "block", "none"]
 
 #: ``method="auto"`` assembles the Jacobian when ``n * d`` is at most this.
 DENSE_AUTO_MAX = 1500
@@ -172,37 +169,14 @@ _F64_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _params_to_float64(params: Params) -> Params:
     """Float64 copy (cached per ``params``, so certified weight norms are computed once).
 
-    Factored heads get ``A = Q^T K`` recomputed in float64, because ``AttentionParams.to`` checks
-    the factorisation at float64 precision against an ``A`` rounded in float32 and rejects it.
+    ``.to`` recomputes ``A = Q^T K`` of factored heads from the float64 factors.
     """
     if params.dtype == torch.float64:
         return params
     cached = _F64_CACHE.get(params)
     if cached is None:
-        cached = _F64_CACHE[params] = _convert_float64(params)
+        cached = _F64_CACHE[params] = params.to(dtype=torch.float64)
     return cached
-
-
-def _convert_float64(params: Params) -> Params:
-
-    def head64(h: AttentionParams) -> AttentionParams:
-        f = torch.float64
-        c = None if h.c is None else h.c.to(f)
-        b = None if h.b is None else h.b.to(f)
-        rope = getattr(h, "rope", None)
-        if h.Q is not None:
-            Q, K = h.Q.to(f), h.K.to(f)
-            extra = {} if rope is None else {"rope": rope.to(dtype=f)}
-            return AttentionParams(Q.mT @ K, h.V.to(f), c=c, b=b, Q=Q, K=K, **extra)
-        return AttentionParams(h.A.to(f), h.V.to(f), c=c, b=b)
-
-    if isinstance(params, AttentionParams):
-        return head64(params)
-    return MultiHeadParams(
-        tuple(head64(h) for h in params.heads),
-        W_O=None if params.W_O is None else params.W_O.to(torch.float64),
-        b_O=None if params.b_O is None else params.b_O.to(torch.float64),
-    )
 
 
 def _to_float64(lin: AttentionLinearization, params64: Params | None) -> AttentionLinearization:
@@ -260,9 +234,14 @@ def _self_ops(lin: AttentionLinearization):
 
 
 def _parse_input(
-    x: Tensor | DiracMeasure, masked: bool | None
+    x: Tensor | DiracMeasure, masked: bool | None, params: Params
 ) -> tuple[Tensor, Tensor | None, Tensor | None, bool]:
+    """Points, log-weights, positions and the mask flag, by the input rule (docs/conventions.md §8)."""
+    dtype, device = params_dtype_device(
+        params, (AttentionParams, MultiHeadParams), "local_lipschitz"
+    )
     if isinstance(x, DiracMeasure):
+        check_measure(x, dtype, device, params.d, "local_lipschitz")
         is_masked = x.is_causal if masked is None else bool(masked)
         if is_masked and not x.is_causal:
             raise ValueError(
@@ -271,7 +250,7 @@ def _parse_input(
         lw = x.log_weights
         uniform = bool((x.weights == x.weights[..., :1]).all())
         return x.points, None if uniform else lw, x.positions if is_masked else None, is_masked
-    X = as_float_tensor(x, "x")
+    X = check_points(x, "x", params.d, dtype, device)
     return X, None, None, bool(masked) if masked is not None else False
 
 
@@ -571,9 +550,7 @@ def local_lipschitz(
         raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
     if upper not in ("auto", "gram", "block", "none"):
         raise ValueError(f"upper must be 'auto', 'gram', 'block' or 'none', got {upper!r}")
-    X, lw, positions, is_masked = _parse_input(x, masked)
-    if X.dtype != params.dtype:
-        raise ValueError(f"inputs have dtype {X.dtype} but the parameters have {params.dtype}")
+    X, lw, positions, is_masked = _parse_input(x, masked, params)
     if isinstance(start, str):
         if start != "kronecker":
             raise ValueError(f"start must be a tensor or 'kronecker', got {start!r}")

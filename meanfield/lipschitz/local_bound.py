@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._typing import Params
 from ..params import AttentionParams, MultiHeadParams
-
-Params = AttentionParams | MultiHeadParams
 
 #: Relative margin applied to the float64 evaluation of :func:`certified_local_upper`.
 _LOCAL_BOUND_MARGIN = 1e-9

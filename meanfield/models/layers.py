@@ -57,7 +57,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Former name of :data:`meanfield._typing.HeadMap`.
-Map = HeadMap
 _MAPS = ("heads", "heads+WO", "block")
 
 
@@ -253,7 +252,7 @@ def _gpt2_scale(attn: Any, head_dim: int) -> float:
     return s
 
 
-def layer_info(model: Any, layer: int, *, map: Map = "heads+WO") -> LayerInfo:
+def layer_info(model: Any, layer: int, *, map: HeadMap = "heads+WO") -> LayerInfo:
     """Metadata of attention layer ``layer``: causal flag, architecture, heads, RoPE, capture point.
 
     Parameters
@@ -377,7 +376,7 @@ def _rope(model: Any, head_dim: int, dtype: torch.dtype | None) -> RotaryEmbeddi
 
 
 def params_from_hf(
-    model: Any, layer: int, *, map: Map = "heads+WO", dtype: torch.dtype | None = None
+    model: Any, layer: int, *, map: HeadMap = "heads+WO", dtype: torch.dtype | None = None
 ) -> MultiHeadParams:
     r""":class:`MultiHeadParams` of one attention layer, in the toolkit's score convention.
 
@@ -641,7 +640,7 @@ class HFAttention:
 
 
 def hf_attention(
-    model: Any, layer: int, *, map: Map = "heads+WO", dtype: torch.dtype | None = None
+    model: Any, layer: int, *, map: HeadMap = "heads+WO", dtype: torch.dtype | None = None
 ) -> HFAttention:
     """Parameters, metadata and (for ``"block"``) LayerNorm of one layer, as a callable map.
 
@@ -669,7 +668,7 @@ def hf_attention_fn(
     model: Any,
     layer: int,
     *,
-    map: Map = "heads+WO",
+    map: HeadMap = "heads+WO",
     dtype: torch.dtype | None = None,
     masked: bool | None = None,
 ) -> Callable[[Tensor], Tensor]:
