@@ -7,6 +7,7 @@
   ``paper_figs``, and importing ``paper_figs`` or any figure module loads no ``experiments.app``.
 - The deprecated shims in :data:`SHIMS` re-export the app layer for one release and are the only
   exceptions.
+- The library's type aliases are defined once, in ``meanfield/_typing.py``.
 """
 
 from __future__ import annotations
@@ -92,3 +93,25 @@ def test_figures_do_not_import_the_app_layer():
         if up:
             bad[mod] = up[:3]
     assert not bad, f"paper_figs modules load the app layer: {bad}"
+
+
+def test_type_aliases_are_defined_once():
+    """Every alias of ``meanfield._typing`` is assigned there and nowhere else in the library."""
+    import ast
+
+    from meanfield import _typing
+
+    aliases = set(_typing.__all__)
+    home = ROOT / "meanfield" / "_typing.py"
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "meanfield").rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in aliases:
+                    found.setdefault(t.id, []).append(str(path.relative_to(ROOT)))
+    assert found, "no alias found at all: the scan is broken"
+    again = {a: p for a, p in found.items() if p != [str(home.relative_to(ROOT))]}
+    assert not again, f"aliases defined outside meanfield/_typing.py: {again}"
