@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory import bounds
-from theory.bounds._common import _ret
+from theory.bounds._common import _norm_theta, _ret
 
 __all__ = [
     "RadiusBracket",
@@ -97,8 +97,7 @@ def crossover_n(
     if mf_form not in ("sharp", "simple"):
         raise ValueError(f"mf_form must be 'sharp' or 'simple', got {mf_form!r}")
     log_M = np.asarray(bounds.mean_field_upper(A_norm, 1.0, R, c=c, form=mf_form, log=True))
-    bounds.trivial_lower(V_norm)  # validation only
-    theta = np.asarray(A_norm, dtype=float) * np.asarray(R, dtype=float) ** 2
+    _, theta = _norm_theta(A_norm, V_norm, R)  # validates V_norm too
     with np.errstate(divide="ignore"):
         log_theta = np.log(theta)
     if form == "triangle":
