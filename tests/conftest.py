@@ -80,6 +80,20 @@ def run_tiny(tmp_path_factory: pytest.TempPathFactory):
     return run
 
 
+@pytest.fixture
+def cli_json(capsys: pytest.CaptureFixture[str]):
+    """``cli_json(*argv)``: ``meanfield *argv --json`` run in-process, exit 0 asserted, its JSON."""
+    import json
+
+    from experiments.app.main import main
+
+    def run(*argv: str) -> dict:
+        assert main([*argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def dask_by_value(request: pytest.FixtureRequest):
     """Skip without Dask; otherwise Dask workers get the test module's functions by value.

@@ -262,17 +262,10 @@ def test_verified_records_have_bound_sides():
         "kim-softmax --N 2:6:2",
     ],
 )
-def test_meanfield_bound_equals_the_function_on_the_grid(command, capsys):
+def test_meanfield_bound_equals_the_function_on_the_grid(command, cli_json):
     """The command's values are the theory function evaluated on the outer product of the grids."""
-    import json
-
-    import numpy as np
-
-    from experiments.app.main import main
-
     argv = command.split()
-    assert main(["bound", *argv, "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc = cli_json("bound", *argv)
     rec = registry.cli_bounds()[argv[0]]
     grids = np.meshgrid(
         *(np.asarray(v, dtype=float) for v in doc["inputs"].values()), indexing="ij"

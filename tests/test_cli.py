@@ -72,16 +72,10 @@ def test_demo_dtypes(tmp_path, dtype, capsys):
     assert load_npz(tmp_path / "demo.npz")["points"].dtype == np.dtype(dtype)
 
 
-def _bound_json(capsys, args: str) -> dict:
-    """``meanfield bound ARGS --json`` must exit 0; the JSON document it printed."""
-    assert main(["bound", *args.split(), "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def test_bound_matches_theory_on_a_grid(capsys):
+def test_bound_matches_theory_on_a_grid(cli_json):
     from theory import bounds
 
-    doc = _bound_json(capsys, "sqrt-n-upper --A-norm 2 --V-norm 0.5 --R 1,3 --n 2:10:4")
+    doc = cli_json(*"bound sqrt-n-upper --A-norm 2 --V-norm 0.5 --R 1,3 --n 2:10:4".split())
     assert doc["inputs"] == {
         "A_norm": [2.0],
         "V_norm": [0.5],
@@ -95,17 +89,16 @@ def test_bound_matches_theory_on_a_grid(capsys):
             assert value[0, 0, i, j] == bounds.sqrt_n_upper(2.0, 0.5, R, n)
 
 
-def test_bound_forwards_options(capsys):
+def test_bound_forwards_options(cli_json):
     from theory import bounds
 
-    doc = _bound_json(capsys, "mean-field-upper --A-norm 1 --V-norm 1 --R 2 --c 2")
+    doc = cli_json(*"bound mean-field-upper --A-norm 1 --V-norm 1 --R 2 --c 2".split())
     assert doc["value"] == [[[float(bounds.mean_field_upper(1.0, 1.0, 2.0, c=2.0))]]]
     assert doc["value"] != [[[float(bounds.mean_field_upper(1.0, 1.0, 2.0, c=1.0))]]]
 
 
-def test_derive_kim_lemma_yields_lambert_w(capsys):
-    assert main(["derive", "kim-softmax-lemma", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+def test_derive_kim_lemma_yields_lambert_w(capsys, cli_json):
+    doc = cli_json("derive", "kim-softmax-lemma")
     assert doc["expression"] == "LambertW((N - 1)*exp(-1))"
     assert main(["derive", "kim-softmax-lemma", "--latex"]) == 0
     assert capsys.readouterr().out.strip() == r"W\left(\frac{N - 1}{e}\right)"
