@@ -20,6 +20,13 @@ start vector,
 
 Restarting from the Ritz vector can only raise the Ritz value, so the certificate may use the
 final Ritz value with the dimension of the *first* cycle.
+
+The theorem holds for a step count fixed in advance, but a run chooses where it stops (the
+residual rule, or the width of the bracket). The bound at step :math:`k` is therefore taken at
+failure probability :math:`\delta_k = \delta/(k(k+1))` (:func:`kw_delta`): the events of all
+steps together fail with probability at most :math:`\sum_k\delta_k = \delta`, so the bound at
+whichever step the run stops holds with probability at least :math:`1-\delta`
+(docs/certificates.md §1).
 """
 
 from __future__ import annotations
@@ -61,8 +68,29 @@ def kw_factor(N: int, k: int, delta: float) -> float:
     return 1.0 / math.sqrt(1.0 - eps) if eps < 1.0 else math.inf
 
 
+def kw_delta(delta: float, k: int) -> float:
+    r"""Failure probability spent on step ``k`` of a run that stops when it chooses.
+
+    :math:`\delta_k = \delta/(k(k+1))`, whose sum over :math:`k\ge1` is :math:`\delta`: a bound
+    taken at :math:`\delta_k` at every step holds at all steps at once, and so at the stopping
+    step, with probability at least :math:`1-\delta` (docs/certificates.md §1).
+    """
+    return delta / (k * (k + 1))
+
+
+def kw_union_factor(N: int, k: int, delta: float) -> float:
+    r""":func:`kw_factor` at step ``k`` with the union bound over stopping steps (:func:`kw_delta`)."""
+    if k < 1:
+        return math.inf
+    return kw_factor(N, k, kw_delta(delta, k))
+
+
 def kw_steps(N: int, delta: float, rtol: float, margin: float = 0.0) -> int:
-    r"""Fewest Krylov steps whose factor times ``1 + margin`` is at most ``1 + rtol``."""
+    r"""Fewest Krylov steps whose union-bound factor times ``1 + margin`` is at most ``1 + rtol``.
+
+    The factor is :func:`kw_union_factor` (the step is chosen by the run). Raises
+    ``ValueError`` when ``1 + rtol`` cannot absorb the rounding margin.
+    """
     if rtol <= 0:
         raise ValueError(f"rtol must be positive, got {rtol!r}")
     target = (1.0 + rtol) / (1.0 + margin)
@@ -70,8 +98,11 @@ def kw_steps(N: int, delta: float, rtol: float, margin: float = 0.0) -> int:
         raise ValueError(f"rtol = {rtol} cannot absorb the rounding margin {margin:.3g}")
     eps = 1.0 - 1.0 / target**2
     root = math.log(KW_CONSTANT * math.sqrt(max(N, 1)) / delta)
-    k = math.ceil((root / math.sqrt(eps) + 1.0) / 2.0)
-    return max(k, 2)
+    k = max(math.ceil((root / math.sqrt(eps) + 1.0) / 2.0), 2)
+    # the union bound raises the log term by ln(k(k+1)): step up to the fixed point
+    while kw_union_factor(N, k, delta) * (1.0 + margin) > 1.0 + rtol:
+        k += 1
+    return k
 
 
 def krylov_rounding_margin(n: int, d: int, k: int, dtype: torch.dtype) -> float:
@@ -155,18 +186,29 @@ def golub_kahan_certified(
     tol: float,
     max_iter: int,
     krylov_dim: int,
+    accept: Callable[[Tensor, Tensor], Tensor] | None = None,
+    reachable: Callable[[Tensor], Tensor] | None = None,
+    require_residual: bool = True,
 ) -> tuple[SpectralResult, Tensor, Tensor]:
-    r"""Golub–Kahan–Lanczos run until a probabilistic upper bound is within ``1 + rtol``.
+    r"""Golub–Kahan–Lanczos run until a probabilistic upper bound is tight enough.
 
-    One unrestarted cycle with full (two-pass) reorthogonalisation. After each step two bounds,
-    each at failure probability :math:`\delta/2` (so their minimum fails with probability at most
-    :math:`\delta`), are formed: the Kuczyński–Woźniakowski bound (:func:`kw_factor`) and the
-    gap-aware Lanczos-polynomial bound (:func:`lanczos_polynomial_upper`). A batch element stops
-    once the residual rule :math:`\sigma\beta_k|w_k|\le\mathrm{tol}\,\sigma^2` holds and the
-    smaller bound times ``1 + margin`` is at most ``(1 + rtol)`` times the Ritz value, or after
+    One unrestarted cycle with full (two-pass) reorthogonalisation. After each step :math:`k` two
+    bounds are formed: the gap-aware Lanczos-polynomial bound
+    (:func:`lanczos_polynomial_upper`) at failure probability :math:`\delta/2` (one event, the
+    start's component along the top vector, covers every step) and the Kuczyński–Woźniakowski
+    bound at :math:`\delta_k = (\delta/2)/(k(k+1))` (:func:`kw_union_factor`: the union over the
+    steps where the run may stop). Their minimum, at whichever step the run stops, fails with
+    probability at most :math:`\delta` (docs/certificates.md §1).
+
+    The bound is *tight* when ``accept(sigma, bound)`` holds (default: ``bound <= (1 + rtol) *
+    sigma``), with ``sigma`` the Ritz value and ``bound`` the smaller bound times ``1 + margin``.
+    A batch element stops once it is tight and, with ``require_residual``, the residual rule
+    :math:`\sigma\beta_k|w_k|\le\mathrm{tol}\,\sigma^2` holds too; or, when
+    ``reachable(sigma)`` says that no bound could be tight at this Ritz value (the rounding
+    margins alone are too wide), once the residual rule holds. Otherwise it runs
     ``max(kw_steps, krylov_dim)`` steps; if some have not stopped, :func:`lanczos_svd` continues
-    (restarting) from the Ritz vector, and their bound is the smaller of the first cycle's
-    polynomial bound and the KW bound with the final Ritz value.
+    (restarting) from the Ritz vector on the residual rule, and their bound is the smaller of the
+    first cycle's polynomial bound and the KW bound with the final Ritz value.
 
     Returns
     -------
@@ -237,15 +279,18 @@ def golub_kahan_certified(
             poly = lanczos_polynomial_upper(A_, B_, S, N, half)
         else:
             poly = torch.full(batch, math.inf, dtype=f64, device=dev)
-        factor = kw_factor(N, k, half)
+        factor = kw_union_factor(N, k, half)
         kw = torch.full(batch, math.inf, dtype=f64, device=dev)
         if math.isfinite(factor):
             kw = sigma.to(f64) * factor
         cand = torch.minimum(poly, kw) * (1 + margin)
         bound = torch.where(active, cand, bound)
         conv = (est <= tol * sigma.square()) | (sigma <= tiny)
-        tight = bound <= (1 + rtol) * sigma.to(f64)
-        done = done | (active & conv & tight)
+        tight = accept(sigma, bound) if accept is not None else bound <= (1 + rtol) * sigma.to(f64)
+        stop = tight & conv if require_residual else tight
+        if reachable is not None:
+            stop = stop | (conv & ~reachable(sigma))
+        done = done | (active & stop)
         if bool(done.all()) or k == cap:
             break
         Vb[..., k, :] = safe_div(r, beta)
@@ -295,10 +340,11 @@ def probabilistic_upper(
     r"""Upper bound holding with probability :math:`\ge1-\delta`, float64, shape of ``ritz``.
 
     ``ritz`` is the (largest) Ritz singular value, ``k1`` the dimension of the uniformly
-    started Krylov space, ``margin`` the relative rounding margin.
+    started Krylov space, ``margin`` the relative rounding margin. ``k1`` may be chosen by the
+    run (an early stop): the factor is that of :math:`\delta_{k_1}` (:func:`kw_union_factor`).
     """
     factors = torch.tensor(
-        [kw_factor(N, int(k), delta) for k in k1.reshape(-1).tolist()],
+        [kw_union_factor(N, int(k), delta) for k in k1.reshape(-1).tolist()],
         dtype=torch.float64,
         device=ritz.device,
     ).reshape(k1.shape)

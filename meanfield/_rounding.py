@@ -367,8 +367,25 @@ def lower_from_product(
     rotary heads (no magnitude operator) the relative term :math:`8\eta s` is added (first-order
     model only).
     """
-    gN = gamma(n_out + v.shape[-1] + 8)
     nv = torch.linalg.vector_norm(v, dim=-1)
+    return lower_from_norm(s, nv, v.shape[-1], mag_norm, model, rope_heads, n_out, mag_v)
+
+
+def lower_from_norm(
+    s: Tensor,
+    nv: Tensor,
+    n_in: int,
+    mag_norm: Tensor,
+    model: ErrorModel,
+    rope_heads: bool,
+    n_out: int,
+    mag_v: Tensor | None = None,
+) -> Tensor:
+    r""":func:`lower_from_product` from the norm ``nv`` of :math:`v` and its length ``n_in``.
+
+    The solver's width rule predicts the certified lower end with it before a vector is chosen.
+    """
+    gN = gamma(n_out + n_in + 8)
     eta = model.eta
     m_v = mag_norm * nv if mag_v is None else torch.minimum(mag_v, mag_norm * nv)
     err = eta * m_v * (1 + gN)

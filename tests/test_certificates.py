@@ -10,9 +10,11 @@ import torch
 from meanfield import MultiHeadParams
 from meanfield._certificates import (
     golub_kahan_certified,
+    kw_delta,
     kw_epsilon,
     kw_factor,
     kw_steps,
+    kw_union_factor,
     lanczos_polynomial_upper,
     probabilistic_upper,
     start_component_bound,
@@ -56,8 +58,56 @@ def test_kw_epsilon_solves_the_failure_bound():
 def test_kw_steps_is_the_fewest():
     for N, delta, rtol in [(196608, 1e-6, 0.05), (1000, 0.1, 0.2), (786432, 1e-6, 0.05)]:
         k = kw_steps(N, delta, rtol)
-        assert kw_factor(N, k, delta) <= 1 + rtol
-        assert kw_factor(N, k - 1, delta) > 1 + rtol
+        assert kw_union_factor(N, k, delta) <= 1 + rtol
+        assert kw_union_factor(N, k - 1, delta) > 1 + rtol
+
+
+def test_union_over_stopping_steps_spends_delta_once():
+    """delta_k = delta / (k (k + 1)) sums to delta over all steps (telescoping), and the union
+    factor at step k is the plain factor at delta_k, larger than the plain one at delta."""
+    delta = 1e-6
+    partial = math.fsum(kw_delta(delta, k) for k in range(1, 100001))
+    assert partial == pytest.approx(delta * (1 - 1 / 100001), rel=1e-12)
+    assert partial <= delta
+    for N, k in [(196608, 40), (1000, 12)]:
+        assert kw_union_factor(N, k, delta) == kw_factor(N, k, delta / (k * (k + 1)))
+        assert kw_union_factor(N, k, delta) > kw_factor(N, k, delta)
+    # the run's early stop at k1 is charged delta_k1 (probabilistic_upper on the residual path)
+    ritz, k1 = torch.tensor([1.0, 2.0], dtype=D64), torch.tensor([12, 30])
+    up = probabilistic_upper(ritz, k1, 1000, delta, 0.0)
+    for i in range(2):
+        k = int(k1[i])
+        assert float(up[i]) == float(ritz[i]) * kw_factor(1000, k, delta / (k * (k + 1)))
+
+
+def test_golub_kahan_certified_charges_delta_k_at_its_stopping_step(monkeypatch):
+    """The KW bound at the step where the run stops is charged delta_k = (delta/2)/(k(k+1)).
+
+    The gap-aware polynomial bound is switched off (it decides the stop on every spectrum we
+    tried, and it needs no union: its one event covers every step), so the KW bound alone
+    decides. Recomputed from an independent Golub-Kahan loop (``_gk``): the bound is the Ritz
+    value times the factor at delta_k, the run stops at the first step where that is within the
+    width, and with delta/2 alone (no union) it would have stopped earlier."""
+    import meanfield._certificates as cert
+
+    monkeypatch.setattr(
+        cert, "lanczos_polynomial_upper", lambda a, b, s, N, d: torch.full_like(s[..., 0], math.inf)
+    )
+    N, delta, rtol = 400, 1e-3, 0.3
+    s = torch.linspace(0, 1, N, dtype=D64)
+    x0 = torch.randn(1, N, generator=torch.Generator().manual_seed(5), dtype=D64)
+    res, up, k1 = cert.golub_kahan_certified(
+        lambda v: v * s, lambda u: u * s, x0, delta=delta, rtol=rtol, margin=0.0, tol=1e-6,
+        max_iter=300, krylov_dim=8, require_residual=False,
+    )  # fmt: skip
+    k = int(k1)
+    assert k == kw_steps(N, delta / 2, rtol)
+    _, _, S = _gk(s, x0, k)
+    torch.testing.assert_close(
+        up, S[:, 0] * kw_factor(N, k, delta / 2 / (k * (k + 1))), rtol=1e-9, atol=0
+    )
+    assert kw_factor(N, k - 1, delta / 2) <= 1 + rtol  # no union: one step fewer would do
+    assert float(up) >= 1.0  # and it holds (norm 1)
 
 
 # ------------------------------------------------------------------------------- calibration
@@ -217,11 +267,13 @@ def test_structured_bound_with_key_bias_and_concat(gen):
 
 
 def test_default_costs_nothing_and_is_seedable(gen):
+    """On the residual rule the probabilistic bound reuses the run (no extra product)."""
     params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=6)
     X = torch.randn(20, 6, generator=gen, dtype=D64)
     plain = local_lipschitz(X, params, method="lanczos", delta=None)
-    est = local_lipschitz(X, params, method="lanczos")
+    est = local_lipschitz(X, params, method="lanczos", tol=1e-6)
     assert plain.upper_prob is None and plain.confidence is None
+    assert plain.stop_rule == est.stop_rule == "residual"
     assert int(est.n_matvec) == int(plain.n_matvec)
     assert float(est.upper_prob) >= float(est.lower)
     a = local_lipschitz(X, params, method="lanczos", seed=5)
@@ -328,3 +380,75 @@ def test_local_lipschitz_fn_probabilistic_bound(gen):
     assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - 1e-12)
     dense = local_lipschitz_fn(fn, x, method="dense")
     assert float(dense.upper_prob) == float(dense.upper)
+
+
+# ------------------------------------------------------------------------------- stopping rules
+def test_default_call_stops_on_the_certified_width(gen):
+    """The default matrix-free call stops once upper_prob <= 1.05 lower, and the bracket holds."""
+    params = random_params(gen, 6, kind="wo", H=3, d_v=3, d_out=6, scale=1.5)
+    X = torch.randn(3, 40, 6, generator=gen, dtype=D64)
+    exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=True), 2)
+    est = local_lipschitz(X, params, masked=True, method="lanczos")
+    assert est.stop_rule == "width" and est.width == pytest.approx(1.05)
+    assert bool(est.width_reachable.all()) and bool(est.converged.all())
+    assert bool((est.upper_prob <= 1.05 * est.lower).all())
+    assert bool((est.lower <= exact).all()) and bool((est.upper_prob >= exact).all())
+    # it does not ask for more than the width: the residual rule at 1e-6 takes more products
+    res = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-6)
+    assert res.stop_rule == "residual" and res.width is None
+    assert bool((est.n_matvec <= res.n_matvec).all())
+    # a requested width is honoured too
+    tight = local_lipschitz(X, params, masked=True, method="lanczos", prob_rtol=0.01)
+    assert tight.width == pytest.approx(1.01)
+    assert bool((tight.upper_prob <= 1.01 * tight.lower).all()) and bool(tight.converged.all())
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tol=1e-8),
+        dict(start="kronecker"),
+        dict(certify=False),
+        dict(method="power"),
+        dict(delta=None),
+        dict(method="dense"),
+    ],
+    ids=["tol", "start", "nocert", "power", "nodelta", "dense"],
+)
+def test_calls_without_a_width_stop_on_the_residual_rule(gen, kw):
+    """Calls that form no upper_prob, or give tol, keep the residual rule and do not raise."""
+    params = random_params(gen, 5, kind="wo", H=2, d_v=3, d_out=5)
+    X = torch.randn(30, 5, generator=gen, dtype=D64)
+    kw = {"method": "lanczos", **kw}
+    est = local_lipschitz(X, params, **kw)
+    assert est.stop_rule == ("dense" if kw["method"] == "dense" else "residual")
+    assert est.width is None and est.width_reachable is None
+    exact = torch.linalg.matrix_norm(dense_jacobian(X, params), 2)
+    assert float(est.lower) <= float(exact) <= float(est.upper)
+
+
+def test_unreachable_width_falls_back_to_the_residual_rule(gen):
+    """A width inside the float32 rounding margins is reported unreachable; the call then stops
+    on the residual rule (well before max_iter) instead of chasing the width."""
+    params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=6).to(dtype=torch.float32)
+    X = torch.randn(40, 6, generator=gen)
+    est = local_lipschitz(X, params, method="lanczos", prob_rtol=1e-4, max_iter=300)
+    assert est.width == pytest.approx(1 + 1e-4)
+    assert est.stop_rule == "residual"
+    assert est.width_reachable is not None and not bool(est.width_reachable)
+    assert int(est.n_iter) < 300
+    exact = torch.linalg.matrix_norm(dense_jacobian(X.double(), params.to(dtype=D64)), 2)
+    assert float(est.lower) <= float(exact) <= float(est.upper_prob)
+
+
+def test_bad_stopping_options_are_one_line_errors(gen):
+    params = random_params(gen, 4, kind="single")
+    X = torch.randn(10, 4, generator=gen, dtype=D64)
+    for kw, match in [
+        (dict(tol=-1.0), "tol must be a positive number"),
+        (dict(tol=math.nan), "tol must be a positive number"),
+        (dict(prob_rtol=0.0), "prob_rtol must be"),
+        (dict(prob_rtol="tight"), "prob_rtol must be"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            local_lipschitz(X, params, method="lanczos", **kw)

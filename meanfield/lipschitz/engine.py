@@ -52,6 +52,10 @@ from .starts import kronecker_start
 
 #: ``method="auto"`` assembles the Jacobian when ``n * d`` is at most this.
 DENSE_AUTO_MAX = 1500
+#: Residual tolerance of the residual rule when ``tol`` is not given.
+DEFAULT_TOL = 1e-6
+#: Width ``upper_prob / lower <= 1 + DEFAULT_PROB_RTOL`` of the default call's stopping rule.
+DEFAULT_PROB_RTOL = 0.05
 #: Relative margin covering the closed-form rank-one norms (square-root cancellation, ~1e-8).
 _BLOCK_RTOL = 1e-6
 #: Per-atom self-Jacobians are formed explicitly below this many flops (n * d_out * d * min).
@@ -83,11 +87,14 @@ class LipschitzEstimate:
         float64's range (docs/rounding.md §5). Never NaN, and ``lower <= upper``. With
         ``certify=False`` the trivial bracket ``lower = 0``, ``upper = +inf``.
     converged : Tensor of bool
-        Whether the returned vector meets :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,
-        \sigma^2` (explicit products; docs/rounding.md §7); a certified float32 solve is
-        re-checked on the float64 operator. How far the computed operator may be from the exact
-        one is what the bracket accounts for. Always true for ``"dense"`` unless the assembled
-        Jacobian was not finite.
+        Whether the stopping rule (``stop_rule``) was met. ``"residual"``: the returned vector
+        meets :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2` (explicit products;
+        docs/rounding.md §7). ``"width"``: the returned bracket meets
+        ``upper_prob <= width * lower`` (and the residual rule too when ``tol`` was given), or,
+        where that width is unreachable (``width_reachable`` false), the residual rule holds. A
+        certified float32 solve is re-checked on the float64 operator. How far the computed
+        operator may be from the exact one is what the bracket accounts for. Always true for
+        ``"dense"`` unless the assembled Jacobian was not finite.
     n_iter, n_matvec : Tensor of int64
         Solver iterations and products with :math:`J` or :math:`J^\top` (0 for ``"dense"``).
     residual : Tensor
@@ -112,6 +119,17 @@ class LipschitzEstimate:
         ``upper``.
     confidence : float or None
         :math:`1-\delta` of ``upper_prob``.
+    stop_rule : str
+        How the iteration stopped: ``"width"`` (the certified bracket ``[lower, upper_prob]``
+        reached the requested width), ``"residual"`` (the residual rule of ``tol``) or
+        ``"dense"`` (no iteration). See :func:`local_lipschitz`, "Stopping rules".
+    width : float or None
+        The requested width ``1 + prob_rtol`` of ``upper_prob / lower`` (``None`` unless
+        ``stop_rule == "width"``).
+    width_reachable : Tensor of bool or None
+        ``stop_rule == "width"`` only: whether that width can be reached at all at this input and
+        precision (false where the rounding margins alone are wider, e.g. float32 at large n;
+        such elements stopped on the residual rule instead).
     """
 
     value: Tensor
@@ -129,6 +147,9 @@ class LipschitzEstimate:
     self_value: Tensor | None = None
     upper_prob: Tensor | None = None
     confidence: float | None = None
+    stop_rule: str = "residual"
+    width: float | None = None
+    width_reachable: Tensor | None = None
 
     @property
     def ratio(self) -> Tensor:
@@ -412,6 +433,49 @@ def _self_term(
 
 
 # --------------------------------------------------------------------------- main estimator
+def _width_rule(
+    width: float,
+    margin: float,
+    mag_norm: Tensor,
+    model: _rnd.ErrorModel,
+    rope: bool,
+    n_out: int,
+    n_in: int,
+    shift: int,
+    *,
+    float32_solve: bool,
+):
+    r"""The width rule's tests on the solver's Ritz value ``sigma`` and bound (solver units).
+
+    They predict the certified ends exactly as the estimator forms them after the run
+    (:func:`~meanfield._rounding.upper_margin`, :func:`~meanfield._rounding.lower_from_norm`),
+    from the magnitude norm and error model known before it, with the Ritz value for
+    :math:`\|Jv\|` (lowered by the Krylov margin for a float32 solve, whose vector is measured
+    again in float64). ``shift`` is ``e_solve - e`` (docs/rounding.md §5). Returns
+    ``accept(sigma, bound)``, ``reachable(sigma)`` (whether a perfect Krylov bound, the Ritz
+    value times ``1 + margin``, would be accepted) and whether the relative margins alone leave
+    room for the width (a tensor of the batch shape).
+    """
+    shrink = 1.0 - margin if float32_solve else 1.0
+
+    def ends(sigma: Tensor, bound: Tensor, mag: Tensor) -> tuple[Tensor, Tensor]:
+        s = _rnd.unscale(sigma.to(torch.float64), shift) * shrink
+        up = _rnd.upper_margin(mag, model, _rnd.unscale(bound.to(torch.float64), shift), rope)
+        lo = _rnd.lower_from_norm(s, torch.ones_like(s), n_in, mag, model, rope, n_out)
+        return up, lo
+
+    def accept(sigma: Tensor, bound: Tensor) -> Tensor:
+        up, lo = ends(sigma, bound, mag_norm)
+        return up <= width * lo
+
+    def reachable(sigma: Tensor) -> Tensor:
+        return accept(sigma, sigma.to(torch.float64) * (1 + margin))
+
+    one = torch.ones_like(mag_norm)
+    up, lo = ends(one, one * (1 + margin), torch.zeros_like(mag_norm))
+    return accept, reachable, up <= width * lo
+
+
 def _float64_residual_ok(
     lin64s: AttentionLinearization,
     Jv: Tensor,
@@ -446,7 +510,7 @@ def local_lipschitz(
     geometry: Geometry = "euclidean",
     masked: bool | None = None,
     method: Method = "auto",
-    tol: float = 1e-6,
+    tol: float | None = None,
     max_iter: int | None = None,
     krylov_dim: int = 32,
     seed: int | None = 0,
@@ -455,7 +519,7 @@ def local_lipschitz(
     chunk_size: int | None = None,
     token_index: Tensor | None = None,
     delta: float | None = 1e-6,
-    prob_rtol: float | None = None,
+    prob_rtol: float | Literal["auto"] | None = "auto",
     start: Tensor | Literal["kronecker"] | None = None,
     certify: bool = True,
 ) -> LipschitzEstimate:
@@ -476,10 +540,12 @@ def local_lipschitz(
         ``"dense"`` assembles :math:`J` and takes an SVD (float64); ``"lanczos"`` is matrix-free
         Golub–Kahan–Lanczos; ``"power"`` is the baseline power iteration. Both stop on the
         residual rule below. ``"auto"``: dense when ``n * d <= 1500``.
-    tol : float, default 1e-6
-        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`,
-        for both iterative methods; ``converged`` is true exactly when the returned vector meets
-        it (docs/rounding.md §7). For float32 inputs use ``tol >= 1e-4``.
+    tol : float, optional
+        Relative residual tolerance :math:`\|J^\top Jv-\sigma^2v\|\le\mathrm{tol}\,\sigma^2`
+        of the residual rule (docs/rounding.md §7). Given explicitly, the call stops on it (and
+        on the width too when ``prob_rtol`` is a number). Default: the width rule where it
+        applies, else the residual rule with ``tol = 1e-6``. For float32 inputs use
+        ``tol >= 1e-4``.
     max_iter : int, optional
         Iteration cap of the solver (defaults: 300 Lanczos steps, 1000 power steps).
     krylov_dim : int, default 32
@@ -500,14 +566,14 @@ def local_lipschitz(
         reuses the run's Krylov space, whose first cycle starts from the seeded Gaussian vector
         (uniform on the sphere). The guarantee is over that draw: do not pick the seed after
         looking at results. ``None``: no probabilistic certificate.
-    prob_rtol : float, optional
-        ``method="lanczos"`` only: run one unrestarted Lanczos cycle until ``upper_prob`` is at
-        most ``(1 + prob_rtol)`` times the Ritz value (and the ``tol`` rule holds), then stop.
-        ``upper_prob`` is then the smaller of the Kuczyński–Woźniakowski bound and a gap-aware
-        bound from the Lanczos polynomial, each at failure probability ``delta / 2``
-        (docs/certificates.md §1–2). On real layers ``prob_rtol=0.05`` costs 0–15 % more
-        products than the estimate alone. Default: the usual stopping rule, and the
-        Kuczyński–Woźniakowski bound of that run.
+    prob_rtol : float, "auto" or None, default "auto"
+        The width rule: run one unrestarted Lanczos cycle until the certified bracket satisfies
+        ``upper_prob <= (1 + prob_rtol) * lower``, then stop. ``upper_prob`` is the smaller of a
+        gap-aware bound from the Lanczos polynomial and the Kuczyński–Woźniakowski bound, at
+        failure probability ``delta / 2`` each, the latter spread over the steps where the run may
+        stop (docs/certificates.md §1–2). ``"auto"``: ``0.05`` where the width rule applies
+        (see "Stopping rules"), else the residual rule. A number needs the random start and
+        ``certify=True``; ``None``: the residual rule.
     start : Tensor, shape (..., n, d), or "kronecker", optional
         Start vector of the matrix-free methods in place of the seeded random one: a warm start,
         e.g. the ``vector`` of an estimate at a neighbouring input (the previous length of a
@@ -536,6 +602,16 @@ def local_lipschitz(
 
     Notes
     -----
+    **Stopping rules.** The default call (``method="lanczos"``, or ``"auto"`` resolving to it,
+    with ``certify=True``, ``delta`` set, the random start and no ``tol``) stops on the *width
+    rule*: as soon as the certified bracket ``[lower, upper_prob]`` is within a factor
+    ``1 + prob_rtol`` (1.05 by default), with the rounding margins of both ends known before the
+    run. Where that width is unreachable (the margins alone are wider, e.g. float32 at large n),
+    ``width_reachable`` is false and the call stops on the residual rule instead; it never runs
+    to ``max_iter`` chasing the width. Calls that form no ``upper_prob`` (``start=``,
+    ``certify=False``, ``method="power"``, ``delta=None``) and calls with an explicit ``tol``
+    stop on the residual rule. ``stop_rule`` records which rule was used.
+
     Products are batched over the leading dimensions, so a (B, n, d) input costs one batched
     product per iteration. Heads with a rotary embedding use autograd products; the block bound
     is then replaced by :func:`~meanfield.jacobian.head_structured_upper` (Euclidean operator;
@@ -551,10 +627,17 @@ def local_lipschitz(
     if upper not in ("auto", "gram", "block", "none"):
         raise ValueError(f"upper must be 'auto', 'gram', 'block' or 'none', got {upper!r}")
     X, lw, positions, is_masked = _parse_input(x, masked, params)
+    if tol is not None and not (isinstance(tol, (int, float)) and 0 < tol < math.inf):
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    explicit_rtol = prob_rtol is not None and not isinstance(prob_rtol, str)
+    if isinstance(prob_rtol, str) and prob_rtol != "auto":
+        raise ValueError(f"prob_rtol must be a positive number, 'auto' or None, got {prob_rtol!r}")
+    if explicit_rtol and not (isinstance(prob_rtol, (int, float)) and 0 < prob_rtol < math.inf):
+        raise ValueError(f"prob_rtol must be a positive number, 'auto' or None, got {prob_rtol!r}")
     if isinstance(start, str):
         if start != "kronecker":
             raise ValueError(f"start must be a tensor or 'kronecker', got {start!r}")
-        if prob_rtol is not None:
+        if explicit_rtol:
             raise ValueError("prob_rtol needs the random start; drop start or prob_rtol")
     elif start is not None:
         start = as_float_tensor(start, "start", like=X)
@@ -563,12 +646,12 @@ def local_lipschitz(
                 f"start must have the shape of x, {tuple(X.shape)}, got {tuple(start.shape)}"
             )
         check_finite(start, "start")
-        if prob_rtol is not None:
+        if explicit_rtol:
             raise ValueError("prob_rtol needs the random start; drop start or prob_rtol")
     if not certify:
         if upper not in ("auto", "none"):
             raise ValueError(f"upper={upper!r} is a certificate: it needs certify=True")
-        if prob_rtol is not None:
+        if explicit_rtol:
             raise ValueError("prob_rtol runs until a certificate holds: it needs certify=True")
     lin = linearize(
         X,
@@ -592,6 +675,13 @@ def local_lipschitz(
     if up_method == "gram" and resolved != "dense":
         raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
     dtype, dev, batch = X.dtype, X.device, lin.batch_shape
+    # the stopping rule (docstring, "Stopping rules"): the certified width where it applies
+    tol_given = tol is not None
+    tol = DEFAULT_TOL if tol is None else float(tol)
+    width_applies = resolved == "lanczos" and certify and delta is not None and start is None
+    rtol: float | None = None
+    if width_applies and (explicit_rtol or not tol_given):
+        rtol = float(prob_rtol) if isinstance(prob_rtol, (int, float)) else DEFAULT_PROB_RTOL
     em = _eval_margin(n, d)
     rope = bool(lin.rope_heads)
     fast = None if certify or resolved == "dense" or geometry == "split" else _fast_lin(lin)
@@ -645,6 +735,9 @@ def local_lipschitz(
     history = None
     prob = None
     n_out = n * lin.d_out
+    stop_rule = "dense" if resolved == "dense" else "residual"
+    width_reachable: Tensor | None = None
+    width = None if rtol is None else 1.0 + rtol
     if resolved == "dense":
         J = _dense_from_lin(lin64s, op_geometry)
         finite = torch.isfinite(J).flatten(-2).all(-1)
@@ -687,20 +780,39 @@ def local_lipschitz(
             x0 = x0.reshape(batch + (n * d,))
         else:  # a chosen start: the probabilistic certificate needs a random one (none below)
             x0 = start.reshape(batch + (n * d,)).to(lin_solve.X)
-        if resolved == "lanczos" and delta is not None and prob_rtol is not None and start is None:
-            cap = 300 if max_iter is None else int(max_iter)
-            margin = krylov_rounding_margin(n, d, cap, lin_solve.X.dtype) + em
+        cap = 300 if max_iter is None else int(max_iter)
+        margin = krylov_rounding_margin(n, d, cap, lin_solve.X.dtype) + em
+        if rtol is not None:
+            accept, reachable, possible = _width_rule(
+                1.0 + rtol,
+                margin,
+                mag_norm(),
+                model,
+                rope,
+                n_out,
+                n * d,
+                e_solve - e,
+                float32_solve=lin_solve.X.dtype != torch.float64,
+            )
+            if not bool(possible.any()):  # the relative margins alone are wider than the width
+                rtol, width_reachable = None, possible
+        if rtol is not None:
             res, prob, k1 = golub_kahan_certified(
                 mv,
                 rmv,
                 x0,
                 delta=delta,
-                rtol=prob_rtol,
+                rtol=rtol,
                 margin=margin,
                 tol=tol,
                 max_iter=cap,
                 krylov_dim=krylov_dim,
+                accept=accept,
+                reachable=reachable,
+                require_residual=tol_given,
             )
+            stop_rule = "width"
+            width_reachable = reachable(res.sigma)
         else:
             res: SpectralResult = top_singular_value(
                 mv, rmv, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
@@ -722,7 +834,11 @@ def local_lipschitz(
         else:
             Jv = jvp(lin64s, v64.reshape(batch + (n, d)), geometry=op_geometry)
             s_prod = torch.linalg.vector_norm(Jv.flatten(-2), dim=-1)
-            checked = _float64_residual_ok(lin64s, Jv, v64, s_prod, op_geometry, tol, n * d)
+            tol_check = tol
+            if stop_rule == "width" and not tol_given:  # no residual target: the check is that
+                # the float64 operator's residual on this vector matches the float32 solver's
+                tol_check = max(tol, float((res.residual / res.sigma.square()).amax()) + 2 * margin)
+            checked = _float64_residual_ok(lin64s, Jv, v64, s_prod, op_geometry, tol_check, n * d)
         finite = torch.isfinite(s_prod) & torch.isfinite(v64).all(-1)
         lower64 = torch.zeros_like(s_prod)
         if certify:
@@ -782,9 +898,18 @@ def local_lipschitz(
         self_value = self_term.value.to(dtype)
     if not certify:  # the trivial bracket: the self term's ends carry no rounding analysis
         lower64, upper64 = torch.zeros_like(lower64), torch.full_like(upper64, math.inf)
+    lower_out = _round_down(lower64, dtype)
+    upper_prob_out = None if upper_prob64 is None else _round_up(upper_prob64, dtype)
+    if stop_rule == "width" and upper_prob_out is not None and width_reachable is not None:
+        # converged: the returned bracket meets the width (and the residual rule when tol was
+        # given); where the width is out of reach, the residual rule alone
+        met = upper_prob_out.to(torch.float64) <= width * lower_out.to(torch.float64)
+        if tol_given:
+            met = met & converged
+        converged = torch.where(width_reachable, met, converged)
     return LipschitzEstimate(
         value=value64.to(dtype),
-        lower=_round_down(lower64, dtype),
+        lower=lower_out,
         upper=_round_up(upper64, dtype),
         converged=converged,
         n_iter=n_iter,
@@ -796,6 +921,9 @@ def local_lipschitz(
         vector=vector,
         history=history,
         self_value=self_value,
-        upper_prob=None if upper_prob64 is None else _round_up(upper_prob64, dtype),
+        upper_prob=upper_prob_out,
         confidence=None if delta is None else 1.0 - float(delta),
+        stop_rule=stop_rule,
+        width=width,
+        width_reachable=width_reachable,
     )

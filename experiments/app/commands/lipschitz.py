@@ -56,8 +56,10 @@ _DTYPES = ("float64", "float32")
 
 # --------------------------------------------------------------------------- handler
 def _check_common(args: argparse.Namespace) -> None:
-    if not (math.isfinite(args.tol) and args.tol > 0):
+    if args.tol is not None and not (math.isfinite(args.tol) and args.tol > 0):
         raise UsageError(f"--tol must be a positive number, got {args.tol}")
+    if args.prob_rtol is not None and not (math.isfinite(args.prob_rtol) and args.prob_rtol > 0):
+        raise UsageError(f"--prob-rtol must be a positive number, got {args.prob_rtol}")
     check_device(args.device)
 
 
@@ -205,7 +207,8 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         Xi = batch[i]
         t0 = time.perf_counter()
         if params is None:
-            est = local_lipschitz_fn(fn, Xi, method=args.method, tol=args.tol, seed=args.seed)
+            tol = 1e-6 if args.tol is None else args.tol
+            est = local_lipschitz_fn(fn, Xi, method=args.method, tol=tol, seed=args.seed)
         else:
             est = local_lipschitz(
                 Xi,
@@ -216,6 +219,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
                 tol=args.tol,
                 seed=args.seed,
                 certify=args.certify,
+                prob_rtol="auto" if args.prob_rtol is None else args.prob_rtol,
                 start="kronecker" if args.kronecker_start else None,
             )
         if args.device.startswith("cuda"):
@@ -228,6 +232,14 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             "lower": lower,
             "upper": upper,
             "ratio": upper / lower if lower > 0 else math.inf,
+            "upper_prob": None if est.upper_prob is None else float(est.upper_prob),
+            "ratio_prob": (
+                None
+                if est.upper_prob is None
+                else (float(est.upper_prob) / lower if lower > 0 else math.inf)
+            ),
+            "confidence": est.confidence,
+            "stop_rule": getattr(est, "stop_rule", "residual"),
             "converged": bool(est.converged),
             "n_matvec": int(est.n_matvec),
             "n_iter": int(est.n_iter),
@@ -251,6 +263,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         "geometry": args.geometry,
         "method": args.method,
         "tol": args.tol,
+        "prob_rtol": args.prob_rtol,
         "start": "kronecker" if args.kronecker_start else "random",
         "dtype": args.dtype,
         "device": args.device,
@@ -280,22 +293,34 @@ def show(doc: dict[str, Any]) -> None:
         f"{what}, n = {doc['n']}, d = {doc['d']}"
     )
     released = any("released_metric" in r for r in doc["inputs"])
-    head = f"  {'#':>3} {'value':>12} {'certified bracket':>27} {'up/low':>7} {'conv':>5} {'matvec':>6} {'sec':>7}"
+    prob = any(r.get("upper_prob") is not None for r in doc["inputs"])
+    head = f"  {'#':>3} {'value':>12} {'certified bracket':>27} {'up/low':>7}"
+    if prob:
+        head += f" {'upper_prob':>11} {'/low':>6}"
+    head += f" {'conv':>5} {'matvec':>6} {'sec':>7}"
     print(head + ("  released" if released else ""))
     for r in doc["inputs"]:
-        line = (
-            f"  {r['index']:>3} {r['value']:>12.6g} [{r['lower']:>11.6g}, {r['upper']:>11.6g}] "
-            f"{r['ratio']:>7.3g} {'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
-        )
-        if not r.get("certified", True):
-            bracket = f"{'(not certified)':>27}"
-            line = (
-                f"  {r['index']:>3} {r['value']:>12.6g} {bracket} {'':>7} "
-                f"{'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
+        if r.get("certified", True):
+            bracket = f"[{r['lower']:>11.6g}, {r['upper']:>11.6g}] {r['ratio']:>7.3g}"
+        else:
+            bracket = f"{'(not certified)':>27} {'':>7}"
+        line = f"  {r['index']:>3} {r['value']:>12.6g} {bracket}"
+        if prob:
+            up = r.get("upper_prob")
+            line += (
+                f" {up:>11.6g} {r['ratio_prob']:>6.4g}" if up is not None else f" {'':>11} {'':>6}"
             )
+        line += f" {'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
         if released:
             line += f"  {r['released_metric']:.6g}"
         print(line)
+    if prob:
+        conf = next(r["confidence"] for r in doc["inputs"] if r.get("upper_prob") is not None)
+        rules = sorted({r.get("stop_rule", "residual") for r in doc["inputs"]})
+        print(
+            f"  (upper always holds; upper_prob holds with probability >= {conf:.6g} over the "
+            f"random start; stopped on the {' / '.join(rules)} rule)"
+        )
     if released:
         print(
             "  (released = sqrt(||J^T f(X)||), the released estimator's quantity; not a Lipschitz constant)"
@@ -370,7 +395,18 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--geometry", choices=("euclidean", "wasserstein", "split"), default="euclidean")
     p.add_argument("--method", choices=("auto", "dense", "lanczos", "power"), default="auto")
     p.add_argument(
-        "--tol", type=float, default=1e-6, help="relative residual tolerance (default 1e-6)"
+        "--tol",
+        type=float,
+        default=None,
+        help="stop on the residual rule ||J^T J v - s^2 v|| <= tol s^2 instead (default: stop "
+        "once the probabilistic bracket is within --prob-rtol; 1e-6 where there is none)",
+    )
+    p.add_argument(
+        "--prob-rtol",
+        type=float,
+        default=None,
+        help="stop once upper_prob <= (1 + prob-rtol) * lower, the bracket that holds with "
+        "probability 1 - 1e-6 over the random start (default 0.05 where the estimate has one)",
     )
     p.add_argument("--dtype", choices=_DTYPES, default="float64")
     p.add_argument(
