@@ -26,7 +26,11 @@ input size, padding and stride (four reshapes of the kernel, derivation §3.3).
 Rounding: the frequency blocks are formed in float64 by an explicit discrete Fourier sum whose
 error is bounded a priori, the candidate bound is checked a posteriori on every block by the
 Cholesky test of :func:`meanfield._spectral.certify_upper`, and the two are added with an upward
-rounding margin, so the returned ``upper`` holds in floating point (derivation §4). Explicit
+rounding margin, so the returned ``upper`` holds in floating point (derivation §4). All of this
+runs on the kernel scaled by a power of two so that its largest entry lies in
+:math:`[\tfrac12, 1)`, and the bound is scaled back rounding upwards (derivation §4.4): no sum of
+squares overflows or underflows, and the bound stays finite and certified for kernels of any
+magnitude whose bound fits in float64. Explicit
 matrices (``nn.Linear`` weights) are covered by :func:`meanfield._spectral.spectral_norm_upper`;
 :func:`module_spectral_upper` dispatches on the module type.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -62,8 +67,8 @@ class ConvSpectralResult:
     Attributes
     ----------
     upper : Tensor, float64, shape ()
-        Certified upper bound on the operator 2-norm of the layer (``+inf`` if certification
-        failed, which ``certified`` reports).
+        Certified upper bound on the operator 2-norm of the layer; ``+inf`` exactly when
+        ``certified`` is false (certification failed, or the bound exceeds the float64 range).
     gram : Tensor, float64, shape ()
         :math:`\max_\omega` of the Gram-iteration values: an upper bound in exact arithmetic on
         the circular norm on ``grid``, not certified against rounding.
@@ -83,9 +88,11 @@ class ConvSpectralResult:
         Gram steps per frequency.
     block_error : float
         A priori bound on :math:`\|\mathrm{fl}(\hat K(\omega)) - \hat K(\omega)\|_2`, every
-        :math:`\omega` (derivation §4.1).
+        :math:`\omega`, for the blocks as used (those of the scaled kernel, scaled back), the
+        rounding of the scaling included (derivation §4.1, §4.4); rounded upwards.
     certified : bool
-        Whether the Cholesky check succeeded on every block.
+        Whether a finite bound was certified: the Cholesky check succeeded on every block and
+        the bound, scaled back, fits in float64.
     """
 
     upper: Tensor
@@ -117,6 +124,51 @@ def _check_kernel(kernel: Tensor) -> None:
         raise TypeError(f"kernel must be a real floating tensor, got {kernel.dtype}")
     if not bool(torch.isfinite(kernel).all()):
         raise ValueError("kernel must be finite")
+
+
+def _pow2_scale(x: Tensor, k: int) -> Tensor:
+    r"""``x * 2**k`` in ``x``'s dtype: exact unless the result leaves the normal range.
+
+    Scaling up is done in steps of at most :math:`2^{1023}` (each exact until an overflow to
+    ``inf``); scaling down by :math:`2^{k}`, :math:`k\ge-1074`, is one multiplication, rounded
+    only where the result is subnormal.
+    """
+    k = int(k)
+    while k > 1023:
+        x = x * 2.0**1023
+        k -= 1023
+    while k < -1074:
+        x = x * 2.0**-1000
+        k += 1000
+    return x * math.ldexp(1.0, k)
+
+
+def _ldexp_up(x: float, k: int) -> float:
+    r""":math:`x\,2^k` rounded upwards, for ``x >= 0`` (``inf`` on overflow)."""
+    try:
+        r = math.ldexp(x, k)
+    except OverflowError:
+        return math.inf
+    if math.isfinite(r) and math.ldexp(r, -k) < x:  # rounded down into the subnormals
+        r = math.nextafter(r, math.inf)
+    return r
+
+
+def _fro_up(A: Tensor) -> float:
+    r"""Frobenius norm of a nonnegative matrix, without overflow or harmful underflow.
+
+    Computed on ``A`` scaled by the power of two that brings its largest entry into
+    :math:`[\tfrac12, 1)`: no square overflows, and the squares lost to underflow (each below
+    :math:`2^{-1074}`) change the sum (at least 1/4) by a relative :math:`<\#A\cdot2^{-1072}`;
+    the result is scaled back upwards. ``inf`` if ``A`` is not finite.
+    """
+    amax = float(A.max()) if A.numel() else 0.0
+    if not math.isfinite(amax):
+        return math.inf
+    if amax == 0.0:
+        return 0.0
+    p = math.frexp(amax)[1]  # amax in [2^(p-1), 2^p)
+    return _ldexp_up(float(torch.linalg.matrix_norm(_pow2_scale(A, -p))), p)
 
 
 def zero_padding_grid(
@@ -198,7 +250,8 @@ def conv2d_frequency_blocks(kernel: Tensor, grid: int | tuple[int, int]) -> tupl
         conjugate block, with the same singular values.
     block_error : float
         :math:`\eta` with :math:`\|\mathrm{fl}(\hat K(\omega))-\hat K(\omega)\|_2\le\eta` for
-        every :math:`\omega`.
+        every :math:`\omega`, products that underflow included; computed without overflow or
+        underflow for any finite kernel (``inf`` only if a block overflowed).
     """
     _check_kernel(kernel)
     H, W = _pair(grid, "grid")
@@ -211,11 +264,16 @@ def conv2d_frequency_blocks(kernel: Tensor, grid: int | tuple[int, int]) -> tupl
     re = (K @ c).reshape(co, ci, H, W // 2 + 1)
     im = -(K @ s).reshape(co, ci, H, W // 2 + 1)
     blocks = torch.complex(re, im).permute(2, 3, 0, 1).contiguous()
-    # a priori error (derivation §4.1): per real component rho * sum_ab |K_oc,ab|
+    # a priori error (derivation §4.1): per real component rho * sum_ab |K_oc,ab|, plus
+    # 2^-1075 for each of the kh kw products that may underflow (sums underflow exactly)
     tau = 2 * math.pi * _gamma(3) + 4 * _U64
     rho = _gamma(kh * kw) * (1 + tau) + tau
     A = K.abs().sum(-1).reshape(co, ci)
-    eta = 2.0 * math.sqrt(2.0) * rho * float(torch.linalg.matrix_norm(A))
+    if not bool(torch.isfinite(blocks).all()):
+        return blocks, math.inf
+    if not bool((A > 0).any()):  # zero kernel: every product and sum is an exact zero
+        return blocks, 0.0
+    eta = 2.0 * math.sqrt(2.0) * rho * _fro_up(A) + math.ldexp(float(K.numel()), -1072)
     return blocks, eta
 
 
@@ -300,7 +358,13 @@ def conv2d_spectral_upper(
     In both cases: frequency blocks (:func:`conv2d_frequency_blocks`), Gram iteration per
     frequency in the kernel's precision (:func:`gram_iteration_complex`), then the largest value
     (or, with ``exact=True``, the smaller of it and the per-frequency SVD maximum) is certified
-    in float64 on every block and the block rounding error is added (derivation §4).
+    in float64 on every block and the block rounding error is added (derivation §4). All of it
+    runs on the kernel scaled by the power of two :math:`2^{-e}` that brings its largest entry
+    into :math:`[\tfrac12, 1)` (exact but for entries pushed into the subnormals, whose rounding
+    is added to the error); the bound is multiplied back by :math:`2^{e}` rounding upwards
+    (derivation §4.4), so it is finite and certified whenever it fits in float64 (kernels of
+    norm :math:`10^{-300}` and :math:`10^{300}` alike). ``upper = inf`` comes only with
+    ``certified=False``.
 
     Parameters
     ----------
@@ -344,9 +408,58 @@ def conv2d_spectral_upper(
     else:
         raise ValueError(f"padding must be 'circular' or 'zeros', got {padding!r}")
 
-    blocks, eta = conv2d_frequency_blocks(kernel, grid)
-    # Gram iteration in the kernel's precision (single precision for half types)
-    work = blocks if kernel.dtype == torch.float64 else blocks.to(torch.complex64)
+    # Scale by 2^-e so that the largest entry lies in [1/2, 1) (derivation §4.4): exact, except
+    # that entries pushed below 2^-1022 are rounded, by at most 2^-1075 each; `sub` bounds the
+    # effect, max_w ||E^(w)||_2 for the rounding error E, and is 0 when nothing was rounded
+    # (scaling back up is exact, so equality detects it).
+    K64 = kernel.detach().to(torch.float64)
+    amax = float(K64.abs().max()) if K64.numel() else 0.0
+    e = math.frexp(amax)[1] if amax > 0 else 0
+    Ks = _pow2_scale(K64, -e)
+    exact_scaling = bool((_pow2_scale(Ks, e) == K64).all())
+    sub = 0.0 if exact_scaling else math.ldexp(float(K64.numel()), -1074)
+    r = _unscaled_upper(Ks, grid, n_iter, exact, kernel.dtype != torch.float64, sub)
+    # x 2^e, rounded upwards: exact unless the bound overflows (then not certified) or, for
+    # tiny kernels, falls into the subnormals
+    upper = _ldexp_up(r.upper, e) if r.ok else math.inf
+    ok = r.ok and math.isfinite(upper)
+    dev = kernel.device
+    return ConvSpectralResult(
+        upper=torch.tensor(upper if ok else math.inf, dtype=torch.float64, device=dev),
+        gram=_pow2_scale(r.gram, e),
+        circular_exact=None if r.circ is None else _pow2_scale(r.circ, e),
+        per_frequency=_pow2_scale(r.per_freq.to(torch.float64), e).to(kernel.dtype),
+        grid=grid,
+        padding=padding,
+        n_iter=int(n_iter),
+        block_error=_ldexp_up((r.eta + sub) * (1 + 2 * _U64), e),
+        certified=ok,
+    )
+
+
+class _Unscaled(NamedTuple):
+    upper: float
+    ok: bool
+    eta: float
+    gram: Tensor
+    circ: Tensor | None
+    per_freq: Tensor
+
+
+def _unscaled_upper(
+    K: Tensor, grid: tuple[int, int], n_iter: int, exact: bool, single: bool, extra: float = 0.0
+) -> _Unscaled:
+    r"""Derivation §4.1–§4.3 on the float64 kernel ``K`` as given (no scaling).
+
+    ``upper`` is :math:`\mathrm{fl}(\mathrm{fl}(\mathrm{fl}(s+\eta)+\text{extra})(1+4u))\ge
+    s+\eta+\text{extra}` (``inf`` unless ``ok``), with ``s`` certified on every stored block and
+    :math:`\eta` the block error; ``single``: Gram iteration in complex64. Near the ends of the
+    float64 range the blocks (or their complex64 copies) overflow or lose bits to underflow, so
+    :func:`conv2d_spectral_upper` calls it on the kernel scaled into :math:`[\tfrac12, 1)`
+    (derivation §4.4).
+    """
+    blocks, eta = conv2d_frequency_blocks(K, grid)
+    work = blocks.to(torch.complex64) if single else blocks
     per_freq = gram_iteration_complex(work, n_iter)
     gram = per_freq.max().to(torch.float64)
     base = float(gram)
@@ -355,27 +468,17 @@ def conv2d_spectral_upper(
         circ = torch.linalg.matrix_norm(blocks, ord=2).max()
         base = min(base, float(circ))
     if base == 0.0:  # a zero candidate is only certified for zero blocks; else use Frobenius
-        base = float(torch.linalg.matrix_norm(blocks).max())
+        base = float(_fro(blocks).max())
     m = min(blocks.shape[-2:])
     start = 8 * _gamma(2 * m + 1) * 2 * m + 16 * _U64
-    if work.dtype != torch.complex128:
+    if single:
         start = max(start, 4 * torch.finfo(torch.float32).eps)
     s, ok = _certify_blocks(blocks, base, start)
     if not ok and base < float(gram):
         s, ok = _certify_blocks(blocks, float(gram), start)
-    upper = (s + eta) * (1 + 4 * _U64) if ok else math.inf
-    dev = kernel.device
-    return ConvSpectralResult(
-        upper=torch.tensor(upper, dtype=torch.float64, device=dev),
-        gram=gram,
-        circular_exact=circ,
-        per_frequency=per_freq.to(kernel.dtype),
-        grid=grid,
-        padding=padding,
-        n_iter=int(n_iter),
-        block_error=eta,
-        certified=ok,
-    )
+    upper = (s + eta + extra) * (1 + 4 * _U64) if ok else math.inf
+    ok = ok and math.isfinite(upper)
+    return _Unscaled(upper if ok else math.inf, ok, eta, gram, circ, per_freq)
 
 
 def conv2d_reshaped_upper(kernel: Tensor) -> Tensor:

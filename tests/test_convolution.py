@@ -22,6 +22,7 @@ from meanfield.convolution import (
     module_spectral_upper,
     zero_padding_grid,
 )
+from tests import mpmath_oracle as oracle
 
 
 def _kernel(co, ci, kh, kw, seed, dtype=torch.float64):
@@ -311,3 +312,212 @@ def test_reshaped_kernel_bound_holds_for_every_padding_and_stride(case):
     assert ub <= math.sqrt(kh * kw) * _sigma(R1) * (1 + 1e-8)
     # looser than the circular Gram bound on large grids (sampled symbol <= reshaped bound)
     assert ub >= float(conv2d_spectral_upper(K, 16, exact=True).circular_exact)
+
+
+# ------------------------------------------------- range: kernels from 1e-300 to 1e300 (§4.4)
+def _mp_layer_norm(K, size, padding="circular"):
+    """50-digit norm of the dense layer, built by loops from the stored entries (read exactly),
+    on the kernel scaled by the exact power of two that brings its largest entry into [1/2, 1)."""
+    co, ci, kh, kw = K.shape
+    h, w = size
+    ph, pw = kh // 2, kw // 2
+    ho, wo = (h, w) if padding == "circular" else (h + 2 * ph - kh + 1, w + 2 * pw - kw + 1)
+    vals = K.tolist()
+    e = math.frexp(float(K.abs().max()))[1]
+    with mpmath.workdps(oracle.DPS):
+        J = mpmath.zeros(co * ho * wo, ci * h * w)
+        for o in range(co):
+            for i in range(ho):
+                for j in range(wo):
+                    for c in range(ci):
+                        for a in range(kh):
+                            for b in range(kw):
+                                y, x = i + a - ph, j + b - pw
+                                if padding == "circular":
+                                    y, x = y % h, x % w
+                                elif not (0 <= y < h and 0 <= x < w):
+                                    continue
+                                J[(o * ho + i) * wo + j, (c * h + y) * w + x] += mpmath.ldexp(
+                                    mpmath.mpf(vals[o][c][a][b]), -e
+                                )
+        return mpmath.ldexp(oracle.spectral_norm(J), e)
+
+
+def _times_pow2(K, k):
+    """``K * 2**k`` in two exact steps (the factor alone may not be representable)."""
+    return (K * 2.0 ** (k // 2)) * 2.0 ** (k - k // 2)
+
+
+_BASE = (3, 2, 3, 3, 41)  # kernel of the extreme-magnitude instances, on a 4 x 4 input
+_SIZE = (4, 4)
+
+
+def _extreme_kernel(name):
+    """(kernel, k): the base kernel times 2**k, k chosen so that its circular norm (8.50 for the
+    base kernel) is about the named magnitude; the "mixed" instances also hold entries far below
+    the largest one (exact in the stored kernel; scaled into the subnormals, or subnormal)."""
+    K0 = _kernel(*_BASE)
+    target, mix = {
+        "1e153": (1e153, None),
+        "1e200": (1e200, None),
+        "1e300": (1e300, None),
+        "1e300-with-entries-1e-12": (1e300, 1e-12),
+        "1e-300": (1e-300, None),
+        "1e-310-subnormal": (1e-310, None),
+    }[name]
+    k = math.ceil(math.log2(target / 8.50))
+    K = _times_pow2(K0, k)
+    if mix is not None:  # a few entries ~1e-12: below 2^-1022 once the kernel is scaled by 2^-e
+        K[0, 0, 0, :] = torch.tensor([1e-12, -3e-13, 7e-14], dtype=torch.float64)
+    return K, k
+
+
+_EXTREMES = ["1e153", "1e200", "1e300", "1e300-with-entries-1e-12", "1e-300", "1e-310-subnormal"]
+
+
+@pytest.mark.parametrize("name", _EXTREMES)
+def test_extreme_magnitudes_are_finite_certified_upper_bounds(name):
+    """Kernels of norm 1e153 to 1e300 (the old Frobenius norm of the error bound overflowed:
+    ``upper = inf`` with ``certified=True``) and 1e-300 to subnormal, against 50-digit norms of
+    the dense layer; the bound stays tight (docs/derivations/gram_convolution.md §4.4)."""
+    K, _ = _extreme_kernel(name)
+    ref = _mp_layer_norm(K, _SIZE)
+    ref_zeros = _mp_layer_norm(K, _SIZE, "zeros")
+    for exact, n_iter, tol in [(True, 6, 1e-12), (False, 6, 1e-2), (False, 2, 0.2)]:
+        r = conv2d_spectral_upper(K, _SIZE, exact=exact, n_iter=n_iter)
+        up = float(r.upper)
+        assert r.certified and math.isfinite(up), (exact, n_iter, up)
+        assert mpmath.mpf(up) >= ref, (exact, n_iter, up, ref)
+        assert mpmath.mpf(up) <= ref * (1 + tol), (exact, n_iter, up / ref)
+        # the a priori block error is a positive bound, far below the norm (the old code gave
+        # inf above ~1e153 and an underflowed 0 near 1e-300)
+        assert 0 < r.block_error <= 1e-11 * up
+        assert float(r.gram) >= float(ref) * (1 - 1e-12)
+    rz = conv2d_spectral_upper(K, _SIZE, padding="zeros", n_iter=8)
+    assert rz.certified and math.isfinite(float(rz.upper))
+    assert mpmath.mpf(float(rz.upper)) >= ref_zeros
+    assert float(rz.upper) <= float(ref_zeros) * 1.25  # circular norm on the 5 x 5 grid
+
+
+def test_norm_1e153_layer_whose_error_bound_overflowed():
+    """A wide layer of norm ~1e153 whose unscaled sum of squares overflows (the old code:
+    ``upper = inf``, ``certified=True``); reference: float64 SVD of the dense layer of the kernel
+    scaled down by an exact power of two, scaled back."""
+    g = torch.Generator().manual_seed(5)
+    K0 = (torch.randint(0, 2, (16, 16, 7, 7), generator=g) * 2 - 1).to(torch.float64)  # +-1 taps
+    sigma0 = _sigma(_unrolled(K0, (7, 7), "circular"))  # 55.08
+    k = math.ceil(math.log2(1e153 / sigma0))
+    K = K0 * 2.0**k
+    assert 1e153 <= sigma0 * 2.0**k < 2e153
+    A = K.abs().sum((-2, -1))
+    assert not math.isfinite(float(A.square().sum()))  # the regime of the defect
+    for exact in (True, False):
+        r = conv2d_spectral_upper(K, 7, exact=exact, n_iter=8)
+        assert r.certified and math.isfinite(float(r.upper))
+        ratio = float(r.upper) / 2.0**k / sigma0
+        assert 1 <= ratio <= (1 + 1e-11 if exact else 1.01), ratio
+
+
+@pytest.mark.parametrize("k", [1000, -1000, -1040])
+def test_block_error_bound_holds_at_extreme_magnitudes(k):
+    """``conv2d_frequency_blocks`` at 2^1000 (the old bound was inf), 2^-1000 (products underflow;
+    the old bound was an underflowed 0) and 2^-1040 (subnormal kernel), against 40-digit blocks."""
+    K = _times_pow2(_kernel(3, 2, 3, 3, 11), k)
+    blocks, eta = conv2d_frequency_blocks(K, (6, 7))
+    assert math.isfinite(eta) and eta > 0
+    assert eta <= 1e-12 * float(K.abs().sum()) + K.numel() * 2.0**-1071
+    Kl = K.tolist()
+    with mpmath.workdps(40):
+        worst = mpmath.mpf(0)
+        for w1, w2 in [(0, 0), (1, 2), (5, 3), (3, 1), (2, 0)]:
+            err2 = mpmath.mpf(0)
+            for o in range(3):
+                for c in range(2):
+                    z = mpmath.mpc(0)
+                    for a in range(3):
+                        for b in range(3):
+                            z += mpmath.mpf(Kl[o][c][a][b]) * mpmath.expjpi(
+                                -2 * mpmath.mpf(w1 * a) / 6 - 2 * mpmath.mpf(w2 * b) / 7
+                            )
+                    err2 += abs(z - mpmath.mpc(complex(blocks[w1, w2, o, c]))) ** 2
+            worst = max(worst, mpmath.sqrt(err2))  # Frobenius >= 2-norm
+        assert 0 < worst <= eta
+
+
+@pytest.mark.parametrize("padding", ["circular", "zeros"])
+def test_power_of_two_scaling_is_exact(padding):
+    """The bound is computed on the kernel scaled into [1/2, 1): for 2^k K with everything in
+    the normal range, every reported value is exactly 2^k times that of K (§4.4)."""
+    K = _kernel(3, 3, 3, 3, 13)
+    r0 = conv2d_spectral_upper(K, 5, padding=padding, n_iter=5, exact=True)
+    for k in (-1000, -600, -7, 7, 600, 1000):
+        Kk = _times_pow2(K, k)
+        assert bool((_times_pow2(Kk, -k) == K).all())  # no rounding in building 2^k K
+        r = conv2d_spectral_upper(Kk, 5, padding=padding, n_iter=5, exact=True)
+        assert r.certified
+        assert float(r.upper) == math.ldexp(float(r0.upper), k)
+        assert float(r.gram) == math.ldexp(float(r0.gram), k)
+        assert float(r.circular_exact) == math.ldexp(float(r0.circular_exact), k)
+        be = math.ldexp(r0.block_error, k)
+        if be >= 2.0**-1022:
+            assert r.block_error == be
+        else:  # scaled into the subnormals: rounded upwards
+            assert math.ldexp(r.block_error, -k) >= r0.block_error
+            assert r.block_error <= math.nextafter(be, math.inf)
+        assert torch.equal(r.per_frequency, _times_pow2(r0.per_frequency, k))
+    # float32 kernels: the same within float32's range
+    K32 = _kernel(3, 2, 3, 3, 7, dtype=torch.float32)
+    s0 = conv2d_spectral_upper(K32, 6, n_iter=8)
+    for k in (-100, 100):
+        s = conv2d_spectral_upper(K32 * 2.0**k, 6, n_iter=8)
+        assert s.certified and float(s.upper) == math.ldexp(float(s0.upper), k)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_scaled_bound_agrees_with_the_unscaled_computation(case):
+    """On moderate kernels the scaled computation (§4.4) and the same steps on the kernel as
+    given (§4.1-§4.3) agree up to the roundings of the Gram iteration's logarithms."""
+    from meanfield.convolution import _unscaled_upper
+
+    co, ci, kh, kw, h, w, seed = case
+    for factor in (1.0, 1e3, 1e-3, 37.0):
+        K = factor * _kernel(co, ci, kh, kw, seed)
+        assert math.frexp(float(K.abs().max()))[1] != 0  # the scaling is not the identity
+        for exact in (False, True):
+            r = conv2d_spectral_upper(K, (h, w), n_iter=6, exact=exact)
+            u = _unscaled_upper(K, (h, w), 6, exact, single=False)
+            assert r.certified and u.ok
+            assert float(r.upper) == pytest.approx(u.upper, rel=1e-13, abs=0)
+            assert float(r.gram) == pytest.approx(float(u.gram), rel=1e-13, abs=0)
+            assert r.block_error == pytest.approx(u.eta, rel=1e-13, abs=0)
+            if exact:
+                assert float(r.circular_exact) == pytest.approx(float(u.circ), rel=1e-13, abs=0)
+
+
+def test_infinite_upper_only_without_certificate():
+    """Over the whole float64 range the bound is finite and certified (and tight where the
+    kernel 2^k K0 is stored exactly); ``inf`` comes only with ``certified=False``, for a layer
+    whose norm exceeds the float64 range."""
+    K0 = _kernel(2, 2, 3, 3, 3)
+    sigma0 = _sigma(_unrolled(K0, (5, 5), "circular"))
+    for k in range(-1070, 1024, 61):
+        K = _times_pow2(K0, k)
+        r = conv2d_spectral_upper(K, 5, n_iter=6)
+        up = float(r.upper)
+        assert r.certified and math.isfinite(up), (k, up, r.certified)
+        if bool((_times_pow2(K, -k) == K0).all()):  # no entry rounded into the subnormals
+            true = math.ldexp(sigma0, k)
+            assert true * (1 - 1e-12) <= up <= true * 1.01, (k, up / true)
+    # a layer of norm 9e308: nothing finite can be certified
+    big = conv2d_spectral_upper(torch.full((1, 1, 3, 3), 1e308, dtype=torch.float64), 4)
+    assert not big.certified and float(big.upper) == math.inf
+
+
+def test_float32_kernel_at_the_top_of_its_range():
+    """Blocks of a float32 kernel near 3e38 overflow complex64 (the old code: not certified);
+    the scaled computation certifies them."""
+    K32 = (_kernel(3, 3, 3, 3, 31) * 1e38).to(torch.float32)
+    assert bool(torch.isfinite(K32).all())
+    ref = _sigma(_unrolled(K32.to(torch.float64), (6, 6), "circular"))
+    r = conv2d_spectral_upper(K32, 6, n_iter=10)
+    assert r.certified and ref <= float(r.upper) <= ref * (1 + 1e-5)
