@@ -424,16 +424,22 @@ def scale_exponent(lin: AttentionLinearization, threshold: int = 128) -> int:
     r"""A binary exponent :math:`e` with :math:`2^{-e}\|J\|_2` of order one (docs/rounding.md §5).
 
     A crude magnitude estimate assembled in the log domain from the largest entries of
-    :math:`W`, :math:`V`, :math:`\tilde P`, :math:`A` (or :math:`Q, K`) and :math:`X`; it only
-    has to be right within a few hundred binary orders of magnitude. Estimates within
+    :math:`W_h` and :math:`V_h` (head by head: the layer depends on them through
+    :math:`W_hV_h` only, so one head's large :math:`V_h` is not paired with another's large
+    :math:`W_h`), :math:`\tilde P`, :math:`A` (or :math:`Q, K`) and :math:`X`; it only has to be
+    right within a few hundred binary orders of magnitude. Estimates within
     :math:`2^{\pm\mathrm{threshold}}` give :math:`e = 0` (nothing to protect against).
     """
     n, d = lin.n, lin.d
-    log_wv = _log2_absmax(lin.W) + _log2_absmax(lin.V) + math.log2(max(d, 1))
-    if lin.rope_heads:
-        for h in lin.rope_heads:
-            head = lin.params.heads[h]
-            log_wv = max(log_wv, _log2_absmax(lin.W[h]) + _log2_absmax(head.V) + math.log2(d))
+    heads = lin.params.heads
+    pairs = [(lin.W[h], lin.V[a]) for a, h in enumerate(lin.analytic_heads)]
+    pairs += [(lin.W[h], heads[h].V) for h in lin.rope_heads]
+    logs = [
+        _log2_absmax(W) + _log2_absmax(V)
+        for W, V in pairs
+        if bool(W.detach().abs().amax() > 0) and bool(V.detach().abs().amax() > 0)
+    ]  # a head whose W_h or V_h is zero contributes nothing
+    log_wv = (max(logs) if logs else 0.0) + math.log2(max(d, 1))
     log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(n, 1))
     log_x = _log2_absmax(lin.X) + 1
     log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))

@@ -27,3 +27,16 @@ def spread_masses(rng: np.random.Generator, n: int, decades: float) -> np.ndarra
     logw[rng.integers(n)] = 0.0
     w = np.exp(logw)
     return w / w.sum()
+
+
+def balanced_extremes(
+    rng: np.random.Generator, V: np.ndarray, W: np.ndarray, decades: tuple = (100, 300)
+) -> tuple[np.ndarray, np.ndarray]:
+    """``V * 10**t`` and ``W * 10**-t`` with ``|t|`` uniform in ``decades`` and a random sign.
+
+    Each factor alone is extreme (up to ``1e±300``) while the product ``W V``, which is all the
+    layer depends on, stays moderate: the block certificate must not square either factor
+    (docs/rounding.md §5).
+    """
+    t = rng.uniform(*decades) * (1.0 if rng.integers(2) else -1.0)
+    return V * 10.0**t, W * 10.0**-t

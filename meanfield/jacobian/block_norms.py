@@ -24,6 +24,7 @@ from .head_rows import (
     _families,
     _float64_rows,
     _pair_dist,
+    _rebalanced,
     _Rows,
     _subnormal_floor,
 )
@@ -186,7 +187,7 @@ def block_norm_bounds(
     """
     _require_analytic(lin, "block_norm_bounds")
     weighted = _check_geometry(lin, geometry)
-    lin = _float64_rows(lin)
+    lin = _rebalanced(_float64_rows(lin))  # V_h, W_h of extreme but balanced product: §5
     norms = weight_norms(lin.params)
     use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
     fams = _families(lin, ambient=use_ambient, self_terms=self_norms is None)
@@ -263,7 +264,7 @@ def self_norm_trace_bound(lin: AttentionLinearization, *, ambient: bool | None =
     Tensor, float64, shape (..., n)
     """
     _require_analytic(lin, "self_norm_trace_bound")
-    lin = _float64_rows(lin)
+    lin = _rebalanced(_float64_rows(lin))
     use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
     fams = _families(lin, ambient=use_ambient, self_terms=True)
     return _self_norms(lin, fams, weight_norms(lin.params), use_ambient)

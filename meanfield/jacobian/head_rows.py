@@ -10,6 +10,7 @@ the stored attention matrix), so that the bound holds in floating point.
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass, replace
 
@@ -17,6 +18,8 @@ import torch
 from torch import Tensor
 
 from .._spectral import _gamma
+from .._typing import Params
+from ..params import AttentionParams, MultiHeadParams
 from .linearization import AttentionLinearization, _as_float64, _attend, _head_rows
 
 _U64 = torch.finfo(torch.float64).eps / 2
@@ -221,6 +224,126 @@ def _float64_rows(lin: AttentionLinearization) -> AttentionLinearization:
     return replace(
         lin, KXc=KXc, VXc=VXc, KMc=KVMc[..., :k], VMc=KVMc[..., k:], Qx=None, _m=None, _B=None
     )
+
+
+#: Per-head rebalancing of :math:`(V_h, W_h)` applies beyond an imbalance of ``2**(2 * this)``
+#: between their largest entries (docs/rounding.md §5); below it the factors are left as stored.
+_BALANCE_MIN = 32
+
+_BALANCE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _exp_absmax(t: Tensor) -> int | None:
+    """Binary exponent ``e`` with ``max |t| in [2**(e-1), 2**e)`` (``None`` if zero or not finite)."""
+    m = float(t.detach().abs().amax()) if t.numel() else 0.0
+    if m == 0.0 or not math.isfinite(m):
+        return None
+    return math.frexp(m)[1]
+
+
+def _exact_ldexp(t: Tensor, k: int) -> Tensor | None:
+    """``t * 2**k``, or ``None`` when that product is not exactly representable.
+
+    A scaling by a power of two rounds only where the result leaves the normal range (subnormal
+    or overflow); undoing it then does not give ``t`` back, so the round trip is a proof of
+    exactness.
+    """
+    out = torch.ldexp(t, torch.tensor(k, device=t.device))
+    back = torch.ldexp(out, torch.tensor(-k, device=t.device))
+    return out if bool(torch.isfinite(out).all()) and torch.equal(back, t) else None
+
+
+def _balance_exponents(params: Params) -> dict[int, tuple[int, Tensor, Tensor]]:
+    r"""Per head, ``k`` with ``V_h -> 2**-k V_h`` and ``W_h -> 2**k W_h`` exact (docs/rounding.md §5).
+
+    ``k`` brings the largest entries of the two factors to the same binary order; heads within
+    ``2**(2 * _BALANCE_MIN)`` of balance, and heads whose scaled factors would not be exact even
+    after halving ``k`` down to that threshold, are left out. Returns ``{h: (k, 2**-k V_h,
+    2**k W_h)}``.
+    """
+    out: dict[int, tuple[int, Tensor, Tensor]] = {}
+    if not isinstance(params, MultiHeadParams) or params.W_O is None:
+        return out
+    for h, head in enumerate(params.heads):
+        W = params.head_projection(h)
+        eV, eW = _exp_absmax(head.V), _exp_absmax(W)
+        if eV is None or eW is None:
+            continue
+        k = (eV - eW) // 2
+        while abs(k) > _BALANCE_MIN:
+            V2, W2 = _exact_ldexp(head.V, -k), _exact_ldexp(W, k)
+            if V2 is not None and W2 is not None:
+                out[h] = (k, V2, W2)
+                break
+            k = int(k / 2)
+    return out
+
+
+def _balanced_params(params: Params) -> tuple[Params, dict[int, int]]:
+    r"""Parameters with every head's :math:`(V_h, W_h)` rebalanced by :func:`_balance_exponents`.
+
+    The layer is unchanged: it depends on the two factors only through :math:`W_hV_h`, which
+    the exact power-of-two scalings leave as it is. Returns the parameters (``params`` itself
+    when nothing is rebalanced; cached per ``params``, so the weight norms are certified once)
+    and the exponent of each rebalanced head.
+    """
+    cached = _BALANCE_CACHE.get(params)
+    if cached is not None:
+        return cached
+    scal = _balance_exponents(params)
+    if not scal:
+        out = (params, {})
+    else:
+        heads = tuple(
+            h if i not in scal else AttentionParams._from_validated(
+                A=h.A, V=scal[i][1], c=h.c, b=h.b, Q=h.Q, K=h.K, rope=h.rope
+            )
+            for i, h in enumerate(params.heads)
+        )  # fmt: skip
+        blocks = [scal[i][2] if i in scal else params.head_projection(i) for i in range(len(heads))]
+        W_O = torch.cat(blocks, dim=-1)
+        out = (MultiHeadParams(heads, W_O=W_O, b_O=params.b_O), {i: scal[i][0] for i in scal})
+    _BALANCE_CACHE[params] = out
+    return out
+
+
+def _rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
+    r"""``lin`` on the rebalanced factors of :func:`_balanced_params` (``lin`` when none are).
+
+    The stored attention matrices, points and score factors are kept; :math:`V_h`, :math:`W_h`
+    and the value rows :math:`V_h(x_l-\bar x)` and their means are those of the rebalanced
+    factors, the rows recomputed from them (their rounding is what :func:`_rows` covers). The
+    reference operator (docs/certificates.md §5.1) is unchanged: it depends on the factors only
+    through :math:`W_hV_h`.
+    """
+    if lin.concat:
+        return lin
+    params, ks = _balanced_params(lin.params)
+    if not ks:
+        return lin
+    W = lin.W.clone()
+    for h, k in ks.items():
+        Wh = _exact_ldexp(lin.W[h], k)
+        if Wh is None:  # lin.W is not the parameters' W^O: keep the factors as they are
+            return lin
+        W[h] = Wh
+    Xc = lin.X - lin.x_bar
+    block = lin._causal_block()
+    fields: dict = {"params": params, "W": W}
+    if lin.analytic_heads:
+        V = torch.stack([params.heads[h].V for h in lin.analytic_heads]).to(lin.V)
+        fields["V"] = V
+        VXc = torch.einsum("...nd,hvd->...hnv", Xc, V)
+        fields["VXc"] = VXc
+        fields["VMc"] = _attend(lin.P, VXc, block)
+        if lin.QKV is not None:
+            fields["QKV"] = torch.cat([lin.QK[0], lin.QK[1], V], dim=-2).reshape(-1, lin.d)
+    rr = lin.rope_rows
+    if rr is not None:
+        Vr = torch.stack([params.heads[h].V for h in rr.heads]).to(rr.V)
+        VXr = torch.einsum("...nd,hvd->...hnv", Xc, Vr)
+        fields["rope_rows"] = replace(rr, V=Vr, VXc=VXr, VMc=_attend(rr.P, VXr, block))
+    return replace(lin, **fields)
 
 
 def _families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -> dict:

@@ -16,6 +16,7 @@ from .._spectral import spectral_norm_upper
 from .._typing import Params
 from ..attention import head_logits
 from ..params import MultiHeadParams
+from .head_rows import _rebalanced
 from .linearization import (
     AttentionLinearization,
     _admissible,
@@ -188,6 +189,7 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     """
     from .._spectral import collatz_wielandt_bound
 
+    lin = _rebalanced(lin)  # V_h, W_h of extreme but balanced product (docs/rounding.md §5)
     params = lin.params
     feats = _head_features(lin)
     stack = _stacked_norms(params, feats)
@@ -255,6 +257,7 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     -------
     Tensor, float64, shape (..., n, n)
     """
+    lin = _rebalanced(lin)  # as in head_structured_upper
     params = lin.params
     feats = _head_features(lin)
     _, concat = _head_output_matrices(params)
