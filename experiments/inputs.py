@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .results import NPY_READ_ERRORS, unreadable_array_file
+
 __all__ = [
     "load_inputs",
     "load_matrices",
@@ -26,17 +28,21 @@ __all__ = [
 def _array(z: Any, key: str, source: str, ndims: tuple[int, ...]) -> np.ndarray:
     try:
         a = np.asarray(z[key])
-    except ValueError as err:  # object arrays in an .npz fail only when read
+    except NPY_READ_ERRORS as err:  # members of an .npz are read (and may fail) only here
         if "pickle" in str(err).lower():
             raise ValueError(
                 f"{key} in {source} holds pickled objects, which are never loaded"
             ) from err
-        raise
+        raise ValueError(
+            f"cannot read {key} in {source}: the file is damaged ({' '.join(str(err).split())})"
+        ) from err
     if a.dtype.kind not in "fiu":
         raise ValueError(f"{key} in {source} must be a real numeric array, got dtype {a.dtype}")
     if a.ndim not in ndims:
         want = " or ".join(f"{k}-d" for k in ndims)
         raise ValueError(f"{key} in {source} must be {want}, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{key} in {source} is empty (shape {a.shape})")
     a = np.asarray(a, dtype=np.float64)
     if not np.isfinite(a).all():
         raise ValueError(f"{key} in {source} contains NaN or infinite values")
@@ -46,14 +52,19 @@ def _array(z: Any, key: str, source: str, ndims: tuple[int, ...]) -> np.ndarray:
 def _np_load(path: Path) -> Any:
     if not path.exists():
         raise FileNotFoundError(f"no such file: {path}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a {path.suffix or 'data'} file")
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
-    except ValueError as err:
-        if "pickle" in str(err).lower():
-            raise ValueError(f"{path} holds pickled objects, which are never loaded") from err
-        raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from err
+        data = np.load(path, allow_pickle=False)
+    except NPY_READ_ERRORS as err:
+        raise unreadable_array_file(path, err) from err
+    want = "npz" if path.suffix == ".npz" else "npy"
+    if want == "npz" and not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"cannot read {path}: it holds one .npy array, not an .npz archive")
+    if want == "npy" and isinstance(data, np.lib.npyio.NpzFile):
+        data.close()
+        raise ValueError(f"cannot read {path}: it is an .npz archive, not an .npy array")
+    return data
 
 
 def load_inputs(path: str | Path) -> np.ndarray:

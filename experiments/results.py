@@ -18,6 +18,7 @@ import platform
 import subprocess
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -162,10 +163,54 @@ def _to_numpy(v: Any) -> Any:
     return v
 
 
+#: What reading a damaged ``.npy``/``.npz`` raises (a bad zip, a truncated or corrupt member).
+NPY_READ_ERRORS = (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
+def unreadable_array_file(path: str | os.PathLike, err: BaseException) -> ValueError:
+    """A one-line ``ValueError`` naming ``path`` for an error ``err`` raised while reading it.
+
+    It says what is wrong with the file (not an ``.npy``/``.npz`` file, a damaged archive, pickled
+    objects, which are never loaded) and never suggests loading it with pickle.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(6)
+    except OSError:
+        head = b""
+    message = " ".join(str(err).split())
+    if not head:
+        why = "it is empty"
+    elif head[:1] == b"\x80":
+        why = "it is a pickle, which is never loaded"
+    elif not (head.startswith(b"\x93NUMPY") or head.startswith(b"PK")):
+        why = "it is not an .npy or .npz file"
+    elif "pickle" in message.lower():
+        why = "it holds pickled objects, which are never loaded"
+    else:
+        why = f"the file is damaged ({message or type(err).__name__})"
+    return ValueError(f"cannot read {path}: {why}")
+
+
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read arrays written by :func:`save_npz` (never unpickles)."""
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+    """Read arrays written by :func:`save_npz` (never unpickles).
+
+    A missing file raises ``FileNotFoundError``; a damaged one a one-line ``ValueError`` naming it.
+    """
+    arrays = None
+    try:
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                arrays = {k: data[k] for k in data.files}
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except NPY_READ_ERRORS as err:
+        raise unreadable_array_file(path, err) from err
+    if arrays is None:
+        raise ValueError(f"cannot read {path}: it holds one .npy array, not an .npz archive")
+    return arrays
 
 
 def stage_result(results_dir: str | os.PathLike, stage: str, name: str) -> Path:

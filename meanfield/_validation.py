@@ -21,6 +21,9 @@ Every public function that takes points together with parameters (``self_attenti
 5. **Errors are one line**: ``TypeError`` for something that is not array-like or is complex, or
    for parameters of the wrong class; ``ValueError`` for wrong shapes, mismatched dimensions, an
    empty sequence (``n = 0``), NaN or infinite points, a dtype or device mismatch.
+6. **Flags are booleans.** ``masked`` and the other switches take ``True`` or ``False`` (a numpy
+   bool too); anything else, such as the string ``"yes"``, is a ``TypeError``
+   (:func:`check_flag`), never read by its truth value.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ._numerics import check_finite
 
 __all__ = [
     "check_aux",
+    "check_flag",
     "check_index",
     "check_measure",
     "check_measure_pair",
@@ -42,6 +46,13 @@ __all__ = [
     "params_dtype_device",
     "to_floating",
 ]
+
+
+def check_flag(value: object, name: str) -> bool:
+    """Rule 6: ``value`` as a bool when it is one (Python or numpy), else a one-line TypeError."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def params_dtype_device(params: object, allowed: tuple[type, ...], what: str) -> tuple[Any, Any]:

@@ -19,7 +19,14 @@ from torch import Tensor
 
 from ._numerics import causal_mask, iter_chunks, masked_softmax
 from ._typing import Params
-from ._validation import check_aux, check_index, check_measure, check_points, params_dtype_device
+from ._validation import (
+    check_aux,
+    check_flag,
+    check_index,
+    check_measure,
+    check_points,
+    params_dtype_device,
+)
 from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams
 
@@ -89,7 +96,7 @@ def admissible_keys(
     Sequences (no ``positions``): query ``i`` sees keys ``j <= i``. Position-tagged measures:
     key ``j`` is admissible when ``positions[j] <= query_positions[i]`` (docs/theory.md §B2).
     """
-    if not masked:
+    if not check_flag(masked, "masked"):
         return None
     if positions is None:
         if query_positions is not None:
@@ -252,7 +259,7 @@ def attention(
         params.d,
         "attention",
     )
-    if masked and mu.positions is None:
+    if check_flag(masked, "masked") and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
     Y = attention_points(
         mu.points,
@@ -298,7 +305,7 @@ def attention_map(
         params.d,
         "attention_map",
     )
-    if masked and mu.positions is None:
+    if check_flag(masked, "masked") and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
     return attention_points(
         mu.points,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._theory_import import require_theory
 from ._typing import AnyParams as Params
 from .attention import l2_self_attention, self_attention
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams
@@ -151,6 +152,7 @@ def l2_lipschitz_upper(params: L2AttentionParams, n: int) -> float:
     -------
     float
     """
+    require_theory()
     from theory.bounds import kim_l2_upper
 
     if not isinstance(params, L2AttentionParams):
@@ -186,6 +188,7 @@ def dot_product_lipschitz_upper(params: AttentionParams, n: int, radius: float) 
     -------
     float
     """
+    require_theory()
     from theory.bounds import sqrt_n_upper
 
     if not isinstance(params, AttentionParams):

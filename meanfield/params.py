@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -40,8 +41,38 @@ def _check_score(score: str) -> None:
         raise ValueError(f"score must be 'query_key' or 'key_query', got {score!r}")
 
 
-def _matrix(x: object, name: str, like: Tensor | None = None) -> Tensor:
-    t = as_float_tensor(x, name, like=like)
+def _float_dtype(x: object) -> torch.dtype | None:
+    """The floating dtype ``x`` carries (a floating tensor or numpy array), else ``None``."""
+    if isinstance(x, Tensor):
+        return x.dtype if x.is_floating_point() else None
+    if hasattr(x, "dtype") and hasattr(x, "shape"):
+        try:
+            dt = np.dtype(x.dtype)
+        except TypeError:
+            return None
+        return torch.from_numpy(np.empty(0, dtype=dt)).dtype if dt.kind == "f" else None
+    return None
+
+
+def _as_like(x: object, name: str, like: Tensor, leading: str) -> Tensor:
+    """``x`` in the dtype and device of ``like`` (the leading matrix, named ``leading``).
+
+    A floating input of another dtype is a one-line ``ValueError``, never a silent cast (the rule
+    of docs/conventions.md §8); lists and integer or boolean inputs take the leading dtype.
+    """
+    dt = _float_dtype(x)
+    if dt is not None and dt != like.dtype:
+        raise ValueError(
+            f"{name} has dtype {dt} but {leading} has {like.dtype}; the parameters of a layer "
+            f"share one dtype: convert one of them with .to({like.dtype})"
+        )
+    return as_float_tensor(x, name, like=like)
+
+
+def _matrix(
+    x: object, name: str, like: Tensor | None = None, leading: str = "the leading matrix"
+) -> Tensor:
+    t = as_float_tensor(x, name) if like is None else _as_like(x, name, like, leading)
     if t.ndim != 2:
         raise ValueError(f"{name} must be a matrix, got shape {tuple(t.shape)}")
     if t.numel() == 0:
@@ -50,8 +81,10 @@ def _matrix(x: object, name: str, like: Tensor | None = None) -> Tensor:
     return t
 
 
-def _vector(x: object, name: str, size: int, like: Tensor) -> Tensor:
-    t = as_float_tensor(x, name, like=like)
+def _vector(
+    x: object, name: str, size: int, like: Tensor, leading: str = "the leading matrix"
+) -> Tensor:
+    t = _as_like(x, name, like, leading)
     if t.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {tuple(t.shape)}")
     check_finite(t, name)
@@ -164,18 +197,18 @@ class AttentionParams:
         Q = K = None
         if self.Q is not None:
             Q = _matrix(self.Q, "Q")
-            K = _matrix(self.K, "K", like=Q)
+            K = _matrix(self.K, "K", like=Q, leading="Q")
             if Q.shape != K.shape:
                 raise ValueError(
                     f"Q and K must have the same shape, got {tuple(Q.shape)} and {tuple(K.shape)}"
                 )
-        A = Q.mT @ K if self.A is None else _matrix(self.A, "A", like=Q)
+        A = Q.mT @ K if self.A is None else _matrix(self.A, "A", like=Q, leading="Q")
         d = A.shape[0]
         if A.shape != (d, d):
             raise ValueError(f"A must be square, got shape {tuple(A.shape)}")
         if Q is not None and Q.shape[1] != d:
             raise ValueError(f"Q and K must have shape (k, {d}) to match A, got {tuple(Q.shape)}")
-        V = _matrix(self.V, "V", like=A)
+        V = _matrix(self.V, "V", like=A, leading="A")
         if V.shape[1] != d:
             raise ValueError(f"V must have shape (d_v, {d}) to match A, got {tuple(V.shape)}")
         if score == "key_query":
@@ -200,9 +233,9 @@ class AttentionParams:
                 raise ValueError("query biases with a rotary embedding are not supported")
             object.__setattr__(self, "rope", self.rope.to(dtype=A.dtype, device=A.device))
         if self.c is not None:
-            object.__setattr__(self, "c", _vector(self.c, "c", d, A))
+            object.__setattr__(self, "c", _vector(self.c, "c", d, A, "A"))
         if self.b is not None:
-            object.__setattr__(self, "b", _vector(self.b, "b", V.shape[0], A))
+            object.__setattr__(self, "b", _vector(self.b, "b", V.shape[0], A, "A"))
 
     @classmethod
     def _from_validated(cls, **fields: Tensor | RotaryEmbedding | None) -> AttentionParams:
@@ -311,7 +344,7 @@ class MultiHeadParams:
                 )
         object.__setattr__(self, "heads", heads)
         if self.W_O is not None:
-            W_O = _matrix(self.W_O, "W_O", like=h0.A)
+            W_O = _matrix(self.W_O, "W_O", like=h0.A, leading="the heads' A")
             if W_O.shape[1] != len(heads) * h0.d_v:
                 raise ValueError(
                     f"W_O must have {len(heads) * h0.d_v} columns (heads x d_v), got {tuple(W_O.shape)}"
@@ -320,7 +353,9 @@ class MultiHeadParams:
         if self.b_O is not None:
             if self.W_O is None:
                 raise ValueError("b_O requires W_O")
-            object.__setattr__(self, "b_O", _vector(self.b_O, "b_O", self.W_O.shape[0], h0.A))
+            object.__setattr__(
+                self, "b_O", _vector(self.b_O, "b_O", self.W_O.shape[0], h0.A, "the heads' A")
+            )
 
     @property
     def n_heads(self) -> int:
@@ -432,9 +467,15 @@ class MultiHeadParams:
         if layout not in ("linear", "conv1d"):
             raise ValueError(f"layout must be 'linear' or 'conv1d', got {layout!r}")
         W_Q, W_K, W_V = (_matrix(W, name) for W, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
+        for W, name in ((W_K, "W_K"), (W_V, "W_V")):
+            if W.dtype != W_Q.dtype:
+                raise ValueError(
+                    f"{name} has dtype {W.dtype} but W_Q has {W_Q.dtype}; the parameters of a "
+                    f"layer share one dtype: convert one of them with .to({W_Q.dtype})"
+                )
         W_K, W_V = W_K.to(W_Q), W_V.to(W_Q)
         if W_O is not None:
-            W_O = _matrix(W_O, "W_O", like=W_Q)
+            W_O = _matrix(W_O, "W_O", like=W_Q, leading="W_Q")
         if layout == "conv1d":
             W_Q, W_K, W_V = W_Q.mT, W_K.mT, W_V.mT
             W_O = None if W_O is None else W_O.mT
@@ -460,10 +501,10 @@ class MultiHeadParams:
             raise ValueError(f"query and key heads differ in width: {k} and {W_K.shape[0] // H_kv}")
         k_v = W_V.shape[0] // H_kv
         s = 1.0 / k**0.5 if scale is None else float(scale)
-        b_Qv = None if b_Q is None else _vector(b_Q, "b_Q", W_Q.shape[0], W_Q)
-        b_Vv = None if b_V is None else _vector(b_V, "b_V", W_V.shape[0], W_Q)
+        b_Qv = None if b_Q is None else _vector(b_Q, "b_Q", W_Q.shape[0], W_Q, "W_Q")
+        b_Vv = None if b_V is None else _vector(b_V, "b_V", W_V.shape[0], W_Q, "W_Q")
         if b_K is not None:
-            _vector(b_K, "b_K", W_K.shape[0], W_Q)  # validated; cancels in the softmax
+            _vector(b_K, "b_K", W_K.shape[0], W_Q, "W_Q")  # validated; cancels in the softmax
         if rope is not None:
             if not isinstance(rope, RotaryEmbedding) or rope.k != k:
                 raise ValueError(f"rope must be a RotaryEmbedding of width {k}")
@@ -521,14 +562,14 @@ class L2AttentionParams:
             raise ValueError(f"W_Q must have shape (H, D, D/H), got {tuple(W_Q.shape)}")
         check_finite(W_Q, "W_Q")
         H, D, _ = W_Q.shape
-        W_V = as_float_tensor(self.W_V, "W_V", like=W_Q)
+        W_V = _as_like(self.W_V, "W_V", W_Q, "W_Q")
         if W_V.ndim != 3 or W_V.shape[:2] != (H, D):
             raise ValueError(f"W_V must have shape ({H}, {D}, D_v), got {tuple(W_V.shape)}")
         check_finite(W_V, "W_V")
         object.__setattr__(self, "W_Q", W_Q)
         object.__setattr__(self, "W_V", W_V)
         if self.W_O is not None:
-            W_O = _matrix(self.W_O, "W_O", like=W_Q)
+            W_O = _matrix(self.W_O, "W_O", like=W_Q, leading="W_Q")
             if W_O.shape[0] != H * W_V.shape[2]:
                 raise ValueError(f"W_O must have {H * W_V.shape[2]} rows, got {tuple(W_O.shape)}")
             object.__setattr__(self, "W_O", W_O)

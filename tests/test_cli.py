@@ -274,16 +274,22 @@ def test_help_texts_are_plain_and_described():
     assert "--device" in _help("reproduce") and "--device" not in _help("demo")
 
 
-def test_bugs_are_not_user_errors(monkeypatch):
-    """Only input errors exit 2 with one line; a TypeError inside a command is a bug."""
+def test_bugs_are_not_user_errors(monkeypatch, capsys):
+    """A TypeError inside a command is a bug: one line that says so; --traceback shows it."""
     from experiments.app.commands import derive
 
     def broken(args):
         raise TypeError("an internal bug")
 
     monkeypatch.setattr(derive, "handle", broken)
+    assert main(["derive", "kim-softmax-lemma"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "meanfield: error: internal error (TypeError: an internal bug); rerun with --traceback "
+        "for the full trace"
+    )
     with pytest.raises(TypeError, match="an internal bug"):
-        main(["derive", "kim-softmax-lemma"])
+        main(["derive", "kim-softmax-lemma", "--traceback"])
 
 
 def test_old_entry_points_still_work_with_a_warning():

@@ -2,10 +2,16 @@
 
 Each command (one module in :mod:`experiments.app.commands`) returns a JSON-serialisable dict.
 ``--json`` prints it as one object on stdout; otherwise a short human-readable summary goes to
-stdout. Logs and progress go to stderr. An error in what the user asked for (a
-:class:`~experiments.app.options.UsageError`, a ``ValueError`` from input validation, a missing
-file, a missing optional package) exits with status 2 and one line, ``meanfield: error: ...``;
-anything else is a bug and shows its traceback.
+stdout. Logs and progress go to stderr.
+
+Every error ends the command with one line on stderr, ``meanfield: error: ...``, and exit status
+2: an error in what the user asked for (a :class:`~experiments.app.options.UsageError`, a
+``ValueError`` from input validation, a missing file, an operating-system error such as a full
+disk, a missing optional package, an output directory locked by another run) says what is wrong;
+a failed check or figure (:class:`~experiments.app.options.CommandFailed`) says what failed;
+anything else is a bug, and its line says so: ``internal error (TypeError: ...); rerun with
+--traceback for the full trace``. ``--traceback`` (before or after the command) shows the full
+trace instead. An interrupt (Ctrl-C) exits with status 130.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .commands import (
     attack,
@@ -30,8 +38,9 @@ from .commands import (
     reproduce,
     verify_bounds,
 )
+from .options import CommandFailed, add_traceback
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "version"]
 
 #: The commands, in the order ``meanfield --help`` lists them.
 COMMANDS = (
@@ -49,6 +58,30 @@ COMMANDS = (
 )
 
 
+def version() -> str:
+    """The version of ``meanfield``, read from its source without importing torch."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("meanfield")
+    if spec is not None and spec.origin:
+        m = re.search(r'^__version__ = "([^"]+)"', Path(spec.origin).read_text(), re.M)
+        if m:
+            return m.group(1)
+    from importlib.metadata import version as dist_version
+
+    return dist_version("meanfield")
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p`` (commands and their subcommands)."""
+    out = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += [child, *_subparsers(child)]
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command."""
     parser = argparse.ArgumentParser(
@@ -56,9 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Smoothness of self-attention on sequences and measures (Castin, Ablin, "
         "Peyré 2024).",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"meanfield {version()}", help="print the version"
+    )
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on an error, show the full Python traceback instead of one line (for debugging)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)
+    for child in _subparsers(parser):  # also after the command, where add_common did not add it
+        add_traceback(child)
     return parser
 
 
@@ -66,10 +109,26 @@ def _is_user_error(err: BaseException) -> bool:
     """Whether ``err`` is about the user's input or environment rather than a bug."""
     from experiments.lock import LockHeldError
 
-    if isinstance(err, (ValueError, FileNotFoundError, KeyboardInterrupt, LockHeldError)):
-        return True  # LockHeldError: another run writes into the same --out
+    if isinstance(err, (ValueError, OSError, KeyboardInterrupt, LockHeldError, CommandFailed)):
+        # OSError: a missing file, a full disk, a permission; LockHeldError: another run writes
+        # into the same --out; CommandFailed: a failed check or figure, named in the message
+        return True
     # a missing optional package: the library says which extra to install
     return isinstance(err, ImportError) and "pip install" in str(err)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def error_line(err: BaseException) -> str:
+    """The one line that reports ``err`` (without the ``meanfield: error:`` prefix)."""
+    if _is_user_error(err):
+        if isinstance(err, OSError) and err.strerror and err.filename is not None:
+            return _one_line(f"{err.filename}: {err.strerror}")
+        return _one_line(str(err)) or type(err).__name__
+    what = type(err).__name__ + (f": {_one_line(str(err))}" if str(err).strip() else "")
+    return f"internal error ({what}); rerun with --traceback for the full trace"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,10 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("meanfield: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
-        if not _is_user_error(err):
+        if getattr(args, "traceback", False):
             raise
-        msg = " ".join(str(err).split()) or type(err).__name__
-        print(f"meanfield: error: {msg}", file=sys.stderr)
+        print(f"meanfield: error: {error_line(err)}", file=sys.stderr)
         return 2
     try:
         if args.json:
@@ -116,4 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. piped into `head`
         # keep Python from complaining again when it flushes stdout at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception as err:  # a bug in a printer: the same one line as in a handler
+        if getattr(args, "traceback", False):
+            raise
+        print(f"meanfield: error: {error_line(err)}", file=sys.stderr)
+        return 2
     return 0

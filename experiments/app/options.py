@@ -1,23 +1,32 @@
-"""Options shared by the commands, written once, and the one-line user error.
+"""Options shared by the commands, written once, the one-line errors and the output checks.
 
-A command adds only the options that do something for it: ``--json`` and ``-v`` everywhere,
-``--seed`` where something is random, ``--no-progress`` where there are progress bars,
-``--device`` where the work can run on a GPU.
+A command adds only the options that do something for it: ``--json``, ``-v`` and ``--traceback``
+everywhere, ``--seed`` where something is random, ``--no-progress`` where there are progress
+bars, ``--device`` where the work can run on a GPU. A command that writes files checks its output
+paths with :func:`check_out_dir` or :func:`check_out_file` before it computes anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CommandFailed",
     "UsageError",
     "add_command",
     "add_common",
     "add_device",
+    "add_traceback",
     "check_device",
+    "check_out_dir",
+    "check_out_file",
+    "plain_math",
     "plain_text",
     "print_written",
 ]
@@ -25,6 +34,30 @@ __all__ = [
 
 class UsageError(ValueError):
     """An error in what the user asked for, reported as one line with exit status 2."""
+
+
+class CommandFailed(RuntimeError):
+    """The command ran, but what it checked or drew failed (one line, exit status 2, no trace).
+
+    A failed figure, stage or bound check is a result, not a bug: the line says what failed and
+    where the details are.
+    """
+
+
+def add_traceback(p: argparse.ArgumentParser) -> None:
+    """Add ``--traceback``: show the full Python trace of an error instead of one line.
+
+    It may be given before the command (``meanfield --traceback CMD``) or after it: the
+    subcommands' copy has no default, so it never resets the global one.
+    """
+    if "--traceback" in p._option_string_actions:
+        return
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="on an error, show the full Python traceback instead of one line (for debugging)",
+    )
 
 
 def add_common(
@@ -58,6 +91,7 @@ def add_common(
         default=0,
         help="log to stderr (-vv: also one line per finished point of a sweep)",
     )
+    add_traceback(p)
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -76,12 +110,123 @@ def check_device(device: str) -> None:
             raise UsageError(f"device {device!r} requested but no CUDA device is available")
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` itself if it exists, else its closest existing ancestor."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def _check_can_write_in(anchor: Path, option: str, given: str) -> None:
+    """UsageError unless a file can be created in the existing directory ``anchor``."""
+    if not anchor.is_dir():
+        raise UsageError(f"{option} {given}: {anchor} is not a directory")
+    try:  # a real probe: os.access is wrong for root, read-only mounts and ACLs
+        with tempfile.TemporaryFile(dir=anchor, prefix=".meanfield-probe-"):
+            pass
+    except OSError as err:
+        raise UsageError(
+            f"{option} {given}: cannot write in {anchor} ({err.strerror or err})"
+        ) from None
+
+
+def check_out_dir(
+    path: str | os.PathLike, option: str = "--out", *, subdirs: tuple[str, ...] = ()
+) -> Path:
+    """Check, before any work, that ``path`` is or can become a writable directory.
+
+    ``path`` must not be an existing file, and the directory itself (or, when it does not exist
+    yet, its closest existing ancestor) must accept a new file. ``subdirs`` (e.g. ``results``)
+    must not be existing files either. Nothing is created. Raises :class:`UsageError`, one line.
+    """
+    given = os.fspath(path)
+    p = Path(given).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{option} {given}: exists and is not a directory")
+    for sub in subdirs:
+        q = p / sub
+        if q.exists() and not q.is_dir():
+            raise UsageError(f"{option} {given}: {q} exists and is not a directory")
+    _check_can_write_in(_nearest_existing(p), option, given)
+    return p
+
+
+def check_out_file(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Check, before any work, that the file ``path`` can be written (created or replaced).
+
+    ``path`` must not be a directory, and its directory (or that directory's closest existing
+    ancestor) must accept a new file (results are written to a temporary sibling and renamed).
+    Nothing is created. Raises :class:`UsageError`, one line.
+    """
+    given = os.fspath(path)
+    p = Path(given).expanduser()
+    if p.is_dir():
+        raise UsageError(
+            f"{option} {given}: is a directory; give a file name, e.g. {p / 'result.json'}"
+        )
+    if not p.name:
+        raise UsageError(f"{option} {given!r}: give a file name")
+    _check_can_write_in(_nearest_existing(p.parent), option, given)
+    return p
+
+
 def plain_text(text: str) -> str:
     """``text`` without reST roles and literals, for help texts written from docstrings.
 
     ``:mod:`theory.bounds``` becomes ``theory.bounds``.
     """
     return re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", text).replace("``", "")
+
+
+#: LaTeX commands and what a terminal shows for them (see :func:`plain_math`).
+_LATEX_SYMBOLS = {
+    "gamma": "γ",
+    "lambda": "λ",
+    "varepsilon": "ε",
+    "epsilon": "ε",
+    "mu": "μ",
+    "nu": "ν",
+    "sigma": "σ",
+    "delta": "δ",
+    "alpha": "α",
+    "beta": "β",
+    "theta": "θ",
+    "infty": "∞",
+    "le": "≤",
+    "leq": "≤",
+    "ge": "≥",
+    "geq": "≥",
+    "cdot": "·",
+    "times": "×",
+    "sqrt": "√",
+    "in": "∈",
+    "to": "→",
+    # a font command without braces (``\\mathcal P``) keeps only its argument
+    "mathcal": "",
+    "mathrm": "",
+    "mathbb": "",
+}
+
+
+def plain_math(text: str) -> str:
+    r"""``text`` (a docstring line) as a terminal shows it: reST roles and LaTeX removed.
+
+    ``:math:`\mathrm{Lip}(f\,|\,B_R^n)``` becomes ``Lip(f | B_R^n)``, ``\|V\|_2`` becomes
+    ``||V||_2``, ``e^{\gamma/2}`` becomes ``e^(γ/2)``.
+    """
+    text = plain_text(text)
+    text = re.sub(r"\\(?:math(?:rm|it|bf|cal|bb)|operatorname|text)\{([^{}]*)\}", r"\1", text)
+    text = text.replace("\\|", "||").replace("\\,", " ").replace("\\;", " ").replace("\\!", "")
+    text = re.sub(r"\\([A-Za-z]+)", lambda m: _LATEX_SYMBOLS.get(m.group(1), m.group(1)), text)
+    # exponents and subscripts of more than one character keep their grouping as parentheses
+    text = re.sub(r"([\^_])\{([^{}]*)\}", lambda m: m.group(1) + _group(m.group(2)), text)
+    text = text.replace("{", "").replace("}", "")
+    return re.sub(r" {2,}", " ", text)
+
+
+def _group(inner: str) -> str:
+    return inner if len(inner) == 1 or inner.isalnum() else f"({inner})"
 
 
 def add_command(

@@ -59,7 +59,9 @@ class _Workspace:
         if (key, corpus, need) not in self.ids:
             lm = self.model(key)
             if lm.tokenizer is None:
-                raise ValueError(f"model {key!r} has no tokenizer available offline")
+                from meanfield.models.standins import no_tokenizer_message
+
+                raise ValueError(no_tokenizer_message(lm.label))
             with loading():
                 ids, corp = corpus_token_ids(corpus, lm.tokenizer, min_tokens=need)
             if ids.numel() < need:

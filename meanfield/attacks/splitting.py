@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._theory_import import require_theory
 from .._typing import Params
 from ..attention import attention, attention_points
 from ..distances import wasserstein, wasserstein_inf
@@ -101,6 +102,7 @@ def split_gain(k: float | np.ndarray | Tensor, s: float | np.ndarray | Tensor):
     and checked numerically* (exact :math:`W_2` of the attack, tests/test_attacks_splitting.py).
     Derivation in docs/derivations/mass_splitting.md.
     """
+    require_theory()
     from theory.bounds import split_gain as _gain  # lazy: import meanfield stays light
 
     ref = _is_tensor(k, s)
@@ -141,6 +143,7 @@ def optimal_split_k(s: float | np.ndarray) -> int | float | np.ndarray:
     :math:`k^*-1\approx e^s-16e^{-s}` for large :math:`s`. Provenance: *derived and checked
     numerically* (brute force in the tests).
     """
+    require_theory()
     from theory.bounds import split_optimal_k as _opt_k  # lazy: import meanfield stays light
 
     if np.ndim(s) > 0:

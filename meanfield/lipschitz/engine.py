@@ -31,7 +31,7 @@ from .._spectral import (
     top_singular_value,
 )
 from .._typing import Geometry, Method, Params, UpperMethod
-from .._validation import check_measure, check_points, params_dtype_device
+from .._validation import check_flag, check_measure, check_points, params_dtype_device
 from ..jacobian import (
     AttentionLinearization,
     _dense_from_lin,
@@ -261,9 +261,11 @@ def _parse_input(
     dtype, device = params_dtype_device(
         params, (AttentionParams, MultiHeadParams), "local_lipschitz"
     )
+    if masked is not None:
+        masked = check_flag(masked, "masked")
     if isinstance(x, DiracMeasure):
         check_measure(x, dtype, device, params.d, "local_lipschitz")
-        is_masked = x.is_causal if masked is None else bool(masked)
+        is_masked = x.is_causal if masked is None else masked
         if is_masked and not x.is_causal:
             raise ValueError(
                 "masked estimates on a measure need a position-tagged (causal) measure"

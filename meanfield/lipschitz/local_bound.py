@@ -14,7 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._theory_import import require_theory
 from .._typing import Params
+from .._validation import check_flag
 from ..params import AttentionParams, MultiHeadParams
 
 #: Relative margin applied to the float64 evaluation of :func:`certified_local_upper`.
@@ -159,8 +161,10 @@ def certified_local_upper(
     heads = params.heads  # an AttentionParams is its own single head
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
+    require_theory()  # a user's own theory.py must not stand in for ours
     from theory._rounding import head_upper  # the one rounding model (numpy), lazily
 
+    masked = check_flag(masked, "masked")
     X64 = X.detach().to(torch.float64)
     terms = [0.0, 0.0, 0.0]
     total = 0.0

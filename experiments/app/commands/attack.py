@@ -40,7 +40,7 @@ from experiments.mass_splitting import (
 )
 from experiments.results import load_json, run_metadata, save_npz, write_json
 
-from ..options import add_common, print_written
+from ..options import add_common, check_out_dir, print_written
 
 __all__ = ["register"]
 
@@ -105,6 +105,8 @@ def cmd_construct(args: argparse.Namespace) -> dict[str, Any]:
     _positive(args.R, "--R")
     if args.n < 1:
         raise ValueError(f"--n must be a positive integer, got {args.n}")
+    if args.out:
+        check_out_dir(args.out)
     params, source = _params(args)
     with torch_threads(1):
         con = adversarial_sequence(
@@ -175,6 +177,8 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     from meanfield.attacks import worst_case_measure, worst_case_sequence
 
     progress = not args.no_progress and args.verbose
+    if args.out or args.figure_b:
+        check_out_dir(args.out or "attack_out", "--out" if args.out else "output directory")
     if args.figure_b:
         radii = [_positive(r, "--radii") for r in _floats(args.radii, "--radii")]
         out = Path(args.out or "attack_out")
@@ -287,6 +291,8 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.k_max < 2:
         raise ValueError(f"--k-max must be >= 2, got {args.k_max}")
+    if args.out or args.figure_c:
+        check_out_dir(args.out or "attack_out", "--out" if args.out else "output directory")
     if args.figure_c:
         out = Path(args.out or "attack_out")
         radii = [_positive(r, "--radii") for r in _floats(args.radii, "--radii")]
@@ -437,23 +443,55 @@ def _source(p: argparse.ArgumentParser, *, required: bool) -> None:
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``attack`` and its subcommands ``construct``, ``search``, ``split``."""
     p = sub.add_parser(
-        "attack", help="adversarial inputs: constructions, worst-case searches, mass splitting"
+        "attack",
+        help="adversarial inputs: constructions, worst-case searches, mass splitting",
+        description="Adversarial inputs of attention: the eigenvector construction (construct), "
+        "a multi-start search of worst-case measures or sequences (search), and mass splitting "
+        "(split). `meanfield attack ATTACK --help` describes each.",
     )
     cmds = p.add_subparsers(dest="attack_command", required=True, metavar="ATTACK")
 
-    c = cmds.add_parser("construct", help="eigenvector construction (one token plus n-1 copies)")
+    c = cmds.add_parser(
+        "construct",
+        help="eigenvector construction (one token plus n-1 copies)",
+        description="The eigenvector construction of docs/theory.md §3: one token plus n-1 "
+        "copies along an eigenvector u of the score matrix A, for A read from a file (--A-file) "
+        "or drawn at random (--random-d). Prints the logit gap, the construction's lower bound "
+        "and the exact local constant ||Df(X)||_2 with its certified bracket; --out DIR saves "
+        "the input (construct.npz) and the report (construct.json).",
+    )
     add_common(c, seed=_SEED_CONSTRUCT)
     _source(c, required=True)
     c.add_argument("--R", type=float, required=True, help="radius (norm of the largest token)")
     c.add_argument("--n", type=int, required=True, help="number of tokens")
-    c.add_argument("--variant", choices=("released", "symmetric"), default="released")
-    c.add_argument("--case", choices=("auto", "+", "-"), default="auto")
+    c.add_argument(
+        "--variant",
+        choices=("released", "symmetric"),
+        default="released",
+        help="released: real eigenpairs of A, as the released code; symmetric: extreme "
+        "eigenpairs of (A + A^T)/2, which always exist (default released)",
+    )
+    c.add_argument(
+        "--case",
+        choices=("auto", "+", "-"),
+        default="auto",
+        help="+: x_1 = Ru and n-1 copies of (R/2)u along the top eigenvector; -: x_1 = -Ru "
+        "and copies of Ru along the bottom one (default auto: the larger gap)",
+    )
     c.add_argument("--sphere", action="store_true", help="all tokens on the sphere of radius R")
     c.add_argument("--masked", action="store_true", help="measure the causal map's constant")
     c.add_argument("--out", default=None, help="directory for construct.npz and construct.json")
     c.set_defaults(handler=cmd_construct, printer=print_construct)
 
-    s = cmds.add_parser("search", help="multi-start search of worst-case measures or sequences")
+    s = cmds.add_parser(
+        "search",
+        help="multi-start search of worst-case measures or sequences",
+        description="Multi-start gradient search (Adam) of the measure of --atoms atoms (or, with "
+        "--sequence N, the sequence of N tokens) in the ball of radius --R with the largest local "
+        "Lipschitz constant, for A from --A-file or --random-d; "
+        "prints the best value with its certified bracket against the eigenvector construction "
+        "and the two-Dirac bound. --figure-b runs the sweep of figure B instead.",
+    )
     add_common(s, seed=_SEED_SEARCH, progress=True)
     _source(s, required=False)
     s.add_argument("--R", type=float, default=2.0, help="radius of the ball (default 2)")
@@ -468,9 +506,17 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument("--restarts", type=int, default=16, help="random starts (default 16)")
     s.add_argument("--steps", type=int, default=300, help="Adam steps (default 300)")
     s.add_argument("--lr", type=float, default=0.05, help="step size (default 0.05)")
-    s.add_argument("--geometry", choices=("wasserstein", "split"), default="wasserstein")
-    s.add_argument("--masked", action="store_true")
-    s.add_argument("--sphere", action="store_true")
+    s.add_argument(
+        "--geometry",
+        choices=("wasserstein", "split"),
+        default="wasserstein",
+        help="constant maximised: wasserstein (the W2 constant) or split (L_split, which also "
+        "counts the gain of splitting an atom; default wasserstein)",
+    )
+    s.add_argument("--masked", action="store_true", help="search the causal map's constant")
+    s.add_argument(
+        "--sphere", action="store_true", help="keep every atom on the sphere of radius R"
+    )
     s.add_argument(
         "--figure-b",
         action="store_true",
@@ -482,7 +528,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="output directory")
     s.set_defaults(handler=cmd_search, printer=print_search)
 
-    t = cmds.add_parser("split", help="mass splitting: closed-form gain and W2-budget attacks")
+    t = cmds.add_parser(
+        "split",
+        help="mass splitting: closed-form gain and W2-budget attacks",
+        description="Mass splitting (docs/theory.md §10): the closed-form gain G_k of splitting "
+        "a Dirac into k copies at logit gain --s and its best k; with --budget EPS, the attacks "
+        "of W2 budget EPS on a Dirac (move only, split then move, insert a token) with their "
+        "exact ratios. --figure-c runs the sweep of figure C instead.",
+    )
     add_common(t, seed=_SEED_SEARCH)
     _source(t, required=False)
     t.add_argument("--s", type=float, default=None, help="exponent s = lambda R^2 / 4 of G_k")

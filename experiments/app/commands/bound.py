@@ -10,15 +10,16 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import math
 from typing import Any
 
 import numpy as np
 
 from theory.bounds.registry import Bound, cli_bounds
 
-from ..options import UsageError, add_common, plain_text
+from ..options import UsageError, add_common, plain_math
 
-__all__ = ["BOUNDS", "BoundSpec", "parse_grid", "register"]
+__all__ = ["BOUNDS", "MAX_GRID_POINTS", "BoundSpec", "parse_grid", "register"]
 
 log = logging.getLogger("meanfield.bound")
 
@@ -44,10 +45,24 @@ _OPTION_HELP = {
 }
 
 
-def parse_grid(text: str) -> np.ndarray:
+#: The largest grid ``meanfield bound`` evaluates: the grids, the values and their JSON take
+#: about 100 bytes a point (1 GB here), and a table of more lines is not read anyway.
+MAX_GRID_POINTS = 10_000_000
+
+
+def _too_large(what: str, count: float) -> UsageError:
+    size = f"{int(count):,}" if math.isfinite(count) and count < 1e18 else f"{count:.3g}"
+    return UsageError(
+        f"{what} has {size} points; at most {MAX_GRID_POINTS:,} fit in memory "
+        "(about 100 bytes each): use a larger step or fewer values"
+    )
+
+
+def parse_grid(text: str, option: str | None = None) -> np.ndarray:
     """``"3"``, ``"1,2,5"``, ``"start:stop"`` (step 1) or ``"start:stop:step"`` as a float array.
 
-    The stop is included when the steps hit it.
+    The stop is included when the steps hit it. A range of more than :data:`MAX_GRID_POINTS`
+    points is refused before any memory is taken (``option`` names it in the message).
     """
     text = text.strip()
     if ":" in text:
@@ -60,7 +75,13 @@ def parse_grid(text: str) -> np.ndarray:
         start, stop, step = parts if len(parts) == 3 else (*parts, 1.0)
         if step == 0:
             raise UsageError(f"the range {text!r} has step 0")
-        count = int(np.floor((stop - start) / step + 1e-9)) + 1
+        if not all(np.isfinite(parts)):
+            raise UsageError(f"the range {text!r} must have finite start, stop and step")
+        with np.errstate(over="ignore"):
+            span = np.floor((stop - start) / step + 1e-9) + 1
+        if not np.isfinite(span) or span > MAX_GRID_POINTS:
+            raise _too_large(f"{option + ' ' if option else ''}{text}", span)
+        count = int(span)
         if count < 1:
             direction = "down" if step < 0 else "up"
             raise UsageError(
@@ -91,9 +112,13 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             if param.default is inspect.Parameter.empty:
                 raise UsageError(f"bound {args.name!r} needs --{name.replace('_', '-')}")
             continue
-        values[name] = parse_grid(raw)
+        values[name] = parse_grid(raw, f"--{name.replace('_', '-')}")
     # one axis per given grid: the output is the outer product over the given options
     names = list(values)
+    total = math.prod(len(v) for v in values.values())
+    if total > MAX_GRID_POINTS:
+        sizes = " x ".join(f"{len(values[k])} ({'--' + k.replace('_', '-')})" for k in names)
+        raise _too_large(f"the grid {sizes}", total)
     grids = np.meshgrid(*(values[k] for k in names), indexing="ij") if names else []
     kwargs = {o: getattr(args, o) for o in spec.options if getattr(args, o) is not None}
     with np.errstate(over="ignore"):
@@ -109,7 +134,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bound": args.name,
         "function": f"theory.bounds.{spec.function}",
-        "summary": plain_text((inspect.getdoc(fn) or "").split("\n")[0]),
+        "summary": plain_math((inspect.getdoc(fn) or "").split("\n")[0]),
         "inputs": {k: values[k].tolist() for k in names},
         "options": kwargs,
         "value": result.tolist(),
@@ -138,7 +163,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``bound``."""
-    lines = "\n".join(f"  {name:<22s} {spec.help}" for name, spec in BOUNDS.items())
+    lines = "\n".join(f"  {name:<22s} {plain_math(spec.help)}" for name, spec in BOUNDS.items())
     p = sub.add_parser(
         "bound",
         help="evaluate a closed-form bound of theory.bounds on grids of n, R, ...",
@@ -152,7 +177,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     for opt in sorted({a for spec in BOUNDS.values() for a in spec.args}):
         p.add_argument(
-            f"--{opt.replace('_', '-')}", dest=opt, default=None, help=_OPTION_HELP.get(opt, opt)
+            f"--{opt.replace('_', '-')}",
+            dest=opt,
+            default=None,
+            help=_OPTION_HELP.get(opt, opt),
         )
     p.add_argument("--form", default=None, help="variant of the bound (see its docstring)")
     p.add_argument(

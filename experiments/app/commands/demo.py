@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..options import add_command, add_common, print_written
+from ..options import add_command, add_common, check_out_dir, print_written
 
 __all__ = ["register"]
 
@@ -21,6 +21,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     from experiments import demo
 
     config = demo.DemoConfig(seed=args.seed, n=args.n, R=args.R, dtype=args.dtype, out=args.out)
+    check_out_dir(args.out)
     doc = demo.run(config)
     files = [str(p) for p in (f"{args.out}/demo.npz", f"{args.out}/demo.json")]
     if not args.no_plot:

@@ -2,7 +2,9 @@
 
 Run one stage of `meanfield reproduce` into OUT/<stage> (resumable: rerun to continue). Options
 of the preset are replaced with --set KEY=VALUE, e.g. --set configs=minilm-L0,gpt2rand-L6
---set n_grid=[2,4,8] --set long_grid=null.
+--set n_grid=[2,4,8] --set long_grid=null. The run locks the directory that `meanfield reproduce`
+locks: OUT's parent when OUT is named results (reproduce --out DIR writes DIR/results), else OUT,
+so that an experiment and a reproduce run never write into the same results at once.
 """
 
 from __future__ import annotations
@@ -13,10 +15,50 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..options import UsageError, add_command, add_common, add_device, check_device
+from ..options import (
+    UsageError,
+    add_command,
+    add_common,
+    add_device,
+    check_device,
+    check_out_dir,
+)
+from .lipschitz import _check_model_name
 from .reproduce import add_execution, check_execution
 
-__all__ = ["parse_setting", "register"]
+__all__ = ["STAGE_NAMES", "lock_dir", "parse_setting", "register"]
+
+#: The stages, as ``--help`` lists them (the registry, which imports every stage, is loaded only
+#: when the command runs; a test checks that the two agree).
+STAGE_NAMES = (
+    "real_data",
+    "adversarial",
+    "synthetic",
+    "attacks",
+    "verify_bounds",
+    "invertible",
+    "kim_tightness",
+)
+
+
+def lock_dir(results: Path) -> Path:
+    """The directory whose lock covers a run into the results root ``results``.
+
+    ``meanfield reproduce --out DIR`` locks ``DIR`` and writes ``DIR/results``; an experiment into
+    ``DIR/results`` takes the same lock, so the two never append to the same records at once.
+    """
+    return results.parent if results.name == "results" else results
+
+
+def _check_models(overrides: dict[str, Any]) -> None:
+    """A path in ``--set models=`` must be a checkpoint directory, before anything loads."""
+    models = overrides.get("models")
+    if models is None:
+        return
+    for name in [models] if isinstance(models, str) else list(models):
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"--set models= takes model names or directories, got {name!r}")
+        _check_model_name(name, "--set models=")
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -65,6 +107,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     if args.seed is not None:
         overrides.setdefault("seed", args.seed)
     preset.check(overrides)
+    _check_models(overrides)
     doc: dict[str, Any] = {
         "kind": "experiment",
         "stage": stage.name,
@@ -77,10 +120,10 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         return doc
     check_device(args.device)
     check_execution(args)
-    results = Path(args.out)
+    results = check_out_dir(args.out, subdirs=(stage.name,))
     t0 = time.perf_counter()
     times: dict[str, Any] = {}
-    with exclusive_run(results):
+    with exclusive_run(lock_dir(results)):
         status = run_stages(
             [stage],
             results,
@@ -126,9 +169,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         seed_default=None,
         progress=True,
     )
-    p.add_argument(
-        "stage", help="real_data, adversarial, synthetic, attacks, verify_bounds or kim_tightness"
-    )
+    p.add_argument("stage", help=f"{', '.join(STAGE_NAMES[:-1])} or {STAGE_NAMES[-1]}")
     p.add_argument("--preset", default="quick", help="tiny, quick (default) or paper")
     p.add_argument(
         "--out",

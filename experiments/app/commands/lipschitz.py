@@ -44,7 +44,14 @@ from typing import Any
 from experiments.inputs import load_inputs, load_params_npz, random_layer, random_tokens
 from experiments.results import run_metadata, write_json
 
-from ..options import UsageError, add_common, add_device, check_device, print_written
+from ..options import (
+    UsageError,
+    add_common,
+    add_device,
+    check_device,
+    check_out_file,
+    print_written,
+)
 
 __all__ = ["handle", "register", "show"]
 
@@ -61,25 +68,32 @@ def _check_common(args: argparse.Namespace) -> None:
     if args.prob_rtol is not None and not (math.isfinite(args.prob_rtol) and args.prob_rtol > 0):
         raise UsageError(f"--prob-rtol must be a positive number, got {args.prob_rtol}")
     check_device(args.device)
+    if args.out:
+        check_out_file(args.out)
 
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
 
 
-def _check_model_name(name: str) -> None:
-    """A one-line error for a --model that is neither built in nor an existing directory."""
+def _check_model_name(name: str, option: str = "--model") -> None:
+    """A one-line error for a model that is neither built in nor an existing directory.
+
+    A name that looks like a path (``/x``, ``./x``, ``~/x``, ``a/b/c``) must be a directory; it is
+    never looked up as a hub name. ``option`` is how the message names the setting.
+    """
     if name in BUILT_IN_MODELS:
         return
+    given = f"{option}{name}" if option.endswith("=") else f"{option} {name}"
     path = Path(name).expanduser()
     if path.exists() and not path.is_dir():
         raise UsageError(
-            f"--model {name}: a checkpoint is a directory (config.json and safetensors weights), "
+            f"{given}: a checkpoint is a directory (config.json and safetensors weights), "
             f"not a file; built-in models: {', '.join(BUILT_IN_MODELS)}"
         )
     if not path.exists() and _looks_like_path(name):
         raise UsageError(
-            f"--model {name}: no such directory; built-in models: {', '.join(BUILT_IN_MODELS)}"
+            f"{given}: no such directory; built-in models: {', '.join(BUILT_IN_MODELS)}"
         )
 
 
@@ -111,7 +125,9 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
     model, tok = loaded.model, loaded.tokenizer
     info = layer_info(model, args.layer, map=args.map)
     if tok is None:
-        raise ValueError(f"{loaded.label} has no tokenizer available offline")
+        from meanfield.models.standins import no_tokenizer_message
+
+        raise UsageError(no_tokenizer_message(loaded.label))
     need = args.start + args.windows * args.n
     ids, corp = corpus_token_ids(args.corpus, tok, min_tokens=need)
     hs = hidden_states(
@@ -391,9 +407,26 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="causal attention (default: the model's own mask; unmasked otherwise)",
     )
-    mask.add_argument("--unmasked", dest="masked", action="store_false")
-    p.add_argument("--geometry", choices=("euclidean", "wasserstein", "split"), default="euclidean")
-    p.add_argument("--method", choices=("auto", "dense", "lanczos", "power"), default="auto")
+    mask.add_argument(
+        "--unmasked",
+        dest="masked",
+        action="store_false",
+        help="bidirectional attention, also for a causal model",
+    )
+    p.add_argument(
+        "--geometry",
+        choices=("euclidean", "wasserstein", "split"),
+        default="euclidean",
+        help="euclidean: ||Df(X)||_2 on sequences; wasserstein: the mean-field constant on the "
+        "measure of the tokens; split: its mass-splitting variant (default euclidean)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("auto", "dense", "lanczos", "power"),
+        default="auto",
+        help="dense Jacobian, or the matrix-free Lanczos or power iteration (default auto: "
+        "dense when it is small)",
+    )
     p.add_argument(
         "--tol",
         type=float,
@@ -408,7 +441,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="stop once upper_prob <= (1 + prob-rtol) * lower, the bracket that holds with "
         "probability 1 - 1e-6 over the random start (default 0.05 where the estimate has one)",
     )
-    p.add_argument("--dtype", choices=_DTYPES, default="float64")
+    p.add_argument(
+        "--dtype",
+        choices=_DTYPES,
+        default="float64",
+        help="precision of the layer, the tokens and the estimate (default float64)",
+    )
     p.add_argument(
         "--kronecker-start",
         action="store_true",

@@ -23,7 +23,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..options import UsageError, add_common, add_device, check_device, print_written
+from ..options import (
+    UsageError,
+    add_common,
+    add_device,
+    check_device,
+    check_out_dir,
+    print_written,
+)
 from .lipschitz import BUILT_IN_MODELS, _check_model_name
 
 __all__ = ["handle", "register", "show"]
@@ -94,10 +101,13 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     if not (math.isfinite(args.tol) and args.tol > 0):
         raise UsageError(f"--tol must be a positive number, got {args.tol}")
     layers = parse_layers(args.layers)
+    check_out_dir(args.out)  # before the model loads and the minutes of work
     loaded = _load(args)
     model, tok = loaded.model, loaded.tokenizer
     if tok is None:
-        raise UsageError(f"{loaded.label} has no tokenizer available offline")
+        from meanfield.models.standins import no_tokenizer_message
+
+        raise UsageError(no_tokenizer_message(loaded.label))
     ids, corp = corpus_token_ids(args.text, tok, min_tokens=args.start + max(args.n))
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     tracker = CostProgress(desc="profile", enabled=not args.no_progress)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..options import UsageError, add_command, add_common, add_device
+from ..options import UsageError, add_command, add_common, add_device, check_out_dir
 
 __all__ = ["add_execution", "register"]
 
@@ -46,6 +46,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     from ..pipeline import reproduce
 
     check_execution(args)
+    check_out_dir(args.out, subdirs=("results", "figures"))
     only = args.only.split(",") if args.only else None
     doc = reproduce(
         args.out,
