@@ -23,6 +23,14 @@ What is compared, at each sequence length ``n`` and in the same run (see ``bench
 ``ref``
     A long, high-accuracy Lanczos run (residual tolerance ``--ref-tol``) that serves as the
     reference value where the dense SVD does not fit.
+``arpack`` (``--arpack``, issue 23)
+    Baseline (c): ``scipy.sparse.linalg.svds(k=1, solver="arpack")`` on a ``LinearOperator``
+    whose products are ``torch.func.jvp`` (tangent) and the ``torch.func.vjp`` pullback of the
+    same pure map as ``power``, in the dtype of the input, against the default certified call
+    ``local_lipschitz(X, params, masked=True, method="lanczos")``. Its ``tol`` is the loosest of
+    :data:`ARPACK_TOLS` whose error against a float64 reference (Lanczos, residual ``1e-10``) is
+    at most the default call's; one thread for torch and for BLAS (``OMP/OPENBLAS/MKL_NUM_THREADS``
+    in the worker's environment); a cProfile of one default call up to ``--profile-max-n``.
 
 The layer is GPT-2 small's first attention layer at its random initialisation
 (:func:`meanfield.models.random_gpt2`, seed ``--seed``; weights :math:`\mathcal N(0, 0.02^2)`,
@@ -46,6 +54,7 @@ Usage::
     .venv/bin/python benchmarks/bench_jacobian.py --quick               # seconds
     .venv/bin/python benchmarks/bench_jacobian.py --n 4096 --no-workload --out benchmarks/results/n4096.json
     .venv/bin/python benchmarks/bench_jacobian.py --device cuda
+    .venv/bin/python benchmarks/bench_jacobian.py --arpack --n 256,1024 --threads 1 --repeats 3
 
 Every run writes one JSON document (``--out``) with the run metadata, the machine (CPU model,
 threads, load average before and after) and every measurement; ``--json`` also prints it.
@@ -619,6 +628,306 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Tolerances tried for the ARPACK baseline, loosest first (issue 23).
+ARPACK_TOLS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 1e-7, 1e-8)
+#: Functions whose cumulative time the profile of one default call reports (issue 23).
+PROFILED = (
+    "local_lipschitz",
+    "linearize",
+    "_to_float64",
+    "_relinearize",
+    "error_model",
+    "magnitude_linearization",
+    "magnitude_norm",
+    "magnitude_vector_norm",
+    "golub_kahan_certified",
+    "lanczos_polynomial_upper",
+    "probabilistic_upper",
+    "_width_rule",
+    "_float64_residual_ok",
+    "_block_upper",
+    "block_norm_bounds",
+    "jvp",
+    "vjp",
+)
+
+
+def arpack_baseline(
+    f, X, *, tol: float, seed: int = 0, vectors: bool | str = False, maxiter: int | None = None
+) -> dict[str, Any]:
+    r"""Baseline (c): ``scipy.sparse.linalg.svds(k=1, solver="arpack")`` on ``torch.func`` products.
+
+    A :class:`~scipy.sparse.linalg.LinearOperator` of shape :math:`(n d_{out}, n d)` whose
+    ``matvec`` is the tangent output of ``torch.func.jvp`` and whose ``rmatvec`` is the pullback
+    of ``torch.func.vjp`` (built once per input, as for ``power``), numpy <-> torch in the dtype
+    of ``X``. ``svds`` runs ARPACK (``eigsh``, tolerance ``tol**2``) on :math:`J^\top J`, then one
+    more :math:`J` product for :math:`\sigma`. The start ``v0`` is the seeded Gaussian vector of
+    ``power``. ``vectors``: ``return_singular_vectors`` (``False`` or ``"vh"``).
+    """
+    import numpy as np
+    import scipy.sparse.linalg as sla
+    import torch
+    import torch.func as tfunc
+
+    shape = X.shape
+    N = X.numel()
+    count = {"jvp": 0, "vjp": 0}
+    _, pullback = tfunc.vjp(f, X)
+
+    def matvec(x):
+        count["jvp"] += 1
+        u = torch.from_numpy(np.ascontiguousarray(x, dtype=np_dt).reshape(shape)).to(X.device)
+        return tfunc.jvp(f, (X,), (u,))[1].reshape(-1).cpu().numpy()
+
+    def rmatvec(y):
+        count["vjp"] += 1
+        g = torch.from_numpy(np.ascontiguousarray(y, dtype=np_dt).reshape(f_shape)).to(X.device)
+        return pullback(g)[0].reshape(-1).cpu().numpy()
+
+    np_dt = np.float32 if X.dtype == torch.float32 else np.float64
+    f_shape = shape  # self_attention maps (n, d) to (n, d)
+    g = torch.Generator().manual_seed(int(seed))
+    v0 = torch.randn(shape, generator=g, dtype=torch.float64).reshape(-1).numpy().astype(np_dt)
+    op = sla.LinearOperator((N, N), matvec=matvec, rmatvec=rmatvec, dtype=np_dt)
+    converged = True
+    try:
+        out = sla.svds(
+            op,
+            k=1,
+            tol=tol,
+            solver="arpack",
+            v0=v0,
+            return_singular_vectors=vectors,
+            maxiter=maxiter,
+        )
+        s = out if vectors is False else out[1]
+        value = float(np.max(s))
+    except sla.ArpackNoConvergence as err:  # the Ritz value so far
+        converged = False
+        value = float(math.sqrt(max(err.eigenvalues))) if len(err.eigenvalues) else float("nan")
+    return {
+        "value": value,
+        "n_jvp": count["jvp"],
+        "n_vjp": count["vjp"],
+        "n_products": count["jvp"] + count["vjp"],
+        "converged": converged,
+    }
+
+
+def _profile_default(call) -> dict[str, Any]:
+    """cProfile of one call: cumulative seconds and calls of :data:`PROFILED` (meanfield only),
+    and, for ``jvp``/``vjp``, the split by calling function."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.runcall(call)
+    total = time.perf_counter() - t
+    st = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    funcs: dict[str, Any] = {}
+    for (file, _line, name), (_cc, nc, _tt, ct, callers) in st.items():
+        if "meanfield" not in file or name not in PROFILED:
+            continue
+        key = f"{Path(file).parent.name}/{Path(file).name}:{name}"
+        doc = {"cumulative_s": ct, "calls": nc}
+        if name in ("jvp", "vjp"):
+            doc["by_caller"] = {
+                f"{Path(cf).name}:{cn}": {"cumulative_s": c[3], "calls": c[1]}
+                for (cf, _cl, cn), c in callers.items()
+            }
+        funcs[key] = doc
+    return {"seconds_profiled": total, "functions": funcs}
+
+
+def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
+    """Issue 23: the default certified call against ARPACK on ``torch.func`` products, at one n.
+
+    One process, one thread: a float64 reference (Lanczos, residual ``ref_tol``); per dtype the
+    default call ``local_lipschitz(X, params, masked=True, method="lanczos")``, a sweep of
+    ARPACK's ``tol`` (loosest first, until its error is at most the default call's), then
+    ``repeats`` rounds timing the default call and ARPACK at the chosen ``tol`` with
+    ``return_singular_vectors=False`` and ``"vh"`` (the order rotating); and, up to
+    ``profile_max_n``, a cProfile of one default call.
+    """
+    import statistics
+
+    import torch
+
+    from meanfield.attention import self_attention
+    from meanfield.lipschitz import local_lipschitz
+
+    torch.set_num_threads(spec["threads"])
+    dev, n, seed = spec["device"], spec["n"], spec["seed"]
+    dtypes = spec.get("dtypes", ["float32", "float64"])
+    params = {dt: load_layer(spec["layer"], dt, dev) for dt in dtypes}
+    X64 = make_inputs(n, None, seed, "float64", dev)
+    X = {dt: X64.to(_dtype(dt)) for dt in dtypes}
+    fns = {dt: (lambda Y, _p=params[dt]: self_attention(Y, _p, masked=True)) for dt in dtypes}
+    p64 = params.get("float64") or load_layer(spec["layer"], "float64", dev)
+    t = time.perf_counter()
+    ref = local_lipschitz(
+        X64,
+        p64,
+        masked=True,
+        method="lanczos",
+        tol=spec["ref_tol"],
+        max_iter=2000,
+        krylov_dim=64,
+        upper="none",
+        delta=None,
+    )
+    ref_value = float(ref.value)
+    out: dict[str, Any] = {
+        "kind": "arpack",
+        "n": n,
+        "threads": {
+            "torch": torch.get_num_threads(),
+            **{
+                k: os.environ.get(k)
+                for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+            },
+        },
+        "reference": {
+            "value": ref_value,
+            "tol": spec["ref_tol"],
+            "residual_rel": float(ref.residual / ref.value**2),
+            "n_products": int(ref.n_matvec),
+            "seconds": time.perf_counter() - t,
+        },
+    }
+
+    def rel(v: float) -> float:
+        return abs(v - ref_value) / ref_value
+
+    def ours(dt):
+        _sync(dev)
+        t0 = time.perf_counter()
+        est = local_lipschitz(X[dt], params[dt], masked=True, method="lanczos")
+        _sync(dev)
+        sec = time.perf_counter() - t0
+        return sec, {
+            "value": float(est.value),
+            "lower": float(est.lower),
+            "upper": float(est.upper),
+            "upper_prob": float(est.upper_prob),
+            "ratio_prob": float(est.upper_prob / est.lower),
+            "stop_rule": str(est.stop_rule),
+            "n_products": int(est.n_matvec),
+            "converged": bool(est.converged),
+            "rel_error": rel(float(est.value)),
+            "lower_rel_error": rel(float(est.lower)),
+        }
+
+    def arp(dt, tol, vectors=False):
+        _sync(dev)
+        t0 = time.perf_counter()
+        res = arpack_baseline(
+            fns[dt], X[dt], tol=tol, seed=seed, vectors=vectors, maxiter=spec.get("arpack_maxiter")
+        )
+        _sync(dev)
+        res["seconds"] = time.perf_counter() - t0
+        res["rel_error"] = rel(res["value"])
+        res["tol"] = tol
+        res["vectors"] = vectors
+        return res["seconds"], res
+
+    for dt in dtypes:  # warm-up on a short input (kernel selection, cached weight norms)
+        local_lipschitz(X[dt][:8], params[dt], masked=True, method="lanczos")
+        arpack_baseline(fns[dt], X[dt][:8], tol=1e-2, seed=seed)
+    per: dict[str, Any] = {}
+    for dt in dtypes:
+        sec, first = ours(dt)
+        first["seconds"] = sec
+        target = first["rel_error"]
+        sweep, chosen = [], None
+        for tol in spec.get("arpack_tols", ARPACK_TOLS):
+            _, res = arp(dt, tol)
+            sweep.append(res)
+            print(
+                f"  n={n} {dt} arpack tol {tol:g}: {res['seconds']:.3f} s, {res['n_products']} "
+                f"products, err {res['rel_error']:.1e} (default call: {target:.1e})",
+                file=sys.stderr,
+                flush=True,
+            )
+            if res["converged"] and res["rel_error"] <= target:
+                chosen = tol
+                break
+            # ARPACK's floor (the rounding of its own dtype): three tighter tols gain < 10 %
+            best = min(x["rel_error"] for x in sweep[:-3]) if len(sweep) > 3 else None
+            if best is not None and min(x["rel_error"] for x in sweep[-3:]) > 0.9 * best:
+                break
+        per[dt] = {
+            "default_first": first,
+            "arpack_sweep": sweep,
+            "arpack_tol": chosen,
+            "arpack_reached": chosen is not None,
+            "rounds": [],
+        }
+        if chosen is None:  # not reached: the loosest tol of its most accurate runs
+            per[dt]["arpack_tol"] = min(sweep, key=lambda r: r["rel_error"])["tol"]
+        per[dt]["arpack_sweep_run"] = next(x for x in sweep if x["tol"] == per[dt]["arpack_tol"])
+    for r in range(max(1, int(spec.get("repeats", 3)))):
+        order = dtypes if r % 2 == 0 else dtypes[::-1]
+        for dt in order:
+            tol = per[dt]["arpack_tol"]
+            methods = [
+                ("default", ours),
+                ("arpack", functools.partial(arp, tol=tol)),
+                ("arpack_vh", functools.partial(arp, tol=tol, vectors="vh")),
+            ]
+            methods = methods[r % 3 :] + methods[: r % 3]
+            row: dict[str, Any] = {}
+            for name, fn in methods:
+                sec, res = fn(dt)
+                res["seconds"] = sec
+                row[name] = res
+            row["ratio"] = row["arpack"]["seconds"] / row["default"]["seconds"]
+            per[dt]["rounds"].append(row)
+            print(
+                f"  n={n} {dt} round {r}: default {row['default']['seconds']:.3f} s "
+                f"({row['default']['n_products']} products, err {row['default']['rel_error']:.1e}, "
+                f"upper_prob/lower {row['default']['ratio_prob']:.3f}), arpack tol {tol:g} "
+                f"{row['arpack']['seconds']:.3f} s ({row['arpack']['n_products']} products, err "
+                f"{row['arpack']['rel_error']:.1e}), vh {row['arpack_vh']['seconds']:.3f} s, "
+                f"ratio {row['ratio']:.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
+    for dt in dtypes:
+        rounds = per[dt]["rounds"]
+        # minima over the rounds and the first runs (the first default call, the sweep's run)
+        t_def = min(
+            [row["default"]["seconds"] for row in rounds] + [per[dt]["default_first"]["seconds"]]
+        )
+        t_arp = min(
+            [row["arpack"]["seconds"] for row in rounds] + [per[dt]["arpack_sweep_run"]["seconds"]]
+        )
+        t_vh = min(row["arpack_vh"]["seconds"] for row in rounds)
+        ratios = [row["ratio"] for row in rounds]
+        d0, a0 = rounds[0]["default"], rounds[0]["arpack"]
+        per[dt].update(
+            forward_seconds=_forward_time(fns[dt], X[dt], dev),
+            default_seconds_min=t_def,
+            default_products=d0["n_products"],
+            default_rel_error=d0["rel_error"],
+            default_ratio_prob=d0["ratio_prob"],
+            default_stop_rule=d0["stop_rule"],
+            arpack_seconds_min=t_arp,
+            arpack_vh_seconds_min=t_vh,
+            arpack_products=a0["n_products"],
+            arpack_rel_error=a0["rel_error"],
+            ratio_median=statistics.median(ratios),
+            ratio_min=min(ratios),
+            ratio_of_minima=min(t_arp, t_vh) / t_def,
+        )
+        if n <= spec.get("profile_max_n", 256):
+            per[dt]["profile"] = _profile_default(lambda _dt=dt: ours(_dt))
+            per[dt]["profile"]["seconds_unprofiled_min"] = t_def
+    out["dtypes"] = per
+    return out
+
+
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
     kind = spec.get("kind")
@@ -626,6 +935,8 @@ def _worker(spec_json: str) -> None:
         doc = _run_workload(spec)
     elif kind == "side-by-side":
         doc = _run_side_by_side(spec)
+    elif kind == "arpack":
+        doc = _run_arpack(spec)
     else:
         doc = _run_single(spec)
     sys.stdout.write("@@RESULT " + json.dumps(doc) + "\n")
@@ -697,17 +1008,37 @@ def save_layer(path: Path, seed: int) -> dict[str, Any]:
     }
 
 
-def run_job(spec: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-    """Run one job in a fresh interpreter and parse its result line."""
+def run_job(
+    spec: dict[str, Any], timeout: float | None = None, *, stream_stderr: bool = False
+) -> dict[str, Any]:
+    """Run one job in a fresh interpreter and parse its result line.
+
+    With ``spec["blas_threads"]`` the BLAS/OpenMP pools of numpy and scipy (ARPACK's
+    ``eigsh``) are limited through ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
+    ``MKL_NUM_THREADS`` in the subprocess's environment. ``stream_stderr``: the job's progress
+    lines go to this process's stderr as they come.
+    """
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    env = None
+    if spec.get("blas_threads"):
+        env = dict(os.environ)
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[k] = str(spec["blas_threads"])
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=None if stream_stderr else subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return {"method": spec.get("method"), "n": spec.get("n"), "error": f"timeout {timeout}s"}
     for line in proc.stdout.splitlines():
         if line.startswith("@@RESULT "):
             return json.loads(line[len("@@RESULT ") :])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
     return {"method": spec.get("method"), "n": spec.get("n"), "error": " | ".join(tail)}
 
 
@@ -810,6 +1141,38 @@ def print_side_by_side(res: dict[str, Any]) -> None:
             )
 
 
+def print_arpack(res: dict[str, Any]) -> None:
+    """Issue 23: one line per dtype, then the profile of the default call where it was run."""
+    if "error" in res:
+        print(f"n={res.get('n')}: error {res['error']}")
+        return
+    print(f"n={res['n']}: reference {res['reference']['value']:.10f}")
+    for dt, r in res["dtypes"].items():
+        reached = "" if r["arpack_reached"] else " (NOT reached: its most accurate tol)"
+        print(
+            f"n={res['n']} {dt}: default {r['default_seconds_min']:.3f} s, "
+            f"{r['default_products']} products, err {r['default_rel_error']:.1e}, "
+            f"upper_prob/lower {r['default_ratio_prob']:.3f} ({r['default_stop_rule']}) | "
+            f"arpack tol {r['arpack_tol']:g}{reached}: {r['arpack_seconds_min']:.3f} s "
+            f"(vh {r['arpack_vh_seconds_min']:.3f} s), {r['arpack_products']} products, "
+            f"err {r['arpack_rel_error']:.1e} | ratio median {r['ratio_median']:.2f} "
+            f"(min {r['ratio_min']:.2f}, of minima {r['ratio_of_minima']:.2f}); "
+            f"forward {r['forward_seconds'] * 1e3:.1f} ms"
+        )
+        prof = r.get("profile")
+        if prof:
+            print(
+                f"  profile of one default call ({prof['seconds_profiled']:.3f} s profiled, "
+                f"{prof['seconds_unprofiled_min']:.3f} s unprofiled), cumulative:"
+            )
+            for k, v in sorted(prof["functions"].items(), key=lambda kv: -kv[1]["cumulative_s"]):
+                print(f"    {k:<50} {v['cumulative_s']:8.3f} s  {v['calls']:>4} calls")
+                for c, cv in sorted(
+                    v.get("by_caller", {}).items(), key=lambda kv: -kv[1]["cumulative_s"]
+                ):
+                    print(f"      from {c:<44} {cv['cumulative_s']:8.3f} s  {cv['calls']:>4} calls")
+
+
 def print_table(doc: dict[str, Any]) -> None:
     """Human-readable table of the run."""
     print(
@@ -892,7 +1255,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=1e-4, help="relative accuracy (default 1e-4)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats (the minimum is reported)")
     p.add_argument("--repeat-max-n", type=int, default=256, help="repeat only up to this n")
-    p.add_argument("--ref-tol", type=float, default=1e-6)
+    p.add_argument(
+        "--ref-tol",
+        type=float,
+        default=None,
+        help="residual tolerance of the reference run (default 1e-6; 1e-10 with --arpack)",
+    )
     p.add_argument("--ref-max-n", type=int, default=1024, help="largest n with a reference run")
     p.add_argument(
         "--cert-max-n",
@@ -926,6 +1294,24 @@ def main(argv: list[str] | None = None) -> int:
         help="only ours against the baseline, float32 and float64 alternated in one process per n, "
         "--repeats rounds at every n, against a float64 reference (issue 11)",
     )
+    p.add_argument(
+        "--arpack",
+        action="store_true",
+        help="only the default certified call against ARPACK (scipy svds) on torch.func products, "
+        "float32 and float64 in one process per n, against a float64 reference (issue 23)",
+    )
+    p.add_argument(
+        "--arpack-maxiter",
+        type=int,
+        default=None,
+        help="maxiter of eigsh in --arpack (default: scipy's)",
+    )
+    p.add_argument(
+        "--profile-max-n",
+        type=int,
+        default=256,
+        help="--arpack: cProfile one default call per dtype up to this n (default 256)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument(
         "--out", default=None, help="JSON output (default benchmarks/results/<stamp>.json)"
@@ -941,6 +1327,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from experiments.results import run_metadata, write_json
 
+    if args.ref_tol is None:
+        args.ref_tol = 1e-10 if args.arpack else 1e-6
     threads = args.threads or os.cpu_count() or 1
     if args.quick:
         ns, dense_ns = [16, 32], [4]
@@ -993,6 +1381,26 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         doc["machine"]["load_average_end"] = os.getloadavg()
         write_json(out, doc)
+
+    if args.arpack:
+        doc["arpack"] = []
+        for n in ns:
+            spec = {
+                **common,
+                "kind": "arpack",
+                "n": n,
+                "repeats": args.repeats if n <= args.repeat_max_n else 1,
+                "blas_threads": threads,
+                "arpack_maxiter": args.arpack_maxiter,
+                "profile_max_n": args.profile_max_n,
+            }
+            res = run_job(spec, stream_stderr=True)
+            doc["arpack"].append(res)
+            save()
+            print_arpack(res)
+        save()
+        print(f"wrote {out}")
+        return 0
 
     if args.side_by_side:
         doc["side_by_side"] = []
