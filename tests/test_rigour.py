@@ -199,16 +199,20 @@ def check_instance(inst: dict, methods=METHODS) -> None:
     if inst["kind"] == "rotary":
         pos = next((rope[2] for _, rope in inst["A"] if rope is not None), None)
         token_index = None if pos is None else torch.as_tensor(np.asarray(pos))
-    for method in methods:
+    # each method on the residual rule; lanczos also as the default call, on the width rule
+    runs = [(m, tol) for m in methods] + [("lanczos", None)] * ("lanczos" in methods)
+    for method, run_tol in runs:
         est = local_lipschitz(
             x,
             params,
             geometry=inst["geometry"],
             masked=inst["masked"],
             method=method,
-            tol=tol,
+            tol=run_tol,
             token_index=token_index,
         )
+        if run_tol is None:
+            method = f"{method} (width rule)"
         lo, up = float(est.lower), float(est.upper)
         tag = f"{inst['kind']} seed={inst['seed']} {method}: lower={lo!r} exact={mp.nstr(exact, 20)} upper={up!r}"
         assert not math.isnan(lo) and not math.isnan(up), tag
@@ -221,7 +225,10 @@ def check_instance(inst: dict, methods=METHODS) -> None:
             pu = float(est.upper_prob)
             assert not math.isnan(pu) and lo <= pu, tag + f" upper_prob={pu!r}"
             assert exact <= mp.mpf(pu), tag + f" upper_prob={pu!r}"
-        if method != "dense" and bool(est.converged):
+        if est.stop_rule == "width" and bool(est.converged) and bool(est.width_reachable):
+            # converged on the width rule: the returned bracket meets the width
+            assert float(est.upper_prob) <= est.width * lo, tag + f" upper_prob={pu!r}"
+        if method != "dense" and bool(est.converged) and est.stop_rule == "residual":
             # honest convergence: sigma^2 within tol sigma^2 of some exact sigma_k^2 (residual
             # bound for the symmetric J^T J), plus the float32 rounding of the products; the
             # residual is that of the computed operator, whose distance to the exact one the

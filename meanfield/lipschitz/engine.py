@@ -14,8 +14,10 @@ own modules.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -160,6 +162,135 @@ class LipschitzEstimate:
     def ratio_prob(self) -> Tensor | None:
         """Probabilistic bracket tightness ``upper_prob / lower`` (``None`` without one)."""
         return None if self.upper_prob is None else self.upper_prob / self.lower
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the estimate to one ``.safetensors`` file; :meth:`load` reads it back.
+
+        Every tensor field is stored as a tensor of the file, on the CPU, with its dtype and
+        shape (0-d and bool tensors included), bit for bit; the other fields (strings, floats,
+        and which optional fields are ``None``) go as JSON into the file's metadata header. The
+        file is a standard safetensors file: any safetensors reader opens it, and reading it
+        never unpickles anything. Needs the ``safetensors`` package (``pip install safetensors``,
+        or the ``hf`` extra).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Destination (conventionally ending in ``.safetensors``); overwritten if present.
+
+        Returns
+        -------
+        pathlib.Path
+        """
+        import dataclasses
+        import json
+
+        from .. import __version__
+
+        save_file = LipschitzEstimate._safetensors("save")[1]
+        tensors: dict[str, Tensor] = {}
+        other: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                # a private contiguous CPU copy: safetensors refuses tensors that share storage
+                tensors[f.name] = v.detach().to("cpu", copy=True).contiguous()
+            else:
+                other[f.name] = v
+        meta = {
+            "format": "meanfield.LipschitzEstimate",
+            "format_version": "1",
+            "meanfield_version": __version__,
+            "fields": json.dumps(other),
+        }
+        path = Path(path)
+        save_file(tensors, str(path), metadata=meta)
+        return path
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, device: str | torch.device = "cpu"
+    ) -> LipschitzEstimate:
+        """Read an estimate written by :meth:`save`.
+
+        Every field comes back as saved: tensors with their dtype and shape, bit for bit (on
+        ``device``, the CPU by default), ``None`` fields as ``None``.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+        device : str or torch.device, default "cpu"
+            Where the tensors are placed.
+
+        Returns
+        -------
+        LipschitzEstimate
+
+        Raises
+        ------
+        ValueError
+            One line, when ``path`` is not a file written by :meth:`save`.
+        """
+        import dataclasses
+        import json
+
+        safe_open = LipschitzEstimate._safetensors("load")[0]
+        device = torch.device(device)
+        what = f"{path} is not a LipschitzEstimate written by LipschitzEstimate.save"
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except OSError:
+            raise
+        except Exception as err:  # safetensors' own error: not a file of that format
+            raise ValueError(f"{what} ({str(err).splitlines()[0]})") from err
+        with handle as fh:
+            meta = fh.metadata() or {}
+            if meta.get("format") != "meanfield.LipschitzEstimate":
+                raise ValueError(f"{what} (no meanfield header)")
+            if meta.get("format_version") != "1":
+                raise ValueError(f"{what} (format version {meta.get('format_version')!r})")
+            tensors = {k: fh.get_tensor(k).to(device) for k in fh.keys()}
+        try:
+            other = json.loads(meta.get("fields", ""))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{what} (malformed field header)") from err
+        if not isinstance(other, dict):
+            raise ValueError(f"{what} (malformed field header)")
+        fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        values = {**other, **tensors}
+        for name, value in values.items():
+            kind = fields.get(name)  # the annotation, e.g. "Tensor | None" or "str"
+            if kind is None or (name in tensors and name in other):
+                ok = False
+            elif value is None:
+                ok = "None" in kind
+            elif kind.startswith("Tensor"):
+                ok = isinstance(value, Tensor)
+            else:
+                ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+            if not ok:
+                raise ValueError(f"{what} (unexpected field {name!r})")
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in values and f.default is dataclasses.MISSING
+        )
+        if missing:
+            raise ValueError(f"{what} (missing fields {missing})")
+        return cls(**values)
+
+    @staticmethod
+    def _safetensors(what: str):
+        """``(safe_open, save_file)`` of safetensors, or a one-line ImportError."""
+        try:
+            from safetensors import safe_open
+            from safetensors.torch import save_file
+        except ImportError as err:
+            raise ImportError(
+                f"LipschitzEstimate.{what} needs safetensors: pip install safetensors "
+                "(or pip install meanfield[hf])"
+            ) from err
+        return safe_open, save_file
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -484,7 +615,7 @@ def _float64_residual_ok(
     v64: Tensor,
     s: Tensor,
     geometry: str,
-    tol: float,
+    tol: float | Tensor,
     N: int,
 ) -> Tensor:
     r"""Whether a float32 solve's vector meets the tolerance on the float64 operator.
@@ -836,10 +967,13 @@ def local_lipschitz(
         else:
             Jv = jvp(lin64s, v64.reshape(batch + (n, d)), geometry=op_geometry)
             s_prod = torch.linalg.vector_norm(Jv.flatten(-2), dim=-1)
-            tol_check = tol
+            tol_check: float | Tensor = tol
             if stop_rule == "width" and not tol_given:  # no residual target: the check is that
-                # the float64 operator's residual on this vector matches the float32 solver's
-                tol_check = max(tol, float((res.residual / res.sigma.square()).amax()) + 2 * margin)
+                # the float64 operator's residual on this vector matches the float32 solver's own
+                # (per element; a zero operator, whose relative residual is undefined, passes)
+                rel = res.residual.to(torch.float64) / res.sigma.to(torch.float64).square()
+                rel = torch.where(torch.isnan(rel), math.inf, rel)
+                tol_check = torch.clamp(rel + 2 * margin, min=tol)
             checked = _float64_residual_ok(lin64s, Jv, v64, s_prod, op_geometry, tol_check, n * d)
         finite = torch.isfinite(s_prod) & torch.isfinite(v64).all(-1)
         lower64 = torch.zeros_like(s_prod)
