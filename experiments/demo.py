@@ -33,7 +33,7 @@ class DemoConfig:
     R: float = 2.0
     mass_decades: float = 3.0
     dtype: str = "float64"
-    out: str = "demo_out"
+    out: str = "meanfield_demo"
 
     def __post_init__(self) -> None:
         if self.n < 2:

@@ -91,7 +91,7 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results_dir", nargs="?", default="demo_out")
+    parser.add_argument("results_dir", nargs="?", default="meanfield_demo")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     for p in draw(args.results_dir, args.out):

@@ -465,3 +465,117 @@ def test_certify_false_rejects_certificates(gen):
         local_lipschitz(X, params, method="lanczos", prob_rtol=0.05, certify=False)
     with pytest.raises(ValueError, match="needs certify=True"):
         local_lipschitz(X, params, method="dense", upper="gram", certify=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Saving and loading an estimate
+# ----------------------------------------------------------------------------------------------
+
+
+def _same_bits(a, b) -> bool:
+    """Same type, dtype, shape and bits (NaN payloads and the sign of zero included)."""
+    if not isinstance(a, torch.Tensor):
+        return type(a) is type(b) and (a == b or (a != a and b != b))
+    if not isinstance(b, torch.Tensor) or (a.dtype, a.shape) != (b.dtype, b.shape):
+        return False
+    if a.is_floating_point():
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    return a.device == b.device and torch.equal(a, b)
+
+
+def _assert_round_trip(est: LipschitzEstimate, path) -> LipschitzEstimate:
+    import dataclasses
+
+    assert est.save(path) == path
+    back = LipschitzEstimate.load(path)
+    for f in dataclasses.fields(LipschitzEstimate):
+        a, b = getattr(est, f.name), getattr(back, f.name)
+        assert (a is None) == (b is None), f.name
+        assert a is None or _same_bits(a, b), (f.name, a, b)
+    return back
+
+
+ROUND_TRIPS = {
+    # name: (dtype, batched, input, keyword arguments)
+    "lanczos-width-f64-batched": (D64, True, "X", dict(method="lanczos")),
+    "lanczos-width-f32": (torch.float32, False, "X", dict(method="lanczos")),
+    "lanczos-residual-f32-batched": (torch.float32, True, "X", dict(method="lanczos", tol=1e-4)),
+    "dense-f64": (D64, False, "X", dict(method="dense")),
+    "split-measure-f64-batched": (D64, True, "mu", dict(geometry="split")),
+    "uncertified-f32": (torch.float32, False, "X", dict(certify=False)),
+    "no-delta-power-f64": (D64, False, "X", dict(method="power", delta=None)),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUND_TRIPS))
+def test_estimate_save_load_round_trip_is_bit_exact(case, tmp_path):
+    dtype, batched, kind, kw = ROUND_TRIPS[case]
+    g = torch.Generator().manual_seed(7)
+    params = random_params(g, 5, kind="wo").to(dtype=dtype)
+    shape = (2, 40, 5) if batched else (40, 5)
+    X = torch.randn(*shape, generator=g, dtype=D64).to(dtype)
+    inp = X
+    if kind == "mu":
+        inp = DiracMeasure.from_log_weights(X, random_log_weights(g, shape[:-1]).to(dtype))
+    est = local_lipschitz(inp, params, **kw)
+    assert est.value.dtype == dtype and est.value.shape == shape[:-2]
+    back = _assert_round_trip(est, tmp_path / "est.safetensors")
+    assert back.method == est.method and back.stop_rule == est.stop_rule
+    assert torch.equal(back.ratio, est.ratio)
+
+
+def test_estimate_round_trip_keeps_special_values_and_fields(tmp_path):
+    import dataclasses
+
+    g = torch.Generator().manual_seed(8)
+    est = local_lipschitz(torch.randn(6, 3, generator=g, dtype=D64), random_params(g, 3))
+    odd = dataclasses.replace(
+        est,
+        value=torch.tensor(-0.0, dtype=D64),
+        upper=torch.tensor(float("inf"), dtype=D64),
+        residual=torch.tensor(float("nan"), dtype=D64),
+        n_iter=torch.tensor([[0, 2**62]]),  # int64, 2-d
+        converged=torch.tensor([True, False]),
+        history=torch.empty(0, dtype=torch.float16),  # any dtype, empty
+        self_value=torch.tensor([1.5], dtype=torch.bfloat16),
+        vector=torch.randn(3, 4, generator=g, dtype=D64).mT,  # not contiguous
+        confidence=1 - 1e-6,
+        width=1.05,
+    )
+    _assert_round_trip(odd, tmp_path / "odd.safetensors")
+    # a standard safetensors file: its tensors are those of the estimate
+    from safetensors.torch import load_file
+
+    raw = load_file(tmp_path / "odd.safetensors")
+    assert _same_bits(raw["value"], odd.value) and "confidence" not in raw
+
+
+def test_estimate_load_refuses_other_files_in_one_line(tmp_path):
+    import safetensors.torch
+
+    est = local_lipschitz(torch.eye(3, dtype=D64), random_params(torch.Generator(), 3))
+    good = est.save(tmp_path / "good.safetensors")
+    (tmp_path / "text.json").write_text('{"kind": "profile"}')
+    (tmp_path / "empty").write_bytes(b"")
+    safetensors.torch.save_file({"w": torch.ones(2)}, tmp_path / "weights.safetensors")
+    header = {"format": "meanfield.LipschitzEstimate", "format_version": "1"}
+    safetensors.torch.save_file(
+        {"value": torch.ones(())},
+        tmp_path / "tampered.safetensors",
+        metadata={**header, "fields": '{"method": "dense"}'},
+    )
+    safetensors.torch.save_file(
+        {"value": torch.ones(()), "method": torch.ones(())},
+        tmp_path / "wrong-type.safetensors",
+        metadata={**header, "fields": "{}"},
+    )
+    for name in ("text.json", "empty", "weights.safetensors", "tampered.safetensors"):
+        with pytest.raises(ValueError, match="is not a LipschitzEstimate") as err:
+            LipschitzEstimate.load(tmp_path / name)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="unexpected field 'method'"):
+        LipschitzEstimate.load(tmp_path / "wrong-type.safetensors")
+    with pytest.raises(FileNotFoundError):
+        LipschitzEstimate.load(tmp_path / "missing.safetensors")
+    assert LipschitzEstimate.load(good).method == est.method

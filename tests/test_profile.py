@@ -486,3 +486,102 @@ def test_cli_bad_input_is_one_line_exit_2(args, message, tiny_checkpoint, tmp_pa
     lines = [x for x in stderr.strip().splitlines() if not x.startswith("Loading weights")]
     assert len(lines) == 1 and lines[0].startswith("meanfield: error:") and message in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["short.txt"]  # nothing written
+
+
+# ----------------------------------------------------------------------------------------------
+# Saving and loading a profile
+# ----------------------------------------------------------------------------------------------
+
+
+def _assert_same(a, b, where="profile"):
+    """Same types all the way down (tuples stay tuples, ints ints) and floats bit for bit."""
+    import dataclasses
+    import struct
+
+    assert type(a) is type(b), (where, a, b)
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, float):
+        assert struct.pack("<d", a) == struct.pack("<d", b), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+def _with_special_floats(prof: ModelProfile) -> ModelProfile:
+    """The profile with an infinite, a NaN and a negative-zero float in its nested records."""
+    import dataclasses
+
+    rec = prof.records[0]
+    block = dataclasses.replace(rec.block, upper=math.inf, upper_prob=math.nan, lower=-0.0)
+    records = (dataclasses.replace(rec, block=block), *prof.records[1:])
+    return dataclasses.replace(prof, records=records, seconds=-math.inf)
+
+
+@pytest.fixture(scope="module")
+def two_profiles(gpt2):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # module scope: set up before the one_torch_thread fixture
+    try:
+        full = profile_model(gpt2, _ids(8), n=[3, 5], krylov=4)  # heads and chain rule
+        g = torch.Generator().manual_seed(3)
+        hidden = torch.randn(4, gpt2.config.n_embd, generator=g, dtype=torch.float32)
+        bare = profile_model(gpt2, hidden, n=4, layers=[1], heads=False, end_to_end=False)
+    finally:
+        torch.set_num_threads(threads)
+    return full, bare
+
+
+def test_profile_save_load_round_trip(two_profiles, tmp_path):
+    full, bare = two_profiles
+    assert full.chains and full.records[0].attention.head_values is not None
+    assert not bare.chains and bare.records[0].attention.head_values is None
+    assert bare.settings["start"] is None and bare.dtype == "float32"
+    for i, prof in enumerate((full, bare, _with_special_floats(full))):
+        path = prof.save(tmp_path / f"p{i}.json")
+        back = ModelProfile.load(path)
+        _assert_same(prof, back)
+        json.loads(path.read_text(), parse_constant=pytest.fail)  # strict JSON (no NaN tokens)
+        _assert_same(prof, ModelProfile.from_json(prof.to_json()))
+        _assert_same(prof, ModelProfile.from_dict(prof.to_dict()))
+
+
+def test_profile_load_reads_the_cli_record(two_profiles, tmp_path):
+    from experiments.results import write_json
+
+    prof = _with_special_floats(two_profiles[0])
+    # what `meanfield profile` writes: to_dict plus run metadata, non-finite floats as strings
+    path = write_json(tmp_path / "profile.json", {**prof.to_dict(), "metadata": {"seed": 0}})
+    back = ModelProfile.load(path)
+    assert math.isnan(back.records[0].block.upper_prob)
+    _assert_same(prof, back)
+
+
+def test_profile_load_refuses_other_files_in_one_line(two_profiles, tmp_path):
+    good = two_profiles[1].to_dict()
+    bad_field = {**good, "records": [{**good["records"][0], "n": "four"}]}
+    files = {
+        "binary.bin": b"\x89PNG\r\n\x1a\n\x00\xff",
+        "notjson.json": b"{not json",
+        "list.json": b"[1, 2]",
+        "other.json": json.dumps({"kind": "demo"}).encode(),
+        "missing.json": json.dumps({"kind": "profile", "model": "m"}).encode(),
+        "badfield.json": json.dumps(bad_field).encode(),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match="is not a saved ModelProfile") as err:
+            ModelProfile.load(tmp_path / name)
+        assert "\n" not in str(err.value), name
+    with pytest.raises(ValueError, match=r"profile\.records\[0\]\.n: expected int"):
+        ModelProfile.load(tmp_path / "badfield.json")
+    with pytest.raises(ValueError, match="missing field 'arch'"):
+        ModelProfile.load(tmp_path / "missing.json")

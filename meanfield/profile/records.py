@@ -1,13 +1,21 @@
 r"""The records of a whole-model profile (docs/profile.md): per layer, per block, the chain rule.
 
-Frozen dataclasses, each with ``to_dict`` for the JSON record that ``meanfield profile`` writes;
-:class:`ModelProfile` holds them all.
+Frozen dataclasses; :class:`ModelProfile` holds them all. ``ModelProfile.to_dict`` gives the
+JSON record that ``meanfield profile`` writes; :meth:`ModelProfile.save` / :meth:`ModelProfile.load`
+(and ``to_json`` / ``from_json``) store a profile as JSON and read it back as the same objects,
+every field equal, floats bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import types
+import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -274,3 +282,191 @@ class ModelProfile:
         ]
         out["kind"] = "profile"
         return out
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """The profile as a JSON document, which :meth:`from_json` reads back exactly.
+
+        The document is :meth:`to_dict` in strict JSON: floats are written with Python's
+        shortest round-tripping repr, so they come back bit for bit, and non-finite floats as
+        the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (the JSON files of the ``meanfield``
+        command write infinities the same way).
+
+        Parameters
+        ----------
+        indent : int, optional
+            Indentation of the document (default: one line).
+
+        Returns
+        -------
+        str
+        """
+        return json.dumps(_encode_floats(self.to_dict()), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelProfile:
+        """The profile of a JSON document written by :meth:`to_json` (or :meth:`to_dict`).
+
+        Parameters
+        ----------
+        text : str
+
+        Returns
+        -------
+        ModelProfile
+
+        Raises
+        ------
+        ValueError
+            One line, when the document is not a profile.
+        """
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not a ModelProfile document (invalid JSON: {err})") from None
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> ModelProfile:
+        """The profile of a dictionary made by :meth:`to_dict`, or the same through JSON.
+
+        Lists come back as tuples and nested dictionaries as the records; non-finite floats may
+        be floats or the strings ``"inf"``, ``"-inf"``, ``"nan"`` (``null`` is NaN where a float
+        is required). Keys that are not fields are ignored, so the ``profile.json`` written by
+        ``meanfield profile`` (with its run metadata) loads too.
+
+        Parameters
+        ----------
+        doc : dict
+
+        Returns
+        -------
+        ModelProfile
+
+        Raises
+        ------
+        ValueError
+            One line, when ``doc`` is not a profile (naming the first offending field).
+        """
+        if not isinstance(doc, dict) or doc.get("kind") != "profile":
+            raise ValueError('not a ModelProfile document (no "kind": "profile")')
+        doc = dict(doc)
+        linear = doc.get("linear")
+        if isinstance(linear, list) and all(isinstance(e, dict) for e in linear):
+            doc["linear"] = [[e.get("layer"), e.get("maps")] for e in linear]
+        try:
+            return _decode_dataclass(cls, doc, "profile")
+        except _NotARecord as err:
+            raise ValueError(f"not a ModelProfile document ({err})") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile as a JSON file (:meth:`to_json`); :meth:`load` reads it back.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Destination, conventionally ending in ``.json``; overwritten if present.
+
+        Returns
+        -------
+        pathlib.Path
+        """
+        path = Path(path)
+        path.write_text(self.to_json(indent=1) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
+        """Read a profile written by :meth:`save` (or the ``profile.json`` of ``meanfield profile``).
+
+        Every field comes back as saved: records as records, tuples as tuples, floats bit for bit.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+
+        Returns
+        -------
+        ModelProfile
+
+        Raises
+        ------
+        ValueError
+            One line, when ``path`` does not hold a profile.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is not a saved ModelProfile (not a text file)") from None
+        try:
+            return cls.from_json(text)
+        except ValueError as err:
+            raise ValueError(f"{path} is not a saved ModelProfile: {err}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON encoding and type-directed decoding of the records
+# ----------------------------------------------------------------------------------------------
+
+#: Non-finite floats as JSON strings (as ``experiments.results.write_json`` writes them).
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+class _NotARecord(Exception):
+    """A value that does not fit the field it is read into."""
+
+
+def _encode_floats(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _encode_floats(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode_floats(v) for v in obj]
+    return obj
+
+
+def _decode_dataclass(cls: Any, doc: Any, where: str) -> Any:
+    if not isinstance(doc, dict):
+        raise _NotARecord(f"{where}: expected an object, got {type(doc).__name__}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in doc:
+            values[f.name] = _decode(hints[f.name], doc[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING:
+            raise _NotARecord(f"{where}: missing field {f.name!r}")
+    return cls(**values)
+
+
+def _decode(tp: Any, value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as the type ``tp`` of a record's field."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = (a for a in args if a is not type(None))
+        return _decode(inner, value, where)
+    if tp is float:
+        if isinstance(value, str) and value in _NONFINITE:
+            return _NONFINITE[value]
+        if value is None:  # NaN, as experiments.results.write_json stores it
+            return math.nan
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp in (bool, int, str):
+        if type(value) is tp:
+            return value
+    elif origin is tuple and isinstance(value, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) == len(value):
+            return tuple(
+                _decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value))
+            )
+    elif origin is dict and isinstance(value, dict):
+        return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in value.items()}
+    elif dataclasses.is_dataclass(tp):
+        return _decode_dataclass(tp, value, where)
+    name = getattr(tp, "__name__", None) or str(tp)
+    raise _NotARecord(f"{where}: expected {name}, got {value!r}"[:200])

@@ -3,7 +3,8 @@
 Draw a random attention head in d = 2 and a measure of N atoms in the ball of radius R with uneven
 masses; print the W2 distances between the measure and its images (masked and unmasked), the
 local Lipschitz constants with certified brackets, and write demo.npz, demo.json and a picture to
---out.
+--out (default meanfield_demo/, apart from the demo_out/ where `make demo` writes the quick
+reproduction of the paper).
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``demo``."""
     p = add_command(sub, __doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common(p, seed="seed of the head and the measure")
-    p.add_argument("--out", default="demo_out", help="output directory")
+    p.add_argument(
+        "--out",
+        default="meanfield_demo",
+        help="output directory (`make demo`'s quick reproduction writes demo_out instead)",
+    )
     p.add_argument("--n", type=int, default=12, help="number of atoms")
     p.add_argument("--R", type=float, default=2.0, help="radius of the ball holding the atoms")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="precision")
