@@ -280,6 +280,7 @@ def test_meanfield_command_in_a_directory_that_shadows_its_packages(tmp_path):
 _BUILD_INPUTS = (
     "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "CHANGELOG.md", "CITATION.cff",
     "Makefile", "meanfield", "theory", "experiments", "paper_figs", "docs", "tests", "benchmarks",
+    "examples",
 )  # fmt: skip
 
 
@@ -341,6 +342,8 @@ def test_sdist_carries_the_docs_the_readme_cites(built):
     for top in ("README.md", "LICENSE", "CHANGELOG.md", "CITATION.cff", "Makefile", "MANIFEST.in"):
         assert top in names, top
     assert "tests/test_packaging.py" in names and "meanfield/_theory_import.py" in names
+    examples = {p.relative_to(ROOT).as_posix() for p in (ROOT / "examples").iterdir()}
+    assert examples and examples <= names, sorted(examples - names)  # README cites them
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert "License-Expression: MIT" in meta
     assert "Project-URL: " in meta and "Classifier: Development Status" in meta
