@@ -374,7 +374,9 @@ class Sweep:
             tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
             tracker.start_stage(label)
             _calibrate(tracker, label, finished, cost_of)
-        bar = tqdm(todo, desc=desc or self.name, disable=None if progress else True, leave=False)
+        # a run's tracker draws the one bar; a sweep on its own draws its own
+        own_bar = progress and _PROGRESS.get() is None
+        bar = tqdm(todo, desc=desc or self.name, disable=None if own_bar else True, leave=False)
         t_start = time.perf_counter()
         for p in bar:
             t0 = time.perf_counter()

