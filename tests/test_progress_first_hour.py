@@ -189,17 +189,22 @@ def test_model_loaders_write_no_carriage_returns(tmp_path, capfd) -> None:
     gguf = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
     from transformers.utils import logging as hf_logging
 
-    capfd.readouterr()
-    list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
-    assert "\r" in capfd.readouterr().err  # what a batch log got before
-    assert hf_logging.is_progress_bar_enabled()
-    load_model(tmp_path / "ckpt")
-    with _quiet_progress_bars():
+    was_enabled = hf_logging.is_progress_bar_enabled()  # another test may have switched it
+    hf_logging.enable_progress_bar()
+    try:
+        capfd.readouterr()
         list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
-    err = capfd.readouterr().err
-    assert "\r" not in err and "Loading weights" not in err and "GGUF" not in err
-    assert hf_logging.is_progress_bar_enabled()  # restored afterwards
-    assert not isinstance(gguf.tqdm, __import__("functools").partial)
+        assert "\r" in capfd.readouterr().err  # what a batch log got before
+        load_model(tmp_path / "ckpt")
+        with _quiet_progress_bars():
+            list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        err = capfd.readouterr().err
+        assert "\r" not in err and "Loading weights" not in err and "GGUF" not in err
+        assert hf_logging.is_progress_bar_enabled()  # restored afterwards
+        assert not isinstance(gguf.tqdm, __import__("functools").partial)
+    finally:
+        if not was_enabled:
+            hf_logging.disable_progress_bar()
 
 
 # ---- reruns keep the history ----------------------------------------------------------------

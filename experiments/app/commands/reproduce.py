@@ -39,6 +39,10 @@ def check_execution(args: argparse.Namespace) -> None:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
     if args.workers is not None and args.scheduler:
         raise UsageError("give --workers or --scheduler, not both")
+    if args.workers is not None or args.scheduler:
+        from experiments.execution import require_dask
+
+        require_dask()  # before any progress line or output directory
 
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
