@@ -460,22 +460,13 @@ def _run_workload(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
-    """Ours against the baseline at one n, float32 and float64, alternated and repeated.
+def _layer_inputs_and_reference(spec: dict[str, Any]):
+    """The layer, inputs and maps of each dtype, and the float64 reference run (one thread count).
 
-    One process: the layer and the inputs in both dtypes (the float32 input is the rounded
-    float64 one), a float64 reference (long Lanczos run), the forward time of each dtype, then
-    ``repeats`` rounds; each round times, for each dtype, ``ours`` (``local_lipschitz``,
-    ``upper="none"``, default ``delta`` so its ``upper_prob`` comes along), ``estimate`` (the
-    same call with ``certify=False``: the estimate alone, like the baseline), ``estimate_kron``
-    (the estimate alone from ``start="kronecker"``) and the baseline, the order of the dtypes
-    alternating and that of the four methods rotating between rounds.
-    The ratio of each round is baseline time / ours time of the same dtype in that round, so a
-    load change between rounds cancels out; the median and the minimum over rounds are
-    reported.
+    Shared by the side-by-side and ARPACK modes: ``(dtypes, params, X, fns, reference)``, with
+    ``reference`` the value, relative residual, products and seconds of a float64 Lanczos run to
+    residual ``spec["ref_tol"]``.
     """
-    import statistics
-
     import torch
 
     from meanfield.attention import self_attention
@@ -501,17 +492,37 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         upper="none",
         delta=None,
     )
-    ref_value = float(ref.value)
-    out: dict[str, Any] = {
-        "kind": "side-by-side",
-        "n": n,
-        "reference": {
-            "value": ref_value,
-            "residual_rel": float(ref.residual / ref.value**2),
-            "n_products": int(ref.n_matvec),
-            "seconds": time.perf_counter() - t,
-        },
+    reference = {
+        "value": float(ref.value),
+        "residual_rel": float(ref.residual / ref.value**2),
+        "n_products": int(ref.n_matvec),
+        "seconds": time.perf_counter() - t,
     }
+    return dtypes, params, X, fns, reference
+
+
+def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
+    """Ours against the baseline at one n, float32 and float64, alternated and repeated.
+
+    One process: the layer and the inputs in both dtypes (the float32 input is the rounded
+    float64 one), a float64 reference (long Lanczos run), the forward time of each dtype, then
+    ``repeats`` rounds; each round times, for each dtype, ``ours`` (``local_lipschitz``,
+    ``upper="none"``, default ``delta`` so its ``upper_prob`` comes along), ``estimate`` (the
+    same call with ``certify=False``: the estimate alone, like the baseline), ``estimate_kron``
+    (the estimate alone from ``start="kronecker"``) and the baseline, the order of the dtypes
+    alternating and that of the four methods rotating between rounds.
+    The ratio of each round is baseline time / ours time of the same dtype in that round, so a
+    load change between rounds cancels out; the median and the minimum over rounds are
+    reported.
+    """
+    import statistics
+
+    from meanfield.lipschitz import local_lipschitz
+
+    dev, n = spec["device"], spec["n"]
+    dtypes, params, X, fns, reference = _layer_inputs_and_reference(spec)
+    ref_value = reference["value"]
+    out: dict[str, Any] = {"kind": "side-by-side", "n": n, "reference": reference}
 
     def ours(dt, certify=True, start=None):
         _sync(dev)
@@ -754,30 +765,11 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from meanfield.attention import self_attention
     from meanfield.lipschitz import local_lipschitz
 
-    torch.set_num_threads(spec["threads"])
     dev, n, seed = spec["device"], spec["n"], spec["seed"]
-    dtypes = spec.get("dtypes", ["float32", "float64"])
-    params = {dt: load_layer(spec["layer"], dt, dev) for dt in dtypes}
-    X64 = make_inputs(n, None, seed, "float64", dev)
-    X = {dt: X64.to(_dtype(dt)) for dt in dtypes}
-    fns = {dt: (lambda Y, _p=params[dt]: self_attention(Y, _p, masked=True)) for dt in dtypes}
-    p64 = params.get("float64") or load_layer(spec["layer"], "float64", dev)
-    t = time.perf_counter()
-    ref = local_lipschitz(
-        X64,
-        p64,
-        masked=True,
-        method="lanczos",
-        tol=spec["ref_tol"],
-        max_iter=2000,
-        krylov_dim=64,
-        upper="none",
-        delta=None,
-    )
-    ref_value = float(ref.value)
+    dtypes, params, X, fns, reference = _layer_inputs_and_reference(spec)
+    ref_value = reference["value"]
     out: dict[str, Any] = {
         "kind": "arpack",
         "n": n,
@@ -788,13 +780,7 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
                 for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
             },
         },
-        "reference": {
-            "value": ref_value,
-            "tol": spec["ref_tol"],
-            "residual_rel": float(ref.residual / ref.value**2),
-            "n_products": int(ref.n_matvec),
-            "seconds": time.perf_counter() - t,
-        },
+        "reference": {"tol": spec["ref_tol"], **reference},
     }
 
     def rel(v: float) -> float:
