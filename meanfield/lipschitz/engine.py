@@ -126,12 +126,13 @@ class LipschitzEstimate:
         reached the requested width), ``"residual"`` (the residual rule of ``tol``) or
         ``"dense"`` (no iteration). See :func:`local_lipschitz`, "Stopping rules".
     width : float or None
-        The requested width ``1 + prob_rtol`` of ``upper_prob / lower`` (``None`` unless
-        ``stop_rule == "width"``).
+        The requested width ``1 + prob_rtol`` of ``upper_prob / lower``; ``None`` when the call
+        asked for none (the residual rule by choice).
     width_reachable : Tensor of bool or None
-        ``stop_rule == "width"`` only: whether that width can be reached at all at this input and
+        Where a width was requested: whether it can be reached at all at this input and
         precision (false where the rounding margins alone are wider, e.g. float32 at large n;
-        such elements stopped on the residual rule instead).
+        such elements stopped on the residual rule instead, and where none can reach it
+        ``stop_rule`` is ``"residual"``).
     """
 
     value: Tensor
