@@ -66,8 +66,13 @@ def test_extreme_value_and_output_factors_keep_a_finite_upper(s, method, upper):
     _check(est, float(dense.value), _exact(s), f"s={s:g} {method} upper={upper}")
     # the lower end and the value are those of the same layer at s = 1
     ref = local_lipschitz(X, _layer(1.0), method=method, upper=upper)
-    assert float(est.value) == pytest.approx(float(ref.value), rel=1e-12)
-    assert float(est.lower) == pytest.approx(float(ref.lower), rel=1e-12)
+    # s*I and I/s round the inputs of the two runs differently, so their iterations may stop a
+    # step apart: Lanczos spans the whole space (n d = 8), its value is sigma_max to rounding;
+    # power iteration stops on the residual rule (tol 1e-6 on sigma^2), within tol / 2 on sigma
+    rtol = 5e-7 if method == "power" else 1e-12
+    assert float(est.value) == pytest.approx(float(ref.value), rel=rtol)
+    assert float(est.lower) == pytest.approx(float(ref.lower), rel=rtol)
+    # the block bound reads the layer only, not the run's vector
     assert float(est.upper) == pytest.approx(float(ref.upper), rel=1e-12)
 
 
