@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from experiments import execution
-from experiments._threads import MAX_THREADS_ENV, thread_cap, torch_threads, worker_thread_cap
+from experiments._threads import (
+    MAX_THREADS_ENV,
+    blas_threads,
+    thread_cap,
+    torch_threads,
+    worker_thread_cap,
+)
 from experiments.execution import Task
 
 
@@ -42,6 +48,37 @@ def test_torch_threads_under_a_cap(monkeypatch) -> None:
         torch.set_num_threads(before)
     monkeypatch.setenv(MAX_THREADS_ENV, "zero")
     assert thread_cap() is None
+
+
+def _blas_counts() -> list[int]:
+    """Thread counts of the BLAS libraries numpy and scipy loaded (OpenBLAS here)."""
+    import numpy as np
+    import scipy.linalg  # noqa: F401
+    from threadpoolctl import threadpool_info
+
+    np.linalg.norm(np.eye(3), 2)
+    counts = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    if not counts:
+        pytest.skip("no BLAS library that threadpoolctl can see")
+    return counts
+
+
+def test_points_run_numpy_blas_on_the_torch_thread_count(monkeypatch) -> None:
+    """numpy's OpenBLAS follows torch_threads (its busy-waiting threads cost 3-8x the CPU)."""
+    import numpy as np
+
+    monkeypatch.delenv(MAX_THREADS_ENV, raising=False)
+    before = _blas_counts()
+    with torch_threads(1):
+        assert _blas_counts() == [1] * len(before)
+        assert np.linalg.norm(np.diag([3.0, 1.0]), 2) == 3.0  # numpy still computes
+    assert _blas_counts() == before  # restored
+    with torch_threads(None):
+        assert _blas_counts() == before  # None leaves it alone
+    monkeypatch.setenv(MAX_THREADS_ENV, "1")
+    with blas_threads(8):
+        assert _blas_counts() == [1] * len(before)  # the worker's cap holds for BLAS too
+    assert _blas_counts() == before
 
 
 def report_threads(config):

@@ -46,6 +46,7 @@ def test_tiny_run_writes_one_record_per_n_with_the_schema(tiny):
             "value",
             "lower",
             "upper",
+            "upper_prob",
             "released",
             "mean_radius",
             "max_radius",
@@ -54,6 +55,11 @@ def test_tiny_run_writes_one_record_per_n_with_the_schema(tiny):
             "starts",
         ):
             assert len(r[key]) == w, key
+        # the probabilistic end lies inside the deterministic bracket, at the default confidence
+        pr = np.asarray(r["upper_prob"], dtype=float)
+        assert np.all(pr <= np.asarray(r["upper"], dtype=float))
+        assert np.all(np.asarray(r["value"], dtype=float) <= pr)
+        assert r["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)
         assert r["map"] == "heads+WO" and r["masked"] is True and r["dtype"] == "float64"
         assert r["method"] == "lanczos" and r["upper_method"] == "block"
         assert all(r["converged"])
@@ -129,6 +135,7 @@ def test_estimate_matches_an_independent_dense_jacobian(tiny):
     J = torch.func.jacrev(lambda Y: _naive_gpt2_attention(block, Y))(X).reshape(n * 768, n * 768)
     sigma = torch.linalg.eigvalsh(J @ J.T)[-1].sqrt().item()  # top singular value
     assert rec["lower"][1] <= sigma * (1 + 1e-6) and sigma <= rec["upper"][1]
+    assert sigma <= rec["upper_prob"][1] * (1 + 1e-6)  # float32 forward of X, as lower's margin
     assert rec["value"][1] == pytest.approx(sigma, rel=1e-5)  # float32 forward of X: ~1e-7
     f = _naive_gpt2_attention(block, X).reshape(-1)
     released = torch.linalg.vector_norm(J.T @ f).sqrt().item()  # D1: sqrt(||J^T f(X)||)

@@ -69,6 +69,7 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
                 "value",
                 "lower",
                 "upper",
+                "upper_prob",
                 "released",
                 "mean_radius",
                 "max_radius",
@@ -76,6 +77,8 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
                 "start",
             )
         }
+        # records written before upper_prob was recorded: the deterministic end stands in for it
+        has_prob = all("upper_prob" in r and r.get("confidence") is not None for r in recs)
         for r in recs:
             w = len(r["value"])
             cols["n"] += [r["n"]] * w
@@ -83,12 +86,15 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
             cols["converged"] += [bool(c) for c in r["converged"]]
             for k in ("value", "lower", "upper", "released", "mean_radius", "max_radius"):
                 cols[k] += [_f(v) for v in r[k]]
+            cols["upper_prob"] += [_f(v) for v in r["upper_prob" if has_prob else "upper"]]
         arrays = {k: np.asarray(v) for k, v in cols.items()}
         out.append(
             {
                 **entry,
                 "name": name,
                 "arrays": arrays,
+                # the confidence of upper_prob (None: the records have only the deterministic end)
+                "confidence": recs[0]["confidence"] if has_prob else None,
                 "n_records": len(recs),
                 "label": _display_label(entry),
                 "model_short": _short_model(entry),
@@ -213,6 +219,8 @@ def _summary_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     else None
                 ),
                 "bracket_ratio_median": float(np.median(ratio[finite])) if finite.any() else None,
+                "prob_bracket_ratio_median": float(np.median(a["upper_prob"] / a["lower"])),
+                "confidence": s["confidence"],
                 "upper_certified_fraction": float(finite.mean()),
                 "converged_fraction": float(a["converged"].mean()),
                 "paper_curve": curve.as_dict() if curve is not None else None,
@@ -229,6 +237,7 @@ _WINDOW_COLUMNS = (
     "lower",
     "value",
     "upper",
+    "upper_prob",
     "released",
     "mean_radius",
     "max_radius",
@@ -243,7 +252,9 @@ def export_csv(results_dir: Path) -> list[Path]:
     (``sweep``, ``config``, ``model``, ``layer``, ``map``, ``masked``, ``corpus``, ``grid``,
     ``paper_configuration``) then ``n``, the window's first token ``start``, the certified
     bracket ``lower <= value <= upper`` of ``||J||_2`` (``inf`` when no upper certificate
-    exists), the released metric, the RMS and maximum token norms and ``converged``.
+    exists), the probabilistic upper end ``upper_prob`` (held with the sweep's ``confidence``
+    over the seeded random start; ``upper`` itself for records that have none), the released
+    metric, the RMS and maximum token norms and ``converged``.
     ``fits.csv`` has one row per (sweep, quantity) with the power-law fit of
     :func:`summary` (``alpha``, its 95 % bootstrap interval, ``c``, ``r2``, ``n_points``) and the
     paper's printed curve where one exists. Run metadata (versions, seeds, git commit) stays in

@@ -233,7 +233,11 @@ def _windows(
     return hs, time.perf_counter() - t0
 
 
-_FIELDS = ("value", "lower", "upper", "converged", "n_matvec", "n_iter", "residual")
+#: Per window: the estimate, its certified bracket ``[lower, upper]`` (deterministic), the
+#: probabilistic upper end ``upper_prob`` (``exact <= upper_prob <= upper`` with probability
+#: ``confidence`` over the seeded random start; a call that forms none records ``upper`` and
+#: ``confidence`` null) and the iteration's counts.
+_FIELDS = ("value", "lower", "upper", "upper_prob", "converged", "n_matvec", "n_iter", "residual")
 
 
 def _bracket(
@@ -251,6 +255,7 @@ def _bracket(
     parts: dict[str, list] = {k: [] for k in (*_FIELDS, "released")}
     t_est = t_rel = 0.0
     methods = set()
+    confidence: set[float | None] = set()
     for i in range(0, X.shape[0], per_call):
         Xc = X[i : i + per_call]
         ta = time.perf_counter()
@@ -263,11 +268,16 @@ def _bracket(
         t_rel += time.perf_counter() - tb
         t_est += tb - ta
         methods.add((est.method, est.upper_method))
+        confidence.add(est.confidence)
         for k in _FIELDS:
-            parts[k].append(getattr(est, k).detach().cpu())
+            v = getattr(est, k)
+            # no probabilistic end (a delta=None override): the deterministic one, confidence null
+            parts[k].append((est.upper if v is None else v).detach().cpu())
         parts["released"].append(rel.detach().cpu())
     ((method, upper_method),) = methods
+    (conf,) = confidence
     return {
+        "confidence": conf,
         "cat": {k: torch.cat(v) for k, v in parts.items()},
         "method": method,
         "upper_method": upper_method,
@@ -299,6 +309,7 @@ def _values(
         **{k: lst(v[rows]) for k, v in br["cat"].items()},
         "method": br["method"],
         "upper_method": br["upper_method"],
+        "confidence": br["confidence"],
         "mean_radius": lst(hs.mean_radius()),
         "max_radius": lst(hs.max_radius()),
         "seconds_hidden": t_hidden,
