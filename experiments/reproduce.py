@@ -10,11 +10,11 @@ from __future__ import annotations
 import warnings
 
 from .app.options import check_device
-from .app.pipeline import BUDGET_SECONDS, PRESET_NAMES, render_report, reproduce
+from .app.pipeline import BUDGET_CPU_SECONDS, PRESET_NAMES, render_report, reproduce
 from .app.registry import STAGES
 
 __all__ = [
-    "BUDGET_SECONDS",
+    "BUDGET_CPU_SECONDS",
     "PRESET_NAMES",
     "STAGES",
     "check_device",

@@ -231,11 +231,43 @@ def test_rerun_keeps_every_invocation_and_the_total(toy_stages) -> None:  # noqa
     assert len(times) == 3 and times[0] == 840.0
     assert [e["status"] for e in doc["history"]] == ["finished"] * 3
     assert doc["history_total_seconds"] == pytest.approx(sum(times))
+    cpu = [e.get("cpu_seconds") for e in doc["history"]]
+    assert cpu[0] is None and all(c is not None and c >= 0 for c in cpu[1:])
+    assert doc["history_cpu_seconds"] == pytest.approx(cpu[1] + cpu[2])
     assert doc["history"][-1]["stages"]["good"]["status"] == "ok"
     report = (out / "report.md").read_text()
-    assert "Every invocation into this directory, oldest first: 3 in all, 14.0 min" in report
-    assert "| 1 | 2026-11-20 10:00 | tiny | 14.0 min | finished |" in report
-    assert re.search(r"\| 3 \| \S+ \S+ \| tiny \| \d+ s \| finished \(this one\) \|", report)
+    assert (
+        "Every invocation into this directory, oldest first: 3 in all, 14.0 min of wall" in report
+    )
+    assert "| 1 | 2026-11-20 10:00 | tiny | 14.0 min | not recorded | finished |" in report
+    assert re.search(
+        r"\| 3 \| \S+ \S+ \| tiny \| \d+ s \| \d+ s \| finished \(this one\) \|", report
+    )
+
+
+def test_cpu_time_counts_this_process_and_its_children() -> None:
+    import subprocess
+    import sys
+
+    t0 = rp.cpu_seconds()
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass",
+        ],
+        check=True,
+    )
+    assert rp.cpu_seconds() - t0 >= 0.3  # the child's busy loop is counted once it has exited
+
+
+def test_report_states_wall_and_cpu_time_against_the_cpu_budget() -> None:
+    doc = {"total_seconds": 200.0, "cpu_seconds": 230.0, "budget_cpu_seconds": 360.0}
+    line = rp._run_time_lines(doc)[0]
+    assert "3.3 min of wall time and 3.8 min of CPU time" in line
+    assert "budget of 6.0 min of CPU time (within budget)" in line
+    over = rp._run_time_lines({**doc, "cpu_seconds": 400.0})[0]
+    assert "(over budget)" in over
 
 
 def test_an_interrupted_run_is_recorded_too(toy_stages, monkeypatch) -> None:  # noqa: F811
@@ -260,11 +292,11 @@ def test_an_interrupted_run_is_recorded_too(toy_stages, monkeypatch) -> None:  #
 def test_budget_is_one_named_constant(monkeypatch) -> None:
     from experiments.app.main import build_parser
 
-    assert rp.BUDGET_SECONDS["quick"] == rp.QUICK_BUDGET_SECONDS
-    monkeypatch.setattr(rp, "QUICK_BUDGET_SECONDS", 900.0)
+    assert rp.BUDGET_CPU_SECONDS["quick"] == rp.QUICK_BUDGET_CPU_SECONDS
+    monkeypatch.setattr(rp, "QUICK_BUDGET_CPU_SECONDS", 900.0)
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     help_text = sub.choices["reproduce"].format_help()
-    assert "(budget 15 min)" in " ".join(help_text.split())
+    assert "(budget 15 min of CPU time)" in " ".join(help_text.split())
 
 
 # ---- meanfield profile: an honest first ETA -------------------------------------------------

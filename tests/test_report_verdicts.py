@@ -356,7 +356,7 @@ def test_report_opens_with_the_verdict_table(results, tmp_path):
         "total_seconds": 1.0,
         "experiments_seconds": 0.8,
         "figures_seconds": 0.2,
-        "budget_seconds": None,
+        "budget_cpu_seconds": None,
         "stages": {},
     }
     report = pipeline.render_report(out, doc)

@@ -100,7 +100,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``reproduce``."""
-    from ..pipeline import QUICK_BUDGET_SECONDS
+    from ..pipeline import QUICK_BUDGET_CPU_SECONDS
 
     p = add_command(sub, __doc__)
     add_common(
@@ -113,8 +113,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--preset",
         choices=("tiny", "quick", "paper"),
         default="quick",
-        help="quick: every figure in about 4 min on 2 CPU cores (budget "
-        f"{QUICK_BUDGET_SECONDS / 60:g} min); paper: the full grids (about 2 h)",
+        help="quick: every figure in about 3-4 min on a quiet 2-core machine (budget "
+        f"{QUICK_BUDGET_CPU_SECONDS / 60:g} min of CPU time); paper: the full grids (about 1.3 h)",
     )
     p.add_argument(
         "--out", default="reproduce_out", help="output directory (default reproduce_out)"
