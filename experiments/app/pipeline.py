@@ -440,8 +440,6 @@ def reproduce(
         raise UsageError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
     check_device(device)
     stages = registry.select_stages(only)
-    if not progress:
-        _quiet_loaders()
     out = Path(out)
     results_dir, figures_dir = out / "results", out / "figures"
     with exclusive_run(out):
@@ -532,16 +530,6 @@ def reproduce(
             doc["report"] = str(report)
         write_json(out / "reproduce.json", doc)
     return doc
-
-
-def _quiet_loaders() -> None:
-    """Silence the model loaders' own progress bars (weights, GGUF de-quantization)."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_progress_bar()
 
 
 # ------------------------------------------------------------------------------------ report
