@@ -13,8 +13,8 @@ synthetic sweeps, mass splitting, the bound checks). Each stage module defines
 - ``STAGE = ModuleStage.from_module(__name__, title)``, which bundles the above, satisfies
   :class:`Stage` and gives the module its public ``run = STAGE.run``.
 
-The application layer (``experiments.app``) holds the list of stages by direct reference, so a
-type checker sees the whole contract. Settings given on the command line (``meanfield experiment
+The command line (``meanfield_cli.registry``, the top layer) holds the list of stages by direct
+reference, so a type checker sees the whole contract. Settings given on the command line (``meanfield experiment
 STAGE --set KEY=VALUE``) are checked against the dataclass fields by :meth:`StageConfig.check`.
 docs/architecture.md ("Adding a stage") walks through a new stage.
 """

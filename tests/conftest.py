@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-# Before torch loads; see experiments/app/main.py.
+# Before torch loads; see meanfield_cli/main.py.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
@@ -85,7 +85,7 @@ def cli_json(capsys: pytest.CaptureFixture[str]):
     """``cli_json(*argv)``: ``meanfield *argv --json`` run in-process, exit 0 asserted, its JSON."""
     import json
 
-    from experiments.app.main import main
+    from meanfield_cli.main import main
 
     def run(*argv: str) -> dict:
         assert main([*argv, "--json"]) == 0

@@ -1,4 +1,4 @@
-"""The `attack` command (experiments/app/commands/attack.py) and the attack figures, on tiny inputs."""
+"""The `attack` command (meanfield_cli/commands/attack.py) and the attack figures, on tiny inputs."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # ----------------------------------------------------------------------------- CLI
 def _main(argv):
-    """The `meanfield` command (experiments.app.main)."""
-    from experiments.app.main import main
+    """The `meanfield` command (meanfield_cli.main)."""
+    from meanfield_cli.main import main
 
     return main(argv)
 

@@ -234,7 +234,7 @@ def test_docs_table_is_the_registry():
 
 def test_meanfield_bound_reads_the_registry():
     """``meanfield bound`` lists exactly the registry's CLI records, each a callable of theory.bounds."""
-    from experiments.app.commands import bound as bound_cmd
+    from meanfield_cli.commands import bound as bound_cmd
 
     cli = registry.cli_bounds()
     assert set(cli) == set(bound_cmd.BOUNDS)

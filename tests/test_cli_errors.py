@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.app.main import main
+from meanfield_cli.main import main
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -180,7 +180,7 @@ def test_unwritable_out_is_refused_before_computing(argv, tmp_path, capsys, monk
 
 def test_figures_on_damaged_results_name_the_file_and_exit_2(tmp_path, capsys, monkeypatch):
     """Two figures fail to draw, one draws: the command exits 2, naming both files."""
-    from experiments.app import registry
+    from meanfield_cli import registry
 
     stage = tmp_path / "results" / "attacks"
     stage.mkdir(parents=True)
@@ -228,7 +228,7 @@ def test_experiment_takes_the_lock_of_the_reproduce_run(tmp_path, capsys):
 
 
 def test_internal_error_is_one_line_naming_traceback(monkeypatch, capsys):
-    from experiments.app.commands import derive
+    from meanfield_cli.commands import derive
 
     def broken(args):
         raise RuntimeError("cannot reshape tensor of 0 elements")
@@ -243,7 +243,7 @@ def test_internal_error_is_one_line_naming_traceback(monkeypatch, capsys):
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_traceback_flag_reraises(where, monkeypatch, capsys):
-    from experiments.app.commands import derive
+    from meanfield_cli.commands import derive
 
     def broken(args):
         raise RuntimeError("an internal bug")
@@ -268,7 +268,7 @@ def test_version(capsys):
 
 
 def test_keyboard_interrupt_exits_130(monkeypatch, capsys):
-    from experiments.app.commands import derive
+    from meanfield_cli.commands import derive
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -280,7 +280,7 @@ def test_keyboard_interrupt_exits_130(monkeypatch, capsys):
 
 # ----------------------------------------------------------------------------- help texts
 def _parsers():
-    from experiments.app.main import _subparsers, build_parser
+    from meanfield_cli.main import _subparsers, build_parser
 
     return _subparsers(build_parser())
 
@@ -301,7 +301,7 @@ def test_every_option_and_command_has_help():
 def test_bound_help_and_output_have_no_latex(capsys, cli_json):
     import argparse
 
-    from experiments.app.commands.bound import register
+    from meanfield_cli.commands.bound import register
 
     sub = argparse.ArgumentParser(prog="meanfield").add_subparsers()
     register(sub)
@@ -314,8 +314,8 @@ def test_bound_help_and_output_have_no_latex(capsys, cli_json):
 
 
 def test_experiment_help_lists_every_stage():
-    from experiments.app.commands.experiment import STAGE_NAMES
-    from experiments.app.registry import STAGES
+    from meanfield_cli.commands.experiment import STAGE_NAMES
+    from meanfield_cli.registry import STAGES
 
     assert STAGE_NAMES == tuple(s.name for s in STAGES)
     (experiment,) = [p for p in _parsers() if p.prog == "meanfield experiment"]
@@ -375,7 +375,7 @@ def test_masked_must_be_a_bool_everywhere(flag):
 
 
 def test_out_checks_create_nothing(tmp_path):
-    from experiments.app.options import UsageError, check_out_dir, check_out_file
+    from meanfield_cli.options import UsageError, check_out_dir, check_out_file
 
     assert check_out_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert check_out_file(tmp_path / "c" / "r.json") == tmp_path / "c" / "r.json"

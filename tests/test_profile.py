@@ -397,7 +397,7 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def _cli(argv, capsys):
-    from experiments.app.main import main
+    from meanfield_cli.main import main
 
     rc = main(argv)
     out = capsys.readouterr()

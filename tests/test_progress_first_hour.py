@@ -17,9 +17,9 @@ import types
 import pytest
 
 from experiments import cost_model
-from experiments.app import pipeline as rp
-from experiments.app import registry
 from experiments.progress import CostProgress
+from meanfield_cli import pipeline as rp
+from meanfield_cli import registry
 
 from .test_reproduce import toy_stages  # noqa: F401  (fixture: two toy stages, three figures)
 
@@ -290,7 +290,7 @@ def test_an_interrupted_run_is_recorded_too(toy_stages, monkeypatch) -> None:  #
 
 # ---- the budget, one constant ---------------------------------------------------------------
 def test_budget_is_one_named_constant(monkeypatch) -> None:
-    from experiments.app.main import build_parser
+    from meanfield_cli.main import build_parser
 
     assert rp.BUDGET_CPU_SECONDS["quick"] == rp.QUICK_BUDGET_CPU_SECONDS
     monkeypatch.setattr(rp, "QUICK_BUDGET_CPU_SECONDS", 900.0)
@@ -302,8 +302,8 @@ def test_budget_is_one_named_constant(monkeypatch) -> None:
 # ---- meanfield profile: an honest first ETA -------------------------------------------------
 def test_profile_cost_model_matches_the_profile_and_the_built_in_shapes() -> None:
     transformers = pytest.importorskip("transformers")
-    from experiments.app.commands import profile as cmd
     from meanfield.profile import _cost
+    from meanfield_cli.commands import profile as cmd
 
     for n, d, d_ff in [(16, 576, 1536), (7, 32, 48), (128, 768, 3072)]:
         for heads in (True, False):
@@ -354,7 +354,7 @@ def test_profile_first_eta_is_within_a_factor_of_the_actual_time(
     tiny_ckpt, tmp_path, monkeypatch, capsys
 ) -> None:
     import experiments.progress as progress_mod
-    from experiments.app.main import main
+    from meanfield_cli.main import main
 
     seen: dict[str, float] = {}
 
@@ -382,7 +382,7 @@ def test_profile_first_eta_is_within_a_factor_of_the_actual_time(
 
 
 def test_profile_help_says_what_a_run_costs() -> None:
-    from experiments.app.main import build_parser
+    from meanfield_cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     text = " ".join(sub.choices["profile"].format_help().split())

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from experiments import real_data
-from experiments.app.commands.experiment import parse_setting
 from experiments.results import load_json, load_jsonl
+from meanfield_cli.commands.experiment import parse_setting
 
 from .certified_records import Guarantees, compare_records
 
@@ -184,7 +184,7 @@ def test_batched_on_two_workers_equals_batched_serial(runs, tmp_path):
     root, txt = runs
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env["OMP_NUM_THREADS"] = "1"
-    args = [sys.executable, "-m", "experiments", "experiment", "real_data", "--preset", "tiny"]
+    args = [sys.executable, "-m", "meanfield_cli", "experiment", "real_data", "--preset", "tiny"]
     args += ["--set", "batch_windows=true", "--set", f"corpora=kjv,{txt}", "--set", "n_windows=3"]
     args += ["--set", "n_grid=[2,5]", "--set", "threads=1", "--no-progress"]
     subprocess.run([*args, "--out", str(tmp_path), "--workers", "2"], env=env, check=True,

@@ -12,8 +12,8 @@ import pytest
 
 from experiments import adversarial, real_data, verdicts
 from experiments.adversarial import SQRT_N_TOLERANCE, sqrt_n_consistent
-from experiments.app import pipeline
 from experiments.results import write_json
+from meanfield_cli import pipeline
 
 
 def _row(config: str, c: float, alpha: float, pc: float = 0.445, pa: float = 0.25) -> dict:

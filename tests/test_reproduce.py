@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.app import pipeline as rp
-from experiments.app import registry
-from experiments.app.main import main
 from experiments.stage import ModuleStage
+from meanfield_cli import pipeline as rp
+from meanfield_cli import registry
+from meanfield_cli.main import main
 
 TOY = textwrap.dedent(
     '''

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.app import pipeline as rp
-from experiments.app.main import main
 from experiments.lock import LOCK_NAME
 from experiments.results import load_jsonl
+from meanfield_cli import pipeline as rp
+from meanfield_cli.main import main
 
 from .certified_records import UNIT_ROUNDOFF, Guarantees, compare_runs, gamma
 
@@ -154,7 +154,7 @@ def test_killed_driver_resumes_on_two_workers(tmp_path: Path) -> None:
     """
     _need_dask()
     res, ref = tmp_path / "res", tmp_path / "ref"
-    cmd = [sys.executable, "-m", "experiments", "experiment", "verify_bounds", "--preset", "tiny"]
+    cmd = [sys.executable, "-m", "meanfield_cli", "experiment", "verify_bounds", "--preset", "tiny"]
     cmd += ["--set", "n_instances=60", "--no-progress"]
     proc = subprocess.Popen([*cmd, "--out", str(res)], env=ENV, cwd=ROOT)
     path = res / "verify_bounds" / "instances.jsonl"
@@ -239,7 +239,7 @@ def test_real_data_thread_counts_on_two_workers(tmp_path: Path, omp) -> None:
     env = {k: v for k, v in ENV.items() if not k.endswith("_NUM_THREADS")}  # torch's default
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
-    args = [sys.executable, "-m", "experiments", "experiment", "real_data", "--preset", "tiny"]
+    args = [sys.executable, "-m", "meanfield_cli", "experiment", "real_data", "--preset", "tiny"]
     args += ["--set", "threads=null", "--no-progress"]
     for out, extra in (("s", []), ("d", ["--workers", "2"])):
         subprocess.run([*args, "--out", str(tmp_path / out), *extra], env=env, check=True,

@@ -86,7 +86,7 @@ def test_every_stage_module_follows_the_contract(module):
 
 
 def test_registry_joins_figures_to_registered_stages():
-    from experiments.app import registry
+    from meanfield_cli import registry
 
     names = [s.name for s in registry.STAGES]
     assert names == [

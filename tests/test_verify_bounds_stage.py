@@ -1,4 +1,5 @@
-"""Stage entry and command of the verification harness (stage.py, report.py, command.py).
+"""Stage entry and command of the verification harness (stage.py, report.py and the command,
+meanfield_cli/commands/verify_bounds.py).
 
 Input checks, the experiment-module contract (presets, resume, schema, report section) and
 ``meanfield verify-bounds``, including its non-zero exit on a violated theorem.
@@ -89,8 +90,10 @@ def test_run_rejects_bad_options(tmp_path):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from meanfield_cli.commands import verify_bounds
+
     parser = argparse.ArgumentParser(prog="meanfield")
-    vb.add_parser(parser.add_subparsers(dest="command"))
+    verify_bounds.register(parser.add_subparsers(dest="command"))
     return parser
 
 

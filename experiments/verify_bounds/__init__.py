@@ -46,9 +46,9 @@ Modules: :mod:`~experiments.verify_bounds.generation` (instance generators),
 :mod:`~experiments.verify_bounds.checks` (evaluators and the certified-bracket rules, on the
 engine adapter of :mod:`~experiments.verify_bounds._engine`),
 :mod:`~experiments.verify_bounds.report` (aggregation, JSON and markdown),
-:mod:`~experiments.verify_bounds.stage` (:func:`verify`, :func:`run`) and
-:mod:`~experiments.verify_bounds.command` (``meanfield verify-bounds``). The names below keep the
-stage interface (``PRESETS``, ``run``, ``summary``, ``report_section``, ``add_parser``).
+:mod:`~experiments.verify_bounds.stage` (:func:`verify`, :func:`run`). The names below keep the
+stage interface (``PRESETS``, ``run``, ``summary``, ``report_section``); the command line
+(``meanfield verify-bounds``) is :mod:`meanfield_cli.commands.verify_bounds`.
 
 Provenance: the harness is ours; the bounds are those of :mod:`theory.bounds` (their docstrings
 carry the provenance labels of docs/theory.md §15).
@@ -62,7 +62,6 @@ from .checks import BOUND_RTOL, BOUNDS, BoundSpec
 from .checks import EVALUATORS as EVALUATORS
 from .checks import THETA_BUCKETS as THETA_BUCKETS
 from .checks import check_instance as check_instance
-from .command import add_parser
 from .generation import KIND_WEIGHTS as KIND_WEIGHTS
 from .generation import KINDS, make_targets
 from .generation import RADII as RADII
@@ -81,7 +80,6 @@ __all__ = [
     "STAGE",
     "BoundSpec",
     "Target",
-    "add_parser",
     "execute",
     "make_targets",
     "report_section",
@@ -91,7 +89,7 @@ __all__ = [
     "verify",
 ]
 
-#: The stage (experiments/stage.py contract); ``experiments.app.registry`` gives it typed presets.
+#: The stage (experiments/stage.py contract); ``meanfield_cli.registry`` gives it typed presets.
 STAGE = ModuleStage.from_module(__name__, "Bounds checked against the engine", uses_device=False)
 #: Run the harness for a preset (:meth:`experiments.stage.ModuleStage.run`).
 run = STAGE.run

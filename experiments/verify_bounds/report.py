@@ -285,6 +285,17 @@ def _table(rep: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def text_lines(rep: Mapping[str, Any]) -> list[str]:
+    """The short text form of a report: its table, then one line per candidate bound."""
+    return [
+        *_table(rep),
+        *(
+            f"candidate {name}: {c['verdict']} (min margin {_fmt(c['min_margin'])})"
+            for name, c in rep["candidates"].items()
+        ),
+    ]
+
+
 def report_section(results_dir: Path, figures_dir: Path) -> str:
     """Markdown section for report.md: verdict, refuted candidates and the tightness table."""
     rep = _load(results_dir)

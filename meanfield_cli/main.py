@@ -1,14 +1,14 @@
 """The ``meanfield`` command line.
 
-Each command (one module in :mod:`experiments.app.commands`) returns a JSON-serialisable dict.
+Each command (one module in :mod:`meanfield_cli.commands`) returns a JSON-serialisable dict.
 ``--json`` prints it as one object on stdout; otherwise a short human-readable summary goes to
 stdout. Logs and progress go to stderr.
 
 Every error ends the command with one line on stderr, ``meanfield: error: ...``, and exit status
-2: an error in what the user asked for (a :class:`~experiments.app.options.UsageError`, a
+2: an error in what the user asked for (a :class:`~meanfield_cli.options.UsageError`, a
 ``ValueError`` from input validation, a missing file, an operating-system error such as a full
 disk, a missing optional package, an output directory locked by another run) says what is wrong;
-a failed check or figure (:class:`~experiments.app.options.CommandFailed`) says what failed;
+a failed check or figure (:class:`~meanfield_cli.options.CommandFailed`) says what failed;
 anything else is a bug, and its line says so: ``internal error (TypeError: ...); rerun with
 --traceback for the full trace``. ``--traceback`` (before or after the command) shows the full
 trace instead. An interrupt (Ctrl-C) exits with status 130.

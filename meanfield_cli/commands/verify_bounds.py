@@ -1,4 +1,9 @@
-r"""``meanfield verify-bounds``: run the harness from the command line."""
+"""``meanfield verify-bounds``: check every closed-form bound against certified local constants.
+
+The check itself is the stage :mod:`experiments.verify_bounds` (:func:`~experiments.verify_bounds.verify`);
+this module is its command line: the options, ``--out`` checked before the run, the JSON report,
+and a theorem violation reported as a failed check (one line, exit status 2) rather than as a bug.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,22 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from ..results import run_metadata, write_json
-from .generation import KINDS
-from .report import NAME, _fmt, _table
-from .stage import PRESETS, verify
+from ..options import CommandFailed, check_out_file, plain_text
 
-#: First paragraph of the package docstring (the command's description).
+__all__ = ["register"]
+
+#: The command's description (shown by ``--help`` without the reST markup).
 DESCRIPTION = (
     "Verification harness: every bound of :mod:`theory.bounds` against the certified engine."
 )
 
 
 def _cmd(args: argparse.Namespace) -> dict[str, Any]:
+    from experiments.results import run_metadata, write_json
+    from experiments.verify_bounds import NAME, verify
+
+    if args.out:
+        check_out_file(args.out)
     kinds = None if not args.kinds else [k.strip() for k in args.kinds.split(",") if k.strip()]
     report = verify(args.instances, args.seed, kinds, not args.no_progress)
     doc = {
@@ -32,9 +41,9 @@ def _cmd(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.out:
         doc["file"] = str(write_json(args.out, doc))
-    if not report["passed"]:
+    if not report["passed"]:  # the harness's verdict: a failed check, not a bug
         first = report["violations"][0] if report["violations"] else {}
-        raise RuntimeError(
+        raise CommandFailed(
             f"{report['n_theorem_violations']} theorem violation(s), first: "
             f"{first.get('name')} on instance {first.get('index')} ({first.get('kind')})"
             + (f"; report written to {args.out}" if args.out else "")
@@ -43,24 +52,26 @@ def _cmd(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print(doc: Mapping[str, Any]) -> None:
+    from experiments.verify_bounds.report import text_lines
+
     print(
         f"verify-bounds: {doc['n_instances']} instances, "
         f"{'PASSED' if doc['passed'] else 'FAILED'} ({doc['seconds']:.1f} s)"
     )
-    for line in _table(doc):
+    for line in text_lines(doc):
         print("  " + line)
-    for name, c in doc["candidates"].items():
-        print(f"  candidate {name}: {c['verdict']} (min margin {_fmt(c['min_margin'])})")
     if "file" in doc:
         print(f"  wrote {doc['file']}")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``verify-bounds`` to the ``meanfield`` subcommands."""
-    p = subparsers.add_parser(
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``verify-bounds``."""
+    from experiments.verify_bounds import KINDS, PRESETS
+
+    p = sub.add_parser(
         "verify-bounds",
         help="check every bound of theory.bounds against certified local constants",
-        description=DESCRIPTION,
+        description=plain_text(DESCRIPTION),
     )
     p.add_argument(
         "--instances",
@@ -75,4 +86,3 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="disable the progress bar")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     p.set_defaults(handler=_cmd, printer=_print)
-    return p

@@ -8,7 +8,7 @@ Layout of ``OUT`` (the ``--out`` directory)::
     OUT/reproduce.json        per-stage status, timings, files, the run metadata, and the
                               history of every invocation into OUT with their summed time
 
-The stages are those of :data:`experiments.app.registry.STAGES` (the contract is
+The stages are those of :data:`meanfield_cli.registry.STAGES` (the contract is
 :class:`experiments.stage.Stage`). Every stage is resumable: rerunning the same command skips
 finished work, so a run that was interrupted (or ran out of time) picks up where it stopped. A
 stage that fails does not stop the others; its error is in ``reproduce.json`` and the report,

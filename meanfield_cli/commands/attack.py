@@ -16,7 +16,7 @@
 
 Every handler returns a JSON-serialisable dict (printed by ``--json``) and has a short printer.
 Weights are loaded only from ``.npy``/``.npz`` with ``allow_pickle=False``. Bad input raises
-``ValueError`` with one line, which ``experiments.app.main`` reports as
+``ValueError`` with one line, which ``meanfield_cli.main`` reports as
 ``meanfield: error: ...``. The sweeps of figures B and C are :mod:`experiments.mass_splitting`'s.
 """
 
