@@ -2,31 +2,40 @@ r"""Figure F1: local Lipschitz constant of attention on real text against sequen
 
 One panel per saved sweep of :mod:`experiments.real_data` (configuration × corpus × grid), all
 in one file, ``fig_f1_lipschitz_vs_n.{pdf,png}`` (at most three panels per row, log–log axes),
-and the same panels on linear axes in ``fig_f1_lipschitz_vs_n_linear.{pdf,png}`` (docs/experiments.md
-lists both; the released plots were linear); 10 windows per n (the paper's protocol,
-docs/experiments.md, "Protocols and defects"). Each panel shows
+and the same panels on linear axes in ``fig_f1_lipschitz_vs_n_linear.{pdf,png}`` (the released
+plots were linear); 10 windows per n (the paper's protocol, docs/experiments.md, "Protocols and
+defects"). Panel titles name the model actually measured, the layer and the differentiated map
+in words, the text and the paper configuration it stands in for. Each panel shows
 
 - the true local constant :math:`\|Df(X)\|_2` (dark blue circles, one per window of text), with
-  its certified bracket ``[lower, upper]`` as grey whiskers where the upper end is finite (rotary
-  heads and the "block" map have none; on the linear axes, whiskers reaching far above the data
-  are clipped at the frame);
-- the released code's metric :math:`\sqrt{\|J(X)^\top f(X)\|}` (triangles; not a Lipschitz
-  constant: defect D1 of docs/experiments.md), orange triangles; the window's mean radius is
-  figure F2's x axis and F3's y axis, so it is not colour-coded here;
+  its bracket ``[lower, upper_prob]`` as grey whiskers: ``lower`` is certified, and
+  ``exact <= upper_prob`` holds with probability at least the sweep's ``confidence`` (e.g.
+  :math:`1-10^{-6}`) over the seeded random start of the Lanczos iteration; the legend states the
+  smallest confidence of the figure. Records written before ``upper_prob`` existed have no
+  confidence: their certified bracket ``[lower, upper]`` is drawn in a darker grey and labelled
+  "certified bracket". Windows whose upper end is infinite get no whisker and are counted under
+  the panel; on the linear axes, whiskers reaching far above the data are cut at the frame and
+  the largest ratio upper end / value is written under the panel;
+- the released code's metric :math:`\sqrt{\|J(X)^\top f(X)\|}` (orange triangles; not a Lipschitz
+  constant: defect D1 of docs/experiments.md); the window's mean radius is figure F2's x axis and
+  F3's y axis, so it is not colour-coded here;
 - a dotted vertical line at the model's training length where the grid goes beyond it
-  (all-MiniLM-L6-v2 was fine-tuned on at most 128 tokens, :data:`experiments.real_data.TRAINING_LENGTH`);
-- the least-squares fits :math:`c\,n^{\alpha}` with their 95 % bootstrap intervals
-  (:func:`experiments.fits.fit_power_law`), and the paper's printed curve for the configuration
-  the stand-in replaces, dashed and labelled as hand-set (D7). An exponent interval that is
-  narrower than 0.01 is printed with more digits, so that it never reads ``[0.09, 0.09]``.
+  (all-MiniLM-L6-v2 was fine-tuned on at most 128 tokens,
+  :data:`experiments.real_data.TRAINING_LENGTH`);
+- the least-squares fits :math:`c\,n^{\alpha}` (:func:`experiments.fits.fit_power_law`), and the
+  paper's printed curve for the configuration the stand-in replaces (dashed; drawn by hand in
+  the paper, not fitted: defect D7).
 
-Legends name the model actually measured (docs/experiments.md, "Models and texts"). Reads saved results only.
+What the panels share is explained by one legend under the figure; what differs, the fitted
+:math:`c\,n^{\alpha}` with the 95 % bootstrap interval of :math:`\alpha` and the paper's curve, is
+written under each panel in the colour of its curve. An exponent interval that is narrower than
+0.01 is printed with more digits, so that it never reads ``[0.09, 0.09]``. Reads saved results
+only.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,49 +43,32 @@ from typing import Any
 import numpy as np
 
 from experiments.fits import PAPER_CURVES, fit_power_law
-from experiments.real_data import CORPUS_STANDS_IN, TRAINING_LENGTH, load_sweeps
+from experiments.real_data import CORPUS_STANDS_IN, TRAINING_LENGTH
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import (
+    LABEL_RELEASED,
+    LABEL_VALUE,
+    PALETTE,
+    PANEL_TITLE_PT,
+    confidence_text,
+    figure_main,
+    fit_label,
+    legend_entries,
+    log_axes,
+    panel_grid,
+    panel_note,
+    panel_title,
+    panel_ylabel,
+    save,
+    shared_legend,
+    style,
+    sweeps_or_raise,
+)
 
 __all__ = ["STEM", "draw", "main"]
 
 STEM = "fig_f1_lipschitz_vs_n"
 STEM_LINEAR = "fig_f1_lipschitz_vs_n_linear"
-
-
-def sweeps_or_raise(results_dir: Path) -> list[dict[str, Any]]:
-    """Saved real-data sweeps, or FileNotFoundError naming the experiment to run."""
-    sweeps = load_sweeps(Path(results_dir))
-    if not sweeps:
-        raise FileNotFoundError(
-            f"no finished real-data records in {Path(results_dir) / 'real_data'}; run "
-            "`meanfield reproduce --only real_data` first"
-        )
-    return sweeps
-
-
-def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 2.3):
-    """A figure with ``n_panels`` axes on a grid of at most 3 columns (unused axes removed)."""
-    import matplotlib.pyplot as plt
-
-    ncols = min(3, n_panels)
-    nrows = math.ceil(n_panels / ncols)
-    w = width if ncols > 1 else 3.2
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w, height * nrows + 0.4), squeeze=False)
-    flat = list(axes.ravel())
-    for ax in flat[n_panels:]:
-        ax.remove()
-    return fig, flat[:n_panels]
-
-
-def panel_title(s: Mapping[str, Any]) -> str:
-    """Stand-in label, corpus and the paper configuration it replaces."""
-    corpus = s["corpus"] if s["corpus"] in CORPUS_STANDS_IN else Path(s["corpus"]).name
-    paper = s.get("paper_configuration")
-    stands = CORPUS_STANDS_IN.get(s["corpus"])
-    tail = f"\n→ paper: {paper}" + (f", {stands}" if stands else "") if paper else ""
-    grid = "" if s.get("grid", "short") == "short" else f", {s['grid']} grid"
-    return f"{s['model_short']}\n{s['map_desc']}, {corpus}{grid}{tail}"
 
 
 def paper_curve_for(s: Mapping[str, Any]):
@@ -87,15 +79,6 @@ def paper_curve_for(s: Mapping[str, Any]):
     return PAPER_CURVES.get(f"{s['paper_configuration']} {stands}")
 
 
-def _fit_label(name: str, fit) -> str:
-    lo, hi = fit.alpha_ci
-    digits = 2
-    while digits < 4 and f"{lo:.{digits}f}" == f"{hi:.{digits}f}":
-        digits += 1  # a narrow interval must not print as [0.09, 0.09]
-    a, lo_s, hi_s = (f"{x + 0.0:.{digits}f}" for x in (fit.alpha, lo, hi))
-    return rf"{name}: ${fit.c:.3g}\,n^{{{a}}}$, $\alpha\in[{lo_s},{hi_s}]$"
-
-
 def _fit(n: np.ndarray, y: np.ndarray):
     ok = np.isfinite(y) & (y > 0)
     try:
@@ -104,74 +87,51 @@ def _fit(n: np.ndarray, y: np.ndarray):
         return None
 
 
-def normalized_radius(R: np.ndarray) -> np.ndarray:
-    """Mean radius rescaled to [0, 1] within a panel (min–max; 0.5 when constant)."""
-    lo, hi = float(np.nanmin(R)), float(np.nanmax(R))
-    if not hi > lo * (1 + 1e-9):
-        return np.full(R.shape, 0.5)
-    return (R - lo) / (hi - lo)
+def bracket_label(confidence: float | None) -> str:
+    r"""Legend label of the bracket of :math:`\|J\|_2` drawn for sweeps of this ``confidence``.
 
-
-def log_axes(ax, *, x: bool = True) -> None:
-    """Log axes with plain-number labels at 1, 2, 5 × 10^k (no minor labels).
-
-    An x axis spanning more than 1.8 decades (the long grid, n up to 492), or a y axis spanning
-    more than 1.2, is labelled at 1, 3 × 10^k instead, and one spanning more than 2.5 decades at
-    10^k only, so that the labels of a short or narrow panel do not run into each other.
+    ``None`` (records without a probabilistic end): the certified bracket ``[lower, upper]``;
+    otherwise ``[lower, upper_prob]``, which holds with probability at least ``confidence``.
     """
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    for axis, on in ((ax.xaxis, x), (ax.yaxis, True)):
-        if not on:
-            continue
-        lo, hi = ax.get_xlim() if axis is ax.xaxis else ax.get_ylim()
-        decades = math.log10(hi / lo) if lo > 0 else 0.0
-        subs: tuple[float, ...] = (1.0, 2.0, 5.0)
-        if decades > (1.8 if axis is ax.xaxis else 1.2):
-            subs = (1.0, 3.0)
-        if decades > 2.5:
-            subs = (1.0,)
-        axis.set_major_locator(LogLocator(base=10, subs=subs))
-        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        axis.set_minor_formatter(NullFormatter())
+    if confidence is None:
+        return r"certified bracket of $\|J\|_2$"
+    return rf"bracket of $\|J\|_2$ (holds with probability ≥ {confidence_text(confidence)})"
 
 
-def panel_legend(ax, handles: Sequence[Any] | None = None) -> None:
-    """A compact legend below the panel (keeps the data visible).
+#: Legend labels of the fits and of the paper's curve (the points' labels are shared with F2:
+#: ``_style.LABEL_VALUE``, ``_style.LABEL_RELEASED``).
+LABEL_FIT_VALUE = (
+    r"fit $c\,n^{\alpha}$ to $\|J\|_2$ (under each panel, with the 95 % interval of $\alpha$)"
+)
+LABEL_FIT_RELEASED = r"fit $c\,n^{\alpha}$ to the released metric"
+LABEL_PAPER = "paper's curve (drawn by hand, not fitted)"
 
-    ``handles`` (optional) replaces the labelled artists of the axes, e.g. neutral proxies for
-    series coloured by a colour map (the colour bar explains the colour, the legend the marker).
 
-    Anchored a fixed number of points below the axes, under the tick labels and the x label,
-    so that it clears them whatever height the layout gives the panel.
-    """
-    from matplotlib.transforms import offset_copy
-
-    kwargs = {} if handles is None else {"handles": list(handles)}
-    ax.legend(
-        **kwargs,
-        fontsize=6,
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, y=-31, units="points"),
-        ncol=1,
-        frameon=False,
-        handlelength=1.6,
-        borderaxespad=0.0,
+def _legend_rank(label: str) -> int:
+    """Place in the shared legend (two columns: the true constant's entries, then the others)."""
+    firsts = (
+        LABEL_VALUE,
+        "bracket of",
+        "certified bracket",
+        LABEL_FIT_VALUE,
+        LABEL_RELEASED,
+        LABEL_FIT_RELEASED,
+        LABEL_PAPER,
     )
+    return next((i for i, f in enumerate(firsts) if label.startswith(f)), len(firsts))
 
 
-def panel_ylabel(ax, text: str) -> None:
-    """The y label, on the first column of a panel grid only (titles need the room)."""
-    spec = ax.get_subplotspec()
-    if spec is None or spec.is_first_col():
-        ax.set_ylabel(text)
+#: Whisker colours: the probabilistic bracket, and the certified one (records without it).
+BRACKET_COLOURS = {True: "0.62", False: "0.35"}
 
 
-def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
+def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True, confidence: float | None) -> None:
+    """One sweep; ``confidence``: the smallest confidence of the figure's probabilistic brackets."""
     a = s["arrays"]
     n = a["n"].astype(float)
-    val, low, up, rel = a["value"], a["lower"], a["upper"], a["released"]
+    val, low, rel = a["value"], a["lower"], a["released"]
+    prob = s.get("confidence") is not None
+    up = a["upper_prob"]  # equals the certified end when the records have no probabilistic one
     fin = np.isfinite(up)
     if fin.any():
         ax.errorbar(
@@ -179,15 +139,15 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
             val[fin],
             yerr=[val[fin] - low[fin], up[fin] - val[fin]],
             fmt="none",
-            ecolor="0.6",
-            elinewidth=0.5,
+            ecolor=BRACKET_COLOURS[prob],
+            elinewidth=0.6,
             capsize=0,
             zorder=1,
-            label="certified bracket of $\\|J\\|_2$",
+            label=bracket_label(confidence if prob else None),
         )
     for y, size, marker, colour, label in (
-        (val, 9, "o", PALETTE["fit"], r"$\|J\|_2$ (true, one window)"),
-        (rel, 10, "^", PALETTE["released"], r"released $\sqrt{\|J^\top f\|}$ (D1)"),
+        (val, 9, "o", PALETTE["fit"], LABEL_VALUE),
+        (rel, 10, "^", PALETTE["released"], LABEL_RELEASED),
     ):
         ax.scatter(
             n,
@@ -201,13 +161,15 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
             label=label,
         )
     grid = np.geomspace(n.min(), n.max(), 100) if log else np.linspace(n.min(), n.max(), 100)
-    for y, name, color in (
-        (val, r"$\|J\|_2$ fit", PALETTE["fit"]),
-        (rel, "released fit", PALETTE["released"]),
+    notes: list[tuple[str, Any]] = []
+    for y, name, label, color in (
+        (val, r"$\|J\|_2$", LABEL_FIT_VALUE, PALETTE["fit"]),
+        (rel, "released", LABEL_FIT_RELEASED, PALETTE["released"]),
     ):
         fit = _fit(n, y)
         if fit is not None:
-            ax.plot(grid, fit(grid), color=color, lw=0.9, zorder=4, label=_fit_label(name, fit))
+            ax.plot(grid, fit(grid), color=color, lw=0.9, zorder=4, label=label)
+            notes.append((fit_label(name, fit), color))
     curve = paper_curve_for(s)
     if curve is not None:
         ax.plot(
@@ -217,8 +179,9 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
             lw=0.8,
             ls="--",
             zorder=4,
-            label=rf"paper (hand-set, D7): ${curve.c:g}\,n^{{{curve.alpha:g}}}$",
+            label=LABEL_PAPER,
         )
+        notes.append((rf"paper: ${curve.c:g}\,n^{{{curve.alpha:g}}}$", "k"))
     train_len = TRAINING_LENGTH.get(s["config"]["model"])
     if train_len is not None and n.max() > train_len:
         ax.axvline(
@@ -227,21 +190,28 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True) -> None:
             lw=0.7,
             ls=":",
             zorder=2,
-            label=f"training length ({train_len} tokens)",
+            label=f"length the model was trained on ({train_len} tokens)",
         )
     if log:
         ax.set_xscale("log")
         ax.set_yscale("log")
         log_axes(ax)
     else:
-        # the data set the scale; certified upper ends far above it are clipped at the frame
+        # the data set the scale; bracket ends far above it are clipped at the frame
         shown = [val, rel] + ([curve(grid)] if curve is not None else [])
         top = max(float(np.nanmax(v[np.isfinite(v)])) for v in shown if np.isfinite(v).any())
         ax.set_ylim(0.0, 1.25 * top)
+        clipped = fin & (up > 1.25 * top)
+        if clipped.any():
+            k = float(np.max(up[clipped] / val[clipped]))
+            notes.append((rf"upper ends cut off, up to {k:.2g}× $\|J\|_2$", "0.4"))
+    missing = int((~fin).sum())
+    if missing:
+        notes.append((f"{missing} of {fin.size} windows: no upper end", "0.4"))
     ax.set_xlabel("sequence length $n$")
     panel_ylabel(ax, "local Lipschitz constant")
-    ax.set_title(panel_title(s), fontsize=6.5, loc="left")
-    panel_legend(ax)
+    ax.set_title(panel_title(s), fontsize=PANEL_TITLE_PT, loc="left")
+    panel_note(ax, notes)
 
 
 def draw(results_dir: Path, out_dir: Path) -> list[Path]:
@@ -259,12 +229,17 @@ def draw(results_dir: Path, out_dir: Path) -> list[Path]:
         The PDF and PNG of each version.
     """
     sweeps = sweeps_or_raise(results_dir)
+    levels = [s["confidence"] for s in sweeps if s.get("confidence") is not None]
+    confidence = min(levels) if levels else None  # the weakest guarantee among the sweeps
     written: list[Path] = []
     for stem, log in ((STEM, True), (STEM_LINEAR, False)):
         with style():
-            fig, axes = panel_grid(len(sweeps))
+            fig, axes = panel_grid(len(sweeps), height=2.6)
             for ax, s in zip(axes, sweeps):
-                _draw_panel(ax, s, log=log)
+                _draw_panel(ax, s, log=log, confidence=confidence)
+            handles, labels = legend_entries(axes)
+            order = sorted(range(len(labels)), key=lambda i: _legend_rank(labels[i]))
+            shared_legend(fig, axes, handles=[handles[i] for i in order])
             written += save(fig, Path(out_dir) / stem)
     return written
 

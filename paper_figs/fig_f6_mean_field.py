@@ -5,10 +5,12 @@ Head :math:`d = 2`, :math:`A = \mathrm{diag}(1, -0.3)`, :math:`V = I`. Left (log
 form, the asymptote :math:`\frac{3\sqrt3}{16}\gamma e^{\gamma/2}`, the trivial :math:`\|V\|_2`, the
 upper bounds :math:`c' = 1` (proved, §17) and :math:`c' = 2` (§6; our constants, not the paper's), the
 values reached by the multi-start search over 2–5 weighted atoms (§A4) and the maximised off-axis
-two-atom bound (§A3). The left axis is clipped to the data (the upper bounds grow like
-:math:`e^{cR^2}` and leave it; a note says where), and the markers of the 2–5-atom searches are
-dodged sideways by :data:`DODGE` of the R range, since their values nearly coincide. Right: the
-same values divided by :math:`\sup_\varepsilon g`.
+two-atom bound (§A3). The radius axis is logarithmic, like the measured radii. The left axis is
+clipped to the data (the upper bounds grow like :math:`e^{cR^2}` and leave it; a note says where).
+The markers of the 2–5-atom searches are dodged sideways (:func:`dodge_step`), since their values
+nearly coincide: dotted vertical lines mark the radii actually measured (the off-axis × sit on
+them) and a note under the legend (:func:`dodge_note`) says so. Right: the same values divided by
+:math:`\sup_\varepsilon g`.
 
 Reads ``<results>/synthetic/f6.npz`` written by :func:`experiments.synthetic.run`; no computation.
 """
@@ -28,8 +30,56 @@ __all__ = ["STEM", "draw", "main"]
 
 STEM = "fig_f6_mean_field"
 
-#: Sideways offset between the markers of successive atom counts, as a fraction of the R range.
-DODGE = 0.018
+#: Largest sideways offset between the markers of successive atom counts, in :math:`\ln R` (the
+#: radius axis is logarithmic); :func:`dodge_step` shrinks it where the measured radii are closer.
+DODGE = 0.09
+
+
+def dodge_step(radii: np.ndarray, n_series: int) -> float:
+    r"""Offset in :math:`\ln R` between the markers of successive atom counts at one radius.
+
+    Parameters
+    ----------
+    radii : ndarray
+        The measured radii, increasing.
+    n_series : int
+        Number of marker series dodged around each radius.
+
+    Returns
+    -------
+    float
+        :data:`DODGE`, or less where needed so that the markers of one radius stay within 70 % of
+        the gap to the next radius on each side: groups of neighbouring radii never interleave.
+    """
+    gaps = np.diff(np.log(np.asarray(radii, dtype=float)))
+    if n_series < 2 or gaps.size == 0:
+        return DODGE
+    return float(min(DODGE, 0.7 * float(gaps.min()) / n_series))
+
+
+def dodge_note(radii: np.ndarray) -> str:
+    """The note under the legend that says where the measured markers really are.
+
+    Parameters
+    ----------
+    radii : ndarray
+        The radii at which the measures were optimized (``f6.npz["radii"]``).
+
+    Returns
+    -------
+    str
+        Two lines: the radii (listed up to six, else their number and range; drawn as dotted
+        vertical lines, with the x markers on them) and that the 2–5-atom markers are offset
+        sideways (:func:`dodge_step`).
+    """
+    if len(radii) <= 6:
+        where = "$R$ = " + ", ".join(f"{r:.3g}" for r in radii) + " only"
+    else:
+        where = f"{len(radii)} radii from {min(radii):.3g} to {max(radii):.3g} only"
+    return (
+        f"measured at {where} (dotted vertical lines; the × markers sit on them);\n"
+        "the markers of 2–5 atoms at one $R$ are offset sideways around its line for legibility"
+    )
 
 
 def _tick(v: float, _pos: object) -> str:
@@ -50,7 +100,13 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     with style():
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(TWO_COLUMNS, 0.45 * TWO_COLUMNS + 0.5))
         curves = [
-            ("curve_sup_g", "k", "-", 1.3, r"two-Dirac optimum $\sup_\varepsilon g$ (lower bound)"),
+            (
+                "curve_sup_g",
+                "k",
+                "-",
+                1.3,
+                r"two-Dirac optimum $\mathrm{sup}_\varepsilon\,g$ (lower bound)",
+            ),
             ("curve_half", "k", "--", 0.8, r"two Diracs at $w = 1/2$ (lower bound)"),
             (
                 "curve_asymptote",
@@ -78,11 +134,11 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         for key, c, ls, lw, label in curves:
             ax0.plot(Rc, d[key], color=c, ls=ls, lw=lw, label=label)
             ax1.plot(Rc, d[key] / sup_c, color=c, ls=ls, lw=lw)
-        # the 2–5-atom values nearly coincide: dodge them sideways so that each marker shows
-        span = float(Rc.max() - Rc.min())
-        dodge = DODGE * span * (np.arange(len(atoms)) - (len(atoms) - 1) / 2.0)
+        # the 2–5-atom values nearly coincide: dodge them sideways (by a factor, the radius axis
+        # is logarithmic) so that each marker shows; a note under the legend says so
+        dodge = dodge_step(radii, len(atoms)) * (np.arange(len(atoms)) - (len(atoms) - 1) / 2.0)
         for i, (k, kw) in enumerate(zip(atoms, atom_markers(len(atoms)), strict=True)):
-            x = radii + dodge[i]
+            x = radii * np.exp(dodge[i])
             ax0.plot(x, d["opt_value"][i], label=f"optimized measure, {k} atoms (measured)", **kw)
             ax1.plot(x, d["opt_value"][i] / sup_r, **kw)
         kw = dict(ls="none", marker="x", ms=4.5, color=PALETTE["masked"], mew=0.9)
@@ -94,10 +150,17 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         )
         ax1.plot(radii, d["off_axis_value"] / sup_r, **kw)
         for ax in (ax0, ax1):
+            # the measured radii, where the x markers sit and around which the others are dodged
+            for r in radii:
+                ax.axvline(r, color="0.55", lw=0.6, ls=":", zorder=0)
+            ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("radius $R$")
-            pad = float(np.abs(dodge).max()) + 0.01 * span
-            ax.set_xlim(Rc.min() - pad, Rc.max() + pad)
+            pad = np.exp(float(np.abs(dodge).max()) + 0.03)
+            ax.set_xlim(Rc.min() / pad, Rc.max() * pad)
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(_tick))
+            ax.xaxis.set_minor_formatter(NullFormatter())
         measured = np.concatenate(
             [d["opt_value"].ravel() / np.tile(sup_r, len(atoms)), d["off_axis_value"] / sup_r]
         )
@@ -127,10 +190,17 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 fontsize=6.5,
             )
         ax0.set_ylabel(r"$\mathrm{Lip}_{W_2}(F\,|\,\mathcal{P}(B_R))$ and bounds")
-        ax1.set_ylabel(r"ratio to $\sup_\varepsilon g$")
+        ax1.set_ylabel(r"ratio to $\mathrm{sup}_\varepsilon\,g$")
         ax0.set_title("values", loc="left")
         ax1.set_title(r"relative to the two-Dirac optimum (zoom)", loc="left")
-        legend_below(fig, *ax0.get_legend_handles_labels(), ncol=2, fontsize=6.5)
+        legend_below(
+            fig,
+            *ax0.get_legend_handles_labels(),
+            ncol=2,
+            fontsize=6.5,
+            title=dodge_note(radii),
+            title_fontsize=6.5,
+        )
         fig.suptitle(
             r"mean-field regime: $d = 2$, $A = \mathrm{diag}(1, -0.3)$, $V = I$", fontsize=8.5
         )

@@ -16,11 +16,17 @@ Panels (all curves computed from closed forms; no experiment needed):
 (c) the regime map in the :math:`(R, n)` plane: :math:`n^*(R)` for :math:`c' = 1, 2` and the
     peak :math:`n` of the construction;
 (d) only when ``results_dir/verify_bounds/report.json`` exists: the tightness ratios
-    ``bound / engine value`` measured by :mod:`experiments.verify_bounds` (min–max range and
-    median per bound; refuted candidates in red).
+    ``bound / certified local constant`` measured by :mod:`experiments.verify_bounds` (min–max
+    range and median per bound). Rows are named in words (:data:`BOUND_WORDS`, from the report's
+    record keys); colours, explained in the panel's legend: an upper bound that held on every
+    instance (green), a bound that failed on at least one (red: refuted candidates and the released
+    heuristic), a lower bound that held (blue). Bounds not drawn (a limit, a ratio that is not
+    positive) are listed in the legend.
 
-Every constant is a reconstruction documented in docs/theory.md (§15 lists the labels); none is the paper's printed
-constant. STEM ``fig_theory_bounds``.
+Legends use words, not the code's names; a note under the figure (:data:`GLOSSARY`) defines
+:math:`\theta`, :math:`c'`, :math:`n^*`, :math:`\gamma`, :math:`w` and :math:`g`. Every constant
+is a reconstruction documented in docs/theory.md (§15 lists the labels); none is the paper's
+printed constant. STEM ``fig_theory_bounds``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ STEM = "fig_theory_bounds"
 #: Parameters of panels (a) and (b).
 A_NORM, V_NORM, R_N_PANEL, N_R_PANEL, L_TARGET = 1.0, 1.0, 1.5, 16, 10.0
 
+#: The legend labels of the three forms of the √n upper bound (docs/theory.md §1).
+SQRT_N_FORMS = {
+    "sqrt3": r"$\sqrt{n}$ upper bound, constant $\sqrt{3}$",
+    "sharp": r"$\sqrt{n}$ upper bound, constant $\sqrt{3}$, sharpened",
+    "triangle": r"$\sqrt{n}$ upper bound, triangle inequality",
+}
+
 
 def _panel_n(ax) -> None:
     from theory import bounds, regimes
@@ -55,7 +68,7 @@ def _panel_n(ax) -> None:
             bounds.sqrt_n_upper(A_NORM, V_NORM, R_N_PANEL, n, form=form),
             ls,
             color=PALETTE["bound"],
-            label=rf"$\sqrt{{n}}$ upper ({form})",
+            label=SQRT_N_FORMS[form],
         )
     for c, ls in ((1.0, "-"), (2.0, "--")):
         ax.axhline(
@@ -63,14 +76,14 @@ def _panel_n(ax) -> None:
             ls=ls,
             color=PALETTE["fit"],
             lw=0.9,
-            label=f"mean-field upper, $c'={c:g}$",
+            label=f"mean-field upper bound, $c'={c:g}$",
         )
     ax.axhline(
         float(bounds.two_dirac_lower(gamma_w, V_NORM)),
         color=PALETTE["masked"],
         lw=0.8,
         ls="-.",
-        label=r"two-Dirac $\sup_\varepsilon g$",
+        label=r"two-Dirac optimum $\mathrm{sup}_\varepsilon\,g$",
     )
     for gamma, alpha in ((1.0, 0.45), (2.5, 0.7), (gamma_w, 1.0)):
         ax.plot(
@@ -78,7 +91,7 @@ def _panel_n(ax) -> None:
             bounds.sqrt_n_lower(gamma, n, V_NORM),
             color=PALETTE["unmasked"],
             alpha=alpha,
-            label=rf"construction, $\gamma={gamma:g}$",
+            label=rf"eigenvector construction, $\gamma={gamma:g}$",
         )
         pk = float(regimes.peak_n(gamma))
         ax.plot(
@@ -94,14 +107,14 @@ def _panel_n(ax) -> None:
         bounds.sequence_lower(gamma_w, n, V_NORM),
         ":",
         color=PALETTE["unmasked"],
-        label=rf"$k$ copies, $\gamma={gamma_w:g}$",
+        label=rf"$k$-copy construction, $\gamma={gamma_w:g}$",
     )
     nm = n[(n >= 2) & (n <= 2e4)]
     ax.plot(
         nm,
         bounds.masked_sqrt_n_lower(gamma_w, nm, V_NORM),
         color=PALETTE["released"],
-        label=rf"masked construction, $\gamma={gamma_w:g}$",
+        label=rf"causal (masked) construction, $\gamma={gamma_w:g}$",
     )
     n_star = float(regimes.crossover_n(A_NORM, V_NORM, R_N_PANEL, c=1.0))
     ax.axvline(n_star, color="0.4", lw=0.7, ls="--")
@@ -154,39 +167,39 @@ def _panel_R(ax) -> None:
             bounds.mean_field_upper(A_NORM, V_NORM, R, c=c),
             ls,
             color=PALETTE["fit"],
-            label=f"mean-field upper, $c'={c:g}$",
+            label=f"mean-field upper bound, $c'={c:g}$",
         )
     ax.plot(
         R,
         bounds.two_dirac_lower(gamma, V_NORM),
         color=PALETTE["masked"],
-        label=r"two-Dirac $\sup_\varepsilon g$",
+        label=r"two-Dirac optimum $\mathrm{sup}_\varepsilon\,g$",
     )
     ax.plot(
         R,
         bounds.two_dirac_half(gamma, V_NORM),
         "--",
         color=PALETTE["masked"],
-        label=r"two-Dirac, $w=1/2$",
+        label=r"two Diracs at $w=1/2$",
     )
     ax.plot(
         R,
         bounds.two_dirac_asymptote(gamma, V_NORM),
         ":",
         color=PALETTE["masked"],
-        label="two-Dirac asymptote",
+        label=r"two-Dirac asymptote $\frac{3\sqrt{3}}{16}\gamma e^{\gamma/2}$",
     )
     ax.plot(
         R,
         np.full_like(R, float(bounds.trivial_lower(V_NORM))),
         color=PALETTE["input"],
-        label=r"trivial $\|V\|$",
+        label=r"trivial lower bound $\|V\|$",
     )
     ax.plot(
         R,
         bounds.sqrt_n_upper(A_NORM, V_NORM, R, N_R_PANEL, form="triangle"),
         color=PALETTE["bound"],
-        label=rf"$\sqrt{{n}}$ upper (triangle), $n={N_R_PANEL}$",
+        label=SQRT_N_FORMS["triangle"] + f", $n={N_R_PANEL}$",
     )
     ax.fill_between(
         R,
@@ -195,7 +208,7 @@ def _panel_R(ax) -> None:
         color=PALETTE["released"],
         alpha=0.15,
         lw=0,
-        label=rf"large-$R$ limit range, $n={N_R_PANEL}$",
+        label=rf"large-$R$ limit, between $\|V\|$ and $\sqrt{{n}}\|V\|$, $n={N_R_PANEL}$",
     )
     r_star = _radius_for_n(N_R_PANEL, 1.0)
     ax.axvline(r_star, color="0.4", lw=0.7, ls="--")
@@ -235,14 +248,20 @@ def _panel_regimes(ax) -> None:
     R = np.linspace(0.15, 3.0, 200)
     for c, ls in ((1.0, "-"), (2.0, "--")):
         log10_n = np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=c, log=True)) / math.log(10)
-        ax.plot(R, log10_n, ls, color=PALETTE["fit"], label=f"crossover $n^*$, $c'={c:g}$")
+        ax.plot(
+            R,
+            log10_n,
+            ls,
+            color=PALETTE["fit"],
+            label=f"crossover $n^*$, $c'={c:g}$",
+        )
     gamma = 2.0 * A_NORM * R**2
     t_star = (3 * gamma + np.sqrt(9 * gamma**2 + 4 * gamma + 4)) / (2 * (1 + gamma))
     ax.plot(
         R,
         np.log10(1.0 + t_star * np.exp(gamma)),
         color=PALETTE["unmasked"],
-        label=r"peak of construction, $1+t^*e^\gamma$",
+        label=r"peak of the construction, $1+t^*e^\gamma$",
     )
     n1 = np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=1.0, log=True)) / math.log(10)
     top = max(float(n1.max()), 1.0) * 1.05
@@ -267,26 +286,123 @@ def _panel_regimes(ax) -> None:
 X_MIN, X_MAX = 1e-6, 1e12
 _ARROW_ROOM = 2.5
 
+#: Words for the names of the bounds in the verification report (the record keys of
+#: :func:`theory.bounds.registry.verified`, read by :mod:`experiments.verify_bounds`): the tick
+#: labels of panel (d). "causal" is masked attention; "recalled" a constant recalled, not read in a
+#: source (docs/theory.md §15). A name without an entry is shown as it is.
+BOUND_WORDS = {
+    **{f"sqrt_n_upper[{form}]": words for form, words in SQRT_N_FORMS.items()},
+    "multihead_upper[l2,triangle]": r"multi-head $\sqrt{n}$ upper bound ($\ell_2$ over heads)",
+    "certified_local": "certified data-dependent upper bound",
+    "released_data_dependent": "released code's data-dependent value",
+    "released_data_dependent+max_Ax": r"released value, repaired (adds $\mathrm{max}_i\|Ax_i\|$)",
+    "mean_field_upper[c'=2]": "mean-field upper bound, $c'=2$",
+    "mean_field_upper[c'=1]": "mean-field upper bound, $c'=1$",
+    "mean_field_upper[c'=1/2]": "mean-field upper bound, $c'=1/2$ (probe)",
+    "mean_field_upper[c'=2,masked]": "mean-field upper bound, $c'=2$, causal",
+    "mean_field_upper[c'=1,masked]": "mean-field upper bound, $c'=1$, causal",
+    "mean_field_upper[c'=1,masked,Hardy]": "mean-field upper bound, $c'=1$, causal, Hardy factor 2",
+    "trivial_lower": r"trivial lower bound $\|V\|$",
+    "sqrt_n_lower": "eigenvector construction",
+    "masked_sqrt_n_lower": "eigenvector construction, causal",
+    "sequence_lower": "$k$-copy construction",
+    "two_dirac_lower": r"two-Dirac optimum $\mathrm{sup}_\varepsilon\,g$",
+    "two_dirac_g": r"two Diracs at a random mass $\varepsilon$",
+    "two_dirac_half": "two Diracs at $w=1/2$",
+    "two_dirac_asymptote": "two-Dirac asymptote",
+    "mean_field_lower": r"mean-field lower bound $\max(\|V\|,\mathrm{sup}_\varepsilon\,g)$",
+    "off_axis_two_atom": "off-axis two atoms",
+    "large_radius[limit+deviation]": "large-$R$ limit + deviation bound",
+    "large_radius[limit-deviation]": "large-$R$ limit − deviation bound",
+    "large_radius_limit": "large-$R$ limit",
+    "kim_l2_upper[p=2]": "Kim et al., L2 attention, 2-norm (recalled)",
+    "kim_l2_upper[p=2,WQ^2]": r"Kim et al., 2-norm with $\|W^Q\|^2$ (ours)",
+    "kim_l2_upper[p=inf]": r"Kim et al., L2 attention, $\infty$-norm (recalled)",
+    "kim_softmax_lemma": "Kim et al., softmax lemma",
+}
 
-def _panel_tightness(ax, report: dict) -> None:
-    names, rows = [], []
+#: What the colours of panel (d) mean (:func:`tightness_colour`), in legend order.
+TIGHTNESS_COLOURS = {
+    "holds": (PALETTE["bound"], "upper bound, holds on every instance"),
+    "fails": (PALETTE["masked"], "bound that fails on some instance"),
+    "lower": (PALETTE["unmasked"], "lower bound, holds on every instance"),
+}
+
+
+def bound_words(name: str) -> str:
+    """The words of panel (d) for the bound ``name`` of the verification report.
+
+    Parameters
+    ----------
+    name : str
+        A record key of the report (``report["bounds"]``), e.g. ``"sqrt_n_upper[sqrt3]"``.
+
+    Returns
+    -------
+    str
+        Its entry in :data:`BOUND_WORDS`, or ``name`` itself when it has none.
+    """
+    return BOUND_WORDS.get(name, name)
+
+
+def tightness_colour(record: dict) -> str:
+    """The key of :data:`TIGHTNESS_COLOURS` for one bound record of the verification report.
+
+    Parameters
+    ----------
+    record : dict
+        ``report["bounds"][name]``, with its ``side`` and ``n_violations``.
+
+    Returns
+    -------
+    str
+        ``"fails"`` when the bound failed on at least one instance, whatever its status (a
+        refuted candidate, the released heuristic, a violated theorem); otherwise ``"holds"``
+        for an upper bound and ``"lower"`` for a lower bound.
+    """
+    if (record.get("n_violations") or 0) > 0:
+        return "fails"
+    return "holds" if record["side"] == "upper" else "lower"
+
+
+def tightness_rows(report: dict) -> tuple[list[tuple], list[str]]:
+    """The rows of panel (d) and the bounds left out of it, in report order.
+
+    Parameters
+    ----------
+    report : dict
+        The verification report (``verify_bounds/report.json``).
+
+    Returns
+    -------
+    rows : list of tuple
+        ``(words, min, median, max, colour key)`` of every bound drawn.
+    left_out : list of str
+        ``"words (reason)"`` of every bound not drawn: a limit (not a bound) or a median that is
+        not a positive number (a ratio on a log axis needs one).
+    """
+    rows, left_out = [], []
     for name, b in report["bounds"].items():
         t = b["tightness"]
         lo, med, hi = (record_float(t[k]) for k in ("min", "median", "max"))
-        if b["side"] == "limit" or not np.isfinite(med) or med <= 0:
+        if b["side"] == "limit":
+            left_out.append(f"{bound_words(name)} (a limit, not a bound)")
             continue
-        names.append(name)
-        rows.append((lo, med, hi, b))
+        if not np.isfinite(med) or med <= 0:
+            reason = "below 0 on most instances" if med <= 0 else "no finite median"
+            left_out.append(f"{bound_words(name)} ({reason})")
+            continue
+        rows.append((bound_words(name), lo, med, hi, tightness_colour(b)))
+    return rows, left_out
+
+
+def _panel_tightness(ax, report: dict) -> None:
+    from matplotlib.lines import Line2D
+
+    rows, left_out = tightness_rows(report)
     y = np.arange(len(rows))
-    for yi, (lo, med, hi, b) in zip(y, rows):
-        refuted = b["status"] == "candidate" and (b["n_violations"] or 0) > 0
-        color = (
-            PALETTE["masked"]
-            if refuted
-            else PALETTE["bound"]
-            if b["side"] == "upper"
-            else PALETTE["unmasked"]
-        )
+    for yi, (_, lo, med, hi, key) in zip(y, rows):
+        color = TIGHTNESS_COLOURS[key][0]
         lo_c = min(max(lo, X_MIN), X_MAX) if np.isfinite(lo) else X_MIN
         hi_c = max(min(hi, X_MAX), X_MIN) if np.isfinite(hi) else X_MAX
         # a range that leaves the axis stops short of the frame and ends in an arrowhead
@@ -301,11 +417,48 @@ def _panel_tightness(ax, report: dict) -> None:
     ax.axvline(1.0, color="k", lw=0.6)
     ax.set_xscale("log")
     ax.set_xlim(X_MIN, X_MAX)
-    ax.set_yticks(y, names, fontsize=6.5)
-
+    ax.set_xticks(np.logspace(np.log10(X_MIN), np.log10(X_MAX), 7))
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=6.5)
     ax.invert_yaxis()
-    ax.set_xlabel("bound / engine value (range, median)\narrowhead: range goes on (e.g. max = ∞)")
+    ax.set_xlabel("bound / certified local Lipschitz\nconstant of the instance")
     ax.set_title(f"(d) tightness over {report['n_instances']} instances", loc="left")
+    handles = [
+        Line2D([], [], color=c, lw=1.6, alpha=0.6, label=words)
+        for c, words in TIGHTNESS_COLOURS.values()
+    ] + [
+        Line2D([], [], ls="none", marker="o", ms=2.5, color="k", label="median over instances"),
+        Line2D(
+            [], [], ls="none", marker=">", ms=3, color="k", label="range goes on (e.g. max = ∞)"
+        ),
+    ]
+    title = "bar: min–max over instances; 1: the bound is attained"
+    if left_out:
+        title += "\nnot shown:" + "".join(f"\n  {words}" for words in left_out)
+    ax.legend(
+        handles=handles,
+        title=title,
+        title_fontsize=6.5,
+        fontsize=6.5,
+        loc="upper right",
+        bbox_to_anchor=(1.0, -0.14),
+        ncol=1,
+        frameon=False,
+        handlelength=2.0,
+    )
+
+
+#: Definitions of the symbols of panels (a)–(c), in a note under the figure.
+GLOSSARY = (
+    r"$\theta=\|A\|R^2$; $c'$: constant of the exponent $e^{c'\theta}$ of the mean-field upper "
+    r"bound; $n^*$: the $n$ at which the $\sqrt{n}$ and mean-field upper bounds are equal;"
+    "\n"
+    r"$\gamma$: logit gap of the construction ($2\|A\|R^2$ in the worst case); ▼: its peak "
+    r"over $n$, at $n-1=t^*e^\gamma$, $t^*\in[1,3)$; $w$: attention weight on the light Dirac;"
+    "\n"
+    r"$g(\varepsilon)$: value of two Diracs with light mass $\varepsilon$, "
+    r"$\mathrm{sup}_\varepsilon\,g$ its maximum. Constants are ours (docs/theory.md), not the "
+    "paper's."
+)
 
 
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -330,11 +483,14 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     report = load_json(report_path) if report_path.exists() else None
     with style():
         if report is None:
-            fig, axes = plt.subplots(1, 3, figsize=(TWO_COLUMNS, 0.72 * TWO_COLUMNS))
+            fig, axes = plt.subplots(1, 3, figsize=(TWO_COLUMNS, 0.8 * TWO_COLUMNS))
             ax_n, ax_R, ax_reg = axes
         else:
-            fig, axes = plt.subplots(2, 2, figsize=(TWO_COLUMNS, 1.25 * TWO_COLUMNS))
-            (ax_n, ax_R), (ax_reg, ax_t) = axes
+            # (d) needs the width of its worded rows: the bottom row has its own width ratios
+            fig = plt.figure(figsize=(TWO_COLUMNS, 1.5 * TWO_COLUMNS))
+            top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.3])
+            ax_n, ax_R = top.subplots(1, 2)
+            ax_reg, ax_t = bottom.subplots(1, 2, width_ratios=[1.0, 1.4])
             _panel_tightness(ax_t, report)
         _panel_n(ax_n)
         _panel_R(ax_R)
@@ -344,11 +500,11 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 fontsize=6.5,
                 loc="upper center",
                 bbox_to_anchor=(0.5, -0.2),
-                ncol=2 if ax is ax_n else 1,
+                ncol=1,
                 frameon=False,
                 handlelength=2.0,
-                columnspacing=0.8,
             )
+        fig.supxlabel(GLOSSARY, fontsize=6.5, x=0.01, ha="left", multialignment="left")
         return save(fig, Path(out_dir) / STEM)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -216,3 +217,102 @@ def test_figure_c_from_results_function(tmp_path):
     )
     assert all(f.exists() for f in files)
     assert all(p.exists() for p in fig_c_mass_splitting.draw(tmp_path))
+
+
+# ------------------------------------------------------------------- figure B: how it reads
+def test_figure_b_mass_label():
+    """Plain notation from the log-mass, exact far below the float64 range of the mass itself."""
+    from paper_figs.fig_b_worst_measures import mass_label
+
+    assert mass_label(np.log(0.84)) == "0.84"
+    assert mass_label(np.log(0.0196)) == "0.02"
+    assert mass_label(np.log(2.49e-4)) == "2e-4"
+    assert mass_label(np.log(9.6e-5)) == "1e-4"  # rounds up a decade, not "10e-5"
+    assert mass_label(-38.38063) == "2e-17"
+    assert mass_label(-800.0) == "4e-348"  # exp(-800) underflows; its logarithm does not
+
+
+def _clustered_results(root):
+    """Figure B inputs like the quick run: near-coincident atoms, masses down to 2e-17."""
+    from experiments.results import save_npz, write_json
+
+    lw = np.log(np.array([[0.14, 0.019, 1.0], [2.5e-4, 1.3e-4, 1.0], [4.6e-9, 2.6e-7, 1.0]]))
+    lw[:, 2] = np.log1p(-np.exp(lw[:, :2]).sum(axis=1))
+    lw[2, 0] = -38.38  # 2e-17
+    save_npz(
+        root / "worst_measures.npz",
+        radii=np.array([1.0, 2.0, 4.0]),
+        d1_points=np.array(
+            [[[1.0], [0.99], [-1.0]], [[2.0], [1.98], [-2.0]], [[4.0], [2.3], [-4.0]]]
+        ),
+        d1_log_weights=lw,
+        d1_value=np.array([2.0, 6.5, 25.0]),
+        d1_two_dirac=np.array([0.6, 1.3, 12.9]),
+        d2_points=np.array(
+            [
+                [[-1.0, 0.0], [-0.94, -0.33], [1.0, 0.03]],
+                [[2.0, 0.0], [2.0, 1e-4], [-2.0, 0.0]],
+                [[-2.5, -3.1], [-2.5, -3.1], [-1.0, 3.9]],
+            ]
+        ),
+        d2_log_weights=lw,
+        d2_value=np.array([2.0, 6.5, 490.0]),
+    )
+    write_json(
+        root / "worst_measures.json",
+        {"settings": {"d1": {"label": "d = 1", "A": [[1.0]]}, "d2": {"label": "d = 2"}}},
+    )
+
+
+def test_figure_b_rows_masses_and_note(tmp_path, monkeypatch):
+    """Each measure stays in its own row band; masses are plain; the notes say what is shown."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.collections import PathCollection
+
+    from paper_figs import fig_b_worst_measures as mod
+
+    _clustered_results(tmp_path)
+    kept = []
+    original = mod.save
+    monkeypatch.setattr(
+        mod, "save", lambda fig, stem, **kw: kept.append(fig) or original(fig, stem)
+    )
+    mod.draw(tmp_path, tmp_path / "out")
+    (fig,) = kept
+    fig.canvas.draw()
+    data = np.load(tmp_path / "worst_measures.npz")
+    radii, lw = data["radii"], data["d1_log_weights"]
+    (ax,) = [a for a in fig.axes if a.get_title(loc="left").endswith("d = 1")]
+    rows = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(rows) == len(radii)
+    for i, (coll, R) in enumerate(zip(rows, radii)):
+        xy = coll.get_offsets()
+        assert np.all(np.abs(xy[:, 1] - i) <= mod.SPREAD) and mod.SPREAD < 0.5  # inside its band
+        x = data["d1_points"][i, :, 0] / R
+        clustered = np.array([np.sum(np.abs(x - xi) < mod.CLUSTER) > 1 for xi in x])
+        on_line = np.isclose(xy[:, 1], i)
+        assert sorted(on_line) == sorted(~clustered)  # only clustered atoms leave the line
+        for xi, yi in xy[~on_line]:  # each joined to the line by a stem at its position
+            assert any(
+                np.allclose(ln.get_xdata(), [xi, xi]) and np.allclose(ln.get_ydata(), [i, yi])
+                for ln in ax.get_lines()
+            )
+    texts = [t.get_text() for t in ax.texts]
+    assert {mod.mass_label(v) for v in lw.ravel()} <= set(texts)
+    assert "2e-17" in texts
+    everything = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+    assert not any(re.search(r"10\^\{-?\d+\.\d", t) for t in everything)  # no 10^{-16.7}
+    # d = 2: two atoms at one point get one label, heavier mass first
+    (ax4,) = [a for a in fig.axes if a.get_title().startswith("R = 4,")]
+    assert f"{mod.mass_label(lw[2, 1])} & {mod.mass_label(lw[2, 0])}" in [
+        t.get_text() for t in ax4.texts
+    ]
+    # the colour bar speaks in masses, from 1 down
+    (cax,) = [a for a in fig.axes if "mass" in a.get_ylabel()]
+    ticks = [t.get_text() for t in cax.get_yticklabels()]
+    assert sorted(ticks) == ["1", "1e-10", "1e-15", "1e-5"]  # masses down to 2e-17
+    note = fig.get_supxlabel()
+    assert note == mod.mass_note({"settings": {"d1": {"A": [[1.0]]}}}, radii)
+    assert "2e-17" in note and "exp(\\|A\\|R^2)$ = 9e6 at $R$ = 4" in note

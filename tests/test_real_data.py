@@ -384,3 +384,16 @@ def test_long_grid_only_on_the_long_corpora(tmp_path):
     assert [
         r["n"] for r in load_jsonl(tmp_path / "real_data" / "minilm-L0__pydoc__long.jsonl")
     ] == [3]
+
+
+def test_default_stopping_rule_gives_the_tight_probabilistic_bracket(tmp_path):
+    """tol null (the quick and paper presets): each window stops on the certified width."""
+    assert real_data.PRESETS["quick"].tol is None and real_data.PRESETS["paper"].tol is None
+    real_data.run(tmp_path, "tiny", progress=False, n_grid=[4], n_windows=2, tol=None)
+    (rec,) = _records(tmp_path)
+    lo, val, pr, up = (
+        np.asarray(rec[k], dtype=float) for k in ("lower", "value", "upper_prob", "upper")
+    )
+    assert np.all(lo <= val) and np.all(val <= pr) and np.all(pr <= up)
+    assert np.all(pr <= 1.05 * lo * (1 + 1e-12))  # the default width, 1 + prob_rtol
+    assert all(rec["converged"]) and rec["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)

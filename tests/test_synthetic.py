@@ -295,3 +295,66 @@ def test_figure_renders(tiny: tuple[Path, list[Path]], tmp_path: Path, stem: str
 def test_figure_missing_results(tmp_path: Path, stem: str) -> None:
     with pytest.raises(FileNotFoundError, match="synthetic"):
         FIGURES[stem].draw(tmp_path, tmp_path / "figures")
+
+
+def test_f6_dodged_markers_are_said_and_centred(
+    tiny: tuple[Path, list[Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F6: the sideways offset of the 2–5-atom markers is stated under the legend and is honest.
+
+    The markers of one radius are centred (geometric mean) on it, the off-axis × sit on it, groups
+    of neighbouring radii do not interleave, and a dotted guide marks every measured radius.
+    """
+    root, _ = tiny
+    mod = fig_f6_mean_field
+    kept = []
+    original = mod.save
+
+    def keep(figure, stem, **kw):
+        kept.append(figure)
+        return original(figure, stem, **kw)
+
+    monkeypatch.setattr(mod, "save", keep)
+    mod.draw(root, tmp_path / "figures")
+    (figure,) = kept
+    f6 = _npz(root, "f6")
+    radii, atoms = f6["radii"], f6["atoms"]
+    (legend,) = figure.legends
+    title = legend.get_title().get_text()
+    assert title == mod.dodge_note(radii) and "offset sideways" in title
+    assert all(f"{r:.3g}" in title for r in radii)
+    ax0 = figure.axes[0]
+    by_label = {ln.get_label(): ln for ln in ax0.get_lines()}
+    xs = np.array([by_label[f"optimized measure, {k} atoms (measured)"].get_xdata() for k in atoms])
+    assert len(atoms) > 1 and not np.allclose(xs, radii)  # dodged ...
+    np.testing.assert_allclose(np.exp(np.log(xs).mean(axis=0)), radii, rtol=1e-12)  # ... around R
+    np.testing.assert_array_equal(
+        by_label["off-axis two atoms, maximised (lower bound)"].get_xdata(), radii
+    )
+    assert np.all(xs.max(axis=0)[:-1] < xs.min(axis=0)[1:])
+    for ax in figure.axes[:2]:
+        guides = {
+            float(ln.get_xdata()[0])
+            for ln in ax.get_lines()
+            if ln.get_linestyle() == ":" and len(ln.get_xdata()) == 2
+        }
+        assert guides == {float(r) for r in radii}
+
+
+@pytest.mark.parametrize("n_radii", [2, 5, 16])
+def test_f6_dodge_step_keeps_groups_apart(n_radii: int) -> None:
+    radii = np.geomspace(0.5, 10.0, n_radii)
+    n = 4
+    step = fig_f6_mean_field.dodge_step(radii, n)
+    assert 0 < step <= fig_f6_mean_field.DODGE
+    half_width = step * (n - 1) / 2
+    gap = float(np.diff(np.log(radii)).min())
+    assert 2 * half_width < gap  # the outermost markers of neighbours never meet
+    if gap > 4 * fig_f6_mean_field.DODGE:
+        assert step == fig_f6_mean_field.DODGE
+    assert fig_f6_mean_field.dodge_step(radii[:1], n) == fig_f6_mean_field.DODGE
+    note = fig_f6_mean_field.dodge_note(radii)
+    if n_radii <= 6:
+        assert all(f"{r:.3g}" in note for r in radii)
+    else:  # too many to list under the legend: their number and range
+        assert f"{n_radii} radii from 0.5 to 10 only" in note

@@ -116,14 +116,45 @@ def _short_model(entry: Mapping[str, Any]) -> str:
     }.get(cfg["model"], entry.get("model_label") or cfg["model"])
 
 
-def _map_desc(entry: Mapping[str, Any]) -> str:
+def _map_desc(entry: Mapping[str, Any], *, layer: bool = True) -> str:
+    """The differentiated map in words (figure titles, sweep labels).
+
+    E.g. ``"layer 0, all heads + output projection, causal mask"``.
+
+    Parameters
+    ----------
+    entry : Mapping
+        A manifest entry (its ``config``: ``layer``, ``map``, ``masked``).
+    layer : bool
+        Start with ``"layer <k>"`` (``False``: the map and mask only).
+
+    Returns
+    -------
+    str
+        Comma-separated parts, never the code's map names (``heads+WO``, ``block``, ``heads``).
+        "layer norm" is written in two lower-case words so that no part starts with `` L``
+        (:func:`_display_label` keeps `` L<layer>`` as the last such mark).
+    """
     cfg = entry["config"]
-    return f"L{cfg['layer']} [{cfg['map']}{', causal' if cfg['masked'] else ''}]"
+    words = {
+        "heads+WO": "all heads + output projection",
+        "heads": "all heads, no output projection",
+        "block": "residual block with layer norm",
+    }.get(cfg["map"], str(cfg["map"]))
+    parts = [f"layer {cfg['layer']}"] if layer else []
+    parts.append(words)
+    if cfg["masked"]:
+        parts.append("causal mask")
+    return ", ".join(parts)
 
 
 def _display_label(entry: Mapping[str, Any]) -> str:
-    """Legend label naming the model actually used (docs/experiments.md)."""
-    return f"{_short_model(entry)} {_map_desc(entry)}"
+    """Label naming the model actually used (docs/experiments.md), its layer and map in words.
+
+    ``"<model> L<layer>, <map>"``, e.g. ``"all-MiniLM-L6-v2 L0, residual block with layer norm"``;
+    the model is everything before the last `` L`` (the verdict table's stand-in list reads it so).
+    """
+    return f"{_short_model(entry)} L{entry['config']['layer']}, {_map_desc(entry, layer=False)}"
 
 
 def _paper_corpus(entry: Mapping[str, Any]) -> str | None:
@@ -406,22 +437,25 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     lines = [
         "## Real data: local Lipschitz constant against n (F1–F3)",
         "",
-        "Local Lipschitz constant of attention layers on real text (docs/experiments.md, F1–F3): the "
-        "true spectral norm ‖J‖₂ of the map (certified lower end; upper end certified where "
-        "finite) and the released code's metric √‖Jᵀf‖ (D1), fitted as c·n^α by least squares "
-        "in log–log with 95 % bootstrap intervals (windows resampled within each n). The paper's "
-        "curves are hand-set (D7) and were drawn through the released metric on the paper's "
-        "models; ours are offline stand-ins (model names as measured), except the random GPT-2, "
-        "which is the paper's own model (another seed). *Max gap* is the largest "
+        "Local Lipschitz constant of attention layers on real text (docs/experiments.md, "
+        "F1–F3): the true spectral norm ‖J‖₂ of the map (certified lower end; upper end "
+        "certified where finite) and the released code's metric √‖Jᵀf‖, which is not a "
+        "Lipschitz constant (defect D1), fitted as c·n^α by least squares in log–log with "
+        "95 % bootstrap intervals (windows resampled within each n). The paper's "
+        "curves were drawn by hand, not fitted (defect D7), through the released metric on the "
+        "paper's models; ours are offline stand-ins (model names as measured), except the random "
+        "GPT-2, which is the paper's own model (another seed). *Max gap* is the largest "
         "relative gap between our fitted released-metric curve and the paper's over the measured "
         f"n; the verdict is *reproduced* where the model is the paper's and that gap is at most "
         f"{100 * CURVE_TOLERANCE:g} % (*not reproduced* above), *stand-in* where the model "
-        "differs (the constants are then not comparable). Names: map *heads+WO* is all attention heads with the output "
-        "projection, *block* the whole attention block (heads, output projection, residual "
-        "connection and LayerNorm), *causal* with the causal mask; corpus *kjv* is the King James "
-        "Bible text (standing in for *Alice in Wonderland*), *pydoc* the Python documentation "
-        "topics (standing in for AG NEWS); *R(X)* is the RMS token norm (the paper's mean "
-        "radius); D1–D7 are the defects of the authors' released code (docs/experiments.md).",
+        "differs (the constants are then not comparable). Each sweep is named by the model "
+        "measured, its layer (L0 is the first) and the map differentiated: *all heads + output "
+        "projection*, or the *residual block with layer norm* (heads, output projection, residual "
+        "connection and LayerNorm, the map of the released BERT runs), with *causal mask* where "
+        "the causal mask is applied; corpus *kjv* is the King James Bible text (standing in for "
+        "*Alice in Wonderland*), *pydoc* the Python documentation topics (standing in for AG "
+        "NEWS); *R(X)* is the RMS token norm (the paper's mean radius); D1–D7 are the defects of "
+        "the authors' released code (docs/experiments.md).",
         "",
         "| sweep (model used) | stands in for | n | ‖J‖₂: α [95 % CI] | ‖J‖₂: c "
         "| √‖Jᵀf‖: α [95 % CI] | √‖Jᵀf‖: c [95 % CI] | paper α | paper c "
