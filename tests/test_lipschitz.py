@@ -153,6 +153,11 @@ def test_local_lipschitz_fn_on_attention_points_equals_local_lipschitz(gen):
             _check_bracket(est, ref.value)
         free = local_lipschitz_fn(fn, X, batch_dims=1, method="lanczos")
         assert bool(torch.isinf(free.upper).all())
+        # tol=None (local_lipschitz's default spelling) is the residual rule at 1e-6, the same run
+        default = local_lipschitz_fn(fn, X, batch_dims=1, method="lanczos", tol=None)
+        explicit = local_lipschitz_fn(fn, X, batch_dims=1, method="lanczos", tol=1e-6)
+        assert torch.equal(default.value, explicit.value)
+        assert torch.equal(default.n_matvec, explicit.n_matvec)
 
 
 def test_released_metric_is_sqrt_norm_of_Jt_f_not_the_spectral_norm(gen):

