@@ -584,3 +584,28 @@ def test_estimate_load_refuses_other_files_in_one_line(tmp_path):
     with pytest.raises(FileNotFoundError):
         LipschitzEstimate.load(tmp_path / "missing.safetensors")
     assert LipschitzEstimate.load(good).method == est.method
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"max_iter": 0}, "max_iter must be a positive integer"),
+        ({"krylov_dim": 0}, "krylov_dim must be a positive integer"),
+        ({"krylov_dim": 2.5}, "krylov_dim must be a positive integer"),
+        ({"delta": 2.0}, r"delta must be in \(0, 1\)"),
+        ({"delta": 0.0}, r"delta must be in \(0, 1\)"),
+    ],
+)
+def test_iteration_and_confidence_options_are_checked(gen, kw, match):
+    params = random_params(gen, 4, kind="wo")
+    X = torch.randn(5, 4, generator=gen, dtype=D64)
+    with pytest.raises(ValueError, match=match):
+        local_lipschitz(X, params, method="lanczos", **kw)
+
+
+def test_prob_rtol_none_stops_on_the_residual_rule(gen):
+    """prob_rtol=None is the residual rule (docstring), "auto" the width rule."""
+    params = random_params(gen, 8, kind="wo")
+    X = torch.randn(200, 8, generator=gen, dtype=D64)
+    assert local_lipschitz(X, params, prob_rtol=None).stop_rule == "residual"
+    assert local_lipschitz(X, params).stop_rule == "width"

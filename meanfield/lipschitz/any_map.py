@@ -20,15 +20,11 @@ from .._spectral import (
     spectral_norm_upper,
     top_singular_value,
 )
-from .engine import (
-    _DENSE_GRAM_STEPS,
-    DENSE_AUTO_MAX,
-    LipschitzEstimate,
-    Method,
-    _round_down,
-    _round_up,
-    _start,
-)
+from .._typing import Method
+from ._certify import DENSE_GRAM_STEPS
+from ._estimate import LipschitzEstimate
+from ._operators import random_start, round_down, round_up
+from ._options import DENSE_AUTO_MAX
 
 
 # ------------------------------------------------------------------ arbitrary differentiable maps
@@ -122,13 +118,13 @@ def local_lipschitz_fn(
         if upper == "none":
             up64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
         else:
-            up64 = spectral_norm_upper(J64, candidate=S[..., 0], max_iter=_DENSE_GRAM_STEPS)
+            up64 = spectral_norm_upper(J64, candidate=S[..., 0], max_iter=DENSE_GRAM_STEPS)
             up64 = up64 * (1 + em)
         zeros = torch.zeros(batch, dtype=torch.int64, device=dev)
         return LipschitzEstimate(
             value=S[..., 0].to(dtype),
-            lower=_round_down(sigma * (1 - em), dtype),
-            upper=_round_up(up64, dtype),
+            lower=round_down(sigma * (1 - em), dtype),
+            upper=round_up(up64, dtype),
             converged=torch.ones(batch, dtype=torch.bool, device=dev),
             n_iter=zeros,
             n_matvec=zeros,
@@ -137,7 +133,7 @@ def local_lipschitz_fn(
             geometry="euclidean",
             upper_method="none" if upper == "none" else "gram",
             vector=v.reshape(X.shape).to(dtype),
-            upper_prob=None if delta is None else _round_up(up64, dtype),
+            upper_prob=None if delta is None else round_up(up64, dtype),
             confidence=None if delta is None else 1.0 - float(delta),
         )
     if upper == "gram":
@@ -151,7 +147,7 @@ def local_lipschitz_fn(
     def rmatvec(u: Tensor) -> Tensor:
         return pullback(u.reshape(out_shape))[0].reshape(batch + (-1,))
 
-    x0 = _start(batch + (N,), X, seed, generator)
+    x0 = random_start(batch + (N,), X, seed, generator)
     res = top_singular_value(
         matvec,
         rmatvec,
@@ -169,7 +165,7 @@ def local_lipschitz_fn(
             k1 = res.n_iter.clamp_max(max(int(krylov_dim), 2))
             u = torch.finfo(dtype).eps / 2
             margin = (64 * math.sqrt(N) + 16 * int(k1.max())) * u
-            upper_prob = _round_up(probabilistic_upper(ritz, k1, N, delta, margin), dtype)
+            upper_prob = round_up(probabilistic_upper(ritz, k1, N, delta, margin), dtype)
     return LipschitzEstimate(
         value=res.sigma,
         lower=res.sigma,

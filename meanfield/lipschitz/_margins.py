@@ -1,0 +1,113 @@
+r"""The rounding margins of a certified estimate, known before the solver runs.
+
+:class:`Margins` holds the error model of the computed operator (docs/rounding.md §2–§4) and
+forms its magnitude norm once, when an end first needs it; :func:`width_rule` predicts from them
+the certified ends the estimator forms after the run, which is how the default stopping rule
+("width") reads the certificate while the solver runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .. import _rounding as _rnd
+from .._typing import ProductGeometry
+from ._operators import Operators
+
+
+class Margins:
+    r"""The rounding model of one certified estimate (docs/rounding.md §2–§4).
+
+    ``model`` is the error model of the float64 operator, ``mlin`` its magnitude linearisation
+    (``None`` without analytic heads). The magnitude norm :math:`\||J|_{\rm mag}\|` costs two
+    magnitude products: :meth:`mag_norm` forms it once, for the ends that need it (the upper
+    certificates, the width rule); the lower end uses :math:`\||J|_{\rm mag}|v|\|` from one
+    product when it can (:meth:`mag_norm_for_lower`).
+    """
+
+    def __init__(self, ops: Operators, geometry: ProductGeometry) -> None:
+        self.geometry = geometry
+        self.rope = bool(ops.lin.rope_heads)
+        self.model = _rnd.error_model(ops.lin64)
+        lin64s = ops.lin64s
+        self.mlin = (
+            _rnd.magnitude_linearization(lin64s, self.model) if lin64s.analytic_heads else None
+        )
+        self._mag_norm: Tensor | None = None
+
+    def mag_norm(self) -> Tensor:
+        r"""Upper bound on :math:`\||J|_{\rm mag}\|_2` (units of :math:`2^e`), formed once."""
+        if self._mag_norm is None:
+            self._mag_norm = _rnd.magnitude_norm(self.mlin, self.geometry, self.model.eta)
+        return self._mag_norm
+
+    def mag_norm_for_lower(self, mag_v: Tensor | None) -> Tensor:
+        """The magnitude norm the lower end uses beside ``mag_v``.
+
+        The norm where it is already formed or no ``mag_v`` is available, else ``inf`` (the lower
+        end then uses ``mag_v`` alone).
+        """
+        if mag_v is None or self._mag_norm is not None:
+            return self.mag_norm()
+        return torch.full_like(self.model.eta, math.inf)
+
+    def self_margin(self, em: float) -> float:
+        """Relative margin of the self-Jacobian blocks: ``em`` plus the attention error."""
+        return em + 4 * float(self.model.eps_P.amax())
+
+    def upper(self, bound: Tensor) -> Tensor:
+        """A bound on the computed operator made a bound on the exact one (docs/rounding.md §4.2)."""
+        return _rnd.upper_margin(self.mag_norm(), self.model, bound, self.rope)
+
+    def lower(self, s_prod: Tensor, v: Tensor, n_out: int) -> Tensor:
+        r"""Certified lower end from ``s_prod`` :math:`=\|\widehat{Jv}\|` (docs/rounding.md §4.1)."""
+        mag_v = _rnd.magnitude_vector_norm(self.mlin, v, self.geometry)
+        mag = self.mag_norm_for_lower(mag_v)
+        return _rnd.lower_from_product(s_prod, v, mag, self.model, self.rope, n_out, mag_v)
+
+
+def width_rule(
+    width: float,
+    margin: float,
+    mag_norm: Tensor,
+    model: _rnd.ErrorModel,
+    rope: bool,
+    n_out: int,
+    n_in: int,
+    shift: int,
+    *,
+    float32_solve: bool,
+) -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor], Tensor], Tensor]:
+    r"""The width rule's tests on the solver's Ritz value ``sigma`` and bound (solver units).
+
+    They predict the certified ends exactly as the estimator forms them after the run
+    (:func:`~meanfield._rounding.upper_margin`, :func:`~meanfield._rounding.lower_from_norm`),
+    from the magnitude norm and error model known before it, with the Ritz value for
+    :math:`\|Jv\|` (lowered by the Krylov margin for a float32 solve, whose vector is measured
+    again in float64). ``shift`` is ``e_solve - e`` (docs/rounding.md §5). Returns
+    ``accept(sigma, bound)``, ``reachable(sigma)`` (whether a perfect Krylov bound, the Ritz
+    value times ``1 + margin``, would be accepted) and whether the relative margins alone leave
+    room for the width (a tensor of the batch shape).
+    """
+    shrink = 1.0 - margin if float32_solve else 1.0
+
+    def ends(sigma: Tensor, bound: Tensor, mag: Tensor) -> tuple[Tensor, Tensor]:
+        s = _rnd.unscale(sigma.to(torch.float64), shift) * shrink
+        up = _rnd.upper_margin(mag, model, _rnd.unscale(bound.to(torch.float64), shift), rope)
+        lo = _rnd.lower_from_norm(s, torch.ones_like(s), n_in, mag, model, rope, n_out)
+        return up, lo
+
+    def accept(sigma: Tensor, bound: Tensor) -> Tensor:
+        up, lo = ends(sigma, bound, mag_norm)
+        return up <= width * lo
+
+    def reachable(sigma: Tensor) -> Tensor:
+        return accept(sigma, sigma.to(torch.float64) * (1 + margin))
+
+    one = torch.ones_like(mag_norm)
+    up, lo = ends(one, one * (1 + margin), torch.zeros_like(mag_norm))
+    return accept, reachable, up <= width * lo

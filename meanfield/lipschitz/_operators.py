@@ -1,0 +1,280 @@
+r"""The operators an estimate runs on: the input, its linearisations, precisions and scales.
+
+:func:`parse_input` reads a sequence or a measure by the input rule (docs/conventions.md §8);
+:func:`prepare` makes, from the linearisation at the input, its float64 copy scaled by a power of
+two (the certificate's operator, docs/rounding.md §5) and the operator the iterative solver
+runs on (float32 inputs keep float32 where its range allows); :func:`flat_ops`,
+:func:`self_ops` and :func:`random_start` are the solver's products and start vector.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .. import _rounding as _rnd
+from .._typing import Params, ProductGeometry
+from .._validation import check_flag, check_measure, check_points, params_dtype_device
+from ..jacobian import AttentionLinearization, jvp, linearize, self_jvp, self_vjp, vjp
+from ..measures import DiracMeasure
+from ..params import AttentionParams, MultiHeadParams
+from ._options import Plan
+
+_U64 = torch.finfo(torch.float64).eps / 2
+
+Operator = Callable[[Tensor], Tensor]
+
+
+def round_down(x64: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast ``x64`` to ``dtype`` rounding towards ``-inf``."""
+    y = x64.to(dtype)
+    if dtype == torch.float64:
+        return y
+    return torch.where(y.to(torch.float64) > x64, torch.nextafter(y, y.new_tensor(-math.inf)), y)
+
+
+def round_up(x64: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast ``x64`` to ``dtype`` rounding towards ``+inf``."""
+    y = x64.to(dtype)
+    if dtype == torch.float64:
+        return y
+    return torch.where(y.to(torch.float64) < x64, torch.nextafter(y, y.new_tensor(math.inf)), y)
+
+
+def eval_margin(n: int, d: int) -> float:
+    """Relative evaluation margin of J in float64 (first-order model, heuristic constant)."""
+    return 64 * (n + d) * _U64
+
+
+def parse_input(
+    x: Tensor | DiracMeasure, masked: bool | None, params: Params
+) -> tuple[Tensor, Tensor | None, Tensor | None, bool]:
+    """Points, log-weights, positions and the mask flag, by the input rule (docs/conventions.md §8)."""
+    dtype, device = params_dtype_device(
+        params, (AttentionParams, MultiHeadParams), "local_lipschitz"
+    )
+    if masked is not None:
+        masked = check_flag(masked, "masked")
+    if isinstance(x, DiracMeasure):
+        check_measure(x, dtype, device, params.d, "local_lipschitz")
+        is_masked = x.is_causal if masked is None else masked
+        if is_masked and not x.is_causal:
+            raise ValueError(
+                "masked estimates on a measure need a position-tagged (causal) measure"
+            )
+        lw = x.log_weights
+        uniform = bool((x.weights == x.weights[..., :1]).all())
+        return x.points, None if uniform else lw, x.positions if is_masked else None, is_masked
+    X = check_points(x, "x", params.d, dtype, device)
+    return X, None, None, bool(masked) if masked is not None else False
+
+
+# ------------------------------------------------------------------- precisions and scales
+_F64_CACHE: weakref.WeakKeyDictionary[Params, Params] = weakref.WeakKeyDictionary()
+
+
+def params_to_float64(params: Params) -> Params:
+    """Float64 copy (cached per ``params``, so certified weight norms are computed once).
+
+    ``.to`` recomputes ``A = Q^T K`` of factored heads from the float64 factors.
+    """
+    if params.dtype == torch.float64:
+        return params
+    cached = _F64_CACHE.get(params)
+    if cached is None:
+        cached = _F64_CACHE[params] = params.to(dtype=torch.float64)
+    return cached
+
+
+def to_float64(lin: AttentionLinearization) -> AttentionLinearization:
+    """The linearisation at the same input in float64 (``lin`` itself when it is float64)."""
+    if lin.X.dtype == torch.float64:
+        return lin
+
+    def f(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(torch.float64)
+
+    return linearize(
+        lin.X.to(torch.float64),
+        params_to_float64(lin.params),
+        log_weights=f(lin.log_weights),
+        masked=lin.masked,
+        positions=f(lin.positions),
+        token_index=lin.token_index,
+        chunk_size=lin.chunk_size,
+    )
+
+
+def relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinearization:
+    """The linearisation at the input of ``lin`` with other parameters."""
+    return linearize(
+        lin.X,
+        params,
+        log_weights=lin.log_weights,
+        masked=lin.masked,
+        positions=lin.positions,
+        token_index=lin.token_index,
+        chunk_size=lin.chunk_size,
+    )
+
+
+def _float32_scaled(
+    lin: AttentionLinearization, scale_from: AttentionLinearization
+) -> tuple[AttentionLinearization, int] | None:
+    """Float32 ``lin`` scaled by a power of two that brings the operator near norm one.
+
+    The scale is read from ``scale_from`` (``lin`` itself or its float64 copy). ``None`` when
+    that scale or the attention matrices leave float32's range (float32 norms underflow below
+    ~1e-19 and overflow above ~1e19): the solver must then run in float64.
+    """
+    if not bool(torch.isfinite(lin.P).all()):
+        return None
+    if lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all()):
+        return None
+    e32 = _rnd.scale_exponent(scale_from, threshold=4)
+    if abs(e32) > 100:
+        return None
+    return _rnd.scaled(lin, e32), e32
+
+
+def _solver_lin(
+    lin: AttentionLinearization,
+    lin64: AttentionLinearization,
+    lin64s: AttentionLinearization,
+    e: int,
+) -> tuple[AttentionLinearization, int]:
+    """The linearisation the iterative solver runs on and its scale (docs/rounding.md §5).
+
+    Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled as
+    :func:`_float32_scaled` says with the scale read from ``lin64``, or ``lin64s`` when that
+    leaves float32's range.
+    """
+    if lin is lin64s or lin.X.dtype == torch.float64:
+        return lin64s, e
+    out = _float32_scaled(lin, lin64)
+    return (lin64s, e) if out is None else out
+
+
+def _fast_lin(lin: AttentionLinearization) -> tuple[AttentionLinearization, int] | None:
+    """The solver's linearisation without a float64 copy (``certify=False``), or ``None``.
+
+    Float64 inputs: their own, with the scale of docs/rounding.md §5. Float32 inputs:
+    :func:`_float32_scaled` with the scale read from the float32 linearisation; ``None`` (the
+    caller then goes through float64) when that leaves float32's range.
+    """
+    if lin.X.dtype == torch.float64:
+        e = _rnd.scale_exponent(lin)
+        return _rnd.scaled(lin, e), e
+    return _float32_scaled(lin, lin)
+
+
+@dataclass(frozen=True)
+class Operators:
+    """The linearisations of one estimate (docs/rounding.md §5, §9).
+
+    Attributes
+    ----------
+    lin : AttentionLinearization
+        At the input, in its dtype.
+    lin64 : AttentionLinearization
+        Its float64 copy (``lin`` itself on the uncertified fast path, which makes none).
+    lin64s : AttentionLinearization
+        ``lin64`` for the operator :math:`2^{-e}J`: every certified norm is computed on it.
+    e : int
+        That power-of-two scale (0 on the fast path).
+    lin_solve : AttentionLinearization
+        What the iterative solver runs on, for :math:`2^{-e_{solve}}J`.
+    e_solve : int
+    """
+
+    lin: AttentionLinearization
+    lin64: AttentionLinearization
+    lin64s: AttentionLinearization
+    e: int
+    lin_solve: AttentionLinearization
+    e_solve: int
+
+    @property
+    def batch(self) -> torch.Size:
+        """Batch shape of the input."""
+        return self.lin.batch_shape
+
+    @property
+    def float32_solve(self) -> bool:
+        """Whether the iterative solver runs below float64."""
+        return self.lin_solve.X.dtype != torch.float64
+
+    @property
+    def solves_certified_operator(self) -> bool:
+        """Whether the solver's operator is the certificate's (``lin_solve is lin64s``)."""
+        return self.lin_solve is self.lin64s
+
+
+def prepare(lin: AttentionLinearization, plan: Plan) -> Operators:
+    """The operators of the estimate at ``lin``.
+
+    Uncertified matrix-free Euclidean and Wasserstein estimates run in the working precision of
+    the inputs without a float64 copy where float32's range allows (docs/rounding.md §9); all
+    others make the float64 copy and scale it (docs/rounding.md §5).
+    """
+    fast = None
+    if not plan.certify and plan.method != "dense" and plan.geometry != "split":
+        fast = _fast_lin(lin)
+    if fast is not None:  # the estimate alone, in the working precision of the inputs
+        return Operators(lin, lin, lin, 0, fast[0], fast[1])
+    lin64 = to_float64(lin)
+    # scale safety (docs/rounding.md §5): every norm is computed on the operator 2**-e J, with e
+    # a power-of-two scale, and brought back at the end
+    e = _rnd.scale_exponent(lin64)
+    lin64s = _rnd.scaled(lin64, e)
+    lin_solve, e_solve = _solver_lin(lin, lin64, lin64s, e)
+    return Operators(lin, lin64, lin64s, e, lin_solve, e_solve)
+
+
+# ---------------------------------------------------------------- products and start vectors
+def random_start(
+    shape: tuple[int, ...], like: Tensor, seed: int | None, generator: torch.Generator | None
+) -> Tensor:
+    """Gaussian start vector in the dtype and on the device of ``like``.
+
+    Drawn in float64 from ``generator``, else from a generator seeded with ``seed``, else from
+    the global generator.
+    """
+    if generator is None and seed is not None:
+        generator = torch.Generator().manual_seed(int(seed))
+    if generator is not None and generator.device.type != "cpu":
+        x0 = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float64)
+    else:
+        x0 = torch.randn(shape, generator=generator, dtype=torch.float64)
+    return x0.to(dtype=like.dtype, device=like.device)
+
+
+def flat_ops(lin: AttentionLinearization, geometry: ProductGeometry) -> tuple[Operator, Operator]:
+    r"""Products with :math:`J` and :math:`J^\top` on flattened ``(..., n d)`` vectors."""
+    shape_in = lin.batch_shape + (lin.n, lin.d)
+    shape_out = lin.batch_shape + (lin.n, lin.d_out)
+
+    def matvec(v: Tensor) -> Tensor:
+        return jvp(lin, v.reshape(shape_in), geometry=geometry).reshape(lin.batch_shape + (-1,))
+
+    def rmatvec(u: Tensor) -> Tensor:
+        return vjp(lin, u.reshape(shape_out), geometry=geometry).reshape(lin.batch_shape + (-1,))
+
+    return matvec, rmatvec
+
+
+def self_ops(lin: AttentionLinearization) -> tuple[Operator, Operator]:
+    """Batched products with the per-atom self-Jacobians :math:`S_i` and their transposes."""
+
+    def matvec(v: Tensor) -> Tensor:
+        return self_jvp(lin, v)
+
+    def rmatvec(u: Tensor) -> Tensor:
+        return self_vjp(lin, u)
+
+    return matvec, rmatvec
