@@ -1311,7 +1311,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from experiments.results import run_metadata, write_json
+    from experiments.engine import run_metadata, write_json
 
     if args.ref_tol is None:
         args.ref_tol = 1e-10 if args.arpack else 1e-6

@@ -14,7 +14,7 @@ their sweeps) and prints, for the stages named by ``--only``:
   own loads (the ``loaded ... in`` lines are not in the records, so ``--serial-loads`` gives
   them when known; default 0, which understates E);
 * the cost model's prediction (docs/cluster.md, "Cost model"): the queue simulated by
-  :func:`experiments.execution.predict_wall_time` on the point times of either run (each
+  :func:`experiments.engine.predict_wall_time` on the point times of either run (each
   point's seconds as its cost, rate 1), plus the measured warm-up and driver time.
 
 The records of both runs are also compared, timings aside: the speed-up means nothing unless
@@ -38,8 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from experiments.execution import predict_wall_time  # noqa: E402
-from experiments.results import load_json, load_jsonl  # noqa: E402
+from experiments.engine import (  # noqa: E402
+    load_json,
+    load_jsonl,
+    predict_wall_time,  # noqa: E402
+)
 
 
 def _records(results: Path, stages: list[str]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -1,1 +1,1 @@
-"""Scripted runs of meanfield: presets, resumable sweeps, results I/O and the `meanfield` CLI."""
+"""The paper's experiments as stages, above their run engine (:mod:`experiments.engine`)."""

@@ -17,7 +17,7 @@ import torch
 from meanfield import AttentionParams, DiracMeasure, attention, local_lipschitz
 from meanfield.distances import conditional_wasserstein, wasserstein
 
-from .results import run_metadata, save_npz, write_json
+from .engine import run_metadata, save_npz, write_json
 
 log = logging.getLogger(__name__)
 

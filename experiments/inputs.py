@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .results import NPY_READ_ERRORS, unreadable_array_file
+from .engine import NPY_READ_ERRORS, unreadable_array_file
 
 __all__ = [
     "load_inputs",

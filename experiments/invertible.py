@@ -33,19 +33,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._threads import torch_threads
-from .markdown import number as _fmt
-from .results import (
+from .engine import (
+    ModuleStage,
+    StageConfig,
+    StageRun,
     finished_config,
     load_json,
     load_npz,
+    preset_config,
     run_metadata,
     save_npz,
     stage_result,
+    torch_threads,
     write_json,
 )
-from .runner import preset_config
-from .stage import ModuleStage, StageConfig, StageRun
+from .markdown import number as _fmt
 
 __all__ = [
     "MAPS",
@@ -442,7 +444,7 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: The stage (experiments/stage.py contract).
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(__name__, "Invertible residual attention", uses_device=False)
-#: Run the sweep of a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the sweep of a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

@@ -28,18 +28,24 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._threads import torch_threads
-from .markdown import number as _fmt
-from .results import (
+from .engine import (
+    Deferred,
+    ModuleStage,
+    Names,
+    StageConfig,
+    StageRun,
+    Sweep,
     finished_config,
     load_json,
+    preset_config,
+    queued,
     record_float,
     run_metadata,
     save_npz,
+    torch_threads,
     write_json,
 )
-from .runner import Deferred, Sweep, preset_config, queued
-from .stage import ModuleStage, Names, StageConfig, StageRun
+from .markdown import number as _fmt
 
 __all__ = [
     "HEADS",
@@ -518,9 +524,9 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: The stage (experiments/stage.py contract).
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(
     __name__, "Tightness of Kim et al.'s L2-attention bounds", uses_device=False
 )
-#: Run the heads of a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the heads of a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

@@ -28,18 +28,23 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._threads import torch_threads
-from .markdown import number as _fmt
-from .results import (
+from .engine import (
+    Deferred,
+    ModuleStage,
+    StageConfig,
+    StageRun,
+    Sweep,
     finished_config,
     load_json,
+    preset_config,
+    queued,
     record_float,
     run_metadata,
     save_npz,
+    torch_threads,
     write_json,
 )
-from .runner import Deferred, Sweep, preset_config, queued
-from .stage import ModuleStage, StageConfig, StageRun
+from .markdown import number as _fmt
 
 __all__ = [
     "FIG_B_SETTINGS",
@@ -172,7 +177,7 @@ def worst_measure_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _num(x: Any) -> Any:
-    """A value as :func:`experiments.results.append_jsonl` stored it, back as floats.
+    """A value as a sweep record stores it (:func:`experiments.engine.jsonable`), back as floats.
 
     ``None`` is NaN and ``"inf"``/``"-inf"`` are infinities; lists are converted element-wise.
     """
@@ -620,9 +625,9 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: The stage (experiments/stage.py contract).
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(
     __name__, "Worst-case measures and mass splitting", uses_device=False
 )
-#: Run the figure-B and figure-C sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the figure-B and figure-C sweeps of a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _is_user_error(err: BaseException) -> bool:
     """Whether ``err`` is about the user's input or environment rather than a bug."""
-    from experiments.lock import LockHeldError
+    from experiments.engine import LockHeldError
 
     if isinstance(err, (ValueError, OSError, KeyboardInterrupt, LockHeldError, CommandFailed)):
         # OSError: a missing file, a full disk, a permission; LockHeldError: another run writes
@@ -164,9 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.json:
-            from experiments.results import _jsonable
+            from experiments.engine import jsonable
 
-            json.dump(_jsonable(result), sys.stdout)
+            json.dump(jsonable(result), sys.stdout)
             sys.stdout.write("\n")
         else:
             args.printer(result)

@@ -9,7 +9,7 @@ Layout of ``OUT`` (the ``--out`` directory)::
                               history of every invocation into OUT with their summed time
 
 The stages are those of :data:`meanfield_cli.registry.STAGES` (the contract is
-:class:`experiments.stage.Stage`). Every stage is resumable: rerunning the same command skips
+:class:`experiments.engine.Stage`). Every stage is resumable: rerunning the same command skips
 finished work, so a run that was interrupted (or ran out of time) picks up where it stopped. A
 stage that fails does not stop the others; its error is in ``reproduce.json`` and the report,
 and the command exits non-zero. A figure whose results are missing is reported as ``missing``,
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments import verdicts
+from experiments.engine import atomic_write_text, run_metadata, write_json
 from experiments.fits import PAPER_CURVES
-from experiments.results import atomic_write_text, run_metadata, write_json
 
 from . import registry
 from .options import UsageError, check_device
@@ -124,7 +124,7 @@ def _executor(workers: int | None, scheduler: str | None) -> Any:
     """``None`` (compute in this process, as always) or a Dask executor (docs/cluster.md)."""
     if scheduler is None and (workers is None or int(workers) <= 1):
         return None
-    from experiments.execution import make_executor
+    from experiments.engine import make_executor
 
     try:
         return make_executor(workers, scheduler)
@@ -152,7 +152,7 @@ def run_stages(
     other in this process, as they always have. Otherwise the points run on Dask
     (``workers`` local worker processes, or the running scheduler at ``scheduler``) in rounds:
     each stage runs until it needs points that are not computed yet, which it queues
-    (:func:`experiments.runner.planning`); the queued points of every stage then form one
+    (:func:`experiments.engine.planning`); the queued points of every stage then form one
     queue, largest cost first, whose records this process alone appends; the stages then run
     again and find them finished. Records are identical to a serial run's (docs/cluster.md).
 
@@ -160,19 +160,17 @@ def run_stages(
     a failing stage is recorded and the others go on; without, its exception propagates.
     One cost-weighted progress tracker covers the run (a bar on a terminal, else a log line per
     percent or per minute, whichever is rarer): ``tracker`` (a
-    :class:`~experiments.progress.CostProgress` whose phases the caller planned with
+    :class:`~experiments.engine.CostProgress` whose phases the caller planned with
     :func:`stage_phases` and which the caller closes), else one of its own. Its fraction and
     ETA come from the cost model's predicted seconds of each stage from the start, then from
     the pace measured in the run.
 
     ``times``, when given and the points run on Dask, is filled with where the time went: the
-    executor's :class:`~experiments.execution.ExecutionTimes` (start, imports, per-worker task
+    executor's :class:`~experiments.engine.ExecutionTimes` (start, imports, per-worker task
     and load seconds, the warm-up), the number of ``rounds`` and ``queue_seconds``, the time
     spent running the queues (the rest is the stages' own passes in this process).
     """
-    from experiments.execution import run_jobs
-    from experiments.progress import CostProgress
-    from experiments.runner import Deferred, planning, reporting
+    from experiments.engine import CostProgress, Deferred, planning, reporting, run_jobs
 
     settings = settings or {}
     results_dir = Path(results_dir)
@@ -305,12 +303,12 @@ def stage_phases(
 ) -> dict[str, float]:
     """The progress phases of :func:`run_stages` with their predicted seconds on 2 CPU cores.
 
-    Serially, one phase per stage (:func:`experiments.cost_model.predict_stage_seconds`;
+    Serially, one phase per stage (:func:`experiments.engine.predict_stage_seconds`;
     ``finished``: stages an earlier run into the same directory finished, which resume). On Dask
     the stages' points share one queue: one phase ``experiments``, the stages' seconds shared by
     the local workers (by one for a scheduler's, whose number is not known in advance).
     """
-    from experiments.cost_model import predict_stage_seconds
+    from experiments.engine import predict_stage_seconds
 
     seconds = predict_stage_seconds([s.name for s in stages], preset, finished=finished)
     if scheduler is None and (workers is None or int(workers) <= 1):
@@ -321,7 +319,7 @@ def stage_phases(
 
 def _previous_doc(out: Path) -> dict[str, Any] | None:
     """The ``reproduce.json`` an earlier run left in ``out``, or ``None``."""
-    from experiments.results import load_json
+    from experiments.engine import load_json
 
     path = out / "reproduce.json"
     if not path.exists():
@@ -415,7 +413,8 @@ def reproduce(
     progress : bool
         Progress on stderr, stages and figures: one bar on a terminal, else plain log lines (a
         first one at once, then at most one per percent and per minute), with an ETA predicted
-        by :mod:`experiments.cost_model` from the start and corrected by the measured pace.
+        by the engine's cost model (:func:`experiments.engine.predict_stage_seconds`) from the
+        start and corrected by the measured pace.
     seed : int, optional
         Replaces the preset's seed in every stage that has one (the adversarial stage's seeds
         are the paper's own); ``None`` keeps the presets' seeds.
@@ -433,8 +432,7 @@ def reproduce(
     """
     import datetime
 
-    from experiments.lock import exclusive_run
-    from experiments.progress import CostProgress
+    from experiments.engine import CostProgress, exclusive_run
 
     if preset not in PRESET_NAMES:
         raise UsageError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
@@ -463,7 +461,7 @@ def reproduce(
             scheduler=scheduler,
         )
         if figures:
-            from experiments.cost_model import predict_figures_seconds
+            from experiments.engine import predict_figures_seconds
 
             phases["figures"] = predict_figures_seconds(preset, len(registry.select_figures(None)))
         try:
@@ -711,7 +709,7 @@ def _claims_synthetic(results_dir: Path) -> list[verdicts.Claim]:
 
 def _claims_bounds(results_dir: Path) -> tuple[list[verdicts.Claim], list[str]]:
     """The rows of the bound verification, and the note on the released code's bound."""
-    from experiments.results import load_json
+    from experiments.engine import load_json
 
     rep = load_json(results_dir / "verify_bounds" / "report.json")
     b = rep["bounds"].get("released_data_dependent")

@@ -1,7 +1,7 @@
 """The stages of ``meanfield reproduce`` and the figures drawn from their results.
 
 Both lists hold direct references (a stage object, a figure's ``draw`` function), so a type
-checker sees the contract of :class:`experiments.stage.Stage` and of every ``draw``. A figure
+checker sees the contract of :class:`experiments.engine.Stage` and of every ``draw``. A figure
 names the stage whose results it reads by that stage's object, not by a string.
 """
 
@@ -22,7 +22,7 @@ from experiments import (
     synthetic,
     verify_bounds,
 )
-from experiments.stage import Names, Stage, StageConfig
+from experiments.engine import Names, Stage, StageConfig
 from paper_figs import (
     fig_a_lipschitz_vs_R,
     fig_b_worst_measures,

@@ -21,7 +21,7 @@ matplotlib.use("Agg", force=False)
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.results import default_file_mode  # noqa: E402
+from experiments.engine import default_file_mode  # noqa: E402
 
 ONE_COLUMN = 3.25  # inches
 TWO_COLUMNS = 6.75

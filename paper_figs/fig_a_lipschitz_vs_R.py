@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json, load_npz, stage_result
+from experiments.engine import load_json, load_npz, stage_result
 
 from ._style import (
     PALETTE,

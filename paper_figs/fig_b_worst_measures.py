@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json, load_npz
+from experiments.engine import load_json, load_npz
 
 from ._style import TWO_COLUMNS, attack_figure_main, save, style
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_npz
+from experiments.engine import load_npz
 
 from ._style import PALETTE, TWO_COLUMNS, attack_figure_main, save, style
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json, load_npz
+from experiments.engine import load_json, load_npz
 
 from ._style import PALETTE, TWO_COLUMNS, save, style
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_npz, stage_result
+from experiments.engine import load_npz, stage_result
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, legend_below, plot_curves, save, style
 

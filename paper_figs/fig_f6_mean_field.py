@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_npz, stage_result
+from experiments.engine import load_npz, stage_result
 
 from ._style import PALETTE, TWO_COLUMNS, atom_markers, figure_main, legend_below, save, style
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json
+from experiments.engine import load_json
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 

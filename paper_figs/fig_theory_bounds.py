@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.results import load_json, record_float
+from experiments.engine import load_json, record_float
 
 from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 

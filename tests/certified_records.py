@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.results import record_float
+from experiments.engine import record_float
 
 #: Unit roundoff of the dtypes a record may name (round to nearest).
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}

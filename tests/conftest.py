@@ -101,10 +101,10 @@ def dask_by_value(request: pytest.FixtureRequest):
     Test modules are imported by path (``--import-mode=importlib``), so a worker could not
     import a task function defined in one by name. Registered for the rest of the module.
     """
-    from experiments import execution
+    from experiments.engine import require_dask
 
     try:
-        execution.require_dask()
+        require_dask()
     except ImportError:
         pytest.skip("Dask is not installed (the optional extra meanfield[dist])")
     import cloudpickle

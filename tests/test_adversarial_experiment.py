@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from experiments import adversarial as adv
-from experiments.results import load_jsonl
+from experiments.engine import load_jsonl
 from meanfield import certified_local_upper
 
 F64 = torch.float64

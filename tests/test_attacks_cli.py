@@ -54,7 +54,7 @@ def test_cli_construct_json_and_files(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "attack construct" and doc["n"] == 6
     assert doc["lower_bound"] <= doc["exact"]["value"] * (1 + 1e-12)
-    from experiments.results import load_json, load_npz
+    from experiments.engine import load_json, load_npz
 
     data = load_npz(out / "construct.npz")
     assert data["X"].shape == (6, 3)
@@ -117,7 +117,7 @@ def test_cli_search_and_split(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- figures
 def _tiny_results(tmp_path):
-    from experiments.results import save_npz, write_json
+    from experiments.engine import save_npz, write_json
 
     radii = np.array([1.0, 3.0])
     save_npz(
@@ -234,7 +234,7 @@ def test_figure_b_mass_label():
 
 def _clustered_results(root):
     """Figure B inputs like the quick run: near-coincident atoms, masses down to 2e-17."""
-    from experiments.results import save_npz, write_json
+    from experiments.engine import save_npz, write_json
 
     lw = np.log(np.array([[0.14, 0.019, 1.0], [2.5e-4, 1.3e-4, 1.0], [4.6e-9, 2.6e-7, 1.0]]))
     lw[:, 2] = np.log1p(-np.exp(lw[:, :2]).sum(axis=1))

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.results import load_json, load_npz
+from experiments.engine import load_json, load_npz
 from meanfield_cli.main import main
 
 

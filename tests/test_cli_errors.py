@@ -204,7 +204,7 @@ def test_figures_on_damaged_results_name_the_file_and_exit_2(tmp_path, capsys, m
 
 
 def test_load_npz_names_the_file_and_never_suggests_pickle(tmp_path):
-    from experiments.results import load_npz
+    from experiments.engine import load_npz
 
     bad = tmp_path / "r.npz"
     bad.write_bytes(b"garbage, not a zip\n")
@@ -217,7 +217,7 @@ def test_load_npz_names_the_file_and_never_suggests_pickle(tmp_path):
 
 def test_experiment_takes_the_lock_of_the_reproduce_run(tmp_path, capsys):
     """`experiment --out X/results` while `reproduce --out X` runs: refused, nothing written."""
-    from experiments.lock import OutDirLock
+    from experiments.engine._lock import OutDirLock
 
     out = tmp_path / "X"
     with OutDirLock(out, command="meanfield reproduce --out X", heartbeat=None):

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.lock import LOCK_NAME
-from experiments.results import load_jsonl
+from experiments.engine import load_jsonl
+from experiments.engine._lock import LOCK_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's console scripts: dask, meanfield

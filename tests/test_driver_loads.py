@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 
 from experiments import adversarial, real_data
-from experiments.execution import SerialExecutor, _outcome, call_task, order_by_cost
+from experiments.engine import Outcome, SerialExecutor
+from experiments.engine._execution import call_task
+from experiments.engine._tasks import order_by_cost
 from meanfield_cli import pipeline as rp
 
 pytest.importorskip("transformers")
@@ -37,7 +39,7 @@ class MarkedExecutor(SerialExecutor):
             finally:
                 self.on_worker = False
             self.tasks += 1
-            outcome = _outcome(task, raw)
+            outcome = Outcome(task=task, **raw)
             self.times.add(outcome)
             yield outcome
 

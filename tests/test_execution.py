@@ -14,22 +14,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import execution
-from experiments.execution import (
+import experiments.engine._execution as execution
+from experiments import engine
+from experiments.engine import (
+    CostProgress,
     Outcome,
     PointError,
     SerialExecutor,
+    Sweep,
     SweepJob,
     Task,
-    default_cost,
+    load_jsonl,
     make_executor,
-    order_by_cost,
+    point_key,
     run_jobs,
     worker_cache,
 )
-from experiments.progress import CostProgress
-from experiments.results import load_jsonl
-from experiments.runner import Sweep, point_key
+from experiments.engine._tasks import default_cost, order_by_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def torch_point(config):
     """A meanfield computation in float64 on one torch thread, as the stages run their points."""
     import torch
 
-    from experiments._threads import torch_threads
+    from experiments.engine import torch_threads
     from meanfield.attention import self_attention
     from meanfield.params import AttentionParams
 
@@ -65,20 +66,20 @@ def torch_point(config):
 
 
 def cached_point(config):
-    before = execution._CACHE_STATS["misses"]
+    before = execution.CACHE_STATS["misses"]
     model = worker_cache(("model", config["model"]), lambda: {"w": np.arange(3.0)})
     return {
         "pid": os.getpid(),
-        "loaded": execution._CACHE_STATS["misses"] > before,
+        "loaded": execution.CACHE_STATS["misses"] > before,
         "w": float(model["w"].sum()),
     }
 
 
 def loading_point(config):
-    """Loads (timed by ``execution.loading``) for ``config["load"]`` seconds, then computes."""
+    """Loads (timed by ``engine.loading``) for ``config["load"]`` seconds, then computes."""
 
     def load():
-        with execution.loading():
+        with engine.loading():
             time.sleep(config["load"])
         return {"w": 1.0}
 
@@ -160,7 +161,7 @@ def test_one_queue_across_sweeps(tmp_path: Path) -> None:
 
 
 def test_predict_wall_time() -> None:
-    from experiments.execution import predict_wall_time
+    from experiments.engine import predict_wall_time
 
     one = predict_wall_time([4, 3, 2, 1], workers=1, rate=2.0, warmup=5.0)
     assert one["wall"] == 5.0 + 5.0 and one["tail"] == 0.0 and one["efficiency"] == 1.0
@@ -179,7 +180,7 @@ def test_predict_wall_time() -> None:
 
 
 def test_measured_rate(tmp_path: Path) -> None:
-    from experiments.execution import measured_rate
+    from experiments.engine import measured_rate
 
     recs = [
         {"point": {"n": 2, "d": 3}, "seconds": 2.0},
@@ -249,7 +250,7 @@ def test_worker_cache_loads_once_per_process() -> None:
     tasks = [Task(str(i), cached_point, {"model": i % 2}) for i in range(6)]
     out = list(SerialExecutor().map_unordered(tasks))
     assert sum(o.value["loaded"] for o in out) == 2
-    assert execution._CACHE_STATS == {"hits": 4, "misses": 2}
+    assert execution.CACHE_STATS == {"hits": 4, "misses": 2}
 
 
 def test_load_time_is_told_apart_from_the_work() -> None:
@@ -280,8 +281,8 @@ def test_torn_record_repaired_and_killed_driver_resumes(tmp_path: Path) -> None:
         textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from experiments.execution import SerialExecutor, SweepJob, run_jobs
-        from experiments.runner import Sweep
+        from experiments.engine import SerialExecutor, SweepJob, run_jobs
+        from experiments.engine import Sweep
         from tests.test_execution import _jobs, toy_point
 
         def slow_point(config):
@@ -334,7 +335,7 @@ def test_outcome_ok() -> None:
 # ---- Dask ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dask2_cluster(dask_by_value):
-    ex = execution.DaskExecutor(workers=2, allowed_failures=1)
+    ex = engine.DaskExecutor(workers=2, allowed_failures=1)
     try:
         yield ex
     finally:
@@ -439,8 +440,8 @@ def test_dask_point_that_kills_every_worker_is_lost_then_resumed(tmp_path: Path,
 
 def test_dask_scheduler_address_route(tmp_path: Path, dask2) -> None:
     """Connect to a running scheduler by address (here: the local cluster's)."""
-    with execution.make_executor(scheduler=dask2.cluster.scheduler_address) as ex:
-        assert isinstance(ex, execution.DaskExecutor) and ex.cluster is None
+    with engine.make_executor(scheduler=dask2.cluster.scheduler_address) as ex:
+        assert isinstance(ex, engine.DaskExecutor) and ex.cluster is None
         assert ex.workers == 2
         summary = run_jobs(_jobs(tmp_path / "remote"), ex)
     assert summary.computed == 13

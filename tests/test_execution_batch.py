@@ -7,9 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.execution import PointError, SerialExecutor, run_jobs
-from experiments.progress import CostProgress
-from experiments.runner import Sweep, planning, submit_jobs
+from experiments.engine import (
+    CostProgress,
+    PointError,
+    SerialExecutor,
+    Sweep,
+    planning,
+    run_jobs,
+    submit_jobs,
+)
 
 
 def toy_point(config):

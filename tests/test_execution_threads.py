@@ -7,15 +7,9 @@ import os
 import pytest
 import torch
 
-from experiments import execution
-from experiments._threads import (
-    MAX_THREADS_ENV,
-    blas_threads,
-    thread_cap,
-    torch_threads,
-    worker_thread_cap,
-)
-from experiments.execution import Task
+from experiments import engine
+from experiments.engine import Task, torch_threads
+from experiments.engine._threads import MAX_THREADS_ENV, blas_threads, thread_cap, worker_thread_cap
 
 
 def test_worker_thread_cap_shares_the_cores() -> None:
@@ -85,7 +79,7 @@ def report_threads(config):
     """What a worker runs a 2-thread point (as the adversarial stage's) and a default one on."""
     import torch
 
-    from experiments._threads import torch_threads
+    from experiments.engine import torch_threads
 
     with torch_threads(2):
         two = torch.get_num_threads()
@@ -118,7 +112,7 @@ def test_local_workers_are_capped_to_their_share_of_the_cores(dask_by_value, mon
     cap = max(1, (os.cpu_count() or 1) // 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    with execution.DaskExecutor(workers=2) as ex:
+    with engine.DaskExecutor(workers=2) as ex:
         # not Dask's MALLOC_TRIM_THRESHOLD_=65536 (pages faulted in again on every product)
         trims = list(ex.map_unordered([Task(str(i), malloc_trim, {}, cost=1.0) for i in range(4)]))
         assert [o.value for o in trims] == [{"trim": None}] * 4
@@ -134,7 +128,7 @@ def test_local_workers_are_capped_to_their_share_of_the_cores(dask_by_value, mon
 @pytest.mark.slow
 def test_local_workers_keep_an_explicit_omp_setting(dask_by_value, monkeypatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's choice: no cap
-    with execution.DaskExecutor(workers=2) as ex:
+    with engine.DaskExecutor(workers=2) as ex:
         assert ex.max_threads is None
         for r in _reports(ex):
             assert r == {"two": 2, "default": 1, "omp": "1", "cap": None}

@@ -14,7 +14,7 @@ from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from experiments import verify_bounds as vb  # noqa: E402
-from experiments.results import load_json  # noqa: E402
+from experiments.engine import load_json  # noqa: E402
 from paper_figs import fig_theory_bounds as fig  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from scipy.special import lambertw
 from torch.func import jacrev
 
 from experiments import invertible as stage
-from experiments.results import load_json
+from experiments.engine import load_json
 from meanfield import (
     AttentionParams,
     L2AttentionParams,

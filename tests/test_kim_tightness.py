@@ -199,7 +199,7 @@ def test_search_options_and_inputs():
 # ----------------------------------------------------------------------------------- stage
 def test_stage_tiny_preset_and_rerun(tmp_path, monkeypatch):
     from experiments import kim_tightness as kt
-    from experiments.results import load_json, load_npz
+    from experiments.engine import load_json, load_npz
 
     files = kt.run(tmp_path, "tiny", progress=False)
     assert sorted(p.name for p in files) == sorted(

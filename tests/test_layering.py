@@ -8,6 +8,10 @@
 - ``meanfield_cli`` (the ``meanfield`` command, the ``reproduce`` pipeline and the registry) is the
   top layer: importing any module of ``experiments`` loads neither ``meanfield_cli`` nor
   ``paper_figs``, and importing ``paper_figs`` or any figure module loads no ``meanfield_cli``.
+- The run engine, ``experiments/engine``, is below the stages: its modules import nothing else
+  of ``experiments``, and they import each other in one order, without a cycle (lazy imports
+  included). Outside it (tests excepted) the engine is imported through its door,
+  ``experiments.engine``, never a private ``experiments.engine._x``.
 - The library's type aliases are defined once, in ``meanfield/_typing.py``.
 """
 
@@ -144,9 +148,167 @@ def test_every_top_level_package_is_a_layer():
 
 def test_stage_modules_are_found():
     mods = _modules("experiments")
-    assert {"experiments.real_data", "experiments.stage", "experiments.results"} <= set(mods)
+    assert {
+        "experiments.real_data",
+        "experiments.engine._stage",
+        "experiments.engine._results",
+    } <= set(mods)
     assert {"experiments.synthetic.mean_field", "experiments.verify_bounds.checks"} <= set(mods)
     assert "meanfield_cli.main" in _modules("meanfield_cli")
+
+
+#: The run engine: a subpackage of ``experiments`` below the stages, entered through its
+#: ``__init__`` (docs/architecture.md, "The run engine").
+ENGINE = "experiments.engine"
+ENGINE_DIR = ROOT / "experiments" / "engine"
+#: Folders whose modules must not import a private engine module (tests/ may, for internals).
+OUTSIDE_ENGINE = (*LAYERS, "benchmarks", "examples")
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str, root: Path) -> bool:
+    base = root.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _imported_modules(path: Path, root: Path = ROOT) -> dict[str, int]:
+    """Full names of the modules ``path`` imports, with a line of each.
+
+    Every ``import`` statement counts, at module level or inside a function, a class or an
+    ``if``. A relative import is resolved against the module's package; ``from P import x``
+    names ``P.x`` when that is a module or package under ``root``, else ``P``.
+    """
+    package = _module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level > len(package):
+                names = ["<relative import above the package>"]
+            else:
+                base = package[: len(package) - node.level + 1] if node.level else []
+                parent = ".".join([*base, *([node.module] if node.module else [])])
+                names = [
+                    f"{parent}.{alias.name}"
+                    if _is_module(f"{parent}.{alias.name}", root)
+                    else parent
+                    for alias in node.names
+                ]
+        else:
+            continue
+        for name in names:
+            out.setdefault(name, node.lineno)
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (node -> the nodes it imports) as a path, or ``[]``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def _engine_graph(root: Path = ROOT, engine: str = ENGINE) -> dict[str, set[str]]:
+    """Each module of the engine -> the engine modules it imports (lazy imports included)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.joinpath(*engine.split(".")).rglob("*.py")):
+        imported = _imported_modules(path, root)
+        inside = {m for m in imported if m == engine or m.startswith(engine + ".")}
+        graph[_module_name(path, root)] = inside - {_module_name(path, root)}
+    return graph
+
+
+def test_the_engine_imports_no_stage():
+    """The engine is below the stages: its modules import nothing of ``experiments`` outside it."""
+    bad: dict[str, list[str]] = {}
+    paths = sorted(ENGINE_DIR.rglob("*.py"))
+    assert len(paths) > 5, "the engine has too few modules: the scan is broken"
+    for path in paths:
+        out = sorted(
+            f"{name} (line {line})"
+            for name, line in _imported_modules(path).items()
+            if (name == "experiments" or name.startswith("experiments."))
+            and not (name == ENGINE or name.startswith(ENGINE + "."))
+        )
+        if out:
+            bad[str(path.relative_to(ROOT))] = out
+    assert not bad, f"engine modules that import experiments outside the engine: {bad}"
+
+
+def test_the_engine_modules_import_no_cycle():
+    """The modules of the engine form an order: no cycle, even through an import in a function.
+
+    A private module never imports the door (``experiments.engine``), which imports them all.
+    """
+    graph = _engine_graph()
+    assert f"{ENGINE}._execution" in graph[f"{ENGINE}._runner"], "the scan is broken"
+    assert not _cycle(graph), f"engine modules import each other in a circle: {_cycle(graph)}"
+
+
+def test_private_engine_modules_are_imported_inside_the_engine_only():
+    """Outside ``experiments/engine`` (tests/ excepted) the engine is imported through its door."""
+    bad: dict[str, list[str]] = {}
+    for folder in OUTSIDE_ENGINE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if ENGINE_DIR in path.parents:
+                continue
+            private = sorted(
+                f"{name} (line {line})"
+                for name, line in _imported_modules(path).items()
+                if name.startswith(ENGINE + "._")
+            )
+            if private:
+                bad[str(path.relative_to(ROOT))] = private
+    assert not bad, f"modules that import a private module of the engine: {bad}"
+
+
+def test_the_engine_scan_resolves_relative_and_lazy_imports(tmp_path):
+    """The resolver follows relative imports inside functions; the cycle finder finds a circle."""
+    eng = tmp_path / "pkg" / "eng"
+    eng.mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "stage.py").write_text("")
+    (eng / "__init__.py").write_text("from ._a import f\n")
+    (eng / "_a.py").write_text("def f():\n    from ._b import g\n")
+    (eng / "_b.py").write_text("from . import _a\ndef g():\n    from ..stage import x\n")
+    assert set(_imported_modules(eng / "_b.py", tmp_path)) == {"pkg.eng._a", "pkg.stage"}
+    graph = _engine_graph(tmp_path, "pkg.eng")
+    assert graph == {
+        "pkg.eng": {"pkg.eng._a"},
+        "pkg.eng._a": {"pkg.eng._b"},
+        "pkg.eng._b": {"pkg.eng._a"},
+    }
+    assert _cycle(graph) == ["pkg.eng._a", "pkg.eng._b", "pkg.eng._a"]
+    (eng / "_b.py").write_text("import pkg.eng\n")
+    assert _cycle(_engine_graph(tmp_path, "pkg.eng")) == [
+        "pkg.eng",
+        "pkg.eng._a",
+        "pkg.eng._b",
+        "pkg.eng",
+    ]
 
 
 def test_below_the_command_line_nothing_imports_upward():

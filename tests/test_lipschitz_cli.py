@@ -12,7 +12,7 @@ import torch
 from torch.func import jacrev
 
 from experiments import inputs
-from experiments.results import load_json
+from experiments.engine import load_json
 from meanfield import AttentionParams, MultiHeadParams, local_lipschitz
 from meanfield_cli.commands import lipschitz as lipschitz_cli
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.lock import LOCK_NAME, LockHeldError, OutDirLock, lock_owner
+from experiments.engine import LockHeldError
+from experiments.engine._lock import LOCK_NAME, OutDirLock, lock_owner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def _python(code: str, *args: str) -> subprocess.Popen:
 
 HOLDER = """
     import sys, time
-    from experiments.lock import OutDirLock
+    from experiments.engine._lock import OutDirLock
     lock = OutDirLock(sys.argv[1], command="holder --out " + sys.argv[1]).acquire()
     print("locked", flush=True)
     time.sleep(120)
@@ -96,7 +97,7 @@ def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path: Path, caplog) ->
     proc.wait()
     stale = lock_owner(tmp_path)
     assert stale is not None and stale["pid"] == proc.pid  # a killed process cannot clean up
-    with caplog.at_level("WARNING", logger="experiments.lock"):
+    with caplog.at_level("WARNING", logger="experiments.engine._lock"):
         lock = OutDirLock(tmp_path).acquire()
     try:
         assert lock.took_over["token"] == stale["token"]
@@ -109,7 +110,7 @@ def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path: Path, caplog) ->
 def test_released_at_normal_exit_without_with(tmp_path: Path) -> None:
     code = """
         import sys
-        from experiments.lock import OutDirLock
+        from experiments.engine._lock import OutDirLock
         OutDirLock(sys.argv[1]).acquire()
         print("locked", flush=True)
     """
@@ -167,7 +168,7 @@ def test_concurrent_acquire_exactly_one_wins(tmp_path: Path) -> None:
     code = """
         import sys, time
         from pathlib import Path
-        from experiments.lock import OutDirLock, LockHeldError
+        from experiments.engine._lock import OutDirLock, LockHeldError
         t0 = float(sys.argv[2])
         while time.time() < t0:
             pass
@@ -225,7 +226,7 @@ def test_heartbeat_refreshes_the_lock_until_released(tmp_path: Path) -> None:
 def test_sigterm_unwinds_and_releases(tmp_path: Path) -> None:
     code = """
         import sys, time
-        from experiments.lock import OutDirLock, sigterm_as_exit
+        from experiments.engine._lock import OutDirLock, sigterm_as_exit
         with sigterm_as_exit(), OutDirLock(sys.argv[1]):
             print("locked", flush=True)
             time.sleep(120)

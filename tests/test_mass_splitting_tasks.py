@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import mass_splitting
-from experiments.execution import SerialExecutor, run_jobs
-from experiments.results import load_jsonl
-from experiments.runner import Deferred, planning
+from experiments.engine import Deferred, SerialExecutor, load_jsonl, planning, run_jobs
 
 SMALL = {
     "figure_b": {"radii": [1.0, 4.0], "n_restarts": 1, "steps": 8},

@@ -405,7 +405,7 @@ def _cli(argv, capsys):
 
 
 def test_cli_json_smoke(tiny_checkpoint, tmp_path, capsys):
-    from experiments.results import load_json
+    from experiments.engine import load_json
     from meanfield.models import load_model
 
     text = tmp_path / "text.txt"
@@ -555,7 +555,7 @@ def test_profile_save_load_round_trip(two_profiles, tmp_path):
 
 
 def test_profile_load_reads_the_cli_record(two_profiles, tmp_path):
-    from experiments.results import write_json
+    from experiments.engine import write_json
 
     prof = _with_special_floats(two_profiles[0])
     # what `meanfield profile` writes: to_dict plus run metadata, non-finite floats as strings

@@ -6,7 +6,8 @@ import io
 
 import pytest
 
-from experiments.progress import CostProgress, format_seconds
+from experiments.engine import CostProgress
+from experiments.engine._progress import format_seconds
 
 
 class Clock:

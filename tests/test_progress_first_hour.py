@@ -16,8 +16,8 @@ import types
 
 import pytest
 
-from experiments import cost_model
-from experiments.progress import CostProgress
+from experiments.engine import CostProgress
+from experiments.engine import _cost_model as cost_model
 from meanfield_cli import pipeline as rp
 from meanfield_cli import registry
 
@@ -353,12 +353,12 @@ def tiny_ckpt(tmp_path):
 def test_profile_first_eta_is_within_a_factor_of_the_actual_time(
     tiny_ckpt, tmp_path, monkeypatch, capsys
 ) -> None:
-    import experiments.progress as progress_mod
+    import experiments.engine as engine
     from meanfield_cli.main import main
 
     seen: dict[str, float] = {}
 
-    class Recording(progress_mod.CostProgress):
+    class Recording(engine.CostProgress):
         def plan(self, phases):
             super().plan(phases)
             seen.setdefault("t_first", self.clock())
@@ -368,7 +368,7 @@ def test_profile_first_eta_is_within_a_factor_of_the_actual_time(
             seen["t_end"] = self.clock()
             super().close()
 
-    monkeypatch.setattr(progress_mod, "CostProgress", Recording)
+    monkeypatch.setattr(engine, "CostProgress", Recording)
     text = tmp_path / "text.txt"
     text.write_text("In the beginning God created the heaven and the earth. " * 20)
     argv = ["profile", str(tiny_ckpt), "--text", str(text), "--n", "8", "16"]

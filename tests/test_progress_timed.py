@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.execution import SerialExecutor, SweepJob, run_jobs
-from experiments.progress import CostProgress
-from experiments.runner import Sweep
+from experiments.engine import CostProgress, SerialExecutor, Sweep, SweepJob, run_jobs
 
 
 class Clock:

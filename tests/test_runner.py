@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from experiments.runner import Sweep, config_hash, point_key
+from experiments.engine import Sweep, config_hash, point_key
 
 
 def test_rerun_skips_finished_points(tmp_path):
@@ -55,7 +55,7 @@ def test_keys_are_stable_and_order_free():
 SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from experiments.runner import Sweep
+    from experiments.engine import Sweep
 
     def compute(p):
         time.sleep(0.05)
@@ -100,7 +100,7 @@ def test_killed_run_resumes_losing_at_most_the_record_in_flight(tmp_path):
 def test_preset_config_checks_names_and_copies_deeply():
     import pytest
 
-    from experiments.runner import preset_config
+    from experiments.engine import preset_config
 
     presets = {"quick": {"grid": [2, 4], "seed": 0}}
     cfg = preset_config(presets, "quick", {"seed": 1})

@@ -9,8 +9,7 @@ from typing import Any, ClassVar
 import pytest
 
 from experiments import adversarial, invertible, kim_tightness, mass_splitting, real_data, synthetic
-from experiments.runner import preset_config
-from experiments.stage import Names, Stage, StageConfig
+from experiments.engine import Names, Stage, StageConfig, preset_config
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def test_registry_joins_figures_to_registered_stages():
 def test_attacks_stage_logs_and_rebuilds_an_unreadable_npz(tmp_path, caplog):
     import numpy as np
 
-    from experiments.results import run_metadata, save_npz, write_json
+    from experiments.engine import run_metadata, save_npz, write_json
 
     stem = tmp_path / "worst_measures"
     config = {"radii": [1.0, 2.0], "n_atoms": 3}

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from experiments import synthetic
-from experiments.results import load_json, load_jsonl, load_npz
+from experiments.engine import load_json, load_jsonl, load_npz
 from meanfield import AttentionParams, local_lipschitz
 from meanfield.attacks import adversarial_sequence
 from paper_figs import fig_a_lipschitz_vs_R, fig_f5_sqrt_n, fig_f6_mean_field, fig_f7_large_radius

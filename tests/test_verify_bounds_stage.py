@@ -13,7 +13,7 @@ import json
 import pytest
 
 from experiments import verify_bounds as vb
-from experiments.results import load_json, load_jsonl
+from experiments.engine import load_json, load_jsonl
 
 from .wrong_bounds import WRONG_UPPER
 

@@ -70,7 +70,7 @@ With :math:`W_hV_h` the output matrix of head :math:`h` (:math:`V_h` without :ma
 
 Results (``results_dir / "adversarial"``)
 -----------------------------------------
-``<id>.jsonl`` (one :class:`~experiments.runner.Sweep` record per (n, variant)), ``<id>.meta.json``
+``<id>.jsonl`` (one :class:`~experiments.engine.Sweep` record per (n, variant)), ``<id>.meta.json``
 (run metadata), ``<id>.json`` (configuration, model provenance and head norms of the latest run,
 whose ``config_hash`` selects the records), and for the worst-case search ``worst_case.jsonl`` /
 ``worst_case.json``. Every run is resumable: finished points are skipped and a model is only
@@ -86,7 +86,7 @@ the summary and the section of ``report.md``).
 
 from __future__ import annotations
 
-from ..stage import ModuleStage
+from ..engine import ModuleStage
 from .bounds import fit_sqrt_n, global_bound, released_heuristic
 from .report import SQRT_N_TOLERANCE, load_results, report_section, sqrt_n_consistent, summary
 from .settings import (
@@ -122,7 +122,7 @@ __all__ = [
     "summary",
 ]
 
-#: The stage (experiments/stage.py contract).
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(__name__, "Adversarial inputs on real models")
-#: Run the adversarial sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the adversarial sweeps of a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..engine import load_json, load_jsonl
 from ..markdown import number as _fmt
-from ..results import load_json, load_jsonl
 from ..verdicts import SQRT_N_TOLERANCE as _SQRT_N_TOLERANCE
 from .bounds import _free_power_law, fit_sqrt_n
 from .settings import CONFIGS, NAME, VARIANTS

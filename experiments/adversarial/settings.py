@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..runner import preset_config
-from ..stage import StageConfig
+from ..engine import StageConfig, preset_config
 
 NAME = "adversarial"
 #: The paper's grid ``range(2, 100, 5)`` (docs/experiments.md).

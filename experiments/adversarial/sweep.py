@@ -13,10 +13,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .._threads import torch_threads
-from ..results import load_json, write_csv, write_json
-from ..runner import Deferred, Sweep, config_hash, point_key, remote
-from ..stage import StageRun
+from ..engine import (
+    Deferred,
+    StageRun,
+    Sweep,
+    config_hash,
+    load_json,
+    point_key,
+    remote,
+    torch_threads,
+    write_csv,
+    write_json,
+)
 from .bounds import _head_facts, global_bound, released_heuristic
 from .report import load_results
 from .settings import CONFIGS, NAME, TINY_MODEL_KEYS, AdvConfig, _config_settings
@@ -81,7 +89,7 @@ class _Workspace:
         self.heads: dict[tuple[str, str], dict[str, Any]] = {}
 
     def model(self, key: str, seed: int) -> Any:
-        from ..execution import loading
+        from ..engine import loading
 
         if (key, seed) not in self.models:
             with loading():
@@ -94,7 +102,7 @@ class _Workspace:
 
         from meanfield.models import hf_attention
 
-        from ..execution import loading
+        from ..engine import loading
 
         if (c.id, device) not in self.heads:
             loaded = self.model(settings["model"], c.seed)
@@ -122,7 +130,7 @@ class _Workspace:
 
 def _workspace(run: str) -> _Workspace:
     """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
-    from ..execution import worker_cache
+    from ..engine import worker_cache
 
     return worker_cache(("adversarial", run), _Workspace)
 
@@ -134,7 +142,7 @@ def adv_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     (the torch threads of the serial run, so that every process computes the same floats) and
     ``run`` (names the per-process workspace that loads each model once).
     """
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"])
@@ -147,7 +155,7 @@ def adv_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     Loads them into the run's workspace of the process it runs in, where the points find them.
     """
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     with torch_threads(cfg["threads"]):
         head = _workspace(cfg["run"]).head(cfg["config"], cfg["settings"], cfg["device"])
@@ -316,7 +324,7 @@ def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     from meanfield.attacks import adversarial_sequence, worst_case_sequence
     from theory.bounds import sqrt_n_lower, sqrt_n_upper
 
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     wc = cfg["wc"]
     with torch_threads(cfg["threads"]):
@@ -387,7 +395,7 @@ def _run_worst_case(
 
 
 def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
-    """The adversarial sweeps of ``cfg`` into ``out`` (the stage contract, experiments/stage.py).
+    """The adversarial sweeps of ``cfg`` into ``out`` (the contract of experiments.engine.Stage).
 
     ``tiny``: tiny random models (tests). ``quick``: random GPT-2 L6 and MiniLM L0 on
     n ∈ {2, 12, 27, 52, 97} plus a small worst-case search. ``paper``: the four configurations on
@@ -400,7 +408,7 @@ def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     preset, device, progress, results_dir = run.preset, run.device, run.progress, out.parent
     import torch
 
-    from ..execution import forget_worker_cache
+    from ..engine import forget_worker_cache
 
     files: list[Path] = []
     run_id = uuid.uuid4().hex

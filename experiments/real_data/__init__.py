@@ -27,7 +27,7 @@ running pointer per grid (D6 fixed). Users with real checkpoints pass ``models=[
 name]`` (loaded offline by :func:`meanfield.models.load_model`).
 
 Cost: see :data:`PRESETS`. Layout under ``results_dir / "real_data"``: one resumable
-:class:`~experiments.runner.Sweep` per (configuration, corpus, grid),
+:class:`~experiments.engine.Sweep` per (configuration, corpus, grid),
 ``<config>__<corpus>__<grid>.jsonl`` with one record per n (its windows estimated in batched
 calls; a killed run loses at most that n), and ``manifest.json`` listing the sweeps with their
 labels, provenance and configuration hash. The short and long grids of one configuration are
@@ -40,7 +40,7 @@ One module per concept: :mod:`.settings` (the configurations, corpora and preset
 
 from __future__ import annotations
 
-from ..stage import ModuleStage
+from ..engine import ModuleStage
 from .report import (
     CURVE_TOLERANCE,
     PAPER_OWN_MODELS,
@@ -85,7 +85,7 @@ __all__ = [
     "summary",
 ]
 
-#: The stage (experiments/stage.py contract).
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(__name__, "Real data: local Lipschitz constant vs n")
-#: Run the real-data sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the real-data sweeps of a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine import load_json, load_jsonl, write_csv
 from ..fits import PAPER_CURVES, fit_power_law
-from ..results import load_json, load_jsonl, write_csv
 from ..verdicts import NUMBER_TOLERANCE, compare_number
 from .settings import CONFIGS, CORPUS_STANDS_IN, MANIFEST, NAME, TRAINING_LENGTH
 

@@ -11,8 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..runner import preset_config
-from ..stage import Names, StageConfig
+from ..engine import Names, StageConfig, preset_config
 
 NAME = "real_data"
 MANIFEST = "manifest.json"

@@ -2,7 +2,7 @@
 
 Windows of n tokens with one running pointer per grid, the hidden states captured at the input of
 one attention layer, and the certified bracket, released metric and radii of the layer's map at
-each window, one resumable :class:`~experiments.runner.Sweep` per (configuration, corpus, grid).
+each window, one resumable :class:`~experiments.engine.Sweep` per (configuration, corpus, grid).
 """
 
 from __future__ import annotations
@@ -14,10 +14,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..execution import forget_worker_cache, loading
-from ..results import load_json, write_json
-from ..runner import Deferred, Sweep, point_key, queued, remote, submit_jobs
-from ..stage import StageRun
+from ..engine import (
+    Deferred,
+    StageRun,
+    Sweep,
+    forget_worker_cache,
+    load_json,
+    loading,
+    point_key,
+    queued,
+    remote,
+    submit_jobs,
+    write_json,
+)
 from .report import export_csv
 from .settings import (
     CONFIGS,
@@ -86,7 +95,7 @@ def _workspace(run: str, seed: int, dtype: str, device: str) -> _Workspace:
     """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
     import torch
 
-    from ..execution import worker_cache
+    from ..engine import worker_cache
 
     return worker_cache(
         ("real_data", run, int(seed), dtype, device),
@@ -106,7 +115,7 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``threads``, or the driver's own count when that is ``None``), so that a Dask worker, started
     with one thread, computes the same floats as the serial run.
     """
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
@@ -121,7 +130,7 @@ def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     Loads them into the run's workspace of the process it runs in, where the points find them.
     """
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
@@ -159,7 +168,7 @@ def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     members = list(cfg["members"])
     first = members[0]
@@ -329,7 +338,7 @@ _RECORDED = ("n_windows", "method", "tol", "max_iter", "seed", "dtype", "batch_t
 
 
 def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
-    """The real-data sweeps of ``opts`` into ``out`` (the stage contract, experiments/stage.py).
+    """The real-data sweeps of ``opts`` into ``out`` (the contract of experiments.engine.Stage).
 
     The settings (:class:`RealDataSettings`): ``configs`` (ids of :data:`CONFIGS`), ``corpora``
     (``"kjv"``, ``"pydoc"`` or text-file paths), ``n_grid``, ``long_grid`` (``None`` disables),

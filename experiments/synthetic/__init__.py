@@ -6,7 +6,7 @@ and worst-measure searches they share), :mod:`.large_radius` (F7); :mod:`.settin
 presets and the heads, :mod:`.stage` the stage contract (``run``, ``summary``,
 ``report_section``, ``STAGE``).
 
-Results go to ``results_dir / "synthetic"``: resumable :class:`~experiments.runner.Sweep` files
+Results go to ``results_dir / "synthetic"``: resumable :class:`~experiments.engine.Sweep` files
 (``f5_engine``, ``worst_measures``, ``off_axis``, ``f7``: one JSON line per point) and one
 assembled sub-result per figure, ``f5``, ``f6``, ``f7`` and ``a`` (``.npz`` arrays + ``.json``
 with the key numbers and run metadata). Figures: ``paper_figs/fig_f5_sqrt_n.py``,

@@ -28,7 +28,7 @@ from scipy import special
 
 from theory import bounds
 
-from ..runner import Sweep
+from ..engine import Sweep
 from .settings import (
     _LR,
     F6_SETTING,
@@ -143,7 +143,7 @@ def _off_axis_point(point: Mapping[str, Any], cfg: Mapping[str, Any], device: st
 
 def off_axis_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """One off-axis point as a top-level task (point, ``cfg``: the stage settings, ``device``)."""
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     with torch_threads(1):
         return _off_axis_point(cfg, cfg["cfg"], cfg["device"])
@@ -155,7 +155,7 @@ def worst_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``cfg``: the point, ``cfg`` (the stage settings), ``device`` and ``off_axis`` (the off-axis
     measures by ``(setting, R)``, the searches' extra start).
     """
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     with torch_threads(1):
         start = cfg["off_axis"][(cfg["setting"], cfg["R"])]

@@ -13,9 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..results import run_metadata, save_npz, write_json
-from ..runner import preset_config
-from ..stage import StageConfig
+from ..engine import StageConfig, preset_config, run_metadata, save_npz, write_json
 
 NAME = "synthetic"
 

@@ -50,7 +50,7 @@ from scipy import special
 
 from theory import bounds, regimes
 
-from ..runner import Sweep
+from ..engine import Sweep
 from .settings import (
     _F5_TOL,
     STEMS,
@@ -175,7 +175,7 @@ def _f5_point(point: Mapping[str, Any], device: str) -> dict[str, Any]:
 
 def f5_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """One F5 point as a top-level task (point and ``device``), on one torch thread."""
-    from .._threads import torch_threads
+    from ..engine import torch_threads
 
     with torch_threads(1):
         return _f5_point(cfg, cfg["device"])

@@ -1,4 +1,4 @@
-"""The ``synthetic`` stage (the contract of experiments/stage.py).
+"""The ``synthetic`` stage (the contract of experiments/engine/_stage.py).
 
 Runs F5, F7 and the mean-field sweeps, summarises them and writes their section of ``report.md``.
 """
@@ -11,10 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._threads import torch_threads
-from ..results import load_json, run_metadata, stage_result, write_json
-from ..runner import Deferred
-from ..stage import ModuleStage, StageRun
+from ..engine import (
+    Deferred,
+    ModuleStage,
+    StageRun,
+    load_json,
+    run_metadata,
+    stage_result,
+    torch_threads,
+    write_json,
+)
 from .large_radius import _run_f7
 from .mean_field import _run_mean_field
 from .settings import (
@@ -240,7 +246,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
     return "\n".join(lines)
 
 
-#: The stage (experiments/stage.py contract).
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(__name__, "Synthetic theory sweeps")
-#: Run the synthetic sweeps of a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the synthetic sweeps of a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

@@ -56,7 +56,7 @@ carry the provenance labels of docs/theory.md §15).
 
 from __future__ import annotations
 
-from ..stage import ModuleStage
+from ..engine import ModuleStage
 from ._engine import Target
 from .checks import BOUND_RTOL, BOUNDS, BoundSpec
 from .checks import EVALUATORS as EVALUATORS
@@ -89,7 +89,7 @@ __all__ = [
     "verify",
 ]
 
-#: The stage (experiments/stage.py contract); ``meanfield_cli.registry`` gives it typed presets.
+#: The stage (experiments/engine/_stage.py contract); ``meanfield_cli.registry`` types its presets.
 STAGE = ModuleStage.from_module(__name__, "Bounds checked against the engine", uses_device=False)
-#: Run the harness for a preset (:meth:`experiments.stage.ModuleStage.run`).
+#: Run the harness for a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

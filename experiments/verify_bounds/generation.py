@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._threads import torch_threads
+from ..engine import torch_threads
 from ._engine import Target, _engine, _measure, _params, _t
 
 #: Instance kinds, in the order of the schedule (see :data:`SCHEDULE`).

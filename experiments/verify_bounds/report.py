@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..results import load_json, record_float
+from ..engine import load_json, record_float
 from .checks import BOUND_RTOL, BoundSpec, _bucket, _holds, _margin
 from .generation import make_targets
 

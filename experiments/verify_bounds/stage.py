@@ -8,9 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..results import run_metadata, write_json
-from ..runner import preset_config
-from ..stage import StageRun
+from ..engine import StageRun, preset_config, run_metadata, write_json
 from .checks import BoundSpec, _registry, check_instance
 from .generation import KINDS, SCHEDULE
 from .report import NAME, aggregate
@@ -70,7 +68,7 @@ def verify(
         Bounds checked in addition to :data:`BOUNDS` (e.g. a deliberately wrong one in the tests).
     sweep_dir : path, optional
         Store one record per instance in ``sweep_dir/instances.jsonl`` through
-        :class:`experiments.runner.Sweep` (resumable: finished instances are not recomputed).
+        :class:`experiments.engine.Sweep` (resumable: finished instances are not recomputed).
 
     Returns
     -------
@@ -96,7 +94,7 @@ def verify(
         return check_instance(seed, point["index"], point["kind"], specs)
 
     if sweep_dir is not None:
-        from ..runner import Sweep
+        from ..engine import Sweep
 
         config = {
             "harness_version": HARNESS_VERSION,

@@ -76,7 +76,7 @@ def _quiet_progress_bars() -> Iterator[None]:
 
     ``Loading weights`` and ``Converting and de-quantizing GGUF tensors...`` redraw with carriage
     returns, which fill a batch job's log; the commands report the load through their own
-    progress (:mod:`experiments.progress`). Both switches are restored afterwards.
+    progress (the progress of `experiments.engine`). Both switches are restored afterwards.
     """
     try:
         from transformers.utils import logging as hf_logging

@@ -408,7 +408,7 @@ class ModelProfile:
 # JSON encoding and type-directed decoding of the records
 # ----------------------------------------------------------------------------------------------
 
-#: Non-finite floats as JSON strings (as ``experiments.results.write_json`` writes them).
+#: Non-finite floats as JSON strings (as ``experiments.engine.write_json`` writes them).
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
@@ -450,7 +450,7 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, str) and value in _NONFINITE:
             return _NONFINITE[value]
-        if value is None:  # NaN, as experiments.results.write_json stores it
+        if value is None:  # NaN, as experiments.engine.write_json stores it
             return math.nan
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)

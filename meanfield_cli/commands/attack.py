@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments._threads import torch_threads
+from experiments.engine import load_json, run_metadata, save_npz, torch_threads, write_json
 from experiments.inputs import load_matrices, random_layer
 from experiments.mass_splitting import (
     attack_doc,
@@ -38,7 +38,6 @@ from experiments.mass_splitting import (
     figure_c_results,
     measure_doc,
 )
-from experiments.results import load_json, run_metadata, save_npz, write_json
 
 from ..options import add_common, check_out_dir, print_written
 

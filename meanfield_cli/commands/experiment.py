@@ -91,7 +91,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
     """List the settings (``--list``) or run the stage into ``--out``."""
-    from experiments.lock import exclusive_run
+    from experiments.engine import exclusive_run
 
     from ..pipeline import run_stages
     from ..registry import STAGES

@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from experiments.engine import run_metadata, write_json
 from experiments.inputs import load_inputs, load_params_npz, random_layer, random_tokens
-from experiments.results import run_metadata, write_json
 
 from ..options import (
     UsageError,

@@ -11,7 +11,7 @@ chain-rule product across layers against the measured end-to-end constant.
 
 It writes ``profile.json`` (atomically, with run metadata) and the heatmaps ``profile.png`` /
 ``profile.pdf`` (:mod:`paper_figs.fig_profile`, drawn from the saved JSON) under ``--out``, and
-shows a cost-weighted progress bar on stderr (:class:`experiments.progress.CostProgress`). Bad
+shows a cost-weighted progress bar on stderr (:class:`experiments.engine.CostProgress`). Bad
 input (an unknown model, ``n`` beyond the text or the model's positions) is a one-line error with
 exit status 2.
 """
@@ -121,18 +121,18 @@ def _shapes_before_loading(args: argparse.Namespace) -> tuple[int, int, int] | N
 
 
 def _load_seconds(args: argparse.Namespace) -> float:
-    """Predicted seconds to load the model (:data:`experiments.cost_model.LOAD_SECONDS`)."""
-    from experiments import cost_model as cm
+    """Predicted seconds to load the model (:data:`experiments.engine.LOAD_SECONDS`)."""
+    from experiments.engine import LOAD_BYTES_PER_SECOND, LOAD_SECONDS, LOAD_SECONDS_BASE
 
-    if args.model in cm.LOAD_SECONDS:
-        return cm.LOAD_SECONDS[args.model]
+    if args.model in LOAD_SECONDS:
+        return LOAD_SECONDS[args.model]
     path = Path(args.model).expanduser()
     size = sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else 0
-    return cm.LOAD_SECONDS_BASE + size / cm.LOAD_BYTES_PER_SECOND
+    return LOAD_SECONDS_BASE + size / LOAD_BYTES_PER_SECOND
 
 
 def _predict(args: argparse.Namespace, shapes: tuple[int, int, int], layers: Any) -> Any:
-    from experiments.cost_model import predict_profile
+    from experiments.engine import predict_profile
 
     n_layers, d, d_ff = shapes
     chosen = [x for x in (layers if layers is not None else range(n_layers)) if 0 <= x < n_layers]
@@ -152,8 +152,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from experiments.corpora import corpus_token_ids
-    from experiments.progress import CostProgress
-    from experiments.results import run_metadata, write_json
+    from experiments.engine import CostProgress, run_metadata, write_json
     from meanfield.profile import profile_model
 
     check_device(args.device)
@@ -167,7 +166,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     check_out_dir(args.out)  # before the model loads and the minutes of work
     # The first ETA: the cost model's seconds of the load and of every step, from the model's
     # shapes (known before loading for the built-in models and checkpoint directories); the
-    # run's measured pace takes over as it goes (experiments.progress).
+    # run's measured pace takes over as it goes (experiments.engine.CostProgress).
     tracker = CostProgress(desc="profile", enabled=not args.no_progress)
     shapes = _shapes_before_loading(args)
     t_load = time.perf_counter()

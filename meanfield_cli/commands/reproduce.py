@@ -40,7 +40,7 @@ def check_execution(args: argparse.Namespace) -> None:
     if args.workers is not None and args.scheduler:
         raise UsageError("give --workers or --scheduler, not both")
     if args.workers is not None or args.scheduler:
-        from experiments.execution import require_dask
+        from experiments.engine import require_dask
 
         require_dask()  # before any progress line or output directory
 

@@ -22,7 +22,7 @@ DESCRIPTION = (
 
 
 def _cmd(args: argparse.Namespace) -> dict[str, Any]:
-    from experiments.results import run_metadata, write_json
+    from experiments.engine import run_metadata, write_json
     from experiments.verify_bounds import NAME, verify
 
     if args.out:

@@ -1,12 +1,13 @@
 """Running sweep points in this process or on a Dask cluster, with the driver the only writer.
 
-A *task* is one point of a sweep: a pure, top-level (hence picklable) function and that point's
-configuration, a plain mapping. An *executor* runs tasks and hands back their outcomes as they
-complete; it never writes a file. The *driver*, :func:`run_jobs`, gathers the unfinished points of
-several sweeps into one queue ordered by cost, largest first, so that no worker idles at the end
-behind one long point, and appends each record to its sweep's JSONL file as the outcome arrives,
-in exactly the format of :meth:`experiments.runner.Sweep.run`. Resuming, atomic appends and the
-repair of a torn last record are therefore those of :class:`~experiments.runner.Sweep`.
+A *task* (:mod:`experiments.engine._tasks`) is one point of a sweep: a pure, top-level (hence
+picklable) function and that point's configuration, a plain mapping. An *executor* runs tasks and
+hands back their outcomes as they complete; it never writes a file. The *driver*, :func:`run_jobs`,
+gathers the unfinished points of several sweeps into one queue ordered by cost, largest first, so
+that no worker idles at the end behind one long point, and appends each record to its sweep's
+JSONL file as the outcome arrives, in exactly the format of :meth:`experiments.engine.Sweep.run`.
+Resuming, atomic appends and the repair of a torn last record are therefore those of
+:class:`~experiments.engine.Sweep`.
 
 Executors:
 
@@ -38,105 +39,32 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ._cost_model import LOADS, ExecutionTimes, import_modules
+from ._keys import point_key
+from ._results import append_jsonl
+from ._tasks import Outcome, SweepJob, Task, default_cost, order_by_cost
+from ._threads import MAX_THREADS_ENV, thread_cap, worker_thread_cap
+
 __all__ = [
     "DIST_EXTRA_HINT",
     "DaskExecutor",
-    "ExecutionTimes",
     "Executor",
-    "Outcome",
     "PointError",
     "RunSummary",
     "SerialExecutor",
-    "SweepJob",
-    "Task",
+    "calibrate",
+    "call_task",
     "clear_worker_cache",
-    "default_cost",
     "forget_worker_cache",
-    "loading",
     "make_executor",
-    "measured_rate",
-    "order_by_cost",
-    "predict_wall_time",
     "require_dask",
     "run_jobs",
     "worker_cache",
 ]
 
-from .cost_model import (
-    _LOADS,
-    ExecutionTimes,
-    _import_modules,
-    default_cost,
-    loading,
-    measured_rate,
-    predict_wall_time,
-)
-
 log = logging.getLogger(__name__)
 
 DIST_EXTRA_HINT = "install the optional extra: pip install 'meanfield[dist]'"
-
-
-@dataclass(frozen=True)
-class Task:
-    """One point to compute.
-
-    Attributes
-    ----------
-    key : str
-        Unique within a run (the driver uses ``<sweep name>/<point key>``).
-    fn : callable
-        ``fn(config) -> mapping`` of measured values: a top-level function (it is pickled by
-        reference when sent to a worker), pure (it writes no file; the driver does).
-    config : mapping
-        This point's configuration, everything ``fn`` needs (plain, picklable values).
-    cost : float, optional
-        Overrides :func:`default_cost` of ``config``.
-    group : str
-        Name of the sweep or stage, for progress.
-    """
-
-    key: str
-    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
-    config: Mapping[str, Any]
-    cost: float | None = None
-    group: str = ""
-
-    @property
-    def effective_cost(self) -> float:
-        """``cost`` when given, else :func:`default_cost` of the configuration."""
-        return float(self.cost) if self.cost is not None else default_cost(self.config)
-
-
-def order_by_cost(tasks: Iterable[Task]) -> list[Task]:
-    """Tasks by decreasing cost; equal costs keep their given order."""
-    indexed = list(enumerate(tasks))
-    indexed.sort(key=lambda it: (-it[1].effective_cost, it[0]))
-    return [t for _, t in indexed]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What came back for one task.
-
-    ``status`` is ``"ok"`` (``value`` holds the measured values), ``"error"`` (the function raised;
-    ``error`` is one line, ``traceback`` the full text) or ``"lost"`` (its worker died too often,
-    or the cluster went away: computing it again may well succeed).
-    """
-
-    task: Task
-    status: str
-    value: dict[str, Any] | None = None
-    seconds: float = 0.0
-    load_seconds: float = 0.0
-    error: str | None = None
-    traceback: str | None = None
-    worker: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the point was computed."""
-        return self.status == "ok"
 
 
 def _one_line(err: BaseException) -> str:
@@ -160,19 +88,17 @@ def call_task(
     torch = sys.modules.get("torch")
     old = None
     if threads is not None and torch is not None:
-        from ._threads import thread_cap
-
         cap = thread_cap()
         old = torch.get_num_threads()
         torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
-    t0, loads = time.perf_counter(), _LOADS["seconds"]
+    t0, loads = time.perf_counter(), LOADS["seconds"]
     try:
         value = dict(fn(dict(config)))
     except Exception as err:  # noqa: BLE001 - any failure of the point is reported to the driver
         return {
             "status": "error",
             "seconds": time.perf_counter() - t0,
-            "load_seconds": _LOADS["seconds"] - loads,
+            "load_seconds": LOADS["seconds"] - loads,
             "error": _one_line(err),
             "traceback": traceback.format_exc(),
             "worker": f"pid {os.getpid()}",
@@ -184,7 +110,7 @@ def call_task(
         "status": "ok",
         "value": value,
         "seconds": time.perf_counter() - t0,
-        "load_seconds": _LOADS["seconds"] - loads,
+        "load_seconds": LOADS["seconds"] - loads,
         "worker": f"pid {os.getpid()}",
     }
 
@@ -196,7 +122,7 @@ def _outcome(task: Task, raw: Mapping[str, Any]) -> Outcome:
 # ---- per-process cache --------------------------------------------------------------------
 _CACHE: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _CACHE_MAX = 4
-_CACHE_STATS = {"hits": 0, "misses": 0}
+CACHE_STATS = {"hits": 0, "misses": 0}
 
 
 def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
@@ -207,9 +133,9 @@ def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
     """
     if key in _CACHE:
         _CACHE.move_to_end(key)
-        _CACHE_STATS["hits"] += 1
+        CACHE_STATS["hits"] += 1
         return _CACHE[key]
-    _CACHE_STATS["misses"] += 1
+    CACHE_STATS["misses"] += 1
     value = factory()
     _CACHE[key] = value
     while len(_CACHE) > _CACHE_MAX:
@@ -225,7 +151,7 @@ def forget_worker_cache(key: Hashable) -> None:
 def clear_worker_cache() -> None:
     """Empty this process's cache (and its hit/miss counters)."""
     _CACHE.clear()
-    _CACHE_STATS.update(hits=0, misses=0)
+    CACHE_STATS.update(hits=0, misses=0)
 
 
 # ---- executors ----------------------------------------------------------------------------
@@ -374,8 +300,6 @@ class DaskExecutor:
                 else:
                     spawn_env.pop(key, None)
             # workers x threads <= cores: each worker's thread pools are sized to its share
-            from ._threads import MAX_THREADS_ENV, worker_thread_cap
-
             cap = worker_thread_cap(int(workers)) if max_threads == "auto" else max_threads
             if cap is not None:
                 self.max_threads = int(cap)
@@ -454,7 +378,7 @@ class DaskExecutor:
         if not names:
             return
         try:
-            done = self.client.run(_import_modules, ["torch", *names])
+            done = self.client.run(import_modules, ["torch", *names])
         except Exception as err:  # noqa: BLE001 - the tasks import them anyway; only timing lost
             log.warning("could not time the imports on the workers: %s", _one_line(err))
             return
@@ -470,7 +394,7 @@ class DaskExecutor:
     ) -> Outcome:
         """Run one task now, preferably on the same worker every time, and return its outcome.
 
-        For the calls a stage makes before it queues its points (``experiments.runner.remote``):
+        For the calls a stage makes before it queues its points (``experiments.engine.remote``):
         kept on one worker (another if it is gone), they load each model once, as the driver
         would have, instead of once on each worker they happen to land on.
         """
@@ -532,35 +456,6 @@ def make_executor(
 
 
 # ---- the driver ---------------------------------------------------------------------------
-@dataclass
-class SweepJob:
-    """The points of one sweep, and the task function computing one of them.
-
-    ``sweep`` is an :class:`experiments.runner.Sweep` (its file, configuration hash and finished
-    points); ``fn(point)`` returns the measured values of one point, as ``compute`` does for
-    :meth:`Sweep.run <experiments.runner.Sweep.run>`, but must be a top-level function;
-    ``cost(point)`` overrides :func:`default_cost`.
-
-    ``context`` holds the sweep-level settings the function needs besides the point (a seed, a
-    model name, tolerances): the task's configuration is ``{**context, **point}``, while the
-    record, and the point's key, keep the point alone, as :meth:`Sweep.run` does. Point and
-    context must not share a key.
-
-    ``batch_fn`` and ``batch_key`` (both or neither) compute several points in one task: the
-    driver puts the unfinished points of all the jobs with the same ``batch_fn`` whose task
-    configurations have equal ``batch_key(config)`` into one task, whose configuration is
-    ``{"members": [config, ...]}``; ``batch_fn`` (top-level, pure) returns ``{"members":
-    [values, ...]}`` in the same order, and each member still gets its own record, keyed by its
-    own point, so resuming works as for single points (docs/cluster.md, "Batched points").
-    """
-
-    sweep: Any
-    points: Sequence[Mapping[str, Any]]
-    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
-    cost: Callable[[Mapping[str, Any]], float] | None = None
-    context: Mapping[str, Any] = field(default_factory=dict)
-    batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
-    batch_key: Callable[[Mapping[str, Any]], Hashable] | None = None
 
 
 class PointError(RuntimeError):
@@ -589,7 +484,7 @@ def run_jobs(
 
     The unfinished points of all jobs form one queue, largest cost first. Each outcome is
     appended to its sweep's JSONL file as it arrives, as ``{"key", "config_hash", "point",
-    "seconds", **values}`` (the record of :meth:`Sweep.run <experiments.runner.Sweep.run>`;
+    "seconds", **values}`` (the record of :meth:`Sweep.run <experiments.engine.Sweep.run>`;
     ``seconds`` is the time of the point's function on its worker).
 
     Parameters
@@ -609,9 +504,6 @@ def run_jobs(
     -------
     RunSummary
     """
-    from .results import append_jsonl
-    from .runner import point_key
-
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
     paths = [str(job.sweep.path) for job in jobs]
@@ -640,7 +532,7 @@ def run_jobs(
         if progress is not None:
             progress.add(label, cost=sum(costs), points=len(points))
             progress.start_stage(label)
-            _calibrate(progress, label, records, job.cost or default_cost)
+            calibrate(progress, label, records, job.cost or default_cost)
         seen: set[str] = set()
         for p, c in zip(points, costs):
             pkey = point_key(sweep.digest, p)
@@ -683,7 +575,7 @@ def run_jobs(
     return summary
 
 
-def _calibrate(
+def calibrate(
     progress: Any,
     label: str,
     records: Iterable[Mapping[str, Any]],

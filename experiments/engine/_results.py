@@ -26,17 +26,22 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "NPY_READ_ERRORS",
     "SCHEMA_VERSION",
     "append_jsonl",
     "atomic_write_bytes",
     "atomic_write_text",
     "default_file_mode",
+    "finished_config",
+    "jsonable",
     "load_json",
     "load_jsonl",
     "load_npz",
     "record_float",
     "run_metadata",
     "save_npz",
+    "stage_result",
+    "unreadable_array_file",
     "write_csv",
     "write_json",
 ]
@@ -82,19 +87,23 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values: arrays and tensors as lists, non-finite floats as strings.
+
+    NaN becomes ``None``, infinities ``"inf"`` / ``"-inf"``, paths strings, mapping keys strings.
+    """
     if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
+        return jsonable(obj.tolist())
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, float) and not np.isfinite(obj):
         return None if np.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if hasattr(obj, "tolist"):  # torch tensors without importing torch here
-        return _jsonable(obj.tolist())
+        return jsonable(obj.tolist())
     if isinstance(obj, Path):
         return str(obj)
     return obj
@@ -113,7 +122,7 @@ def record_float(x: Any) -> float:
 
 def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> Path:
     """Atomically write a JSON document (numpy and torch values converted)."""
-    return atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+    return atomic_write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=False) + "\n")
 
 
 def load_json(path: str | os.PathLike) -> dict[str, Any]:
@@ -125,7 +134,7 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
     """Append one record as a single line, flushed and fsynced (a crash loses at most this line)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(_jsonable(record), sort_keys=True) + "\n"
+    line = json.dumps(jsonable(record), sort_keys=True) + "\n"
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
         fh.flush()
@@ -238,7 +247,7 @@ def finished_config(json_path: str | os.PathLike) -> dict[str, Any] | None:
         recorded = load_json(json_path)["metadata"]["config"] or {}
         load_npz(npz_path)
     except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        logging.getLogger("experiments.results").warning(
+        logging.getLogger(__name__).warning(
             "%s: unreadable result (%s: %s); computing it again",
             json_path.with_suffix(""),
             type(err).__name__,
@@ -257,7 +266,7 @@ def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Pat
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
-    writer.writerows(_jsonable(r) for r in rows)
+    writer.writerows(jsonable(r) for r in rows)
     return atomic_write_text(path, buf.getvalue())
 
 

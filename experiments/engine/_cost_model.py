@@ -1,8 +1,9 @@
 """The cost model of a run: what a point is expected to cost, and where a run's time went.
 
-- **Predicting.** :func:`default_cost` (``n² · d · windows``) orders the queue and feeds the
-  progress; :func:`measured_rate` turns finished records into a worker's rate;
-  :func:`predict_wall_time` simulates the largest-first queue on W workers.
+- **Predicting.** :func:`~experiments.engine._tasks.default_cost` (``n² · d · windows``, with the
+  task it weighs) orders the queue and feeds the progress; :func:`measured_rate` turns finished
+  records into a worker's rate; :func:`predict_wall_time` simulates the largest-first queue on W
+  workers.
 - **Predicting a run before it starts**, for the progress's first ETA: the seconds of each stage
   of ``meanfield reproduce`` and of its figures (:func:`predict_stage_seconds`,
   :func:`predict_figures_seconds`), and of ``meanfield profile`` from the model's shapes
@@ -13,7 +14,6 @@
   the warm-up of the run.
 
 docs/cluster.md, "Cost model", derives the prediction and checks it against measured runs.
-:mod:`experiments.execution` re-exports these names.
 """
 
 from __future__ import annotations
@@ -25,16 +25,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._tasks import default_cost
+
 if TYPE_CHECKING:
-    from .execution import Outcome
+    from ._tasks import Outcome
 
 __all__ = [
     "FIGURES_SECONDS",
     "LOAD_SECONDS",
     "STAGE_SECONDS",
     "ExecutionTimes",
+    "LOADS",
     "ProfilePrediction",
-    "default_cost",
+    "import_modules",
     "loading",
     "measured_rate",
     "predict_figures_seconds",
@@ -46,21 +49,6 @@ __all__ = [
 
 
 # ---- prediction ---------------------------------------------------------------------------
-def default_cost(config: Mapping[str, Any]) -> float:
-    """Default cost of one point: ``n² · d · windows`` from its configuration (missing keys: 1).
-
-    Only the order of the costs matters for the queue; for the ETA, the cost should be roughly
-    proportional to the time a point takes (docs/cluster.md, "Cost model").
-    """
-
-    def num(key: str) -> float:
-        v = config.get(key, 1)
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            return 1.0
-
-    return num("n") ** 2 * num("d") * num("windows")
 
 
 def measured_rate(
@@ -257,23 +245,24 @@ def predict_profile(
 
 
 # ---- measurement --------------------------------------------------------------------------
-_LOADS = {"seconds": 0.0, "count": 0}
+#: Seconds and count of the loads :func:`loading` timed in this process (``call_task`` reads it).
+LOADS = {"seconds": 0.0, "count": 0}
 
 
 @contextlib.contextmanager
 def loading() -> Iterator[None]:
     """Time a load (a model, a tokenized text) in this process, as warm-up rather than work.
 
-    The stages wrap their loads in it; :func:`call_task` reports the seconds a task spent in
-    them (``load_seconds``), so that a run on several workers can tell the per-worker warm-up
-    from the work itself (docs/cluster.md, "Cost model").
+    The stages wrap their loads in it; :func:`~experiments.engine._execution.call_task` reports
+    the seconds a task spent in them (``load_seconds``), so that a run on several workers can
+    tell the per-worker warm-up from the work itself (docs/cluster.md, "Cost model").
     """
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        _LOADS["seconds"] += time.perf_counter() - t0
-        _LOADS["count"] += 1
+        LOADS["seconds"] += time.perf_counter() - t0
+        LOADS["count"] += 1
 
 
 @dataclass
@@ -319,7 +308,7 @@ class ExecutionTimes:
         }
 
 
-def _import_modules(names: Sequence[str]) -> dict[str, Any]:
+def import_modules(names: Sequence[str]) -> dict[str, Any]:
     """Import ``names`` in this (worker) process; its pid and the seconds it took.
 
     A module that cannot be imported by name (a function sent by value) is skipped: the task

@@ -6,7 +6,7 @@ synthetic sweeps, mass splitting, the bound checks). Each stage module defines
 - a frozen dataclass of its settings (a subclass of :class:`StageConfig`), with one instance per
   preset in ``PRESETS`` (``"tiny"``, ``"quick"``, ``"paper"``);
 - ``resolve(preset, settings) -> dict``: the preset's settings with the given ones applied and
-  checked;
+  checked (starting from :func:`preset_config`);
 - ``execute(cfg, out, run) -> list[Path]``: the work, resumable, written under ``out``
   (``run`` is a :class:`StageRun`: preset, settings, device, progress);
 - ``summary(results_dir) -> dict`` and ``report_section(results_dir, figures_dir) -> str``;
@@ -35,7 +35,15 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["ModuleStage", "Names", "Stage", "StageConfig", "StageRun", "check_setting"]
+__all__ = [
+    "ModuleStage",
+    "Names",
+    "Stage",
+    "StageConfig",
+    "StageRun",
+    "check_setting",
+    "preset_config",
+]
 
 #: A setting that takes one name or a list of names.
 Names = tuple[str, ...] | str
@@ -288,3 +296,38 @@ class ModuleStage:
     def report_section(self, results_dir: Path, figures_dir: Path) -> str:
         """The module's ``report_section``."""
         return self.report_fn(results_dir, figures_dir)
+
+
+def preset_config(
+    presets: Mapping[str, Any],
+    preset: str,
+    overrides: Mapping[str, Any],
+    *,
+    what: str = "override(s)",
+) -> dict[str, Any]:
+    """A deep copy of ``presets[preset]``, after checking the preset name and the override keys.
+
+    Every experiment stage resolves its settings this way; the caller then applies the overrides
+    (plain replacement or its own merge) and its own validation. A preset is either a
+    :class:`StageConfig` instance (its fields are the known keys, and each
+    override is also checked against the field's type) or a plain mapping.
+
+    Raises
+    ------
+    ValueError
+        ``unknown preset ...``, ``unknown <what> ...`` with the known names, or a setting of the
+        wrong type (naming the stage and the field).
+    """
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
+    entry = presets[preset]
+    if isinstance(entry, StageConfig):
+        cfg = entry.options()
+    else:
+        cfg = copy.deepcopy(dict(entry))
+    unknown = sorted(set(overrides) - set(cfg))
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(cfg)}")
+    if isinstance(entry, StageConfig):
+        entry.check(overrides)
+    return cfg

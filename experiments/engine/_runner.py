@@ -1,19 +1,19 @@
-"""Resumable sweeps: stable point keys, skip finished points, one fsynced line per record.
+"""Resumable sweeps: skip finished points, one fsynced line per record; planning a queue.
 
 A sweep appends each finished point as one JSON line to ``<out>/<name>.jsonl``. A point's key is
-a hash of the sweep's configuration and the point's parameters, so rerunning the same sweep skips
-every finished point, and changing the configuration starts a fresh set of keys. A run killed at
-any moment loses at most the point in flight: a torn last line is cut off when the sweep is
-reopened.
+a hash of the sweep's configuration and the point's parameters (:mod:`experiments.engine._keys`),
+so rerunning the same sweep skips every finished point, and changing the configuration starts a
+fresh set of keys. A run killed at any moment loses at most the point in flight: a torn last line
+is cut off when the sweep is reopened.
+
+Under :func:`planning`, sweeps queue their unfinished points for the driver
+(:func:`~experiments.engine.run_jobs`) instead of computing them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
-import hashlib
-import json
 import logging
 import os
 import time
@@ -21,16 +21,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .results import _jsonable, append_jsonl, load_json, load_jsonl, run_metadata, write_json
+from ._execution import SerialExecutor, calibrate, run_jobs
+from ._keys import config_hash, point_key
+from ._results import append_jsonl, load_json, load_jsonl, run_metadata, write_json
+from ._tasks import SweepJob, Task, default_cost
 
 __all__ = [
     "Deferred",
     "Plan",
     "Sweep",
-    "config_hash",
     "planning",
-    "point_key",
-    "preset_config",
     "queued",
     "remote",
     "reporting",
@@ -38,57 +38,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def _canonical(obj: Any) -> str:
-    return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"))
-
-
-def config_hash(config: Mapping[str, Any]) -> str:
-    """Short stable hash of a configuration (canonical JSON, SHA-256)."""
-    return hashlib.sha256(_canonical(config).encode()).hexdigest()[:16]
-
-
-def point_key(config_digest: str, point: Mapping[str, Any]) -> str:
-    """Stable key of one sweep point under a configuration."""
-    return hashlib.sha256((config_digest + _canonical(point)).encode()).hexdigest()[:20]
-
-
-def preset_config(
-    presets: Mapping[str, Any],
-    preset: str,
-    overrides: Mapping[str, Any],
-    *,
-    what: str = "override(s)",
-) -> dict[str, Any]:
-    """A deep copy of ``presets[preset]``, after checking the preset name and the override keys.
-
-    Every experiment stage resolves its settings this way; the caller then applies the overrides
-    (plain replacement or its own merge) and its own validation. A preset is either a
-    :class:`~experiments.stage.StageConfig` instance (its fields are the known keys, and each
-    override is also checked against the field's type) or a plain mapping.
-
-    Raises
-    ------
-    ValueError
-        ``unknown preset ...``, ``unknown <what> ...`` with the known names, or a setting of the
-        wrong type (naming the stage and the field).
-    """
-    from .stage import StageConfig
-
-    if preset not in presets:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
-    entry = presets[preset]
-    if isinstance(entry, StageConfig):
-        cfg = entry.options()
-    else:
-        cfg = copy.deepcopy(dict(entry))
-    unknown = sorted(set(overrides) - set(cfg))
-    if unknown:
-        raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(cfg)}")
-    if isinstance(entry, StageConfig):
-        entry.check(overrides)
-    return cfg
 
 
 class Deferred(Exception):
@@ -149,8 +98,6 @@ def remote(fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping
     executor = plan.executor if plan is not None else None
     if executor is None:
         return fn(dict(config))
-    from .execution import Task
-
     call = getattr(executor, "call", None)
     if call is not None:  # Dask: always the same worker, which keeps what it loads
         outcome = call(fn, config)
@@ -183,10 +130,8 @@ def submit_jobs(jobs: Iterable[Any]) -> None:
     Under :func:`planning` the jobs with unfinished points are queued (the stage must then raise
     :class:`Deferred` or check :func:`queued`); otherwise they run here, in one serial queue
     (largest cost first, batched jobs grouped), reporting to the tracker of :func:`reporting`.
-    A point that raises stops the run with ``experiments.execution.PointError``.
+    A point that raises stops the run with ``experiments.engine.PointError``.
     """
-    from .execution import SerialExecutor, run_jobs
-
     jobs = list(jobs)
     plan = _PLAN.get()
     if plan is not None:
@@ -280,15 +225,13 @@ class Sweep:
         batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
         batch_key: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> Any:
-        """The points as an ``experiments.execution.SweepJob`` (``fn`` top-level, pure).
+        """The points as an ``experiments.engine.SweepJob`` (``fn`` top-level, pure).
 
         ``fn({**context, **point})`` computes one point; the record and the key keep the point
         alone. The job's unfinished points are those whose key is not in :meth:`done`.
         ``batch_fn`` and ``batch_key`` let the driver compute several points in one task
-        (:class:`~experiments.execution.SweepJob`).
+        (:class:`~experiments.engine.SweepJob`).
         """
-        from .execution import SweepJob
-
         return SweepJob(
             self, [dict(p) for p in points], fn, cost, dict(context or {}), batch_fn, batch_key
         )
@@ -343,8 +286,6 @@ class Sweep:
         """
         from tqdm.auto import tqdm
 
-        from .execution import default_cost
-
         points = [dict(p) for p in points]
         if compute is None:
             if task is None:
@@ -369,11 +310,9 @@ class Sweep:
         tracker = _PROGRESS.get() if todo else None
         label = f"{self.out_dir.name}/{self.name}"
         if tracker is not None:
-            from .execution import _calibrate
-
             tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
             tracker.start_stage(label)
-            _calibrate(tracker, label, finished, cost_of)
+            calibrate(tracker, label, finished, cost_of)
         # a run's tracker draws the one bar; a sweep on its own draws its own
         own_bar = progress and _PROGRESS.get() is None
         bar = tqdm(todo, desc=desc or self.name, disable=None if own_bar else True, leave=False)

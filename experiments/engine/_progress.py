@@ -220,9 +220,10 @@ class CostProgress:
         """Declare the phases of the run, in order, each with its predicted seconds.
 
         E.g. the stages of ``meanfield reproduce`` and its figures, predicted by
-        :mod:`experiments.cost_model` before any of them runs. Calling it again adds phases and
-        updates the prediction of phases not yet begun. From now on the fraction and the ETA
-        speak of the phases (see the module's docstring), and a log gets its first line at once.
+        :mod:`experiments.engine._cost_model` before any of them runs. Calling it again adds
+        phases and updates the prediction of phases not yet begun. From now on the fraction and
+        the ETA speak of the phases (see the module's docstring), and a log gets its first line
+        at once.
         """
         first = not self.phases
         for name, seconds in phases.items():
