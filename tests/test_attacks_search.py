@@ -93,7 +93,7 @@ def _head(rng, d=2):
     return AttentionParams(A, V)
 
 
-def test_search_options_equal_keywords_and_generator_is_deprecated(rng):
+def test_search_options_equal_keywords(rng):
     from meanfield.attacks import SearchOptions
 
     params = _head(rng)
@@ -112,18 +112,9 @@ def test_search_options_equal_keywords_and_generator_is_deprecated(rng):
         certify=False,
     )
     assert mix.value == kw.value
-    with pytest.warns(DeprecationWarning, match="seed"):
-        gen = worst_case_measure(
-            params,
-            1.5,
-            3,
-            n_restarts=3,
-            steps=12,
-            lr=0.07,
-            generator=torch.Generator().manual_seed(5),
-            certify=False,
-        )
-    assert gen.value == kw.value
+    # one random source: the seed (the generator= keyword was removed before any release)
+    with pytest.raises(TypeError, match="generator"):
+        worst_case_measure(params, 1.5, 3, generator=torch.Generator().manual_seed(5))
     with pytest.raises(ValueError, match="both"):
         worst_case_measure(params, 1.5, 3, options=opts, steps=3)
     with pytest.raises(ValueError, match="non-negative"):
@@ -134,15 +125,13 @@ def test_search_options_equal_keywords_and_generator_is_deprecated(rng):
         opts.steps = 3  # frozen
 
 
-def test_n_atoms_keyword_is_deprecated(rng):
+def test_the_number_of_atoms_is_n(rng):
     params = _head(rng)
-    new = worst_case_measure(params, 1.2, n=2, n_restarts=1, steps=5, certify=False)
-    with pytest.warns(DeprecationWarning, match="n_atoms"):
-        old = worst_case_measure(params, 1.2, n_atoms=2, n_restarts=1, steps=5, certify=False)
-    assert old.value == new.value and old.measure.points.shape == (2, 2)
-    with pytest.raises(TypeError, match="n only"):
-        worst_case_measure(params, 1.2, 2, n_atoms=2)
-    with pytest.raises(TypeError, match="missing"):
+    res = worst_case_measure(params, 1.2, n=2, n_restarts=1, steps=5, certify=False)
+    assert res.measure.points.shape == (2, 2)
+    with pytest.raises(TypeError, match="n_atoms"):  # its unreleased former name is gone
+        worst_case_measure(params, 1.2, n_atoms=2)
+    with pytest.raises(TypeError, match="'n'"):
         worst_case_measure(params, 1.2)
 
 

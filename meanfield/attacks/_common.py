@@ -83,7 +83,6 @@ class SearchOptions:
 def resolve_options(
     defaults: SearchOptions,
     options: SearchOptions | None,
-    generator: torch.Generator | None,
     what: str,
     **given: float | int | None,
 ) -> tuple[SearchOptions, torch.Generator]:
@@ -91,7 +90,7 @@ def resolve_options(
 
     A keyword given explicitly overrides the same field of ``options``; giving both for the same
     field raises. Returns the complete options and the generator of the random starts
-    (``generator``, deprecated, else a CPU generator seeded with ``seed``).
+    (a CPU generator seeded with ``seed``).
     """
     merged = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(SearchOptions)}
     if options is not None:
@@ -107,15 +106,7 @@ def resolve_options(
             raise ValueError(f"{what}: {k} given both as a keyword and in options")
         merged[k] = v
     opts = SearchOptions(**merged)
-    if generator is not None:
-        warnings.warn(
-            f"{what}(generator=...) is deprecated: pass seed= (or options=SearchOptions(seed=...))",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        gen = generator
-    else:
-        gen = torch.Generator(device="cpu").manual_seed(int(opts.seed))
+    gen = torch.Generator(device="cpu").manual_seed(int(opts.seed))
     return opts, gen
 
 
@@ -350,19 +341,3 @@ def _run_single(
                 torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
         opt.step()
     return best, best_p
-
-
-def _renamed_n(n: int | None, n_atoms: int | None, what: str) -> int:
-    """``n``, accepting the deprecated keyword ``n_atoms`` for one release."""
-    if n_atoms is not None:
-        if n is not None:
-            raise TypeError(f"{what}: give n only (n_atoms is its deprecated name)")
-        warnings.warn(
-            f"{what}(n_atoms=...) is deprecated: the number of atoms is n",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        n = n_atoms
-    if n is None:
-        raise TypeError(f"{what}: missing the number of atoms n")
-    return n

@@ -633,7 +633,6 @@ def off_axis_two_atoms(
     steps: int | None = None,
     lr: float | None = None,
     seed: int | None = None,
-    generator: torch.Generator | None = None,
 ) -> OffAxisTwoAtoms:
     r"""Maximise the general two-atom lower bound over :math:`x,y\in B_R`, unit :math:`h`, :math:`w`.
 
@@ -659,8 +658,6 @@ def off_axis_two_atoms(
     steps : int, default 400
     lr : float, default 0.05
     seed : int, default 0
-    generator : torch.Generator, optional
-        Deprecated (use ``seed``): overrides ``seed``.
 
     Returns
     -------
@@ -675,7 +672,6 @@ def off_axis_two_atoms(
     opts, gen = resolve_options(
         OFF_AXIS_DEFAULTS,
         options,
-        generator,
         "off_axis_two_atoms",
         n_restarts=n_restarts,
         steps=steps,

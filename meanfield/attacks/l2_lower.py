@@ -534,7 +534,7 @@ def l2_lipschitz_lower(
     if N < 2:
         raise ValueError(f"need N >= 2 tokens, got {N}")
     opts, gen = resolve_options(
-        _DEFAULTS, options, None, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
+        _DEFAULTS, options, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
         lr=lr, seed=seed,
     )  # fmt: skip
     p64 = _params64(params)

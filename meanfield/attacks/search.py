@@ -39,7 +39,6 @@ from ._common import (
     _measure_constant,
     _measure_from_log_weights,
     _params64,
-    _renamed_n,
     _sequence_constant,
     _single_head,
     _sphere,
@@ -228,7 +227,7 @@ def _as_init_list(init: DiracMeasure | Sequence[DiracMeasure] | Tensor | None) -
 def worst_case_measure(
     params: Params,
     R: float,
-    n: int | None = None,
+    n: int,
     *,
     options: SearchOptions | None = None,
     n_restarts: int | None = None,
@@ -242,8 +241,6 @@ def worst_case_measure(
     init: DiracMeasure | Sequence[DiracMeasure] | None = None,
     progress: bool = False,
     certify: bool = True,
-    generator: torch.Generator | None = None,
-    n_atoms: int | None = None,
 ) -> WorstCaseMeasure:
     r"""Multi-start gradient ascent of the local constant over weighted atomic measures in :math:`B_R`.
 
@@ -277,7 +274,7 @@ def worst_case_measure(
     R : float
         Radius of the ball (or sphere).
     n : int
-        Number of atoms :math:`K \ge 1` (``n_atoms=``, its former name, is deprecated).
+        Number of atoms :math:`K \ge 1`.
     options : SearchOptions, optional
         ``n_restarts``, ``steps``, ``lr``, ``seed`` at once; the same names may be given as
         keywords instead (not both for one field).
@@ -306,8 +303,6 @@ def worst_case_measure(
     certify : bool, default True
         Bracket the best value with :func:`meanfield.lipschitz.local_lipschitz` (dense, Gram
         certificate).
-    generator : torch.Generator, optional
-        Deprecated (use ``seed``): overrides ``seed``.
 
     Returns
     -------
@@ -320,11 +315,10 @@ def worst_case_measure(
     in the paper (v1 abstract)*; the objective is the local constant of docs/theory.md §A2,
     *derived and checked numerically*.
     """
-    n = int(_renamed_n(n, n_atoms, "worst_case_measure"))
+    n = int(n)
     opts, gen = resolve_options(
         MEASURE_DEFAULTS,
         options,
-        generator,
         "worst_case_measure",
         n_restarts=n_restarts,
         steps=steps,
@@ -537,7 +531,6 @@ def worst_case_sequence(
     init: Tensor | Sequence[Tensor] | None = None,
     progress: bool = False,
     certify: bool = True,
-    generator: torch.Generator | None = None,
 ) -> WorstCaseSequence:
     r"""Multi-start gradient ascent of :math:`\|Df(X)\|_2` over sequences in :math:`B_R^n`.
 
@@ -571,8 +564,6 @@ def worst_case_sequence(
         Extra starting sequences of shape (n, d).
     progress : bool, default False
     certify : bool, default True
-    generator : torch.Generator, optional
-        Deprecated (use ``seed``): overrides ``seed``.
 
     Returns
     -------
@@ -586,7 +577,6 @@ def worst_case_sequence(
     opts, gen = resolve_options(
         SEQUENCE_DEFAULTS,
         options,
-        generator,
         "worst_case_sequence",
         n_restarts=n_restarts,
         steps=steps,

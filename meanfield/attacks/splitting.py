@@ -372,7 +372,6 @@ def mass_splitting_attack(
     R: float | None = None,
     atoms: Sequence[int] | None = None,
     insert_steps: int = 60,
-    generator: torch.Generator | None = None,
 ) -> MassSplittingAttack:
     r"""Finite :math:`W_2`-budget attack: move-only versus split-then-move (docs/theory.md §10).
 
@@ -425,8 +424,6 @@ def mass_splitting_attack(
     lr : float, default 0.05
     insert_steps : int, default 60
     seed : int, default 0
-    generator : torch.Generator, optional
-        Deprecated (use ``seed``): overrides ``seed``.
 
     Returns
     -------
@@ -443,7 +440,6 @@ def mass_splitting_attack(
     opts, gen = resolve_options(
         SPLITTING_DEFAULTS,
         options,
-        generator,
         "mass_splitting_attack",
         n_restarts=n_restarts,
         steps=steps,
