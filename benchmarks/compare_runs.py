@@ -17,7 +17,9 @@ Every file under the two directories is matched by its relative path:
 Numbers must be equal (bit-identical, NaN equal to NaN) unless ``--rtol`` is given. Fields that
 describe the run rather than its results are skipped: times (any key containing ``seconds`` or
 ``time``), dates, hosts, versions, commits, paths, the ``metadata``/``execution`` blocks, and
-the hashes ``key``/``config_hash`` (once records are matched, their parameters are compared).
+the hashes ``key``/``config_hash`` (once records are matched, their parameters are compared);
+the paths of installed packages are compared from ``site-packages/`` on (two clones have two
+virtual environments).
 Prints one line per difference (at most ``--max-lines``) and a summary; exit status 1 when
 anything differs or is missing on one side.
 """
@@ -28,6 +30,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +70,14 @@ def _skipped(key: str) -> bool:
     return key in SKIPPED_KEYS or "seconds" in key or "time" in key
 
 
+_SITE = re.compile(r"\S*[/\\]site-packages[/\\]")
+
+
+def _installed(text: str) -> str:
+    """``text`` with the paths of installed packages cut to what follows ``site-packages/``."""
+    return _SITE.sub("<site-packages>/", text)
+
+
 def _same_number(a: float, b: float, rtol: float) -> bool:
     if math.isnan(a) and math.isnan(b):
         return True
@@ -96,6 +107,9 @@ def diff(a: Any, b: Any, where: str, rtol: float) -> Iterator[str]:
             yield f"{where}: {a!r} != {b!r}"
     elif isinstance(a, (int, float)) and isinstance(b, (int, float)):
         if not _same_number(float(a), float(b), rtol):
+            yield f"{where}: {a!r} != {b!r}"
+    elif isinstance(a, str) and isinstance(b, str):
+        if _installed(a) != _installed(b):
             yield f"{where}: {a!r} != {b!r}"
     elif a != b:
         yield f"{where}: {a!r} != {b!r}"

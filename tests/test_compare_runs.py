@@ -57,3 +57,12 @@ def test_every_kind_of_difference_is_named(tmp_path) -> None:
     assert len(lines) == 3
     assert list(cr.compare(a, b, rtol=1e-12)) == [line for line in lines if "k1" not in line]
     assert cr.main([str(a), str(b)]) == 1
+
+
+def test_two_virtual_environments_are_the_same_install(tmp_path) -> None:
+    cr = _module()
+    a = {"source": "kjv 1.0: /tmp/a/.venv/lib/python3.11/site-packages/kjv/Bible.db"}
+    b = {"source": "kjv 1.0: /home/u/p/.venv/lib/python3.11/site-packages/kjv/Bible.db"}
+    assert list(cr.diff(a, b, "m", 0.0)) == []
+    c = {"source": "kjv 1.1: /home/u/p/.venv/lib/python3.11/site-packages/kjv/Bible.db"}
+    assert len(list(cr.diff(a, c, "m", 0.0))) == 1
