@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.fits import PAPER_CURVES, fit_power_law
-from experiments.real_data import CORPUS_STANDS_IN, TRAINING_LENGTH
+from experiments.fits import PAPER_CURVES
+from experiments.real_data import CORPUS_STANDS_IN, TRAINING_LENGTH, sweep_fits
 
 from ._style import (
     LABEL_RELEASED,
@@ -77,14 +77,6 @@ def paper_curve_for(s: Mapping[str, Any]):
     if not s.get("paper_configuration") or not stands:
         return None
     return PAPER_CURVES.get(f"{s['paper_configuration']} {stands}")
-
-
-def _fit(n: np.ndarray, y: np.ndarray):
-    ok = np.isfinite(y) & (y > 0)
-    try:
-        return fit_power_law(n[ok], y[ok], n_boot=1000, seed=0)
-    except ValueError:  # fewer than two distinct n
-        return None
 
 
 def bracket_label(confidence: float | None) -> str:
@@ -125,7 +117,7 @@ def _legend_rank(label: str) -> int:
 BRACKET_COLOURS = {True: "0.62", False: "0.35"}
 
 
-def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True, confidence: float | None) -> None:
+def _draw_panel(ax, s: dict[str, Any], *, log: bool = True, confidence: float | None) -> None:
     """One sweep; ``confidence``: the smallest confidence of the figure's probabilistic brackets."""
     a = s["arrays"]
     n = a["n"].astype(float)
@@ -162,11 +154,12 @@ def _draw_panel(ax, s: Mapping[str, Any], *, log: bool = True, confidence: float
         )
     grid = np.geomspace(n.min(), n.max(), 100) if log else np.linspace(n.min(), n.max(), 100)
     notes: list[tuple[str, Any]] = []
-    for y, name, label, color in (
-        (val, r"$\|J\|_2$", LABEL_FIT_VALUE, PALETTE["fit"]),
-        (rel, "released", LABEL_FIT_RELEASED, PALETTE["released"]),
+    fits = sweep_fits(s)  # computed once, shared with the report
+    for key, name, label, color in (
+        ("value", r"$\|J\|_2$", LABEL_FIT_VALUE, PALETTE["fit"]),
+        ("released", "released", LABEL_FIT_RELEASED, PALETTE["released"]),
     ):
-        fit = _fit(n, y)
+        fit = fits[key]
         if fit is not None:
             ax.plot(grid, fit(grid), color=color, lw=0.9, zorder=4, label=label)
             notes.append((fit_label(name, fit), color))

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.fits import fit_power_law
+from experiments.real_data import sweep_fits
 
 from ._style import (
     PALETTE,
@@ -138,10 +138,7 @@ def _draw_panel(ax, s: dict, papers: Sequence[str]) -> None:
 
     ax.scatter(n, y(R), s=2, alpha=0.5, color=PALETTE["unmasked"], label=LABEL_POINTS)
     notes: list[tuple[str, Any]] = []
-    try:
-        fit = fit_power_law(n, R, n_boot=1000, seed=0)
-    except ValueError:
-        fit = None
+    fit = sweep_fits(s)["mean_radius"]  # computed once, shared with the report
     if fit is not None:
         grid = np.linspace(n.min(), n.max(), 100)
         ax.plot(grid, y(fit(grid)), color=PALETTE["fit"], lw=0.9, label=LABEL_FIT)

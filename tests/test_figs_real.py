@@ -258,3 +258,27 @@ def test_f3_shows_every_input_set(results, tmp_path, monkeypatch):
     assert not any("no GPT-2 L6 stand-in" in t or "projection" in t for t in titles)
     assert len(fig.legends) == 1
     plt.close(fig)
+
+
+def test_f1_prints_the_fits_of_the_report(results, tmp_path, monkeypatch):
+    """One fit per sweep and quantity: F1's notes are built from the fits the summary reports."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    (row,) = real_data.summary(results)["sweeps"]
+    (s,) = real_data.load_sweeps(results)
+    fits = real_data.sweep_fits(s)
+    assert real_data.sweep_fits(s) is fits  # computed once per loaded sweep
+    assert list(fits["value"].alpha_ci) == row["fit_true"]["alpha_ci"]
+    assert list(fits["released"].alpha_ci) == row["fit_released"]["alpha_ci"]
+    texts: list[str] = []
+    monkeypatch.setattr(f1, "sweeps_or_raise", lambda _: [s])
+    real_note = _style.panel_note
+
+    def spy(ax, notes, *args, **kwargs):
+        texts.extend(t for t, _ in notes)
+        return real_note(ax, notes, *args, **kwargs)
+
+    monkeypatch.setattr(f1, "panel_note", spy)
+    f1.draw(results, tmp_path)
+    assert _style.fit_label(r"$\|J\|_2$", fits["value"]) in texts

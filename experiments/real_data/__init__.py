@@ -50,6 +50,7 @@ from .report import (
     report_section,
     row_verdict,
     summary,
+    sweep_fits,
 )
 from .settings import (
     CONFIGS,
@@ -83,6 +84,7 @@ __all__ = [
     "row_verdict",
     "run",
     "summary",
+    "sweep_fits",
 ]
 
 #: The stage (experiments/engine/_stage.py contract).

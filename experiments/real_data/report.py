@@ -183,21 +183,44 @@ def summary(results_dir: Path) -> dict[str, Any]:
     return {"experiment": NAME, "sweeps": _summary_rows(load_sweeps(results_dir))}
 
 
-def _summary_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+#: Bootstrap samples of the power-law fits of a sweep (report, summary and figures F1 and F3).
+FIT_BOOTSTRAP = 2000
+
+
+def sweep_fits(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The power-law fits ``c n^alpha`` of one sweep loaded by :func:`load_sweeps`, computed once.
+
+    Keys ``"value"`` (the true constant), ``"released"`` (the released metric) and
+    ``"mean_radius"``, each a :class:`~experiments.fits.PowerLawFit` (``None`` with fewer than two
+    distinct n), over the windows with a finite positive value, :data:`FIT_BOOTSTRAP` bootstrap
+    samples, seed 0. The fits are kept in the sweep (key ``"fits"``), so that the report, the
+    summary and the figures drawn from the same loaded sweeps share one computation and print the
+    same intervals.
+    """
+    import numpy as np
+
+    if "fits" not in sweep:
+        a = sweep["arrays"]
+        fits: dict[str, Any] = {}
+        for key in ("value", "released", "mean_radius"):
+            y = a[key]
+            ok = np.isfinite(y) & (y > 0)
+            try:
+                fits[key] = fit_power_law(a["n"][ok], y[ok], n_boot=FIT_BOOTSTRAP, seed=0)
+            except ValueError:
+                fits[key] = None
+        sweep["fits"] = fits
+    return sweep["fits"]
+
+
+def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of :func:`summary` for sweeps already loaded by :func:`load_sweeps`."""
     import numpy as np
 
     rows = []
     for s in sweeps:
         a = s["arrays"]
-        fits = {}
-        for key in ("value", "released", "mean_radius"):
-            y = a[key]
-            ok = np.isfinite(y) & (y > 0)
-            try:
-                fits[key] = fit_power_law(a["n"][ok], y[ok], n_boot=2000, seed=0).as_dict()
-            except ValueError:
-                fits[key] = None
+        fits = {k: (f.as_dict() if f is not None else None) for k, f in sweep_fits(s).items()}
         up = a["upper"]
         ratio = up / a["lower"]
         finite = np.isfinite(ratio)
@@ -222,7 +245,7 @@ def _summary_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             if ins.sum() >= 4 and len(set(a["n"][ins].tolist())) >= 2:
                 ok = ins & np.isfinite(v) & (v > 0)
                 beyond["fit_true_within"] = fit_power_law(
-                    a["n"][ok], v[ok], n_boot=2000, seed=0
+                    a["n"][ok], v[ok], n_boot=FIT_BOOTSTRAP, seed=0
                 ).as_dict()
         rows.append(
             {
