@@ -224,6 +224,8 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         up = a["upper"]
         ratio = up / a["lower"]
         finite = np.isfinite(ratio)
+        prob_ratio = a["upper_prob"] / a["lower"]
+        prob_finite = np.isfinite(prob_ratio)
         paper_corpus = _paper_corpus(s)
         curve = (
             PAPER_CURVES.get(f"{s['paper_configuration']} {paper_corpus}")
@@ -273,7 +275,9 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     else None
                 ),
                 "bracket_ratio_median": float(np.median(ratio[finite])) if finite.any() else None,
-                "prob_bracket_ratio_median": float(np.median(a["upper_prob"] / a["lower"])),
+                "prob_bracket_ratio_median": (
+                    float(np.median(prob_ratio[prob_finite])) if prob_finite.any() else None
+                ),
                 "confidence": s["confidence"],
                 "upper_certified_fraction": float(finite.mean()),
                 "converged_fraction": float(a["converged"].mean()),

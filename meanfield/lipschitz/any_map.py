@@ -24,7 +24,7 @@ from .._typing import Method
 from ._certify import DENSE_GRAM_STEPS
 from ._estimate import LipschitzEstimate
 from ._operators import random_start, round_down, round_up
-from ._options import DENSE_AUTO_MAX
+from ._options import DEFAULT_TOL, DENSE_AUTO_MAX
 
 
 # ------------------------------------------------------------------ arbitrary differentiable maps
@@ -67,7 +67,8 @@ def local_lipschitz_fn(
     method : {"auto", "dense", "lanczos", "power"}, default "auto"
         ``"auto"``: dense when a sample has at most 1500 entries.
     tol : float, optional
-        Residual tolerance, as in :func:`local_lipschitz`. Default (``None``): ``1e-6``, the
+        Residual tolerance, as in :func:`local_lipschitz`. Default (``None``): ``1e-6``
+        (``DEFAULT_TOL``, that of :func:`local_lipschitz`'s residual rule), the
         residual rule being the only one here (the width rule needs the closed-form certificates
         of :func:`local_lipschitz`), so that a call written for either function runs on both.
     max_iter, krylov_dim, seed, generator
@@ -153,7 +154,7 @@ def local_lipschitz_fn(
         rmatvec,
         x0,
         method=resolved,
-        tol=1e-6 if tol is None else tol,
+        tol=DEFAULT_TOL if tol is None else tol,
         max_iter=max_iter,
         krylov_dim=krylov_dim,
     )
