@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PAPER_CURVES", "PaperCurve", "PowerLawFit", "fit_power_law", "paper_curve"]
+__all__ = [
+    "PAPER_CURVES",
+    "PAPER_OWN_MODELS",
+    "PaperCurve",
+    "PowerLawFit",
+    "fit_power_law",
+    "paper_curve",
+]
 
 
 @dataclass(frozen=True)
@@ -249,6 +256,11 @@ _CURVES = (
 #: scripts, not regressions (D7)**; the real-data ones are curves through the released metric
 #: (D1). For comparison only, never as reference values.
 PAPER_CURVES: Mapping[str, PaperCurve] = MappingProxyType({c.key: c for c in _CURVES})
+
+
+#: Model keys that are the paper's own model (same architecture and initialisation recipe,
+#: another seed), not a stand-in: their rows can reproduce the paper's numbers.
+PAPER_OWN_MODELS: Mapping[str, str] = MappingProxyType({"gpt2-random": "GPT-2-rand"})
 
 
 def paper_curve(configuration: str, corpus: str) -> PaperCurve | None:

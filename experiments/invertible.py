@@ -34,9 +34,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .engine import (
+    Claims,
     ModuleStage,
     StageConfig,
     StageRun,
+    Steps,
     finished_config,
     load_json,
     load_npz,
@@ -321,13 +323,14 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
     """The sweep of ``config`` into ``out`` (the stage contract; CPU only, a few seconds).
 
-    The problems have a few dozen unknowns; a result already computed with the same settings is
-    kept.
+    The problems have a few dozen unknowns, so the stage computes them itself and hands the
+    driver no round; a result already computed with the same settings is kept.
     """
     del run  # CPU only, no progress bar (the sweep takes seconds)
+    yield from ()  # no round: a generator like every stage's execute
     stem = out / NAME
     if _same_config(stem.with_suffix(".json"), config):
         return [stem.with_suffix(".npz"), stem.with_suffix(".json")]
@@ -442,6 +445,12 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def claims(results_dir: str | Path) -> Claims:
+    """No row of the verdict table: the stage checks none of the paper's claims."""
+    del results_dir
+    return Claims([], [])
 
 
 #: The stage (experiments/engine/_stage.py contract).

@@ -29,16 +29,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .engine import (
-    Deferred,
+    Claims,
     ModuleStage,
     Names,
     StageConfig,
     StageRun,
+    Steps,
     Sweep,
     finished_config,
     load_json,
     preset_config,
-    queued,
     record_float,
     run_metadata,
     save_npz,
@@ -357,14 +357,15 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
     """The heads of ``config`` into ``out`` (the stage contract; CPU only).
 
-    Each (head, N) is a point of the sweep ``head_<name>_points``, queued with the other stages'
-    points in a distributed run (docs/cluster.md) and resumable point by point; a head is
-    written once all its points are done, and a head already written with the same settings is
-    kept.
+    Each (head, N) is a point of the sweep ``head_<name>_points``, all in one round (with the
+    other stages' rounds in a distributed run, docs/cluster.md), resumable point by point; a
+    head is written once all its points are done, and a head already written with the same
+    settings is kept.
     """
+    del run  # CPU only; the driver draws the progress
     seed = int(config["seed"])
     heads = (config["heads"],) if isinstance(config["heads"], str) else tuple(config["heads"])
     kwargs = {
@@ -399,12 +400,10 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
         )
         points = [{"N": N} for N in kwargs["n_values"]]
         cost = functools.partial(_point_cost, context=context)
-        sweep.submit(points, kim_point, context, cost=cost, progress=run.progress, desc=name)
-        todo.append((name, sweep, points, context, cost))
-    if queued():
-        raise Deferred(NAME)
-    for name, sweep, points, context, cost in todo:
-        recs = sweep.run(points, task=kim_point, context=context, cost=cost, progress=False)
+        todo.append((name, sweep, points, sweep.job(points, kim_point, context, cost=cost)))
+    yield [job for *_, job in todo]  # one round: every head's points
+    for name, sweep, points, _ in todo:
+        recs = sweep.collect(points)
         rows = {int(r["point"]["N"]): r for r in recs}
         files += head_results(out, name, seed=seed, rows=rows, **kwargs)
         files += [sweep.path, sweep.meta_path]
@@ -522,6 +521,12 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
             lines.append("")
     lines += [f"![Kim tightness]({figs}/fig_kim_tightness.png)", ""]
     return "\n".join(lines) + "\n"
+
+
+def claims(results_dir: str | Path) -> Claims:
+    """No row of the verdict table: the stage checks none of the paper's claims."""
+    del results_dir
+    return Claims([], [])
 
 
 #: The stage (experiments/engine/_stage.py contract).

@@ -29,15 +29,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .engine import (
-    Deferred,
+    Claims,
     ModuleStage,
     StageConfig,
     StageRun,
+    Steps,
     Sweep,
     finished_config,
     load_json,
     preset_config,
-    queued,
     record_float,
     run_metadata,
     save_npz,
@@ -472,14 +472,15 @@ def _norm(v: Any) -> Any:
     return v
 
 
-def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
     """The figure-B and figure-C sweeps of ``config`` into ``out`` (the stage contract).
 
     Tiny dense problems, faster on one CPU thread than on a GPU (the stage runs on the CPU only);
     the settings are ``figure_b={...}`` and ``figure_c={...}`` (merged into the preset's) and
-    ``seed``. A sub-result already computed with the same settings is kept.
+    ``seed``. A sub-result already computed with the same settings is kept. One round holds
+    the points of both figures: one per (setting, radius) or (input, budget).
     """
-    progress = run.progress
+    del run  # CPU only; the driver draws the progress
     seed = int(config["seed"])
     files: list[Path] = []
     todo = []
@@ -495,14 +496,10 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
         def _cost(point: Mapping[str, Any], work: float = work) -> float:
             return work
 
-        # one point per (setting, radius) or (input, budget): queued with the other stages'
-        # points in a distributed run (docs/cluster.md)
-        sweep.submit(points, task, context, cost=_cost, progress=progress, desc=f"{NAME} {key}")
-        todo.append((key, kwargs, sweep, points, task, context, _cost))
-    if queued():
-        raise Deferred(NAME)
-    for key, kwargs, sweep, points, task, context, _cost in todo:
-        recs = sweep.run(points, task=task, context=context, cost=_cost, progress=False)
+        todo.append((key, kwargs, sweep, points, sweep.job(points, task, context, cost=_cost)))
+    yield [job for *_, job in todo]
+    for key, kwargs, sweep, points, _ in todo:
+        recs = sweep.collect(points)
         if key == "figure_b":
             rows = {(r["point"]["setting"], r["point"]["R"]): r for r in recs}
             arrays, summ = _assemble_b(kwargs["radii"], kwargs["n_atoms"], rows)
@@ -623,6 +620,12 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     if len(lines) == 2:
         lines.append("No results.")
     return "\n".join(lines) + "\n"
+
+
+def claims(results_dir: str | Path) -> Claims:
+    """No row of the verdict table: the stage checks none of the paper's claims."""
+    del results_dir
+    return Claims([], [])
 
 
 #: The stage (experiments/engine/_stage.py contract).

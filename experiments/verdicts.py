@@ -18,10 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+
+from .engine import Claim, Claims
 
 __all__ = [
     "Claim",
+    "Claims",
     "LIMIT_TOLERANCE",
     "NUMBER_TOLERANCE",
     "RULES",
@@ -56,15 +58,6 @@ SQRT_N_TOLERANCE = 0.1
 
 #: A closed-form limit is reproduced when the computed constant matches it to this relative error.
 LIMIT_TOLERANCE = 1e-6
-
-
-class Claim(NamedTuple):
-    """One row of the verdict table."""
-
-    claim: str
-    ours: str
-    paper: str
-    verdict: str
 
 
 def relative_gap(ours: float, paper: float) -> float:

@@ -27,7 +27,6 @@ from typing import Any
 
 from experiments import verdicts
 from experiments.engine import atomic_write_text, run_metadata, write_json
-from experiments.fits import PAPER_CURVES
 
 from . import registry
 from .options import UsageError, check_device
@@ -149,12 +148,12 @@ def run_stages(
     """Run ``stages`` into ``results_dir``; return each stage's status, files and seconds.
 
     Without ``workers`` (or with one) and without ``scheduler``, the stages run one after the
-    other in this process, as they always have. Otherwise the points run on Dask
-    (``workers`` local worker processes, or the running scheduler at ``scheduler``) in rounds:
-    each stage runs until it needs points that are not computed yet, which it queues
-    (:func:`experiments.engine.planning`); the queued points of every stage then form one
-    queue, largest cost first, whose records this process alone appends; the stages then run
-    again and find them finished. Records are identical to a serial run's (docs/cluster.md).
+    other in this process, each driving its own rounds (:func:`experiments.engine.drive`).
+    Otherwise the points run on Dask (``workers`` local worker processes, or the running
+    scheduler at ``scheduler``) in rounds: every stage runs to its next round
+    (:class:`experiments.engine.Rounds`), the rounds of all stages form one queue, largest
+    cost first, whose records this process alone appends, and each stage then resumes and reads
+    them. Records are identical to a serial run's (docs/cluster.md).
 
     ``settings`` maps a stage name to its settings (``--set``). With ``catch`` (the pipeline),
     a failing stage is recorded and the others go on; without, its exception propagates.
@@ -170,7 +169,7 @@ def run_stages(
     and load seconds, the warm-up), the number of ``rounds`` and ``queue_seconds``, the time
     spent running the queues (the rest is the stages' own passes in this process).
     """
-    from experiments.engine import CostProgress, Deferred, planning, reporting, run_jobs
+    from experiments.engine import CostProgress, Rounds, drive, reporting, run_jobs
 
     settings = settings or {}
     results_dir = Path(results_dir)
@@ -182,15 +181,20 @@ def run_stages(
     status: dict[str, dict[str, Any]] = {}
     t_first: dict[str, float] = {}
 
-    def call(stage: Any) -> list[Path]:
-        t_first.setdefault(stage.name, time.perf_counter())
-        return stage.run(
+    def start(stage: Any, on: Any) -> Any:
+        """The stage's run as rounds, whose points run on ``on`` (None: this process)."""
+        return stage.start(
             results_dir,
             preset,
             device=device if stage.uses_device else "cpu",  # a CPU-only stage ignores --device
             progress=progress,
+            executor=on,
             **dict(settings.get(stage.name, {})),
         )
+
+    def call(stage: Any) -> list[Path]:
+        t_first.setdefault(stage.name, time.perf_counter())
+        return drive(start(stage, None), progress=tracker)
 
     def finish(stage: Any, files: list[Path] | None, err: BaseException | str | None) -> None:
         entry: dict[str, Any] = {"title": stage.title}
@@ -229,48 +233,46 @@ def run_stages(
             if "experiments" in tracker.phases:
                 tracker.begin("experiments")
             log.info("running the points on %r", executor)
-            pending = list(stages)
-            queue_seconds, rounds = 0.0, 0
-            for rnd in range(1, 1000):
-                if not pending:
-                    break
-                queued: dict[str, list[Any]] = {}
-                waiting = []
-                for stage in pending:
-                    log.info("stage %s (%s preset), round %d", stage.name, preset, rnd)
-                    with planning(executor) as plan:
-                        try:
-                            files, err = call(stage), None
-                        except Deferred:
-                            files, err = None, None
-                        except KeyboardInterrupt:
-                            raise
-                        except Exception as e:  # noqa: BLE001 - as above
-                            if not catch:
-                                raise
-                            files, err = None, e
-                    if err is not None:
-                        finish(stage, None, err)
-                    elif plan.jobs:
-                        queued[stage.name] = plan.jobs
-                        waiting.append(stage)
-                    elif files is None:
-                        finish(stage, None, "a sweep waited for points it did not queue")
-                    else:
-                        finish(stage, files, None)
-                if not queued:
-                    break
-                jobs = [j for js in queued.values() for j in js]
+            rounds: dict[str, Rounds] = {}
+            waiting: list[Any] = []
+
+            def advance(stage: Any, steps: Rounds | None = None) -> None:
+                """Run ``stage`` to its next round (started when ``steps`` is None)."""
+                try:
+                    if steps is None:
+                        t_first.setdefault(stage.name, time.perf_counter())
+                        steps = rounds[stage.name] = Rounds(start(stage, executor))
+                    more = steps.advance()
+                except KeyboardInterrupt:
+                    raise
+                except Exception as err:  # noqa: BLE001 - as above
+                    if not catch:
+                        raise
+                    finish(stage, None, err)
+                    return
+                if more:
+                    waiting.append(stage)
+                else:
+                    finish(stage, steps.files, None)
+
+            for stage in stages:
+                log.info("stage %s (%s preset)", stage.name, preset)
+                advance(stage)
+            queue_seconds, n_rounds = 0.0, 0
+            while waiting:
+                current, waiting = waiting, []
+                jobs = [j for stage in current for j in rounds[stage.name].jobs]
                 summary = run_jobs(jobs, executor, progress=tracker, on_error="record")
                 queue_seconds += summary.seconds
-                rounds = rnd
-                pending = []
-                for stage in waiting:
-                    left = sum(len(j.sweep.unfinished(j.points)) for j in queued[stage.name])
+                n_rounds += 1
+                for stage in current:
+                    steps = rounds[stage.name]
+                    left = sum(len(j.sweep.unfinished(j.points)) for j in steps.jobs)
                     if not left:
-                        pending.append(stage)
+                        advance(stage, steps)
                         continue
-                    names = {j.sweep.name for j in queued[stage.name]}
+                    steps.close()
+                    names = {j.sweep.name for j in steps.jobs}
                     bad = [
                         o
                         for o in summary.errors + summary.lost
@@ -282,7 +284,7 @@ def run_stages(
                         raise RuntimeError(f"{stage.name}: {msg}; rerun to resume")
                     finish(stage, None, msg)
             if times is not None:
-                times.update(executor.times.as_dict(), rounds=rounds, queue_seconds=queue_seconds)
+                times.update(executor.times.as_dict(), rounds=n_rounds, queue_seconds=queue_seconds)
             if "experiments" in tracker.phases:
                 tracker.end("experiments")
             return {s.name: status[s.name] for s in stages if s.name in status}
@@ -538,235 +540,6 @@ VERDICTS = verdicts.VERDICTS
 _COMPARED = frozenset(v for v in VERDICTS if v not in ("different quantity", "stand-in"))
 
 
-def _g(x: float, spec: str = ".3g") -> str:
-    out = format(float(x), spec)
-    return out[1:] if out.startswith("-") and float(out) == 0 else out  # no "-0.00"
-
-
-def _span(values: Sequence[float], spec: str = ".2f") -> str:
-    """``0.14`` for one distinct value, ``0.05–0.30`` for several."""
-    lo, hi = _g(min(values), spec), _g(max(values), spec)
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
-def _model_of(label: str) -> str:
-    """The model part of a real-data sweep label (``"<model> L<layer> [<map>]"``)."""
-    return label.rsplit(" L", 1)[0]
-
-
-def _claims_real(results_dir: Path) -> list[verdicts.Claim]:
-    from experiments import real_data
-
-    rows = [r for r in real_data.summary(results_dir)["sweeps"] if r["fit_true"]]
-    out = []
-    own = [r for r in rows if real_data.row_verdict(r) in ("reproduced", "not reproduced")]
-    for r in own:
-        fr, pc = r["fit_released"], r["paper_curve"]
-        lo, hi = fr["alpha_ci"]
-        gap = real_data.curve_difference(r) or 0.0  # not None: the row has a verdict
-        out.append(
-            verdicts.Claim(
-                f"Real text, {verdicts.plain_configuration(pc['configuration'])} (the paper's "
-                "own model, another seed): the curve the paper plots",
-                f"√‖Jᵀf‖ = {_g(fr['c'])}·n^{fr['alpha']:.3f} (α in [{lo:.3f}, {hi:.3f}]), at most "
-                f"{100 * gap:.1f} % from the paper's curve for n = "
-                f"{r['n_values'][0]}–{r['n_values'][-1]}",
-                f"√‖Jᵀf‖ = {pc['c']:g}·n^{pc['alpha']:g}",
-                real_data.row_verdict(r),
-            )
-        )
-    if rows:
-        a = [r["fit_true"]["alpha"] for r in rows]
-        gaps = [r["alpha_gap"] for r in rows if r["alpha_gap"] is not None]
-        printed = [c.alpha for c in PAPER_CURVES.values() if c.corpus != "adversarial"]
-        k = len(rows)
-        out.append(
-            verdicts.Claim(
-                "Real text: the local Lipschitz constant grows like n^(1/4)",
-                f"‖J‖₂ grows like n^α with α = {_span(a)} ({k} sweep{'s' if k > 1 else ''})"
-                + (
-                    f"; √‖Jᵀf‖, the quantity the paper plots, has α larger by {_span(gaps)}"
-                    if gaps
-                    else ""
-                ),
-                f"α = {_span(printed)}, read off √‖Jᵀf‖",
-                verdicts.compare_number(None, same_model=True, same_quantity=False),
-            )
-        )
-    stand = [r for r in rows if real_data.row_verdict(r) == "stand-in"]
-    if stand:
-        ar = [r["fit_released"]["alpha"] for r in stand]
-        ap = [r["paper_curve"]["alpha"] for r in stand]
-        papers = sorted({verdicts.plain_configuration(r["paper_configuration"]) for r in stand})
-        models = sorted({_model_of(r["label"]) for r in stand})
-        out.append(
-            verdicts.Claim(
-                f"Real text, the paper's other models ({'; '.join(papers)}): per-model curves",
-                f"√‖Jᵀf‖ grows like n^α with α = {_span(ar)} on offline stand-ins "
-                f"({', '.join(models)})",
-                f"α = {_span(ap)}",
-                verdicts.compare_number(None, same_model=False),
-            )
-        )
-    return out
-
-
-def _sqrt_n_text(fit: Mapping[str, Any]) -> str:
-    from experiments import adversarial
-
-    alpha = fit.get("alpha")
-    if fit.get("C_fit") is None or alpha is None:
-        return "not measured"
-    if adversarial.sqrt_n_consistent(alpha):
-        return f"{_g(fit['C_fit'])}·√n (free α = {_g(alpha, '.2f')})"
-    return f"grows like n^{_g(alpha, '.2f')}, so no √n constant"
-
-
-def _claims_adversarial(results_dir: Path) -> list[verdicts.Claim]:
-    from experiments import adversarial, real_data
-
-    s = adversarial.summary(results_dir)
-    out = []
-    for row in s["configs"].values():
-        rel, sym = row["released"], row["symmetric"]
-        if rel.get("C_fit") is None and sym.get("C_fit") is None:
-            continue
-        own = row["model_key"] in real_data.PAPER_OWN_MODELS
-        gap = None
-        if adversarial.sqrt_n_consistent(rel.get("alpha")):
-            gap = verdicts.relative_gap(rel["C_fit"], row["paper_C"])
-        ours = (
-            f"‖J‖₂, authors' construction: {_sqrt_n_text(rel)}"
-            + (f", {100 * gap:.1f} % from the paper's C" if own and gap is not None else "")
-            + f"; symmetrised construction: {_sqrt_n_text(sym)}"
-            + ("" if own else f"; on {row['model'].split(' (')[0]}")
-        )
-        paper = f"{row['paper_model'].split(' (')[0]} L{row['paper_layer']}"
-        out.append(
-            verdicts.Claim(
-                f"Adversarial inputs, {verdicts.plain_configuration(paper)}: the constant grows "
-                "like C·√n",
-                ours,
-                f"{row['paper_C']:g}·√n, read off √‖Jᵀf‖",
-                verdicts.compare_number(gap, same_model=own, same_quantity=False),
-            )
-        )
-    return out
-
-
-def _claims_synthetic(results_dir: Path) -> list[verdicts.Claim]:
-    from experiments import synthetic
-
-    s = synthetic.summary(results_dir)
-    out = []
-    per = s["f5"]["per_gamma"]
-    ratios = [e["max_ratio_to_upper_triangle"] for e in per]
-    bad = [
-        e
-        for e in per
-        if e["max_ratio_to_upper_triangle"] > 1 or e["min_ratio_to_lower_formula"] < 1 - 1e-12
-    ]
-    out.append(
-        verdicts.Claim(
-            "√n regime: the local constant is O(√n), and the one-token-plus-copies input attains "
-            "it up to a constant factor",
-            f"the exact constant reaches {_span(ratios)} of the proved √n upper bound, and never "
-            f"falls below the construction's lower-bound formula (γ = "
-            f"{', '.join(format(e['gamma'], 'g') for e in per)})",
-            "O(√n), attained",
-            verdicts.compare_bound(len(bad), len(per)),
-        )
-    )
-    f6 = s["f6"]
-    exceeded = f6["upper_c1_exceeded_certified"]
-    out.append(
-        verdicts.Claim(
-            "Mean-field regime: on measures in a ball of radius R the constant is bounded "
-            "independently of n, between the two-point lower bound sup_ε g and an upper bound "
-            "growing like exp(c′‖A‖₂R²)",
-            f"the measures found by search reach {_g(f6['min_ratio_optimized_to_sup_g'])}–"
-            f"{_g(f6['max_gain_over_two_dirac'])}× sup_ε g and at most "
-            f"{_g(f6['max_ratio_to_upper_c1'])} of the upper bound with c′ = 1 ({exceeded} "
-            f"certified exceedances, R = {_span(f6['radii'], 'g')})",
-            "bounded in n (the paper's c′ was not available to us; c′ = 1 is ours)",
-            verdicts.compare_bound(exceeded, len(f6["radii"])),
-        )
-    )
-    f7 = s["f7"]
-    err = max(f7[t]["max_rel_error_at_R_max"] for t in ("unmasked", "masked"))
-    holds = all(f7[t]["deviation_bound_holds"] for t in ("unmasked", "masked"))
-    out.append(
-        verdicts.Claim(
-            "Large radius: as R grows the constant tends to a finite limit, ‖V‖₂√(max_j N_j), not "
-            "to √n‖V‖₂",
-            f"largest relative error {err:.1e} at the largest R (with and without the causal mask)",
-            "a finite limit (the formula is ours: the paper's statement was not available to us)",
-            verdicts.compare_limit(err, bound_holds=holds),
-        )
-    )
-    return out
-
-
-def _claims_bounds(results_dir: Path) -> tuple[list[verdicts.Claim], list[str]]:
-    """The rows of the bound verification, and the note on the released code's bound."""
-    from experiments.engine import load_json
-
-    rep = load_json(results_dir / "verify_bounds" / "report.json")
-    b = rep["bounds"].get("released_data_dependent")
-    out = [
-        verdicts.Claim(
-            "The bounds hold: the √n upper bounds, the lower bounds of the one-token-plus-copies "
-            "and two-point constructions, the large-radius limit",
-            f"{rep['n_theorem_violations']} violations on {rep['n_instances']} random instances, "
-            "each checked against a certified bracket",
-            "theorems (as derived here: the paper's printed constants were not available to us)",
-            verdicts.compare_bound(rep["n_theorem_violations"], rep["n_instances"]),
-        )
-    ]
-    notes: list[str] = []
-    if b is None:
-        return out, notes
-    fails = (rep.get("known_invalid", {}).get("released_data_dependent") or {}).get("failures")
-    nv, nc = b["n_violations"], b["n_checked"]
-    if not nv:
-        ours = (
-            f"no failure in {nc} checks (a counterexample is known, docs/theory.md §2, but none "
-            "was drawn in this run)"
-        )
-    elif fails and fails.get("worst"):
-        w = fails["worst"]
-        ours = (
-            f"fails on {nv} of {nc} inputs; on {fails['n_key_term_zero']} of the "
-            f"{fails['n_examined']} examined every R_h is 0, so the bound is only ‖V‖₂√n: worst "
-            f"{_g(w['bound'])} against a constant ≥ {_g(w['lower'])} (n = {w['n']}, R = "
-            f"{_g(w['R'], 'g')}, ratio {_g(w['margin'])}; see the note)"
-        )
-        notes.append(
-            "**Note on the released code's bound.** It is ∑_h ‖V_h‖₂(R_h²r²(n+1) + n)^(1/2), with "
-            "r the largest distance between two tokens. R_h covers the key side of the attention "
-            "scores' gradient, but no term covers the query side, so on inputs where every R_h "
-            "is 0 (a rank-one score matrix, every token in the kernel of Aᵀ) the bound stays at "
-            "‖V‖₂√n while the constant grows like ‖A‖₂R²‖V‖₂: the ratio falls like 1/R² and has "
-            "no floor, so the worst ratio printed says how large R and ‖A‖₂ happened to be "
-            "drawn, nothing more. This is not a convention mismatch: R_h is evaluated exactly as "
-            "the code does (its matrix KᵀQ/√k is Aᵀ), and with A in place of Aᵀ the quantity "
-            "fails in the same way on the transposed inputs. The paper is not refuted: the √n "
-            "bounds and the certified local bound hold on every one of these inputs."
-        )
-    else:
-        ours = f"fails on {nv} of {nc} inputs (worst: the bound is {_g(b['min_margin'])}× the constant)"
-    out.append(
-        verdicts.Claim(
-            "The authors' released code, not the paper: its data-dependent bound (computed for "
-            "the adversarial inputs) bounds the local constant",
-            ours,
-            "not in the paper",
-            verdicts.compare_bound(nv, nc, released_code=True),
-        )
-    )
-    return out, notes
-
-
 def claims_table(results_dir: Path) -> str:
     """The opening table of the report: each claim, our number, the paper's, a verdict.
 
@@ -776,16 +549,14 @@ def claims_table(results_dir: Path) -> str:
     """
     rows: list[verdicts.Claim] = []
     notes: list[str] = []
-    for build in (_claims_real, _claims_adversarial, _claims_synthetic, _claims_bounds):
+    for stage in registry.STAGES:
         try:
-            got = build(results_dir)
+            got = stage.claims(results_dir)
         except (FileNotFoundError, KeyError, ValueError, TypeError) as err:
-            log.info("claims table: %s skipped (%s)", build.__name__, _one_line(err))
+            log.info("claims table: the %s stage's rows skipped (%s)", stage.name, _one_line(err))
             continue
-        if isinstance(got, tuple):
-            got, more = got
-            notes += more
-        rows += got
+        rows += got.rows
+        notes += got.notes
     if not rows:
         return ""
     lines = [

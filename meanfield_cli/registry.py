@@ -7,11 +7,10 @@ names the stage whose results it reads by that stage's object, not by a string.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from experiments import (
     adversarial,
@@ -22,7 +21,7 @@ from experiments import (
     synthetic,
     verify_bounds,
 )
-from experiments.engine import Names, Stage, StageConfig
+from experiments.engine import Stage
 from paper_figs import (
     fig_a_lipschitz_vs_R,
     fig_b_worst_measures,
@@ -45,45 +44,10 @@ __all__ = [
     "FIGURES",
     "STAGES",
     "Figure",
-    "VerifyBoundsSettings",
     "select_figures",
     "select_stages",
 ]
 
-
-# ------------------------------------------------------------------------------ verify_bounds
-@dataclass(frozen=True)
-class VerifyBoundsSettings(StageConfig):
-    """Typed view of the ``verify_bounds`` stage's presets.
-
-    That stage keeps its presets as plain dictionaries (``experiments.verify_bounds.PRESETS``);
-    this adapter gives them the same typed form as the other stages for ``meanfield experiment
-    --list`` and ``--set``. The stage's own ``run`` still reads its dictionaries.
-    """
-
-    stage: ClassVar[str] = "verify_bounds"
-
-    n_instances: int
-    seed: int
-    kinds: Names
-
-
-def _verify_bounds_presets() -> Mapping[str, VerifyBoundsSettings]:
-    kinds = tuple(verify_bounds.KINDS)
-    return {
-        name: VerifyBoundsSettings(**{"kinds": kinds, **dict(entry)})
-        for name, entry in verify_bounds.PRESETS.items()
-    }
-
-
-def _resolve_verify_bounds(preset: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    VerifyBoundsSettings.check(settings)
-    return verify_bounds.resolve(preset, settings)
-
-
-VERIFY_BOUNDS = dataclasses.replace(
-    verify_bounds.STAGE, presets=_verify_bounds_presets(), resolve_fn=_resolve_verify_bounds
-)
 
 #: Every stage, in the order ``reproduce`` runs them.
 STAGES: tuple[Stage, ...] = (
@@ -91,7 +55,7 @@ STAGES: tuple[Stage, ...] = (
     adversarial.STAGE,
     synthetic.STAGE,
     mass_splitting.STAGE,
-    VERIFY_BOUNDS,
+    verify_bounds.STAGE,
     invertible.STAGE,
     kim_tightness.STAGE,
 )
@@ -163,7 +127,7 @@ FIGURES: tuple[Figure, ...] = (
         stage_dir=True,
     ),
     Figure("C", fig_c_mass_splitting.draw, mass_splitting.STAGE, "mass splitting", stage_dir=True),
-    Figure("T", fig_theory_bounds.draw, VERIFY_BOUNDS, "bounds and regimes (theory)"),
+    Figure("T", fig_theory_bounds.draw, verify_bounds.STAGE, "bounds and regimes (theory)"),
     Figure("I", fig_invertible.draw, invertible.STAGE, "invertible residual attention"),
     Figure("K", fig_kim_tightness.draw, kim_tightness.STAGE, "tightness of Kim et al.'s bounds"),
 )

@@ -172,13 +172,13 @@ def test_experiment_runs_one_stage_with_overrides_and_resumes(tmp_path, capsys, 
             logging.getLogger(name).setLevel(logging.NOTSET)
     # -vv: one log line per finished point (progress bars are off without a terminal)
     per_point = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()]
-    assert len(per_point) == 2 and "'n': 3" in per_point[1]
+    assert len(per_point) == 2 and any("'n': 3" in m for m in per_point)
     doc = json.loads(capsys.readouterr().out)
     assert doc["stage"] == "real_data" and doc["overrides"]["seed"] == 3
     assert doc["options"]["n_grid"] == [2, 3] and doc["options"]["configs"] == ["gpt2rand2L-L1"]
     stem = tmp_path / "real_data" / "gpt2rand2L-L1__kjv__short"
     recs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
-    assert [r["n"] for r in recs] == [2, 3] and all(r["seed"] == 3 for r in recs)
+    assert sorted(r["n"] for r in recs) == [2, 3] and all(r["seed"] == 3 for r in recs)
     assert load_json(stem.with_suffix(".meta.json"))["seed"] == 3
     assert str(stem.with_suffix(".jsonl")) in doc["files"]
     # rerunning the same command computes nothing and appends nothing
@@ -207,8 +207,8 @@ def test_experiment_list_shows_the_preset_with_overrides(capsys):
         (["experiment", "verify_bounds", "--set", "novalue"], "--set takes KEY=VALUE"),
         (["experiment", "adversarial", "--seed", "1"], "unknown adversarial option(s) seed"),
         (
-            ["experiment", "synthetic", "--set", "f5_n_max=many"],
-            "synthetic: setting f5_n_max must be an integer, got 'many'",
+            ["experiment", "synthetic", "--set", "f5.n_max=many"],
+            "synthetic: setting f5.n_max must be an integer, got 'many'",
         ),
         (["experiment", "real_data", "--set", "n_grid=[2,x]"], "real_data: setting n_grid must"),
     ],

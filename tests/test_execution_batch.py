@@ -12,9 +12,8 @@ from experiments.engine import (
     PointError,
     SerialExecutor,
     Sweep,
-    planning,
+    drive,
     run_jobs,
-    submit_jobs,
 )
 
 
@@ -54,7 +53,7 @@ def _jobs(root: Path, fn=toy_batch, scales=(1.0, 2.0), points=(2, 3, 4)):
         sweep = Sweep(root, f"s{s:g}", {"scale": s})
         pts = [{"n": n} for n in points]
         jobs.append(
-            sweep.tasks(
+            sweep.job(
                 pts,
                 toy_point,
                 {"scale": s},
@@ -117,14 +116,23 @@ def test_half_given_batch_is_an_error(tmp_path: Path) -> None:
         run_jobs([job], SerialExecutor())
 
 
-def test_submit_jobs_queues_under_planning_else_computes(tmp_path: Path) -> None:
+def test_a_stage_round_is_computed_by_its_driver_then_collected(tmp_path: Path) -> None:
     jobs = _jobs(tmp_path)
-    with planning() as plan:
-        submit_jobs(jobs)
-    assert [j.sweep.name for j in plan.jobs] == ["s1", "s2"]
-    assert not any(j.sweep.records() for j in jobs)
-    submit_jobs(jobs)
+    seen = []
+
+    def steps():
+        yield jobs
+        seen.append([len(j.sweep.collect(j.points)) for j in jobs])
+        yield jobs  # all done: handed back without computing anything
+        return [j.sweep.path for j in jobs]
+
+    files = drive(steps(), SerialExecutor())
+    assert seen == [[3, 3]]
+    assert files == [j.sweep.path for j in jobs]
     assert [len(j.sweep.records()) for j in jobs] == [3, 3]
-    with planning() as plan:
-        submit_jobs(jobs)  # all done: nothing queued
-    assert plan.jobs == []
+
+
+def test_collect_names_the_sweep_when_a_point_has_no_record(tmp_path: Path) -> None:
+    (job,) = _jobs(tmp_path, scales=(1.0,))
+    with pytest.raises(RuntimeError, match=r"s/?.*s1: 3 of 3 point\(s\) have no record"):
+        job.sweep.collect(job.points)

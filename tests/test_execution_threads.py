@@ -119,7 +119,7 @@ def test_local_workers_are_capped_to_their_share_of_the_cores(dask_by_value, mon
         assert ex.max_threads == cap and f"max_threads={cap}" in repr(ex)
         for r in _reports(ex):
             assert r == {"two": min(2, cap), "default": cap, "omp": str(cap), "cap": str(cap)}
-        # a stage's calls before queueing (runner.remote) stay on one worker process
+        # a stage's calls before its round (StageRun.remote) stay on one worker process
         calls = [ex.call(worker_pid, {}) for _ in range(4)]
         assert all(o.ok for o in calls) and len({o.value["pid"] for o in calls}) == 1
         assert calls[0].value["pid"] != os.getpid()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import mass_splitting
-from experiments.engine import Deferred, SerialExecutor, load_jsonl, planning, run_jobs
+from experiments.engine import Rounds, SerialExecutor, load_jsonl, run_jobs
 
 SMALL = {
     "figure_b": {"radii": [1.0, 4.0], "n_restarts": 1, "steps": 8},
@@ -47,17 +47,17 @@ def serial(run_tiny):
     return root
 
 
-def test_points_are_queued_then_assembled(serial, tmp_path):
-    with planning() as plan:
-        with pytest.raises(Deferred):
-            mass_splitting.run(tmp_path, "tiny", progress=False, **SMALL)
-    names = sorted(j.sweep.name for j in plan.jobs)
+def test_points_are_one_round_then_assembled(serial, tmp_path):
+    rounds = Rounds(mass_splitting.STAGE.start(tmp_path, "tiny", progress=False, **SMALL))
+    assert rounds.advance()
+    names = sorted(j.sweep.name for j in rounds.jobs)
     assert names == ["mass_splitting_points", "worst_measures_points"]
-    assert sum(len(j.points) for j in plan.jobs) == 4 + 4  # 2 settings x 2 radii, 2 x 2 budgets
+    assert sum(len(j.points) for j in rounds.jobs) == 4 + 4  # 2 settings x 2 radii, 2 x 2 budgets
     assert not (tmp_path / "attacks" / "worst_measures.npz").exists()
-    summary = run_jobs(plan.jobs, SerialExecutor())
+    summary = run_jobs(rounds.jobs, SerialExecutor())
     assert summary.computed == 8
-    files = mass_splitting.run(tmp_path, "tiny", progress=False, **SMALL)  # assembles
+    assert not rounds.advance()  # resumed: assembles
+    files = rounds.files
     assert {p.name for p in files} >= {"worst_measures.npz", "mass_splitting_points.jsonl"}
     _same(_files(serial), _files(tmp_path))  # bit for bit, as the serial run
 

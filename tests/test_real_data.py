@@ -39,7 +39,7 @@ def test_tiny_run_writes_one_record_per_n_with_the_schema(tiny):
     names = {p.name for p in files}
     assert {f"{SWEEP}.jsonl", f"{SWEEP}.meta.json", "manifest.json"} <= names
     recs = _records(root)
-    assert [r["n"] for r in recs] == TINY["n_grid"]
+    assert sorted(r["n"] for r in recs) == TINY["n_grid"]
     w = TINY["n_windows"]
     for r in recs:
         for key in (
@@ -219,7 +219,7 @@ def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
     models = {"minilm-L0-block": "minilm", "smollm2-L0": "smollm2"}
     for cid, key in models.items():
         recs = load_jsonl(tmp_path / "real_data" / f"{cid}__kjv__short.jsonl")
-        assert [r["n"] for r in recs] == [2, 3]
+        assert sorted(r["n"] for r in recs) == [2, 3]
         rec = recs[-1]
         if cid == "minilm-L0-block":  # any map through autograd: honest, no certificate
             assert all(math.isinf(float(u)) for u in rec["upper"])
@@ -297,7 +297,7 @@ def test_user_checkpoints_by_path_get_both_layers_maps_and_masks(tmp_path):
         assert entry["paper_configuration"] == paper
         assert entry["provenance"]["source"].startswith("local directory")
         recs = load_jsonl(tmp_path / "out" / "real_data" / f"{cid}__kjv__short.jsonl")
-        assert [r["n"] for r in recs] == [2, 5]
+        assert sorted(r["n"] for r in recs) == [2, 5]
         for r in recs:
             lo, val, up = (np.asarray(r[k], dtype=float) for k in ("lower", "value", "upper"))
             assert np.all(lo > 0) and np.all(lo <= val * (1 + 1e-12)) and np.all(val <= up)

@@ -148,8 +148,8 @@ def _adversarial_summary(c_rand: float, alpha_rand: float) -> dict:
 
 
 def test_adversarial_rows_show_both_fits_and_follow_the_rules(monkeypatch, tmp_path):
-    monkeypatch.setattr(adversarial, "summary", lambda _: _adversarial_summary(1.0083, 0.425))
-    rows = pipeline._claims_adversarial(tmp_path)
+    monkeypatch.setattr(adversarial.report, "summary", lambda _: _adversarial_summary(1.0083, 0.425))
+    rows = adversarial.claims(tmp_path).rows
     bert, rand = rows
     # the BERT row carries the √n fit reported in the adversarial section (symmetrised input)
     assert "11.8·√n" in bert.ours and "no √n constant" in bert.ours
@@ -177,14 +177,14 @@ def test_real_rows_follow_the_number_rule(monkeypatch, tmp_path):
         _real_row("gpt2rand-L6", 1.1 * 0.445, 0.25),  # 10 % gap on the paper's own model
         _real_row("minilm-L0", 0.445, 0.25, paper="BERT-enc L0"),
     ]
-    monkeypatch.setattr(real_data, "summary", lambda _: {"sweeps": sweeps})
-    rows = {r.verdict: r for r in pipeline._claims_real(tmp_path)}
+    monkeypatch.setattr(real_data.report, "summary", lambda _: {"sweeps": sweeps})
+    rows = {r.verdict: r for r in real_data.claims(tmp_path).rows}
     assert set(rows) == {"not reproduced", "different quantity", "stand-in"}
     assert "10.0 %" in rows["not reproduced"].ours
     assert "all-MiniLM-L6-v2" in rows["stand-in"].ours
     assert "SmolLM2" not in rows["stand-in"].ours  # only the stand-ins actually measured
     sweeps[0] = _real_row("gpt2rand-L6", 0.450, 0.241)
-    assert "reproduced" in {r.verdict for r in pipeline._claims_real(tmp_path)}
+    assert "reproduced" in {r.verdict for r in real_data.claims(tmp_path).rows}
 
 
 def _bounds_report(root: Path, n_fail: int) -> None:

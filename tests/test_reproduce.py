@@ -26,7 +26,7 @@ TOY = textwrap.dedent(
     from pathlib import Path
     from typing import ClassVar
 
-    from experiments.engine import StageConfig
+    from experiments.engine import Claims, StageConfig
 
     @dataclass(frozen=True)
     class ToySettings(StageConfig):
@@ -43,9 +43,13 @@ TOY = textwrap.dedent(
         CALLS.append((run.preset, run.device))
         if @FAIL@:
             raise RuntimeError("toy stage exploded\\non two lines")
+        yield from ()
         p = out / "toy.json"
         p.write_text(json.dumps({"x": cfg["x"]}))
         return [p]
+
+    def claims(results_dir):
+        return Claims([], [])
 
     def summary(results_dir):
         return json.loads((Path(results_dir) / "@NAME@" / "toy.json").read_text())

@@ -103,7 +103,9 @@ def test_registry_joins_figures_to_registered_stages():
         assert callable(fig.draw_fn)
     ids = [f.id for f in registry.FIGURES]
     assert len(ids) == len(set(ids)) == 13
-    vb = registry.VERIFY_BOUNDS.presets["quick"]
+    from experiments import verify_bounds
+
+    vb = verify_bounds.STAGE.presets["quick"]
     assert vb.options()["n_instances"] == 600
     with pytest.raises(ValueError, match="verify_bounds: setting n_instances must be an integer"):
         vb.check({"n_instances": "many"})

@@ -97,8 +97,12 @@ def test_presets_and_overrides(tmp_path: Path) -> None:
         synthetic.run(tmp_path, "tiny", progress=False, not_a_key=1)
     with pytest.raises(ValueError, match="unknown preset"):
         synthetic.run(tmp_path, "huge", progress=False)
-    with pytest.raises(ValueError, match="mf_settings"):
-        synthetic.run(tmp_path, "tiny", progress=False, mf_settings=["d1_pos"])
+    with pytest.raises(ValueError, match=r"mf\.settings must include"):
+        synthetic.run(tmp_path, "tiny", progress=False, **{"mf.settings": ["d1_pos"]})
+    with pytest.raises(ValueError, match=r"synthetic: setting f5\.R must be a number"):
+        synthetic.run(tmp_path, "tiny", progress=False, **{"f5.R": "far"})
+    with pytest.raises(ValueError, match=r"unknown synthetic option\(s\) f7\.radius"):
+        synthetic.run(tmp_path, "tiny", progress=False, f7={"radius": 2.0})
     assert not (tmp_path / "synthetic").exists()
 
 
@@ -121,20 +125,20 @@ def test_results_schema(tiny: tuple[Path, list[Path]]) -> None:
         assert len({r["key"] for r in recs}) == len(recs)
     run_doc = load_json(base / "run.json")
     assert run_doc["preset"] == "tiny"
-    cfg = synthetic.PRESETS["tiny"].options()
+    cfg = synthetic.PRESETS["tiny"]
     f5 = _npz(root, "f5")
-    G, N = len(cfg["f5_gammas"]), len(f5["n_grid"])
+    G, N = len(cfg.f5.gammas), len(f5["n_grid"])
     assert f5["closed_grid"].shape == f5["lower_formula"].shape == (G, N)
-    assert f5["closed_all"].shape == (G, cfg["f5_n_max"] - 1)
+    assert f5["closed_all"].shape == (G, cfg.f5.n_max - 1)
     assert f5["masked_value"].shape == (G, len(f5["masked_n"]))
     a = _npz(root, "a")
-    assert [str(s) for s in a["settings"]] == cfg["mf_settings"]
-    for s in cfg["mf_settings"]:
-        assert a[f"{s}__opt_value"].shape == (len(cfg["a_atoms"]), len(cfg["mf_radii"]))
+    assert tuple(str(s) for s in a["settings"]) == cfg.mf.settings
+    for s in cfg.mf.settings:
+        assert a[f"{s}__opt_value"].shape == (len(cfg.mf.a_atoms), len(cfg.mf.radii))
     f6 = _npz(root, "f6")
-    assert f6["opt_value"].shape == (len(cfg["f6_atoms"]), len(cfg["mf_radii"]))
+    assert f6["opt_value"].shape == (len(cfg.mf.f6_atoms), len(cfg.mf.radii))
     f7 = _npz(root, "f7")
-    assert f7["unmasked_value"].shape == (cfg["f7_inputs"], cfg["f7_R_points"])
+    assert f7["unmasked_value"].shape == (cfg.f7.inputs, cfg.f7.R_points)
     doc = synthetic.summary(root)
     assert set(PARTS) <= set(doc)
     json.dumps(doc)  # JSON-able

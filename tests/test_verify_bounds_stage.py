@@ -42,7 +42,7 @@ def test_run_tiny_schema(tiny_results):
     assert doc["kind"] == "verify_bounds"
     assert doc["metadata"]["config"]["preset"] == "tiny"
     assert doc["metadata"]["dtype"] == "float64" and doc["metadata"]["seed"] == 0
-    assert doc["n_instances"] == vb.PRESETS["tiny"]["n_instances"]
+    assert doc["n_instances"] == vb.PRESETS["tiny"].n_instances
     assert doc["passed"] is True
     for name, b in doc["bounds"].items():
         assert {

@@ -88,7 +88,14 @@ from __future__ import annotations
 
 from ..engine import ModuleStage
 from .bounds import fit_sqrt_n, global_bound, released_heuristic
-from .report import SQRT_N_TOLERANCE, load_results, report_section, sqrt_n_consistent, summary
+from .report import (
+    SQRT_N_TOLERANCE,
+    claims,
+    load_results,
+    report_section,
+    sqrt_n_consistent,
+    summary,
+)
 from .settings import (
     CONFIGS,
     NAME,
@@ -115,6 +122,7 @@ __all__ = [
     "global_bound",
     "load_results",
     "released_heuristic",
+    "claims",
     "report_section",
     "resolve",
     "run",

@@ -10,9 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..engine import load_json, load_jsonl
+from ..engine import Claim, Claims, load_json, load_jsonl
+from ..fits import PAPER_OWN_MODELS
 from ..markdown import number as _fmt
+from ..markdown import plain
 from ..verdicts import SQRT_N_TOLERANCE as _SQRT_N_TOLERANCE
+from ..verdicts import compare_number, plain_configuration, relative_gap
 from .bounds import _free_power_law, fit_sqrt_n
 from .settings import CONFIGS, NAME, VARIANTS
 
@@ -218,3 +221,43 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
         )
     fig = f"\n\n![F4: adversarial inputs]({rel}/fig_f4_adversarial.png)\n"
     return "\n".join(lines) + "\n\n" + para + extra + fig
+
+
+def _sqrt_n_text(fit: Mapping[str, Any]) -> str:
+    """A fit of the adversarial sweep in words: its √n constant, or why there is none."""
+    alpha = fit.get("alpha")
+    if fit.get("C_fit") is None or alpha is None:
+        return "not measured"
+    if sqrt_n_consistent(alpha):
+        return f"{plain(fit['C_fit'])}·√n (free α = {plain(alpha, '.2f')})"
+    return f"grows like n^{plain(alpha, '.2f')}, so no √n constant"
+
+
+def claims(results_dir: Path) -> Claims:
+    """The adversarial rows of the verdict table: the C·√n growth, configuration by configuration."""
+    s = summary(results_dir)
+    out = []
+    for row in s["configs"].values():
+        rel, sym = row["released"], row["symmetric"]
+        if rel.get("C_fit") is None and sym.get("C_fit") is None:
+            continue
+        own = row["model_key"] in PAPER_OWN_MODELS
+        gap = None
+        if sqrt_n_consistent(rel.get("alpha")):
+            gap = relative_gap(rel["C_fit"], row["paper_C"])
+        ours = (
+            f"‖J‖₂, authors' construction: {_sqrt_n_text(rel)}"
+            + (f", {100 * gap:.1f} % from the paper's C" if own and gap is not None else "")
+            + f"; symmetrised construction: {_sqrt_n_text(sym)}"
+            + ("" if own else f"; on {row['model'].split(' (')[0]}")
+        )
+        paper = f"{row['paper_model'].split(' (')[0]} L{row['paper_layer']}"
+        out.append(
+            Claim(
+                f"Adversarial inputs, {plain_configuration(paper)}: the constant grows like C·√n",
+                ours,
+                f"{row['paper_C']:g}·√n, read off √‖Jᵀf‖",
+                compare_number(gap, same_model=own, same_quantity=False),
+            )
+        )
+    return Claims(out, [])

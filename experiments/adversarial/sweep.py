@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import (
-    Deferred,
     StageRun,
+    Steps,
     Sweep,
+    SweepJob,
     config_hash,
     load_json,
-    point_key,
-    remote,
     torch_threads,
     write_csv,
     write_json,
@@ -260,28 +259,34 @@ def _adv_compute(
     }
 
 
-def _run_config(
+def _config_job(
     out: Path,
     c: AdvConfig,
     settings: dict[str, Any],
     *,
-    device: str,
-    progress: bool,
-    run: str,
+    run: StageRun,
+    run_id: str,
     threads: int,
-) -> list[Path]:
-    sweep = Sweep(out, c.id, settings, seed=c.seed, device=device, dtype="float64")
+) -> tuple[SweepJob | None, list[Path]]:
+    """The round's job of configuration ``c`` (``None`` when finished) and its files."""
+    sweep = Sweep(out, c.id, settings, seed=c.seed, device=run.device, dtype="float64")
     points = [{"n": n, "variant": v} for n in settings["n_grid"] for v in settings["variants"]]
     digest = config_hash(settings)
     info_path = out / f"{c.id}.json"
-    done = sweep.done()
-    missing = [p for p in points if point_key(sweep.digest, p) not in done]
-    if not missing and info_path.exists() and load_json(info_path).get("config_hash") == digest:
-        return [sweep.path, sweep.meta_path, info_path]
+    files = [sweep.path, sweep.meta_path, info_path]
+    if not sweep.unfinished(points) and info_path.exists():
+        if load_json(info_path).get("config_hash") == digest:
+            return None, files
 
-    context = {"config": c, "settings": settings, "device": device, "threads": threads, "run": run}
+    context = {
+        "config": c,
+        "settings": settings,
+        "device": run.device,
+        "threads": threads,
+        "run": run_id,
+    }
     # loaded where the points run: the driver of a distributed run loads no model
-    facts = remote(adv_facts, context)
+    facts = run.remote(adv_facts, context)
     write_json(
         info_path,
         {
@@ -293,15 +298,7 @@ def _run_config(
         },
     )
     d = int(facts["layer_info"]["d"])
-    sweep.run(
-        points,
-        task=adv_point,
-        context=context,
-        cost=lambda p: float(p["n"]) ** 2 * d,
-        progress=progress,
-        desc=f"adversarial {c.id}",
-    )
-    return [sweep.path, sweep.meta_path, info_path]
+    return sweep.job(points, adv_point, context, cost=lambda p: float(p["n"]) ** 2 * d), files
 
 
 def _synthetic_head(wc: Mapping[str, Any]) -> Any:
@@ -361,9 +358,10 @@ def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         }
 
 
-def _run_worst_case(
-    out: Path, wc: Mapping[str, Any], *, progress: bool, threads: int
-) -> list[Path]:
+def _worst_case_job(
+    out: Path, wc: Mapping[str, Any], *, threads: int
+) -> tuple[SweepJob, list[Path]]:
+    """The round's job of the worst-case search, and its files (``worst_case.json`` written)."""
     import torch
 
     settings = {"kind": "worst_case_sequence", **dict(wc)}
@@ -371,13 +369,11 @@ def _run_worst_case(
     head = _synthetic_head(wc)
     A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
     V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
-    sweep.run(
+    job = sweep.job(
         [{"n": int(n)} for n in sorted(set(wc["n_grid"]))],
-        task=worst_case_point,
-        context={"wc": dict(wc), "threads": threads},
+        worst_case_point,
+        {"wc": dict(wc), "threads": threads},
         cost=lambda p: float(p["n"]) ** 2 * int(wc["d"]),
-        progress=progress,
-        desc="adversarial worst case",
     )
     info = out / "worst_case.json"
     write_json(
@@ -391,10 +387,10 @@ def _run_worst_case(
             "label": f"synthetic head, d = {wc['d']}, ||A||_2 = {A_norm:g}, V = I",
         },
     )
-    return [sweep.path, sweep.meta_path, info]
+    return job, [sweep.path, sweep.meta_path, info]
 
 
-def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
     """The adversarial sweeps of ``cfg`` into ``out`` (the contract of experiments.engine.Stage).
 
     ``tiny``: tiny random models (tests). ``quick``: random GPT-2 L6 and MiniLM L0 on
@@ -405,47 +401,39 @@ def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     skip), ``tol``, ``max_iter`` and ``torch_threads``. Also writes ``run.json`` and the CSV
     export.
     """
-    preset, device, progress, results_dir = run.preset, run.device, run.progress, out.parent
     import torch
 
     from ..engine import forget_worker_cache
 
     files: list[Path] = []
+    jobs: list[SweepJob] = []
     run_id = uuid.uuid4().hex
-    deferred = False
     try:
         with torch_threads(cfg["torch_threads"]):
             threads = torch.get_num_threads()  # every point runs on as many (see adv_point)
             for cid in cfg["configs"]:
                 c = CONFIGS[cid]
-                try:
-                    files += _run_config(
-                        out,
-                        c,
-                        _config_settings(c, cfg),
-                        device=device,
-                        progress=progress,
-                        run=run_id,
-                        threads=threads,
-                    )
-                except Deferred:  # queued (docs/cluster.md); queue the other sweeps too
-                    deferred = True
+                job, written = _config_job(
+                    out, c, _config_settings(c, cfg), run=run, run_id=run_id, threads=threads
+                )
+                jobs += [job] if job is not None else []
+                files += written
             if cfg["worst_case"] is not None:
-                try:
-                    files += _run_worst_case(
-                        out, cfg["worst_case"], progress=progress, threads=threads
-                    )
-                except Deferred:
-                    deferred = True
+                job, written = _worst_case_job(out, cfg["worst_case"], threads=threads)
+                jobs.append(job)
+                files += written
+        yield jobs  # one round: every configuration's points and the worst-case search
     finally:
         forget_worker_cache(("adversarial", run_id))
-    if deferred:
-        raise Deferred(NAME)
     write_json(
         out / "run.json",
-        {"preset": preset, "configs": cfg["configs"], "worst_case": cfg["worst_case"] is not None},
+        {
+            "preset": run.preset,
+            "configs": cfg["configs"],
+            "worst_case": cfg["worst_case"] is not None,
+        },
     )
-    return files + [out / "run.json"] + export_csv(results_dir)
+    return files + [out / "run.json"] + export_csv(out.parent)
 
 
 def export_csv(results_dir: Path) -> list[Path]:

@@ -9,8 +9,7 @@ modules are private; from the bottom up, each imports only modules above it in t
 - ``_results``: atomic writes, JSON / JSONL / npz / CSV readers and writers, run metadata;
   ``_threads``: the torch and BLAS thread counts of a point, the cap of a worker;
   ``_progress``: :class:`CostProgress`, one progress tracker for a run;
-  ``_lock``: the lock on an output directory; ``_stage``: the contract of a stage, typed presets
-  and :func:`preset_config`. None imports another module of the engine.
+  ``_lock``: the lock on an output directory. None imports another module of the engine.
 - ``_keys``: :func:`config_hash` and :func:`point_key` (canonical JSON of ``_results``).
 - ``_tasks``: the leaf types of a run, :class:`Task`, :class:`Outcome`, :class:`SweepJob`, and the
   default cost of a point.
@@ -18,8 +17,11 @@ modules are private; from the bottom up, each imports only modules above it in t
 - ``_execution``: the executors (serial, Dask), the per-process cache of the workers and the
   driver of a queue, :func:`run_jobs` (``_tasks``, ``_cost_model``, ``_keys``, ``_results``,
   ``_threads``).
-- ``_runner``: :class:`Sweep`, resumable, and the planning of a run's queue (``_execution``,
+- ``_runner``: :class:`Sweep`, resumable, and a stage's rounds: :class:`Rounds`, the serial
+  driver :func:`drive`, :func:`remote` (``_execution``, ``_progress``, ``_threads``,
   ``_keys``, ``_results``, ``_tasks``).
+- ``_stage``: the contract of a stage (:class:`Stage`, :class:`StageRun`, :class:`ModuleStage`,
+  :class:`Claims`), typed presets and :func:`preset_config` (``_runner``).
 
 The engine imports nothing else from ``experiments``: the stages are above it.
 """
@@ -70,8 +72,28 @@ from ._results import (
     write_csv,
     write_json,
 )
-from ._runner import Deferred, Sweep, planning, queued, remote, reporting, submit_jobs
-from ._stage import ModuleStage, Names, Stage, StageConfig, StageRun, preset_config
+from ._runner import (
+    Round,
+    Rounds,
+    Steps,
+    Sweep,
+    drive,
+    joint_rounds,
+    remote,
+    reporting,
+    threaded_rounds,
+)
+from ._stage import (
+    Claim,
+    Claims,
+    ModuleStage,
+    Names,
+    Stage,
+    StageConfig,
+    StageRun,
+    preset_config,
+    preset_settings,
+)
 from ._tasks import Outcome, SweepJob, Task
 from ._threads import torch_threads
 
@@ -80,9 +102,10 @@ __all__ = [
     "LOAD_SECONDS",
     "LOAD_SECONDS_BASE",
     "NPY_READ_ERRORS",
+    "Claim",
+    "Claims",
     "CostProgress",
     "DaskExecutor",
-    "Deferred",
     "ExecutionTimes",
     "Executor",
     "LockHeldError",
@@ -90,9 +113,12 @@ __all__ = [
     "Names",
     "Outcome",
     "PointError",
+    "Round",
+    "Rounds",
     "RunSummary",
     "SerialExecutor",
     "Stage",
+    "Steps",
     "StageConfig",
     "StageRun",
     "Sweep",
@@ -101,9 +127,11 @@ __all__ = [
     "atomic_write_text",
     "config_hash",
     "default_file_mode",
+    "drive",
     "exclusive_run",
     "finished_config",
     "forget_worker_cache",
+    "joint_rounds",
     "jsonable",
     "load_json",
     "load_jsonl",
@@ -111,14 +139,13 @@ __all__ = [
     "loading",
     "make_executor",
     "measured_rate",
-    "planning",
     "point_key",
     "predict_figures_seconds",
     "predict_profile",
     "predict_stage_seconds",
     "predict_wall_time",
     "preset_config",
-    "queued",
+    "preset_settings",
     "record_float",
     "remote",
     "reporting",
@@ -127,7 +154,7 @@ __all__ = [
     "run_metadata",
     "save_npz",
     "stage_result",
-    "submit_jobs",
+    "threaded_rounds",
     "torch_threads",
     "unreadable_array_file",
     "worker_cache",

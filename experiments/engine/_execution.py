@@ -639,6 +639,8 @@ def _take(
             }
             append_jsonl(m.job.sweep.path, record)
             summary.computed += 1
+            # one line per point for logs (a bar is off when stderr is not a terminal)
+            log.debug("%s: %s done in %.1f s", m.label, m.point, record["seconds"])
             if progress is not None:
                 progress.advance(m.label, cost=m.cost, seconds=record["seconds"])
         return

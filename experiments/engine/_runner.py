@@ -1,4 +1,4 @@
-"""Resumable sweeps: skip finished points, one fsynced line per record; planning a queue.
+"""Resumable sweeps: skip finished points, one fsynced line per record; a stage's rounds.
 
 A sweep appends each finished point as one JSON line to ``<out>/<name>.jsonl``. A point's key is
 a hash of the sweep's configuration and the point's parameters (:mod:`experiments.engine._keys`),
@@ -6,8 +6,9 @@ so rerunning the same sweep skips every finished point, and changing the configu
 fresh set of keys. A run killed at any moment loses at most the point in flight: a torn last line
 is cut off when the sweep is reopened.
 
-Under :func:`planning`, sweeps queue their unfinished points for the driver
-(:func:`~experiments.engine.run_jobs`) instead of computing them.
+A stage hands its sweeps' points to the driver in explicit rounds (:class:`Rounds`): it yields
+the jobs (:meth:`Sweep.job`), the driver computes them, here (:func:`drive`) or on Dask workers
+with the other stages' rounds, and the stage reads the records back (:meth:`Sweep.collect`).
 """
 
 from __future__ import annotations
@@ -17,101 +18,41 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ._execution import SerialExecutor, calibrate, run_jobs
 from ._keys import config_hash, point_key
+from ._progress import CostProgress
 from ._results import append_jsonl, load_json, load_jsonl, run_metadata, write_json
 from ._tasks import SweepJob, Task, default_cost
+from ._threads import torch_threads
 
 __all__ = [
-    "Deferred",
-    "Plan",
+    "Round",
+    "Rounds",
+    "Steps",
     "Sweep",
-    "planning",
-    "queued",
+    "drive",
+    "joint_rounds",
     "remote",
     "reporting",
-    "submit_jobs",
+    "threaded_rounds",
 ]
 
 log = logging.getLogger(__name__)
 
 
-class Deferred(Exception):
-    """Raised by :meth:`Sweep.run` while planning: the sweep's points were queued, not computed.
+T = TypeVar("T")
 
-    The stage stops there; the driver computes the queued points of every stage in one queue,
-    then runs the stage again, which finds them finished (docs/cluster.md).
-    """
+#: The jobs of one round: what a stage's ``execute`` yields for the driver to compute.
+Round = Sequence[SweepJob]
 
+#: A stage's ``execute``: a generator that yields its rounds and returns the files it wrote.
+Steps = Generator[Round, None, list[Path]]
 
-class Plan:
-    """The sweeps queued while a stage runs under :func:`planning` (a list of ``SweepJob``).
-
-    ``executor`` is where the queued points will run (``None``: this process); :func:`remote`
-    sends its calls there.
-    """
-
-    def __init__(self, executor: Any = None) -> None:
-        self.jobs: list[Any] = []
-        self.executor = executor
-
-    def add(self, job: Any) -> None:
-        """Queue ``job`` unless a job of the same sweep file is queued already."""
-        if all(j.sweep.path != job.sweep.path for j in self.jobs):
-            self.jobs.append(job)
-
-
-_PLAN: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("meanfield_plan", default=None)
 _PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("meanfield_progress", default=None)
-
-
-@contextlib.contextmanager
-def planning(executor: Any = None) -> Iterator[Plan]:
-    """Within the block, sweeps with a task function queue their unfinished points.
-
-    :meth:`Sweep.submit` queues and returns; :meth:`Sweep.run` queues and raises
-    :class:`Deferred` (its caller needs the records). Sweeps without a task function compute
-    their points at once, in this process, as outside the block. ``executor`` (the one that
-    will run the queue) also runs the calls of :func:`remote` made in the block.
-    """
-    plan = Plan(executor)
-    token = _PLAN.set(plan)
-    try:
-        yield plan
-    finally:
-        _PLAN.reset(token)
-
-
-def remote(fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]) -> Any:
-    """``fn(config)`` where the points run: on the executor of :func:`planning`, else here.
-
-    For what a stage needs to know before it queues its points (a model's layer sizes, the
-    labels of its manifest) and would otherwise load in the driver: the call loads it on a
-    worker, in that worker's cache, where the points will use it again. ``fn`` is a top-level
-    function, like a point's. Raises ``RuntimeError`` when the call fails remotely.
-    """
-    plan = _PLAN.get()
-    executor = plan.executor if plan is not None else None
-    if executor is None:
-        return fn(dict(config))
-    call = getattr(executor, "call", None)
-    if call is not None:  # Dask: always the same worker, which keeps what it loads
-        outcome = call(fn, config)
-    else:
-        (outcome,) = list(executor.map_unordered([Task("remote", fn, dict(config), cost=0.0)]))
-    if not outcome.ok:
-        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on a worker: {outcome.error}")
-    return outcome.value
-
-
-def queued() -> bool:
-    """Whether sweeps were queued under :func:`planning` (the stage must then run again)."""
-    plan = _PLAN.get()
-    return plan is not None and bool(plan.jobs)
 
 
 @contextlib.contextmanager
@@ -124,22 +65,142 @@ def reporting(progress: Any) -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
-def submit_jobs(jobs: Iterable[Any]) -> None:
-    """Have the points of ``jobs`` (``SweepJob``) computed, now or by the driver's queue.
+class Rounds:
+    """The driver's side of a stage's run: its rounds, one at a time (docs/cluster.md).
 
-    Under :func:`planning` the jobs with unfinished points are queued (the stage must then raise
-    :class:`Deferred` or check :func:`queued`); otherwise they run here, in one serial queue
-    (largest cost first, batched jobs grouped), reporting to the tracker of :func:`reporting`.
-    A point that raises stops the run with ``experiments.engine.PointError``.
+    A stage's ``execute`` is a generator (:data:`Steps`). Each ``yield`` hands the driver a
+    round, the :class:`~experiments.engine.SweepJob` s whose points the stage needs next; the
+    driver computes them (here, or with the rounds of other stages on Dask workers) and resumes
+    the stage, which reads the records (:meth:`Sweep.collect`). The generator's return value is
+    the list of files the stage wrote.
+
+    >>> rounds = Rounds(steps)
+    >>> while rounds.advance():
+    ...     run_jobs(rounds.jobs, executor)
+    >>> rounds.files
     """
-    jobs = list(jobs)
-    plan = _PLAN.get()
-    if plan is not None:
-        for job in jobs:
-            if job.sweep.unfinished(job.points):
-                plan.add(job)
-        return
-    run_jobs(jobs, SerialExecutor(), progress=_PROGRESS.get())
+
+    def __init__(self, steps: Steps) -> None:
+        self._steps = steps
+        self._started = False
+        self.jobs: list[SweepJob] = []
+        self.files: list[Path] = []
+
+    def advance(self) -> bool:
+        """Resume the stage up to its next round with unfinished points.
+
+        Returns ``True`` with that round in :attr:`jobs`, or ``False`` when the stage has
+        returned, with its files in :attr:`files`. A round whose points are all finished (a
+        rerun) is handed back at once, without the driver. An exception of the stage propagates.
+        """
+        while True:
+            try:
+                jobs = self._steps.send(None) if self._started else next(self._steps)
+            except StopIteration as stop:
+                self.jobs, self.files = [], [Path(p) for p in (stop.value or [])]
+                return False
+            self._started = True
+            self.jobs = list(jobs)
+            if any(job.sweep.unfinished(job.points) for job in self.jobs):
+                return True
+
+    def close(self) -> None:
+        """Stop the stage where it waits (its ``finally`` blocks run)."""
+        self._steps.close()
+
+
+def joint_rounds(*parts: Generator[Round, None, T]) -> Generator[Round, None, list[T]]:
+    """Run the rounds of several parts of a stage side by side; return their return values.
+
+    Round ``k`` of the result joins round ``k`` of every part still running, so the driver
+    computes the points of all the parts in one queue (a stage's sweeps run in parallel on Dask
+    workers, not one after the other).
+    """
+    results: list[Any] = [None] * len(parts)
+    pending: dict[int, Round] = {}
+
+    def step(i: int, first: bool) -> None:
+        try:
+            pending[i] = next(parts[i]) if first else parts[i].send(None)
+        except StopIteration as stop:
+            results[i] = stop.value
+            pending.pop(i, None)
+
+    for i in range(len(parts)):
+        step(i, True)
+    while pending:
+        yield [job for i in sorted(pending) for job in pending[i]]
+        for i in sorted(pending):
+            step(i, False)
+    return results
+
+
+def threaded_rounds(
+    steps: Generator[Round, None, T], threads: int | None
+) -> Generator[Round, None, T]:
+    """``steps`` with each stretch between two rounds run under ``torch_threads(threads)``.
+
+    A stage's own computations (loading, assembling the records) run on ``threads`` threads,
+    while the driver computes a round on the points' own counts: no thread setting is held
+    across a ``yield``, where a driver on Dask runs the other stages' passes.
+    """
+    first = True
+    while True:
+        with torch_threads(threads):
+            try:
+                jobs = next(steps) if first else steps.send(None)
+            except StopIteration as stop:
+                return stop.value
+        first = False
+        yield jobs
+
+
+def drive(steps: Steps, executor: Any = None, *, progress: Any = None) -> list[Path]:
+    """Run a stage's rounds in turn on ``executor`` (default: this process); return its files.
+
+    ``progress`` (a :class:`~experiments.engine.CostProgress`) is told each round's points; it
+    defaults to the tracker of :func:`reporting`, else a tracker of its own, shown when
+    ``progress`` is true. A point that raises stops the run with
+    ``experiments.engine.PointError``.
+    """
+    tracker = progress if isinstance(progress, CostProgress) else _PROGRESS.get()
+    own = None
+    if tracker is None:
+        own = tracker = CostProgress(desc="points", enabled=bool(progress))
+    rounds = Rounds(steps)
+    try:
+        while rounds.advance():
+            run_jobs(rounds.jobs, executor or SerialExecutor(), progress=tracker)
+    finally:
+        rounds.close()
+        if own is not None:
+            own.close()
+    return rounds.files
+
+
+def remote(
+    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    config: Mapping[str, Any],
+    executor: Any = None,
+) -> Any:
+    """``fn(config)`` where the points run: on ``executor`` (Dask), else here.
+
+    For what a stage needs to know before it yields its round (a model's layer sizes, the labels
+    of its manifest) and would otherwise load in the driver: the call loads it on a worker, in
+    that worker's cache, where the points will use it again. ``fn`` is a top-level function,
+    like a point's. Raises ``RuntimeError`` when the call fails remotely. Stages call it as
+    :meth:`StageRun.remote <experiments.engine.StageRun.remote>`.
+    """
+    if executor is None:
+        return fn(dict(config))
+    call = getattr(executor, "call", None)
+    if call is not None:  # Dask: always the same worker, which keeps what it loads
+        outcome = call(fn, config)
+    else:
+        (outcome,) = list(executor.map_unordered([Task("remote", fn, dict(config), cost=0.0)]))
+    if not outcome.ok:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on a worker: {outcome.error}")
+    return outcome.value
 
 
 def _repair_torn_tail(path: Path) -> None:
@@ -215,7 +276,7 @@ class Sweep:
         """Keys of finished points."""
         return {r["key"] for r in self.records()}
 
-    def tasks(
+    def job(
         self,
         points: Iterable[Mapping[str, Any]],
         fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
@@ -224,8 +285,8 @@ class Sweep:
         cost: Callable[[Mapping[str, Any]], float] | None = None,
         batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
         batch_key: Callable[[Mapping[str, Any]], Any] | None = None,
-    ) -> Any:
-        """The points as an ``experiments.engine.SweepJob`` (``fn`` top-level, pure).
+    ) -> SweepJob:
+        """The points as an ``experiments.engine.SweepJob``, for a stage's round (``fn`` top-level, pure).
 
         ``fn({**context, **point})`` computes one point; the record and the key keep the point
         alone. The job's unfinished points are those whose key is not in :meth:`done`.
@@ -241,28 +302,21 @@ class Sweep:
         done = self.done()
         return [dict(p) for p in points if point_key(self.digest, p) not in done]
 
-    def submit(
-        self,
-        points: Iterable[Mapping[str, Any]],
-        fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-        context: Mapping[str, Any] | None = None,
-        *,
-        cost: Callable[[Mapping[str, Any]], float] | None = None,
-        progress: bool = True,
-        desc: str | None = None,
-    ) -> None:
-        """Have the points computed, now or, under :func:`planning`, by the driver's queue.
+    def collect(self, points: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The records of ``points``, in their order, after the driver computed their round.
 
-        For a sweep whose records the stage reads only later (through :meth:`run` or
-        :meth:`records`), so that several sweeps of a stage join one queue.
+        Raises ``RuntimeError`` naming the sweep when a point has no record (its round was not
+        run, or the point failed).
         """
-        points = [dict(p) for p in points]
-        plan = _PLAN.get()
-        if plan is not None:
-            if self.unfinished(points):
-                plan.add(self.tasks(points, fn, context, cost=cost))
-            return
-        self.run(points, task=fn, context=context, cost=cost, progress=progress, desc=desc)
+        by_key = {r["key"]: r for r in self.records()}
+        keys = [point_key(self.digest, p) for p in points]
+        missing = [k for k in keys if k not in by_key]
+        if missing:
+            raise RuntimeError(
+                f"{self.out_dir.name}/{self.name}: {len(missing)} of {len(keys)} point(s) have "
+                "no record; rerun to compute them"
+            )
+        return [by_key[k] for k in keys]
 
     def run(
         self,
@@ -275,14 +329,13 @@ class Sweep:
         progress: bool = True,
         desc: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Compute every unfinished point and append its record; return all records in order.
+        """Compute every unfinished point here, append its record; return all records in order.
 
         ``compute(point)`` returns the measured values of one point; the record stored is
         ``{"key", "config_hash", "point", "seconds", **values}``. Alternatively ``task`` is a
-        top-level function of ``{**context, **point}`` (a task the driver may send to another
-        process, see :meth:`tasks`): under :func:`planning` the unfinished points are then
-        queued and :class:`Deferred` is raised; otherwise they are computed here, one by one.
-        ``cost(point)`` (default ``n² · d · windows``) weighs the point in the progress.
+        top-level function of ``{**context, **point}``. ``cost(point)`` (default
+        ``n² · d · windows``) weighs the point in the progress. A stage does not call this: it
+        yields :meth:`job` to its driver, which may run the points elsewhere.
         """
         from tqdm.auto import tqdm
 
@@ -299,10 +352,6 @@ class Sweep:
         finished = self.records()
         done = {r["key"] for r in finished}
         todo = [p for p in points if point_key(self.digest, p) not in done]
-        plan = _PLAN.get()
-        if todo and plan is not None and task is not None:
-            plan.add(self.tasks(points, task, context, cost=cost))
-            raise Deferred(self.name)
         if len(todo) < len(points):
             log.info(
                 "%s: %d of %d points already done", self.name, len(points) - len(todo), len(points)

@@ -7,9 +7,13 @@ synthetic sweeps, mass splitting, the bound checks). Each stage module defines
   preset in ``PRESETS`` (``"tiny"``, ``"quick"``, ``"paper"``);
 - ``resolve(preset, settings) -> dict``: the preset's settings with the given ones applied and
   checked (starting from :func:`preset_config`);
-- ``execute(cfg, out, run) -> list[Path]``: the work, resumable, written under ``out``
-  (``run`` is a :class:`StageRun`: preset, settings, device, progress);
+- ``execute(cfg, out, run)``: the work, resumable, written under ``out`` (``run`` is a
+  :class:`StageRun`: preset, settings, device, progress, and where the points run). It is a
+  generator (``experiments.engine.Steps``): each ``yield`` hands the driver a round of sweep
+  jobs, whose records the stage reads after the driver resumes it; it returns the files written;
 - ``summary(results_dir) -> dict`` and ``report_section(results_dir, figures_dir) -> str``;
+- ``claims(results_dir) -> Claims``: the stage's rows of the report's verdict table, and the
+  notes under it;
 - ``STAGE = ModuleStage.from_module(__name__, title)``, which bundles the above, satisfies
   :class:`Stage` and gives the module its public ``run = STAGE.run``.
 
@@ -31,11 +35,15 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from ._runner import Steps, drive, remote
+
 __all__ = [
+    "Claim",
+    "Claims",
     "ModuleStage",
     "Names",
     "Stage",
@@ -43,6 +51,7 @@ __all__ = [
     "StageRun",
     "check_setting",
     "preset_config",
+    "preset_settings",
 ]
 
 #: A setting that takes one name or a list of names.
@@ -130,39 +139,108 @@ class StageConfig:
 
     Subclasses name their stage in ``stage`` (a class variable) and declare every setting as a
     typed field. Sequences are tuples and tables are mappings, so a preset cannot be changed by
-    accident; :meth:`options` returns the plain JSON shape (lists and dicts) that the stage's
-    code and its result metadata use.
+    accident. A field may itself be a :class:`StageConfig` (a group of settings, read as
+    ``cfg.f5.R``); its settings are named with dots (``f5.R``) wherever a setting is given by
+    name: :meth:`check`, :meth:`replace`, ``meanfield experiment --set f5.R=2``.
+    :meth:`options` returns the plain JSON shape (lists and dicts) that result metadata use.
     """
 
     stage: ClassVar[str] = "stage"
 
     @classmethod
     def field_types(cls) -> dict[str, Any]:
-        """Setting name to its annotation."""
+        """Setting name to its annotation (a group's settings under dotted names)."""
         hints = typing.get_type_hints(cls)
-        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if _is_group(tp):
+                out.update({f"{f.name}.{k}": v for k, v in tp.field_types().items()})
+            else:
+                out[f.name] = tp
+        return out
 
     def options(self) -> dict[str, Any]:
-        """The settings as a plain dictionary (lists, dicts; a deep copy)."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """The settings as a plain dictionary (lists, dicts, a group as a dict; a deep copy)."""
+        return {
+            f.name: (v.options() if isinstance(v, StageConfig) else _plain(v))
+            for f in dataclasses.fields(self)
+            for v in [getattr(self, f.name)]
+        }
 
     @classmethod
-    def check(cls, settings: Mapping[str, Any]) -> None:
-        """Raise a one-line ValueError for an unknown setting or a value of the wrong type."""
-        types_ = cls.field_types()
-        unknown = sorted(set(settings) - set(types_))
-        if unknown:
-            raise ValueError(
-                f"unknown {cls.stage} option(s) {', '.join(unknown)}; known: {', '.join(types_)}"
-            )
+    def _split(cls, settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict]]:
+        """Settings of this level, and those of each group (``"f5.R"`` -> ``{"f5": {"R"}}``)."""
+        groups = {k for k, tp in typing.get_type_hints(cls).items() if _is_group(tp)}
+        own: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
         for key, value in settings.items():
-            check_setting(cls.stage, key, value, types_[key])
+            head, dot, rest = key.partition(".")
+            if head in groups and (dot or isinstance(value, Mapping)):
+                nested.setdefault(head, {}).update({rest: value} if dot else dict(value))
+            else:
+                own[key] = value
+        return own, nested
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any], *, within: tuple[str, str] | None = None) -> None:
+        """Raise a one-line ValueError for an unknown setting or a value of the wrong type.
+
+        ``within`` (the stage's name and the group's dotted prefix) is how a stage's settings
+        check the settings of one of their groups, so that messages name the full setting.
+        """
+        stage, prefix = within or (cls.stage, "")
+        hints = typing.get_type_hints(cls)
+        own, nested = cls._split(settings)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(own) - fields)
+        if unknown:
+            known = ", ".join(prefix + k for k in cls.field_types())
+            raise ValueError(
+                f"unknown {stage} option(s) {', '.join(prefix + k for k in unknown)}; "
+                f"known: {known}"
+            )
+        for key, value in own.items():
+            check_setting(stage, prefix + key, value, hints[key])
+        for group, entries in nested.items():
+            hints[group].check(entries, within=(stage, f"{prefix}{group}."))
 
     def replace(self, **settings: Any) -> StageConfig:
-        """A copy with ``settings`` replaced (checked by :meth:`check`; lists become tuples)."""
+        """A copy with ``settings`` replaced (checked by :meth:`check`; lists become tuples).
+
+        A group's settings are given by dotted names (``**{"f5.R": 2.0}``) or as a mapping
+        (``f5={"R": 2.0}``), and replace only the settings they name.
+        """
         self.check(settings)
-        frozen = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+        own, nested = self._split(settings)
+        frozen: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}
+        for group, entries in nested.items():
+            frozen[group] = getattr(self, group).replace(**entries)
         return dataclasses.replace(self, **frozen)
+
+
+def _is_group(tp: Any) -> bool:
+    """Whether the annotation ``tp`` is a group of settings (a :class:`StageConfig`)."""
+    return isinstance(tp, type) and issubclass(tp, StageConfig)
+
+
+class Claim(NamedTuple):
+    """One row of the report's verdict table: a claim, our number, the paper's, a verdict.
+
+    The verdict is one of ``experiments.verdicts.VERDICTS``, given by one of its rules.
+    """
+
+    claim: str
+    ours: str
+    paper: str
+    verdict: str
+
+
+class Claims(NamedTuple):
+    """What a stage states for the verdict table: its rows, and the notes printed under it."""
+
+    rows: list[Claim]
+    notes: list[str]
 
 
 @runtime_checkable
@@ -194,6 +272,23 @@ class Stage(Protocol):
         """The stage's Markdown section of ``report.md``."""
         ...
 
+    def claims(self, results_dir: Path) -> Claims:
+        """The stage's rows of the verdict table (none when its results are missing)."""
+        ...
+
+    def start(
+        self,
+        results_dir: str | Path,
+        preset: str = "quick",
+        *,
+        device: str = "cpu",
+        progress: bool = True,
+        executor: Any = None,
+        **settings: Any,
+    ) -> Steps:
+        """The stage's run as rounds, for a driver (:class:`experiments.engine.Rounds`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class StageRun:
@@ -210,12 +305,21 @@ class StageRun:
         Torch device of the stage's computations.
     progress : bool
         Whether to show progress bars.
+    executor : Executor, optional
+        Where the driver runs the points (``None``: this process); :meth:`remote` calls run there.
     """
 
     preset: str
     settings: Mapping[str, Any]
     device: str = "cpu"
     progress: bool = True
+    executor: Any = None
+
+    def remote(
+        self, fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]
+    ) -> Any:
+        """``fn(config)`` where the points run (``experiments.engine.remote``)."""
+        return remote(fn, config, self.executor)
 
 
 @dataclass(frozen=True)
@@ -223,30 +327,65 @@ class ModuleStage:
     """A :class:`Stage` made of a module's functions (the form every stage module uses).
 
     The module provides ``resolve(preset, settings) -> cfg`` (the preset's settings with the
-    given ones applied and checked, as a plain dictionary) and ``execute(cfg, out, run) ->
-    files`` (the work, resumable, written under ``out``); :meth:`run` joins them, so the stage
-    contract and its parameters are written once, here.
+    given ones applied and checked, as a plain dictionary) and ``execute(cfg, out, run)`` (the
+    work as rounds, resumable, written under ``out``); :meth:`start` and :meth:`run` join them,
+    so the stage contract and its parameters are written once, here.
     """
 
     name: str
     title: str
     presets: Mapping[str, Any]
     resolve_fn: Callable[[str, Mapping[str, Any]], dict[str, Any]]
-    execute_fn: Callable[[dict[str, Any], Path, StageRun], list[Path]]
+    execute_fn: Callable[[dict[str, Any], Path, StageRun], Steps]
     summary_fn: Callable[[Path], dict[str, Any]]
     report_fn: Callable[[Path, Path], str]
+    claims_fn: Callable[[Path], Claims]
     uses_device: bool = True
 
     @classmethod
     def from_module(cls, module: str, title: str, *, uses_device: bool = True) -> ModuleStage:
         """The stage of the module named ``module``.
 
-        It reads the module's ``NAME``, ``PRESETS``, ``resolve``, ``execute``, ``summary`` and
-        ``report_section``; call it at the end of the module (``from_module(__name__, ...)``).
+        It reads the module's ``NAME``, ``PRESETS``, ``resolve``, ``execute``, ``summary``,
+        ``report_section`` and ``claims``; call it at the end of the module
+        (``from_module(__name__, ...)``).
         """
         m = sys.modules[module]
         return cls(
-            m.NAME, title, m.PRESETS, m.resolve, m.execute, m.summary, m.report_section, uses_device
+            m.NAME,
+            title,
+            m.PRESETS,
+            m.resolve,
+            m.execute,
+            m.summary,
+            m.report_section,
+            m.claims,
+            uses_device,
+        )
+
+    def start(
+        self,
+        results_dir: str | Path,
+        preset: str = "quick",
+        *,
+        device: str = "cpu",
+        progress: bool = True,
+        executor: Any = None,
+        **settings: Any,
+    ) -> Steps:
+        """The stage's run as rounds, for a driver (:class:`experiments.engine.Rounds`).
+
+        The arguments are those of :meth:`run`; ``executor`` is where the driver will run the
+        points (``None``: this process). The settings are resolved and checked here, before the
+        first round, so a bad setting fails at once.
+        """
+        if not self.uses_device and device != "cpu":
+            raise ValueError(f"the {self.name} stage runs on the CPU only, got device={device!r}")
+        cfg = self.resolve_fn(preset, settings)
+        out = Path(results_dir) / self.name
+        out.mkdir(parents=True, exist_ok=True)
+        return self.execute_fn(
+            cfg, out, StageRun(preset, dict(settings), device, progress, executor)
         )
 
     def run(
@@ -281,13 +420,8 @@ class ModuleStage:
         list of Path
             The files written, or already complete: a rerun computes nothing finished.
         """
-        if not self.uses_device and device != "cpu":
-            raise ValueError(f"the {self.name} stage runs on the CPU only, got device={device!r}")
-        cfg = self.resolve_fn(preset, settings)
-        out = Path(results_dir) / self.name
-        out.mkdir(parents=True, exist_ok=True)
-        run = StageRun(preset, dict(settings), device, progress)
-        return list(self.execute_fn(cfg, out, run))
+        steps = self.start(results_dir, preset, device=device, progress=progress, **settings)
+        return drive(steps, progress=bool(progress))
 
     def summary(self, results_dir: Path) -> dict[str, Any]:
         """The module's ``summary``."""
@@ -296,6 +430,23 @@ class ModuleStage:
     def report_section(self, results_dir: Path, figures_dir: Path) -> str:
         """The module's ``report_section``."""
         return self.report_fn(results_dir, figures_dir)
+
+    def claims(self, results_dir: Path) -> Claims:
+        """The module's ``claims``."""
+        return self.claims_fn(results_dir)
+
+
+def preset_settings(
+    presets: Mapping[str, StageConfig], preset: str, overrides: Mapping[str, Any]
+) -> Any:
+    """``presets[preset]`` with ``overrides`` replaced, typed (:meth:`StageConfig.replace`).
+
+    Raises a one-line ValueError for an unknown preset, an unknown setting or a value of the
+    wrong type (naming the stage and the setting, dotted within a group).
+    """
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
+    return presets[preset].replace(**overrides)
 
 
 def preset_config(
@@ -322,12 +473,10 @@ def preset_config(
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
     entry = presets[preset]
     if isinstance(entry, StageConfig):
-        cfg = entry.options()
-    else:
-        cfg = copy.deepcopy(dict(entry))
+        entry.check(overrides)
+        return entry.options()
+    cfg = copy.deepcopy(dict(entry))
     unknown = sorted(set(overrides) - set(cfg))
     if unknown:
         raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(cfg)}")
-    if isinstance(entry, StageConfig):
-        entry.check(overrides)
     return cfg

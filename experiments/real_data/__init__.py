@@ -44,6 +44,7 @@ from ..engine import ModuleStage
 from .report import (
     CURVE_TOLERANCE,
     PAPER_OWN_MODELS,
+    claims,
     curve_difference,
     export_csv,
     load_sweeps,
@@ -79,6 +80,7 @@ __all__ = [
     "execute",
     "export_csv",
     "load_sweeps",
+    "claims",
     "report_section",
     "resolve",
     "row_verdict",

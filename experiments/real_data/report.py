@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..engine import load_json, load_jsonl, write_csv
-from ..fits import PAPER_CURVES, fit_power_law
-from ..verdicts import NUMBER_TOLERANCE, compare_number
+from ..engine import Claim, Claims, load_json, load_jsonl, write_csv
+from ..fits import PAPER_CURVES, PAPER_OWN_MODELS, fit_power_law
+from ..markdown import plain, span
+from ..verdicts import NUMBER_TOLERANCE, compare_number, plain_configuration
 from .settings import CONFIGS, CORPUS_STANDS_IN, MANIFEST, NAME, TRAINING_LENGTH
 
 
@@ -404,10 +405,6 @@ def _fmt_c(fit: Mapping[str, Any] | None) -> str:
     return f"{fit['c']:.3g} [{lo:.3g}, {hi:.3g}]"
 
 
-#: Model keys that are the paper's own model (same architecture and initialisation recipe,
-#: another seed), not a stand-in: their rows can reproduce the paper's curve.
-PAPER_OWN_MODELS: Mapping[str, str] = {"gpt2-random": "GPT-2-rand"}
-
 #: A fitted curve reproduces the paper's when the two differ by at most this fraction anywhere
 #: on the measured n range (rule 1 of the verdict table, :mod:`experiments.verdicts`).
 CURVE_TOLERANCE = NUMBER_TOLERANCE
@@ -588,3 +585,59 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
         "and, for BERT, a different map)."
     )
     return " ".join(parts)
+
+
+def claims(results_dir: Path) -> Claims:
+    """The real-data rows of the verdict table: the paper's curves and the growth exponent."""
+    rows = [r for r in summary(results_dir)["sweeps"] if r["fit_true"]]
+    out = []
+    own = [r for r in rows if row_verdict(r) in ("reproduced", "not reproduced")]
+    for r in own:
+        fr, pc = r["fit_released"], r["paper_curve"]
+        lo, hi = fr["alpha_ci"]
+        gap = curve_difference(r) or 0.0  # not None: the row has a verdict
+        out.append(
+            Claim(
+                f"Real text, {plain_configuration(pc['configuration'])} (the paper's "
+                "own model, another seed): the curve the paper plots",
+                f"√‖Jᵀf‖ = {plain(fr['c'])}·n^{fr['alpha']:.3f} (α in [{lo:.3f}, {hi:.3f}]), at most "
+                f"{100 * gap:.1f} % from the paper's curve for n = "
+                f"{r['n_values'][0]}–{r['n_values'][-1]}",
+                f"√‖Jᵀf‖ = {pc['c']:g}·n^{pc['alpha']:g}",
+                row_verdict(r),
+            )
+        )
+    if rows:
+        a = [r["fit_true"]["alpha"] for r in rows]
+        gaps = [r["alpha_gap"] for r in rows if r["alpha_gap"] is not None]
+        printed = [c.alpha for c in PAPER_CURVES.values() if c.corpus != "adversarial"]
+        k = len(rows)
+        out.append(
+            Claim(
+                "Real text: the local Lipschitz constant grows like n^(1/4)",
+                f"‖J‖₂ grows like n^α with α = {span(a)} ({k} sweep{'s' if k > 1 else ''})"
+                + (
+                    f"; √‖Jᵀf‖, the quantity the paper plots, has α larger by {span(gaps)}"
+                    if gaps
+                    else ""
+                ),
+                f"α = {span(printed)}, read off √‖Jᵀf‖",
+                compare_number(None, same_model=True, same_quantity=False),
+            )
+        )
+    stand = [r for r in rows if row_verdict(r) == "stand-in"]
+    if stand:
+        ar = [r["fit_released"]["alpha"] for r in stand]
+        ap = [r["paper_curve"]["alpha"] for r in stand]
+        papers = sorted({plain_configuration(r["paper_configuration"]) for r in stand})
+        models = sorted({r["label"].rsplit(" L", 1)[0] for r in stand})
+        out.append(
+            Claim(
+                f"Real text, the paper's other models ({'; '.join(papers)}): per-model curves",
+                f"√‖Jᵀf‖ grows like n^α with α = {span(ar)} on offline stand-ins "
+                f"({', '.join(models)})",
+                f"α = {span(ap)}",
+                compare_number(None, same_model=False),
+            )
+        )
+    return Claims(out, [])

@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import (
-    Deferred,
     StageRun,
+    Steps,
     Sweep,
     forget_worker_cache,
     load_json,
     loading,
     point_key,
-    queued,
-    remote,
-    submit_jobs,
     write_json,
 )
 from .report import export_csv
@@ -337,7 +334,7 @@ def _values(
 _RECORDED = ("n_windows", "method", "tol", "max_iter", "seed", "dtype", "batch_tokens")
 
 
-def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
     """The real-data sweeps of ``opts`` into ``out`` (the contract of experiments.engine.Stage).
 
     The settings (:class:`RealDataSettings`): ``configs`` (ids of :data:`CONFIGS`), ``corpora``
@@ -358,18 +355,16 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
     """
     import torch
 
-    preset, device, progress = run.preset, run.device, run.progress
-    old_threads = torch.get_num_threads()
-    if opts["threads"] is not None:
-        torch.set_num_threads(int(opts["threads"]))
-    threads = torch.get_num_threads()  # what every point runs on (see real_point)
+    preset, device = run.preset, run.device
+    # what every point runs on (see real_point): the preset's count, else this process's
+    threads = torch.get_num_threads() if opts["threads"] is None else int(opts["threads"])
     run_id = uuid.uuid4().hex
     try:
         ws = _workspace(run_id, opts["seed"], opts["dtype"], device)
         where = {"seed": opts["seed"], "dtype": opts["dtype"], "device": device}
         configs = [CONFIGS[c] for c in opts["configs"]]
         if opts["models"]:
-            configs += remote(
+            configs += run.remote(
                 user_configs,
                 {"models": opts["models"], "layers": opts["layers"], "run": run_id, **where},
             )["configs"]
@@ -436,7 +431,7 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
                     "run": run_id,
                 }
                 # loaded where the points run: the driver of a distributed run loads no model
-                entry.update(remote(real_facts, context))
+                entry.update(run.remote(real_facts, context))
                 write_json(manifest_path, manifest)
 
                 d = entry["layer_info"]["d"]
@@ -444,36 +439,15 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
                 def cost(p: Mapping[str, Any], d: int = d) -> float:
                     return float(p["n"]) ** 2 * d * opts["n_windows"]
 
-                if batch:
-                    jobs.append(
-                        sweep.tasks(
-                            points,
-                            real_point,
-                            context,
-                            cost=cost,
-                            batch_fn=real_points,
-                            batch_key=_batch_key,
-                        )
-                    )
-                else:
-                    sweep.submit(
-                        points,
-                        real_point,
-                        context,
-                        cost=cost,
-                        progress=progress,
-                        desc=f"{NAME} {name}",
-                    )
+                # batched: one call per (configuration, n) across the sweeps of this run
+                batched = {"batch_fn": real_points, "batch_key": _batch_key} if batch else {}
+                jobs.append(sweep.job(points, real_point, context, cost=cost, **batched))
             files += [sweep.path, sweep.meta_path]
-        if jobs:  # one call per (configuration, n) across the sweeps of this run
-            submit_jobs(jobs)
-        if queued():  # computed by the driver's queue; this stage runs again after
-            raise Deferred(NAME)
+        yield jobs  # one round: every sweep's points
         files.append(manifest_path)
         files += export_csv(out.parent)
         return files
     finally:
-        torch.set_num_threads(old_threads)
         forget_worker_cache(("real_data", run_id, int(opts["seed"]), opts["dtype"], device))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .settings import MF_SETTINGS, NAME, PRESETS, SyntheticSettings, mf_setting
 from .sqrt_n_regime import construction_norm
-from .stage import STAGE, report_section, run, summary
+from .stage import STAGE, claims, report_section, run, summary
 
 __all__ = [
     "MF_SETTINGS",
@@ -27,6 +27,7 @@ __all__ = [
     "SyntheticSettings",
     "construction_norm",
     "mf_setting",
+    "claims",
     "report_section",
     "run",
     "summary",

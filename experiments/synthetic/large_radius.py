@@ -10,7 +10,7 @@ limit :math:`\|V\|_2\sqrt{\max_jN_j}` (:func:`~theory.bounds.large_radius_limit`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,10 @@ import numpy as np
 
 from theory import bounds
 
-from ..engine import Sweep
+from ..engine import Round, Sweep
 from .settings import (
     STEMS,
+    SyntheticSettings,
     _params,
     _spec,
     part_metadata,
@@ -29,7 +30,7 @@ from .settings import (
 
 
 # ============================================================================ F7
-def _f7_problem(cfg: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _f7_problem(cfg: SyntheticSettings) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     r"""Random head and inputs of F7.
 
     :math:`A = Q^\top K/\sqrt d` and :math:`V` with Gaussian entries over :math:`\sqrt d`; rows of
@@ -38,14 +39,14 @@ def _f7_problem(cfg: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, list[np
     """
     import torch
 
-    n, d, seed = int(cfg["f7_n"]), int(cfg["f7_d"]), int(cfg["seed"])
+    n, d, seed = cfg.f7.n, cfg.f7.d, cfg.seed
     g = torch.Generator().manual_seed(7_000 + seed)
     Q = torch.randn(d, d, generator=g, dtype=torch.float64)
     K = torch.randn(d, d, generator=g, dtype=torch.float64)
     A = (Q.T @ K / math.sqrt(d)).numpy()
     V = (torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d)).numpy()
     X = []
-    while len(X) < int(cfg["f7_inputs"]):
+    while len(X) < cfg.f7.inputs:
         x = torch.randn(n, d, generator=g, dtype=torch.float64).numpy()
         x = x / np.linalg.norm(x, axis=1).max()
         if min(bounds.selection_gap(x, A), bounds.selection_gap(x, A, masked=True)) > 1e-3:
@@ -85,22 +86,23 @@ def _settled_radius(R: np.ndarray, rel_err: np.ndarray, tol: float) -> float:
     return float(R[int(np.argmax(tail_ok))]) if tail_ok.any() else float("nan")
 
 
-def _run_f7(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list[Path]:
+def _run_f7(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, None, list[Path]]:
     A, V, X = _f7_problem(cfg)
-    R = np.geomspace(float(cfg["f7_R_min"]), float(cfg["f7_R_max"]), int(cfg["f7_R_points"]))
+    R = np.geomspace(cfg.f7.R_min, cfg.f7.R_max, cfg.f7.R_points)
     sweep = Sweep(
         out,
         "f7",
         {"A": A, "V": V, "X": X, "R": R},
-        seed=int(cfg["seed"]),
+        seed=cfg.seed,
         device=device,
         dtype="float64",
     )
     pts = [{"input": k, "masked": m} for m in (False, True) for k in range(len(X))]
     context = {"A": A, "V": V, "X": X, "R": R, "device": device}
-    recs = sweep.run(pts, task=f7_task, context=context, progress=progress, desc="F7")
+    yield [sweep.job(pts, f7_task, context)]
+    recs = sweep.collect(pts)
     by = {(r["point"]["input"], r["point"]["masked"]): r for r in recs}
-    n = int(cfg["f7_n"])
+    n = cfg.f7.n
     a_norm, v_norm = _spec(A), _spec(V)
     arrays: dict[str, Any] = {
         "R": R,
@@ -147,7 +149,7 @@ def _run_f7(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
     doc = {
         "kind": "synthetic/f7",
         "figure": STEMS["f7"],
-        "head": f"d = {cfg['f7_d']}, A = QᵀK/√d, V Gaussian/√d, seed {7000 + int(cfg['seed'])}",
+        "head": f"d = {cfg.f7.d}, A = QᵀK/√d, V Gaussian/√d, seed {7000 + cfg.seed}",
         "inputs": f"{len(X)} Gaussian X with n = {n}, rows scaled to max norm 1",
         "provenance": {
             "limit": "docs/theory.md §7, derived and checked numerically",
@@ -155,4 +157,4 @@ def _run_f7(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
         },
         "findings": find,
     }
-    return save_part(out, "f7", arrays, doc, part_metadata(cfg, device, "f7_"))
+    return save_part(out, "f7", arrays, doc, part_metadata(cfg, device, "f7"))

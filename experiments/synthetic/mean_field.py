@@ -19,7 +19,7 @@ started from the off-axis optimum), so both are assembled here.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,13 @@ from scipy import special
 
 from theory import bounds
 
-from ..engine import Sweep
+from ..engine import Round, Sweep
 from .settings import (
     _LR,
     F6_SETTING,
     MF_SETTINGS,
     STEMS,
+    SyntheticSettings,
     _params,
     _spec,
     mf_setting,
@@ -76,7 +77,7 @@ def _padded_measure(points: np.ndarray, log_weights: np.ndarray, n_atoms: int, d
 
 
 def _worst_point(
-    point: Mapping[str, Any], cfg: Mapping[str, Any], off_axis: Mapping[str, Any], device: str
+    point: Mapping[str, Any], cfg: SyntheticSettings, off_axis: Mapping[str, Any], device: str
 ) -> dict[str, Any]:
     """One multi-start worst-measure search (docs/theory.md §A4).
 
@@ -86,7 +87,7 @@ def _worst_point(
     """
     from meanfield.attacks import worst_case_measure
 
-    A, V = mf_setting(point["setting"], seed=int(cfg["seed"]))
+    A, V = mf_setting(point["setting"], seed=cfg.seed)
     init = _padded_measure(
         off_axis["measure_points"], off_axis["measure_log_weights"], int(point["n_atoms"]), device
     )
@@ -94,10 +95,10 @@ def _worst_point(
         _params(A, V, device),
         float(point["R"]),
         int(point["n_atoms"]),
-        n_restarts=int(cfg["restarts"]),
-        steps=int(cfg["steps"]),
+        n_restarts=cfg.mf.restarts,
+        steps=cfg.mf.steps,
         lr=_LR,
-        seed=int(cfg["seed"]),
+        seed=cfg.seed,
         init=init,
     )
     k = int(np.nanargmax(res.restart_values.cpu().numpy()))
@@ -114,18 +115,18 @@ def _worst_point(
     }
 
 
-def _off_axis_point(point: Mapping[str, Any], cfg: Mapping[str, Any], device: str) -> dict:
+def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: str) -> dict:
     """Maximised off-axis two-atom bound (docs/theory.md §A3) for one setting and radius."""
     from meanfield.attacks import off_axis_two_atoms
 
-    A, V = mf_setting(point["setting"], seed=int(cfg["seed"]))
+    A, V = mf_setting(point["setting"], seed=cfg.seed)
     res = off_axis_two_atoms(
         _params(A, V, device),
         float(point["R"]),
-        n_restarts=int(cfg["off_axis_restarts"]),
-        steps=int(cfg["off_axis_steps"]),
+        n_restarts=cfg.mf.off_axis_restarts,
+        steps=cfg.mf.off_axis_steps,
         lr=_LR,
-        seed=int(cfg["seed"]),
+        seed=cfg.seed,
     )
     return {
         "value": res.value,
@@ -198,32 +199,30 @@ def _mf_curves(A: np.ndarray, V: np.ndarray, R: np.ndarray) -> dict[str, np.ndar
     }
 
 
-def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list[Path]:
-    seed = int(cfg["seed"])
-    radii = np.asarray(sorted(float(r) for r in cfg["mf_radii"]), dtype=np.float64)
+def _run_mean_field(
+    cfg: SyntheticSettings, out: Path, device: str
+) -> Generator[Round, None, list[Path]]:
+    seed = cfg.seed
+    radii = np.asarray(sorted(float(r) for r in cfg.mf.radii), dtype=np.float64)
     catalog = _catalog(seed)
     off_cfg = {
-        "restarts": int(cfg["off_axis_restarts"]),
-        "steps": int(cfg["off_axis_steps"]),
+        "restarts": cfg.mf.off_axis_restarts,
+        "steps": cfg.mf.off_axis_steps,
         "lr": _LR,
         "seed": seed,
         "catalog": catalog,
     }
     off = Sweep(out, "off_axis", off_cfg, seed=seed, device=device, dtype="float64")
-    orecs = off.run(
-        [{"setting": s, "R": float(R)} for s in cfg["mf_settings"] for R in radii],
-        task=off_axis_task,
-        context={"cfg": cfg, "device": device},
-        progress=progress,
-        desc="off-axis",
-    )
+    off_points = [{"setting": s, "R": float(R)} for s in cfg.mf.settings for R in radii]
+    yield [off.job(off_points, off_axis_task, {"cfg": cfg, "device": device})]
+    orecs = off.collect(off_points)  # the worst-measure searches start from these
     oa = {(r["point"]["setting"], r["point"]["R"]): r for r in orecs}
     sweep = Sweep(
         out,
         "worst_measures",
         {
-            "restarts": int(cfg["restarts"]),
-            "steps": int(cfg["steps"]),
+            "restarts": cfg.mf.restarts,
+            "steps": cfg.mf.steps,
             "lr": _LR,
             "seed": seed,
             "catalog": catalog,
@@ -233,28 +232,23 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
         device=device,
         dtype="float64",
     )
-    a_atoms = sorted(set(int(k) for k in cfg["a_atoms"]))
-    f6_atoms = sorted(set(int(k) for k in cfg["f6_atoms"]))
+    a_atoms = sorted(set(int(k) for k in cfg.mf.a_atoms))
+    f6_atoms = sorted(set(int(k) for k in cfg.mf.f6_atoms))
     pts = []
-    for s in cfg["mf_settings"]:
+    for s in cfg.mf.settings:
         atoms = sorted(set(a_atoms) | (set(f6_atoms) if s == F6_SETTING else set()))
         pts += [{"setting": s, "R": float(R), "n_atoms": k} for R in radii for k in atoms]
-    recs = sweep.run(
-        pts,
-        task=worst_task,
-        context={
-            "cfg": cfg,
-            "device": device,
-            "off_axis": {
-                k: {f: r[f] for f in ("measure_points", "measure_log_weights")}
-                for k, r in oa.items()
-            },
+    context = {
+        "cfg": cfg,
+        "device": device,
+        "off_axis": {
+            k: {f: r[f] for f in ("measure_points", "measure_log_weights")} for k, r in oa.items()
         },
-        progress=progress,
-        desc="worst measures",
-    )
+    }
+    yield [sweep.job(pts, worst_task, context)]
+    recs = sweep.collect(pts)
     wc = {(r["point"]["setting"], r["point"]["R"], r["point"]["n_atoms"]): r for r in recs}
-    curve_R = np.geomspace(min(radii.min(), 0.5), max(radii.max(), 10.0), int(cfg["curve_points"]))
+    curve_R = np.geomspace(min(radii.min(), 0.5), max(radii.max(), 10.0), cfg.mf.curve_points)
 
     def block(setting: str, atoms: Sequence[int]) -> dict[str, np.ndarray]:
         A, V = catalog[setting]["A"], catalog[setting]["V"]
@@ -295,9 +289,7 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
     # ---- F6: setting d2, atoms f6_atoms, off-axis
     f6 = {"radii": radii, "curve_R": curve_R, **block(F6_SETTING, f6_atoms)}
     f6_find = _mf_findings(f6, radii)
-    meta = part_metadata(
-        cfg, device, "mf_", "restarts", "steps", "off_axis_", "a_atoms", "f6_atoms", "curve_points"
-    )
+    meta = part_metadata(cfg, device, "mf")
     f6_doc = {
         "kind": "synthetic/f6",
         "figure": STEMS["f6"],
@@ -310,11 +302,11 @@ def _run_mean_field(cfg: dict[str, Any], out: Path, device: str, progress: bool)
     a_arr: dict[str, Any] = {
         "radii": radii,
         "curve_R": curve_R,
-        "settings": np.asarray(cfg["mf_settings"], dtype=str),
+        "settings": np.asarray(cfg.mf.settings, dtype=str),
     }
     a_find = {}
     labels = {}
-    for s in cfg["mf_settings"]:
+    for s in cfg.mf.settings:
         blk = block(s, a_atoms)
         a_arr.update({f"{s}__{k}": v for k, v in blk.items()})
         a_find[s] = _mf_findings(blk, radii)

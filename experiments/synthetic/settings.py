@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..engine import StageConfig, preset_config, run_metadata, save_npz, write_json
+from ..engine import StageConfig, preset_settings, run_metadata, save_npz, write_json
 
 NAME = "synthetic"
 
@@ -36,30 +36,41 @@ F6_SETTING = "d2"
 
 
 @dataclass(frozen=True)
-class SyntheticSettings(StageConfig):
-    """Settings of the ``synthetic`` stage.
-
-    The prefix names the figure a setting serves: ``f5_``, ``f7_``, ``mf_`` (F6 and A), ``a_``,
-    ``f6_``; the others are shared.
-    """
+class SqrtNSettings(StageConfig):
+    """Figure F5, the √n regime: the gaps γ, the radius and the n grids."""
 
     stage: ClassVar[str] = "synthetic"
 
-    seed: int
-    f5_gammas: tuple[float, ...]
-    f5_R: float
-    f5_n_max: int
-    f5_n_points: int
-    f5_masked_n_max: int
-    f5_check_n: tuple[int, ...]
-    f7_n: int
-    f7_d: int
-    f7_inputs: int
-    f7_R_min: float
-    f7_R_max: float
-    f7_R_points: int
-    mf_radii: tuple[float, ...]
-    mf_settings: tuple[str, ...]
+    gammas: tuple[float, ...]
+    R: float
+    n_max: int
+    n_points: int
+    masked_n_max: int
+    check_n: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LargeRadiusSettings(StageConfig):
+    """Figure F7, the large-radius limit: the inputs and the radius grid."""
+
+    stage: ClassVar[str] = "synthetic"
+
+    n: int
+    d: int
+    inputs: int
+    R_min: float
+    R_max: float
+    R_points: int
+
+
+@dataclass(frozen=True)
+class MeanFieldSettings(StageConfig):
+    """Figures F6 and A, the mean-field regime: the radii, settings and worst-measure searches."""
+
+    stage: ClassVar[str] = "synthetic"
+
+    radii: tuple[float, ...]
+    settings: tuple[str, ...]
     a_atoms: tuple[int, ...]
     f6_atoms: tuple[int, ...]
     restarts: int
@@ -69,69 +80,75 @@ class SyntheticSettings(StageConfig):
     curve_points: int
 
 
+@dataclass(frozen=True)
+class SyntheticSettings(StageConfig):
+    """Settings of the ``synthetic`` stage: the seed, and one group per part (``cfg.f5.R``)."""
+
+    stage: ClassVar[str] = "synthetic"
+
+    seed: int
+    f5: SqrtNSettings
+    f7: LargeRadiusSettings
+    mf: MeanFieldSettings
+
+
 _TINY = SyntheticSettings(
     seed=0,
-    f5_gammas=(2.0,),
-    f5_R=1.0,
-    f5_n_max=40,
-    f5_n_points=6,
-    f5_masked_n_max=40,
-    f5_check_n=(3, 17),
-    f7_n=8,
-    f7_d=2,
-    f7_inputs=2,
-    f7_R_min=0.1,
-    f7_R_max=1000.0,
-    f7_R_points=9,
-    mf_radii=(1.0, 4.0),
-    mf_settings=("d1_neg", "d2"),
-    a_atoms=(2, 3),
-    f6_atoms=(2, 3),
-    restarts=1,
-    steps=12,
-    off_axis_restarts=1,
-    off_axis_steps=20,
-    curve_points=60,
+    f5=SqrtNSettings(gammas=(2.0,), R=1.0, n_max=40, n_points=6, masked_n_max=40, check_n=(3, 17)),
+    f7=LargeRadiusSettings(n=8, d=2, inputs=2, R_min=0.1, R_max=1000.0, R_points=9),
+    mf=MeanFieldSettings(
+        radii=(1.0, 4.0),
+        settings=("d1_neg", "d2"),
+        a_atoms=(2, 3),
+        f6_atoms=(2, 3),
+        restarts=1,
+        steps=12,
+        off_axis_restarts=1,
+        off_axis_steps=20,
+        curve_points=60,
+    ),
 )
-_QUICK = replace(
-    _TINY,
-    f5_gammas=(2.0, 4.0, 6.0),
-    f5_n_max=2048,
-    f5_n_points=20,
-    f5_masked_n_max=1024,
-    f5_check_n=(4, 32, 256),
-    f7_n=12,
-    f7_d=3,
-    f7_inputs=4,
-    f7_R_points=33,
-    mf_radii=(0.5, 1.06, 2.24, 4.73, 10.0),
-    mf_settings=("d1_pos", "d1_neg", "d2", "gauss"),
-    a_atoms=(2, 3, 5),
-    f6_atoms=(2, 3, 4, 5),
-    restarts=4,
-    steps=100,
-    off_axis_restarts=4,
-    off_axis_steps=150,
-    curve_points=200,
+_QUICK = _TINY.replace(
+    **{
+        "f5.gammas": (2.0, 4.0, 6.0),
+        "f5.n_max": 2048,
+        "f5.n_points": 20,
+        "f5.masked_n_max": 1024,
+        "f5.check_n": (4, 32, 256),
+        "f7.n": 12,
+        "f7.d": 3,
+        "f7.inputs": 4,
+        "f7.R_points": 33,
+        "mf.radii": (0.5, 1.06, 2.24, 4.73, 10.0),
+        "mf.settings": ("d1_pos", "d1_neg", "d2", "gauss"),
+        "mf.a_atoms": (2, 3, 5),
+        "mf.f6_atoms": (2, 3, 4, 5),
+        "mf.restarts": 4,
+        "mf.steps": 100,
+        "mf.off_axis_restarts": 4,
+        "mf.off_axis_steps": 150,
+        "mf.curve_points": 200,
+    }
 )
 #: Each preset is written as what it changes in the one before it.
 PRESETS: Mapping[str, SyntheticSettings] = {
     "tiny": _TINY,
     "quick": _QUICK,
-    "paper": replace(
-        _QUICK,
-        f5_n_max=4096,
-        f5_n_points=40,
-        f5_masked_n_max=4096,
-        f5_check_n=(4, 16, 64, 256, 1024),
-        f7_inputs=6,
-        f7_R_points=81,
-        mf_radii=tuple(float(r) for r in np.round(np.geomspace(0.5, 10.0, 16), 4)),
-        restarts=16,
-        steps=400,
-        off_axis_restarts=16,
-        off_axis_steps=400,
-        curve_points=400,
+    "paper": _QUICK.replace(
+        **{
+            "f5.n_max": 4096,
+            "f5.n_points": 40,
+            "f5.masked_n_max": 4096,
+            "f5.check_n": (4, 16, 64, 256, 1024),
+            "f7.inputs": 6,
+            "f7.R_points": 81,
+            "mf.radii": tuple(float(r) for r in np.round(np.geomspace(0.5, 10.0, 16), 4)),
+            "mf.restarts": 16,
+            "mf.steps": 400,
+            "mf.off_axis_restarts": 16,
+            "mf.off_axis_steps": 400,
+            "mf.curve_points": 400,
+        }
     ),
 }
 
@@ -144,24 +161,25 @@ _F5_TOL = 1e-8
 # ============================================================================ helpers
 
 
-def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
-    cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
-    for k, v in overrides.items():
-        cfg[k] = list(v) if isinstance(v, (tuple, list, np.ndarray)) else v
-    bad = sorted(set(cfg["mf_settings"]) - set(MF_SETTINGS))
+def resolve(preset: str, overrides: Mapping[str, Any]) -> SyntheticSettings:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract).
+
+    Overrides name a group's settings with dots (``{"f5.R": 2.0}``).
+    """
+    cfg = preset_settings(PRESETS, preset, overrides)
+    bad = sorted(set(cfg.mf.settings) - set(MF_SETTINGS))
     if bad:
-        raise ValueError(f"unknown mf_settings {bad}; choose from {sorted(MF_SETTINGS)}")
-    if F6_SETTING not in cfg["mf_settings"]:
-        raise ValueError(f"mf_settings must include {F6_SETTING!r} (the setting of figure F6)")
-    if min(cfg["mf_radii"]) <= 0 or min(cfg["f5_gammas"]) <= 0 or cfg["f5_R"] <= 0:
+        raise ValueError(f"unknown mf.settings {bad}; choose from {sorted(MF_SETTINGS)}")
+    if F6_SETTING not in cfg.mf.settings:
+        raise ValueError(f"mf.settings must include {F6_SETTING!r} (the setting of figure F6)")
+    if min(cfg.mf.radii) <= 0 or min(cfg.f5.gammas) <= 0 or cfg.f5.R <= 0:
         raise ValueError("radii and gaps must be positive")
-    if cfg["f5_n_max"] < 2 or not cfg["f5_check_n"] or min(cfg["f5_check_n"]) < 2:
+    if cfg.f5.n_max < 2 or not cfg.f5.check_n or min(cfg.f5.check_n) < 2:
         raise ValueError("F5 needs n >= 2")
-    if min(cfg["a_atoms"] + cfg["f6_atoms"]) < 2:
+    if min(cfg.mf.a_atoms + cfg.mf.f6_atoms) < 2:
         raise ValueError("worst-measure searches need at least 2 atoms")
-    if not 0 < cfg["f7_R_min"] < cfg["f7_R_max"]:
-        raise ValueError("need 0 < f7_R_min < f7_R_max")
+    if not 0 < cfg.f7.R_min < cfg.f7.R_max:
+        raise ValueError("need 0 < f7.R_min < f7.R_max")
     return cfg
 
 
@@ -207,15 +225,11 @@ def _spec(A: np.ndarray) -> float:
     return float(np.linalg.norm(np.asarray(A, dtype=np.float64), 2))
 
 
-def _subset(cfg: Mapping[str, Any], *prefixes: str) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k == "seed" or any(k.startswith(p) for p in prefixes)}
-
-
-def part_metadata(cfg: Mapping[str, Any], device: str, *prefixes: str) -> dict[str, Any]:
-    """Run metadata of one part (F5, F6, F7, A): the seed and the preset entries it reads."""
-    entries = _subset(cfg, *prefixes)
+def part_metadata(cfg: SyntheticSettings, device: str, part: str) -> dict[str, Any]:
+    """Run metadata of one part (``"f5"``, ``"f7"``, ``"mf"``): the seed and the part's settings."""
+    entries = {"seed": cfg.seed, part: getattr(cfg, part).options()}
     return run_metadata(
-        seed=int(cfg["seed"]), device=device, dtype="float64", config={"preset_entries": entries}
+        seed=cfg.seed, device=device, dtype="float64", config={"preset_entries": entries}
     )
 
 

@@ -41,7 +41,7 @@ and on the second (present for :math:`n \ge 3`) it is :math:`I_{n-2}\otimes VC_b
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,11 @@ from scipy import special
 
 from theory import bounds, regimes
 
-from ..engine import Sweep
+from ..engine import Round, Sweep
 from .settings import (
     _F5_TOL,
     STEMS,
+    SyntheticSettings,
     _int_grid,
     _params,
     _spec,
@@ -181,28 +182,27 @@ def f5_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return _f5_point(cfg, cfg["device"])
 
 
-def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list[Path]:
-    R = float(cfg["f5_R"])
-    gammas = np.asarray(cfg["f5_gammas"], dtype=np.float64)
-    n_max = int(cfg["f5_n_max"])
-    n_grid = _int_grid(2, n_max, cfg["f5_n_points"])
+def _run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, None, list[Path]]:
+    R = float(cfg.f5.R)
+    gammas = np.asarray(cfg.f5.gammas, dtype=np.float64)
+    n_max = int(cfg.f5.n_max)
+    n_grid = _int_grid(2, n_max, cfg.f5.n_points)
     n_all = np.arange(2, n_max + 1, dtype=np.int64)
-    m_grid = n_grid[n_grid <= int(cfg["f5_masked_n_max"])]
-    c_grid = np.asarray(sorted(set(int(c) for c in cfg["f5_check_n"])), dtype=np.int64)
+    m_grid = n_grid[n_grid <= int(cfg.f5.masked_n_max)]
+    c_grid = np.asarray(sorted(set(int(c) for c in cfg.f5.check_n)), dtype=np.int64)
     sweep = Sweep(
         out,
         "f5_engine",
         {"R": R, "head": "d = 1, A = -gamma/(2 R^2), V = 1", "variant": "released", "tol": _F5_TOL},
-        seed=int(cfg["seed"]),
+        seed=cfg.seed,
         device=device,
         dtype="float64",
     )
     points = [
         {"gamma": float(g), "R": R, "n": int(n), "masked": True} for g in gammas for n in m_grid
     ] + [{"gamma": float(g), "R": R, "n": int(n), "masked": False} for g in gammas for n in c_grid]
-    recs = sweep.run(
-        points, task=f5_task, context={"device": device}, progress=progress, desc="F5 engine"
-    )
+    yield [sweep.job(points, f5_task, {"device": device})]
+    recs = sweep.collect(points)
     by = {(r["point"]["gamma"], r["point"]["n"], r["point"]["masked"]): r for r in recs}
 
     G = len(gammas)
@@ -291,7 +291,7 @@ def _run_f5(cfg: dict[str, Any], out: Path, device: str, progress: bool) -> list
         },
         "findings": findings,
     }
-    return save_part(out, "f5", arrays, doc, part_metadata(cfg, device, "f5_"))
+    return save_part(out, "f5", arrays, doc, part_metadata(cfg, device, "f5"))
 
 
 def _f5_findings(d: Mapping[str, np.ndarray]) -> dict[str, Any]:

@@ -68,9 +68,9 @@ from .generation import RADII as RADII
 from .generation import SCHEDULE as SCHEDULE
 from .report import NAME as NAME
 from .report import aggregate as aggregate
-from .report import report_section, summary
+from .report import claims, report_section, summary
 from .stage import HARNESS_VERSION as HARNESS_VERSION
-from .stage import PRESETS, execute, resolve, verify
+from .stage import PRESETS, VerifyBoundsSettings, execute, resolve, verify
 
 __all__ = [
     "BOUNDS",
@@ -80,8 +80,10 @@ __all__ = [
     "STAGE",
     "BoundSpec",
     "Target",
+    "VerifyBoundsSettings",
     "execute",
     "make_targets",
+    "claims",
     "report_section",
     "resolve",
     "run",
@@ -89,7 +91,7 @@ __all__ = [
     "verify",
 ]
 
-#: The stage (experiments/engine/_stage.py contract); ``meanfield_cli.registry`` types its presets.
+#: The stage (experiments/engine/_stage.py contract).
 STAGE = ModuleStage.from_module(__name__, "Bounds checked against the engine", uses_device=False)
 #: Run the harness for a preset (:meth:`experiments.engine.ModuleStage.run`).
 run = STAGE.run

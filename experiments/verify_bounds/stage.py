@@ -5,10 +5,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from ..engine import StageRun, preset_config, run_metadata, write_json
+from ..engine import (
+    Names,
+    StageConfig,
+    StageRun,
+    Steps,
+    Sweep,
+    preset_config,
+    run_metadata,
+    write_json,
+)
 from .checks import BoundSpec, _registry, check_instance
 from .generation import KINDS, SCHEDULE
 from .report import NAME, aggregate
@@ -16,10 +26,21 @@ from .report import NAME, aggregate
 log = logging.getLogger("meanfield.verify_bounds")
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"n_instances": 30, "seed": 0},
-    "quick": {"n_instances": 600, "seed": 0},
-    "paper": {"n_instances": 5000, "seed": 0},
+@dataclass(frozen=True)
+class VerifyBoundsSettings(StageConfig):
+    """Settings of the ``verify_bounds`` stage: how many instances, their seed and kinds."""
+
+    stage: ClassVar[str] = NAME
+
+    n_instances: int
+    seed: int
+    kinds: Names = tuple(KINDS)
+
+
+PRESETS: dict[str, VerifyBoundsSettings] = {
+    "tiny": VerifyBoundsSettings(n_instances=30, seed=0),
+    "quick": VerifyBoundsSettings(n_instances=600, seed=0),
+    "paper": VerifyBoundsSettings(n_instances=5000, seed=0),
 }
 
 #: Version of the instance generators and checks; part of the Sweep configuration, so a change
@@ -79,29 +100,16 @@ def verify(
         tightness ``bound / value`` min/median/max, min margin, worst instance),
         ``instances_by_kind``, ``seconds``.
     """
-    n_instances = int(n_instances)
-    if n_instances < 1:
-        raise ValueError(f"n_instances must be >= 1, got {n_instances}")
-    kinds = tuple(KINDS if kinds is None else kinds)
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        raise ValueError(f"unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}")
+    kinds = _kinds(kinds)
     specs = _registry(extra_bounds)
-    points = _schedule(n_instances, kinds)
+    points = _schedule(_count(n_instances), kinds)
     t0 = time.perf_counter()
 
     def compute(point: Mapping[str, Any]) -> dict[str, Any]:
         return check_instance(seed, point["index"], point["kind"], specs)
 
     if sweep_dir is not None:
-        from ..engine import Sweep
-
-        config = {
-            "harness_version": HARNESS_VERSION,
-            "seed": int(seed),
-            "bounds": [s.name for s in specs],
-        }
-        sweep = Sweep(sweep_dir, "instances", config, seed=int(seed), device="cpu", dtype="float64")
+        sweep = _sweep(sweep_dir, seed, specs)
         if extra_bounds:  # bounds given as objects: computed here, by the closure
             records = sweep.run(points, compute, progress=progress, desc="verify-bounds")
         else:  # a top-level task: the driver may send the instances to other processes
@@ -121,10 +129,45 @@ def verify(
                 points, desc="verify-bounds", leave=False, disable=None if progress else True
             )
         ]
+    return _report(records, specs, seed, kinds, time.perf_counter() - t0)
+
+
+def _count(n_instances: int) -> int:
+    n = int(n_instances)
+    if n < 1:
+        raise ValueError(f"n_instances must be >= 1, got {n}")
+    return n
+
+
+def _kinds(kinds: Sequence[str] | None) -> tuple[str, ...]:
+    kinds = tuple(KINDS if kinds is None else kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}")
+    return kinds
+
+
+def _sweep(sweep_dir: str | Path, seed: int, specs: Sequence[BoundSpec]) -> Sweep:
+    """The resumable sweep of the instances: one record per instance."""
+    config = {
+        "harness_version": HARNESS_VERSION,
+        "seed": int(seed),
+        "bounds": [s.name for s in specs],
+    }
+    return Sweep(sweep_dir, "instances", config, seed=int(seed), device="cpu", dtype="float64")
+
+
+def _report(
+    records: Sequence[Mapping[str, Any]],
+    specs: Sequence[BoundSpec],
+    seed: int,
+    kinds: Sequence[str],
+    seconds: float,
+) -> dict[str, Any]:
     report = aggregate(records, specs, seed=int(seed))
     report["seed"] = int(seed)
     report["kinds"] = list(kinds)
-    report["seconds"] = time.perf_counter() - t0
+    report["seconds"] = seconds
     return report
 
 
@@ -137,28 +180,28 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     The presets hold 30, 600 and 5000 instances; ``n_instances``, ``seed`` or ``kinds`` replace
     the preset's entries.
     """
-    cfg = preset_config(
-        {k: {"kinds": list(KINDS), **v} for k, v in PRESETS.items()},
-        preset,
-        overrides,
-        what=f"{NAME} option(s)",
-    )
+    cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
     cfg.update(overrides)
     return cfg
 
 
-def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> list[Path]:
+def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
     """Check the bounds on ``cfg``'s instances; write ``out/report.json`` (the stage contract).
 
-    The certified dense brackets run in float64 on the CPU. Returns the report and the
-    per-instance records (``instances.jsonl``, resumable).
+    The certified dense brackets run in float64 on the CPU, one instance per point of one
+    round. Returns the report and the per-instance records (``instances.jsonl``, resumable).
     """
-    preset, device, progress = run.preset, run.device, run.progress
-    report = verify(cfg["n_instances"], cfg["seed"], cfg["kinds"], progress, sweep_dir=out)
+    seed, kinds = int(cfg["seed"]), _kinds(cfg["kinds"])
+    specs = _registry(None)
+    points = _schedule(_count(cfg["n_instances"]), kinds)
+    t0 = time.perf_counter()
+    sweep = _sweep(out, seed, specs)
+    yield [sweep.job(points, instance_point, {"seed": seed})]
+    report = _report(sweep.collect(points), specs, seed, kinds, time.perf_counter() - t0)
     doc = {
         "kind": NAME,
         "metadata": run_metadata(
-            seed=cfg["seed"], device=device, dtype="float64", config={"preset": preset, **cfg}
+            seed=seed, device=run.device, dtype="float64", config={"preset": run.preset, **cfg}
         ),
         **report,
     }

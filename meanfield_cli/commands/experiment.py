@@ -64,14 +64,16 @@ def _check_models(overrides: dict[str, Any]) -> None:
 def parse_setting(text: str) -> tuple[str, Any]:
     """Parse ``KEY=VALUE`` of ``meanfield experiment --set``.
 
+    ``KEY`` names a setting of the stage, dotted within a group of settings (``f5.R``).
+
     The value is JSON when it parses (numbers, ``null``, ``true``, ``[2, 4, 8]``,
     ``{"a": 1}``), a list when it has commas (``minilm-L0,gpt2rand-L6``; a trailing comma makes
     a list of one), else a string.
     """
     key, sep, raw = text.partition("=")
     key = key.strip()
-    if not sep or not key.isidentifier():
-        raise UsageError(f"--set takes KEY=VALUE, got {text!r}")
+    if not sep or not all(part.isidentifier() for part in key.split(".")):
+        raise UsageError(f"--set takes KEY=VALUE (KEY dotted within a group: f5.R=2), got {text!r}")
 
     def one(v: str) -> Any:
         try:
@@ -113,7 +115,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         "stage": stage.name,
         "title": stage.title,
         "preset": args.preset,
-        "options": {**preset.options(), **overrides},
+        "options": preset.replace(**overrides).options(),
         "overrides": overrides,
     }
     if args.list_options:
@@ -182,7 +184,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="replace a preset option (JSON value, comma list or string); repeatable",
+        help="replace a preset option, dotted within a group (f5.R=2); the value is JSON, a "
+        "comma list or a string; repeatable",
     )
     p.add_argument(
         "--list",

@@ -76,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--instances",
         type=int,
-        default=PRESETS["quick"]["n_instances"],
-        help=f"number of instances (default {PRESETS['quick']['n_instances']})",
+        default=PRESETS["quick"].n_instances,
+        help=f"number of instances (default {PRESETS['quick'].n_instances})",
     )
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
     p.add_argument("--kinds", default=None, help=f"comma-separated subset of: {', '.join(KINDS)}")
