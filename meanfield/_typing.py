@@ -53,5 +53,17 @@ Method = Literal["auto", "dense", "lanczos", "power"]
 UpperMethod = Literal["auto", "gram", "block", "none"]
 Variant = Literal["released", "symmetric"]
 Case = Literal["auto", "+", "-"]
-Arch = Literal["bert", "gpt2", "llama"]
+Arch = Literal[
+    "bert",
+    "distilbert",
+    "vit",
+    "gpt2",
+    "opt",
+    "llama",
+    "phi3",
+    "gpt_neox",
+    "falcon",
+    "modernbert",
+    "bloom",
+]
 HeadMap = Literal["heads", "heads+WO", "block"]

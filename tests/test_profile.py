@@ -366,6 +366,29 @@ def test_layers_that_are_not_consecutive_have_no_chain():
     assert prof.record(2, 5).radius == pytest.approx(float(xs[2].norm(dim=-1).max()), rel=1e-5)
 
 
+_SMALL = {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 64}
+
+
+@pytest.mark.parametrize(
+    ("config", "extra"),
+    [
+        # Llama-like names, but RMSNorm scales by 1 + w: not Llama's block
+        ("GemmaConfig", {"intermediate_size": 32, "num_key_value_heads": 2, "head_dim": 8}),
+        # its attention is read (meanfield.models), its block is not
+        ("OPTConfig", {"ffn_dim": 32, "word_embed_proj_dim": 16}),
+    ],
+)
+def test_blocks_of_other_families_are_refused_in_one_line(config, extra):
+    cfg = getattr(transformers, config)(**_SMALL, **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.AutoModel.from_config(cfg, attn_implementation="eager").eval()
+    name = type(model).__name__
+    with pytest.raises(NotImplementedError, match=f"block of {name} .* is not modelled") as err:
+        profile_model(model, _ids(5), n=5, heads=False)
+    assert "\n" not in str(err.value)
+
+
 # ----------------------------------------------------------------------------------------------
 # The command
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 r"""Hidden states at a layer's capture point, for windows of a tokenized text.
 
-The inputs entering the attention map of a layer are captured by a forward pre-hook (BERT: the
-layer; GPT-2 and Llama: the attention module), the points where the released code captured them
-(docs/experiments.md, "Models and texts"); the forward pass stops there.
+The inputs entering the attention map of a layer are captured by a forward pre-hook (BERT-style:
+the layer; every other family: the attention module), the points where the released code
+captured them (docs/experiments.md, "Models and texts"); the forward pass stops there. Vision
+encoders (ViT/DeiT) read images, not token ids, and are refused here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from torch import Tensor
 
 from .._typing import Arch
 from ..data import cut_windows, encode_text, tokens_needed
-from .layers import _arch, _attn_module, _base, _check_layer, _layers, _max_positions, layer_info
+from ._families import FAMILIES, base_model
+from .layers import (
+    _arch,
+    _attn_module,
+    _check_layer,
+    _layers,
+    _max_positions,
+    layer_info,
+)
 
 __all__ = ["HiddenStates", "hidden_states", "hidden_states_grid"]
 
@@ -77,8 +86,9 @@ class _Captured(Exception):
 
 
 def _capture_module(model: Any, arch: Arch, layer: int) -> Any:
-    blk = _layers(model, arch)[layer]
-    return blk if arch == "bert" else _attn_module(model, arch, layer)
+    if FAMILIES[arch].capture_block:
+        return _layers(model, arch)[layer]
+    return _attn_module(model, arch, layer)
 
 
 def _model_device(model: Any) -> torch.device:
@@ -104,7 +114,7 @@ def _module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer
     A pre-hook records them and stops the forward pass there; the model runs in eval mode without
     gradients and is restored to its training mode afterwards.
     """
-    base = _base(model)
+    base = base_model(model)
     captured: list[Tensor] = []
 
     def hook(mod: Any, args: tuple, kwargs: dict) -> None:
@@ -152,10 +162,11 @@ def hidden_states(
     tokenized once (BERT: [CLS] and [SEP] at the two ends of the whole text only); the
     ``n_windows * n`` token ids from ``start`` are cut into consecutive, non-overlapping windows;
     each window goes through the model in eval mode with ``attention_mask = 1`` and positions
-    restarting at 0; forward pre-hooks capture the input of ``encoder.layer[b]`` (BERT),
-    ``h[b].attn`` (GPT-2, the ``ln_1`` output) or ``layers[b].self_attn`` (Llama, the
-    ``input_layernorm`` output). The windows are batched and the forward pass stops at the capture
-    point.
+    restarting at 0; forward pre-hooks capture the input of ``encoder.layer[b]`` (BERT-style),
+    ``h[b].attn`` (GPT-2, the ``ln_1`` output), ``layers[b].self_attn`` (Llama, the
+    ``input_layernorm`` output) or the attention module of the other families
+    (``LayerInfo.capture_point``). The windows are batched and the forward pass stops at the
+    capture point.
 
     Parameters
     ----------
@@ -194,11 +205,17 @@ def hidden_states(
     Raises
     ------
     ValueError
-        When the text is too short (the message gives the tokens needed) or ``n`` exceeds the
-        model's positions.
+        When the text is too short (the message gives the tokens needed), ``n`` exceeds the
+        model's positions, or the model reads images (ViT/DeiT).
     """
     arch = _arch(model)
     layer = _check_layer(model, arch, layer)
+    fam = FAMILIES[arch]
+    if fam.reads != "input_ids":
+        raise ValueError(
+            f"{type(model).__name__} reads {fam.reads}, not token ids: capture the input of "
+            f"{fam.module_path.format(b=layer)} with a forward pre-hook instead"
+        )
     if isinstance(text, str):
         if tokenizer is None:
             raise ValueError("a tokenizer is needed to tokenize a string")
@@ -215,8 +232,8 @@ def hidden_states(
         )
     has_types = int(getattr(model.config, "type_vocab_size", 0) or 0) > 0 and arch == "bert"
     token_types = token_type_ids == "zeros" or (token_type_ids == "auto" and has_types)
-    if token_types and arch == "llama":
-        raise ValueError("Llama-style models take no token_type_ids")
+    if token_types and not fam.token_types:
+        raise ValueError(f"{fam.label} models take no token_type_ids")
     bs = win.n_windows if batch_size is None else max(1, int(batch_size))
     parts = [
         _forward_capture(model, arch, layer, win.token_ids[i : i + bs], token_types)

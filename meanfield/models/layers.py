@@ -1,19 +1,36 @@
 r"""Hugging Face layers: architecture detection, parameter extraction and the pure attention maps.
 
-Three architecture families are supported (docs/conventions.md; docs/theory.md §A8):
+Supported families, detected from the module structure (docs/conventions.md; docs/theory.md §A8;
+the per-family adapters live in :mod:`meanfield.models._families`):
 
-- **BERT** (``BertModel``, ``BertFor*``; Post-LN): ``encoder.layer[b].attention.self`` holds
-  ``nn.Linear`` query/key/value maps with biases, stored (out, in): head ``h`` is *row* block
-  ``h``. ``attention.output.dense`` is :math:`W^O` and ``attention.output.LayerNorm`` closes the
-  ``BertAttention`` block.
+- **BERT-style** (``BertModel``, ``RobertaModel``, ``ElectraModel`` and their heads; Post-LN):
+  ``encoder.layer[b].attention.self`` holds ``nn.Linear`` query/key/value maps with biases,
+  stored (out, in): head ``h`` is *row* block ``h``. ``attention.output.dense`` is :math:`W^O`
+  and ``attention.output.LayerNorm`` closes the ``BertAttention`` block.
+- **DistilBERT** (Post-LN): ``transformer.layer[b].attention.{q,k,v,out}_lin``; ``sa_layer_norm``
+  closes the block.
+- **ViT / DeiT** (vision encoders, Pre-LN, CLS token, no mask):
+  ``encoder.layer[b].attention.{q,k,v,o}_proj``.
 - **GPT-2** (``GPT2Model``, ``GPT2LMHeadModel``; Pre-LN): ``h[b].attn.c_attn`` is a ``Conv1D``
   stored (in, out) = (d, 3d), split along dim 1 into q, k, v; head ``h`` is *column* block ``h``
   (the released code took rows, defect D5 of docs/experiments.md). ``c_proj`` (``Conv1D``) is
   :math:`W^O`.
-- **Llama-style** (``LlamaModel``, ``LlamaForCausalLM``, e.g. SmolLM2; Pre-RMSNorm):
+- **OPT** (causal, biases on q, k, v, no rotary): ``decoder.layers[b].self_attn.{q,k,v,out}_proj``.
+- **Llama-style** (Llama, e.g. SmolLM2; Mistral, Gemma, Gemma-2, ...; Pre-RMSNorm):
   ``layers[b].self_attn.{q,k,v,o}_proj`` (``nn.Linear``), grouped-query attention
   (``n_kv_heads`` < ``n_heads``) and rotary embeddings taken from the model's own
   ``rotary_emb`` (``inv_freq``, ``attention_scaling``).
+- **Phi-3** (fused ``qkv_proj``, rotary), **GPT-NeoX** (``query_key_value`` interleaved per head,
+  rotary), **Falcon** (fused ``query_key_value``: multi-query, grouped or per head; rotary),
+  **ModernBERT** (fused ``Wqkv``, rotary, bidirectional; alternating global and local layers).
+
+A feature of a layer that the extracted parameters do not model is refused in one line naming
+it (``UnmodelledFeature``, a ``NotImplementedError`` and a ``ValueError``): a sliding window
+shorter than the sequence length (Mistral, Gemma-2, ModernBERT's local layers), logit
+soft-capping (Gemma-2), QK-norm (Qwen3, OLMo-2), ALiBi (BLOOM, Falcon with ``alibi``), partial
+rotary embeddings (GPT-NeoX/Pythia ``rotary_pct`` < 1, Phi-3 ``partial_rotary_factor`` < 1),
+length-dependent RoPE types (``dynamic``, ``longrope``), query/key biases under rotary embeddings
+(Qwen2, GPT-NeoX and Falcon with biases), other layer types.
 
 Every map is rebuilt from the extracted weights as a pure torch function
 (:func:`meanfield.self_attention`), with our own causal mask: transformers 5.x modules do not mask
@@ -40,7 +57,9 @@ from torch import Tensor
 
 from .._typing import Arch, HeadMap
 from ..attention import self_attention
-from ..params import MultiHeadParams, RotaryEmbedding
+from ..params import MultiHeadParams
+from . import _families as _fam
+from ._families import base_model, detached
 
 __all__ = [
     "HFAttention",
@@ -85,37 +104,17 @@ def _require_gguf() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _base(model: Any) -> Any:
-    return getattr(model, "base_model", model)
+def _family(model: Any) -> _fam.Family:
+    return _fam.detect(model)
 
 
 def _arch(model: Any) -> Arch:
-    base = _base(model)
-    encoder = getattr(base, "encoder", None)
-    if encoder is not None and hasattr(encoder, "layer"):
-        att = getattr(encoder.layer[0], "attention", None)
-        if att is not None and hasattr(getattr(att, "self", None), "query"):
-            return "bert"
-    blocks = getattr(base, "h", None)
-    if blocks is not None and hasattr(getattr(blocks[0], "attn", None), "c_attn"):
-        return "gpt2"
-    layers = getattr(base, "layers", None)
-    if layers is not None and hasattr(getattr(layers[0], "self_attn", None), "q_proj"):
-        if hasattr(base, "rotary_emb"):
-            return "llama"
-    raise NotImplementedError(
-        f"unsupported model {type(model).__name__}: meanfield.models handles BERT, GPT-2 and "
-        "Llama-style models"
-    )
+    """The family name of ``model`` (``LayerInfo.arch``), detected from its module structure."""
+    return _family(model).name
 
 
 def _layers(model: Any, arch: Arch) -> Any:
-    base = _base(model)
-    return {
-        "bert": lambda: base.encoder.layer,
-        "gpt2": lambda: base.h,
-        "llama": lambda: base.layers,
-    }[arch]()
+    return _fam.FAMILIES[arch].blocks(base_model(model))
 
 
 def _check_layer(model: Any, arch: Arch, layer: int) -> int:
@@ -132,10 +131,10 @@ def _check_layer(model: Any, arch: Arch, layer: int) -> int:
 def _check_map(arch: Arch, map: str) -> None:
     if map not in _MAPS:
         raise ValueError(f"map must be one of {_MAPS}, got {map!r}")
-    if map == "block" and arch != "bert":
+    if map == "block" and _fam.FAMILIES[arch].block_norm is None:
         raise ValueError(
             "map='block' (residual + LayerNorm, as BertAttention) exists only for Post-LN BERT "
-            f"layers; {arch} is Pre-LN: use 'heads' or 'heads+WO'"
+            f"and DistilBERT layers; {arch} is Pre-LN: use 'heads' or 'heads+WO'"
         )
 
 
@@ -151,7 +150,8 @@ def _max_positions(model: Any, arch: Arch) -> int | None:
 def is_causal(model: Any) -> bool:
     """Whether the model's own forward pass applies a causal mask.
 
-    GPT-2 and Llama-style models are causal; BERT is causal only when built with
+    Decoders (GPT-2, OPT, Llama-style, Phi-3, GPT-NeoX, Falcon) are causal; encoders (DistilBERT,
+    ViT/DeiT, ModernBERT) are not; BERT-style encoders are causal only when built with
     ``is_decoder=True`` (the paper's BERT-"dec"; its released runs nevertheless differentiated
     the module without a mask, defect D3).
 
@@ -163,10 +163,10 @@ def is_causal(model: Any) -> bool:
     -------
     bool
     """
-    arch = _arch(model)
-    if arch == "bert":
+    fam = _family(model)
+    if fam.name == "bert":
         return bool(getattr(model.config, "is_decoder", False))
-    return True
+    return fam.default_causal
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,10 @@ class LayerInfo:
 
     Parameters
     ----------
-    arch : {"bert", "gpt2", "llama"}
-        Architecture family.
+    arch : str
+        Architecture family: ``"bert"`` (BERT, RoBERTa, ELECTRA), ``"distilbert"``, ``"vit"``
+        (ViT, DeiT), ``"gpt2"``, ``"opt"``, ``"llama"`` (Llama-style decoders), ``"phi3"``,
+        ``"gpt_neox"``, ``"falcon"`` or ``"modernbert"``.
     model_type : str
         ``config.model_type``.
     name_or_path : str
@@ -198,7 +200,7 @@ class LayerInfo:
     has_rope : bool
         Rotary position embeddings (the score depends on relative positions).
     qkv_bias, out_bias : bool
-        Biases on the q/k/v maps and on the output projection.
+        Biases on the query map and on the output projection.
     norm : {"layernorm", "rmsnorm"}
         Normalization whose output enters (Pre-LN) or follows (Post-LN) attention.
     ln_placement : {"post", "pre"}
@@ -206,6 +208,9 @@ class LayerInfo:
         Module whose input :func:`hidden_states` captures.
     weight_layout : {"linear", "conv1d"}
         Storage of the projection weights (``nn.Linear`` (out, in) or ``Conv1D`` (in, out)).
+    window : int or None, default None
+        Sliding-window attention: the largest sequence length the window leaves unchanged
+        (``None``: no window). The extracted map is exact only for ``n <= window``.
     """
 
     arch: str
@@ -228,6 +233,7 @@ class LayerInfo:
     ln_placement: str
     capture_point: str
     weight_layout: str
+    window: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dictionary (JSON-serializable)."""
@@ -235,21 +241,68 @@ class LayerInfo:
 
 
 def _attn_module(model: Any, arch: Arch, layer: int) -> Any:
-    blk = _layers(model, arch)[layer]
-    return {
-        "bert": lambda: blk.attention.self,
-        "gpt2": lambda: blk.attn,
-        "llama": lambda: blk.self_attn,
-    }[arch]()
+    return _fam.FAMILIES[arch].attention(_layers(model, arch)[layer])
 
 
-def _gpt2_scale(attn: Any, head_dim: int) -> float:
-    if hasattr(attn, "scaling"):
-        return float(attn.scaling)
-    s = head_dim**-0.5 if getattr(attn, "scale_attn_weights", True) else 1.0
-    if getattr(attn, "scale_attn_by_inverse_layer_idx", False):
-        s /= float(attn.layer_idx + 1)
-    return s
+_LEGACY_CAPTURE = {
+    "bert": "input of encoder.layer[{b}]",
+    "gpt2": "input of h[{b}].attn (output of h[{b}].ln_1)",
+    "llama": "input of layers[{b}].self_attn (output of layers[{b}].input_layernorm)",
+}
+
+
+def _module_names(fam: _fam.Family, blk: Any, map: str) -> str:
+    attn = fam.attention(blk)
+    cls = type(attn).__name__
+    if fam.name == "bert":
+        out_cls = type(blk.attention.output).__name__
+        return {
+            "heads": cls,
+            "heads+WO": f"{cls} + {out_cls}.dense",
+            "block": type(blk.attention).__name__,
+        }[map]
+    out_name = fam.out_path.rsplit(".", 1)[-1]
+    if map == "block":
+        return f"{cls} + residual + {type(blk).__name__}.sa_layer_norm"
+    return {"heads": f"{cls} without {out_name}", "heads+WO": cls}[map]
+
+
+def _extract(
+    model: Any, layer: int, map: str, dtype: torch.dtype | None
+) -> tuple[_fam.Family, _fam.LayerSpec, LayerInfo]:
+    """Family, extracted weights and metadata of one layer (variants recorded, not yet refused)."""
+    fam = _family(model)
+    layer = _check_layer(model, fam.name, layer)
+    _check_map(fam.name, map)
+    cfg = model.config
+    blocks = fam.blocks(base_model(model))
+    blk = blocks[layer]
+    spec = fam.extract(model, blk, layer, dtype)
+    capture = _LEGACY_CAPTURE.get(fam.name, "input of " + fam.module_path)
+    info = LayerInfo(
+        arch=fam.name,
+        model_type=str(getattr(cfg, "model_type", fam.name)),
+        name_or_path=str(getattr(cfg, "_name_or_path", "") or ""),
+        layer=layer,
+        n_layers=len(blocks),
+        map=map,
+        module=_module_names(fam, blk, map),
+        causal=is_causal(model),
+        d=spec.d,
+        n_heads=spec.n_heads,
+        n_kv_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+        scale=float(spec.scale),
+        has_rope=fam.rotary and "alibi" not in spec.variants,
+        qkv_bias=spec.b_Q is not None,
+        out_bias=spec.b_O is not None,
+        norm=fam.norm,
+        ln_placement=fam.ln_placement,
+        capture_point=capture.format(b=layer),
+        weight_layout=spec.layout,
+        window=spec.window,
+    )
+    return fam, spec, info
 
 
 def layer_info(model: Any, layer: int, *, map: HeadMap = "heads+WO") -> LayerInfo:
@@ -258,7 +311,7 @@ def layer_info(model: Any, layer: int, *, map: HeadMap = "heads+WO") -> LayerInf
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        BERT, GPT-2 or Llama-style model (bare or with a head).
+        A model of a supported family (bare or with a head; see the module docstring).
     layer : int
     map : {"heads", "heads+WO", "block"}, default "heads+WO"
 
@@ -266,83 +319,7 @@ def layer_info(model: Any, layer: int, *, map: HeadMap = "heads+WO") -> LayerInf
     -------
     LayerInfo
     """
-    arch = _arch(model)
-    layer = _check_layer(model, arch, layer)
-    _check_map(arch, map)
-    cfg = model.config
-    attn = _attn_module(model, arch, layer)
-    n_layers = len(_layers(model, arch))
-    common = dict(
-        arch=arch,
-        model_type=str(getattr(cfg, "model_type", arch)),
-        name_or_path=str(getattr(cfg, "_name_or_path", "") or ""),
-        layer=layer,
-        n_layers=n_layers,
-        map=map,
-        causal=is_causal(model),
-    )
-    if arch == "bert":
-        blk = _layers(model, arch)[layer]
-        k = int(attn.attention_head_size)
-        return LayerInfo(
-            **common,
-            module={
-                "heads": "BertSelfAttention",
-                "heads+WO": "BertSelfAttention + BertSelfOutput.dense",
-                "block": "BertAttention",
-            }[map],
-            d=int(attn.query.in_features),
-            n_heads=int(attn.num_attention_heads),
-            n_kv_heads=int(attn.num_attention_heads),
-            head_dim=k,
-            scale=float(getattr(attn, "scaling", k**-0.5)),
-            has_rope=False,
-            qkv_bias=attn.query.bias is not None,
-            out_bias=blk.attention.output.dense.bias is not None,
-            norm="layernorm",
-            ln_placement="post",
-            capture_point=f"input of encoder.layer[{layer}]",
-            weight_layout="linear",
-        )
-    if arch == "gpt2":
-        H = int(attn.num_heads)
-        k = int(attn.head_dim)
-        return LayerInfo(
-            **common,
-            module={"heads": "GPT2Attention without c_proj", "heads+WO": "GPT2Attention"}[map],
-            d=int(attn.embed_dim),
-            n_heads=H,
-            n_kv_heads=H,
-            head_dim=k,
-            scale=_gpt2_scale(attn, k),
-            has_rope=False,
-            qkv_bias=attn.c_attn.bias is not None,
-            out_bias=attn.c_proj.bias is not None,
-            norm="layernorm",
-            ln_placement="pre",
-            capture_point=f"input of h[{layer}].attn (output of h[{layer}].ln_1)",
-            weight_layout="conv1d",
-        )
-    k = int(attn.head_dim)
-    cls = type(attn).__name__
-    return LayerInfo(
-        **common,
-        module={"heads": f"{cls} without o_proj", "heads+WO": cls}[map],
-        d=int(attn.q_proj.in_features),
-        n_heads=int(cfg.num_attention_heads),
-        n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
-        head_dim=k,
-        scale=float(getattr(attn, "scaling", k**-0.5)),
-        has_rope=True,
-        qkv_bias=attn.q_proj.bias is not None,
-        out_bias=attn.o_proj.bias is not None,
-        norm="rmsnorm",
-        ln_placement="pre",
-        capture_point=(
-            f"input of layers[{layer}].self_attn (output of layers[{layer}].input_layernorm)"
-        ),
-        weight_layout="linear",
-    )
+    return _extract(model, layer, map, None)[2]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,45 +327,84 @@ def layer_info(model: Any, layer: int, *, map: HeadMap = "heads+WO") -> LayerInf
 # ----------------------------------------------------------------------------------------------
 
 
-def _t(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
-    """Detached copy (never aliasing the model's parameters), optionally cast."""
-    if x is None:
-        return None
-    y = x.detach()
-    return (y.to(dtype) if dtype is not None else y).clone()
+def _check_window(info: LayerInfo, model: Any, n: int | None, where: str) -> None:
+    """Refuse a sliding window that changes the map at the sequence length ``n``.
+
+    With ``n`` unknown the check is conservative: the model's largest position count (or, when
+    it has none, any window) is refused.
+    """
+    w = info.window
+    if w is None or "sliding_window" in _fam.MODELLED_VARIANTS:
+        return
+    if n is not None:
+        if isinstance(n, bool) or int(n) != n or int(n) < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        if int(n) <= w:
+            return
+        got = f"got n = {int(n)}"
+    else:
+        max_pos = _max_positions(model, info.arch)
+        if max_pos is not None and max_pos <= w:
+            return
+        got = "n not given" + (f" and the model takes {max_pos} positions" if max_pos else "")
+    raise _fam.UnmodelledFeature(
+        f"{where}: sliding-window attention (window {w}) is not modelled; it changes the map "
+        f"for n > {w}: pass n <= {w} ({got})"
+    )
 
 
-def _rope(model: Any, head_dim: int, dtype: torch.dtype | None) -> RotaryEmbedding:
-    rot = _base(model).rotary_emb
-    rope_type = getattr(rot, "rope_type", "default")
-    if rope_type in ("dynamic", "longrope"):
-        raise NotImplementedError(
-            f"rope_type {rope_type!r} changes its frequencies with the sequence length; "
-            "only position-independent RoPE variants are supported"
-        )
-    inv_freq = rot.inv_freq.detach()
-    if 2 * inv_freq.numel() != head_dim:
-        raise NotImplementedError(
-            f"partial rotary embedding ({2 * inv_freq.numel()} of {head_dim} dims) is not supported"
-        )
-    inv_freq = inv_freq.to(dtype) if dtype is not None else inv_freq
-    return RotaryEmbedding(inv_freq.clone(), float(getattr(rot, "attention_scaling", 1.0)))
+def _build_params(
+    model: Any, layer: int, map: str, dtype: torch.dtype | None, n: int | None
+) -> tuple[MultiHeadParams, LayerInfo, _fam.Family]:
+    fam, spec, info = _extract(model, layer, map, dtype)
+    where = f"{type(model).__name__} layer {info.layer}"
+    _fam.refuse_unmodelled(spec, where)
+    _check_window(info, model, n, where)
+    with_out = map != "heads"
+    # Enabling a variant: add its name to _families.MODELLED_VARIANTS and pass
+    # spec.variants[name] (and spec.window) to MultiHeadParams.from_qkv here.
+    params = MultiHeadParams.from_qkv(
+        spec.W_Q,
+        spec.W_K,
+        spec.W_V,
+        spec.W_O if with_out else None,
+        n_heads=spec.n_heads,
+        n_kv_heads=spec.n_kv_heads,
+        b_Q=spec.b_Q,
+        b_K=spec.b_K,
+        b_V=spec.b_V,
+        b_O=spec.b_O if with_out else None,
+        layout=spec.layout,
+        scale=spec.scale,
+        rope=spec.rope,
+    )
+    return params, info, fam
 
 
 def params_from_hf(
-    model: Any, layer: int, *, map: HeadMap = "heads+WO", dtype: torch.dtype | None = None
+    model: Any,
+    layer: int,
+    *,
+    map: HeadMap = "heads+WO",
+    dtype: torch.dtype | None = None,
+    n: int | None = None,
 ) -> MultiHeadParams:
     r""":class:`MultiHeadParams` of one attention layer, in the toolkit's score convention.
 
     Head :math:`h` has :math:`A_h = s\,Q_h^\top K_h` (:math:`s` the layer's logit scale,
-    :math:`1/\sqrt k`), :math:`V_h`, the key-logit term :math:`c_h = s\,K_h^\top b_{Q,h}` of the
-    query bias and the value bias (docs/theory.md §A8), sliced per architecture:
+    :math:`1/\sqrt k` unless the module says otherwise), :math:`V_h`, the key-logit term
+    :math:`c_h = s\,K_h^\top b_{Q,h}` of the query bias and the value bias (docs/theory.md §A8),
+    sliced per family (docs/conventions.md §3):
 
-    - BERT: ``query/key/value`` ``nn.Linear`` (out, in), head = row block.
+    - BERT-style, DistilBERT, ViT/DeiT, OPT, Llama-style: separate ``nn.Linear`` (out, in)
+      projections, head = row block (grouped-query attention for Llama-style).
     - GPT-2: ``c_attn`` ``Conv1D`` (in, out) split along dim 1 into q, k, v; head = **column** block
-      (:math:`Q_h = W_q[:, \mathrm{cols}_h]^\top`), docs/conventions.md §3, defect D5 of
-      docs/experiments.md.
-    - Llama-style: ``q/k/v_proj`` rows, GQA (``n_kv_heads``), the model's rotary embedding.
+      (:math:`Q_h = W_q[:, \mathrm{cols}_h]^\top`), defect D5 of docs/experiments.md.
+    - Fused ``nn.Linear`` projections: Phi-3 ``qkv_proj`` and ModernBERT ``Wqkv`` as contiguous
+      ``[q; k; v]``; GPT-NeoX ``query_key_value`` interleaved per head ``[q_h; k_h; v_h]``;
+      Falcon ``query_key_value`` multi-query ``[q; k; v]``, per key/value group
+      ``[q_1..q_r; k_g; v_g]`` (``new_decoder_architecture``) or per head.
+    - Rotary families use the model's own ``rotary_emb`` (``inv_freq``, ``attention_scaling``).
 
     The causal flag is a property of the model, not of the parameters: read it from
     :func:`is_causal` or :func:`layer_info`, or use :func:`hf_attention`, which carries both.
@@ -403,6 +419,10 @@ def params_from_hf(
         see :func:`hf_attention`, which these parameters do not hold).
     dtype : torch.dtype, optional
         Cast of the weights (float64 for reference computations); default the model's dtype.
+    n : int, optional
+        The sequence length the parameters will be used at. Needed only for layers with
+        sliding-window attention, which are exact for ``n <= window``; without it such a layer
+        is refused unless the window covers all the model's positions.
 
     Returns
     -------
@@ -412,76 +432,13 @@ def params_from_hf(
     Raises
     ------
     NotImplementedError
-        For unsupported architectures, and for rotary models with query/key biases (not
-        representable by :class:`~meanfield.params.AttentionParams`).
+        For unsupported architectures (the message names the supported families), and, as
+        ``UnmodelledFeature`` (also a ``ValueError``), for every attention feature the
+        parameters do not model, in one line naming it: a sliding window shorter than ``n``,
+        logit soft-capping, QK-norm, ALiBi, partial rotary embeddings, length-dependent RoPE
+        types, query/key biases under rotary embeddings, other layer types.
     """
-    arch = _arch(model)
-    layer = _check_layer(model, arch, layer)
-    _check_map(arch, map)
-    info = layer_info(model, layer, map=map)
-    attn = _attn_module(model, arch, layer)
-    with_out = map != "heads"
-    if arch == "bert":
-        if getattr(model.config, "position_embedding_type", "absolute") != "absolute":
-            raise NotImplementedError("only absolute position embeddings are supported for BERT")
-        dense = _layers(model, arch)[layer].attention.output.dense
-        return MultiHeadParams.from_qkv(
-            _t(attn.query.weight, dtype),
-            _t(attn.key.weight, dtype),
-            _t(attn.value.weight, dtype),
-            _t(dense.weight, dtype) if with_out else None,
-            n_heads=info.n_heads,
-            b_Q=_t(attn.query.bias, dtype),
-            b_K=_t(attn.key.bias, dtype),
-            b_V=_t(attn.value.bias, dtype),
-            b_O=_t(dense.bias, dtype) if with_out else None,
-            layout="linear",
-            scale=info.scale,
-        )
-    if arch == "gpt2":
-        d = info.d
-        W = _t(attn.c_attn.weight, dtype)  # Conv1D: (in, out) = (d, 3d)
-        b = _t(attn.c_attn.bias, dtype)
-        W_q, W_k, W_v = W.split(d, dim=1)
-        b_q, b_k, b_v = (None, None, None) if b is None else b.split(d)
-        return MultiHeadParams.from_qkv(
-            W_q,
-            W_k,
-            W_v,
-            _t(attn.c_proj.weight, dtype) if with_out else None,
-            n_heads=info.n_heads,
-            b_Q=b_q,
-            b_K=b_k,
-            b_V=b_v,
-            b_O=_t(attn.c_proj.bias, dtype) if with_out else None,
-            layout="conv1d",
-            scale=info.scale,
-        )
-    for attr in ("q_norm", "k_norm"):
-        if getattr(attn, attr, None) is not None:
-            raise NotImplementedError(f"{type(attn).__name__} normalizes queries/keys ({attr})")
-    if getattr(model.config, "sliding_window", None) and getattr(
-        model.config, "use_sliding_window", True
-    ):
-        logger.warning("sliding-window attention is ignored: full causal attention is used")
-    if attn.q_proj.bias is not None or attn.k_proj.bias is not None:
-        raise NotImplementedError(
-            "rotary attention with query/key biases is not supported by AttentionParams "
-            "(the rotation depends on the position, so the key bias does not cancel)"
-        )
-    return MultiHeadParams.from_qkv(
-        _t(attn.q_proj.weight, dtype),
-        _t(attn.k_proj.weight, dtype),
-        _t(attn.v_proj.weight, dtype),
-        _t(attn.o_proj.weight, dtype) if with_out else None,
-        n_heads=info.n_heads,
-        n_kv_heads=info.n_kv_heads,
-        b_V=_t(attn.v_proj.bias, dtype),
-        b_O=_t(attn.o_proj.bias, dtype) if with_out else None,
-        layout="linear",
-        scale=info.scale,
-        rope=_rope(model, info.head_dim, dtype),
-    )
+    return _build_params(model, layer, map, dtype, n)[0]
 
 
 def released_head_A(
@@ -517,6 +474,8 @@ def released_head_A(
     Tensor, shape (d, d)
     """
     arch = _arch(model)
+    if arch not in ("bert", "gpt2"):
+        raise NotImplementedError("the released code handles BERT and GPT-2 only")
     layer = _check_layer(model, arch, layer)
     info = layer_info(model, layer, map="heads")
     if not 0 <= head < info.n_heads:
@@ -525,11 +484,9 @@ def released_head_A(
     k = info.head_dim
     rows = slice(head * k, (head + 1) * k)
     if arch == "bert":
-        Wq, Wk = _t(attn.query.weight, dtype), _t(attn.key.weight, dtype)
-    elif arch == "gpt2":
-        Wq, Wk, _ = _t(attn.c_attn.weight, dtype).split(info.d, dim=1)
+        Wq, Wk = detached(attn.query.weight, dtype), detached(attn.key.weight, dtype)
     else:
-        raise NotImplementedError("the released code handles BERT and GPT-2 only")
+        Wq, Wk, _ = detached(attn.c_attn.weight, dtype).split(info.d, dim=1)
     A_code = Wk[rows].mT @ Wq[rows] / math.sqrt(k)
     return A_code if score == "key_query" else A_code.mT
 
@@ -597,6 +554,9 @@ class HFAttention:
     ln_weight, ln_bias : Tensor, optional
         The block's LayerNorm (``map="block"`` only).
     ln_eps : float, optional
+    max_n : int, optional
+        Longest sequence the map is exact for (the layer's sliding window); longer inputs are
+        refused. ``None``: no limit.
     """
 
     params: MultiHeadParams
@@ -604,6 +564,7 @@ class HFAttention:
     ln_weight: Tensor | None = None
     ln_bias: Tensor | None = None
     ln_eps: float | None = None
+    max_n: int | None = None
 
     @property
     def causal(self) -> bool:
@@ -618,6 +579,11 @@ class HFAttention:
     def __call__(self, X: Tensor, *, masked: bool | None = None) -> Tensor:
         """Evaluate the map at ``X`` (..., n, d); ``masked`` defaults to ``info.causal``."""
         m = self.info.causal if masked is None else bool(masked)
+        if self.max_n is not None and X.shape[-2] > self.max_n:
+            raise _fam.UnmodelledFeature(
+                f"sliding-window attention (window {self.max_n}) is not modelled; it changes the "
+                f"map for n > {self.max_n}: got n = {X.shape[-2]}"
+            )
         if self.info.map == "block":
             return bert_attention_block(
                 X, self.params, self.ln_weight, self.ln_bias, self.ln_eps, masked=m
@@ -636,11 +602,17 @@ class HFAttention:
             mv(self.ln_weight),
             mv(self.ln_bias),
             self.ln_eps,
+            self.max_n,
         )
 
 
 def hf_attention(
-    model: Any, layer: int, *, map: HeadMap = "heads+WO", dtype: torch.dtype | None = None
+    model: Any,
+    layer: int,
+    *,
+    map: HeadMap = "heads+WO",
+    dtype: torch.dtype | None = None,
+    n: int | None = None,
 ) -> HFAttention:
     """Parameters, metadata and (for ``"block"``) LayerNorm of one layer, as a callable map.
 
@@ -651,17 +623,27 @@ def hf_attention(
     map : {"heads", "heads+WO", "block"}, default "heads+WO"
     dtype : torch.dtype, optional
         Cast of the weights; default the model's dtype.
+    n : int, optional
+        Sequence length, for layers with sliding-window attention (see :func:`params_from_hf`);
+        the map then refuses inputs longer than the window.
 
     Returns
     -------
     HFAttention
     """
-    params = params_from_hf(model, layer, map=map, dtype=dtype)
-    info = layer_info(model, layer, map=map)
+    params, info, fam = _build_params(model, layer, map, dtype, n)
+    max_n = info.window if "sliding_window" not in _fam.MODELLED_VARIANTS else None
     if map != "block":
-        return HFAttention(params, info)
-    ln = _layers(model, "bert")[layer].attention.output.LayerNorm
-    return HFAttention(params, info, _t(ln.weight, dtype), _t(ln.bias, dtype), float(ln.eps))
+        return HFAttention(params, info, max_n=max_n)
+    ln = fam.block_norm(fam.blocks(base_model(model))[info.layer])
+    return HFAttention(
+        params,
+        info,
+        detached(ln.weight, dtype),
+        detached(ln.bias, dtype),
+        float(ln.eps),
+        max_n=max_n,
+    )
 
 
 def hf_attention_fn(
@@ -671,12 +653,13 @@ def hf_attention_fn(
     map: HeadMap = "heads+WO",
     dtype: torch.dtype | None = None,
     masked: bool | None = None,
+    n: int | None = None,
 ) -> Callable[[Tensor], Tensor]:
     """Build a pure function ``X -> f(X)`` of one layer, for ``local_lipschitz_fn``.
 
     Parameters
     ----------
-    model, layer, map, dtype
+    model, layer, map, dtype, n
         As in :func:`hf_attention`.
     masked : bool, optional
         Causal mask; default :func:`is_causal` of the model.
@@ -686,7 +669,7 @@ def hf_attention_fn(
     callable
         Differentiable in ``X`` (shape (..., n, d)); holds no reference to the model.
     """
-    att = hf_attention(model, layer, map=map, dtype=dtype)
+    att = hf_attention(model, layer, map=map, dtype=dtype, n=n)
     m = att.causal if masked is None else bool(masked)
 
     def f(X: Tensor) -> Tensor:

@@ -155,8 +155,24 @@ class TransformerBlock:
         return h + self._mlp(self.norm2(h))
 
 
+#: The ``model_type`` s whose blocks the Llama branch of :func:`_block` models: pre-RMSNorm
+#: (``x·w/rms``), a SiLU-gated MLP. Gemma's RMSNorm scales by ``1 + w`` and Gemma-2 has two more
+#: norms per block, so their blocks are refused, not read as Llama's.
+_LLAMA_BLOCKS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
 def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
     cfg = model.config
+    model_type = str(getattr(cfg, "model_type", arch))
+    if arch not in ("bert", "gpt2", "llama") or (
+        arch == "llama" and model_type not in _LLAMA_BLOCKS
+    ):
+        raise NotImplementedError(
+            f"the transformer block of {type(model).__name__} (model_type {model_type!r}) is not "
+            "modelled by meanfield.profile: it models BERT-style, GPT-2 and Llama-style blocks "
+            f"({', '.join(sorted(_LLAMA_BLOCKS))}); the attention alone is "
+            "meanfield.models.hf_attention"
+        )
     blk = _layers(model, arch)[layer]
     att = hf_attention(model, layer, map="heads+WO", dtype=dtype).to(device=device)
     if arch == "bert":

@@ -1,0 +1,676 @@
+r"""Per-family adapters of :mod:`meanfield.models.layers` (private).
+
+Each supported family is one :class:`Family`: how to find its blocks and attention module,
+where its query/key/value/output weights live (separate or fused, and the fused layout), how
+many query and key/value heads it has, its logit scale, rotary embedding and causal flag. The
+extraction returns a :class:`LayerSpec`: the weights in the ``nn.Linear`` layout (or GPT-2's
+``Conv1D``) plus the *variants* the layer asks for beyond the plain map (sliding window, QK-norm,
+logit soft-cap, ALiBi, partial rotary, query/key biases under rotary, ...).
+
+A variant that :class:`~meanfield.params.AttentionParams` does not model is refused in one line
+naming what is missing (:class:`UnmodelledFeature`, both a ``NotImplementedError`` and a
+``ValueError``); there is no warning beside a different number and no silent drop. Enabling a
+variant once the parameters carry it is one local change: add its name to
+:data:`MODELLED_VARIANTS` and pass its value on in ``layers._build_params``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import torch
+from torch import Tensor
+
+from .._typing import Arch
+from ..params import RotaryEmbedding
+
+#: Families, in the words of the error for an unsupported model.
+SUPPORTED = (
+    "BERT-style encoders (BERT, RoBERTa, ELECTRA), DistilBERT, ViT/DeiT, GPT-2, OPT, "
+    "Llama-style decoders (Llama, Mistral, Gemma, Gemma-2, Phi-3, ...), GPT-NeoX, Falcon, "
+    "ModernBERT"
+)
+
+#: Variants the extracted parameters model (none yet: each is refused with its message).
+MODELLED_VARIANTS: frozenset[str] = frozenset()
+
+#: rope_type values whose frequencies do not depend on the sequence length (the model's own
+#: ``inv_freq`` and ``attention_scaling`` then give the embedding exactly).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnmodelledFeature(NotImplementedError, ValueError):
+    """A feature of the model's attention that the toolkit's parameters do not model."""
+
+
+def base_model(model: Any) -> Any:
+    return getattr(model, "base_model", model)
+
+
+@overload
+def detached(x: Tensor, dtype: torch.dtype | None) -> Tensor: ...
+@overload
+def detached(x: None, dtype: torch.dtype | None) -> None: ...
+@overload
+def detached(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None: ...
+def detached(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    """Detached copy (never aliasing the model's parameters), optionally cast."""
+    if x is None:
+        return None
+    y = x.detach()
+    return (y.to(dtype) if dtype is not None else y).clone()
+
+
+@dataclass
+class LayerSpec:
+    """The extracted weights of one layer and the variants it asks for.
+
+    ``W_Q, W_K, W_V`` are (H k, d), (H_kv k, d), (H_kv k, d) in the ``nn.Linear`` layout (or
+    their transposes for ``layout="conv1d"``); ``W_O`` is (d, H k) (transposed for conv1d).
+    ``variants`` maps a variant name to what the layer asks for; ``window`` is the largest
+    sequence length the layer's sliding window leaves unchanged (``None``: no window).
+    """
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor | None
+    b_Q: Tensor | None
+    b_K: Tensor | None
+    b_V: Tensor | None
+    b_O: Tensor | None
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d: int
+    scale: float
+    layout: str = "linear"
+    rope: RotaryEmbedding | None = None
+    window: int | None = None
+    variants: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one architecture family stores its attention (docs/conventions.md §3).
+
+    ``name`` is the ``arch`` of :class:`~meanfield.models.LayerInfo`; ``blocks(base)`` the list of
+    blocks; ``attention(block)`` the module whose input is the attention map's input;
+    ``out(block)`` the output projection (its input is the ``"heads"`` map, its output the
+    ``"heads+WO"`` map); ``extract(model, block, layer, dtype)`` the :class:`LayerSpec`.
+    """
+
+    name: Arch
+    label: str
+    blocks: Callable[[Any], Any]
+    attention: Callable[[Any], Any]
+    out: Callable[[Any], Any]
+    extract: Callable[[Any, Any, int, torch.dtype | None], LayerSpec]
+    rotary: bool
+    norm: str
+    ln_placement: str
+    weight_layout: str
+    default_causal: bool
+    module_path: str
+    out_path: str
+    capture_block: bool = False
+    block_norm: Callable[[Any], Any] | None = None
+    token_types: bool = False
+    reads: str = "input_ids"
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants asked for by a layer (config fields and modules)
+# ----------------------------------------------------------------------------------------------
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    return getattr(cfg, name, default)
+
+
+def _rope_parameters(cfg: Any, layer_type: str | None) -> dict:
+    rp = _get(cfg, "rope_parameters") or {}
+    if layer_type is not None and isinstance(rp.get(layer_type), dict):
+        rp = rp[layer_type]
+    return dict(rp) if isinstance(rp, dict) else {}
+
+
+def _layer_type(cfg: Any, layer: int) -> str | None:
+    types_ = _get(cfg, "layer_types")
+    if not types_:
+        return None
+    lt = str(types_[layer])
+    if lt not in ("full_attention", "sliding_attention"):
+        raise UnmodelledFeature(
+            f"layer {layer} is a {lt!r} layer (config.layer_types): only full and sliding-window "
+            "attention layers are modelled"
+        )
+    return lt
+
+
+def _window(model: Any, attn: Any, layer: int) -> int | None:
+    """Largest sequence length the layer's sliding window leaves unchanged (None: no window).
+
+    Causal windows (``masking_utils.sliding_window_overlay``) let query ``i`` see keys
+    ``j > i - w``: nothing is masked for ``n <= w``. Attention modules that carry their own
+    ``sliding_window`` (Gemma-2, Qwen2/3, ModernBERT, whose bidirectional window sees
+    ``|i - j| <= config.sliding_window`` and stores that plus one) give that bound directly.
+    """
+    cfg = model.config
+    lt = _layer_type(cfg, layer)
+    if hasattr(attn, "sliding_window"):
+        w = attn.sliding_window
+    elif lt == "full_attention" or _get(cfg, "use_sliding_window", True) is False:
+        w = None
+    else:
+        w = _get(cfg, "sliding_window")
+    return None if w is None else int(w)
+
+
+def _config_variants(model: Any, attn: Any, layer: int) -> dict[str, Any]:
+    """Attention-relevant config fields and modules beyond the plain map, common to all families."""
+    cfg = model.config
+    v: dict[str, Any] = {}
+    cap = _get(attn, "attn_logit_softcapping", _get(cfg, "attn_logit_softcapping"))
+    if cap is not None:
+        v["softcap"] = float(cap)
+    for attr in ("q_norm", "k_norm", "q_layernorm", "k_layernorm"):
+        if _get(attn, attr) is not None:
+            v["qk_norm"] = attr
+            break
+    if _get(cfg, "qk_layernorm") or _get(cfg, "use_qk_norm"):
+        v.setdefault("qk_norm", "qk_layernorm" if _get(cfg, "qk_layernorm") else "use_qk_norm")
+    if _get(cfg, "clip_qkv") is not None:
+        v["clip_qkv"] = float(cfg.clip_qkv)
+    if _get(cfg, "alibi") or _get(cfg, "use_alibi"):
+        v["alibi"] = True
+    if _get(cfg, "attention_chunk_size"):
+        v["chunked"] = int(cfg.attention_chunk_size)
+    if _get(cfg, "use_bidirectional_attention"):
+        v["bidirectional"] = True
+    qpas = _get(cfg, "query_pre_attn_scalar")
+    scaling = _get(attn, "scaling")
+    if qpas is not None and (scaling is None or not math.isclose(float(scaling), qpas**-0.5)):
+        v["query_pre_attn_scalar"] = qpas
+    return v
+
+
+#: The one-line message of each variant (formatted with the variant's value as ``v``).
+MESSAGES: dict[str, str] = {
+    "softcap": "attention logit soft-capping (attn_logit_softcapping={v}) is not modelled",
+    "qk_norm": "QK-norm ({v} normalizes queries/keys) is not modelled",
+    "clip_qkv": "clipping of q/k/v (clip_qkv={v}) is not modelled",
+    "alibi": "ALiBi position biases are not modelled",
+    "chunked": "chunked attention (attention_chunk_size={v}) is not modelled",
+    "bidirectional": "bidirectional attention in a causal family (use_bidirectional_attention) "
+    "is not modelled",
+    "query_pre_attn_scalar": "query_pre_attn_scalar={v} differs from the module's logit scale",
+    "partial_rotary": "partial rotary embedding ({v}) is not modelled",
+    "qk_bias_rotary": "rotary attention with query/key biases is not modelled (the rotation "
+    "depends on the position, so the key bias does not cancel)",
+    "rotary_layout": "the rotary embedding of {v} is not in the rotate_half layout (e.g. "
+    "interleaved pairs) and is not modelled",
+    "rope_type": "rope_type {v!r} is not modelled (supported: "
+    + ", ".join(STATIC_ROPE_TYPES)
+    + "; dynamic and longrope change their frequencies with the sequence length)",
+}
+
+
+def refuse_unmodelled(spec: LayerSpec, where: str) -> None:
+    """Raise :class:`UnmodelledFeature` for the first variant not in :data:`MODELLED_VARIANTS`."""
+    for name, value in spec.variants.items():
+        if name not in MODELLED_VARIANTS:
+            raise UnmodelledFeature(f"{where}: " + MESSAGES[name].format(v=value))
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotary embeddings
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope(
+    model: Any, layer: int, head_dim: int, dtype: torch.dtype | None, variants: dict[str, Any]
+) -> RotaryEmbedding | None:
+    """The model's own rotary embedding of layer ``layer``; records unmodelled rope variants."""
+    cfg = model.config
+    rot = base_model(model).rotary_emb
+    lt = _layer_type(cfg, layer)
+    if lt is not None and hasattr(rot, f"{lt}_inv_freq"):  # per-layer-type rope (ModernBERT)
+        inv_freq = getattr(rot, f"{lt}_inv_freq")
+        scaling = getattr(rot, f"{lt}_attention_scaling", 1.0)
+        rope_type = getattr(rot, "rope_type", {}).get(lt, "default")
+    else:
+        inv_freq = rot.inv_freq
+        scaling = getattr(rot, "attention_scaling", 1.0)
+        rope_type = getattr(rot, "rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        variants["rope_type"] = rope_type
+    rot_dim = 2 * inv_freq.numel()
+    if rot_dim != head_dim:
+        factor = _rope_parameters(cfg, lt).get("partial_rotary_factor")
+        variants["partial_rotary"] = f"{rot_dim} of {head_dim} dims" + (
+            f", partial_rotary_factor={factor}" if factor is not None else ""
+        )
+        return None
+    inv_freq = inv_freq.detach()
+    inv_freq = inv_freq.to(dtype) if dtype is not None else inv_freq
+    return RotaryEmbedding(inv_freq.clone(), float(scaling))
+
+
+def _rotate_half_layout(model: Any, attn: Any, layer: int, rope: RotaryEmbedding) -> bool:
+    """Whether the model's own rotation is the ``rotate_half`` layout of :class:`RotaryEmbedding`.
+
+    The model's ``rotary_emb`` and its modeling module's ``apply_rotary_pos_emb`` are run on a
+    probe of five positions: families that interleave the pairs (Cohere, GPT-J style) or
+    rotate otherwise fail it and are refused instead of silently mis-rotated.
+    """
+    fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    rot = base_model(model).rotary_emb
+    if fn is None:
+        return False
+    device = rope.inv_freq.device
+    pos = torch.arange(5, device=device)[None]
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(1, 1, 5, rope.k, generator=g, dtype=torch.float64).to(device)
+    lt = _layer_type(model.config, layer)
+    try:
+        with torch.no_grad():
+            if lt is not None and hasattr(rot, f"{lt}_inv_freq"):
+                cos, sin = rot(z, pos, lt)
+            else:
+                cos, sin = rot(z, pos)
+            got = fn(z, z, cos, sin)[0].to(torch.float64)
+            ours = rope.apply(z, pos[0]).to(torch.float64)
+    except Exception:  # noqa: BLE001  (an unknown signature is an unknown layout)
+        return False
+    return got.shape == ours.shape and bool(torch.allclose(got, ours, rtol=1e-5, atol=1e-5))
+
+
+def _rotary_spec(
+    model: Any, attn: Any, layer: int, dtype: torch.dtype | None, **w: Any
+) -> LayerSpec:
+    """A :class:`LayerSpec` of a rotary family from weights in the ``nn.Linear`` layout."""
+    variants = _config_variants(model, attn, layer)
+    rope = _rope(model, layer, w["head_dim"], dtype, variants)
+    if rope is not None and not _rotate_half_layout(model, attn, layer, rope):
+        variants["rotary_layout"] = type(attn).__module__.rsplit(".", 1)[-1]
+    if w["b_Q"] is not None or w["b_K"] is not None:
+        variants["qk_bias_rotary"] = True
+    return LayerSpec(**w, rope=rope, window=_window(model, attn, layer), variants=variants)
+
+
+def _bias(lin: Any) -> Tensor | None:
+    return getattr(lin, "bias", None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Extraction per family
+# ----------------------------------------------------------------------------------------------
+
+
+def _bert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attention.self
+    dense = blk.attention.output.dense
+    k = int(a.attention_head_size)
+    return LayerSpec(
+        detached(a.query.weight, dtype),
+        detached(a.key.weight, dtype),
+        detached(a.value.weight, dtype),
+        detached(dense.weight, dtype),
+        detached(a.query.bias, dtype),
+        detached(a.key.bias, dtype),
+        detached(a.value.bias, dtype),
+        detached(dense.bias, dtype),
+        n_heads=int(a.num_attention_heads),
+        n_kv_heads=int(a.num_attention_heads),
+        head_dim=k,
+        d=int(a.query.in_features),
+        scale=float(getattr(a, "scaling", k**-0.5)),
+        variants=_config_variants(model, a, layer),
+    )
+
+
+def _separate(
+    model: Any, attn: Any, layer: int, dtype: torch.dtype | None, names: tuple[str, ...], **h: Any
+) -> dict[str, Any]:
+    q, k, v, o = (getattr(attn, n) for n in names)
+    return dict(
+        W_Q=detached(q.weight, dtype),
+        W_K=detached(k.weight, dtype),
+        W_V=detached(v.weight, dtype),
+        W_O=detached(o.weight, dtype),
+        b_Q=detached(_bias(q), dtype),
+        b_K=detached(_bias(k), dtype),
+        b_V=detached(_bias(v), dtype),
+        b_O=detached(_bias(o), dtype),
+        d=int(q.in_features),
+        **h,
+    )
+
+
+def _distilbert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attention
+    k = int(a.attention_head_size)
+    w = _separate(
+        model, a, layer, dtype, ("q_lin", "k_lin", "v_lin", "out_lin"),
+        n_heads=int(a.n_heads), n_kv_heads=int(a.n_heads), head_dim=k,
+        scale=float(getattr(a, "scaling", k**-0.5)),
+    )  # fmt: skip
+    return LayerSpec(**w, variants=_config_variants(model, a, layer))
+
+
+def _vit(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attention
+    H, k = int(a.num_attention_heads), int(a.head_dim)
+    w = _separate(
+        model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "o_proj"),
+        n_heads=H, n_kv_heads=H, head_dim=k, scale=float(getattr(a, "scaling", k**-0.5)),
+    )  # fmt: skip
+    return LayerSpec(**w, variants=_config_variants(model, a, layer))
+
+
+def _opt(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.self_attn
+    H, k = int(a.num_heads), int(a.head_dim)
+    w = _separate(
+        model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "out_proj"),
+        n_heads=H, n_kv_heads=H, head_dim=k, scale=float(getattr(a, "scaling", k**-0.5)),
+    )  # fmt: skip
+    return LayerSpec(
+        **w, window=_window(model, a, layer), variants=_config_variants(model, a, layer)
+    )
+
+
+def _gpt2(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attn
+    d, H, k = int(a.embed_dim), int(a.num_heads), int(a.head_dim)
+    W = detached(a.c_attn.weight, dtype)  # Conv1D: (in, out) = (d, 3d)
+    b = detached(a.c_attn.bias, dtype)
+    W_q, W_k, W_v = W.split(d, dim=1)
+    b_q, b_k, b_v = (None, None, None) if b is None else b.split(d)
+    return LayerSpec(
+        W_q, W_k, W_v, detached(a.c_proj.weight, dtype), b_q, b_k, b_v, detached(a.c_proj.bias, dtype),
+        n_heads=H, n_kv_heads=H, head_dim=k, d=d, scale=_gpt2_scale(a, k), layout="conv1d",
+        variants=_config_variants(model, a, layer),
+    )  # fmt: skip
+
+
+def _gpt2_scale(attn: Any, head_dim: int) -> float:
+    if hasattr(attn, "scaling"):
+        return float(attn.scaling)
+    s = head_dim**-0.5 if getattr(attn, "scale_attn_weights", True) else 1.0
+    if getattr(attn, "scale_attn_by_inverse_layer_idx", False):
+        s /= float(attn.layer_idx + 1)
+    return s
+
+
+def _llama(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.self_attn
+    cfg = model.config
+    H = int(cfg.num_attention_heads)
+    k = int(a.head_dim)
+    w = _separate(
+        model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "o_proj"),
+        n_heads=H, n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or H), head_dim=k,
+        scale=float(getattr(a, "scaling", k**-0.5)),
+    )  # fmt: skip
+    return _rotary_spec(model, a, layer, dtype, **w)
+
+
+def _fused(
+    model: Any,
+    attn: Any,
+    qkv: Any,
+    o: Any,
+    dtype: torch.dtype | None,
+    split: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]],
+    **h: Any,
+) -> dict[str, Any]:
+    """Weights of a fused q/k/v projection, split by ``split`` along the output dimension."""
+    W = detached(qkv.weight, dtype)
+    b = detached(_bias(qkv), dtype)
+    W_Q, W_K, W_V = split(W)
+    b_Q, b_K, b_V = (None, None, None) if b is None else split(b)
+    return dict(
+        W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=detached(o.weight, dtype),
+        b_Q=b_Q, b_K=b_K, b_V=b_V, b_O=detached(_bias(o), dtype), d=int(W.shape[-1]), **h,
+    )  # fmt: skip
+
+
+def _split_blocks(sizes: tuple[int, int, int]) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """Contiguous [q; k; v] blocks of the given sizes (Phi-3, ModernBERT)."""
+
+    def split(W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = W.split(sizes, dim=0)
+        return q.contiguous(), k.contiguous(), v.contiguous()
+
+    return split
+
+
+def _split_grouped(
+    n_groups: int, per_group: int, k: int
+) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """Per-group interleaving ``[q_1..q_r, k, v]`` (GPT-NeoX and Falcon with r = 1; Falcon-40B)."""
+
+    def split(W: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        G = W.reshape(n_groups, per_group + 2, k, *W.shape[1:])
+        q = G[:, :per_group].reshape(n_groups * per_group * k, *W.shape[1:])
+        kk = G[:, per_group].reshape(n_groups * k, *W.shape[1:])
+        v = G[:, per_group + 1].reshape(n_groups * k, *W.shape[1:])
+        return q.contiguous(), kk.contiguous(), v.contiguous()
+
+    return split
+
+
+def _phi3(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.self_attn
+    cfg = model.config
+    H, Hkv, k = int(cfg.num_attention_heads), int(a.num_key_value_heads), int(a.head_dim)
+    w = _fused(
+        model, a, a.qkv_proj, a.o_proj, dtype, _split_blocks((H * k, Hkv * k, Hkv * k)),
+        n_heads=H, n_kv_heads=Hkv, head_dim=k, scale=float(a.scaling),
+    )  # fmt: skip
+    return _rotary_spec(model, a, layer, dtype, **w)
+
+
+def _gpt_neox(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attention
+    H, k = int(model.config.num_attention_heads), int(a.head_size)
+    w = _fused(
+        model, a, a.query_key_value, a.dense, dtype, _split_grouped(H, 1, k),
+        n_heads=H, n_kv_heads=H, head_dim=k, scale=float(a.scaling),
+    )  # fmt: skip
+    return _rotary_spec(model, a, layer, dtype, **w)
+
+
+def _falcon(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.self_attention
+    H, k = int(a.num_heads), int(a.head_dim)
+    if a.new_decoder_architecture:  # [q_1..q_r, k, v] per key/value group
+        Hkv = int(a.num_kv_heads)
+        split = _split_grouped(Hkv, H // Hkv, k)
+    elif a.multi_query:  # [q (H k); k (k); v (k)]
+        Hkv = 1
+        split = _split_blocks((H * k, k, k))
+    else:  # [q_h, k_h, v_h] per head
+        Hkv = H
+        split = _split_grouped(H, 1, k)
+    w = _fused(
+        model, a, a.query_key_value, a.dense, dtype, split,
+        n_heads=H, n_kv_heads=Hkv, head_dim=k, scale=float(a.inv_norm_factor),
+    )  # fmt: skip
+    if getattr(model.config, "alibi", False):
+        return LayerSpec(**w, variants={**_config_variants(model, a, layer), "alibi": True})
+    return _rotary_spec(model, a, layer, dtype, **w)
+
+
+def _modernbert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attn
+    H, k = int(model.config.num_attention_heads), int(a.head_dim)
+    w = _fused(
+        model, a, a.Wqkv, a.Wo, dtype, _split_blocks((H * k, H * k, H * k)),
+        n_heads=H, n_kv_heads=H, head_dim=k, scale=k**-0.5,
+    )  # fmt: skip
+    return _rotary_spec(model, a, layer, dtype, **w)
+
+
+def _bloom(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    raise UnmodelledFeature(
+        f"{type(model).__name__}: ALiBi position biases (BLOOM) are not modelled"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The families and their structural detection
+# ----------------------------------------------------------------------------------------------
+
+FAMILIES: dict[str, Family] = {
+    "bert": Family(
+        "bert", "BERT-style encoder", lambda b: b.encoder.layer, lambda blk: blk.attention.self,
+        lambda blk: blk.attention.output.dense, _bert, rotary=False, norm="layernorm",
+        ln_placement="post", weight_layout="linear", default_causal=False,
+        module_path="encoder.layer[{b}].attention.self",
+        out_path="encoder.layer[{b}].attention.output.dense", capture_block=True,
+        block_norm=lambda blk: blk.attention.output.LayerNorm, token_types=True,
+    ),
+    "distilbert": Family(
+        "distilbert", "DistilBERT", lambda b: b.transformer.layer, lambda blk: blk.attention,
+        lambda blk: blk.attention.out_lin, _distilbert, rotary=False, norm="layernorm",
+        ln_placement="post", weight_layout="linear", default_causal=False,
+        module_path="transformer.layer[{b}].attention",
+        out_path="transformer.layer[{b}].attention.out_lin",
+        block_norm=lambda blk: blk.sa_layer_norm,
+    ),
+    "vit": Family(
+        "vit", "ViT/DeiT vision encoder", lambda b: b.layers, lambda blk: blk.attention,
+        lambda blk: blk.attention.o_proj, _vit, rotary=False, norm="layernorm",
+        ln_placement="pre", weight_layout="linear", default_causal=False,
+        module_path="layers[{b}].attention", out_path="layers[{b}].attention.o_proj",
+        reads="pixel_values",
+    ),
+    "gpt2": Family(
+        "gpt2", "GPT-2", lambda b: b.h, lambda blk: blk.attn, lambda blk: blk.attn.c_proj, _gpt2,
+        rotary=False, norm="layernorm", ln_placement="pre", weight_layout="conv1d",
+        default_causal=True, module_path="h[{b}].attn", out_path="h[{b}].attn.c_proj",
+        token_types=True,
+    ),
+    "opt": Family(
+        "opt", "OPT", lambda b: b.decoder.layers, lambda blk: blk.self_attn,
+        lambda blk: blk.self_attn.out_proj, _opt, rotary=False, norm="layernorm",
+        ln_placement="pre", weight_layout="linear", default_causal=True,
+        module_path="decoder.layers[{b}].self_attn",
+        out_path="decoder.layers[{b}].self_attn.out_proj",
+    ),
+    "llama": Family(
+        "llama", "Llama-style decoder", lambda b: b.layers, lambda blk: blk.self_attn,
+        lambda blk: blk.self_attn.o_proj, _llama, rotary=True, norm="rmsnorm",
+        ln_placement="pre", weight_layout="linear", default_causal=True,
+        module_path="layers[{b}].self_attn", out_path="layers[{b}].self_attn.o_proj",
+    ),
+    "phi3": Family(
+        "phi3", "Phi-3", lambda b: b.layers, lambda blk: blk.self_attn,
+        lambda blk: blk.self_attn.o_proj, _phi3, rotary=True, norm="rmsnorm",
+        ln_placement="pre", weight_layout="linear", default_causal=True,
+        module_path="layers[{b}].self_attn", out_path="layers[{b}].self_attn.o_proj",
+    ),
+    "gpt_neox": Family(
+        "gpt_neox", "GPT-NeoX", lambda b: b.layers, lambda blk: blk.attention,
+        lambda blk: blk.attention.dense, _gpt_neox, rotary=True, norm="layernorm",
+        ln_placement="pre", weight_layout="linear", default_causal=True,
+        module_path="layers[{b}].attention", out_path="layers[{b}].attention.dense",
+    ),
+    "falcon": Family(
+        "falcon", "Falcon", lambda b: b.h, lambda blk: blk.self_attention,
+        lambda blk: blk.self_attention.dense, _falcon, rotary=True, norm="layernorm",
+        ln_placement="pre", weight_layout="linear", default_causal=True,
+        module_path="h[{b}].self_attention", out_path="h[{b}].self_attention.dense",
+    ),
+    "modernbert": Family(
+        "modernbert", "ModernBERT", lambda b: b.layers, lambda blk: blk.attn,
+        lambda blk: blk.attn.Wo, _modernbert, rotary=True, norm="layernorm",
+        ln_placement="pre", weight_layout="linear", default_causal=False,
+        module_path="layers[{b}].attn", out_path="layers[{b}].attn.Wo",
+    ),
+    "bloom": Family(
+        "bloom", "BLOOM", lambda b: b.h, lambda blk: blk.self_attention,
+        lambda blk: blk.self_attention.dense, _bloom, rotary=False, norm="layernorm",
+        ln_placement="pre", weight_layout="linear", default_causal=True,
+        module_path="h[{b}].self_attention", out_path="h[{b}].self_attention.dense",
+    ),
+}  # fmt: skip
+
+
+def _first(obj: Any, *names: str) -> Any:
+    for n in names:
+        v = getattr(obj, n, None)
+        if v is not None:
+            return v
+    return None
+
+
+def _blocks0(base: Any) -> tuple[Any, Any] | None:
+    for path in (
+        ("encoder", "layer"),
+        ("transformer", "layer"),
+        ("decoder", "layers"),
+        ("h",),
+        ("layers",),
+    ):
+        obj = base
+        for p in path:
+            obj = getattr(obj, p, None)
+            if obj is None:
+                break
+        if obj is not None:
+            try:
+                return obj, obj[0]
+            except (TypeError, IndexError, KeyError):
+                continue
+    return None
+
+
+def detect(model: Any) -> Family:
+    """The :class:`Family` of ``model``, from its module structure."""
+    base = base_model(model)
+    found = _blocks0(base)
+    if found is not None:
+        _, blk = found
+        name = _detect_block(base, blk)
+        if name is not None:
+            return FAMILIES[name]
+    raise NotImplementedError(
+        f"unsupported model {type(model).__name__}: meanfield.models handles {SUPPORTED}"
+    )
+
+
+def _detect_block(base: Any, blk: Any) -> str | None:
+    att = getattr(blk, "attention", None)
+    if att is not None and hasattr(getattr(att, "self", None), "query"):
+        return "bert"
+    if att is not None and hasattr(att, "q_lin"):
+        return "distilbert"
+    if att is not None and hasattr(att, "query_key_value") and hasattr(att, "rotary_ndims"):
+        return "gpt_neox"
+    if att is not None and hasattr(att, "q_proj") and hasattr(att, "o_proj"):
+        return None if hasattr(base, "rotary_emb") else "vit"
+    attn = _first(blk, "attn")
+    if attn is not None and hasattr(attn, "c_attn"):
+        return "gpt2"
+    if attn is not None and hasattr(attn, "Wqkv") and hasattr(base, "rotary_emb"):
+        return "modernbert"
+    sa = getattr(blk, "self_attention", None)
+    if sa is not None and hasattr(sa, "query_key_value"):
+        return "falcon" if hasattr(sa, "new_decoder_architecture") else "bloom"
+    sa = getattr(blk, "self_attn", None)
+    if sa is not None and hasattr(sa, "qkv_proj") and hasattr(base, "rotary_emb"):
+        return "phi3"
+    if sa is not None and hasattr(sa, "q_proj"):
+        if hasattr(sa, "o_proj") and hasattr(base, "rotary_emb"):
+            return "llama"
+        if hasattr(sa, "out_proj") and not hasattr(base, "rotary_emb"):
+            return "opt"
+    return None
