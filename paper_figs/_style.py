@@ -12,7 +12,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import numpy as np
@@ -22,6 +22,9 @@ matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.engine import default_file_mode  # noqa: E402
+
+if TYPE_CHECKING:  # matplotlib >= 3.10 names the rc keys; annotations only
+    from matplotlib.typing import RcKeyType
 
 ONE_COLUMN = 3.25  # inches
 TWO_COLUMNS = 6.75
@@ -34,7 +37,7 @@ PALETTE = {
     "fit": "#1f2a5c",
 }
 
-RC = {
+RC: dict[RcKeyType, Any] = {
     "pdf.fonttype": 42,  # TrueType, no Type 3 fonts
     "ps.fonttype": 42,
     "text.usetex": False,

@@ -212,7 +212,7 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
 
     with style():
         fig = plt.figure(figsize=(TWO_COLUMNS, 0.8 * TWO_COLUMNS))
-        top, bottom = fig.subfigures(2, 1, height_ratios=[1.2, 1.0])
+        (top,), (bottom,) = fig.subfigures(2, 1, squeeze=False, height_ratios=[1.2, 1.0])
         sc = None
         ax_top = None
         if "d1_points" in data:
@@ -292,7 +292,8 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
             cb = (top if ax_top is not None else bottom).colorbar(
                 sc, ax=host, shrink=0.95, label="atom mass (colour, both rows)"
             )
-            cb.ax.yaxis.set_major_locator(FixedLocator(_decade_ticks(norm.vmin)))
+            vmin = float(norm.vmin if norm.vmin is not None else 0.0)
+            cb.ax.yaxis.set_major_locator(FixedLocator(_decade_ticks(vmin).tolist()))
             cb.ax.yaxis.set_major_formatter(FuncFormatter(_mass_tick))
             cb.ax.minorticks_off()
         fig.supxlabel(

@@ -58,7 +58,7 @@ _SHORT = {
 }
 
 
-def _num(x: object) -> float:
+def _num(x: float | str | None) -> float:
     if x is None:
         return math.nan
     return float(x)  # also parses "inf"
@@ -96,7 +96,7 @@ def _fit_curve(ax, n: np.ndarray, y: np.ndarray, grid: np.ndarray) -> str:
         alpha, logc = np.polyfit(np.log(n), np.log(y), 1)
         c = math.exp(logc)
     if sqrt_n_consistent(alpha):
-        C = fit_sqrt_n(n, y)
+        C = fit_sqrt_n(n.tolist(), y.tolist())
         ax.plot(grid, C * np.sqrt(grid), color=PALETTE["fit"], lw=0.9, label=SQRT_FIT_LABEL)
         return f"fit C = {C:.3g} (free exponent {alpha:.2f})"
     if math.isfinite(alpha):

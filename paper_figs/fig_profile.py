@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
 __all__ = ["draw"]
 
 
-def _num(x: object) -> float:
+def _num(x: float | str | None) -> float:
     """A JSON number, ``"inf"`` / ``None`` included, as a float."""
     if x is None:
         return math.nan
@@ -99,7 +100,7 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             axes[1].set_title(f"attention heads, n = {n_max}")
         ax = axes[-1]
         x = [r["layer"] for r in last]
-        curves = [
+        curves: list[tuple[list[float], str, dict[str, Any]]] = [
             (
                 [_num(r["block"]["value"]) for r in last],
                 "block",

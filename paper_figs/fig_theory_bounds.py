@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -62,7 +63,12 @@ def _panel_n(ax) -> None:
     n = np.unique(np.round(np.logspace(math.log10(2.0), 5, 400)))
     theta = A_NORM * R_N_PANEL**2
     gamma_w = 2.0 * theta  # worst case lambda = -||A||
-    for form, ls in (("sqrt3", ":"), ("sharp", "--"), ("triangle", "-")):
+    forms: tuple[tuple[Literal["sqrt3", "sharp", "triangle"], str], ...] = (
+        ("sqrt3", ":"),
+        ("sharp", "--"),
+        ("triangle", "-"),
+    )
+    for form, ls in forms:
         ax.plot(
             n,
             bounds.sqrt_n_upper(A_NORM, V_NORM, R_N_PANEL, n, form=form),
@@ -488,7 +494,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         else:
             # (d) needs the width of its worded rows: the bottom row has its own width ratios
             fig = plt.figure(figsize=(TWO_COLUMNS, 1.5 * TWO_COLUMNS))
-            top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.3])
+            (top,), (bottom,) = fig.subfigures(2, 1, squeeze=False, height_ratios=[1.0, 1.3])
             ax_n, ax_R = top.subplots(1, 2)
             ax_reg, ax_t = bottom.subplots(1, 2, width_ratios=[1.0, 1.4])
             _panel_tightness(ax_t, report)

@@ -20,7 +20,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -88,7 +88,7 @@ class LayerSpec:
     head_dim: int
     d: int
     scale: float
-    layout: str = "linear"
+    layout: Literal["linear", "conv1d"] = "linear"
     rope: RotaryEmbedding | None = None
     window: int | None = None
     variants: dict[str, Any] = field(default_factory=dict)

@@ -343,7 +343,7 @@ def _check_window(info: LayerInfo, model: Any, n: int | None, where: str) -> Non
             return
         got = f"got n = {int(n)}"
     else:
-        max_pos = _max_positions(model, info.arch)
+        max_pos = _max_positions(model, _family(model).name)
         if max_pos is not None and max_pos <= w:
             return
         got = "n not given" + (f" and the model takes {max_pos} positions" if max_pos else "")
@@ -585,6 +585,8 @@ class HFAttention:
                 f"map for n > {self.max_n}: got n = {X.shape[-2]}"
             )
         if self.info.map == "block":
+            if self.ln_weight is None or self.ln_eps is None:
+                raise ValueError("map 'block' needs the block's LayerNorm (ln_weight and ln_eps)")
             return bert_attention_block(
                 X, self.params, self.ln_weight, self.ln_bias, self.ln_eps, masked=m
             )
@@ -635,6 +637,8 @@ def hf_attention(
     max_n = info.window if "sliding_window" not in _fam.MODELLED_VARIANTS else None
     if map != "block":
         return HFAttention(params, info, max_n=max_n)
+    if fam.block_norm is None:  # _check_map refused map="block" already
+        raise ValueError(f"map='block' does not exist for {fam.label} layers")
     ln = fam.block_norm(fam.blocks(base_model(model))[info.layer])
     return HFAttention(
         params,
