@@ -247,10 +247,25 @@ class Claims(NamedTuple):
 class Stage(Protocol):
     """What the ``reproduce`` pipeline and ``meanfield experiment`` need from a stage."""
 
-    name: str
-    title: str
-    uses_device: bool
-    presets: Mapping[str, StageConfig]
+    @property
+    def name(self) -> str:
+        """The stage's name: its results directory and its name on the command line."""
+        ...
+
+    @property
+    def title(self) -> str:
+        """The stage's title in the report."""
+        ...
+
+    @property
+    def uses_device(self) -> bool:
+        """Whether ``--device`` applies (otherwise the stage runs on the CPU only)."""
+        ...
+
+    @property
+    def presets(self) -> Mapping[str, StageConfig]:
+        """The typed settings of each preset."""
+        ...
 
     def run(
         self,
@@ -334,7 +349,7 @@ class ModuleStage:
 
     name: str
     title: str
-    presets: Mapping[str, Any]
+    presets: Mapping[str, StageConfig]
     resolve_fn: Callable[[str, Mapping[str, Any]], dict[str, Any]]
     execute_fn: Callable[[dict[str, Any], Path, StageRun], Steps]
     summary_fn: Callable[[Path], dict[str, Any]]

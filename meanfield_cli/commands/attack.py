@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from experiments.mass_splitting import (
 )
 
 from ..options import add_common, check_out_dir, print_written
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["register"]
 
@@ -173,7 +176,12 @@ def print_construct(doc: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- search
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     """``attack search``: worst-case measure (or sequence) search, or the figure-B sweep."""
-    from meanfield.attacks import worst_case_measure, worst_case_sequence
+    from meanfield.attacks import (
+        WorstCaseMeasure,
+        WorstCaseSequence,
+        worst_case_measure,
+        worst_case_sequence,
+    )
 
     progress = not args.no_progress and args.verbose
     if args.out or args.figure_b:
@@ -190,10 +198,10 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             progress=progress,
         )
-        doc = load_json(files[1])
-        doc["kind"] = "attack search --figure-b"
-        doc["files"] = [str(f) for f in files]
-        return doc
+        saved = load_json(files[1])
+        saved["kind"] = "attack search --figure-b"
+        saved["files"] = [str(f) for f in files]
+        return saved
     _positive(args.R, "--R")
     if args.atoms < 1:
         raise ValueError(f"--atoms must be a positive integer, got {args.atoms}")
@@ -215,30 +223,34 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "progress": progress,
     }
+    res: WorstCaseSequence | WorstCaseMeasure
+    found: dict[str, Any]
+    arrays: dict[str, Tensor | None]
     with torch_threads(1):
         if args.sequence:
-            res = worst_case_sequence(params, args.R, args.sequence, **search)
+            res = seq = worst_case_sequence(params, args.R, args.sequence, **search)
             doc.update(target="sequence", n=args.sequence)
+            found = {"construction_bound": seq.construction_bound, "X": seq.X.tolist()}
+            arrays = {"X": seq.X}
         else:
-            res = worst_case_measure(params, args.R, args.atoms, geometry=args.geometry, **search)
-            doc.update(target="measure", n_atoms=args.atoms, geometry=res.geometry)
+            res = wc = worst_case_measure(
+                params, args.R, args.atoms, geometry=args.geometry, **search
+            )
+            doc.update(target="measure", n_atoms=args.atoms, geometry=wc.geometry)
+            found = {"two_dirac_bound": wc.two_dirac_bound, "measure": measure_doc(wc.measure)}
+            arrays = {
+                "points": wc.measure.points,
+                "log_weights": wc.measure.log_weights,
+                "positions": wc.measure.positions,
+            }
         doc.update(
             value=res.value,
             lower=res.lower,
             upper=res.upper,
             bracket=res.bracket,
             construction_value=res.construction_value,
+            **found,
         )
-        if args.sequence:
-            doc.update(construction_bound=res.construction_bound, X=res.X.tolist())
-            arrays = {"X": res.X}
-        else:
-            doc.update(two_dirac_bound=res.two_dirac_bound, measure=measure_doc(res.measure))
-            arrays = {
-                "points": res.measure.points,
-                "log_weights": res.measure.log_weights,
-                "positions": res.measure.positions,
-            }
         doc["restarts"] = [
             {"start": lab, "value": float(v)} for lab, v in zip(res.labels, res.restart_values)
         ]
@@ -306,10 +318,10 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
             steps=args.steps,
             seed=args.seed,
         )
-        doc = load_json(files[1])
-        doc["kind"] = "attack split --figure-c"
-        doc["files"] = [str(f) for f in files]
-        return doc
+        saved = load_json(files[1])
+        saved["kind"] = "attack split --figure-c"
+        saved["files"] = [str(f) for f in files]
+        return saved
     doc: dict[str, Any] = {"kind": "attack split"}
     if args.s is not None:
         if not math.isfinite(args.s):
