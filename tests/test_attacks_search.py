@@ -151,7 +151,7 @@ def test_masked_none_means_unmasked_for_searches(rng):
 def test_search_objective_equals_the_engine(rng, geometry, masked):
     """The differentiable objective the ascent climbs is the engine's dense local constant."""
     from meanfield import local_lipschitz
-    from meanfield.attacks._common import _measure_constant
+    from meanfield.attacks._common import measure_constant
 
     mh = MultiHeadParams.from_qkv(
         *(torch.tensor(rng.standard_normal((4, 4))) for _ in range(3)), n_heads=2
@@ -161,7 +161,7 @@ def test_search_objective_equals_the_engine(rng, geometry, masked):
     pos = torch.arange(1, 4, dtype=F64) / 3 if masked else None
     mu = DiracMeasure.from_log_weights(X, la, pos)
     ours = float(
-        _measure_constant(X[None], la[None], mh, geometry=geometry, masked=masked, positions=pos)[0]
+        measure_constant(X[None], la[None], mh, geometry=geometry, masked=masked, positions=pos)[0]
     )
     est = local_lipschitz(mu, mh, geometry=geometry, masked=masked, method="dense")
     assert ours == pytest.approx(float(est.value), rel=1e-10)
@@ -193,12 +193,12 @@ def test_certify_propagates_errors_other_than_unsupported(rng, monkeypatch):
 @pytest.mark.parametrize("masked", [False, True])
 def test_sequence_objective_equals_the_engine(rng, masked):
     from meanfield import local_lipschitz
-    from meanfield.attacks._common import _sequence_constant
+    from meanfield.attacks._common import sequence_constant
 
     mh = MultiHeadParams.from_qkv(
         *(torch.tensor(rng.standard_normal((3, 3))) for _ in range(3)), n_heads=1
     )
     X = torch.tensor(rng.standard_normal((4, 3)))
-    ours = float(_sequence_constant(X[None], mh, masked=masked)[0])
+    ours = float(sequence_constant(X[None], mh, masked=masked)[0])
     est = local_lipschitz(X, mh, masked=masked, method="dense")
     assert ours == pytest.approx(float(est.value), rel=1e-10)

@@ -6,15 +6,15 @@ Private. The searches of :mod:`meanfield.attacks` (:func:`~meanfield.attacks.wor
 
 * :class:`SearchOptions`, the options every multi-start search takes (restarts, steps, step size,
   seed), with :func:`resolve_options` merging it with the per-call keywords;
-* :func:`_ascend` (a batch of starts ascended together by Adam, best iterate of every start kept)
-  and :func:`_run_single` (one start, scalar objective);
-* :func:`_measure_constant` and :func:`_sequence_constant`, the exact local constants as
+* :func:`ascend_restarts` (a batch of starts ascended together by Adam, best iterate of every start kept)
+  and :func:`run_single` (one start, scalar objective);
+* :func:`measure_constant` and :func:`sequence_constant`, the exact local constants as
   *differentiable, batched* functions of the points (``jacrev`` plus a dense ``matrix_norm``).
 
 Why a second dense evaluation next to :func:`meanfield.lipschitz.local_lipschitz`: the ascent
 differentiates the constant with respect to the points and log-masses of a whole batch of starts,
 which the engine (an estimator returning a bracket, detached) does not do. The reported brackets
-come from the engine (:func:`_certify`), and tests/test_attacks_search.py checks that both give
+come from the engine (:func:`engine_bracket`), and tests/test_attacks_search.py checks that both give
 the same number (docs/theory.md, "Local constants on measures").
 """
 
@@ -113,22 +113,22 @@ def resolve_options(
 # =============================================================================================
 # small helpers
 # =============================================================================================
-def _f64(t: Tensor) -> Tensor:
+def as_float64(t: Tensor) -> Tensor:
     return t.detach().to(torch.float64)
 
 
-def _params64(params: Params) -> Params:
+def params_float64(params: Params) -> Params:
     return params.to(dtype=torch.float64)
 
 
-def _check_R(R: float) -> float:
+def check_radius(R: float) -> float:
     R = float(R)
     if not (math.isfinite(R) and R > 0):
         raise ValueError(f"R must be a positive finite number, got {R}")
     return R
 
 
-def _log_sigmoid(x: float) -> float:
+def log_sigmoid(x: float) -> float:
     """``log(1 / (1 + e^-x))`` without overflow (x may be +-inf)."""
     if x == math.inf:
         return 0.0
@@ -137,37 +137,37 @@ def _log_sigmoid(x: float) -> float:
     return x - math.log1p(math.exp(x))
 
 
-def _sign_fix(v: Tensor) -> Tensor:
+def fix_sign(v: Tensor) -> Tensor:
     """Unit vector with its largest-magnitude entry positive (a deterministic sign)."""
     v = v / torch.linalg.vector_norm(v)
     return v if v[v.abs().argmax()] >= 0 else -v
 
 
-def _measure_from_log_weights(
+def measure_from_log_weights(
     points: Tensor, log_weights: Tensor, positions: Tensor | None = None
 ) -> DiracMeasure:
     """See :meth:`DiracMeasure.from_log_weights` (exact log-masses below the float range)."""
     return DiracMeasure.from_log_weights(points, log_weights, positions)
 
 
-def _ball(Z: Tensor, R: float) -> Tensor:
+def to_ball(Z: Tensor, R: float) -> Tensor:
     r"""Points :math:`R\tanh(\|z\|)z/\|z\|` of the open ball (smooth at 0)."""
     r = torch.sqrt(Z.square().sum(-1, keepdim=True) + 1e-200)
     return R * (torch.tanh(r) / r) * Z
 
 
-def _ball_inverse(X: Tensor, R: float) -> Tensor:
+def from_ball(X: Tensor, R: float) -> Tensor:
     r = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
     rr = (r / R).clamp(max=1.0 - _BALL_SHRINK)
     scale = torch.where(r > 0, torch.atanh(rr) / torch.where(r > 0, r, torch.ones_like(r)), 0.0)
     return X * scale
 
 
-def _sphere(Z: Tensor, R: float) -> Tensor:
+def to_sphere(Z: Tensor, R: float) -> Tensor:
     return R * Z / torch.sqrt(Z.square().sum(-1, keepdim=True) + 1e-200)
 
 
-def _single_head(params: Params, what: str) -> tuple[Tensor, Tensor]:
+def single_head_matrices(params: Params, what: str) -> tuple[Tensor, Tensor]:
     if isinstance(params, AttentionParams):
         return params.A, params.V
     if isinstance(params, MultiHeadParams) and params.n_heads == 1:
@@ -178,7 +178,7 @@ def _single_head(params: Params, what: str) -> tuple[Tensor, Tensor]:
 # =============================================================================================
 # generic multi-start ascent
 # =============================================================================================
-def _ascend(
+def ascend_restarts(
     objective: Callable[..., Tensor],
     init: list[Tensor],
     lrs: list[float],
@@ -239,14 +239,14 @@ def _ascend(
 # =============================================================================================
 # exact local constants from jacrev (small dense problems)
 # =============================================================================================
-def _batched_jacobian(fn: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
+def batched_jacobian(fn: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
     """J[b] = d fn(X)[b] / d X[b], shape (B, n*d_out, n*d), for a batch-separable ``fn``."""
     B, n, d = X.shape
     J = jacrev(lambda Y: fn(Y).sum(0))(X)  # (n, d_out, B, n, d)
     return J.permute(2, 0, 1, 3, 4).reshape(B, -1, n * d)
 
 
-def _measure_constant(
+def measure_constant(
     X: Tensor,
     la: Tensor,
     params: Params,
@@ -269,7 +269,7 @@ def _measure_constant(
     def fn(Y: Tensor) -> Tensor:
         return attention_points(Y, params, log_weights=la, masked=masked, positions=positions)
 
-    J = _batched_jacobian(fn, X)
+    J = batched_jacobian(fn, X)
     d_out = J.shape[1] // n
     so = (0.5 * la).repeat_interleave(d_out, -1)
     si = (0.5 * la).repeat_interleave(d, -1)
@@ -294,16 +294,16 @@ def _measure_constant(
     return val
 
 
-def _sequence_constant(X: Tensor, params: Params, *, masked: bool) -> Tensor:
+def sequence_constant(X: Tensor, params: Params, *, masked: bool) -> Tensor:
     r"""Exact :math:`\|Df(X)\|_2` for a batch of sequences (B, n, d), differentiable."""
 
     def fn(Y: Tensor) -> Tensor:
         return attention_points(Y, params, masked=masked)
 
-    return torch.linalg.matrix_norm(_batched_jacobian(fn, X), ord=2)
+    return torch.linalg.matrix_norm(batched_jacobian(fn, X), ord=2)
 
 
-def _certify(
+def engine_bracket(
     x: Tensor | DiracMeasure, params: Params, geometry: str, masked: bool, value: float
 ) -> tuple[float, float, str]:
     """Certified bracket of the engine (:func:`meanfield.lipschitz.local_lipschitz`, dense).
@@ -320,7 +320,7 @@ def _certify(
     return float(est.lower), float(est.upper), f"local_lipschitz ({est.method}, {est.upper_method})"
 
 
-def _run_single(
+def run_single(
     objective: Callable[..., Tensor], init: list[Tensor], lrs: list[float], steps: int
 ) -> tuple[float, list[Tensor]]:
     """Adam ascent of a positive scalar objective from one start; best value and parameters."""

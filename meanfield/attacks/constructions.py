@@ -28,16 +28,16 @@ from ..measures import DiracMeasure
 from ..params import AttentionParams, MultiHeadParams
 from ._common import (
     SearchOptions,
-    _ascend,
-    _ball,
-    _ball_inverse,
-    _check_R,
-    _f64,
-    _log_sigmoid,
-    _measure_from_log_weights,
-    _sign_fix,
-    _single_head,
+    as_float64,
+    ascend_restarts,
+    check_radius,
+    fix_sign,
+    from_ball,
+    log_sigmoid,
+    measure_from_log_weights,
     resolve_options,
+    single_head_matrices,
+    to_ball,
 )
 
 __all__ = [
@@ -99,10 +99,10 @@ def _extreme_directions(
     A: Tensor, variant: str, eigvecs: str
 ) -> tuple[_Direction | None, _Direction | None]:
     """Directions of the largest and smallest Rayleigh quotient (released or symmetric rule)."""
-    A64 = _f64(A)
+    A64 = as_float64(A)
     if variant == "symmetric":
         evals, evecs = torch.linalg.eigh(0.5 * (A64 + A64.mT))
-        lo, hi = _sign_fix(evecs[:, 0]), _sign_fix(evecs[:, -1])
+        lo, hi = fix_sign(evecs[:, 0]), fix_sign(evecs[:, -1])
         return (
             _Direction(float(hi @ A64 @ hi), hi),
             _Direction(float(lo @ A64 @ lo), lo),
@@ -122,7 +122,7 @@ def _extreme_directions(
         v = evecs[:, j]
         k = int(v.abs().argmax())
         v = v * (v[k].conj() / v[k].abs())  # rotate the phase so that the vector is real
-        u = _sign_fix(v.real.to(torch.float64))
+        u = fix_sign(v.real.to(torch.float64))
         dirs.append(_Direction(float(u @ A64 @ u), u))
     dirs.sort(key=lambda t: t.lam)
     return dirs[-1], dirs[0]
@@ -164,7 +164,7 @@ def _two_positions(case: str, u: Tensor, R: float) -> tuple[Tensor, Tensor]:
 # ---------------------------------------------------------------------------- sphere variant
 def _sphere_direction(A: Tensor, *, n_random: int = 8, seed: int = 0) -> tuple[Tensor, float]:
     r"""Maximise :math:`\varphi(b)=\|A^\top b\|-b^\top Ab` over unit :math:`b` (multi-start L-BFGS)."""
-    A64 = _f64(A)
+    A64 = as_float64(A)
     d = A64.shape[0]
     S = 0.5 * (A64 + A64.mT)
     starts = [torch.linalg.eigh(S)[1].mT, torch.linalg.svd(A64)[0].mT]
@@ -191,7 +191,7 @@ def _sphere_direction(A: Tensor, *, n_random: int = 8, seed: int = 0) -> tuple[T
         cands = torch.cat([Z, Z0])
         k = int(torch.nan_to_num(vals, nan=-math.inf).argmax())
         b = cands[k] / torch.linalg.vector_norm(cands[k])
-    return _sign_fix(b), float(vals[k])
+    return fix_sign(b), float(vals[k])
 
 
 # =============================================================================================
@@ -337,13 +337,13 @@ def adversarial_sequence(
     and checked numerically*; tightness "for reasonable sequence lengths" is *stated in the paper
     (abstract)*. Biases of the head are ignored, as in the released code.
     """
-    R = _check_R(R)
+    R = check_radius(R)
     n = int(n)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     A_mat, V_default = _head(A, head)
     V_mat = _value_matrix(V if V is not None else V_default, A_mat)
-    A64 = _f64(A_mat)
+    A64 = as_float64(A_mat)
     d = A64.shape[0]
     log_m = math.log(n - 1) if n > 1 else -math.inf
 
@@ -355,13 +355,13 @@ def adversarial_sequence(
         a = Atb / torch.linalg.vector_norm(Atb) if float(torch.linalg.vector_norm(Atb)) > 0 else b
         gamma = R * R * phi
         x1, y = R * a, R * b
-        p = math.exp(_log_sigmoid(gamma - log_m))
+        p = math.exp(log_sigmoid(gamma - log_m))
         M = torch.eye(d, dtype=torch.float64, device=A64.device) + (1 - p) * torch.outer(
             x1 - y, A64.mT @ y
         )
         PT = torch.eye(d, dtype=torch.float64, device=A64.device) - torch.outer(a, a)
         Vm = (
-            _f64(V_mat)
+            as_float64(V_mat)
             if V_mat is not None
             else torch.eye(d, dtype=torch.float64, device=A64.device)
         )
@@ -375,11 +375,11 @@ def adversarial_sequence(
         u, lam = dirn.u, dirn.lam
         gamma = max(_gap(case_out, lam, R), 0.0)
         x1, y = _two_positions(case_out, u, R)
-        p = math.exp(_log_sigmoid(gamma - log_m))
+        p = math.exp(log_sigmoid(gamma - log_m))
         direction = u
         lower = None
         if V_mat is not None:
-            Vu = float(torch.linalg.vector_norm(_f64(V_mat) @ u))
+            Vu = float(torch.linalg.vector_norm(as_float64(V_mat) @ u))
             lower = math.sqrt(n - 1) * p * (1.0 + (1.0 - p) * gamma) * Vu
     X = torch.cat([x1.unsqueeze(0), y.unsqueeze(0).expand(n - 1, d)]) if n > 1 else x1.unsqueeze(0)
     like = A_mat
@@ -412,7 +412,7 @@ def _optimal_v(gamma: float) -> float:
 def _log_g(gamma: float, log_eps: float, log_1m_eps: float) -> tuple[float, float]:
     """(log of g(eps)/||Vu||, w) of docs/theory.md §5, from the log-masses."""
     t = log_eps - log_1m_eps + gamma  # logit of w
-    log_w, log_v = _log_sigmoid(t), _log_sigmoid(-t)
+    log_w, log_v = log_sigmoid(t), log_sigmoid(-t)
     val = 0.5 * (log_1m_eps - log_eps) + log_w + math.log1p(math.exp(log_v) * gamma)
     return val, math.exp(log_w)
 
@@ -516,7 +516,7 @@ def two_dirac(
     Provenance: the positions are *from the authors' released code*; the bound and the optimum are
     *derived and checked numerically*; the mechanism is *stated in the paper (v1 abstract)*.
     """
-    R = _check_R(R)
+    R = check_radius(R)
     A_mat, V_default = _head(A, head)
     V_mat = _value_matrix(V if V is not None else V_default, A_mat)
     hi, lo = _extreme_directions(A_mat, variant, eigvecs)
@@ -537,15 +537,15 @@ def two_dirac(
     else:
         v = _optimal_v(gamma)
         t = math.log((1.0 - v) / v) - gamma  # logit of eps*
-        le, l1m = _log_sigmoid(t), _log_sigmoid(-t)
+        le, l1m = log_sigmoid(t), log_sigmoid(-t)
     x1, x0 = _two_positions(case_out, dirn.u, R)
     pts = torch.stack([x0, x1]).to(dtype=A_mat.dtype, device=A_mat.device)
     lw = torch.tensor([l1m, le], dtype=torch.float64, device=A_mat.device)
-    mu = _measure_from_log_weights(pts, lw.to(A_mat.dtype))
+    mu = measure_from_log_weights(pts, lw.to(A_mat.dtype))
     lg, w = _log_g(gamma, le, l1m)
     g = None
     if V_mat is not None:
-        Vu = float(torch.linalg.vector_norm(_f64(V_mat) @ dirn.u))
+        Vu = float(torch.linalg.vector_norm(as_float64(V_mat) @ dirn.u))
         g = math.exp(lg) * Vu if lg < 700 else (math.inf if Vu > 0 else 0.0)
     return TwoDirac(mu, gamma, case_out, dirn.u.to(A_mat), dirn.lam, le, l1m, w, lg, g)
 
@@ -679,8 +679,10 @@ def off_axis_two_atoms(
         seed=seed,
     )
     steps, lr = int(opts.steps), float(opts.lr)
-    R = _check_R(R)
-    A, V = (t.detach().to(torch.float64) for t in _single_head(params, "off_axis_two_atoms"))
+    R = check_radius(R)
+    A, V = (
+        t.detach().to(torch.float64) for t in single_head_matrices(params, "off_axis_two_atoms")
+    )
     d = A.shape[0]
     dev = A.device
 
@@ -704,8 +706,8 @@ def off_axis_two_atoms(
     Xr = torch.randn(n_r, 2, d, generator=gen, dtype=torch.float64).to(dev)
     Hr = torch.randn(n_r, d, generator=gen, dtype=torch.float64).to(dev)
     Tr = torch.randn(n_r, generator=gen, dtype=torch.float64).to(dev)
-    Zx = torch.cat([_ball_inverse(torch.stack(starts_x), R), Xr[:, 0]]) if starts_x else Xr[:, 0]
-    Zy = torch.cat([_ball_inverse(torch.stack(starts_y), R), Xr[:, 1]]) if starts_y else Xr[:, 1]
+    Zx = torch.cat([from_ball(torch.stack(starts_x), R), Xr[:, 0]]) if starts_x else Xr[:, 0]
+    Zy = torch.cat([from_ball(torch.stack(starts_y), R), Xr[:, 1]]) if starts_y else Xr[:, 1]
     Hz = torch.cat([torch.stack(starts_h), Hr]) if starts_h else Hr
     Tz = torch.cat([torch.tensor(starts_t, dtype=torch.float64, device=dev), Tr])
 
@@ -722,15 +724,15 @@ def off_axis_two_atoms(
         )
 
     def objective(zx: Tensor, zy: Tensor, hz: Tensor, t: Tensor) -> Tensor:
-        return log_bound(_ball(zx, R), _ball(zy, R), hz, t)
+        return log_bound(to_ball(zx, R), to_ball(zy, R), hz, t)
 
-    best, best_p, hist, _ = _ascend(
+    best, best_p, hist, _ = ascend_restarts(
         objective, [Zx, Zy, Hz, Tz], [lr, lr, lr, lr], steps, log_objective=True
     )
     # exact (unshrunk) on-axis candidates
     k = int(best.argmax())
     lv = float(best[k])
-    x, y = _ball(best_p[0][k], R), _ball(best_p[1][k], R)
+    x, y = to_ball(best_p[0][k], R), to_ball(best_p[1][k], R)
     hz, t = best_p[2][k], best_p[3][k]
     if starts_x:
         ex = log_bound(
@@ -747,9 +749,9 @@ def off_axis_two_atoms(
     h = hz / torch.linalg.vector_norm(hz)
     s = float((y @ A) @ (x - y))
     tt = float(t) - s  # logit of eps
-    lw = torch.tensor([_log_sigmoid(-tt), _log_sigmoid(tt)], dtype=torch.float64, device=dev)
+    lw = torch.tensor([log_sigmoid(-tt), log_sigmoid(tt)], dtype=torch.float64, device=dev)
     like = params.heads[0].A
-    mu = _measure_from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
+    mu = measure_from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
     return OffAxisTwoAtoms(
         value=math.exp(lv) if lv < 709 else math.inf,
         log_value=lv,
@@ -767,4 +769,4 @@ def off_axis_two_atoms(
 def _opt_logs(gamma: float) -> tuple[float, float]:
     v = _optimal_v(gamma)
     t = math.log((1.0 - v) / v) - gamma
-    return _log_sigmoid(t), _log_sigmoid(-t)
+    return log_sigmoid(t), log_sigmoid(-t)

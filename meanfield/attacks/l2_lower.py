@@ -64,7 +64,7 @@ def _check_p(p: object) -> PNorm:
     raise ValueError(f"p must be 2 or 'inf', got {p!r}")
 
 
-def _params64(params: L2AttentionParams) -> L2AttentionParams:
+def params_float64(params: L2AttentionParams) -> L2AttentionParams:
     if not isinstance(params, L2AttentionParams):
         raise TypeError(f"params must be L2AttentionParams, got {type(params).__name__}")
     W_O = None if params.W_O is None else params.W_O.detach().to(torch.float64)
@@ -75,7 +75,7 @@ def _params64(params: L2AttentionParams) -> L2AttentionParams:
 
 def _head_maps(params: L2AttentionParams) -> tuple[Tensor, Tensor]:
     r"""Per head :math:`A_h` (H, D, D) and :math:`B_h = W^{V,h}W^O_h` (H, D, D_out), float64."""
-    p = _params64(params)
+    p = params_float64(params)
     H, D, k = p.W_Q.shape
     A = p.W_Q @ p.W_Q.mT / math.sqrt(k)
     dv = p.W_V.shape[2]
@@ -135,7 +135,7 @@ def l2_jacobian_inf_norm(
     One vector–Jacobian product per output coordinate (batched), :math:`O(ND_{\rm out})` of them
     for all rows; the Jacobian itself is never stored.
     """
-    p64 = _params64(params)
+    p64 = params_float64(params)
     X64 = _check_points(X, p64)
     N = X64.shape[0]
     d_out = int(l2_self_attention(X64[:1], p64).shape[-1])
@@ -157,7 +157,7 @@ def l2_jacobian_spectral_norm(X: Tensor, params: L2AttentionParams, *, tol: floa
     """
     from ..lipschitz import local_lipschitz_fn
 
-    p64 = _params64(params)
+    p64 = params_float64(params)
     X64 = _check_points(X, p64)
     N, k = X64.shape[0], p64.W_Q.shape[2]
     # jacrev vectorises one pullback per input entry over (N, N, k) intermediates
@@ -537,7 +537,7 @@ def l2_lipschitz_lower(
         _DEFAULTS, options, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
         lr=lr, seed=seed,
     )  # fmt: skip
-    p64 = _params64(params)
+    p64 = params_float64(params)
     cons = [l2_construction(p64, N, layout="common")]
     if N >= 3:
         cons.append(l2_construction(p64, N, layout="symmetric"))

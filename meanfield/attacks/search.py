@@ -5,7 +5,7 @@ r"""Worst-case searches: multi-start ascent of the exact local constant.
 * :func:`worst_case_sequence`: over sequences in :math:`B_R^n` (:math:`\|Df(X)\|_2`).
 
 Both start from the closed-form constructions of :mod:`meanfield.attacks.constructions`, ascend
-with :func:`meanfield.attacks._common._ascend`, and report the engine's certified bracket
+with :func:`meanfield.attacks._common.ascend_restarts`, and report the engine's certified bracket
 (:func:`meanfield.lipschitz.local_lipschitz`, dense).
 
 Argument order: a search has no input measure; its mathematical inputs are the attention
@@ -29,20 +29,20 @@ from ..params import AttentionParams
 from ._common import (
     LOG_MASS_FLOOR,
     SearchOptions,
-    _ascend,
-    _ball,
-    _ball_inverse,
-    _certify,
-    _check_R,
-    _f64,
-    _log_sigmoid,
-    _measure_constant,
-    _measure_from_log_weights,
-    _params64,
-    _sequence_constant,
-    _single_head,
-    _sphere,
+    as_float64,
+    ascend_restarts,
+    check_radius,
+    engine_bracket,
+    from_ball,
+    log_sigmoid,
+    measure_constant,
+    measure_from_log_weights,
+    params_float64,
     resolve_options,
+    sequence_constant,
+    single_head_matrices,
+    to_ball,
+    to_sphere,
 )
 from .constructions import (
     _extreme_directions,
@@ -150,7 +150,7 @@ def _construction_starts(
     best_gap = 0.0
     dev = params.device
     for h, head in enumerate(params.heads):
-        A = _f64(head.A)
+        A = as_float64(head.A)
         suffix = f" (head {h})" if len(params.heads) > 1 else ""
         cands: list[tuple[str, float, list[Tensor], list[float]]] = []
         if sphere:
@@ -327,12 +327,12 @@ def worst_case_measure(
     )
     n_restarts, steps, lr = int(opts.n_restarts), int(opts.steps), float(opts.lr)
     masked = bool(masked) if masked is not None else False
-    R = _check_R(R)
+    R = check_radius(R)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     if geometry not in ("wasserstein", "split"):
         raise ValueError(f"geometry must be 'wasserstein' or 'split', got {geometry!r}")
-    p64 = _params64(params)
+    p64 = params_float64(params)
     d = p64.d
     dev = p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
@@ -344,13 +344,13 @@ def worst_case_measure(
     for m in _as_init_list(init):
         if not isinstance(m, DiracMeasure) or m.points.shape != (n, d):
             raise ValueError(f"init measures must be DiracMeasure with {n} atoms in d = {d}")
-        P = _f64(m.points).to(dev)
+        P = as_float64(m.points).to(dev)
         if sphere:
             P = R * P / torch.linalg.vector_norm(P, dim=-1, keepdim=True).clamp_min(1e-300)
         elif bool((torch.linalg.vector_norm(P, dim=-1) > R * (1 + 1e-12)).any()):
             raise ValueError("init measures must lie in the ball of radius R")
         pts.append(P)
-        lws.append(_f64(m.log_weights).to(dev))
+        lws.append(as_float64(m.log_weights).to(dev))
         labels.append("init")
     spread = max(3.0, min(-LOG_MASS_FLOOR, 1.5 * gap))
     Xr, Lr = _random_starts(n_restarts, n, d, R, sphere, spread, gen, dev)
@@ -359,21 +359,21 @@ def worst_case_measure(
     L0 = torch.cat([torch.stack(lws), Lr]) if lws else Lr
     if X0.shape[0] == 0:
         raise ValueError("no start: use n_restarts >= 1 or an init measure")
-    Z0 = X0 / R if sphere else _ball_inverse(X0, R)
+    Z0 = X0 / R if sphere else from_ball(X0, R)
 
     def to_points(Z: Tensor) -> Tensor:
-        return _sphere(Z, R) if sphere else _ball(Z, R)
+        return to_sphere(Z, R) if sphere else to_ball(Z, R)
 
     def log_masses(Lg: Tensor) -> Tensor:
         return torch.log_softmax(Lg, -1).clamp_min(LOG_MASS_FLOOR)
 
     def objective(Z: Tensor, Lg: Tensor) -> Tensor:
-        return _measure_constant(
+        return measure_constant(
             to_points(Z), log_masses(Lg), p64, geometry=geometry, masked=masked, positions=positions
         )
 
     lr_m = lr * max(1.0, gap / 4.0) if lr_mass is None else float(lr_mass)
-    best, best_p, hist, rec = _ascend(
+    best, best_p, hist, rec = ascend_restarts(
         objective, [Z0, L0], [lr, lr_m], int(steps), progress=progress, desc="worst_case_measure"
     )
     best_vals = best.exp()
@@ -384,7 +384,7 @@ def worst_case_measure(
         with torch.no_grad():
             Xc = torch.stack(pts[:n_cons])
             Lc = log_masses(torch.stack(lws[:n_cons]))
-            vc = _measure_constant(
+            vc = measure_constant(
                 Xc, Lc, p64, geometry=geometry, masked=masked, positions=positions
             )
         j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
@@ -397,7 +397,7 @@ def worst_case_measure(
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
     with torch.no_grad():
         value = float(
-            _measure_constant(
+            measure_constant(
                 Xb[k : k + 1],
                 Lb[k : k + 1],
                 p64,
@@ -407,18 +407,18 @@ def worst_case_measure(
             )[0]
         )
     like = params.heads[0].A
-    mu = _measure_from_log_weights(
+    mu = measure_from_log_weights(
         Xb[k].detach().to(like),
         Lb[k].detach().to(like.dtype),
         None if positions is None else positions.to(like),
     )
     if certify:
-        lower, upper, how = _certify(mu, params, geometry, masked, value)
+        lower, upper, how = engine_bracket(mu, params, geometry, masked, value)
     else:
         lower, upper, how = value, value, "dense SVD"
     bound = None
     if not masked and not sphere and len(params.heads) == 1 and n >= 2:
-        A1, V1 = _single_head(p64, "two_dirac")
+        A1, V1 = single_head_matrices(p64, "two_dirac")
         try:
             td = two_dirac(A1, R, V=V1)
             bound = td.g
@@ -499,7 +499,7 @@ def _sequence_starts(
                 con = adversarial_sequence(A, R, n, V=V1, **kw)
             except ValueError:
                 continue
-            X.append(_f64(con.X))
+            X.append(as_float64(con.X))
             labels.append(f"construction {name}{suffix}")
             if con.lower_bound is not None:
                 bound = max(bound or 0.0, con.lower_bound)
@@ -507,9 +507,9 @@ def _sequence_starts(
                 # best k-copy variant: k tokens at the light position, n - k at the heavy one
                 v = _optimal_v(con.gamma)
                 t = math.log((1 - v) / v) - con.gamma
-                k = min(max(round(n * math.exp(_log_sigmoid(t))), 1), n - 1)
+                k = min(max(round(n * math.exp(log_sigmoid(t))), 1), n - 1)
                 if k > 1:
-                    Xk = _f64(con.X).clone()
+                    Xk = as_float64(con.X).clone()
                     Xk[:k] = Xk[0]
                     X.append(Xk)
                     labels.append(f"construction {name} k={k}{suffix}")
@@ -585,16 +585,16 @@ def worst_case_sequence(
     )
     n_restarts, steps, lr = int(opts.n_restarts), int(opts.steps), float(opts.lr)
     masked = bool(masked) if masked is not None else False
-    R = _check_R(R)
+    R = check_radius(R)
     n = int(n)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
-    p64 = _params64(params)
+    p64 = params_float64(params)
     d, dev = p64.d, p64.device
     pts, labels, bound = _sequence_starts(p64, R, n, sphere)
     n_cons = len(pts)
     for X in _as_init_list(init):
-        X = _f64(as_float_tensor(X, "init")).to(dev)
+        X = as_float64(as_float_tensor(X, "init")).to(dev)
         if X.shape != (n, d):
             raise ValueError(f"init sequences must have shape ({n}, {d}), got {tuple(X.shape)}")
         pts.append(X)
@@ -604,15 +604,15 @@ def worst_case_sequence(
     X0 = torch.cat([torch.stack(pts), Xr]) if pts else Xr
     if X0.shape[0] == 0:
         raise ValueError("no start: use n_restarts >= 1 or an init sequence")
-    Z0 = X0 / R if sphere else _ball_inverse(X0, R)
+    Z0 = X0 / R if sphere else from_ball(X0, R)
 
     def to_points(Z: Tensor) -> Tensor:
-        return _sphere(Z, R) if sphere else _ball(Z, R)
+        return to_sphere(Z, R) if sphere else to_ball(Z, R)
 
     def objective(Z: Tensor) -> Tensor:
-        return _sequence_constant(to_points(Z), p64, masked=masked)
+        return sequence_constant(to_points(Z), p64, masked=masked)
 
-    best, best_p, hist, rec = _ascend(
+    best, best_p, hist, rec = ascend_restarts(
         objective, [Z0], [lr], int(steps), progress=progress, desc="worst_case_sequence"
     )
     best_vals = best.exp()
@@ -621,18 +621,18 @@ def worst_case_sequence(
     if n_cons:
         with torch.no_grad():
             Xc = torch.stack(pts[:n_cons])
-            vc = _sequence_constant(Xc, p64, masked=masked)
+            vc = sequence_constant(Xc, p64, masked=masked)
         cons_value = float(torch.nan_to_num(vc, nan=-math.inf).max())
         improve = vc >= best_vals[:n_cons]
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
         Xb[:n_cons][improve] = Xc[improve]
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
     with torch.no_grad():
-        value = float(_sequence_constant(Xb[k : k + 1], p64, masked=masked)[0])
+        value = float(sequence_constant(Xb[k : k + 1], p64, masked=masked)[0])
     like = params.heads[0].A
     Xout = Xb[k].to(like)
     if certify:
-        lower, upper, how = _certify(Xout, params, "euclidean", masked, value)
+        lower, upper, how = engine_bracket(Xout, params, "euclidean", masked, value)
     else:
         lower, upper, how = value, value, "dense SVD"
     return WorstCaseSequence(

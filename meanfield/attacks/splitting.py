@@ -33,16 +33,16 @@ from ..measures import DiracMeasure
 from ._common import (
     LOG_MASS_FLOOR,
     SearchOptions,
-    _ball,
-    _ball_inverse,
-    _batched_jacobian,
-    _check_R,
-    _f64,
-    _measure_constant,
-    _measure_from_log_weights,
-    _params64,
-    _run_single,
+    as_float64,
+    batched_jacobian,
+    check_radius,
+    from_ball,
+    measure_constant,
+    measure_from_log_weights,
+    params_float64,
     resolve_options,
+    run_single,
+    to_ball,
 )
 
 __all__ = [
@@ -203,15 +203,15 @@ def split_constant(
     if method in ("auto", "engine"):
         est = local_lipschitz(mu, params, geometry="split", masked=masked, method="dense")
         return est.value
-    p64 = _params64(params)
+    p64 = params_float64(params)
     with torch.no_grad():
-        val = _measure_constant(
-            _f64(mu.points).unsqueeze(0),
-            _f64(mu.log_weights).unsqueeze(0),
+        val = measure_constant(
+            as_float64(mu.points).unsqueeze(0),
+            as_float64(mu.log_weights).unsqueeze(0),
             p64,
             geometry="split",
             masked=masked,
-            positions=None if not masked else _f64(mu.positions),
+            positions=None if not masked else as_float64(mu.positions),
         )[0]
     return val.to(mu.dtype)
 
@@ -459,19 +459,19 @@ def mass_splitting_attack(
     k_max = int(k_max)
     if k_max < 2:
         raise ValueError(f"k_max must be >= 2, got {k_max}")
-    p64 = _params64(params)
+    p64 = params_float64(params)
     dev = p64.device
-    X = _f64(mu.points).to(dev)
-    la = _f64(mu.log_weights).to(dev)
+    X = as_float64(mu.points).to(dev)
+    la = as_float64(mu.log_weights).to(dev)
     a = la.exp()
     n, d = X.shape
-    R_ = float(torch.linalg.vector_norm(X, dim=-1).max()) if R is None else _check_R(R)
+    R_ = float(torch.linalg.vector_norm(X, dim=-1).max()) if R is None else check_radius(R)
     if R is not None and float(torch.linalg.vector_norm(X, dim=-1).max()) > R_ * (1 + 1e-12):
         raise ValueError("mu must lie in the ball of radius R")
     if not R_ > 0:
         raise ValueError("mu is a Dirac at the origin: pass the radius R of the ball")
     R_proj = R_
-    mu64 = _measure_from_log_weights(X, la)
+    mu64 = measure_from_log_weights(X, la)
     with torch.no_grad():
         Y0 = attention_points(X, p64, log_weights=la)
     like = params.heads[0].A
@@ -481,14 +481,14 @@ def mass_splitting_attack(
         return torch.sqrt(_w2sq(Yn, lan.exp(), Y0, a).clamp_min(0.0))
 
     def emit(kind: str, Xn: Tensor, lan: Tensor, bound: float, **extra) -> Perturbation:
-        nu64 = _measure_from_log_weights(Xn.detach(), lan.detach())
+        nu64 = measure_from_log_weights(Xn.detach(), lan.detach())
         q = _measure_perturbation(kind, mu64, nu64, p64, bound, **extra)
-        nu = _measure_from_log_weights(Xn.detach().to(like), lan.detach().to(like.dtype))
+        nu = measure_from_log_weights(Xn.detach().to(like), lan.detach().to(like.dtype))
         return dataclasses.replace(q, nu=nu)
 
     # ------------------------------------------------------------------ move-only
     with torch.no_grad():
-        J = _batched_jacobian(
+        J = batched_jacobian(
             lambda Y: attention_points(Y, p64, log_weights=la.unsqueeze(0)), X.unsqueeze(0)
         )[0]
         d_out = J.shape[0] // n
@@ -507,14 +507,14 @@ def mass_splitting_attack(
 
     best_move = (-math.inf, None)
     for g0 in move_inits:
-        v, (g,) = _run_single(move_obj, [g0], [lr], steps)
+        v, (g,) = run_single(move_obj, [g0], [lr], steps)
         if v > best_move[0]:
             best_move = (v, g)
     Xm = _project_ball(X + _budget_moves(best_move[1], la, budget), R_proj).detach()
     move = emit("move", Xm, la, budget)
 
     # ------------------------------------------------------------------ split-then-move
-    S = 0.5 * sum((_f64(h.A) + _f64(h.A).mT) for h in p64.heads)
+    S = 0.5 * sum((as_float64(h.A) + as_float64(h.A).mT) for h in p64.heads)
     ev = torch.linalg.eigh(S)[1]
     atom_list = list(range(n)) if atoms is None else sorted({int(i) % n for i in atoms})
     ks = tuple(range(2, k_max + 1))
@@ -522,12 +522,12 @@ def mass_splitting_attack(
     for i in atom_list:
         xi = X[i]
         dirs = []
-        logit_dir = sum(_f64(h.A).mT @ xi for h in p64.heads)
+        logit_dir = sum(as_float64(h.A).mT @ xi for h in p64.heads)
         for v_ in (logit_dir, xi, ev[:, -1], -ev[:, -1], ev[:, 0], -ev[:, 0]):
             if float(torch.linalg.vector_norm(v_)) > 1e-12:
                 dirs.append(v_ / torch.linalg.vector_norm(v_))
         for k in ks:
-            Xk = _f64(mu64.split(i, k).points)
+            Xk = as_float64(mu64.split(i, k).points)
             base_lw = torch.cat([la[:i], la[i + 1 :]])
 
             def split_lw(f: Tensor, i: int = i, base_lw: Tensor = base_lw) -> Tensor:
@@ -555,7 +555,7 @@ def mass_splitting_attack(
                         f0[-1] = math.log(frac)
                 else:
                     g0 = torch.randn(n + k - 1, d, generator=gen, dtype=torch.float64).to(dev)
-                v, (f, g) = _run_single(split_obj, [f0, g0], [lr, lr], steps)
+                v, (f, g) = run_single(split_obj, [f0, g0], [lr, lr], steps)
                 if k not in best_by_k or v > best_by_k[k][0]:
                     best_by_k[k] = (v, f, g, i)
     split_by_k = []
@@ -564,7 +564,9 @@ def mass_splitting_attack(
         base_lw = torch.cat([la[:i_s], la[i_s + 1 :]])
         frac = torch.log_softmax(f, 0).clamp_min(LOG_MASS_FLOOR)
         lan = torch.cat([base_lw[:i_s], la[i_s] + frac, base_lw[i_s:]])
-        Xs = _project_ball(_f64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_proj)
+        Xs = _project_ball(
+            as_float64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_proj
+        )
         split_by_k.append(
             emit(
                 "split",
@@ -591,7 +593,7 @@ def mass_splitting_attack(
     mu_w = a
 
     def ins_obj(zz: Tensor) -> Tensor:
-        z = _ball(zz, R_)
+        z = to_ball(zz, R_)
         Xi = torch.cat([X, z.unsqueeze(0)])
         Yi = attention_points(Xi, p64, log_weights=lwi)
         out = _w2sq(Yi, lwi.exp(), Y0, mu_w)
@@ -605,11 +607,11 @@ def mass_splitting_attack(
     ]
     best_ins = (-math.inf, None)
     for z0 in zs:
-        zz0 = _ball_inverse(z0.unsqueeze(0), R_)[0]
-        v, (zz,) = _run_single(ins_obj, [zz0], [lr * 4], insert_steps)
+        zz0 = from_ball(z0.unsqueeze(0), R_)[0]
+        v, (zz,) = run_single(ins_obj, [zz0], [lr * 4], insert_steps)
         if v > best_ins[0]:
             best_ins = (v, zz)
-    zb = _ball(best_ins[1], R_).detach()
+    zb = to_ball(best_ins[1], R_).detach()
     Xi = torch.cat([X, zb.unsqueeze(0)])
     bound_i = math.sqrt(t * float((a * (X - zb).square().sum(-1)).sum()))
     insert = emit("insert", Xi, lwi, bound_i, z=zb.to(like))
@@ -631,7 +633,7 @@ def _candidate_directions(params: Params, X: Tensor) -> list[Tensor]:
     """Unit candidate directions: extreme eigenvectors of every head's symmetric part, atoms."""
     out = []
     for h in params.heads:
-        A = _f64(h.A)
+        A = as_float64(h.A)
         ev = torch.linalg.eigh(0.5 * (A + A.mT))[1]
         out += [ev[:, -1], -ev[:, -1], ev[:, 0], -ev[:, 0]]
     for x in X:
