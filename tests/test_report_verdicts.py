@@ -148,7 +148,9 @@ def _adversarial_summary(c_rand: float, alpha_rand: float) -> dict:
 
 
 def test_adversarial_rows_show_both_fits_and_follow_the_rules(monkeypatch, tmp_path):
-    monkeypatch.setattr(adversarial.report, "summary", lambda _: _adversarial_summary(1.0083, 0.425))
+    monkeypatch.setattr(
+        adversarial.report, "summary", lambda _: _adversarial_summary(1.0083, 0.425)
+    )
     rows = adversarial.claims(tmp_path).rows
     bert, rand = rows
     # the BERT row carries the √n fit reported in the adversarial section (symmetrised input)

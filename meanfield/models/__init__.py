@@ -41,7 +41,6 @@ from .standins import (
     SMOLLM2_GGUF,
     SMOLLM2_LABEL,
     LoadedModel,
-    _minilm_dir,  # noqa: F401  (private, imported by tests/test_real_data.py)
     load_minilm,
     load_model,
     load_smollm2,

@@ -21,12 +21,12 @@ from .._typing import Arch
 from ..data import cut_windows, encode_text, tokens_needed
 from ._families import FAMILIES, base_model
 from .layers import (
-    _arch,
-    _attn_module,
-    _check_layer,
-    _layers,
-    _max_positions,
+    arch_of,
+    attention_module,
+    check_layer,
     layer_info,
+    layer_modules,
+    max_positions,
 )
 
 __all__ = ["HiddenStates", "hidden_states", "hidden_states_grid"]
@@ -87,11 +87,11 @@ class _Captured(Exception):
 
 def _capture_module(model: Any, arch: Arch, layer: int) -> Any:
     if FAMILIES[arch].capture_block:
-        return _layers(model, arch)[layer]
-    return _attn_module(model, arch, layer)
+        return layer_modules(model, arch)[layer]
+    return attention_module(model, arch, layer)
 
 
-def _model_device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
     try:
         return next(model.parameters()).device
     except StopIteration:
@@ -105,10 +105,10 @@ def _forward_capture(
     ids: Tensor,
     token_types: bool,
 ) -> Tensor:
-    return _module_input(model, _capture_module(model, arch, layer), ids, token_types, layer)
+    return module_input(model, _capture_module(model, arch, layer), ids, token_types, layer)
 
 
-def _module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer: int) -> Tensor:
+def module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer: int) -> Tensor:
     """The hidden states entering ``module`` (of layer ``layer``) when ``model`` reads ``ids``.
 
     A pre-hook records them and stops the forward pass there; the model runs in eval mode without
@@ -122,7 +122,7 @@ def _module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer
         captured.append(x.detach())
         raise _Captured
 
-    dev = _model_device(model)
+    dev = model_device(model)
     ids = ids.to(dev)
     kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
     if token_types:
@@ -208,8 +208,8 @@ def hidden_states(
         When the text is too short (the message gives the tokens needed), ``n`` exceeds the
         model's positions, or the model reads images (ViT/DeiT).
     """
-    arch = _arch(model)
-    layer = _check_layer(model, arch, layer)
+    arch = arch_of(model)
+    layer = check_layer(model, arch, layer)
     fam = FAMILIES[arch]
     if fam.reads != "input_ids":
         raise ValueError(
@@ -222,7 +222,7 @@ def hidden_states(
         ids = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
     else:
         ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
-    max_pos = _max_positions(model, arch)
+    max_pos = max_positions(model, arch)
     if max_pos is not None and int(n) > max_pos:
         raise ValueError(f"n = {n} exceeds the model's {max_pos} positions")
     win = cut_windows(ids, n, n_windows, start=start, stride=stride)

@@ -84,7 +84,7 @@ _MAPS = ("heads", "heads+WO", "block")
 # ----------------------------------------------------------------------------------------------
 
 
-def _transformers() -> types.ModuleType:
+def import_transformers() -> types.ModuleType:
     try:
         return importlib.import_module("transformers")
     except ImportError:
@@ -93,7 +93,7 @@ def _transformers() -> types.ModuleType:
         ) from None
 
 
-def _require_gguf() -> None:
+def require_gguf() -> None:
     for mod in ("gguf", "accelerate"):
         if importlib.util.find_spec(mod) is None:
             raise ImportError(f"loading GGUF checkpoints needs {mod}: pip install meanfield[gguf]")
@@ -108,17 +108,17 @@ def _family(model: Any) -> _fam.Family:
     return _fam.detect(model)
 
 
-def _arch(model: Any) -> Arch:
+def arch_of(model: Any) -> Arch:
     """The family name of ``model`` (``LayerInfo.arch``), detected from its module structure."""
     return _family(model).name
 
 
-def _layers(model: Any, arch: Arch) -> Any:
+def layer_modules(model: Any, arch: Arch) -> Any:
     return _fam.FAMILIES[arch].blocks(base_model(model))
 
 
-def _check_layer(model: Any, arch: Arch, layer: int) -> int:
-    n_layers = len(_layers(model, arch))
+def check_layer(model: Any, arch: Arch, layer: int) -> int:
+    n_layers = len(layer_modules(model, arch))
     try:
         index = operator.index(layer)
     except TypeError:
@@ -138,7 +138,7 @@ def _check_map(arch: Arch, map: str) -> None:
         )
 
 
-def _max_positions(model: Any, arch: Arch) -> int | None:
+def max_positions(model: Any, arch: Arch) -> int | None:
     cfg = model.config
     for name in ("max_position_embeddings", "n_positions"):
         v = getattr(cfg, name, None)
@@ -240,8 +240,8 @@ class LayerInfo:
         return dict(self.__dict__)
 
 
-def _attn_module(model: Any, arch: Arch, layer: int) -> Any:
-    return _fam.FAMILIES[arch].attention(_layers(model, arch)[layer])
+def attention_module(model: Any, arch: Arch, layer: int) -> Any:
+    return _fam.FAMILIES[arch].attention(layer_modules(model, arch)[layer])
 
 
 _LEGACY_CAPTURE = {
@@ -272,7 +272,7 @@ def _extract(
 ) -> tuple[_fam.Family, _fam.LayerSpec, LayerInfo]:
     """Family, extracted weights and metadata of one layer (variants recorded, not yet refused)."""
     fam = _family(model)
-    layer = _check_layer(model, fam.name, layer)
+    layer = check_layer(model, fam.name, layer)
     _check_map(fam.name, map)
     cfg = model.config
     blocks = fam.blocks(base_model(model))
@@ -343,7 +343,7 @@ def _check_window(info: LayerInfo, model: Any, n: int | None, where: str) -> Non
             return
         got = f"got n = {int(n)}"
     else:
-        max_pos = _max_positions(model, _family(model).name)
+        max_pos = max_positions(model, _family(model).name)
         if max_pos is not None and max_pos <= w:
             return
         got = "n not given" + (f" and the model takes {max_pos} positions" if max_pos else "")
@@ -473,14 +473,14 @@ def released_head_A(
     -------
     Tensor, shape (d, d)
     """
-    arch = _arch(model)
+    arch = arch_of(model)
     if arch not in ("bert", "gpt2"):
         raise NotImplementedError("the released code handles BERT and GPT-2 only")
-    layer = _check_layer(model, arch, layer)
+    layer = check_layer(model, arch, layer)
     info = layer_info(model, layer, map="heads")
     if not 0 <= head < info.n_heads:
         raise ValueError(f"head must be in [0, {info.n_heads}), got {head}")
-    attn = _attn_module(model, arch, layer)
+    attn = attention_module(model, arch, layer)
     k = info.head_dim
     rows = slice(head * k, (head + 1) * k)
     if arch == "bert":

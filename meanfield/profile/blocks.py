@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._typing import Arch
-from ..models.capture import _model_device
-from ..models.layers import HFAttention, _arch, _layers, hf_attention
+from ..models.capture import model_device
+from ..models.layers import HFAttention, arch_of, hf_attention, layer_modules
 
 __all__ = ["TransformerBlock", "model_blocks"]
 
@@ -173,7 +173,7 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
             f"({', '.join(sorted(_LLAMA_BLOCKS))}); the attention alone is "
             "meanfield.models.hf_attention"
         )
-    blk = _layers(model, arch)[layer]
+    blk = layer_modules(model, arch)[layer]
     att = hf_attention(model, layer, map="heads+WO", dtype=dtype).to(device=device)
     if arch == "bert":
         s = blk.attention.self
@@ -252,14 +252,14 @@ def model_blocks(
     -------
     tuple of TransformerBlock
     """
-    arch = _arch(model)
-    n_layers = len(_layers(model, arch))
-    idx = _check_layers(layers, n_layers)
-    dev = device if device is not None else _model_device(model)
+    arch = arch_of(model)
+    n_layers = len(layer_modules(model, arch))
+    idx = check_layers(layers, n_layers)
+    dev = device if device is not None else model_device(model)
     return tuple(_block(model, arch, layer, dtype, dev) for layer in idx)
 
 
-def _check_layers(layers: Iterable[int] | None, n_layers: int) -> tuple[int, ...]:
+def check_layers(layers: Iterable[int] | None, n_layers: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(n_layers))
     out = []
