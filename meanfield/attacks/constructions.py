@@ -95,7 +95,7 @@ class _Direction:
     u: Tensor  # (d,) float64 unit
 
 
-def _extreme_directions(
+def extreme_directions(
     A: Tensor, variant: str, eigvecs: str
 ) -> tuple[_Direction | None, _Direction | None]:
     """Directions of the largest and smallest Rayleigh quotient (released or symmetric rule)."""
@@ -150,11 +150,11 @@ def _choose_case(hi: _Direction | None, lo: _Direction | None, case: str) -> tup
     return "-", lo
 
 
-def _gap(case: str, lam: float, R: float) -> float:
+def score_gap(case: str, lam: float, R: float) -> float:
     return lam * R * R / 4.0 if case == "+" else -2.0 * lam * R * R
 
 
-def _two_positions(case: str, u: Tensor, R: float) -> tuple[Tensor, Tensor]:
+def two_positions(case: str, u: Tensor, R: float) -> tuple[Tensor, Tensor]:
     """(distinguished / light token, copies / heavy token) of docs/theory.md §3 and §5."""
     if case == "+":
         return R * u, 0.5 * R * u
@@ -162,7 +162,7 @@ def _two_positions(case: str, u: Tensor, R: float) -> tuple[Tensor, Tensor]:
 
 
 # ---------------------------------------------------------------------------- sphere variant
-def _sphere_direction(A: Tensor, *, n_random: int = 8, seed: int = 0) -> tuple[Tensor, float]:
+def sphere_direction(A: Tensor, *, n_random: int = 8, seed: int = 0) -> tuple[Tensor, float]:
     r"""Maximise :math:`\varphi(b)=\|A^\top b\|-b^\top Ab` over unit :math:`b` (multi-start L-BFGS)."""
     A64 = as_float64(A)
     d = A64.shape[0]
@@ -350,7 +350,7 @@ def adversarial_sequence(
     if sphere:
         if d < 2:
             raise ValueError("the sphere variant needs d >= 2 (in d = 1 the sphere is two points)")
-        b, phi = _sphere_direction(A64, seed=seed)
+        b, phi = sphere_direction(A64, seed=seed)
         Atb = A64.mT @ b
         a = Atb / torch.linalg.vector_norm(Atb) if float(torch.linalg.vector_norm(Atb)) > 0 else b
         gamma = R * R * phi
@@ -370,11 +370,11 @@ def adversarial_sequence(
         lower = math.sqrt(n - 1) * p * float(sv[0]) if V_mat is not None else None
         u, lam, case_out = b, float(b @ A64 @ b), "sphere"
     else:
-        hi, lo = _extreme_directions(A64, variant, eigvecs)
+        hi, lo = extreme_directions(A64, variant, eigvecs)
         case_out, dirn = _choose_case(hi, lo, case)
         u, lam = dirn.u, dirn.lam
-        gamma = max(_gap(case_out, lam, R), 0.0)
-        x1, y = _two_positions(case_out, u, R)
+        gamma = max(score_gap(case_out, lam, R), 0.0)
+        x1, y = two_positions(case_out, u, R)
         p = math.exp(log_sigmoid(gamma - log_m))
         direction = u
         lower = None
@@ -401,7 +401,7 @@ def adversarial_sequence(
 # =============================================================================================
 # two Diracs (docs/theory.md §5) and the off-axis bound (§A3)
 # =============================================================================================
-def _optimal_v(gamma: float) -> float:
+def optimal_direction_v(gamma: float) -> float:
     r"""Root in (0, 1) of :math:`4\gamma v^2-(3\gamma-2)v-1=0`, without cancellation."""
     disc = math.sqrt(9.0 * gamma * gamma + 4.0 * gamma + 4.0)
     if 3.0 * gamma >= 2.0:
@@ -519,9 +519,9 @@ def two_dirac(
     R = check_radius(R)
     A_mat, V_default = _head(A, head)
     V_mat = _value_matrix(V if V is not None else V_default, A_mat)
-    hi, lo = _extreme_directions(A_mat, variant, eigvecs)
+    hi, lo = extreme_directions(A_mat, variant, eigvecs)
     case_out, dirn = _choose_case(hi, lo, case)
-    gamma = max(_gap(case_out, dirn.lam, R), 0.0)
+    gamma = max(score_gap(case_out, dirn.lam, R), 0.0)
     if eps is not None and log_eps is not None:
         raise ValueError("give eps or log_eps, not both")
     if log_eps is not None:
@@ -535,10 +535,10 @@ def two_dirac(
             raise ValueError(f"eps must lie in (0, 1), got {e}")
         le, l1m = math.log(e), math.log1p(-e)
     else:
-        v = _optimal_v(gamma)
+        v = optimal_direction_v(gamma)
         t = math.log((1.0 - v) / v) - gamma  # logit of eps*
         le, l1m = log_sigmoid(t), log_sigmoid(-t)
-    x1, x0 = _two_positions(case_out, dirn.u, R)
+    x1, x0 = two_positions(case_out, dirn.u, R)
     pts = torch.stack([x0, x1]).to(dtype=A_mat.dtype, device=A_mat.device)
     lw = torch.tensor([l1m, le], dtype=torch.float64, device=A_mat.device)
     mu = measure_from_log_weights(pts, lw.to(A_mat.dtype))
@@ -689,19 +689,21 @@ def off_axis_two_atoms(
     # on-axis starts
     starts_x, starts_y, starts_h, starts_t = [], [], [], []
     axis_best = -math.inf
-    hi, lo = _extreme_directions(A, "symmetric", "code")
+    hi, lo = extreme_directions(A, "symmetric", "code")
     for c, dirn in (("+", hi), ("-", lo)):
         if (c == "+" and dirn.lam > 0) or (c == "-" and dirn.lam < 0):
-            gamma = _gap(c, dirn.lam, R)
-            x1, x0 = _two_positions(c, dirn.u, R)
-            v = _optimal_v(gamma)
+            gamma = score_gap(c, dirn.lam, R)
+            x1, x0 = two_positions(c, dirn.u, R)
+            v = optimal_direction_v(gamma)
             starts_x.append(x1)
             starts_y.append(x0)
             starts_h.append(dirn.u)
             starts_t.append(math.log((1 - v) / v))
             Vu = float(torch.linalg.vector_norm(V @ dirn.u))
             if Vu > 0:
-                axis_best = max(axis_best, _log_g(gamma, *_opt_logs(gamma))[0] + math.log(Vu))
+                axis_best = max(
+                    axis_best, _log_g(gamma, *optimal_log_masses(gamma))[0] + math.log(Vu)
+                )
     n_r = int(opts.n_restarts)
     Xr = torch.randn(n_r, 2, d, generator=gen, dtype=torch.float64).to(dev)
     Hr = torch.randn(n_r, d, generator=gen, dtype=torch.float64).to(dev)
@@ -766,7 +768,7 @@ def off_axis_two_atoms(
     )
 
 
-def _opt_logs(gamma: float) -> tuple[float, float]:
-    v = _optimal_v(gamma)
+def optimal_log_masses(gamma: float) -> tuple[float, float]:
+    v = optimal_direction_v(gamma)
     t = math.log((1.0 - v) / v) - gamma
     return log_sigmoid(t), log_sigmoid(-t)

@@ -45,14 +45,14 @@ from ._common import (
     to_sphere,
 )
 from .constructions import (
-    _extreme_directions,
-    _gap,
-    _opt_logs,
-    _optimal_v,
-    _sphere_direction,
-    _two_positions,
     adversarial_sequence,
+    extreme_directions,
+    optimal_direction_v,
+    optimal_log_masses,
+    score_gap,
+    sphere_direction,
     two_dirac,
+    two_positions,
 )
 
 __all__ = ["WorstCaseMeasure", "WorstCaseSequence", "worst_case_measure", "worst_case_sequence"]
@@ -156,21 +156,21 @@ def _construction_starts(
         if sphere:
             if A.shape[0] < 2:
                 continue
-            b, phi = _sphere_direction(A)
+            b, phi = sphere_direction(A)
             Atb = A.mT @ b
             if float(torch.linalg.vector_norm(Atb)) == 0:
                 continue
             gamma = R * R * phi
-            le, l1m = _opt_logs(gamma)
+            le, l1m = optimal_log_masses(gamma)
             x_light = R * Atb / torch.linalg.vector_norm(Atb)
             cands.append(("two-dirac sphere", gamma, [R * b, x_light], [l1m, le]))
         else:
-            hi, lo = _extreme_directions(A, "symmetric", "code")
+            hi, lo = extreme_directions(A, "symmetric", "code")
             for c, dirn in (("+", hi), ("-", lo)):
                 if (c == "+" and dirn.lam > 0) or (c == "-" and dirn.lam < 0):
-                    gamma = _gap(c, dirn.lam, R)
-                    x_light, x_heavy = _two_positions(c, dirn.u, R)
-                    le, l1m = _opt_logs(gamma)
+                    gamma = score_gap(c, dirn.lam, R)
+                    x_light, x_heavy = two_positions(c, dirn.u, R)
+                    le, l1m = optimal_log_masses(gamma)
                     cands.append((f"two-dirac {c}", gamma, [x_heavy, x_light], [l1m, le]))
             if hi.lam > 0:
                 u, lr2 = hi.u, hi.lam * R * R
@@ -505,7 +505,7 @@ def _sequence_starts(
                 bound = max(bound or 0.0, con.lower_bound)
             if not sphere and n > 2:
                 # best k-copy variant: k tokens at the light position, n - k at the heavy one
-                v = _optimal_v(con.gamma)
+                v = optimal_direction_v(con.gamma)
                 t = math.log((1 - v) / v) - con.gamma
                 k = min(max(round(n * math.exp(log_sigmoid(t))), 1), n - 1)
                 if k > 1:
