@@ -19,6 +19,15 @@ symbol (code)         meaning
 ====================  ===========================================================================
 
 Tensors in, tensors out; dtype and device follow the inputs; float64 is the reference precision.
+
+The top level holds the paper's objects and maps: measures, attention parameters, attention on
+sequences and on measures, Wasserstein distances and the local Lipschitz constant. The rest is
+reached through its subpackage: :mod:`meanfield.jacobian` (products and certified block norms),
+:mod:`meanfield.lipschitz` (the estimator's options and certificates), :mod:`meanfield.attacks`
+(worst-case inputs and mass splitting), :mod:`meanfield.models` (Hugging Face layers),
+:mod:`meanfield.profile` (a model layer by layer), :mod:`meanfield.distances` (Sinkhorn),
+:mod:`meanfield.invertible` (invertible residual attention) and :mod:`meanfield.convolution`
+(spectral norms of convolutions).
 """
 
 from .attention import (
@@ -29,30 +38,13 @@ from .attention import (
     l2_self_attention,
     self_attention,
 )
-from .convolution import (
-    ConvSpectralResult,
-    conv2d_reshaped_upper,
-    conv2d_spectral_upper,
-    module_spectral_upper,
-)
 from .distances import (
-    SinkhornResult,
     TransportError,
     TransportResult,
     conditional_wasserstein,
     optimal_transport,
-    sinkhorn_wasserstein,
     wasserstein,
     wasserstein_inf,
-)
-from .invertible import (
-    FixedPointResult,
-    ResidualAttention,
-    certified_lipschitz,
-    contractive_scale,
-    invert_fixed_point,
-    l2_lipschitz_upper,
-    residual_forward,
 )
 from .lipschitz import (
     LipschitzEstimate,
@@ -68,7 +60,6 @@ from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryE
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConvSpectralResult",
     "AttentionParams",
     "DiracMeasure",
     "L2AttentionParams",
@@ -76,7 +67,6 @@ __all__ = [
     "LocalUpperBound",
     "MultiHeadParams",
     "RotaryEmbedding",
-    "SinkhornResult",
     "TransportError",
     "TransportResult",
     "attention",
@@ -85,24 +75,12 @@ __all__ = [
     "attention_weights",
     "certified_local_upper",
     "conditional_wasserstein",
-    "conv2d_reshaped_upper",
-    "conv2d_spectral_upper",
     "l2_self_attention",
     "local_lipschitz",
     "local_lipschitz_fn",
-    "module_spectral_upper",
     "optimal_transport",
     "released_metric",
     "self_attention",
-    "sinkhorn_wasserstein",
     "wasserstein",
     "wasserstein_inf",
-    # invertible residual attention (meanfield.invertible)
-    "FixedPointResult",
-    "ResidualAttention",
-    "certified_lipschitz",
-    "contractive_scale",
-    "invert_fixed_point",
-    "l2_lipschitz_upper",
-    "residual_forward",
 ]
