@@ -305,11 +305,11 @@ def test_sqrt_n_slope_random_heads(rng):
     assert tested >= 2
 
 
-def test_off_axis_options_equal_keywords(rng):
-    from meanfield.attacks import SearchOptions
-
+def test_off_axis_options_are_keywords_with_its_defaults(rng):
     A, V = random_head(rng, 2, scale=2.0)
     params = AttentionParams(A, V)
-    a = off_axis_two_atoms(params, 1.5, n_restarts=3, steps=15, seed=4)
-    b = off_axis_two_atoms(params, 1.5, options=SearchOptions(n_restarts=3, steps=15, seed=4))
+    a = off_axis_two_atoms(params, 1.5, n_restarts=3, steps=15)
+    b = off_axis_two_atoms(params, 1.5, n_restarts=3, steps=15, lr=0.05, seed=0)
     assert a.value == b.value and torch.equal(a.history, b.history)
+    with pytest.raises(TypeError, match="options"):
+        off_axis_two_atoms(params, 1.5, options={"steps": 3})

@@ -93,36 +93,27 @@ def _head(rng, d=2):
     return AttentionParams(A, V)
 
 
-def test_search_options_equal_keywords(rng):
-    from meanfield.attacks import SearchOptions
-
+def test_search_options_are_keywords_with_the_search_defaults(rng):
     params = _head(rng)
     kw = worst_case_measure(params, 1.5, 3, n_restarts=3, steps=12, lr=0.07, seed=5, certify=False)
-    opts = SearchOptions(n_restarts=3, steps=12, lr=0.07, seed=5)
-    ob = worst_case_measure(params, 1.5, 3, options=opts, certify=False)
-    assert kw.value == ob.value and torch.equal(kw.restart_values, ob.restart_values)
-    # partial options: the other fields keep the search's defaults, keywords fill the rest
-    mix = worst_case_measure(
-        params,
-        1.5,
-        3,
-        options=SearchOptions(n_restarts=3, seed=5),
-        steps=12,
-        lr=0.07,
-        certify=False,
+    again = worst_case_measure(
+        params, 1.5, 3, n_restarts=3, steps=12, lr=0.07, seed=5, certify=False
     )
-    assert mix.value == kw.value
-    # one random source: the seed (the generator= keyword was removed before any release)
+    assert kw.value == again.value and torch.equal(kw.restart_values, again.restart_values)
+    # a keyword left out takes the search's default (seed 0, lr 0.05)
+    defaults = worst_case_measure(params, 1.5, 3, n_restarts=3, steps=12, certify=False)
+    explicit = worst_case_measure(
+        params, 1.5, 3, n_restarts=3, steps=12, lr=0.05, seed=0, certify=False
+    )
+    assert defaults.value == explicit.value
+    assert torch.equal(defaults.restart_values, explicit.restart_values)
+    # one way in: no options object, one random source (the seed)
+    with pytest.raises(TypeError, match="options"):
+        worst_case_sequence(params, 1.5, 3, options={"steps": 3})
     with pytest.raises(TypeError, match="generator"):
         worst_case_measure(params, 1.5, 3, generator=torch.Generator().manual_seed(5))
-    with pytest.raises(ValueError, match="both"):
-        worst_case_measure(params, 1.5, 3, options=opts, steps=3)
     with pytest.raises(ValueError, match="non-negative"):
-        SearchOptions(steps=-1)
-    with pytest.raises(TypeError, match="SearchOptions"):
-        worst_case_sequence(params, 1.5, 3, options={"steps": 3})
-    with pytest.raises(AttributeError):
-        opts.steps = 3  # frozen
+        worst_case_measure(params, 1.5, 3, steps=-1)
 
 
 def test_the_number_of_atoms_is_n(rng):

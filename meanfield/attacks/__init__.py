@@ -13,8 +13,8 @@ Subpackage layout (one concept per module):
   constants of L2 attention (Kim et al.): :func:`l2_construction` (closed form),
   :func:`l2_lipschitz_lower` (search), :func:`l2_jacobian_inf_norm`,
   :func:`l2_jacobian_spectral_norm`;
-* ``_common`` (private): the multi-start ascent and :class:`SearchOptions`, the options every
-  search takes (``n_restarts``, ``steps``, ``lr``, ``seed``).
+* ``_common`` (private): the multi-start ascent and the options every search takes as
+  keywords (``n_restarts``, ``steps``, ``lr``, ``seed``; ``None`` for the search's default).
 
 Notation (docs/theory.md §A1): one head has score matrix :math:`A` (score
 :math:`x_i^\top Ax_j`, query :math:`i`, key :math:`j`) and value matrix :math:`V`; :math:`u` is a
@@ -31,7 +31,7 @@ ICML 2024, arXiv 2312.14820 (v2; v1 for the two-Dirac and mass-splitting materia
 API style: the mathematical inputs are positional (a measure first, then the parameters, as in
 :func:`mass_splitting_attack`; a construction or a search has no input measure, so the
 parameters under attack come first, then the domain :math:`R`, :math:`n`); options are
-keyword-only, the search options being :class:`SearchOptions` or the same names as keywords;
+keyword-only (one way in: ``n_restarts``, ``steps``, ``lr``, ``seed`` as keywords);
 ``masked=None`` follows the input measure's flag (unmasked when there is none); the number of
 atoms is ``n``. The eigenvector ``variant`` defaults differ on purpose:
 :func:`adversarial_sequence` reproduces the paper's experiments (``"released"``), while
@@ -43,7 +43,7 @@ small dense problems; where intra-op threading of tiny tensors is slow,
 ``torch.set_num_threads(1)`` speeds them up considerably.
 """
 
-from ._common import LOG_MASS_FLOOR, SearchOptions
+from ._common import LOG_MASS_FLOOR
 from .constructions import (
     AdversarialSequence,
     OffAxisTwoAtoms,
@@ -80,7 +80,6 @@ __all__ = [
     "MassSplittingAttack",
     "OffAxisTwoAtoms",
     "Perturbation",
-    "SearchOptions",
     "TwoDirac",
     "WorstCaseMeasure",
     "WorstCaseSequence",

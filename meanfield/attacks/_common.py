@@ -64,8 +64,8 @@ class SearchOptions:
 
     Each search has its own defaults (``worst_case_measure``: 16 restarts, 300 steps;
     ``worst_case_sequence``: 8, 300; ``off_axis_two_atoms``: 16, 400; ``mass_splitting_attack``:
-    3, 150; all ``lr = 0.05`` and ``seed = 0``). Pass ``options=SearchOptions(...)`` or the same
-    names as keywords; fields left at ``None`` take the search's default.
+    3, 150; all ``lr = 0.05`` and ``seed = 0``). The searches take the fields as keywords; a
+    field left at ``None`` takes the search's default.
     """
 
     n_restarts: int | None = None
@@ -81,30 +81,17 @@ class SearchOptions:
 
 
 def resolve_options(
-    defaults: SearchOptions,
-    options: SearchOptions | None,
-    what: str,
-    **given: float | int | None,
+    defaults: SearchOptions, what: str, **given: float | int | None
 ) -> tuple[SearchOptions, torch.Generator]:
-    """Merge the defaults of a search, ``options`` and the keywords given to it.
+    """The options of a search: its defaults, replaced by the keywords given (``None``: default).
 
-    A keyword given explicitly overrides the same field of ``options``; giving both for the same
-    field raises. Returns the complete options and the generator of the random starts
-    (a CPU generator seeded with ``seed``).
+    Returns the complete options, checked (a one-line ValueError naming ``what`` and the field),
+    and the generator of the random starts (a CPU generator seeded with ``seed``).
     """
     merged = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(SearchOptions)}
-    if options is not None:
-        if not isinstance(options, SearchOptions):
-            raise TypeError(f"options must be a SearchOptions, got {type(options).__name__}")
-        for k, v in dataclasses.asdict(options).items():
-            if v is not None:
-                merged[k] = v
     for k, v in given.items():
-        if v is None:
-            continue
-        if options is not None and getattr(options, k) is not None:
-            raise ValueError(f"{what}: {k} given both as a keyword and in options")
-        merged[k] = v
+        if v is not None:
+            merged[k] = v
     opts = SearchOptions(**merged)
     gen = torch.Generator(device="cpu").manual_seed(int(opts.seed))
     return opts, gen

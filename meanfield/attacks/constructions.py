@@ -52,7 +52,7 @@ __all__ = [
 
 #: Relative tolerance deciding that an eigenvalue of A is real (imaginary part ~ 0).
 _REAL_EIG_RTOL = 1e-9
-#: Defaults of :func:`off_axis_two_atoms` (see :class:`~meanfield.attacks.SearchOptions`).
+#: Defaults of :func:`off_axis_two_atoms` (``meanfield.attacks._common.SearchOptions``).
 OFF_AXIS_DEFAULTS = SearchOptions(n_restarts=16, steps=400, lr=0.05, seed=0)
 
 
@@ -628,7 +628,6 @@ def off_axis_two_atoms(
     params: Params,
     R: float,
     *,
-    options: SearchOptions | None = None,
     n_restarts: int | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -651,8 +650,6 @@ def off_axis_two_atoms(
     params : AttentionParams
         One head (a :class:`MultiHeadParams` with one head is accepted). Biases are ignored.
     R : float
-    options : SearchOptions, optional
-        ``n_restarts``, ``steps``, ``lr``, ``seed`` at once (or give them as keywords).
     n_restarts : int, default 16
         Random starts (in addition to the on-axis starts).
     steps : int, default 400
@@ -671,7 +668,6 @@ def off_axis_two_atoms(
     """
     opts, gen = resolve_options(
         OFF_AXIS_DEFAULTS,
-        options,
         "off_axis_two_atoms",
         n_restarts=n_restarts,
         steps=steps,

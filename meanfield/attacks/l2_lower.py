@@ -497,7 +497,6 @@ def l2_lipschitz_lower(
     n_restarts: int | None = None,
     steps: int | None = None,
     lr: float | None = None,
-    options: SearchOptions | None = None,
     power_iters: int = 2,
 ) -> L2LowerBound:
     r"""Lower bound on :math:`\mathrm{Lip}_p(F)` of L2 attention with ``N`` tokens, by search.
@@ -517,9 +516,9 @@ def l2_lipschitz_lower(
     N : int
         Number of tokens, :math:`N\ge2`.
     p : {"inf", 2}
-    seed, n_restarts, steps, lr, options
-        Search options (:class:`SearchOptions`; defaults 2 restarts, 150 steps, lr 0.03
-        relative to the construction's scale, seed 0).
+    seed, n_restarts, steps, lr
+        Search options (defaults 2 restarts, 150 steps, lr 0.03 relative to the construction's
+        scale, seed 0).
     power_iters : int
         Power steps per ascent step (``p=2``).
 
@@ -534,7 +533,7 @@ def l2_lipschitz_lower(
     if N < 2:
         raise ValueError(f"need N >= 2 tokens, got {N}")
     opts, gen = resolve_options(
-        _DEFAULTS, options, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
+        _DEFAULTS, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
         lr=lr, seed=seed,
     )  # fmt: skip
     p64 = params_float64(params)

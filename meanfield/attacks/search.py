@@ -10,7 +10,7 @@ with :func:`meanfield.attacks._common.ascend_restarts`, and report the engine's 
 
 Argument order: a search has no input measure; its mathematical inputs are the attention
 parameters being attacked and the domain (:math:`R`, :math:`n`), positional in that order; the
-search options are keyword-only (:class:`~meanfield.attacks.SearchOptions`).
+search options are keyword-only (``n_restarts``, ``steps``, ``lr``, ``seed``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from .constructions import (
 
 __all__ = ["WorstCaseMeasure", "WorstCaseSequence", "worst_case_measure", "worst_case_sequence"]
 
-#: Defaults of the two searches (see :class:`~meanfield.attacks.SearchOptions`).
+#: Defaults of the two searches (``meanfield.attacks._common.SearchOptions``).
 MEASURE_DEFAULTS = SearchOptions(n_restarts=16, steps=300, lr=0.05, seed=0)
 SEQUENCE_DEFAULTS = SearchOptions(n_restarts=8, steps=300, lr=0.05, seed=0)
 
@@ -229,7 +229,6 @@ def worst_case_measure(
     R: float,
     n: int,
     *,
-    options: SearchOptions | None = None,
     n_restarts: int | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -275,9 +274,6 @@ def worst_case_measure(
         Radius of the ball (or sphere).
     n : int
         Number of atoms :math:`K \ge 1`.
-    options : SearchOptions, optional
-        ``n_restarts``, ``steps``, ``lr``, ``seed`` at once; the same names may be given as
-        keywords instead (not both for one field).
     n_restarts : int, default 16
         Random starts (in addition to the construction and ``init`` starts).
     steps : int, default 300
@@ -318,7 +314,6 @@ def worst_case_measure(
     n = int(n)
     opts, gen = resolve_options(
         MEASURE_DEFAULTS,
-        options,
         "worst_case_measure",
         n_restarts=n_restarts,
         steps=steps,
@@ -521,7 +516,6 @@ def worst_case_sequence(
     R: float,
     n: int,
     *,
-    options: SearchOptions | None = None,
     n_restarts: int | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -550,8 +544,6 @@ def worst_case_sequence(
     R : float
     n : int
         Sequence length, ``n >= 1``.
-    options : SearchOptions, optional
-        ``n_restarts``, ``steps``, ``lr``, ``seed`` at once (or give them as keywords).
     n_restarts : int, default 8
     steps : int, default 300
     lr : float, default 0.05
@@ -576,7 +568,6 @@ def worst_case_sequence(
     """
     opts, gen = resolve_options(
         SEQUENCE_DEFAULTS,
-        options,
         "worst_case_sequence",
         n_restarts=n_restarts,
         steps=steps,

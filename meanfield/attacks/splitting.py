@@ -54,7 +54,7 @@ __all__ = [
     "split_gain",
 ]
 
-#: Defaults of :func:`mass_splitting_attack` (see :class:`~meanfield.attacks.SearchOptions`).
+#: Defaults of :func:`mass_splitting_attack` (``meanfield.attacks._common.SearchOptions``).
 SPLITTING_DEFAULTS = SearchOptions(n_restarts=3, steps=150, lr=0.05, seed=0)
 
 
@@ -363,7 +363,6 @@ def mass_splitting_attack(
     params: Params,
     budget: float,
     *,
-    options: SearchOptions | None = None,
     n_restarts: int | None = None,
     steps: int | None = None,
     lr: float | None = None,
@@ -413,8 +412,6 @@ def mass_splitting_attack(
         Radius of the ball holding the perturbed measures; default the support radius of ``mu``.
     atoms : sequence of int, optional
         Atoms to split (default all).
-    options : SearchOptions, optional
-        ``n_restarts``, ``steps``, ``lr``, ``seed`` at once (or give them as keywords).
     n_restarts : int, default 3
         Starts per (atom, k) and for the move-only attack (the first are structured: the top
         singular vector of the weighted Jacobian for moves; the logit-gain direction
@@ -439,7 +436,6 @@ def mass_splitting_attack(
     """
     opts, gen = resolve_options(
         SPLITTING_DEFAULTS,
-        options,
         "mass_splitting_attack",
         n_restarts=n_restarts,
         steps=steps,
