@@ -237,20 +237,14 @@ def prepare(lin: AttentionLinearization, plan: Plan) -> Operators:
 
 
 # ---------------------------------------------------------------- products and start vectors
-def random_start(
-    shape: tuple[int, ...], like: Tensor, seed: int | None, generator: torch.Generator | None
-) -> Tensor:
+def random_start(shape: tuple[int, ...], like: Tensor, seed: int | None) -> Tensor:
     """Gaussian start vector in the dtype and on the device of ``like``.
 
-    Drawn in float64 from ``generator``, else from a generator seeded with ``seed``, else from
-    the global generator.
+    Drawn in float64 on the CPU from a generator seeded with ``seed`` (``None``: the global
+    generator), so that a seed gives the same start on every device.
     """
-    if generator is None and seed is not None:
-        generator = torch.Generator().manual_seed(int(seed))
-    if generator is not None and generator.device.type != "cpu":
-        x0 = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float64)
-    else:
-        x0 = torch.randn(shape, generator=generator, dtype=torch.float64)
+    generator = None if seed is None else torch.Generator().manual_seed(int(seed))
+    x0 = torch.randn(shape, generator=generator, dtype=torch.float64)
     return x0.to(dtype=like.dtype, device=like.device)
 
 

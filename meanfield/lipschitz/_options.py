@@ -24,7 +24,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from .._numerics import as_float_tensor, check_finite
@@ -64,7 +63,6 @@ class SolverOptions:
     krylov_dim: int = 32
     start: Start = None
     seed: int | None = 0
-    generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
         check_one_of("method", self.method, ("auto", "dense", "lanczos", "power"))

@@ -139,7 +139,7 @@ def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
         )
     opts = plan.solver
     mv, rmv = self_ops(lin)
-    x0 = random_start(lin.batch_shape + (n, d), lin.X, opts.seed, opts.generator)
+    x0 = random_start(lin.batch_shape + (n, d), lin.X, opts.seed)
     res = top_singular_value(
         mv,
         rmv,
@@ -181,12 +181,11 @@ def _start_vector(ops: Operators, plan: Plan) -> Tensor:
     """The flattened start: seeded Gaussian, Kronecker (docs/certificates.md §6) or chosen."""
     lin, opts = ops.lin_solve, plan.solver
     shape = ops.batch + (lin.n * lin.d,)
-    start, seed, generator = opts.start, opts.seed, opts.generator
+    start, seed = opts.start, opts.seed
     if start is None:
-        return random_start(shape, lin.X, seed, generator)
+        return random_start(shape, lin.X, seed)
     if isinstance(start, str):  # the Kronecker start
-        if generator is None and seed is not None:
-            generator = torch.Generator().manual_seed(int(seed))
+        generator = None if seed is None else torch.Generator().manual_seed(int(seed))
         x0 = kronecker_start(lin, geometry=plan.op_geometry, generator=generator)
         return x0.reshape(shape)
     # a chosen start: the probabilistic certificate needs a random one (none is formed)

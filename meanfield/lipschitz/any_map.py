@@ -44,7 +44,6 @@ def local_lipschitz_fn(
     max_iter: int | None = None,
     krylov_dim: int = 32,
     seed: int | None = 0,
-    generator: torch.Generator | None = None,
     upper: Literal["auto", "gram", "none"] = "auto",
     batch_dims: int = 0,
     delta: float | None = 1e-6,
@@ -71,7 +70,7 @@ def local_lipschitz_fn(
         (``DEFAULT_TOL``, that of :func:`local_lipschitz`'s residual rule), the
         residual rule being the only one here (the width rule needs the closed-form certificates
         of :func:`local_lipschitz`), so that a call written for either function runs on both.
-    max_iter, krylov_dim, seed, generator
+    max_iter, krylov_dim, seed
         As in :func:`local_lipschitz`.
     upper : {"auto", "gram", "none"}, default "auto"
         Dense: Gram iteration certified by Cholesky. Matrix-free methods have no upper
@@ -148,7 +147,7 @@ def local_lipschitz_fn(
     def rmatvec(u: Tensor) -> Tensor:
         return pullback(u.reshape(out_shape))[0].reshape(batch + (-1,))
 
-    x0 = random_start(batch + (N,), X, seed, generator)
+    x0 = random_start(batch + (N,), X, seed)
     res = top_singular_value(
         matvec,
         rmatvec,

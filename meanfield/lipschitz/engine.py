@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from .._typing import Geometry, Method, Params, UpperMethod
@@ -49,7 +48,6 @@ def local_lipschitz(
     max_iter: int | None = None,
     krylov_dim: int = 32,
     seed: int | None = 0,
-    generator: torch.Generator | None = None,
     upper: UpperMethod = "auto",
     chunk_size: int | None = None,
     token_index: Tensor | None = None,
@@ -86,8 +84,8 @@ def local_lipschitz(
     krylov_dim : int, default 32
         Lanczos basis size before a restart.
     seed : int or None, default 0
-        Seed of the random start (ignored when ``generator`` is given; ``None``: global RNG).
-    generator : torch.Generator, optional
+        Seed of the random start, the estimate's one random source (a CPU generator seeded
+        with it draws the start in float64; ``None``: torch's global generator).
     upper : {"auto", "gram", "block", "none"}, default "auto"
         Upper-bound certificate. ``"auto"``: ``"gram"`` for the dense method, ``"block"``
         otherwise. ``"gram"`` needs ``method="dense"``.
@@ -162,7 +160,6 @@ def local_lipschitz(
             krylov_dim=krylov_dim,
             start=start,
             seed=seed,
-            generator=generator,
         ),
         certificate=CertificateOptions(
             upper=upper, delta=delta, prob_rtol=prob_rtol, certify=certify
