@@ -13,6 +13,10 @@
   included). Outside it (tests excepted) the engine is imported through its door,
   ``experiments.engine``, never a private ``experiments.engine._x``.
 - The library's type aliases are defined once, in ``meanfield/_typing.py``.
+- No module imports an underscore name from another module (``from m import _x``, ``m._x``), and
+  no module reaches into an underscore module of another top-level package (``theory._m``): a
+  package's ``__init__`` is its door. ``theory`` and ``paper_figs`` are held to it; the packages
+  of :data:`PRIVATE_IMPORTS_PENDING` may not add any.
 """
 
 from __future__ import annotations
@@ -309,6 +313,167 @@ def test_the_engine_scan_resolves_relative_and_lazy_imports(tmp_path):
         "pkg.eng._b",
         "pkg.eng",
     ]
+
+
+#: Packages not yet held to :func:`test_no_private_name_is_imported_from_another_module`, with
+#: the number of private imports each had when the check came in (2026-11-26): the count may only
+#: fall. Delete a package's entry once it has none, and the check holds it like ``theory``.
+PRIVATE_IMPORTS_PENDING: dict[str, int] = {
+    "meanfield": 35,
+    "experiments": 27,
+    "meanfield_cli": 2,
+}
+
+
+def _is_private(name: str) -> bool:
+    """An underscore name: ``_x`` or ``__x``, but not a dunder such as ``__version__``."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """The private names and modules that ``path`` takes from another module, one line each.
+
+    Two kinds count, at module level or inside a function:
+
+    * **a private name** of another module: ``from M import _x`` (``as`` another name or the same
+      one, a re-export counts too) or ``M._x`` with ``M`` a module bound by an ``import``, where
+      ``_x`` is not a module;
+    * **a private module of another top-level package**: ``import p._m``, ``from p._m import x``,
+      ``from p import _m`` or ``p._m`` outside ``p``'s top-level package. Inside it, a private
+      module is one of the package's own (``from theory import _symbols`` in ``theory.symbolic``).
+
+    Only the modules of this tree count (``argparse._SubParsersAction`` does not). Dunder names
+    (``__version__``, ``__all__``) are public.
+    """
+    me = _module_name(path, root)
+    package = me.split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out: list[str] = []
+
+    def private_module(name: str, line: int, how: str) -> None:
+        parts = name.split(".")
+        if (
+            parts[0] != package[0]
+            and any(_is_private(p) for p in parts[1:])
+            and _is_module(parts[0], root)
+        ):
+            out.append(f"line {line}: {how} (private module of {parts[0]})")
+
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    modules: dict[str, str] = {}  # a local name -> the module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                private_module(alias.name, node.lineno, f"import {alias.name}")
+                if not _is_module(alias.name, root):
+                    continue  # not a module of this tree: the standard library, a dependency
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    modules[top] = top
+        elif isinstance(node, ast.ImportFrom):
+            if node.level > len(package):
+                continue  # climbs out of the tree: test_no_package_imports_upward reports it
+            base = package[: len(package) - node.level + 1] if node.level else []
+            parent = ".".join([*base, *([node.module] if node.module else [])])
+            shown = "." * node.level + (node.module or "")
+            private_module(parent, node.lineno, f"from {shown} import ...")
+            for alias in node.names:
+                full = f"{parent}.{alias.name}"
+                if _is_module(full, root):
+                    modules[alias.asname or alias.name] = full
+                    private_module(full, node.lineno, f"from {shown} import {alias.name}")
+                elif _is_private(alias.name) and _is_module(parent, root):
+                    out.append(f"line {node.lineno}: from {shown} import {alias.name}")
+
+    def resolve(expr: ast.expr) -> str | None:
+        """The module that ``expr`` (a name or a chain of attributes) stands for, if any."""
+        if isinstance(expr, ast.Name):
+            return modules.get(expr.id)
+        if isinstance(expr, ast.Attribute) and (mod := resolve(expr.value)) is not None:
+            full = f"{mod}.{expr.attr}"
+            return full if _is_module(full, root) else None
+        return None
+
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
+            continue
+        mod = resolve(node.value)
+        if mod is None or mod == me:
+            continue
+        full = f"{mod}.{node.attr}"
+        if _is_module(full, root):
+            private_module(full, node.lineno, full)
+        else:
+            out.append(f"line {node.lineno}: {full}")
+    return sorted(set(out), key=lambda s: (int(s.split()[1].rstrip(":")), s))
+
+
+def _private_imports_of(package: str, root: Path = ROOT) -> dict[str, list[str]]:
+    """Each module of ``package`` with a private import -> what :func:`_private_imports` finds."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        if hits := _private_imports(path, root):
+            found[str(path.relative_to(root))] = hits
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A name used across modules has no underscore: a package's ``__init__`` is its door.
+
+    An underscore name (``_x``) is private to its module, and an underscore module (``_m``) to
+    its top-level package: a module of another package goes through a public module or a door.
+    The packages of :data:`PRIVATE_IMPORTS_PENDING` are not held to it yet; their counts only
+    fall.
+    """
+    assert set(PRIVATE_IMPORTS_PENDING) < set(LAYERS), "a pending package is not a layer"
+    bad: dict[str, list[str]] = {}
+    grew: dict[str, str] = {}
+    for package in LAYERS:
+        found = _private_imports_of(package)
+        if package not in PRIVATE_IMPORTS_PENDING:
+            bad.update(found)
+        elif (count := sum(map(len, found.values()))) > PRIVATE_IMPORTS_PENDING[package]:
+            grew[package] = f"{count} > {PRIVATE_IMPORTS_PENDING[package]}"
+    assert not bad, f"private names or modules imported from another module: {bad}"
+    assert not grew, f"pending packages with more private imports than recorded: {grew}"
+
+
+def test_the_private_import_scan_sees_names_modules_and_attributes(tmp_path):
+    """Names, re-exports, attribute use and private modules of another package are found."""
+    for pkg in ("pkg", "pkg/sub", "low"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    for mod in ("pkg/_priv.py", "pkg/sub/_core.py", "pkg/sub/public.py", "low/_inner.py"):
+        (tmp_path / mod).write_text("")
+    mod = tmp_path / "pkg" / "sub" / "m.py"
+    mod.write_text(
+        "from __future__ import annotations\n"
+        "from ._core import helper, _hidden\n"
+        "from pkg import _priv, __version__\n"
+        "from . import _core as C, public\n"
+        "import low._inner\n"
+        "import pkg.sub.public as P\n"
+        "import argparse\n"
+        "from os import _exit\n"
+        "def f():\n"
+        "    from .public import _x as _x\n"
+        "    return C._y, C.ok, P._z, low._inner.y, _priv.ok, _priv._w, argparse._Action\n"
+    )
+    assert _private_imports(mod, tmp_path) == [
+        "line 2: from ._core import _hidden",
+        "line 5: import low._inner (private module of low)",
+        "line 10: from .public import _x",
+        "line 11: low._inner (private module of low)",
+        "line 11: pkg._priv._w",
+        "line 11: pkg.sub._core._y",
+        "line 11: pkg.sub.public._z",
+    ]
+    below = tmp_path / "low" / "m.py"
+    below.write_text("from . import _inner\nfrom low._inner import x\nimport low._inner as I\n")
+    assert _private_imports(below, tmp_path) == []
 
 
 def test_below_the_command_line_nothing_imports_upward():

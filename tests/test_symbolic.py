@@ -172,7 +172,7 @@ def test_crossover_closed_forms(form, mf_form):
 def test_numeric_fallback_of_the_solver():
     x = sp.Symbol("x", positive=True)
     M = sp.Symbol("M", positive=True)
-    expr, func, how = sym._core._solve_or_numeric(sp.cos(x) + x - M, x, (M,), (0.0, 100.0))
+    expr, func, how = sym._core.solve_or_numeric(sp.cos(x) + x - M, x, (M,), (0.0, 100.0))
     assert expr is None and how == "numeric root"
     roots = func(np.array([2.0, 10.0]))
     np.testing.assert_allclose(np.cos(roots) + roots, [2.0, 10.0], atol=1e-12)

@@ -44,6 +44,9 @@ Modules
     Real Lambert W with domain checks.
 :mod:`theory.regimes`
     Regime classification and thresholds.
+:mod:`theory.rounding`
+    Rounding margin of the certified local bound, shared with :mod:`meanfield` (not re-exported
+    here).
 :mod:`theory.symbolic`
     Sympy derivations; imported lazily (``theory.symbolic`` loads sympy on first access).
 """

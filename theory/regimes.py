@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory import bounds
-from theory.bounds._common import _norm_theta, _ret
+from theory.bounds._common import as_result, norm_theta
 
 __all__ = [
     "RadiusBracket",
@@ -97,7 +97,7 @@ def crossover_n(
     if mf_form not in ("sharp", "simple"):
         raise ValueError(f"mf_form must be 'sharp' or 'simple', got {mf_form!r}")
     log_M = np.asarray(bounds.mean_field_upper(A_norm, 1.0, R, c=c, form=mf_form, log=True))
-    _, theta = _norm_theta(A_norm, V_norm, R)  # validates V_norm too
+    _, theta = norm_theta(A_norm, V_norm, R)  # validates V_norm too
     with np.errstate(divide="ignore"):
         log_theta = np.log(theta)
     if form == "triangle":
@@ -111,9 +111,9 @@ def crossover_n(
         log_num = log_num + np.log1p(-np.exp(np.minimum(2.0 * log_theta - log_num, 0.0)))
         log_n = log_num - np.log(denom)
     if log:
-        return _ret(log_n)
+        return as_result(log_n)
     with np.errstate(over="ignore"):
-        return _ret(np.exp(log_n))
+        return as_result(np.exp(log_n))
 
 
 def peak_n(gamma: ArrayLike) -> Any:
@@ -162,7 +162,7 @@ def peak_n(gamma: ArrayLike) -> Any:
         better = val > best
         best_n = np.where(better, cand, best_n)
         best = np.where(better, val, best)
-    return _ret(best_n)
+    return as_result(best_n)
 
 
 @dataclass(frozen=True)

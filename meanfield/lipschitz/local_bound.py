@@ -162,7 +162,7 @@ def certified_local_upper(
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
     require_theory()  # a user's own theory.py must not stand in for ours
-    from theory._rounding import head_upper  # the one rounding model (numpy), lazily
+    from theory.rounding import head_upper  # the one rounding model (numpy), lazily
 
     masked = check_flag(masked, "masked")
     X64 = X.detach().to(torch.float64)

@@ -1,4 +1,8 @@
-"""Validation and log-domain helpers shared by the modules of :mod:`theory.bounds`."""
+"""Validation and log-domain helpers shared by the modules of :mod:`theory.bounds`.
+
+A private module of the package: its names have no underscore because :mod:`theory.bounds` and
+:mod:`theory.regimes` import them, and none of them is exported by a package's ``__init__``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from numpy.typing import ArrayLike, NDArray
 # ---------------------------------------------------------------------------------------------
 
 
-def _float(
+def checked_float(
     x: ArrayLike,
     name: str,
     *,
@@ -34,62 +38,64 @@ def _float(
     return arr
 
 
-def _count(x: ArrayLike, name: str, *, min_value: int = 1, allow_inf: bool = False) -> NDArray:
+def checked_count(
+    x: ArrayLike, name: str, *, min_value: int = 1, allow_inf: bool = False
+) -> NDArray:
     """Validate a token or copy count (integer-valued, >= min_value; +inf if allowed)."""
-    arr = _float(x, name, min_value=min_value, allow_inf=allow_inf)
+    arr = checked_float(x, name, min_value=min_value, allow_inf=allow_inf)
     finite = np.isfinite(arr)
     if (arr[finite] != np.round(arr[finite])).any():
         raise ValueError(f"{name} must be integer-valued")
     return arr
 
 
-def _norm(x: ArrayLike, name: str) -> NDArray[np.float64]:
-    return _float(x, name, min_value=0.0)
+def checked_norm(x: ArrayLike, name: str) -> NDArray[np.float64]:
+    return checked_float(x, name, min_value=0.0)
 
 
-def _norm_theta(
+def norm_theta(
     A_norm: ArrayLike, V_norm: ArrayLike, R: ArrayLike
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     r"""Validate ``A_norm, V_norm, R`` (in that order) and return ``(V_norm, theta)``.
 
     ``theta = A_norm * R**2`` is the :math:`\theta = \|A\|_2R^2` of docs/theory.md §1.
     """
-    a = _norm(A_norm, "A_norm")
-    V = _norm(V_norm, "V_norm")
-    R_ = _norm(R, "R")
+    a = checked_norm(A_norm, "A_norm")
+    V = checked_norm(V_norm, "V_norm")
+    R_ = checked_norm(R, "R")
     return V, a * R_**2
 
 
-def _choice(value: str, name: str, options: tuple[str, ...]) -> str:
+def checked_choice(value: str, name: str, options: tuple[str, ...]) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
     return value
 
 
-def _ret(arr: Any) -> Any:
+def as_result(arr: Any) -> Any:
     """Return numpy scalars for 0-d results and arrays otherwise."""
     arr = np.asarray(arr)
     return arr[()]
 
 
-def _exp_or_log(log_value: NDArray[np.float64], log: bool) -> Any:
+def exp_or_log(log_value: NDArray[np.float64], log: bool) -> Any:
     if log:
-        return _ret(log_value)
+        return as_result(log_value)
     with np.errstate(over="ignore"):
-        return _ret(np.exp(log_value))
+        return as_result(np.exp(log_value))
 
 
-def _log(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def quiet_log(x: NDArray[np.float64]) -> NDArray[np.float64]:
     with np.errstate(divide="ignore"):
         return np.log(x)
 
 
-def _log1mexp(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def log1mexp(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Return ``log(1 - exp(x))`` for ``x <= 0`` accurately (Mächler 2012)."""
     with np.errstate(divide="ignore"):
         return np.where(x > -np.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
 
 
-def _log_expit(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def log_expit(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Return ``log(1 / (1 + exp(-x)))`` without overflow."""
     return -np.logaddexp(0.0, -x)

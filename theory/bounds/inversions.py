@@ -8,12 +8,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from theory.bounds._common import (
-    _choice,
-    _float,
-    _norm,
-    _ret,
+    as_result,
+    checked_choice,
+    checked_float,
+    checked_norm,
 )
-from theory.bounds.two_dirac import _log_sup_g
+from theory.bounds.two_dirac import log_sup_g
 from theory.lambert import lambertw_exp
 
 # ---------------------------------------------------------------------------------------------
@@ -38,9 +38,9 @@ def gap_for_target(L: ArrayLike) -> Any:
     -----
     Provenance: *derived* (checked symbolically by :func:`theory.symbolic.gap_for_target`).
     """
-    L_ = _float(L, "L", min_value=0.0, allow_inf=True)
+    L_ = checked_float(L, "L", min_value=0.0, allow_inf=True)
     with np.errstate(divide="ignore"):
-        return _ret(2.0 * np.asarray(lambertw_exp(np.log(L_ / 2.0))))
+        return as_result(2.0 * np.asarray(lambertw_exp(np.log(L_ / 2.0))))
 
 
 def _gap_per_r2(lam: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -97,12 +97,12 @@ def radius_for_target(
     Provenance: *derived* (the Lambert forms are checked by :mod:`theory.symbolic`; the exact form
     numerically). Where the paper uses Lambert W is *unknown*.
     """
-    _choice(form, "form", ("asymptote", "half", "exact"))
-    L_ = _float(L, "L", min_value=0.0, strict=True)
-    lam_ = _float(lam, "lam")
+    checked_choice(form, "form", ("asymptote", "half", "exact"))
+    L_ = checked_float(L, "L", min_value=0.0, strict=True)
+    lam_ = checked_float(lam, "lam")
     if (lam_ == 0).any():
         raise ValueError("lam must be non-zero (its sign selects case + or case -)")
-    Vu = _float(Vu_norm, "Vu_norm", min_value=0.0, strict=True)
+    Vu = checked_float(Vu_norm, "Vu_norm", min_value=0.0, strict=True)
     L_, lam_, Vu = np.broadcast_arrays(L_, lam_, Vu)
     if form == "asymptote":
         gamma = 2.0 * np.asarray(lambertw_exp(np.log(8.0 * L_ / (3.0 * np.sqrt(3.0) * Vu))))
@@ -112,7 +112,7 @@ def radius_for_target(
         gamma = np.where(ratio >= 1.0, 2.0 * np.maximum(x, 0.0), 0.0)
     else:
         gamma = _exact_gap(np.log(L_ / Vu))
-    return _ret(np.sqrt(gamma / _gap_per_r2(lam_)))
+    return as_result(np.sqrt(gamma / _gap_per_r2(lam_)))
 
 
 def _exact_gap(log_target: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -124,7 +124,7 @@ def _exact_gap(log_target: NDArray[np.float64]) -> NDArray[np.float64]:
     active = log_target > np.log(0.5)
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        up = _log_sup_g(mid) < log_target
+        up = log_sup_g(mid) < log_target
         lo = np.where(up, mid, lo)
         hi = np.where(up, hi, mid)
         if (hi - lo <= 1e-15 * np.maximum(hi, 1e-300)).all():
@@ -176,18 +176,18 @@ def radius_for_upper(
     it unnecessary (the tests check it against bisection). Provenance: *derived and checked
     numerically*.
     """
-    _choice(form, "form", ("exact", "lambert"))
-    L_ = _float(L, "L", min_value=0.0, strict=True)
-    a_ = _float(a, "a", min_value=0.0, strict=True)
-    b_ = _norm(b, "b")
-    c_ = _norm(c, "c")
+    checked_choice(form, "form", ("exact", "lambert"))
+    L_ = checked_float(L, "L", min_value=0.0, strict=True)
+    a_ = checked_float(a, "a", min_value=0.0, strict=True)
+    b_ = checked_norm(b, "b")
+    c_ = checked_norm(c, "c")
     L_, a_, b_, c_ = np.broadcast_arrays(L_, a_, b_, c_)
     log_ratio = np.log(L_) - np.log(a_)
     if form == "lambert":
         if ((b_ <= 0) | (c_ <= 0)).any():
             raise ValueError("form='lambert' needs b > 0 and c > 0")
         t = np.asarray(lambertw_exp(np.log(c_) + np.log(L_) - np.log(2.0 * a_ * b_))) / c_
-        return _ret(np.where(t * b_ >= 1.0, np.sqrt(t), np.nan))
+        return as_result(np.where(t * b_ >= 1.0, np.sqrt(t), np.nan))
     out = np.full(L_.shape, np.nan)
     ok = log_ratio >= 0
     both0 = ok & (b_ == 0) & (c_ == 0)
@@ -206,4 +206,4 @@ def radius_for_upper(
             F = np.log1p(bb * t) + cc * t - lr
             t = np.maximum(t - F / (bb / (1.0 + bb * t) + cc), 0.0)
         out[gen] = np.sqrt(t)
-    return _ret(out)
+    return as_result(out)

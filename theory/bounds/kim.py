@@ -11,10 +11,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from theory.bounds._common import (
-    _choice,
-    _float,
-    _norm,
-    _ret,
+    as_result,
+    checked_choice,
+    checked_float,
+    checked_norm,
 )
 from theory.lambert import lambertw, lambertw_exp
 
@@ -58,9 +58,9 @@ def kim_softmax_lemma(N: ArrayLike, *, variant: Literal["N-1", "N"] = "N-1") -> 
     :func:`theory.symbolic.kim_softmax_lemma`. Provenance: *derived and checked numerically,
     symbolically and by brute force*; it is the lemma behind Kim et al.'s :math:`\phi^{-1}` term.
     """
-    _choice(variant, "variant", ("N-1", "N"))
-    N_ = _float(N, "N", min_value=1.0, allow_inf=True)
-    return _ret(_phi_inv(N_, variant))
+    checked_choice(variant, "variant", ("N-1", "N"))
+    N_ = checked_float(N, "N", min_value=1.0, allow_inf=True)
+    return as_result(_phi_inv(N_, variant))
 
 
 def kim_softmax_lemma_mean_field(q: ArrayLike) -> Any:
@@ -84,11 +84,11 @@ def kim_softmax_lemma_mean_field(q: ArrayLike) -> Any:
     -----
     Provenance: *derived and checked numerically*.
     """
-    q_ = _float(q, "q")
+    q_ = checked_float(q, "q")
     if ((q_ <= 0) | (q_ > 1)).any():
         raise ValueError("q must lie in (0, 1]")
     with np.errstate(divide="ignore"):
-        return _ret(lambertw_exp(np.log1p(-q_) - np.log(q_) - 1.0))
+        return as_result(lambertw_exp(np.log1p(-q_) - np.log(q_) - 1.0))
 
 
 def kim_l2_norms(
@@ -122,9 +122,9 @@ def kim_l2_norms(
     """
     if p not in (2, "inf"):
         raise ValueError(f"p must be 2 or 'inf', got {p!r}")
-    Q = _float(WQ, "WQ")
-    Vw = _float(WV, "WV")
-    O_ = _float(WO, "WO")
+    Q = checked_float(WQ, "WQ")
+    Vw = checked_float(WV, "WV")
+    O_ = checked_float(WO, "WO")
     if Q.ndim != 3 or Vw.ndim != 3 or O_.ndim != 2:
         raise ValueError("need WQ and WV of shape (H, D, D/H) and WO of shape (D, D)")
 
@@ -215,15 +215,15 @@ def kim_l2_upper(
     """
     if p not in (2, "inf"):
         raise ValueError(f"p must be 2 or 'inf', got {p!r}")
-    _choice(variant, "variant", ("N-1", "N"))
+    checked_choice(variant, "variant", ("N-1", "N"))
     if int(H) < 1 or int(D) < 1 or int(D) % int(H) != 0:
         raise ValueError(f"need positive integers D, H with H dividing D, got D={D!r}, H={H!r}")
-    N_ = _float(N, "N", min_value=1.0)
-    q = np.atleast_1d(_norm(WQ_norms, "WQ_norms"))
-    v = np.atleast_1d(_norm(WV_norms, "WV_norms"))
+    N_ = checked_float(N, "N", min_value=1.0)
+    q = np.atleast_1d(checked_norm(WQ_norms, "WQ_norms"))
+    v = np.atleast_1d(checked_norm(WV_norms, "WV_norms"))
     if q.shape[-1] != H or v.shape[-1] != H:
         raise ValueError(f"WQ_norms and WV_norms need one entry per head (H = {H})")
-    o = _norm(WO_norm, "WO_norm")
+    o = checked_norm(WO_norm, "WO_norm")
     head_dim = D / H
     lam = _phi_inv(N_, variant)
     if wq_power not in (1, 2):
@@ -233,4 +233,4 @@ def kim_l2_upper(
         out = np.sqrt(N_ / head_dim) * (4.0 * lam + 1.0) * np.sqrt(np.sum(qq * v**2, axis=-1)) * o
     else:
         out = (4.0 * lam + 1.0 / np.sqrt(head_dim)) * o * q.max(axis=-1) * v.max(axis=-1)
-    return _ret(out)
+    return as_result(out)

@@ -8,11 +8,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from theory.bounds._common import (
-    _choice,
-    _float,
-    _norm,
-    _norm_theta,
-    _ret,
+    as_result,
+    checked_choice,
+    checked_float,
+    checked_norm,
+    norm_theta,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -51,12 +51,12 @@ def large_radius_limit(
     large-radius regime is *stated in the paper (abstract)* (published summary); the proposition is
     *derived and checked numerically*; whether the paper states a limit or a threshold is *unknown*.
     """
-    _choice(kind, "kind", ("counts", "argmax"))
+    checked_choice(kind, "kind", ("counts", "argmax"))
     c = np.asarray(counts)
     if c.ndim == 0:
         c = c[None]
     if not np.issubdtype(c.dtype, np.integer):
-        cf = _float(c, "counts")
+        cf = checked_float(c, "counts")
         if (cf != np.round(cf)).any():
             raise ValueError("counts must be integers")
         c = cf.astype(np.int64)
@@ -69,13 +69,13 @@ def large_radius_limit(
         flat = c.reshape(-1, n)
         offsets = (np.arange(flat.shape[0]) * n)[:, None]
         c = np.bincount((flat + offsets).ravel(), minlength=flat.size).reshape(c.shape)
-    V = _norm(V_norm, "V_norm")
-    return _ret(V * np.sqrt(c.max(axis=-1)))
+    V = checked_norm(V_norm, "V_norm")
+    return as_result(V * np.sqrt(c.max(axis=-1)))
 
 
 def _scores(X: ArrayLike, A: ArrayLike, masked: bool) -> NDArray[np.float64]:
-    X_ = _float(X, "X")
-    A_ = _float(A, "A")
+    X_ = checked_float(X, "X")
+    A_ = checked_float(A, "A")
     if X_.ndim != 2 or A_.shape != (X_.shape[1], X_.shape[1]):
         raise ValueError(f"need X (n, d) and A (d, d), got {X_.shape}, {A_.shape}")
     S = X_ @ A_ @ X_.T
@@ -185,10 +185,12 @@ def large_radius_deviation(
     and checked numerically* (ours; it quantifies "large radius", which the statement of the limit
     leaves open).
     """
-    D = _float(gap, "gap", min_value=0.0, allow_inf=True)
-    n_ = _float(n, "n", min_value=1.0)
-    V, theta = _norm_theta(A_norm, V_norm, R)
+    D = checked_float(gap, "gap", min_value=0.0, allow_inf=True)
+    n_ = checked_float(n, "n", min_value=1.0)
+    V, theta = norm_theta(A_norm, V_norm, R)
     with np.errstate(divide="ignore"):
         log_eta = np.log(n_ - 1.0) - D
     eta = np.exp(np.minimum(log_eta, 0.0))
-    return _ret(V * (2.0 * np.sqrt(n_) * eta + 2.0 * theta * np.sqrt(n_ * eta) + 4.0 * theta * eta))
+    return as_result(
+        V * (2.0 * np.sqrt(n_) * eta + 2.0 * theta * np.sqrt(n_ * eta) + 4.0 * theta * eta)
+    )

@@ -14,9 +14,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory.bounds._common import (
-    _float,
-    _norm,
-    _ret,
+    as_result,
+    checked_float,
+    checked_norm,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -60,11 +60,11 @@ def released_data_dependent(V_norms: ArrayLike, R_h: ArrayLike, r: ArrayLike, n:
     :math:`e_2` axis give :math:`R_h = 0` while :math:`T_3` grows with the spread. Label it as the
     released heuristic wherever it is shown.
     """
-    V = np.atleast_1d(_norm(V_norms, "V_norms"))
-    Rh = np.atleast_1d(_norm(R_h, "R_h"))
-    r_ = _norm(r, "r")[..., None]
-    n_ = _float(n, "n", min_value=1.0)[..., None]
-    return _ret(np.sum(V * np.sqrt(Rh**2 * r_**2 * (n_ + 1.0) + n_), axis=-1))
+    V = np.atleast_1d(checked_norm(V_norms, "V_norms"))
+    Rh = np.atleast_1d(checked_norm(R_h, "R_h"))
+    r_ = checked_norm(r, "r")[..., None]
+    n_ = checked_float(n, "n", min_value=1.0)[..., None]
+    return as_result(np.sum(V * np.sqrt(Rh**2 * r_**2 * (n_ + 1.0) + n_), axis=-1))
 
 
 def certified_local_upper(
@@ -143,7 +143,7 @@ def certified_local_upper(
         t2 = math.sqrt(max(float(np.max(P.T @ (kappa2 * beta2))), 0.0))
         t3 = float(np.max(np.linalg.norm(C @ A.T, ord=2, axis=(1, 2))))
         WV = V if W is None else np.asarray(W, dtype=np.float64) @ V
-        from theory._rounding import head_upper  # rounding margin, docs/rounding.md §8
+        from theory.rounding import head_upper  # rounding margin, docs/rounding.md §8
 
         total += head_upper(X_, A, c, S, WV, t1, t2, t3, kappa2, beta2)
     return total

@@ -7,22 +7,22 @@ r"""The mean-field regime: the :math:`n`-independent upper bound and the global 
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
 from theory.bounds._common import (
-    _choice,
-    _exp_or_log,
-    _float,
-    _log,
-    _norm,
-    _norm_theta,
-    _ret,
+    as_result,
+    checked_choice,
+    checked_float,
+    checked_norm,
+    exp_or_log,
+    norm_theta,
+    quiet_log,
 )
 from theory.bounds.sqrt_n import rayleigh_extremes
-from theory.bounds.two_dirac import _log_sup_g
+from theory.bounds.two_dirac import log_sup_g
 
 # ---------------------------------------------------------------------------------------------
 # mean-field upper bound
@@ -86,17 +86,17 @@ def mean_field_upper(
     checked numerically* (proved, :math:`c' \ge 1`: ``"simple"`` is that printed form with
     :math:`c = 3`, :math:`c' = 1`); they are not presented as the paper's constants.
     """
-    _choice(form, "form", ("sharp", "simple", "refined"))
-    V, theta = _norm_theta(A_norm, V_norm, R)
-    c_ = _float(c, "c", min_value=0.0)
+    checked_choice(form, "form", ("sharp", "simple", "refined"))
+    V, theta = norm_theta(A_norm, V_norm, R)
+    c_ = checked_float(c, "c", min_value=0.0)
     if form == "sharp":
-        log_val = _log(V) + np.logaddexp(_log(theta), np.log1p(2.0 * theta) + c_ * theta)
+        log_val = quiet_log(V) + np.logaddexp(quiet_log(theta), np.log1p(2.0 * theta) + c_ * theta)
     elif form == "refined":
         log_schur = 0.5 * (np.log1p(theta) + np.log1p(2.0 * theta)) + c_ * theta
-        log_val = _log(V) + np.logaddexp(_log(theta), log_schur)
+        log_val = quiet_log(V) + np.logaddexp(quiet_log(theta), log_schur)
     else:
-        log_val = _log(V) + np.log1p(3.0 * theta) + c_ * theta
-    return _exp_or_log(log_val, log)
+        log_val = quiet_log(V) + np.log1p(3.0 * theta) + c_ * theta
+    return exp_or_log(log_val, log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def score_gap_constant(A: ArrayLike) -> np.float64:
     -----
     Provenance: *derived and checked numerically* (docs/theory.md §17).
     """
-    A_ = _float(A, "A")
+    A_ = checked_float(A, "A")
     if A_.ndim != 2 or A_.shape[0] != A_.shape[1]:
         raise ValueError(f"A must be a square matrix, got shape {A_.shape}")
     As = 0.5 * (A_ + A_.T)
@@ -183,14 +183,14 @@ def mean_field_upper_cells(A: ArrayLike, V: ArrayLike, R: ArrayLike, *, log: boo
     the :math:`e^{\theta}` forms only for :math:`\theta` large against :math:`d\log\theta`.
     Provenance: *derived and checked numerically* (ours).
     """
-    A_ = _float(A, "A")
-    V_ = _float(V, "V")
+    A_ = checked_float(A, "A")
+    V_ = checked_float(V, "V")
     if V_.ndim != 2 or V_.shape[1] != A_.shape[-1]:
         raise ValueError(f"V must have shape (d_v, d) with d = {A_.shape[-1]}")
     d = A_.shape[0]
     kap = score_gap_constant(A_)
     a = np.linalg.norm(A_, 2)
-    R_ = _norm(R, "R")
+    R_ = checked_norm(R, "R")
     theta = a * R_**2
     c = 2.0 * np.sqrt(d) * theta
     k_opt = c / d
@@ -201,8 +201,10 @@ def mean_field_upper_cells(A: ArrayLike, V: ArrayLike, R: ArrayLike, *, log: boo
     )
     log_col = np.minimum(2.0 * theta, best)
     log_k = 0.5 * (np.log1p(theta) + np.log1p(2.0 * theta) + log_col)
-    log_val = _log(np.asarray(np.linalg.norm(V_, 2))) + np.logaddexp(_log(np.asarray(theta)), log_k)
-    return _exp_or_log(log_val, log)
+    log_val = quiet_log(np.asarray(np.linalg.norm(V_, 2))) + np.logaddexp(
+        quiet_log(np.asarray(theta)), log_k
+    )
+    return exp_or_log(log_val, log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +233,7 @@ def trivial_lower(V_norm: ArrayLike) -> Any:
     -----
     Provenance: *derived* (docs/theory.md §16), elementary.
     """
-    return _ret(_norm(V_norm, "V_norm"))
+    return as_result(checked_norm(V_norm, "V_norm"))
 
 
 def mean_field_lower(
@@ -279,39 +281,39 @@ def mean_field_lower(
     docs/theory.md §5 ("Global lower bound", "Best gap"). For small :math:`\gamma` the trivial bound
     wins. Provenance: *derived and checked numerically*.
     """
-    R_ = _norm(R, "R")
+    R_ = checked_norm(R, "R")
     if isinstance(A, tuple):
         if len(A) != 2:
             raise ValueError("A as a tuple must be (lam_plus, lam_minus)")
-        lam_p = _float(A[0], "lam_plus")
-        lam_m = _float(A[1], "lam_minus")
-        V_norm = _norm(V, "V_norm")
+        lam_p = checked_float(A[0], "lam_plus")
+        lam_m = checked_float(A[1], "lam_minus")
+        V_norm = checked_norm(V, "V_norm")
         if Vu_norm is None:
             vu_p = vu_m = V_norm
         elif isinstance(Vu_norm, tuple):
-            vu_p, vu_m = (_norm(t, "Vu_norm") for t in Vu_norm)
+            vu_p, vu_m = (checked_norm(t, "Vu_norm") for t in Vu_norm)
         else:
-            vu_p = vu_m = _norm(Vu_norm, "Vu_norm")
+            vu_p = vu_m = checked_norm(Vu_norm, "Vu_norm")
     else:
         if Vu_norm is not None:
             raise ValueError("Vu_norm is computed from the matrices; give it only with a tuple A")
-        A_ = _float(A, "A")
-        V_ = _float(V, "V")
+        A_ = checked_float(A, "A")
+        V_ = checked_float(V, "V")
         if V_.ndim != 2 or V_.shape[1] != A_.shape[-1]:
             raise ValueError(f"V must have shape (d_v, d) with d = {A_.shape[-1]}")
         ext = rayleigh_extremes(A_, variant=variant)
         lam_p, lam_m = np.float64(ext.lam_max), np.float64(ext.lam_min)
-        # numpy.linalg.norm returns a numpy.float64 scalar; cast for the type checker only.
-        vu_p = cast(NDArray[np.float64], np.linalg.norm(V_ @ ext.u_max))
-        vu_m = cast(NDArray[np.float64], np.linalg.norm(V_ @ ext.u_min))
-        V_norm = cast(NDArray[np.float64], np.linalg.norm(V_, 2))
+        # numpy.linalg.norm returns a numpy.float64 scalar, kept as a 0-d array as above.
+        vu_p = np.asarray(np.linalg.norm(V_ @ ext.u_max), dtype=np.float64)
+        vu_m = np.asarray(np.linalg.norm(V_ @ ext.u_min), dtype=np.float64)
+        V_norm = np.asarray(np.linalg.norm(V_, 2), dtype=np.float64)
     g_p = np.maximum(lam_p, 0.0) * R_**2 / 4.0
     g_m = np.maximum(-lam_m, 0.0) * 2.0 * R_**2
     log_val = np.maximum.reduce(
         np.broadcast_arrays(
-            _log(V_norm),
-            _log_sup_g(g_p) + _log(vu_p),
-            _log_sup_g(g_m) + _log(vu_m),
+            quiet_log(V_norm),
+            log_sup_g(g_p) + quiet_log(vu_p),
+            log_sup_g(g_m) + quiet_log(vu_m),
         )
     )
-    return _exp_or_log(log_val, log)
+    return exp_or_log(log_val, log)

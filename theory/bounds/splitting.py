@@ -13,10 +13,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from theory.bounds._common import (
-    _float,
-    _log_expit,
-    _norm,
-    _ret,
+    as_result,
+    checked_float,
+    checked_norm,
+    log_expit,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -28,8 +28,8 @@ def _split_log_g2(k: NDArray[np.float64], s_y: NDArray, s_z: NDArray) -> NDArray
     """Return log G_k^2 with exponents s_y (query y) and s_z (query z)."""
     with np.errstate(divide="ignore"):
         log_m = np.log(k - 1.0)
-    log_wy = _log_expit(s_y - log_m)
-    log_wz = _log_expit(s_z - log_m)
+    log_wy = log_expit(s_y - log_m)
+    log_wz = log_expit(s_z - log_m)
     return np.logaddexp(log_m + 2.0 * log_wy, 2.0 * log_wz)
 
 
@@ -62,9 +62,9 @@ def split_gain(k: ArrayLike, s: ArrayLike) -> Any:
     *stated in the paper (abstract)* of v1; the closed form is *derived and checked numerically*
     (exact :math:`W_2`); v1's exact theorem is *unknown*.
     """
-    k_ = _float(k, "k", min_value=1.0)
-    s_ = _float(s, "s")
-    return _ret(np.exp(0.5 * _split_log_g2(k_, s_, 2.0 * s_)))
+    k_ = checked_float(k, "k", min_value=1.0)
+    s_ = checked_float(s, "s")
+    return as_result(np.exp(0.5 * _split_log_g2(k_, s_, 2.0 * s_)))
 
 
 def split_gain_general(k: ArrayLike, r: ArrayLike, R: ArrayLike, lam: ArrayLike) -> Any:
@@ -95,15 +95,15 @@ def split_gain_general(k: ArrayLike, r: ArrayLike, R: ArrayLike, lam: ArrayLike)
     -----
     docs/theory.md §10 ("General position"). Provenance: *derived and checked numerically*.
     """
-    k_ = _float(k, "k", min_value=1.0)
-    r_ = _float(r, "r")
-    R_ = _norm(R, "R")
-    lam_ = _float(lam, "lam")
+    k_ = checked_float(k, "k", min_value=1.0)
+    r_ = checked_float(r, "r")
+    R_ = checked_norm(R, "R")
+    lam_ = checked_float(lam, "lam")
     if (np.abs(r_) > R_).any():
         raise ValueError("need |r| <= R (both points in the ball)")
     if (r_ == R_).any():
         raise ValueError("r = R gives a zero displacement")
-    return _ret(np.exp(0.5 * _split_log_g2(k_, lam_ * r_ * (R_ - r_), lam_ * R_ * (R_ - r_))))
+    return as_result(np.exp(0.5 * _split_log_g2(k_, lam_ * r_ * (R_ - r_), lam_ * R_ * (R_ - r_))))
 
 
 def split_optimal_k(s: ArrayLike) -> Any:
@@ -141,7 +141,7 @@ def split_optimal_k(s: ArrayLike) -> Any:
 
     Provenance: *derived and checked numerically* (ours; brute force in the tests).
     """
-    s_ = _float(s, "s")
+    s_ = checked_float(s, "s")
     shape = s_.shape
     s1 = np.atleast_1d(s_).ravel()
     out = np.ones_like(s1)
@@ -178,4 +178,4 @@ def split_optimal_k(s: ArrayLike) -> Any:
             best_k = np.where(better, cand, best_k)
             best_val = np.where(better, val, best_val)
         out[act] = best_k
-    return _ret(out.reshape(shape))
+    return as_result(out.reshape(shape))

@@ -16,13 +16,13 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import special
 
 from theory.bounds._common import (
-    _choice,
-    _count,
-    _float,
-    _log_expit,
-    _norm,
-    _norm_theta,
-    _ret,
+    as_result,
+    checked_choice,
+    checked_count,
+    checked_float,
+    checked_norm,
+    log_expit,
+    norm_theta,
 )
 from theory.bounds.two_dirac import two_dirac_log_g, two_dirac_optimal_mass
 
@@ -40,7 +40,7 @@ SqrtNForm = Literal["sqrt3", "sharp", "triangle"]
 def _resolve_sqrt_n_form(sharp: bool, form: str | None) -> str:
     if form is None:
         return "sharp" if sharp else "sqrt3"
-    _choice(form, "form", ("sqrt3", "sharp", "triangle"))
+    checked_choice(form, "form", ("sqrt3", "sharp", "triangle"))
     if sharp and form != "sharp":
         raise ValueError(f"sharp=True conflicts with form={form!r}")
     return form
@@ -98,15 +98,15 @@ def sqrt_n_upper(
     ``"triangle"`` forms are our own, *derived and checked numerically*; they are not the paper's.
     """
     f = _resolve_sqrt_n_form(sharp, form)
-    V, theta = _norm_theta(A_norm, V_norm, R)
-    n_ = _float(n, "n", min_value=1.0, allow_inf=True)
+    V, theta = norm_theta(A_norm, V_norm, R)
+    n_ = checked_float(n, "n", min_value=1.0, allow_inf=True)
     if f == "sqrt3":
         out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (4.0 * n_ + 1.0) + n_)
     elif f == "sharp":
         out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (n_ + 1.0) + n_)
     else:
         out = V * (np.sqrt(n_) * (1.0 + theta) + theta)
-    return _ret(out)
+    return as_result(out)
 
 
 def sqrt_n_constant(
@@ -146,16 +146,16 @@ def sqrt_n_constant(
     docs/theory.md §1; provenance as in :func:`sqrt_n_upper` (the ``"sqrt3"`` constant is a
     *recollection, unverified*; the other two forms are *derived and checked numerically*).
     """
-    _choice(form, "form", ("sqrt3", "sharp", "triangle"))
-    V, theta = _norm_theta(A_norm, V_norm, R)
-    n_ = _float(n, "n", min_value=1.0, allow_inf=True)
+    checked_choice(form, "form", ("sqrt3", "sharp", "triangle"))
+    V, theta = norm_theta(A_norm, V_norm, R)
+    n_ = checked_float(n, "n", min_value=1.0, allow_inf=True)
     if form == "sqrt3":
         out = np.sqrt(3.0) * V * np.sqrt(4.0 * theta**2 + 1.0 + theta**2 / n_)
     elif form == "sharp":
         out = np.sqrt(3.0) * V * np.sqrt(theta**2 + 1.0 + theta**2 / n_)
     else:
         out = V * (1.0 + theta + theta / np.sqrt(n_))
-    return _ret(out)
+    return as_result(out)
 
 
 def multihead_upper(
@@ -193,19 +193,19 @@ def multihead_upper(
     Provenance: *standard* (triangle inequality; Cauchy–Schwarz over the concatenation). The
     omission of :math:`W^O` is *from the authors' released code*.
     """
-    _choice(rule, "rule", ("sum", "l2"))
-    b = _float(head_bounds, "head_bounds", min_value=0.0, allow_inf=True)  # +inf propagates
+    checked_choice(rule, "rule", ("sum", "l2"))
+    b = checked_float(head_bounds, "head_bounds", min_value=0.0, allow_inf=True)  # +inf propagates
     b = np.atleast_1d(b)
     if rule == "sum":
         if WO_norm is not None:
             raise ValueError("WO_norm is used only with rule='l2'; pass W_norms for rule='sum'")
-        w = np.ones_like(b) if W_norms is None else np.atleast_1d(_norm(W_norms, "W_norms"))
-        return _ret(np.sum(w * b, axis=-1))
+        w = np.ones_like(b) if W_norms is None else np.atleast_1d(checked_norm(W_norms, "W_norms"))
+        return as_result(np.sum(w * b, axis=-1))
     if W_norms is not None:
         raise ValueError("W_norms is used only with rule='sum'; pass WO_norm for rule='l2'")
     if WO_norm is None:
         raise ValueError("rule='l2' needs WO_norm")
-    return _ret(_norm(WO_norm, "WO_norm") * np.sqrt(np.sum(b**2, axis=-1)))
+    return as_result(checked_norm(WO_norm, "WO_norm") * np.sqrt(np.sum(b**2, axis=-1)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,8 +275,8 @@ def rayleigh_extremes(
     released code*; the ``"symmetric"`` variant is *derived* (only :math:`u^\top Au` enters the
     logits, so it gives gaps at least as large).
     """
-    _choice(variant, "variant", ("symmetric", "released"))
-    A_ = _float(A, "A")
+    checked_choice(variant, "variant", ("symmetric", "released"))
+    A_ = checked_float(A, "A")
     if A_.ndim != 2 or A_.shape[0] != A_.shape[1]:
         raise ValueError(f"A must be a square matrix, got shape {A_.shape}")
     if variant == "symmetric":
@@ -339,10 +339,10 @@ def construction_gap(
     of the symmetric part). Provenance: the rule is *from the authors' released code*; the
     best-gap reading is *derived and checked numerically*.
     """
-    _choice(rule, "rule", ("released", "best"))
-    lmax = _float(lam_max, "lam_max")
-    lmin = _float(lam_min, "lam_min")
-    R_ = _norm(R, "R")
+    checked_choice(rule, "rule", ("released", "best"))
+    lmax = checked_float(lam_max, "lam_max")
+    lmin = checked_float(lam_min, "lam_min")
+    R_ = checked_norm(R, "R")
     if (lmin > lmax).any():
         raise ValueError("lam_min must be <= lam_max")
     g_plus = lmax * R_**2 / 4.0
@@ -350,7 +350,7 @@ def construction_gap(
     plus = lmax > -8.0 * lmin if rule == "released" else g_plus >= g_minus
     gamma = np.where(plus, g_plus, g_minus)
     case = np.where(plus, "+", "-")
-    return ConstructionGap(gamma=_ret(gamma), case=_ret(case))
+    return ConstructionGap(gamma=as_result(gamma), case=as_result(case))
 
 
 def _p_log(gamma: NDArray[np.float64], m: NDArray[np.float64]) -> tuple[NDArray, NDArray]:
@@ -358,7 +358,7 @@ def _p_log(gamma: NDArray[np.float64], m: NDArray[np.float64]) -> tuple[NDArray,
     with np.errstate(divide="ignore"):
         log_m = np.log(m)
     x = gamma - log_m  # +inf when m == 0
-    return _log_expit(x), _log_expit(-x)
+    return log_expit(x), log_expit(-x)
 
 
 def sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> Any:
@@ -396,12 +396,12 @@ def sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> An
     checked numerically*. Tightness "for reasonable sequence lengths" is *stated in the paper
     (abstract)*.
     """
-    g = _float(gamma, "gamma", min_value=0.0)
-    n_ = _float(n, "n", min_value=1.0)
-    Vu = _norm(Vu_norm, "Vu_norm")
+    g = checked_float(gamma, "gamma", min_value=0.0)
+    n_ = checked_float(n, "n", min_value=1.0)
+    Vu = checked_norm(Vu_norm, "Vu_norm")
     log_p, log_q = _p_log(g, n_ - 1.0)
     out = np.sqrt(n_ - 1.0) * np.exp(log_p) * (1.0 + np.exp(log_q) * g) * Vu
-    return _ret(out)
+    return as_result(out)
 
 
 def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> Any:
@@ -440,9 +440,9 @@ def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> 
     quantitative the claim that the supremum over inputs does not decay (docs/theory.md §3,
     "k copies").
     """
-    g = _float(gamma, "gamma", min_value=0.0)
-    n_ = _count(n, "n")
-    Vu = _norm(Vu_norm, "Vu_norm")
+    g = checked_float(gamma, "gamma", min_value=0.0)
+    n_ = checked_count(n, "n")
+    Vu = checked_norm(Vu_norm, "Vu_norm")
     g, n_, Vu = np.broadcast_arrays(g, n_, Vu)
     opt = two_dirac_optimal_mass(g)
     log_k_star = np.asarray(opt.log_eps) + np.log(n_)
@@ -456,7 +456,7 @@ def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> 
         best = np.maximum(best, val)
     with np.errstate(over="ignore"):
         out = np.where(n_ >= 2, np.exp(best), 0.0) * Vu
-    return _ret(out)
+    return as_result(out)
 
 
 def masked_sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> Any:
@@ -494,9 +494,9 @@ def masked_sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0
     :math:`p_i = E/(E + m)`, :math:`m = i - 1`. Provenance: *derived and checked numerically*
     (the saturation; the Hurwitz form is ours).
     """
-    g = _float(gamma, "gamma", min_value=0.0)
-    n_ = _count(n, "n", allow_inf=True)
-    Vu = _norm(Vu_norm, "Vu_norm")
+    g = checked_float(gamma, "gamma", min_value=0.0)
+    n_ = checked_count(n, "n", allow_inf=True)
+    Vu = checked_norm(Vu_norm, "Vu_norm")
     g, n_, Vu = np.broadcast_arrays(g, n_, Vu)
     out = np.zeros(g.shape)
     finite = np.isfinite(n_)
@@ -516,7 +516,7 @@ def masked_sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0
     if inf_sel.any():
         with np.errstate(over="ignore"):
             out[inf_sel] = np.exp(0.5 * _masked_log_limit_sq(g[inf_sel]))
-    return _ret(out * Vu)
+    return as_result(out * Vu)
 
 
 def _masked_log_limit_sq(g: NDArray[np.float64]) -> NDArray[np.float64]:

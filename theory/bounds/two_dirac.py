@@ -14,13 +14,13 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from theory.bounds._common import (
-    _exp_or_log,
-    _float,
-    _log,
-    _log1mexp,
-    _log_expit,
-    _norm,
-    _ret,
+    as_result,
+    checked_float,
+    checked_norm,
+    exp_or_log,
+    log1mexp,
+    log_expit,
+    quiet_log,
 )
 
 #: Coefficient of the two-Dirac asymptote, 3*sqrt(3)/16 (docs/theory.md §5).
@@ -56,18 +56,18 @@ def two_dirac_log_g(log_eps: ArrayLike, gamma: ArrayLike, Vu_norm: ArrayLike = 1
     -----
     docs/theory.md §5; provenance as in :func:`two_dirac_g`.
     """
-    le = _float(log_eps, "log_eps", allow_inf=True)
+    le = checked_float(log_eps, "log_eps", allow_inf=True)
     if (le >= 0).any() or (le == -np.inf).any():
         raise ValueError("log_eps must be finite and < 0 (eps in (0, 1))")
-    g = _float(gamma, "gamma", min_value=0.0)
-    Vu = _norm(Vu_norm, "Vu_norm")
-    log_1m = _log1mexp(le)
+    g = checked_float(gamma, "gamma", min_value=0.0)
+    Vu = checked_norm(Vu_norm, "Vu_norm")
+    log_1m = log1mexp(le)
     a = le + g
     lse = np.logaddexp(a, log_1m)
     log_w = a - lse
     log_v = log_1m - lse
-    out = 0.5 * (log_1m - le) + log_w + np.log1p(np.exp(log_v) * g) + _log(Vu)
-    return _ret(out)
+    out = 0.5 * (log_1m - le) + log_w + np.log1p(np.exp(log_v) * g) + quiet_log(Vu)
+    return as_result(out)
 
 
 def two_dirac_g(
@@ -110,10 +110,10 @@ def two_dirac_g(
     (abstract)* of v1; the construction is *from the authors' released code*; the formula is
     *derived and checked numerically*.
     """
-    e = _float(eps, "eps")
+    e = checked_float(eps, "eps")
     if ((e <= 0) | (e >= 1)).any():
         raise ValueError("eps must lie in the open interval (0, 1)")
-    return _exp_or_log(np.asarray(two_dirac_log_g(np.log(e), gamma, Vu_norm)), log)
+    return exp_or_log(np.asarray(two_dirac_log_g(np.log(e), gamma, Vu_norm)), log)
 
 
 @dataclass(frozen=True)
@@ -168,18 +168,25 @@ def two_dirac_optimal_mass(gamma: ArrayLike) -> TwoDiracOptimum:
     Lambert W. Provenance: *derived and checked numerically* (and symbolically in
     :func:`theory.symbolic.two_dirac_optimal_mass`).
     """
-    g = _float(gamma, "gamma", min_value=0.0)
+    g = checked_float(gamma, "gamma", min_value=0.0)
     disc = np.sqrt(9.0 * g**2 + 4.0 * g + 4.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         v_big = ((3.0 * g - 2.0) + disc) / (8.0 * g)
     v_small = 2.0 / (disc + 2.0 - 3.0 * g)
     v = np.where(3.0 * g >= 2.0, v_big, v_small)
     w = 1.0 - v
-    log_eps = _log_expit(np.log(w / v) - g)
-    return TwoDiracOptimum(v=_ret(v), w=_ret(w), eps=_ret(np.exp(log_eps)), log_eps=_ret(log_eps))
+    log_eps = log_expit(np.log(w / v) - g)
+    return TwoDiracOptimum(
+        v=as_result(v), w=as_result(w), eps=as_result(np.exp(log_eps)), log_eps=as_result(log_eps)
+    )
 
 
-def _log_sup_g(g: NDArray[np.float64]) -> NDArray[np.float64]:
+def log_sup_g(g: NDArray[np.float64]) -> NDArray[np.float64]:
+    r""":math:`\log\sup_\varepsilon g(\varepsilon)` at :math:`\|Vu\|_2 = 1`, for validated gaps ``g``.
+
+    The log of :func:`two_dirac_lower` without its ``Vu_norm`` factor (docs/theory.md §5); shared
+    with :mod:`theory.bounds.mean_field` and :mod:`theory.bounds.inversions`.
+    """
     opt = two_dirac_optimal_mass(g)
     v = np.asarray(opt.v)
     return g / 2.0 + 0.5 * (np.log(v) + np.log1p(-v)) + np.log1p(g * v)
@@ -225,9 +232,9 @@ def two_dirac_lower(
     """
     if eps is not None:
         return two_dirac_g(eps, s, Vu_norm, log=log)
-    g = _float(s, "s", min_value=0.0)
-    Vu = _norm(Vu_norm, "Vu_norm")
-    return _exp_or_log(_log_sup_g(g) + _log(Vu), log)
+    g = checked_float(s, "s", min_value=0.0)
+    Vu = checked_norm(Vu_norm, "Vu_norm")
+    return exp_or_log(log_sup_g(g) + quiet_log(Vu), log)
 
 
 def two_dirac_half(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool = False) -> Any:
@@ -256,9 +263,9 @@ def two_dirac_half(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool = Fa
     docs/theory.md §5. Provenance: *derived and checked numerically*; that the paper states a form
     like this is a *recollection, unverified*.
     """
-    g = _float(gamma, "gamma", min_value=0.0)
-    Vu = _norm(Vu_norm, "Vu_norm")
-    return _exp_or_log(_log(Vu / 2.0) + np.log1p(g / 2.0) + g / 2.0, log)
+    g = checked_float(gamma, "gamma", min_value=0.0)
+    Vu = checked_norm(Vu_norm, "Vu_norm")
+    return exp_or_log(quiet_log(Vu / 2.0) + np.log1p(g / 2.0) + g / 2.0, log)
 
 
 def two_dirac_asymptote(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool = False) -> Any:
@@ -286,9 +293,9 @@ def two_dirac_asymptote(gamma: ArrayLike, Vu_norm: ArrayLike = 1.0, *, log: bool
     bound.
     Provenance: *derived and checked numerically* (limit also derived symbolically).
     """
-    g = _float(gamma, "gamma", min_value=0.0)
-    Vu = _norm(Vu_norm, "Vu_norm")
-    return _exp_or_log(np.log(ASYMPTOTE_COEFF) + _log(g) + g / 2.0 + _log(Vu), log)
+    g = checked_float(gamma, "gamma", min_value=0.0)
+    Vu = checked_norm(Vu_norm, "Vu_norm")
+    return exp_or_log(np.log(ASYMPTOTE_COEFF) + quiet_log(g) + g / 2.0 + quiet_log(Vu), log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,12 +354,12 @@ def off_axis_two_atom(
     checked
     numerically*; not in any source.
     """
-    x_ = _float(x, "x")
-    y_ = _float(y, "y")
-    h_ = _float(h, "h")
-    w_ = _float(w, "w")
-    A_ = _float(A, "A")
-    V_ = _float(V, "V")
+    x_ = checked_float(x, "x")
+    y_ = checked_float(y, "y")
+    h_ = checked_float(h, "h")
+    w_ = checked_float(w, "w")
+    A_ = checked_float(A, "A")
+    V_ = checked_float(V, "V")
     if ((w_ <= 0) | (w_ >= 1)).any():
         raise ValueError("w must lie in the open interval (0, 1)")
     d = A_.shape[-1]
@@ -368,5 +375,5 @@ def off_axis_two_atom(
     yAh = np.einsum("...i,ij,...j->...", y_, A_, h_)
     vec = h_ + ((1.0 - w_) * yAh)[..., None] * (x_ - y_)
     norm = np.linalg.norm(np.einsum("ij,...j->...i", V_, vec), axis=-1)
-    log_val = s / 2.0 + 0.5 * (np.log(w_) + np.log1p(-w_)) + _log(norm)
-    return _exp_or_log(log_val, log)
+    log_val = s / 2.0 + 0.5 * (np.log(w_) + np.log1p(-w_)) + quiet_log(norm)
+    return exp_or_log(log_val, log)

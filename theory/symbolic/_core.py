@@ -1,4 +1,8 @@
-"""The :class:`Derivation` record and the sympy helpers shared by the derivations."""
+"""The :class:`Derivation` record and the sympy helpers shared by the derivations.
+
+A private module of :mod:`theory.symbolic`: the helpers the derivation modules import have no
+underscore; :class:`Derivation` is exported by the package.
+"""
 
 from __future__ import annotations
 
@@ -74,7 +78,7 @@ def _latex(expr: sp.Expr) -> str:
     return sp.latex(expr, symbol_names=S.LATEX_NAMES)
 
 
-def _make(
+def make_derivation(
     name: str,
     expr: sp.Expr,
     args: Sequence[sp.Symbol],
@@ -92,14 +96,14 @@ def _make(
     )
 
 
-def _check_equal(derived: sp.Expr, stated: sp.Expr, what: str) -> None:
+def check_equal(derived: sp.Expr, stated: sp.Expr, what: str) -> None:
     """Raise if the derived expression differs from the stated closed form."""
     diff = sp.simplify(derived - stated)
     if diff != 0:
         raise RuntimeError(f"{what}: derived {derived} differs from stated {stated}")
 
 
-def _exp_lambertw(expr: sp.Expr) -> sp.Expr:
+def exp_lambertw(expr: sp.Expr) -> sp.Expr:
     """Rewrite ``exp(c*W(z) + r)`` as ``exp(r) * (z / W(z))**c`` (from ``W e^W = z``)."""
 
     def has_w_term(e: sp.Basic) -> bool:
@@ -117,13 +121,13 @@ def _exp_lambertw(expr: sp.Expr) -> sp.Expr:
     return expr.replace(has_w_term, repl)
 
 
-def _stationary_points(expr: sp.Expr, var: sp.Symbol) -> tuple[sp.Expr, list[sp.Expr]]:
+def stationary_points(expr: sp.Expr, var: sp.Symbol) -> tuple[sp.Expr, list[sp.Expr]]:
     """Numerator of d expr / d var (factored) and its solutions."""
     num = sp.factor(sp.numer(sp.together(sp.diff(expr, var))))
     return num, sp.solve(num, var)
 
 
-def _solve_or_numeric(
+def solve_or_numeric(
     equation: sp.Expr, var: sp.Symbol, params: Sequence[sp.Symbol], bracket: tuple[float, float]
 ) -> tuple[sp.Expr | None, Callable[..., Any], str]:
     """Solve ``equation = 0`` for ``var``: closed form if sympy finds one, numeric root otherwise.

@@ -8,7 +8,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, _check_equal, _make, _stationary_points
+from ._core import Derivation, check_equal, make_derivation, stationary_points
 
 
 @functools.cache
@@ -35,9 +35,9 @@ def construction_peak() -> Derivation:
     """
     t, g = S.t, S.gamma
     phi = sp.sqrt(t) / (1 + t) * (1 + g * t / (1 + t))
-    num, roots = _stationary_points(sp.expand_log(sp.log(phi), force=True), t)
+    num, roots = stationary_points(sp.expand_log(sp.log(phi), force=True), t)
     quadratic = sp.expand(-num)
-    _check_equal(quadratic, (1 + g) * t**2 - 3 * g * t - 1, "peak quadratic")
+    check_equal(quadratic, (1 + g) * t**2 - 3 * g * t - 1, "peak quadratic")
     pos = [r for r in roots if float(r.subs(g, 1)) > 0]
     if len(pos) != 1:
         raise RuntimeError(f"construction_peak: positive roots {pos}")
@@ -54,7 +54,7 @@ def construction_peak() -> Derivation:
         f"t* -> {t_inf} as gamma -> oo, so the peak is near n - 1 = {t_inf} e^gamma.",
         f"With t = v/(1 - v) the quadratic is {prop} times the two-Dirac quadratic.",
     )
-    return _make(
+    return make_derivation(
         "peak of the n-token construction",
         t_star,
         (g,),
@@ -97,7 +97,7 @@ def masked_limit_decomposition() -> Derivation:
         - 2 * g * (1 + g) * E**3 / (E + m) ** 3
         + g**2 * E**4 / (E + m) ** 4
     )
-    _check_equal(parts, stated, "masked partial fractions")
+    check_equal(parts, stated, "masked partial fractions")
     # E^(s-1) zeta(s, E + 1) -> 1/(s - 1) as E -> oo.
     large_E = sp.expand((1 + g) ** 2 - 2 * g * (1 + g) / 2 + g**2 / 3)
     steps = (
@@ -107,4 +107,6 @@ def masked_limit_decomposition() -> Derivation:
         "+ gamma^2 E^4 zeta(4, E+1).",
         f"E^(s-1) zeta(s, E+1) -> 1/(s-1), so the limit sum ~ E ({large_E}).",
     )
-    return _make("masked construction summand", parts, (E, m, g), steps, {"large_E": large_E})
+    return make_derivation(
+        "masked construction summand", parts, (E, m, g), steps, {"large_E": large_E}
+    )

@@ -8,7 +8,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, _check_equal, _make
+from ._core import Derivation, check_equal, make_derivation
 from .two_dirac import two_dirac_asymptotic
 
 
@@ -24,8 +24,8 @@ def gap_for_target() -> Derivation:
     sols = sp.solve(S.gamma * sp.exp(S.gamma / 2) - S.L, S.gamma)
     if len(sols) != 1:
         raise RuntimeError(f"gap_for_target: {sols}")
-    _check_equal(sols[0], 2 * sp.LambertW(S.L / 2), "gap_for_target")
-    return _make(
+    check_equal(sols[0], 2 * sp.LambertW(S.L / 2), "gap_for_target")
+    return make_derivation(
         "gap for a target value",
         sols[0],
         (S.L,),
@@ -54,22 +54,22 @@ def radius_for_target() -> Derivation:
     asym = two_dirac_asymptotic().expr
     in_R = asym.subs(S.gamma, S.lam * S.R**2 / 4)
     C_val = sp.simplify(in_R / (S.lam * S.R**2 * sp.exp(S.lam * S.R**2 / 8)))
-    _check_equal(C_val, 3 * sp.sqrt(3) / 64 * S.Vu_norm, "C of the asymptote")
+    check_equal(C_val, 3 * sp.sqrt(3) / 64 * S.Vu_norm, "C of the asymptote")
     generic = S.C * S.lam * S.R**2 * sp.exp(S.lam * S.R**2 / 8)
     in_x = sp.simplify(generic.subs(S.R, sp.sqrt(8 * S.x / S.lam)))
-    _check_equal(in_x, 8 * S.C * S.x * sp.exp(S.x), "8 C x e^x")
+    check_equal(in_x, 8 * S.C * S.x * sp.exp(S.x), "8 C x e^x")
     sols = sp.solve(in_x - S.L, S.x)
     if len(sols) != 1:
         raise RuntimeError(f"radius_for_target: {sols}")
     x_sol = sols[0]
-    _check_equal(x_sol, sp.LambertW(S.L / (8 * S.C)), "x = W(L/(8C))")
+    check_equal(x_sol, sp.LambertW(S.L / (8 * S.C)), "x = W(L/(8C))")
     R_expr = sp.sqrt(8 * x_sol / S.lam).subs(S.C, C_val)
     steps = (
         f"Asymptote with gamma = lambda R^2 / 4: C lambda R^2 e^(lambda R^2/8), C = {C_val}.",
         f"With x = lambda R^2 / 8 the equation is {in_x} = L.",
         f"sympy.solve: x = {x_sol}; R = sqrt(8 x / lambda).",
     )
-    return _make(
+    return make_derivation(
         "radius for a target constant (asymptote, case +)",
         R_expr,
         (S.L, S.lam, S.Vu_norm),
@@ -95,14 +95,14 @@ def half_form_inversion() -> Derivation:
     if len(sols) != 1:
         raise RuntimeError(f"half_form_inversion: {sols}")
     x_sol = sols[0]
-    _check_equal(x_sol, sp.LambertW(2 * sp.E * S.L / S.Vu_norm) - 1, "half-form x")
+    check_equal(x_sol, sp.LambertW(2 * sp.E * S.L / S.Vu_norm) - 1, "half-form x")
     R_expr = sp.sqrt(8 * x_sol / S.lam)
     steps = (
         f"w = 1/2 form with x = gamma / 2: {in_x} = L.",
         f"sympy.solve: x = {x_sol} (needs 2 L / ||Vu|| >= 1 for x >= 0).",
         "Case +: gamma = lambda R^2 / 4 = 2 x, so R = sqrt(8 x / lambda).",
     )
-    return _make(
+    return make_derivation(
         "radius for a target constant (w = 1/2 form, case +)",
         R_expr,
         (S.L, S.lam, S.Vu_norm),
@@ -127,16 +127,16 @@ def radius_for_upper() -> Derivation:
     if len(sols) != 1:
         raise RuntimeError(f"radius_for_upper: {sols}")
     stated = sp.LambertW(S.c * S.L * sp.exp(S.c / S.b) / (S.a * S.b)) / S.c - 1 / S.b
-    _check_equal(sols[0], stated, "exact radius")
+    check_equal(sols[0], stated, "exact radius")
     cons = sp.solve(2 * S.a * S.b * t * sp.exp(S.c * t) - S.L, t)
     if len(cons) != 1:
         raise RuntimeError(f"radius_for_upper (conservative): {cons}")
-    _check_equal(cons[0], sp.LambertW(S.c * S.L / (2 * S.a * S.b)) / S.c, "conservative radius")
+    check_equal(cons[0], sp.LambertW(S.c * S.L / (2 * S.a * S.b)) / S.c, "conservative radius")
     steps = (
         f"sympy.solve(a (1 + b t) e^(c t) = L, t): t = {sols[0]} (t = R^2).",
         f"For t >= 1/b, 1 + b t <= 2 b t; solving 2 a b t e^(c t) = L gives t = {cons[0]}.",
     )
-    return _make(
+    return make_derivation(
         "radius for an upper-bound form",
         sp.sqrt(sols[0]),
         (S.L, S.a, S.b, S.c),
@@ -177,7 +177,7 @@ def lambertw_asymptotic() -> Derivation:
         f"lim_(w->oo) (log z - log log z - w) = {err_lim}.",
         f"lim (W0(z) - log z + log log z) / (log log z / log z) = {next_ratio}.",
     )
-    return _make(
+    return make_derivation(
         "Lambert W asymptotics",
         expr,
         (z,),

@@ -8,7 +8,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, _check_equal, _exp_lambertw, _make, _stationary_points
+from ._core import Derivation, check_equal, exp_lambertw, make_derivation, stationary_points
 
 
 def _lambert_maximum(
@@ -28,15 +28,15 @@ def _lambert_maximum(
     (the factored numerator of ``g'``), ``t_star`` and ``g_star``; ``what`` names the derivation
     in errors. The result has ``func(arg)`` and extras ``g``, ``stationarity``, ``t_star``.
     """
-    num, sols = _stationary_points(g, S.t)
+    num, sols = stationary_points(g, S.t)
     if len(sols) != 1:
         raise RuntimeError(f"{what}: expected one stationary point, got {sols}")
     t_found = sols[0]
-    g_star = sp.simplify(_exp_lambertw(sp.expand(g.subs(S.t, t_found))))
+    g_star = sp.simplify(exp_lambertw(sp.expand(g.subs(S.t, t_found))))
     if t_star is not None:
-        _check_equal(t_found, t_star, f"{what} t*")
-    _check_equal(g_star, W, f"{what} g*")
-    return _make(
+        check_equal(t_found, t_star, f"{what} t*")
+    check_equal(g_star, W, f"{what} g*")
+    return make_derivation(
         name,
         g_star,
         (arg,),

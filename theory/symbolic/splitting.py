@@ -8,7 +8,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, _check_equal, _make
+from ._core import Derivation, check_equal, make_derivation
 
 
 @functools.cache
@@ -36,16 +36,16 @@ def split_gain() -> Derivation:
 
     w_y = weight_on_z(s)
     w_z = weight_on_z(2 * s)
-    _check_equal(w_y, sp.exp(s) / (k - 1 + sp.exp(s)), "w_y")
-    _check_equal(w_z, sp.exp(2 * s) / (k - 1 + sp.exp(2 * s)), "w_z")
+    check_equal(w_y, sp.exp(s) / (k - 1 + sp.exp(s)), "w_y")
+    check_equal(w_z, sp.exp(2 * s) / (k - 1 + sp.exp(2 * s)), "w_z")
     ratio_sq = sp.simplify(((1 - 1 / k) * w_y**2 + w_z**2 / k) / (1 / k))
-    _check_equal(ratio_sq, (k - 1) * w_y**2 + w_z**2, "G_k^2")
+    check_equal(ratio_sq, (k - 1) * w_y**2 + w_z**2, "G_k^2")
     G = sp.sqrt((k - 1) * w_y**2 + w_z**2)
     steps = (
         f"w_y = {w_y}, w_z = {w_z} (softmax with log-weights log(1 - 1/k), log(1/k)).",
         f"Output W2^2 / input W2^2 = {ratio_sq} (times ||V delta||^2 / ||delta||^2).",
     )
-    return _make("split gain G_k", G, (k, s), steps, {"w_y": w_y, "w_z": w_z})
+    return make_derivation("split gain G_k", G, (k, s), steps, {"w_y": w_y, "w_z": w_z})
 
 
 @functools.cache
@@ -72,4 +72,6 @@ def split_gain_asymptotic() -> Derivation:
         f"lim_(s->oo) G_k^2 = {fixed_k}: G_k ~ sqrt(k) for k << e^s.",
         f"lim_(s->oo) G_(1+e^s) / (e^(s/2)/2) = {sat}: saturation near e^(s/2)/2.",
     )
-    return _make("split gain regimes", sat, (), steps, {"fixed_k_limit": fixed_k, "G1": G1})
+    return make_derivation(
+        "split gain regimes", sat, (), steps, {"fixed_k_limit": fixed_k, "G1": G1}
+    )

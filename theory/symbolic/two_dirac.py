@@ -8,7 +8,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, _check_equal, _make, _stationary_points
+from ._core import Derivation, check_equal, make_derivation, stationary_points
 
 
 @functools.cache
@@ -44,7 +44,7 @@ def two_dirac_g() -> Derivation:
         "w / (1 - w) = eps e^gamma / (1 - eps), hence (1 - eps) / eps = e^gamma (1 - w) / w.",
         "So sqrt((1 - eps) / eps) w = e^(gamma/2) sqrt(w (1 - w)) (checked by sympy).",
     )
-    return _make(
+    return make_derivation(
         "two-Dirac function g(eps)",
         first,
         (S.eps, S.gamma, S.Vu_norm),
@@ -72,11 +72,11 @@ def two_dirac_optimal_mass() -> Derivation:
     v, g = S.v, S.gamma
     objective = sp.exp(g) * v * (1 - v) * (1 + g * v) ** 2
     log_obj = sp.expand_log(sp.log(objective), force=True)
-    num, roots = _stationary_points(log_obj, v)
+    num, roots = stationary_points(log_obj, v)
     poly = sp.Poly(sp.expand(num), v)
     lead = poly.LC()
     quadratic = sp.expand(num * sp.sign(lead.subs(g, 1)))
-    _check_equal(quadratic, 4 * g * v**2 - (3 * g - 2) * v - 1, "two-Dirac quadratic")
+    check_equal(quadratic, 4 * g * v**2 - (3 * g - 2) * v - 1, "two-Dirac quadratic")
     inside = [
         r
         for r in roots
@@ -86,7 +86,7 @@ def two_dirac_optimal_mass() -> Derivation:
         raise RuntimeError(f"two_dirac_optimal_mass: roots in (0, 1): {inside}")
     v_star = inside[0]
     stated = ((3 * g - 2) + sp.sqrt(9 * g**2 + 4 * g + 4)) / (8 * g)
-    _check_equal(v_star, stated, "v*")
+    check_equal(v_star, stated, "v*")
     w_star = 1 - v_star
     ratio = w_star / v_star * sp.exp(-g)
     eps_star = ratio / (1 + ratio)
@@ -104,7 +104,7 @@ def two_dirac_optimal_mass() -> Derivation:
         f"Limits: v* -> {v0} (gamma -> 0), v* -> {vinf} and eps* e^gamma -> {eps_lim} "
         "(gamma -> oo).",
     )
-    return _make(
+    return make_derivation(
         "two-Dirac optimal mass",
         v_star,
         (g,),
@@ -146,16 +146,16 @@ def two_dirac_asymptotic() -> Derivation:
     opt = two_dirac_optimal_mass()
     sup_g = opt.extras["sup_g"]
     coeff = sp.limit(sup_g / (g * sp.exp(g / 2) * S.Vu_norm), g, sp.oo)
-    _check_equal(coeff, 3 * sp.sqrt(3) / 16, "two-Dirac asymptote coefficient")
+    check_equal(coeff, 3 * sp.sqrt(3) / 16, "two-Dirac asymptote coefficient")
     asym = coeff * g * sp.exp(g / 2) * S.Vu_norm
     at_3_4 = sp.exp(g / 2) * sp.sqrt(S.v * (1 - S.v)) * (1 + g * S.v) * S.Vu_norm
     excess = sp.simplify(at_3_4.subs(S.v, sp.Rational(3, 4)) - asym)
-    _check_equal(excess, sp.sqrt(3) / 4 * sp.exp(g / 2) * S.Vu_norm, "excess at v = 3/4")
+    check_equal(excess, sp.sqrt(3) / 4 * sp.exp(g / 2) * S.Vu_norm, "excess at v = 3/4")
     steps = (
         f"lim_(gamma->oo) sup g / (gamma e^(gamma/2) ||Vu||) = {coeff}.",
         f"g at v = 3/4 minus the asymptote = {excess} > 0, so the asymptote is a lower bound.",
     )
-    return _make(
+    return make_derivation(
         "two-Dirac asymptote",
         asym,
         (g, S.Vu_norm),

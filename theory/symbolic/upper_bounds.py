@@ -13,7 +13,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, _check_equal, _make, _solve_or_numeric
+from ._core import Derivation, check_equal, make_derivation, solve_or_numeric
 
 
 @functools.cache
@@ -46,7 +46,7 @@ def sqrt_n_upper(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> Deriv
         "sharp": sp.sqrt(3) * S.V_norm * sp.sqrt(th**2 * (n + 1) + n),
         "triangle": S.V_norm * (sp.sqrt(n) * (1 + th) + th),
     }[form]
-    _check_equal(bound, stated, f"sqrt_n_upper[{form}]")
+    check_equal(bound, stated, f"sqrt_n_upper[{form}]")
     expr = stated.subs(th, S.A_norm * S.R**2)
     steps = (
         f"Per-term bounds (theta = ||A|| R^2): ||T1|| <= {T1}, ||T2|| <= {T2}, ||T3|| <= {T3}.",
@@ -54,7 +54,7 @@ def sqrt_n_upper(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> Deriv
         + ("the triangle inequality" if form == "triangle" else "(a+b+c)^2 <= 3(a^2+b^2+c^2)")
         + f": {sp.simplify(bound)}.",
     )
-    return _make(
+    return make_derivation(
         f"sqrt(n) upper bound ({form})",
         expr,
         (S.A_norm, S.V_norm, S.R, n),
@@ -87,7 +87,7 @@ def mean_field_upper(form: Literal["sharp", "simple"] = "sharp") -> Derivation:
     sharp = S.V_norm * (self_term + kernel * density)
     simple = S.V_norm * (1 + 3 * th) * sp.exp(c * th)
     gap = sp.factor(sp.simplify(simple - sharp))
-    _check_equal(gap, S.V_norm * th * (sp.exp(c * th) - 1), "mean-field simple - sharp")
+    check_equal(gap, S.V_norm * th * (sp.exp(c * th) - 1), "mean-field simple - sharp")
     chosen = sharp if form == "sharp" else simple
     expr = chosen.subs(th, S.A_norm * S.R**2)
     steps = (
@@ -95,7 +95,7 @@ def mean_field_upper(form: Literal["sharp", "simple"] = "sharp") -> Derivation:
         "Cauchy-Schwarz with d pi_x / d mu <= e^(2 theta) gives e^(c theta), c = c' = 1.",
         f"Sharp form {sharp}; simple form {simple}; simple - sharp = {gap} >= 0.",
     )
-    return _make(
+    return make_derivation(
         f"mean-field upper bound ({form})",
         expr,
         (S.A_norm, S.V_norm, S.R, c),
@@ -133,7 +133,7 @@ def sqrt_n_mean_field_crossover(
     sq = sqrt_n_upper(form).extras["theta_form"]
     mf = mean_field_upper(mf_form).extras["theta_form"]
     equation = sq - mf
-    expr, num_func, how = _solve_or_numeric(equation, S.n, (S.theta, S.V_norm, S.c), (1.0, 1e300))
+    expr, num_func, how = solve_or_numeric(equation, S.n, (S.theta, S.V_norm, S.c), (1.0, 1e300))
     steps = (f"Solve {sq} = {mf} for n.", f"Result by {how}: {expr}.")
     if expr is None:
         func = num_func
@@ -141,7 +141,7 @@ def sqrt_n_mean_field_crossover(
     else:
         expr_out = sp.simplify(expr.subs(S.theta, S.A_norm * S.R**2))
         func = None
-    d = _make(
+    d = make_derivation(
         f"sqrt(n) / mean-field crossover ({form}, {mf_form})",
         expr_out,
         (S.A_norm, S.V_norm, S.R, S.c),
@@ -178,7 +178,7 @@ def sqrt_n_asymptotic(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> 
     u = sp.Symbol("u", positive=True)  # u = 1/n
     series = sp.series(sp.simplify(ratio.subs(S.n, 1 / u)), u, 0, 2).removeO()
     steps = (f"lim_(n->oo) bound / sqrt(n) = {lim}.", f"Expansion in u = 1/n: {series}.")
-    return _make(
+    return make_derivation(
         f"large-n constant ({form})",
         lim,
         (S.A_norm, S.V_norm, S.R),

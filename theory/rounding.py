@@ -11,7 +11,8 @@ number that is at least the *exact* bound of the exact inputs:
   :math:`\kappa_i` is tiny;
 * spectral norms from LAPACK are backward stable: relative error :math:`\gamma_{4m}`.
 
-Numpy only; no torch.
+Numpy only; no torch. A public module of :mod:`theory` (outside its ``__init__`` exports): the
+torch bound of :mod:`meanfield` applies the same margin (``meanfield.lipschitz.local_bound``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import math
 
 import numpy as np
 
+__all__ = ["U64", "gamma", "head_upper", "logit_error"]
+
+#: Unit roundoff of float64.
 U64 = 2.0**-53
 
 
