@@ -321,7 +321,6 @@ def test_the_engine_scan_resolves_relative_and_lazy_imports(tmp_path):
 PRIVATE_IMPORTS_PENDING: dict[str, int] = {
     "meanfield": 35,
     "experiments": 27,
-    "meanfield_cli": 2,
 }
 
 

@@ -23,7 +23,7 @@ from ..options import (
     check_device,
     check_out_dir,
 )
-from .lipschitz import _check_model_name
+from .lipschitz import check_model_name
 from .reproduce import add_execution, check_execution
 
 __all__ = ["STAGE_NAMES", "lock_dir", "parse_setting", "register"]
@@ -58,7 +58,7 @@ def _check_models(overrides: dict[str, Any]) -> None:
     for name in [models] if isinstance(models, str) else list(models):
         if not isinstance(name, str) or not name:
             raise UsageError(f"--set models= takes model names or directories, got {name!r}")
-        _check_model_name(name, "--set models=")
+        check_model_name(name, "--set models=")
 
 
 def parse_setting(text: str) -> tuple[str, Any]:

@@ -76,7 +76,7 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
 
 
-def _check_model_name(name: str, option: str = "--model") -> None:
+def check_model_name(name: str, option: str = "--model") -> None:
     """A one-line error for a model that is neither built in nor an existing directory.
 
     A name that looks like a path (``/x``, ``./x``, ``~/x``, ``a/b/c``) must be a directory; it is
@@ -115,7 +115,7 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
             raise ValueError(f"--n-layer must be a positive integer, got {args.n_layer}")
         loaded = random_gpt2(args.seed, n_layer=args.n_layer)
     else:
-        _check_model_name(args.model)
+        check_model_name(args.model)
         try:
             loaded = load_model(args.model, seed=args.seed)
         except OSError as err:

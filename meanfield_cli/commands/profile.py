@@ -33,7 +33,7 @@ from ..options import (
     check_out_dir,
     print_written,
 )
-from .lipschitz import BUILT_IN_MODELS, _check_model_name
+from .lipschitz import BUILT_IN_MODELS, check_model_name
 
 __all__ = ["handle", "register", "show"]
 
@@ -77,7 +77,7 @@ def _load(args: argparse.Namespace) -> Any:
         if args.n_layer < 1:
             raise UsageError(f"--n-layer must be a positive integer, got {args.n_layer}")
         return random_gpt2(args.seed, n_layer=args.n_layer)
-    _check_model_name(args.model)
+    check_model_name(args.model)
     try:
         return load_model(args.model, seed=args.seed)
     except OSError as err:
