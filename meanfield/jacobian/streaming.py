@@ -1,0 +1,625 @@
+r"""Jacobian products of attention in memory linear in :math:`n` (flash-attention pattern).
+
+:func:`linearize_streaming` keeps, per head, only the head rows of the closed form of
+docs/derivations/jacobian_products.md §3a (queries :math:`q_i = Qx_i`, centred keys
+:math:`K(x_l-\bar x)`, centred values :math:`V(x_l-\bar x)` and the attention means
+:math:`V(m_i-\bar x)`) and each row's log-normaliser :math:`\lambda_i = \log\sum_l e^{\ell_{il}}`.
+It never holds an :math:`n\times n` matrix: :func:`streaming_jvp` and :func:`streaming_vjp`
+recompute the attention one (query block, key block) tile at a time,
+:math:`P_{il} = \exp(\ell_{il} - \lambda_i)` from the rows, and accumulate the same sums as
+:func:`meanfield.jacobian.jvp` / :func:`meanfield.jacobian.vjp`. Peak extra memory is
+:math:`O(H b_qb_k + Hn(k + d_v))` instead of :math:`O(Hn^2)`; causal sequences skip the key
+blocks above the diagonal. Derivation, memory accounting and what the rounding analysis needs:
+docs/derivations/streaming_products.md.
+
+Heads are processed in groups of one kind (factored of one width, given by :math:`A` only, or
+rotary of one width), so a layer that mixes them keeps the head-space cost for each group.
+Rotary heads use the rotated rows of docs/derivations/jacobian_products.md §3b.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from .._numerics import iter_chunks
+from .._typing import Params
+from .._typing import ProductGeometry as Geometry
+from .._validation import check_aux, check_index, check_points, params_dtype_device
+from ..params import AttentionParams, MultiHeadParams
+
+__all__ = [
+    "StreamingLinearization",
+    "default_block_sizes",
+    "linearize_streaming",
+    "streaming_jvp",
+    "streaming_self_jvp",
+    "streaming_self_vjp",
+    "streaming_vjp",
+]
+
+#: Query-block size of the default tiling.
+_QUERY_BLOCK = 128
+#: Elements of one (batch x heads x b_q x b_k) tile temporary under the default tiling (a fixed
+#: rule: 2**21 elements, 16 MiB in float64; a product holds about six such temporaries).
+_TILE_ELEMENTS = 2**21
+#: Key blocks of the default tiling are multiples of this size.
+_KEY_ALIGN = 64
+
+
+def default_block_sizes(n: int, heads: int, batch: int = 1) -> tuple[int, int]:
+    """The default tiling ``(b_q, b_k)`` for ``n`` tokens and ``heads x batch`` tiles.
+
+    A fixed rule (never the memory free at the moment): queries in blocks of 128 and keys in the
+    largest multiple of 64 (at least 64) such that one ``batch x heads x b_q x b_k`` tile has at
+    most ``2**21`` elements.
+    """
+    b_q = min(n, _QUERY_BLOCK)
+    b_k = _TILE_ELEMENTS // max(1, heads * batch * b_q)
+    b_k = max(_KEY_ALIGN, b_k // _KEY_ALIGN * _KEY_ALIGN)
+    return b_q, min(n, b_k)
+
+
+@dataclass(frozen=True, eq=False)
+class _HeadGroup:
+    r"""Rows of the heads of one kind, stacked along a head axis of size ``G``.
+
+    ``Q`` is ``None`` for heads given only by :math:`A` (the identity stands for :math:`Q` and
+    :math:`A` for :math:`K`, width :math:`k = d`); ``ropes`` is ``None`` for non-rotary heads.
+    """
+
+    heads: tuple[int, ...]
+    Q: Tensor | None  # (G, k, d)
+    K: Tensor  # (G, k, d)
+    V: Tensor  # (G, d_v, d)
+    C: Tensor | None  # (G, d): key-logit terms c_h
+    W: Tensor  # (G, d_out, d_v)
+    ropes: tuple | None
+    q: Tensor  # (..., G, n, k): (rotated) queries
+    kc: Tensor  # (..., G, n, k): (rotated) keys, centred over the tokens
+    key_term: Tensor | None  # (..., G or 1, n): c_h^T x_l + log a_l
+    vc: Tensor  # (..., G, n, d_v): V(x_l - x_bar)
+    vm: Tensor  # (..., G, n, d_v): V(m_i - x_bar)
+    km: Tensor  # (..., G, n, k): sum_l P_il kc_l, i.e. K(m_i - x_bar) for non-rotary heads
+    lse: Tensor  # (..., G, n): log-normaliser of each row
+
+    @property
+    def size(self) -> int:
+        return len(self.heads)
+
+
+@dataclass(frozen=True, eq=False)
+class StreamingLinearization:
+    r"""The linearisation of an attention layer without its attention matrices.
+
+    Built by :func:`linearize_streaming`. Holds per head :math:`O(n(k + d_v))` numbers: the rows
+    of :class:`_HeadGroup` and the log-normalisers; the products recompute the attention tiles.
+
+    Attributes
+    ----------
+    X : Tensor, shape (..., n, d)
+    groups : tuple of _HeadGroup
+        Heads of one kind each (factored of one width, plain, rotary of one width).
+    log_weights, positions, token_index : Tensor or None
+    masked : bool
+    block_size : tuple of int
+        Query and key block sizes ``(b_q, b_k)`` of the tiles.
+    d_out : int
+    """
+
+    X: Tensor
+    groups: tuple[_HeadGroup, ...]
+    params: Params
+    log_weights: Tensor | None
+    positions: Tensor | None
+    token_index: Tensor | None
+    masked: bool
+    block_size: tuple[int, int]
+    d_out: int
+
+    @property
+    def n(self) -> int:
+        """Number of tokens."""
+        return self.X.shape[-2]
+
+    @property
+    def d(self) -> int:
+        """Input dimension."""
+        return self.X.shape[-1]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Leading (batch) dimensions of ``X``."""
+        return self.X.shape[:-2]
+
+    @property
+    def weighted(self) -> bool:
+        """Whether finite log-weights give a distinct Wasserstein operator."""
+        lw = self.log_weights
+        return lw is not None and bool(torch.isfinite(lw).all())
+
+    def tiles(self) -> Iterator[tuple[slice, slice]]:
+        """The (query block, key block) tiles a pass computes, in order.
+
+        Causal sequences (``masked`` without ``positions``) stop each query block at its last
+        key: key blocks above the diagonal are skipped and the block that crosses it is cut at
+        the query block's end. Otherwise every key block of every query block.
+        """
+        b_q, b_k = self.block_size
+        causal = self.masked and self.positions is None
+        for sl in iter_chunks(self.n, b_q):
+            end = sl.stop if causal else self.n
+            for start in range(0, end, b_k):
+                yield sl, slice(start, min(start + b_k, end))
+
+    def jvp(self, H: Tensor, *, geometry: Geometry = "euclidean") -> Tensor:
+        """:func:`streaming_jvp` at this linearisation."""
+        return streaming_jvp(self, H, geometry=geometry)
+
+    def vjp(self, G: Tensor, *, geometry: Geometry = "euclidean") -> Tensor:
+        """:func:`streaming_vjp` at this linearisation."""
+        return streaming_vjp(self, G, geometry=geometry)
+
+    def self_jvp(self, U: Tensor) -> Tensor:
+        """:func:`streaming_self_jvp` at this linearisation."""
+        return streaming_self_jvp(self, U)
+
+    def self_vjp(self, G: Tensor) -> Tensor:
+        """:func:`streaming_self_vjp` at this linearisation."""
+        return streaming_self_vjp(self, G)
+
+
+# ------------------------------------------------------------------------------ tile kernels
+def _block_mask(lin: StreamingLinearization, sl: slice, ks: slice) -> Tensor | None:
+    """Admissible keys of a tile, (..., 1, b_q, b_k) or (b_q, b_k); ``None`` if all are."""
+    if not lin.masked:
+        return None
+    if lin.positions is None:
+        if ks.stop - 1 <= sl.start:  # every key precedes every query of the block
+            return None
+        qi = torch.arange(sl.start, sl.stop, device=lin.X.device)
+        ki = torch.arange(ks.start, ks.stop, device=lin.X.device)
+        return ki.unsqueeze(0) <= qi.unsqueeze(1)
+    pos = lin.positions
+    return (pos[..., None, ks] <= pos[..., sl, None]).unsqueeze(-3)
+
+
+def _tile_logits(lin: StreamingLinearization, g: _HeadGroup, sl: slice, ks: slice) -> Tensor:
+    r"""Logits :math:`\ell_{il}` of one tile, (..., G, b_q, b_k), ``-inf`` where masked.
+
+    Up to a constant per row (which the stored log-normaliser absorbs):
+    :math:`\langle q_i, k_l - \bar k\rangle + c^\top x_l + \log a_l`.
+    """
+    L = g.q[..., sl, :] @ g.kc[..., ks, :].mT
+    if g.key_term is not None:
+        L = L + g.key_term[..., None, ks]
+    mask = _block_mask(lin, sl, ks)
+    if mask is not None:
+        L = L.masked_fill(~mask, -torch.inf)
+    return L
+
+
+def _tile_attention(
+    lin: StreamingLinearization, g: _HeadGroup, sl: slice, ks: slice, half: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    r"""The tile of :math:`P` and of :math:`\tilde P = \sqrt{a_i/a_l}P` (``half`` = ½ log a)."""
+    L = _tile_logits(lin, g, sl, ks) - g.lse[..., sl, None]
+    P = L.exp()
+    if half is None:
+        return P, P
+    return P, (L + (half[..., sl, None] - half[..., None, ks])).exp()
+
+
+def _log_normalisers(lin: StreamingLinearization, g: _HeadGroup) -> Tensor:
+    """Row log-sum-exp of the logits, one pass over the tiles (online maximum and sum)."""
+    shape = g.q.shape[:-1]
+    M = g.q.new_full(shape, -torch.inf)
+    S = g.q.new_zeros(shape)
+    for sl, ks in lin.tiles():
+        L = _tile_logits(lin, g, sl, ks)
+        m_old = M[..., sl]
+        m_new = torch.maximum(m_old, L.amax(-1))  # NaN propagates
+        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        S[..., sl] = S[..., sl] * (m_old - safe).exp() + (L - safe.unsqueeze(-1)).exp().sum(-1)
+        M[..., sl] = m_new
+    if not bool(torch.isfinite(M).all()):
+        if bool(torch.isnan(M).any()):
+            raise ValueError("attention logits contain NaN")
+        if bool((M == torch.inf).any()):
+            raise ValueError(
+                "attention logits overflowed to +inf; inputs are too large for this dtype"
+            )
+        raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
+    return M + S.log()
+
+
+def _attention_means(lin: StreamingLinearization, g: _HeadGroup) -> tuple[Tensor, Tensor]:
+    r""":math:`\sum_lP_{il}V(x_l - \bar x)` and :math:`\sum_lP_{il}\kappa_l`, recomputing the tiles."""
+    rows = torch.cat([g.vc, g.kc], dim=-1)
+    out = torch.zeros_like(rows)
+    for sl, ks in lin.tiles():
+        P, _ = _tile_attention(lin, g, sl, ks, None)
+        out[..., sl, :] += P @ rows[..., ks, :]
+    d_v = g.vc.shape[-1]
+    return out[..., :d_v], out[..., d_v:]
+
+
+# ------------------------------------------------------------------------------ construction
+def _rotate(ropes: tuple, Z: Tensor, index: Tensor, *, adjoint: bool = False) -> Tensor:
+    """Rows ``Z`` (..., G, n, k) rotated by each head's embedding at ``index``.
+
+    ``adjoint``: the rotation by the opposite angles, with the same scaling (its transpose).
+    """
+    idx = -index if adjoint else index
+    first = ropes[0]
+    if all(
+        r.attention_scaling == first.attention_scaling and torch.equal(r.inv_freq, first.inv_freq)
+        for r in ropes[1:]
+    ):
+        return first.apply(Z, idx)
+    per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
+    return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
+
+
+def _group_key(head: AttentionParams) -> tuple:
+    if head.rope is not None:
+        return ("rope", head.Q.shape[0])
+    if head.Q is not None:
+        return ("factored", head.Q.shape[0])
+    return ("plain", head.d)
+
+
+def _output_matrices(params: Params) -> Tensor:
+    """Per-head output matrices W_h (H, d_out, d_v): column blocks of W^O, or block selectors."""
+    heads = params.heads
+    H, d_v = len(heads), heads[0].d_v
+    if isinstance(params, MultiHeadParams) and params.W_O is not None:
+        return params.W_O.reshape(params.W_O.shape[0], H, d_v).permute(1, 0, 2).contiguous()
+    eye = torch.eye(H * d_v, dtype=heads[0].dtype, device=heads[0].device)
+    return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous()
+
+
+def _tangent_rows(lin: StreamingLinearization, g: _HeadGroup, Y: Tensor) -> tuple:
+    """Head rows ``(Q y_i, K y_l, V y_l)`` of tangents ``Y`` (..., n, d), rotated for rotary heads."""
+    if g.Q is None:
+        qY = Y.unsqueeze(-3).expand(Y.shape[:-2] + (g.size,) + Y.shape[-2:])
+    else:
+        qY = torch.einsum("...nd,gkd->...gnk", Y, g.Q)
+    kY = torch.einsum("...nd,gkd->...gnk", Y, g.K)
+    vY = torch.einsum("...nd,gvd->...gnv", Y, g.V)
+    if g.ropes is not None:
+        idx = _rope_index(lin.X, lin.token_index)
+        qY, kY = _rotate(g.ropes, qY, idx), _rotate(g.ropes, kY, idx)
+    return qY, kY, vY
+
+
+def _rope_index(X: Tensor, token_index: Tensor | None) -> Tensor:
+    n = X.shape[-2]
+    idx = torch.arange(n, device=X.device) if token_index is None else token_index.to(X.device)
+    return idx.unsqueeze(-2) if idx.ndim > 1 else idx
+
+
+def linearize_streaming(
+    X: Tensor,
+    params: Params,
+    *,
+    log_weights: Tensor | None = None,
+    masked: bool = False,
+    positions: Tensor | None = None,
+    token_index: Tensor | None = None,
+    block_size: int | tuple[int, int] | None = None,
+) -> StreamingLinearization:
+    r"""Head rows and row log-normalisers for the streaming Jacobian products at ``X``.
+
+    The arguments are those of :func:`meanfield.jacobian.linearize` (``block_size`` in place of
+    ``chunk_size``). Two passes over the tiles (log-normalisers, then attention means), each the
+    cost of a forward pass; memory :math:`O(Hn(k + d_v))` plus one tile.
+
+    Parameters
+    ----------
+    X : Tensor, shape (..., n, d)
+    params : AttentionParams or MultiHeadParams
+    log_weights : Tensor, shape (..., n), optional
+    masked : bool, default False
+    positions : Tensor, shape (..., n), optional
+    token_index : Tensor, shape (..., n) or (n,), optional
+        Integer token positions of the rotary heads (default ``0, ..., n-1``).
+    block_size : int or (int, int), optional
+        Query and key block sizes of the tiles (one int: both). Default
+        :func:`default_block_sizes` (a fixed rule of ``n``, the heads and the batch).
+
+    Returns
+    -------
+    StreamingLinearization
+    """
+    dtype, device = params_dtype_device(
+        params, (AttentionParams, MultiHeadParams), "linearize_streaming"
+    )
+    heads = params.heads
+    d = heads[0].d
+    X = check_points(X, "X", d, dtype, device)
+    n = X.shape[-2]
+    log_weights = check_aux(log_weights, "log_weights", X, n, finite=False)
+    positions = check_aux(positions, "positions", X, n)
+    token_index = check_index(token_index, "token_index", X, n)
+    masked = bool(masked)
+    # weights or positions with a batch of their own: the rows carry the broadcast batch
+    aux = [t.shape[:-1] for t in (log_weights, positions) if t is not None]
+    batch_shape = torch.broadcast_shapes(X.shape[:-2], *aux)
+    if batch_shape != X.shape[:-2]:
+        X = X.expand(batch_shape + X.shape[-2:])
+    kinds: dict[tuple, list[int]] = {}
+    for h, head in enumerate(heads):
+        kinds.setdefault(_group_key(head), []).append(h)
+    if block_size is None:
+        batch = 1
+        for s in X.shape[:-2]:
+            batch *= s
+        block = default_block_sizes(n, max(len(v) for v in kinds.values()), batch)
+    else:
+        block = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+        if len(block) != 2 or any(int(b) != b or b < 1 for b in block):
+            raise ValueError(f"block_size must be a positive int or a pair, got {block_size!r}")
+        block = (int(block[0]), int(block[1]))
+    W_all = _output_matrices(params)
+    d_out = W_all.shape[-2]
+    x_bar = X.mean(-2, keepdim=True)
+    Xc = X - x_bar
+    lin = StreamingLinearization(
+        X=X, groups=(), params=params, log_weights=log_weights, positions=positions,
+        token_index=token_index, masked=masked, block_size=block, d_out=d_out,
+    )  # fmt: skip
+    groups = []
+    for (kind, _), idx in kinds.items():
+        hs = [heads[h] for h in idx]
+        V = torch.stack([h.V for h in hs])
+        if kind == "plain":
+            Q, K = None, torch.stack([h.A for h in hs])
+            q = X.unsqueeze(-3).expand(X.shape[:-2] + (len(idx), n, d))
+        else:
+            Q, K = torch.stack([h.Q for h in hs]), torch.stack([h.K for h in hs])
+            q = torch.einsum("...nd,gkd->...gnk", X, Q)
+        ropes = tuple(h.rope for h in hs) if kind == "rope" else None
+        if ropes is None:
+            kc = torch.einsum("...nd,gkd->...gnk", Xc, K)
+        else:
+            ridx = _rope_index(X, token_index)
+            q = _rotate(ropes, q, ridx)
+            k = _rotate(ropes, torch.einsum("...nd,gkd->...gnk", X, K), ridx)
+            kc = k - k.mean(-2, keepdim=True)
+        cs = [h.c for h in hs]
+        C = None
+        key_term = None
+        if any(c is not None for c in cs):
+            C = torch.stack([X.new_zeros(d) if c is None else c for c in cs])
+            key_term = (X @ C.mT).mT  # (..., G, n)
+        if log_weights is not None:
+            lw = log_weights.unsqueeze(-2)
+            key_term = lw if key_term is None else key_term + lw
+        vc = torch.einsum("...nd,gvd->...gnv", Xc, V)
+        g = _HeadGroup(
+            heads=tuple(idx), Q=Q, K=K, V=V, C=C, W=W_all[idx], ropes=ropes, q=q, kc=kc,
+            key_term=key_term, vc=vc, vm=vc, km=kc, lse=q.new_zeros(q.shape[:-1]),
+        )  # fmt: skip
+        lse = _log_normalisers(lin, g)
+        g = replace(g, lse=lse)
+        vm, km = _attention_means(lin, g)
+        g = replace(g, vm=vm, km=km)
+        groups.append(g)
+    object.__setattr__(lin, "groups", tuple(groups))
+    return lin
+
+
+# ---------------------------------------------------------------------------------- products
+def _weights(lin: StreamingLinearization, geometry: str) -> Tensor | None:
+    """½ log a (..., 1, n) when the Wasserstein scaling applies, else ``None``."""
+    if geometry == "euclidean":
+        return None
+    if geometry != "wasserstein":
+        raise ValueError(f"geometry must be 'euclidean' or 'wasserstein', got {geometry!r}")
+    if lin.log_weights is None:
+        return None
+    if not lin.weighted:
+        raise ValueError("the Wasserstein operator needs positive masses; drop zero-mass atoms")
+    return 0.5 * (lin.log_weights - lin.log_weights.amax(-1, keepdim=True)).unsqueeze(-2)
+
+
+def _check_shape(T: Tensor, lin: StreamingLinearization, last: int, name: str) -> Tensor:
+    expected = lin.batch_shape + (lin.n, last)
+    if T.shape != expected:
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(T.shape)}")
+    return T.to(lin.X.dtype)
+
+
+def streaming_jvp(
+    lin: StreamingLinearization, H: Tensor, *, geometry: Geometry = "euclidean"
+) -> Tensor:
+    r"""Jacobian-vector product :math:`JH`, recomputing the attention tile by tile.
+
+    The same sums as :func:`meanfield.jacobian.jvp` (docs/derivations/jacobian_products.md
+    §2–§3a): per head,
+    :math:`(JH)_i = W\big(\sum_l\tilde P_{il}Vh_l + \sum_lT_{il}V(x_l-\bar x)
+    - (\sum_lT_{il})V(m_i-\bar x)\big)` with :math:`T = \tilde P\circ S + P\circ R`, each sum
+    over :math:`l` accumulated over the key blocks of a query block.
+
+    Parameters
+    ----------
+    lin : StreamingLinearization
+    H : Tensor, shape (..., n, d)
+    geometry : {"euclidean", "wasserstein"}, default "euclidean"
+
+    Returns
+    -------
+    Tensor, shape (..., n, d_out)
+    """
+    half = _weights(lin, geometry)
+    H = _check_shape(H, lin, lin.d, "H")
+    out = None
+    for g in lin.groups:
+        qH, kH, vH = _tangent_rows(lin, g, H)
+        cH = None if g.C is None else (H @ g.C.mT).mT  # (..., G, n): <c, h_l>
+        if half is None:  # T = P o (S + R), S + R one product of width 2k
+            left = torch.cat([g.q, qH], dim=-1)
+            right = torch.cat([kH, g.kc], dim=-1)
+        vals = torch.zeros_like(g.vm)
+        tsum = g.vm.new_zeros(g.vm.shape[:-1] + (1,))
+        for sl, ks in lin.tiles():
+            P, Pi = _tile_attention(lin, g, sl, ks, half)
+            if half is None:
+                S = left[..., sl, :] @ right[..., ks, :].mT
+            else:
+                S = g.q[..., sl, :] @ kH[..., ks, :].mT
+            if cH is not None:
+                S = S + cH[..., None, ks]
+            if half is None:
+                T = P * S
+            else:
+                T = Pi * S + P * (qH[..., sl, :] @ g.kc[..., ks, :].mT)
+            vals[..., sl, :] += Pi @ vH[..., ks, :] + T @ g.vc[..., ks, :]
+            tsum[..., sl, :] += T.sum(-1, keepdim=True)
+        vals = vals - tsum * g.vm
+        part = torch.einsum("...gnv,gov->...no", vals, g.W)
+        out = part if out is None else out + part
+    return out
+
+
+def streaming_vjp(
+    lin: StreamingLinearization, G: Tensor, *, geometry: Geometry = "euclidean"
+) -> Tensor:
+    r"""Vector-Jacobian product :math:`J^\top G`, recomputing the attention tile by tile.
+
+    The same sums as :func:`meanfield.jacobian.vjp`: with :math:`\gamma_i = W^\top g_i` and
+    :math:`Z_{il} = \langle\gamma_i, V(x_l-\bar x)\rangle - \langle\gamma_i, V(m_i-\bar x)\rangle`,
+    the key-side sums :math:`\sum_i\tilde P_{il}\gamma_i`, :math:`\sum_i\tilde P_{il}Z_{il}q_i`,
+    :math:`\sum_i\tilde P_{il}Z_{il}` and the query-side sum
+    :math:`\sum_lP_{il}Z_{il}K(x_l-\bar x)` are accumulated tile by tile, then mapped back to
+    :math:`\mathbb R^d` by :math:`V^\top`, :math:`K^\top`, :math:`c` and :math:`Q^\top` (rotated
+    back first for rotary heads).
+
+    Parameters
+    ----------
+    lin : StreamingLinearization
+    G : Tensor, shape (..., n, d_out)
+    geometry : {"euclidean", "wasserstein"}, default "euclidean"
+
+    Returns
+    -------
+    Tensor, shape (..., n, d)
+    """
+    half = _weights(lin, geometry)
+    G = _check_shape(G, lin, lin.d_out, "G")
+    out = None
+    for g in lin.groups:
+        gv = torch.einsum("...no,gov->...gnv", G, g.W)
+        gm = (gv * g.vm).sum(-1, keepdim=True)  # <gamma_i, V(m_i - x_bar)>
+        acc_v = torch.zeros_like(g.vc)
+        acc_k = torch.zeros_like(g.kc)
+        acc_q = torch.zeros_like(g.kc)
+        acc_c = None if g.C is None else g.vc.new_zeros(g.vc.shape[:-1])
+        for sl, ks in lin.tiles():
+            P, Pi = _tile_attention(lin, g, sl, ks, half)
+            gi = gv[..., sl, :]
+            Z = gi @ g.vc[..., ks, :].mT - gm[..., sl, :]
+            PiZ = Pi * Z
+            acc_v[..., ks, :] += Pi.mT @ gi
+            acc_k[..., ks, :] += PiZ.mT @ g.q[..., sl, :]
+            if acc_c is not None:
+                acc_c[..., ks] += PiZ.sum(-2)
+            PZ = PiZ if half is None else P * Z
+            acc_q[..., sl, :] += PZ @ g.kc[..., ks, :]
+        if g.ropes is not None:
+            idx = _rope_index(lin.X, lin.token_index)
+            acc_q = _rotate(g.ropes, acc_q, idx, adjoint=True)
+            acc_k = _rotate(g.ropes, acc_k, idx, adjoint=True)
+        if g.Q is None:
+            part = acc_q.sum(-3)
+        else:
+            part = torch.einsum("...gnk,gkd->...nd", acc_q, g.Q)
+        part = part + torch.einsum("...gnk,gkd->...nd", acc_k, g.K)
+        part = part + torch.einsum("...gnv,gvd->...nd", acc_v, g.V)
+        if acc_c is not None:
+            part = part + acc_c.mT @ g.C
+        out = part if out is None else out + part
+    return out
+
+
+def _require_no_rotary(lin: StreamingLinearization, what: str) -> None:
+    if any(g.ropes is not None for g in lin.groups):
+        raise NotImplementedError(
+            f"{what} uses the closed form, which does not apply to heads with a rotary embedding"
+        )
+
+
+def _cov_apply(
+    lin: StreamingLinearization, g: _HeadGroup, w: Tensor, Fx: Tensor, Fm: Tensor, Gx: Tensor,
+    Gm: Tensor,
+) -> Tensor:  # fmt: skip
+    r"""Rows :math:`\sum_lP_{il}\langle w_i, F_l - F^m_i\rangle(G_l - G^m_i)`, tile by tile."""
+    acc = torch.zeros_like(Gm)
+    tsum = Gm.new_zeros(Gm.shape[:-1] + (1,))
+    wm = (w * Fm).sum(-1, keepdim=True)
+    for sl, ks in lin.tiles():
+        P, _ = _tile_attention(lin, g, sl, ks, None)
+        PZ = P * (w[..., sl, :] @ Fx[..., ks, :].mT - wm[..., sl, :])
+        acc[..., sl, :] += PZ @ Gx[..., ks, :]
+        tsum[..., sl, :] += PZ.sum(-1, keepdim=True)
+    return acc - tsum * Gm
+
+
+def streaming_self_jvp(lin: StreamingLinearization, U: Tensor) -> Tensor:
+    r"""Per-atom self-Jacobian products :math:`u_i\mapsto S_iu_i`, recomputing the tiles.
+
+    As :func:`meanfield.jacobian.self_jvp` (the split geometry's self-map).
+
+    :math:`V_hC^h_iA_h^\top u_i = \sum_lP_{il}\langle K(x_l - m_i), Qu_i\rangle V(x_l - m_i)`;
+    rotary heads are refused, as in the stored path.
+
+    Parameters
+    ----------
+    lin : StreamingLinearization
+    U : Tensor, shape (..., n, d)
+
+    Returns
+    -------
+    Tensor, shape (..., n, d_out)
+    """
+    _require_no_rotary(lin, "streaming_self_jvp")
+    U = _check_shape(U, lin, lin.d, "U")
+    out = None
+    for g in lin.groups:
+        qU = _tangent_rows(lin, g, U)[0]
+        vals = _cov_apply(lin, g, qU, g.kc, g.km, g.vc, g.vm)
+        part = torch.einsum("...gnv,gov->...no", vals, g.W)
+        out = part if out is None else out + part
+    return out
+
+
+def streaming_self_vjp(lin: StreamingLinearization, G: Tensor) -> Tensor:
+    r"""Per-atom adjoint products :math:`g_i\mapsto S_i^\top g_i`, recomputing the tiles.
+
+    As :func:`meanfield.jacobian.self_vjp`.
+
+    Parameters
+    ----------
+    lin : StreamingLinearization
+    G : Tensor, shape (..., n, d_out)
+
+    Returns
+    -------
+    Tensor, shape (..., n, d)
+    """
+    _require_no_rotary(lin, "streaming_self_vjp")
+    G = _check_shape(G, lin, lin.d_out, "G")
+    out = None
+    for g in lin.groups:
+        gv = torch.einsum("...no,gov->...gnv", G, g.W)
+        rows = _cov_apply(lin, g, gv, g.vc, g.vm, g.kc, g.km)
+        if g.Q is None:
+            part = rows.sum(-3)
+        else:
+            part = torch.einsum("...gnk,gkd->...nd", rows, g.Q)
+        out = part if out is None else out + part
+    return out
