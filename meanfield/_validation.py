@@ -48,6 +48,18 @@ __all__ = [
 ]
 
 
+def reject_variants(params: object, what: str) -> None:
+    """Raise a one-line ``ValueError`` when a head of ``params`` uses an attention variant.
+
+    For consumers that model only the plain bilinear head (docs/theory.md §B6): a feature they
+    do not model is an error naming it, never a number for another map.
+    """
+    for h in getattr(params, "heads", ()):
+        variants = getattr(h, "variants", ())
+        if variants:
+            raise ValueError(f"{what} does not model {', '.join(variants)} yet")
+
+
 def check_flag(value: object, name: str) -> bool:
     """Rule 6: ``value`` as a bool when it is one (Python or numpy), else a one-line TypeError."""
     if isinstance(value, (bool, np.bool_)):

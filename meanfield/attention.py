@@ -63,8 +63,12 @@ def head_logits(
 
     Uses the factorisation :math:`A = Q^\top K` when the head carries one. A head with a rotary
     embedding rotates :math:`Qx_i` and :math:`Kx_j` at the integer token indices ``query_index``
-    and ``key_index`` (default ``0, 1, ...``).
+    and ``key_index`` (default ``0, 1, ...``). A head with variants (QK-norm, head-space biases,
+    soft-capping, ALiBi) follows the order of :class:`~meanfield.params.AttentionParams`; the
+    sliding window is a mask (:func:`head_mask`), not a logit.
     """
+    if head.variants:
+        return _variant_logits(Xq, Xk, head, log_weights, query_index, key_index)
     if head.rope is not None:
         if query_index is None:
             query_index = torch.arange(Xq.shape[-2], device=Xq.device)
@@ -81,6 +85,80 @@ def head_logits(
     if log_weights is not None:
         logits = logits + log_weights.unsqueeze(-2)
     return logits
+
+
+def _default_index(index: Tensor | None, n: int, device: torch.device) -> Tensor:
+    return torch.arange(n, device=device) if index is None else index
+
+
+def _variant_logits(
+    Xq: Tensor,
+    Xk: Tensor,
+    head: AttentionParams,
+    log_weights: Tensor | None,
+    query_index: Tensor | None,
+    key_index: Tensor | None,
+) -> Tensor:
+    r"""Logits of a head with variants (order of docs/theory.md §B6), shape (..., n_q, n_k)."""
+    if head.Q is not None:
+        q = Xq @ head.Q.mT
+        k = Xk @ head.K.mT
+        if head.q_bias is not None:
+            q = q + head.q_bias
+        if head.k_bias is not None:
+            k = k + head.k_bias
+        if head.q_norm is not None:
+            q = head.q_norm.apply(q)
+        if head.k_norm is not None:
+            k = head.k_norm.apply(k)
+        if head.rope is not None:
+            q = head.rope.apply(q, _default_index(query_index, Xq.shape[-2], Xq.device))
+            k = head.rope.apply(k, _default_index(key_index, Xk.shape[-2], Xk.device))
+        logits = q @ k.mT
+        if head.logit_scale is not None:
+            logits = logits * head.logit_scale
+    else:
+        logits = (Xq @ head.A) @ Xk.mT
+    if head.c is not None:
+        logits = logits + (Xk @ head.c).unsqueeze(-2)
+    if head.softcap is not None:
+        logits = torch.tanh(logits / head.softcap) * head.softcap
+    if head.alibi_slope is not None:
+        qi = _default_index(query_index, Xq.shape[-2], Xq.device).to(logits.dtype)
+        ki = _default_index(key_index, Xk.shape[-2], Xk.device).to(logits.dtype)
+        logits = logits + head.alibi_slope * (ki.unsqueeze(-2) - qi.unsqueeze(-1))
+    if log_weights is not None:
+        logits = logits + log_weights.unsqueeze(-2)
+    return logits
+
+
+def head_mask(
+    head: AttentionParams,
+    allowed: Tensor | None,
+    query_index: Tensor | None,
+    key_index: Tensor | None,
+    n_q: int,
+    n_k: int,
+    device: torch.device,
+) -> Tensor | None:
+    r"""``allowed`` intersected with the head's sliding window :math:`|\tau_i - \tau_j| < W`.
+
+    Returns ``allowed`` itself for a head without a window (docs/theory.md §B6).
+    """
+    if head.window is None:
+        return allowed
+    qi = _default_index(query_index, n_q, device)
+    ki = _default_index(key_index, n_k, device)
+    win = (qi.unsqueeze(-1) - ki.unsqueeze(-2)).abs() < head.window
+    return win if allowed is None else allowed & win
+
+
+def needs_token_index(params: Params) -> bool:
+    """Whether some head uses token indices (rotary embedding, sliding window or ALiBi)."""
+    return any(
+        h.rope is not None or h.window is not None or h.alibi_slope is not None
+        for h in params.heads
+    )
 
 
 def admissible_keys(
@@ -148,7 +226,8 @@ def attention_points(
     query_positions : Tensor, shape (..., m), optional
         Positions of the queries; default ``positions``.
     token_index : Tensor, shape (..., n) or (n,), optional
-        Integer token positions of the keys for rotary embeddings (default ``0, ..., n-1``).
+        Integer token positions of the keys for rotary embeddings, sliding windows and ALiBi
+        (default ``0, ..., n-1``; on measures too, docs/theory.md §B6).
     query_token_index : Tensor, shape (..., m) or (m,), optional
         Integer token positions of the queries (default ``token_index`` when the queries are the
         atoms).
@@ -174,12 +253,15 @@ def attention_points(
     allowed = admissible_keys(
         masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device
     )
-    if any(h.rope is not None for h in heads):
+    if needs_token_index(params):
         if token_index is None:
             token_index = torch.arange(X.shape[-2], device=X.device)
         if query_token_index is None:
             if queries is not None:
-                raise ValueError("rotary attention at arbitrary queries needs query_token_index")
+                raise ValueError(
+                    "rotary, windowed or ALiBi attention at arbitrary queries needs "
+                    "query_token_index"
+                )
             query_token_index = token_index
 
     def block(sl: slice) -> Tensor:
@@ -189,7 +271,13 @@ def attention_points(
         outs = []
         for h, vals in zip(heads, Xk_vals):
             logits = head_logits(q, X, h, log_weights, query_index=q_index, key_index=token_index)
-            P = masked_softmax(logits, mask)
+            if h.window is not None:
+                P = masked_softmax(
+                    logits,
+                    head_mask(h, mask, q_index, token_index, q.shape[-2], n, X.device),
+                )
+            else:
+                P = masked_softmax(logits, mask)
             out = P @ vals
             outs.append(out if h.b is None else out + h.b)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -346,7 +434,7 @@ def attention_weights(
     Ps = [
         masked_softmax(
             head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index),
-            allowed,
+            head_mask(h, allowed, token_index, token_index, n, n, X.device),
         )
         for h in heads
     ]

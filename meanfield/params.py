@@ -29,6 +29,7 @@ __all__ = [
     "AttentionParams",
     "L2AttentionParams",
     "MultiHeadParams",
+    "RMSNorm",
     "RotaryEmbedding",
     "ScoreConvention",
 ]
@@ -107,16 +108,25 @@ class RotaryEmbedding:
     The score then depends on the relative position, :math:`x_i^\top A_{j-i}x_j`
     (docs/theory.md §B1).
 
+    **Partial rotary** (GPT-NeoX/Pythia ``rotary_pct``, Phi ``partial_rotary_factor``): with
+    ``head_dim`` larger than the rotary width :math:`r = 2\,|\omega|`, only the first :math:`r`
+    coordinates :math:`z_{:r}` are rotated (in the ``rotate_half`` layout of those :math:`r`
+    coordinates, cosines and sines scaled as above); :math:`z_{r:}` passes unchanged (and
+    unscaled), as in ``transformers``' ``apply_rotary_pos_emb`` with ``q_rot, q_pass``.
+
     Parameters
     ----------
-    inv_freq : Tensor, shape (k/2,)
-        Angular frequencies :math:`\omega`.
+    inv_freq : Tensor, shape (r/2,)
+        Angular frequencies :math:`\omega`; :math:`r` is the rotary width.
     attention_scaling : float, default 1.0
         Factor applied to cosines and sines (1 for plain RoPE).
+    head_dim : int, optional
+        Width :math:`k \ge r` of the heads the embedding acts on; default :math:`r` (full rotary).
     """
 
     inv_freq: Tensor
     attention_scaling: float = 1.0
+    head_dim: int | None = None
 
     def __post_init__(self) -> None:
         inv_freq = as_float_tensor(self.inv_freq, "inv_freq")
@@ -124,14 +134,32 @@ class RotaryEmbedding:
             raise ValueError(f"inv_freq must be a vector, got shape {tuple(inv_freq.shape)}")
         check_finite(inv_freq, "inv_freq")
         object.__setattr__(self, "inv_freq", inv_freq)
+        if self.head_dim is not None:
+            hd = self.head_dim
+            if isinstance(hd, bool) or not isinstance(hd, (int, np.integer)):
+                raise ValueError(f"head_dim must be an integer, got {hd!r}")
+            if hd < 2 * inv_freq.shape[0]:
+                raise ValueError(
+                    f"head_dim must be at least the rotary width {2 * inv_freq.shape[0]}, got {hd}"
+                )
+            object.__setattr__(self, "head_dim", None if hd == 2 * inv_freq.shape[0] else int(hd))
+
+    @property
+    def rotary_dim(self) -> int:
+        r"""Number of leading coordinates that are rotated, :math:`r = 2|\omega|`."""
+        return 2 * self.inv_freq.shape[0]
 
     @property
     def k(self) -> int:
         """Head width the embedding acts on."""
-        return 2 * self.inv_freq.shape[0]
+        return self.rotary_dim if self.head_dim is None else self.head_dim
 
     def apply(self, Z: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``Z`` (..., n, k) at integer ``positions`` (..., n) or (n,)."""
+        if self.head_dim is not None:
+            r = self.rotary_dim
+            full = RotaryEmbedding(self.inv_freq, self.attention_scaling)
+            return torch.cat([full.apply(Z[..., :r], positions), Z[..., r:]], dim=-1)
         angles = positions.to(Z.dtype).unsqueeze(-1) * self.inv_freq.to(Z)
         angles = torch.cat([angles, angles], dim=-1)
         cos = angles.cos() * self.attention_scaling
@@ -142,7 +170,55 @@ class RotaryEmbedding:
 
     def to(self, *args: Any, **kwargs: Any) -> RotaryEmbedding:
         """Move ``inv_freq``, as :meth:`torch.Tensor.to`."""
-        return RotaryEmbedding(self.inv_freq.to(*args, **kwargs), self.attention_scaling)
+        return RotaryEmbedding(
+            self.inv_freq.to(*args, **kwargs), self.attention_scaling, self.head_dim
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class RMSNorm:
+    r"""RMS normalisation of a query or key vector (QK-norm of Qwen3, Gemma-3, OLMo-2).
+
+    .. math:: \mathrm{norm}(z) = w\odot\frac{z}{\sqrt{\tfrac1k\sum_a z_a^2 + \varepsilon}} .
+
+    ``transformers``' ``Qwen3RMSNorm`` stores :math:`w` as ``weight``; Gemma's RMS norms multiply
+    by ``1 + weight``, so pass ``w = 1 + weight`` for them. Computed in the parameters' dtype
+    (``transformers`` upcasts to float32; in float32 and float64 the two agree).
+
+    Parameters
+    ----------
+    weight : Tensor, shape (k,)
+        Elementwise gain :math:`w`.
+    eps : float, default 1e-6
+        :math:`\varepsilon \ge 0` (with ``0`` a zero vector gives NaN logits).
+    """
+
+    weight: Tensor
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        w = as_float_tensor(self.weight, "q_norm/k_norm weight")
+        if w.ndim != 1 or w.numel() == 0:
+            raise ValueError(f"RMSNorm weight must be a non-empty vector, got {tuple(w.shape)}")
+        check_finite(w, "RMSNorm weight")
+        eps = float(self.eps)
+        if not np.isfinite(eps) or eps < 0:
+            raise ValueError(f"RMSNorm eps must be finite and >= 0, got {self.eps!r}")
+        object.__setattr__(self, "weight", w)
+        object.__setattr__(self, "eps", eps)
+
+    @property
+    def k(self) -> int:
+        """Width of the vectors it normalises."""
+        return self.weight.shape[0]
+
+    def apply(self, Z: Tensor) -> Tensor:
+        """Normalise the rows ``Z`` (..., k)."""
+        return self.weight * (Z * torch.rsqrt(Z.square().mean(-1, keepdim=True) + self.eps))
+
+    def to(self, *args: Any, **kwargs: Any) -> RMSNorm:
+        """Move ``weight``, as :meth:`torch.Tensor.to`."""
+        return RMSNorm(self.weight.to(*args, **kwargs), self.eps)
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,6 +253,45 @@ class AttentionParams:
         Rotary embedding applied to :math:`Qx_i` and :math:`Kx_j` at their token positions
         (requires ``Q`` and ``K``; no bias terms). ``A`` is then the score at relative position 0.
         The analytic Jacobian and the theory's bounds assume no rotary embedding.
+    q_bias, k_bias : Tensor, shape (k,), optional
+        Head-space query and key biases (Qwen2, and any head with QK-norm or soft-capping, where
+        the reduced term ``c`` is not exact). Require ``Q`` and ``K``; exclude ``c``. In the
+        scale of ``Q`` and ``K`` (with the logit scale folded into ``Q``, ``q_bias`` is
+        ``scale * b_q``).
+    q_norm, k_norm : RMSNorm, optional
+        QK-norm (Qwen3, Gemma-3): RMS norms of width ``k`` applied to :math:`Qx_i + b_q` and
+        :math:`Kx_j + b_k` before the rotary embedding. Require ``Q`` and ``K``; exclude ``c``.
+    logit_scale : float, optional
+        Factor :math:`s` multiplying the dot product after the norms and the rotation (needed
+        with QK-norm, where the scale cannot be folded into ``Q``); default 1. ``A`` is then
+        :math:`s\,Q^\top K`.
+    softcap : float, optional
+        Gemma-2 logit soft-capping :math:`\kappa > 0`: the score becomes
+        :math:`\kappa\tanh(\mathrm{score}/\kappa)` before ALiBi, log-weights and masks.
+    window : int, optional
+        Sliding window :math:`W \ge 1` in token-index units: key :math:`j` is admissible for
+        query :math:`i` only when :math:`|\tau_i - \tau_j| < W` (with ``masked``: the
+        :math:`W` keys :math:`\tau_i - W < \tau_j \le \tau_i`, Mistral's and Gemma's
+        ``sliding_window``; without: ModernBERT's symmetric window with
+        ``window = local_attention // 2 + 1``). :math:`\tau` are the token indices
+        (``token_index``, default ``0, ..., n-1``), docs/theory.md §B6.
+    alibi_slope : float, optional
+        ALiBi slope :math:`m` (BLOOM, MPT): the logit gains :math:`m(\tau_j - \tau_i)`,
+        i.e. :math:`-m(i - j)` on causal rows (BLOOM adds :math:`m\,j`, which differs by a
+        per-row constant).
+
+    Notes
+    -----
+    Order of operations (docs/theory.md §B6), for a head with factors:
+
+    .. math::
+        q_i = R_{\tau_i}\,\mathrm{norm}_q(Qx_i + b_q),\quad
+        k_j = R_{\tau_j}\,\mathrm{norm}_k(Kx_j + b_k),\quad
+        s_{ij} = \kappa\tanh\big(s\,q_i^\top k_j/\kappa\big),\quad
+        \ell_{ij} = s_{ij} + m(\tau_j - \tau_i) + \log a_j,
+
+    then keys outside the causal mask and the window get :math:`-\infty`. Every field left at
+    ``None`` is skipped, and a head without any of them follows the original code path.
     """
 
     A: Tensor | None
@@ -187,6 +302,14 @@ class AttentionParams:
     K: Tensor | None = None
     rope: RotaryEmbedding | None = None
     score: InitVar[ScoreConvention] = "query_key"
+    q_bias: Tensor | None = None
+    k_bias: Tensor | None = None
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
+    logit_scale: float | None = None
+    softcap: float | None = None
+    window: int | None = None
+    alibi_slope: float | None = None
 
     def __post_init__(self, score: ScoreConvention) -> None:
         _check_score(score)
@@ -202,7 +325,19 @@ class AttentionParams:
                 raise ValueError(
                     f"Q and K must have the same shape, got {tuple(Q.shape)} and {tuple(K.shape)}"
                 )
-        A = Q.mT @ K if self.A is None else _matrix(self.A, "A", like=Q, leading="Q")
+        if self.logit_scale is not None:
+            ls = self.logit_scale
+            if isinstance(ls, bool) or not isinstance(ls, (int, float, np.floating, np.integer)):
+                raise ValueError(f"logit_scale must be a number, got {ls!r}")
+            if not (np.isfinite(float(ls)) and float(ls) > 0):
+                raise ValueError(f"logit_scale must be finite and positive, got {ls!r}")
+            if Q is None:
+                raise ValueError("logit_scale needs the factors Q and K")
+            object.__setattr__(self, "logit_scale", float(ls))
+        if self.A is None:
+            A = Q.mT @ K if self.logit_scale is None else self.logit_scale * (Q.mT @ K)
+        else:
+            A = _matrix(self.A, "A", like=Q, leading="Q")
         d = A.shape[0]
         if A.shape != (d, d):
             raise ValueError(f"A must be square, got shape {tuple(A.shape)}")
@@ -216,7 +351,8 @@ class AttentionParams:
             Q, K = K, Q
         if Q is not None and self.A is not None:
             tol = 1e3 * torch.finfo(A.dtype).eps * max(1.0, float(A.abs().max()))
-            if float((Q.mT @ K - A).abs().max()) > tol:
+            QK = Q.mT @ K if self.logit_scale is None else self.logit_scale * (Q.mT @ K)
+            if float((QK - A).abs().max()) > tol:
                 raise ValueError("Q and K do not reproduce A (A must equal Q^T K)")
         object.__setattr__(self, "A", A)
         object.__setattr__(self, "V", V)
@@ -230,18 +366,95 @@ class AttentionParams:
                     f"rotary embedding of width {self.rope.k} for heads of width {Q.shape[0]}"
                 )
             if self.c is not None:
-                raise ValueError("query biases with a rotary embedding are not supported")
+                raise ValueError(
+                    "c with a rotary embedding is not exact: give the head-space biases "
+                    "q_bias, k_bias instead"
+                )
             object.__setattr__(self, "rope", self.rope.to(dtype=A.dtype, device=A.device))
         if self.c is not None:
             object.__setattr__(self, "c", _vector(self.c, "c", d, A, "A"))
         if self.b is not None:
             object.__setattr__(self, "b", _vector(self.b, "b", V.shape[0], A, "A"))
+        self._validate_variants(Q, A)
+
+    def _validate_variants(self, Q: Tensor | None, A: Tensor) -> None:
+        """Check and convert the variant fields (QK-norm, biases, soft-cap, window, ALiBi)."""
+        k = None if Q is None else Q.shape[0]
+        for name in ("q_bias", "k_bias"):
+            val = getattr(self, name)
+            if val is None:
+                continue
+            if Q is None:
+                raise ValueError(f"{name} needs the factors Q and K")
+            if self.c is not None:
+                raise ValueError(f"{name} and c both given: use either c or q_bias/k_bias")
+            object.__setattr__(self, name, _vector(val, name, k, A, "A"))
+        for name in ("q_norm", "k_norm"):
+            val = getattr(self, name)
+            if val is None:
+                continue
+            if not isinstance(val, RMSNorm):
+                raise ValueError(f"{name} must be an RMSNorm, got {type(val).__name__}")
+            if Q is None:
+                raise ValueError(f"{name} needs the factors Q and K")
+            if val.k != k:
+                raise ValueError(f"{name} has width {val.k} for heads of width {k}")
+            if self.c is not None:
+                raise ValueError(f"{name} with c is not exact: give q_bias, k_bias instead")
+            object.__setattr__(self, name, val.to(dtype=A.dtype, device=A.device))
+        if self.softcap is not None:
+            cap = self.softcap
+            if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating, np.integer)):
+                raise ValueError(f"softcap must be a number, got {cap!r}")
+            if not (np.isfinite(float(cap)) and float(cap) > 0):
+                raise ValueError(f"softcap must be finite and positive, got {cap!r}")
+            if self.c is not None:
+                raise ValueError("softcap with c is not exact: give q_bias, k_bias instead")
+            object.__setattr__(self, "softcap", float(cap))
+        if self.window is not None:
+            w = self.window
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+                raise ValueError(f"window must be an integer, got {w!r}")
+            if w < 1:
+                raise ValueError(f"window must be at least 1, got {w}")
+            object.__setattr__(self, "window", int(w))
+        if self.alibi_slope is not None:
+            m = self.alibi_slope
+            if isinstance(m, bool) or not isinstance(m, (int, float, np.floating, np.integer)):
+                raise ValueError(f"alibi_slope must be a number, got {m!r}")
+            if not np.isfinite(float(m)):
+                raise ValueError(f"alibi_slope must be finite, got {m!r}")
+            object.__setattr__(self, "alibi_slope", float(m))
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """Names of the attention variants this head uses beyond the bilinear score.
+
+        Empty for a plain head (with or without ``c``, ``b`` and a full rotary embedding).
+        Consumers that model only the plain map raise an error naming these.
+        """
+        out = []
+        if self.q_norm is not None or self.k_norm is not None:
+            out.append("QK-norm")
+        if self.q_bias is not None or self.k_bias is not None:
+            out.append("head-space query/key biases")
+        if self.logit_scale is not None:
+            out.append("a logit scale after QK-norm")
+        if self.softcap is not None:
+            out.append("soft-capped logits")
+        if self.window is not None:
+            out.append("a sliding-window mask")
+        if self.alibi_slope is not None:
+            out.append("ALiBi biases")
+        if self.rope is not None and self.rope.head_dim is not None:
+            out.append("a partial rotary embedding")
+        return tuple(out)
 
     @classmethod
     def _from_validated(cls, **fields: Tensor | RotaryEmbedding | None) -> AttentionParams:
         """Build a head from pieces of matrices that the caller has already validated."""
         head = object.__new__(cls)
-        for name in ("A", "V", "c", "b", "Q", "K", "rope"):
+        for name in HEAD_FIELDS:
             object.__setattr__(head, name, fields.get(name))
         return head
 
@@ -271,7 +484,9 @@ class AttentionParams:
         return (self,)
 
     def A_norm(self) -> Tensor:
-        r""":math:`\|A\|_2`."""
+        r""":math:`\|A\|_2` (an error for a head with variants, whose logits ``A`` does not give)."""
+        if self.variants:
+            raise ValueError(f"A_norm does not model {', '.join(self.variants)} yet")
         return spectral_norm(self.A)
 
     def V_norm(self) -> Tensor:
@@ -279,8 +494,10 @@ class AttentionParams:
         return spectral_norm(self.V)
 
     def without_biases(self) -> AttentionParams:
-        """Return the same head without ``c`` and ``b`` (the theory's bias-free map)."""
-        return replace(self, c=None, b=None)
+        """Return the same head without ``c``, ``b``, ``q_bias``, ``k_bias`` (bias-free map)."""
+        if self.q_bias is None and self.k_bias is None:
+            return replace(self, c=None, b=None)
+        return replace(self, c=None, b=None, q_bias=None, k_bias=None)
 
     def to(self, *args: Any, **kwargs: Any) -> AttentionParams:
         """Move every tensor, as :meth:`torch.Tensor.to`."""
@@ -299,7 +516,22 @@ class AttentionParams:
             Q=mv(self.Q),
             K=mv(self.K),
             rope=rope,
+            q_bias=mv(self.q_bias),
+            k_bias=mv(self.k_bias),
+            q_norm=None if self.q_norm is None else self.q_norm.to(*args, **kwargs),
+            k_norm=None if self.k_norm is None else self.k_norm.to(*args, **kwargs),
+            logit_scale=self.logit_scale,
+            softcap=self.softcap,
+            window=self.window,
+            alibi_slope=self.alibi_slope,
         )
+
+
+#: Every field of a head, in the order of :class:`AttentionParams`.
+HEAD_FIELDS = (
+    "A", "V", "c", "b", "Q", "K", "rope", "q_bias", "k_bias", "q_norm", "k_norm", "logit_scale",
+    "softcap", "window", "alibi_slope",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -425,6 +657,11 @@ class MultiHeadParams:
         scale: float | None = None,
         score: ScoreConvention = "query_key",
         rope: RotaryEmbedding | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
+        alibi_slopes: object | None = None,
     ) -> MultiHeadParams:
         r"""Build a layer from projection weights, slicing heads (docs/conventions.md §2-§3).
 
@@ -461,7 +698,22 @@ class MultiHeadParams:
             ``"key_query"`` swaps the roles of ``W_Q`` and ``W_K``, reproducing the released
             code's :math:`A_{\mathrm{code}} = K^\top Q/\sqrt k` as this toolkit's ``A``.
         rope : RotaryEmbedding, optional
-            Rotary embedding shared by every head (Llama-style models).
+            Rotary embedding shared by every head (Llama-style models). With ``b_Q``/``b_K``
+            (Qwen2) the heads get the head-space biases ``q_bias = scale * b_Q[h]``,
+            ``k_bias = b_K[g(h)]``.
+        q_norm, k_norm : RMSNorm, optional
+            QK-norm of width ``k`` shared by every head (Qwen3, Gemma-3). ``Q_h`` is then the
+            unscaled row block and ``scale`` becomes the heads' ``logit_scale``; the biases are
+            ``q_bias = b_Q[h]``, ``k_bias = b_K[g(h)]``.
+        softcap : float, optional
+            Logit soft-cap of every head (Gemma-2).
+        window : int, optional
+            Sliding window of every head (AttentionParams.window).
+        alibi_slopes : sequence of float, optional
+            One ALiBi slope per query head.
+
+        Heads with any of these options are validated like :class:`AttentionParams` built by
+        hand; without them the construction is unchanged.
         """
         _check_score(score)
         if layout not in ("linear", "conv1d"):
@@ -508,9 +760,21 @@ class MultiHeadParams:
         if rope is not None:
             if not isinstance(rope, RotaryEmbedding) or rope.k != k:
                 raise ValueError(f"rope must be a RotaryEmbedding of width {k}")
-            if b_Q is not None:
-                raise ValueError("query biases with a rotary embedding are not supported")
             rope = rope.to(dtype=W_Q.dtype, device=W_Q.device)
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = [float(v) for v in np.asarray(alibi_slopes, dtype=float).reshape(-1)]
+            if len(slopes) != H:
+                raise ValueError(
+                    f"alibi_slopes must have {H} entries (one per head), got {len(slopes)}"
+                )
+        normed = q_norm is not None or k_norm is not None
+        if rope is not None or normed or softcap is not None:
+            b_Kv = None if b_K is None else _vector(b_K, "b_K", W_K.shape[0], W_Q, "W_Q")
+            return cls._from_qkv_variants(
+                W_Q, W_K, W_V, W_O, b_O, b_Qv, b_Kv, b_Vv, H, H_kv, k, k_v, s, rope,
+                dict(q_norm=q_norm, k_norm=k_norm, softcap=softcap, window=window), slopes,
+            )  # fmt: skip
         rep = H // H_kv
         heads = []
         for h in range(H):
@@ -520,9 +784,50 @@ class MultiHeadParams:
             c = None if b_Qv is None else Kh.mT @ b_Qv[h * k : (h + 1) * k] * s
             b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
             # Slices of matrices validated above: skip re-checking every head.
+            if window is None and slopes is None:
+                heads.append(
+                    AttentionParams._from_validated(
+                        A=Qh.mT @ Kh, V=W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh
+                    )
+                )
+            else:
+                heads.append(
+                    AttentionParams(
+                        None, W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh, window=window,
+                        alibi_slope=None if slopes is None else slopes[h],
+                    )
+                )  # fmt: skip
+        return cls(tuple(heads), W_O=W_O, b_O=b_O)
+
+    @classmethod
+    def _from_qkv_variants(
+        cls, W_Q, W_K, W_V, W_O, b_O, b_Q, b_K, b_V, H, H_kv, k, k_v, s, rope, opts, slopes
+    ) -> MultiHeadParams:
+        """Heads with head-space biases, QK-norm, soft-cap, ... (see :meth:`from_qkv`)."""
+        normed = opts["q_norm"] is not None or opts["k_norm"] is not None
+        rep = H // H_kv
+        heads = []
+        for h in range(H):
+            g = h // rep
+            Qh, Kh = W_Q[h * k : (h + 1) * k], W_K[g * k : (g + 1) * k]
+            qb = None if b_Q is None else b_Q[h * k : (h + 1) * k]
+            kb = None if b_K is None else b_K[g * k : (g + 1) * k]
+            if not normed:  # fold the scale into the query map and its bias
+                Qh = s * Qh
+                qb = None if qb is None else s * qb
             heads.append(
-                AttentionParams._from_validated(
-                    A=Qh.mT @ Kh, V=W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh, rope=rope
+                AttentionParams(
+                    None,
+                    W_V[g * k_v : (g + 1) * k_v],
+                    b=None if b_V is None else b_V[g * k_v : (g + 1) * k_v],
+                    Q=Qh,
+                    K=Kh,
+                    rope=rope,
+                    q_bias=qb,
+                    k_bias=kb,
+                    logit_scale=s if normed else None,
+                    alibi_slope=None if slopes is None else slopes[h],
+                    **opts,
                 )
             )
         return cls(tuple(heads), W_O=W_O, b_O=b_O)

@@ -213,9 +213,9 @@ def test_gains_are_theory_formulas():
     k = np.array([1.0, 2.0, 7.0, 1e6, 1e300])
     for s in (-1.0, 0.3, 4.0, 40.0, 800.0):
         assert np.array_equal(split_gain(k, s), bounds.split_gain(k, s))
-        assert float(optimal_split_k(s)) == float(bounds.split_optimal_k(s))
+        assert float(optimal_split_k(s)) == float(bounds.optimal_split_k(s))
     s = np.array([0.1, 3.0, 40.0])
-    assert np.array_equal(optimal_split_k(s), bounds.split_optimal_k(s))
+    assert np.array_equal(optimal_split_k(s), bounds.optimal_split_k(s))
     t = split_gain(torch.tensor([2.0, 7.0], dtype=torch.float32), 4.0)
     assert t.dtype == torch.float32 and not t.requires_grad
     ti = split_gain(torch.tensor([2, 7]), 4.0)

@@ -52,7 +52,7 @@ def test_split_gain_regimes():
     k = np.arange(1, 1001)
     np.testing.assert_allclose(B.split_gain(k, 40.0), np.sqrt(k), rtol=1e-12)  # k << e^s
     for s in (10.0, 20.0, 40.0):
-        kstar = B.split_optimal_k(s)
+        kstar = B.optimal_split_k(s)
         peak = B.split_gain(kstar, s)
         assert peak == pytest.approx(np.exp(s / 2) / 2, rel=2 * np.exp(-s / 2) + 1e-12)
         assert peak >= B.split_gain(np.array([kstar / 2, 2 * kstar]), s).max()
@@ -63,7 +63,7 @@ def test_split_gain_regimes():
 def test_split_optimal_k_brute_force():
     for s in np.concatenate([np.linspace(-2, 9, 45), [11.0]]):
         ks = np.arange(1, int(3 * np.exp(max(s, 0))) + 10, dtype=float)
-        assert B.split_optimal_k(s) == ks[np.argmax(B.split_gain(ks, s))]
+        assert B.optimal_split_k(s) == ks[np.argmax(B.split_gain(ks, s))]
 
 
 def test_split_gain_w_infinity_has_no_gain():
@@ -89,7 +89,7 @@ def test_split_optimal_k_is_optimal_to_float_precision_beyond_brute_force():
         return m * E**2 / (m + E) ** 2 + E**4 / (m + E**2) ** 2
 
     for s in np.linspace(10.0, 34.0, 25):
-        k = float(B.split_optimal_k(s))
+        k = float(B.optimal_split_k(s))
         assert k == np.round(k) and k < 2.0**52
         best = max(g2(k - 1, s), g2(k + 1, s))
         assert g2(k, s) >= best * (1 - mpmath.mpf(2) ** -52), s

@@ -414,3 +414,20 @@ def test_default_block_sizes_rule():
     assert b_q == 128 and b_k % 64 == 0 and 12 * b_q * b_k <= 2**21
     assert default_block_sizes(16384, 1) == (128, 16384)
     assert default_block_sizes(100000, 4096, batch=8)[1] == 64  # never below 64 keys
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "name"),
+    [
+        ("softcap", 5.0, "soft-capped logits"),
+        ("window", 3, "a sliding-window mask"),
+        ("alibi_slope", -0.5, "ALiBi biases"),
+    ],
+)
+def test_variant_heads_are_refused_in_one_line(gen, field, value, name):
+    """The closed form models the bilinear score only: a variant is an error naming it."""
+    Q, K, V = (torch.randn(2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    head = AttentionParams(None, V, Q=Q, K=K, **{field: value})
+    X = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"streaming products does not model {name}"):
+        linearize_streaming(X, head)

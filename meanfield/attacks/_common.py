@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.func import jacrev
 
 from .._typing import Params
+from .._validation import reject_variants
 from ..attention import attention_points
 from ..lipschitz import local_lipschitz
 from ..measures import DiracMeasure
@@ -155,6 +156,7 @@ def to_sphere(Z: Tensor, R: float) -> Tensor:
 
 
 def single_head_matrices(params: Params, what: str) -> tuple[Tensor, Tensor]:
+    reject_variants(params, what)
     if isinstance(params, AttentionParams):
         return params.A, params.V
     if isinstance(params, MultiHeadParams) and params.n_heads == 1:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .._numerics import as_float_tensor, check_finite
 from .._typing import Case, Params, Variant
+from .._validation import reject_variants
 from ..measures import DiracMeasure
 from ..params import AttentionParams, MultiHeadParams
 from ._common import (
@@ -58,6 +59,7 @@ OFF_AXIS_DEFAULTS = SearchOptions(n_restarts=16, steps=400, lr=0.05, seed=0)
 
 def _head(A_or_params: Tensor | Params, head: int | None) -> tuple[Tensor, Tensor | None]:
     """Score matrix of the chosen head and the value map of the (single-head) layer, if defined."""
+    reject_variants(A_or_params, "this construction")
     if isinstance(A_or_params, MultiHeadParams):
         h = 0 if head is None else int(head)
         if not 0 <= h < A_or_params.n_heads:
@@ -749,6 +751,7 @@ def off_axis_two_atoms(
     tt = float(t) - s  # logit of eps
     lw = torch.tensor([log_sigmoid(-tt), log_sigmoid(tt)], dtype=torch.float64, device=dev)
     like = params.heads[0].A
+    reject_variants(params, "this construction")
     mu = measure_from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
     return OffAxisTwoAtoms(
         value=math.exp(lv) if lv < 709 else math.inf,

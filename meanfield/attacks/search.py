@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .._numerics import as_float_tensor
 from .._typing import MeasureGeometry, Params
+from .._validation import reject_variants
 from ..measures import DiracMeasure
 from ..params import AttentionParams
 from ._common import (
@@ -402,6 +403,7 @@ def worst_case_measure(
             )[0]
         )
     like = params.heads[0].A
+    reject_variants(params, "this attack")
     mu = measure_from_log_weights(
         Xb[k].detach().to(like),
         Lb[k].detach().to(like.dtype),
@@ -621,6 +623,7 @@ def worst_case_sequence(
     with torch.no_grad():
         value = float(sequence_constant(Xb[k : k + 1], p64, masked=masked)[0])
     like = params.heads[0].A
+    reject_variants(params, "this attack")
     Xout = Xb[k].to(like)
     if certify:
         lower, upper, how = engine_bracket(Xout, params, "euclidean", masked, value)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .._theory_import import require_theory
 from .._typing import Params
+from .._validation import reject_variants
 from ..attention import attention, attention_points
 from ..distances import wasserstein, wasserstein_inf
 from ..lipschitz import local_lipschitz
@@ -123,7 +124,7 @@ def optimal_split_k(s: float | np.ndarray) -> int | float | np.ndarray:
 
     .. math:: k^*(s)=\arg\max_{k\in\{1,2,\dots\}}G_k(s).
 
-    The search is :func:`theory.bounds.split_optimal_k` (:math:`G_k` is unimodal in :math:`k`,
+    The search is :func:`theory.bounds.optimal_split_k` (:math:`G_k` is unimodal in :math:`k`,
     docs/derivations/mass_splitting.md); this function returns Python numbers for scalars.
 
     Parameters
@@ -144,7 +145,7 @@ def optimal_split_k(s: float | np.ndarray) -> int | float | np.ndarray:
     numerically* (brute force in the tests).
     """
     require_theory()
-    from theory.bounds import split_optimal_k as _opt_k  # lazy: import meanfield stays light
+    from theory.bounds import optimal_split_k as _opt_k  # lazy: import meanfield stays light
 
     if np.ndim(s) > 0:
         return np.asarray(_opt_k(np.asarray(s, dtype=float)), dtype=float)
@@ -471,6 +472,7 @@ def mass_splitting_attack(
     with torch.no_grad():
         Y0 = attention_points(X, p64, log_weights=la)
     like = params.heads[0].A
+    reject_variants(params, "this attack")
 
     def out_w2(Xn: Tensor, lan: Tensor) -> Tensor:
         Yn = attention_points(Xn, p64, log_weights=lan)

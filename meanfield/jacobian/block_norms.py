@@ -66,6 +66,9 @@ def weight_norms(params: Params) -> WeightNorms:
     if cached is not None:
         return cached
     heads = params.heads
+    for head in heads:
+        if getattr(head, "variants", ()):
+            raise ValueError(f"the block certificate does not model {', '.join(head.variants)} yet")
     analytic = [h for h, head in enumerate(heads) if getattr(head, "rope", None) is None]
     W, concat = _head_output_matrices(params)
     dev = heads[0].A.device

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._spectral import _gamma
 from .._typing import Params
-from ..params import AttentionParams, MultiHeadParams
+from ..params import HEAD_FIELDS, AttentionParams, MultiHeadParams
 from .linearization import AttentionLinearization, _as_float64, _attend, _head_rows
 
 _U64 = torch.finfo(torch.float64).eps / 2
@@ -296,7 +296,7 @@ def _balanced_params(params: Params) -> tuple[Params, dict[int, int]]:
     else:
         heads = tuple(
             h if i not in scal else AttentionParams._from_validated(
-                A=h.A, V=scal[i][1], c=h.c, b=h.b, Q=h.Q, K=h.K, rope=h.rope
+                **{name: getattr(h, name) for name in HEAD_FIELDS if name != "V"}, V=scal[i][1]
             )
             for i, h in enumerate(params.heads)
         )  # fmt: skip

@@ -306,6 +306,11 @@ def _rotate(ropes: tuple, Z: Tensor, index: Tensor, *, adjoint: bool = False) ->
     return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
 
 
+def _fallback_head(head: object) -> bool:
+    """Whether a head leaves the closed form: a rotary embedding or any variant."""
+    return getattr(head, "rope", None) is not None or bool(getattr(head, "variants", ()))
+
+
 def _rope_rows(
     X: Tensor,
     params: Params,
@@ -401,8 +406,11 @@ def linearize(
     token_index = check_index(token_index, "token_index", X, n)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
-    analytic = tuple(h for h, head in enumerate(heads) if getattr(head, "rope", None) is None)
-    rope = tuple(h for h, head in enumerate(heads) if getattr(head, "rope", None) is not None)
+    # Heads with a rotary embedding or another variant (QK-norm, soft-cap, window, ALiBi, ...)
+    # take the torch.func fallback of the products (docs/theory.md §B6); the closed form below
+    # covers plain bilinear heads only.
+    analytic = tuple(h for h, head in enumerate(heads) if not _fallback_head(head))
+    rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
     allowed = _admissible(masked, n, positions, X.device)
     W, concat = _head_output_matrices(params)
     batch = X.shape[:-2]
@@ -458,7 +466,7 @@ def linearize(
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             P_w = P
     rope_rows = None
-    if rope:
+    if rope and not any(heads[h].variants for h in rope):  # closed form: plain rotary heads only
         block = None if (not masked or positions is not None) else (chunk_size or _PRODUCT_BLOCK)
         rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
     return AttentionLinearization(

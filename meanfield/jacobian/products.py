@@ -336,6 +336,11 @@ def _require_analytic(lin: AttentionLinearization, what: str) -> None:
     if lin.rope_heads:
         raise NotImplementedError(
             f"{what} uses the closed form, which does not apply to heads with a rotary embedding"
+            + "".join(
+                f" or {', '.join(v)}"
+                for v in {lin.params.heads[h].variants for h in lin.rope_heads}
+                if v
+            )
         )
 
 

@@ -28,7 +28,13 @@ from torch import Tensor
 from .._numerics import iter_chunks
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
-from .._validation import check_aux, check_index, check_points, params_dtype_device
+from .._validation import (
+    check_aux,
+    check_index,
+    check_points,
+    params_dtype_device,
+    reject_variants,
+)
 from ..params import AttentionParams, MultiHeadParams
 
 __all__ = [
@@ -335,6 +341,8 @@ def linearize_streaming(
     -------
     StreamingLinearization
     """
+    # the closed form models the bilinear score (rotary included), none of the variants
+    reject_variants(params, "the streaming products")
     dtype, device = params_dtype_device(
         params, (AttentionParams, MultiHeadParams), "linearize_streaming"
     )

@@ -69,6 +69,10 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
         out.append(item)
     for h in lin.rope_heads:
         head = heads[h]
+        if head.variants:
+            raise ValueError(
+                f"the structured Jacobian bound does not model {', '.join(head.variants)} yet"
+            )
         head64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
         rr = lin.rope_rows
         if rr is not None:  # formed by linearize (rotated at the token positions)

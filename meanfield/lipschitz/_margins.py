@@ -31,6 +31,12 @@ class Margins:
 
     def __init__(self, ops: Operators, geometry: ProductGeometry) -> None:
         self.geometry = geometry
+        for head in ops.lin.params.heads:
+            if head.variants:  # the rounding model covers plain and rotary heads only
+                raise ValueError(
+                    f"the certified bracket does not model {', '.join(head.variants)} yet; "
+                    "pass certify=False for an estimate"
+                )
         self.rope = bool(ops.lin.rope_heads)
         self.model = _rnd.error_model(ops.lin64)
         lin64s = ops.lin64s

@@ -160,7 +160,8 @@ class EstimateOptions:
         """
         if self.geometry == "split" and lin.rope_heads:
             raise NotImplementedError(
-                "geometry='split' is not available for heads with a rotary embedding"
+                "geometry='split' is not available for heads with a rotary embedding or "
+                "another attention variant (QK-norm, soft-cap, window, ALiBi, head biases)"
             )
         solver, cert = self.solver, self.certificate
         n, d = lin.n, lin.d

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .._theory_import import require_theory
 from .._typing import Params
-from .._validation import check_flag
+from .._validation import check_flag, reject_variants
 from ..params import AttentionParams, MultiHeadParams
 
 #: Relative margin applied to the float64 evaluation of :func:`certified_local_upper`.
@@ -159,6 +159,7 @@ def certified_local_upper(
     if not bool(torch.isfinite(X).all()):
         raise ValueError("X has non-finite entries")
     heads = params.heads  # an AttentionParams is its own single head
+    reject_variants(params, "the certified local bound")
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
     require_theory()  # a user's own theory.py must not stand in for ours

@@ -68,7 +68,7 @@ from theory.bounds.mean_field import (
     score_gap_constant,
     trivial_lower,
 )
-from theory.bounds.splitting import split_gain, split_gain_general, split_optimal_k
+from theory.bounds.splitting import optimal_split_k, split_gain, split_gain_general
 from theory.bounds.sqrt_n import (
     ConstructionGap,
     RayleighExtremes,
@@ -123,7 +123,7 @@ __all__ = [
     "sequence_lower",
     "split_gain",
     "split_gain_general",
-    "split_optimal_k",
+    "optimal_split_k",
     "sqrt_n_constant",
     "sqrt_n_lower",
     "sqrt_n_upper",

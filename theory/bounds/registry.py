@@ -509,7 +509,7 @@ BOUNDS: tuple[Bound, ...] = (
         ("k", "r", "R", "lam"), "gain G_k with the Dirac at r u and the moved copy at R u",
     ),
     Bound(
-        "split_optimal_k", "split_optimal_k", "value", _T, _DER + " (ours)", _S10,
+        "optimal_split_k", "optimal_split_k", "value", _T, _DER + " (ours)", _S10,
         ("s",), "integer number of copies maximising split_gain",
     ),
 )  # fmt: skip

@@ -1,7 +1,7 @@
 r"""Mass splitting: gain of the duplicate-then-move attack and its optimal copy count.
 
-:func:`split_gain`, :func:`split_gain_general` and :func:`split_optimal_k` (docs/theory.md §10).
-:func:`split_optimal_k` is the one implementation of the optimal :math:`k` on the theory side;
+:func:`split_gain`, :func:`split_gain_general` and :func:`optimal_split_k` (docs/theory.md §10).
+:func:`optimal_split_k` is the one implementation of the optimal :math:`k` on the theory side;
 the torch library should call it rather than keep its own search.
 """
 
@@ -106,7 +106,7 @@ def split_gain_general(k: ArrayLike, r: ArrayLike, R: ArrayLike, lam: ArrayLike)
     return as_result(np.exp(0.5 * _split_log_g2(k_, lam_ * r_ * (R_ - r_), lam_ * R_ * (R_ - r_))))
 
 
-def split_optimal_k(s: ArrayLike) -> Any:
+def optimal_split_k(s: ArrayLike) -> Any:
     r"""Integer number of copies :math:`k \ge 1` maximising :func:`split_gain` (docs/theory.md §10).
 
     Parameters
