@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, jvp, vjp
-from .jacobian.linearization import _attend
+from .jacobian.linearization import attend
 
 __all__ = [
     "ErrorModel",
@@ -258,9 +258,9 @@ def magnitude_linearization(
     block = lin._causal_block()
     Xr, Xcr, abr = rows(aX), rows(xc), rows(ab)
     if KV.shape[-2] < lin.d:  # head space first: P (|X| |KV|^T), O(H n^2 (k + d_v))
-        Mr = _attend(lin.P, Xr, block)
+        Mr = attend(lin.P, Xr, block)
     else:  # heads without factors: P |X| in R^d first, O(H n^2 d)
-        Mr = rows(_attend(lin.P, aX.unsqueeze(-3), block))
+        Mr = rows(attend(lin.P, aX.unsqueeze(-3), block))
     # sums of nonnegative terms (lengths n and d): relative error below gamma_{n+d+4}
     Mr = Mr * (1 + 2 * gamma(lin.n + lin.d + 4))  # >= |KV| sum_j P_ij |x_j| >= |KV||m_i|
     unc = Mr + abr

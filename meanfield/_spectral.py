@@ -40,12 +40,12 @@ __all__ = [
 
 Operator = Callable[[Tensor], Tensor]
 
-_U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
+U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
 
 
-def _gamma(k: int) -> float:
+def gamma_k(k: int) -> float:
     r"""Higham's :math:`\gamma_k = ku/(1-ku)` for float64."""
-    ku = k * _U64
+    ku = k * U64
     return ku / (1.0 - ku)
 
 
@@ -462,13 +462,13 @@ def certify_upper(W: Tensor, s: Tensor | float) -> Tensor:
     eye = torch.eye(m, dtype=torch.float64, device=W.device)
     M0 = eye - G
     tr0 = torch.diagonal(M0, dim1=-2, dim2=-1).sum(-1).clamp_min(0)
-    g1 = _gamma(m + 1)
+    g1 = gamma_k(m + 1)
     err = (
         g1 / (1 - g1) * tr0
-        + (_gamma(k) + 4 * _U64) * fro2
-        + _U64 * (1 + torch.diagonal(G, dim1=-2, dim2=-1).amax(-1))
+        + (gamma_k(k) + 4 * U64) * fro2
+        + U64 * (1 + torch.diagonal(G, dim1=-2, dim2=-1).amax(-1))
     )
-    delta = 2 * err + 4 * _U64
+    delta = 2 * err + 4 * U64
     M = M0 - delta[..., None, None] * eye
     M = torch.where(finite_pos[..., None, None], M, eye.expand_as(M))
     _, info = torch.linalg.cholesky_ex(M)
@@ -538,7 +538,7 @@ def spectral_norm_upper(
         if bool((dec <= rtol).all()):
             break
     base = gram if ref is None else torch.minimum(gram, ref)
-    infl = 8 * _gamma(m + 1) * m + 16 * _U64
+    infl = 8 * gamma_k(m + 1) * m + 16 * U64
     out = torch.full_like(base, torch.inf)
     pending = torch.ones_like(base, dtype=torch.bool)
     for _ in range(12):
@@ -586,7 +586,7 @@ def collatz_wielandt_bound(N: Tensor, n_steps: int = 64, *, rtol: float = 1e-10)
     p, q = N.shape[-2], N.shape[-1]
     v = torch.ones(N.shape[:-2] + (q,), dtype=torch.float64, device=N.device)
     best = torch.full(N.shape[:-2], torch.inf, dtype=torch.float64, device=N.device)
-    infl = 1 + 4 * _gamma(p + q + 2)
+    infl = 1 + 4 * gamma_k(p + q + 2)
     floor = 1e-200
     for _ in range(int(n_steps) + 1):
         w = (N.mT @ (N @ v.unsqueeze(-1))).squeeze(-1)

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._spectral import _U64, _gamma, certify_upper, spectral_norm_upper
+from ._spectral import U64, certify_upper, gamma_k, spectral_norm_upper
 
 __all__ = [
     "ConvSpectralResult",
@@ -266,8 +266,8 @@ def conv2d_frequency_blocks(kernel: Tensor, grid: int | tuple[int, int]) -> tupl
     blocks = torch.complex(re, im).permute(2, 3, 0, 1).contiguous()
     # a priori error (derivation §4.1): per real component rho * sum_ab |K_oc,ab|, plus
     # 2^-1075 for each of the kh kw products that may underflow (sums underflow exactly)
-    tau = 2 * math.pi * _gamma(3) + 4 * _U64
-    rho = _gamma(kh * kw) * (1 + tau) + tau
+    tau = 2 * math.pi * gamma_k(3) + 4 * U64
+    rho = gamma_k(kh * kw) * (1 + tau) + tau
     A = K.abs().sum(-1).reshape(co, ci)
     if not bool(torch.isfinite(blocks).all()):
         return blocks, math.inf
@@ -432,7 +432,7 @@ def conv2d_spectral_upper(
         grid=grid,
         padding=padding,
         n_iter=int(n_iter),
-        block_error=_ldexp_up((r.eta + sub) * (1 + 2 * _U64), e),
+        block_error=_ldexp_up((r.eta + sub) * (1 + 2 * U64), e),
         certified=ok,
     )
 
@@ -470,13 +470,13 @@ def _unscaled_upper(
     if base == 0.0:  # a zero candidate is only certified for zero blocks; else use Frobenius
         base = float(_fro(blocks).max())
     m = min(blocks.shape[-2:])
-    start = 8 * _gamma(2 * m + 1) * 2 * m + 16 * _U64
+    start = 8 * gamma_k(2 * m + 1) * 2 * m + 16 * U64
     if single:
         start = max(start, 4 * torch.finfo(torch.float32).eps)
     s, ok = _certify_blocks(blocks, base, start)
     if not ok and base < float(gram):
         s, ok = _certify_blocks(blocks, float(gram), start)
-    upper = (s + eta + extra) * (1 + 4 * _U64) if ok else math.inf
+    upper = (s + eta + extra) * (1 + 4 * U64) if ok else math.inf
     ok = ok and math.isfinite(upper)
     return _Unscaled(upper if ok else math.inf, ok, eta, gram, circ, per_freq)
 
@@ -511,8 +511,8 @@ def conv2d_reshaped_upper(kernel: Tensor) -> Tensor:
     ]
     best = min(float(spectral_norm_upper(M)) for M in mats)
     # sqrt(kh kw) rounded up, then the product rounded up
-    root = math.sqrt(kh * kw) * (1 + 2 * _U64)
-    return torch.tensor(best * root * (1 + 2 * _U64), dtype=torch.float64, device=kernel.device)
+    root = math.sqrt(kh * kw) * (1 + 2 * U64)
+    return torch.tensor(best * root * (1 + 2 * U64), dtype=torch.float64, device=kernel.device)
 
 
 def conv2d_operator(

@@ -18,7 +18,7 @@ from meanfield import DiracMeasure, MultiHeadParams, attention, self_attention
 pytestmark = pytest.mark.gpu
 
 
-def _gamma(k: int, u: float) -> float:
+def gamma_k(k: int, u: float) -> float:
     return k * u / (1 - k * u)
 
 
@@ -55,14 +55,14 @@ def _rounding_bound(X: torch.Tensor, params: MultiHeadParams, masked: bool, u: f
         P = torch.softmax(logits, dim=-1)
         finite = torch.where(torch.isinf(logits), logits.amax(-1, keepdim=True), logits)
         spread = (finite.amax(-1) - finite.amin(-1)).amax(-1)
-        delta = _gamma(d + k + 2, u) * sbar.flatten(-2).amax(-1)
-        eps = torch.expm1(2 * delta) + u * (spread + math.log(n) + 8) + _gamma(n, u)
-        coef = torch.maximum(coef, eps + _gamma(d, u) + _gamma(n, u))
+        delta = gamma_k(d + k + 2, u) * sbar.flatten(-2).amax(-1)
+        eps = torch.expm1(2 * delta) + u * (spread + math.log(n) + 8) + gamma_k(n, u)
+        coef = torch.maximum(coef, eps + gamma_k(d, u) + gamma_k(n, u))
         mag = P @ (aX @ V.abs().mT)
         mags.append(mag if h.b is None else mag + h.b.double().abs())
     Z = torch.cat(mags, dim=-1)
     W_O = params.W_O.double()
-    coef = coef + _gamma(W_O.shape[-1], u) + 2 * u
+    coef = coef + gamma_k(W_O.shape[-1], u) + 2 * u
     mag = Z @ W_O.abs().mT
     if params.b_O is not None:
         mag = mag + params.b_O.double().abs()

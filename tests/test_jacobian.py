@@ -634,14 +634,14 @@ def test_default_blocks_match_dense_and_one_block(gen, factored, masked):
     X = torch.randn(n, d, generator=gen, dtype=D64)
     lin = linearize(X, params, masked=masked)
     one = linearize(X, params, masked=masked, chunk_size=n)
-    from meanfield.jacobian import _key_blocks
+    from meanfield.jacobian.products import key_blocks
 
-    assert [(sl.start, sl.stop, ks.stop) for sl, ks in _key_blocks(lin)] == [
+    assert [(sl.start, sl.stop, ks.stop) for sl, ks in key_blocks(lin)] == [
         (0, 64, 64 if masked else n),
         (64, 128, 128 if masked else n),
         (128, 150, 150),
     ]
-    assert len(list(_key_blocks(one))) == 1
+    assert len(list(key_blocks(one))) == 1
     J = dense_jacobian(X, params, masked=masked)
     H = torch.randn(n, d, generator=gen, dtype=D64)
     G = torch.randn(n, J.shape[0] // n, generator=gen, dtype=D64)

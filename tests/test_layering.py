@@ -319,7 +319,6 @@ def test_the_engine_scan_resolves_relative_and_lazy_imports(tmp_path):
 #: the number of private imports each had when the check came in (2026-11-26): the count may only
 #: fall. Delete a package's entry once it has none, and the check holds it like ``theory``.
 PRIVATE_IMPORTS_PENDING: dict[str, int] = {
-    "meanfield": 35,
     "experiments": 27,
 }
 

@@ -41,16 +41,14 @@ The package is split along those concepts: :mod:`~meanfield.jacobian.linearizati
 (:func:`jvp`, :func:`vjp`, the self-map products, :func:`dense_jacobian`) and
 :mod:`~meanfield.jacobian.block_norms` (the certified block-norm bounds, on the certified head-space
 rows of :mod:`~meanfield.jacobian.head_rows`) and :mod:`~meanfield.jacobian.structured_bounds`
-(the bounds for any heads, rotary included). Every name is importable
-from ``meanfield.jacobian``.
+(the bounds for any heads, rotary included), and :mod:`~meanfield.jacobian.streaming` (the same
+products in memory linear in :math:`n`: head rows and row log-normalisers kept, the attention
+recomputed tile by tile, docs/derivations/streaming_products.md). The public names are importable
+from ``meanfield.jacobian``; the helpers its modules share are public names of those modules.
 """
 
 from .block_norms import WeightNorms, block_norm_bounds, self_norm_trace_bound, weight_norms
-from .linearization import _PRODUCT_BLOCK as _PRODUCT_BLOCK
 from .linearization import AttentionLinearization, RopeRows, linearize
-from .products import _dense_from_lin as _dense_from_lin
-from .products import _key_blocks as _key_blocks
-from .products import _self_blocks as _self_blocks
 from .products import (
     dense_jacobian,
     jvp,
@@ -59,21 +57,35 @@ from .products import (
     self_vjp,
     vjp,
 )
+from .streaming import (
+    StreamingLinearization,
+    linearize_streaming,
+    streaming_jvp,
+    streaming_self_jvp,
+    streaming_self_vjp,
+    streaming_vjp,
+)
 from .structured_bounds import head_structured_upper, structured_block_norms
 
 __all__ = [
     "AttentionLinearization",
     "RopeRows",
+    "StreamingLinearization",
     "WeightNorms",
     "block_norm_bounds",
     "dense_jacobian",
     "head_structured_upper",
     "jvp",
     "linearize",
+    "linearize_streaming",
     "self_jacobian_blocks",
     "self_jvp",
     "self_norm_trace_bound",
     "self_vjp",
+    "streaming_jvp",
+    "streaming_self_jvp",
+    "streaming_self_vjp",
+    "streaming_vjp",
     "structured_block_norms",
     "vjp",
     "weight_norms",

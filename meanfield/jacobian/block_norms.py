@@ -15,24 +15,24 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._spectral import _gamma, rank_one_sigma_max_from_stats, spectral_norm_upper
+from .._spectral import gamma_k, rank_one_sigma_max_from_stats, spectral_norm_upper
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
 from .head_rows import (
-    _OUT_INFL,
-    _b_norms,
-    _families,
-    _float64_rows,
-    _pair_dist,
-    _rebalanced,
-    _Rows,
-    _subnormal_floor,
+    OUT_INFL,
+    Rows,
+    b_norms,
+    float64_rows,
+    pair_dist,
+    rebalanced,
+    row_families,
+    subnormal_floor,
 )
-from .linearization import AttentionLinearization, _head_output_matrices
-from .products import _check_geometry, _interaction, _key_blocks, _require_analytic
+from .linearization import AttentionLinearization, head_output_matrices
+from .products import check_geometry, interaction, key_blocks, require_analytic
 
 # ------------------------------------------------------------------------ block-norm bounds
-_U64 = torch.finfo(torch.float64).eps / 2
+U64 = torch.finfo(torch.float64).eps / 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +70,7 @@ def weight_norms(params: Params) -> WeightNorms:
         if getattr(head, "variants", ()):
             raise ValueError(f"the block certificate does not model {', '.join(head.variants)} yet")
     analytic = [h for h, head in enumerate(heads) if getattr(head, "rope", None) is None]
-    W, concat = _head_output_matrices(params)
+    W, concat = head_output_matrices(params)
     dev = heads[0].A.device
     if analytic:
         A = torch.stack([heads[h].A for h in analytic]).to(torch.float64)
@@ -112,7 +112,7 @@ def _ambient_default(lin: AttentionLinearization) -> bool:
 
 
 def _rank_one_sigma(
-    lin: AttentionLinearization, fam: _Rows, bnorms: tuple, sl: slice, kend: int
+    lin: AttentionLinearization, fam: Rows, bnorms: tuple, sl: slice, kend: int
 ) -> Tensor:
     r"""Upper bounds on :math:`\sigma_{\max}(I + a_{ij}b_i^\top)` (exact :math:`a, b`).
 
@@ -125,16 +125,16 @@ def _rank_one_sigma(
     Bb = lin.B[..., sl, :]
     Xc = fam.z[..., :kend, :]
     Mb = fam.zm[..., sl, :]
-    dist = _pair_dist(fam, sl, kend)
+    dist = pair_dist(fam, sl, kend)
     t = Bb @ Xc.mT - (Bb * Mb).sum(-1, keepdim=True)
     xn = fam.zn2[..., :kend].sqrt().unsqueeze(-2)
     mn = fam.zmn2[..., sl].sqrt().unsqueeze(-1)
-    gd = _gamma(lin.d + 2)
+    gd = gamma_k(lin.d + 2)
     t_err = B_norm * (gd * (xn + mn) + fam.eps[..., :kend].unsqueeze(-2))
-    t_err = (t_err + B_norm * fam.eps_m[..., sl].unsqueeze(-1) + err * dist) * (1 + 8 * _U64)
+    t_err = (t_err + B_norm * fam.eps_m[..., sl].unsqueeze(-1) + err * dist) * (1 + 8 * U64)
     if lin.d == 1:
-        return ((1 + t).abs() + t_err) * (1 + 4 * _U64)
-    return rank_one_sigma_max_from_stats(t + t_err, (dist * bn).square(), lin.d) * (1 + 8 * _U64)
+        return ((1 + t).abs() + t_err) * (1 + 4 * U64)
+    return rank_one_sigma_max_from_stats(t + t_err, (dist * bn).square(), lin.d) * (1 + 8 * U64)
 
 
 def block_norm_bounds(
@@ -188,27 +188,27 @@ def block_norm_bounds(
     -------
     Tensor, float64, shape (..., n, n)
     """
-    _require_analytic(lin, "block_norm_bounds")
-    weighted = _check_geometry(lin, geometry)
-    lin = _rebalanced(_float64_rows(lin))  # V_h, W_h of extreme but balanced product: §5
+    require_analytic(lin, "block_norm_bounds")
+    weighted = check_geometry(lin, geometry)
+    lin = rebalanced(float64_rows(lin))  # V_h, W_h of extreme but balanced product: §5
     norms = weight_norms(lin.params)
     use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
-    fams = _families(lin, ambient=use_ambient, self_terms=self_norms is None)
+    fams = row_families(lin, ambient=use_ambient, self_terms=self_norms is None)
     fac = fams["factors"]
-    Pi = _interaction(lin, weighted)
+    Pi = interaction(lin, weighted)
     n = lin.n
-    bnorms = _b_norms(lin, fac)
+    bnorms = b_norms(lin, fac)
     bn = bnorms[0]
     nV, nO = norms.V.reshape(-1, 1, 1), norms.O.reshape(-1, 1, 1)
     rows = []
-    for sl, keys in _key_blocks(lin):  # the query blocks of the products, and the keys they see
+    for sl, keys in key_blocks(lin):  # the query blocks of the products, and the keys they see
         kend = keys.stop
         Pib = Pi[..., sl, :kend]
         bnb = bn[..., sl].unsqueeze(-1)
-        dV = _pair_dist(fams["V"], sl, kend)
+        dV = pair_dist(fams["V"], sl, kend)
         bO = None
         if fac.W is not None:
-            dO = _pair_dist(fams["WV"], sl, kend).square_()
+            dO = pair_dist(fams["WV"], sl, kend).square_()
             dO.addcmul_(dV.square(), fac.W.e.reshape(-1, 1, 1)).sqrt_()
             bO = dO.mul_(bnb).add_(nO).mul_(Pib)
         bV = dV.mul_(bnb).add_(nV).mul_(Pib)
@@ -216,9 +216,9 @@ def block_norm_bounds(
             sig = _rank_one_sigma(lin, fams["I"], bnorms, sl, kend).mul_(Pib)
             bV = torch.minimum(bV, nV * sig)
             bO = None if bO is None else torch.minimum(bO, nO * sig)
-        block = _combine_heads(bV, bO, norms, lin.concat).add_(_subnormal_floor(bV.shape[-3]))
+        block = _combine_heads(bV, bO, norms, lin.concat).add_(subnormal_floor(bV.shape[-3]))
         rows.append(torch.nn.functional.pad(block, (0, n - kend)))
-    off = (rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)) * _OUT_INFL
+    off = (rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)) * OUT_INFL
     if self_norms is None:
         self_norms = _self_norms(lin, fams, norms, use_ambient)
     return off + torch.diag_embed(self_norms.to(torch.float64))
@@ -243,7 +243,7 @@ def _self_norms(lin: AttentionLinearization, fams: dict, norms: WeightNorms, amb
             bO = torch.minimum(bO, norms.O.reshape(-1, 1) * nA * tr_C)
     bO = None if bO is None else bO.unsqueeze(-1)
     out = _combine_heads(bV.unsqueeze(-1), bO, norms, lin.concat).squeeze(-1)
-    return out * _OUT_INFL + _subnormal_floor(bV.shape[-2])
+    return out * OUT_INFL + subnormal_floor(bV.shape[-2])
 
 
 def self_norm_trace_bound(lin: AttentionLinearization, *, ambient: bool | None = None) -> Tensor:
@@ -266,8 +266,8 @@ def self_norm_trace_bound(lin: AttentionLinearization, *, ambient: bool | None =
     -------
     Tensor, float64, shape (..., n)
     """
-    _require_analytic(lin, "self_norm_trace_bound")
-    lin = _rebalanced(_float64_rows(lin))
+    require_analytic(lin, "self_norm_trace_bound")
+    lin = rebalanced(float64_rows(lin))
     use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
-    fams = _families(lin, ambient=use_ambient, self_terms=True)
+    fams = row_families(lin, ambient=use_ambient, self_terms=True)
     return _self_norms(lin, fams, weight_norms(lin.params), use_ambient)

@@ -17,19 +17,19 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from .._spectral import _gamma
+from .._spectral import gamma_k
 from .._typing import Params
 from ..params import HEAD_FIELDS, AttentionParams, MultiHeadParams
-from .linearization import AttentionLinearization, _as_float64, _attend, _head_rows
+from .linearization import AttentionLinearization, as_float64, attend, project_heads
 
-_U64 = torch.finfo(torch.float64).eps / 2
+U64 = torch.finfo(torch.float64).eps / 2
 
 #: Relative inflation of the head-space bounds for the rounding of their own elementwise
 #: arithmetic (a few dozen operations on nonnegative numbers; docs/certificates.md §5.1).
-_OUT_INFL = 1 + 64 * _U64
+OUT_INFL = 1 + 64 * U64
 
 
-def _subnormal_floor(H: int) -> float:
+def subnormal_floor(H: int) -> float:
     """Absolute term covering results in the subnormal range (docs/certificates.md §5.1).
 
     There rounding is absolute, at most ``2**-1075`` per operation: a few operations per head.
@@ -44,7 +44,7 @@ def _fro_upper(M: Tensor) -> Tensor:
     which the rounding terms need.
     """
     M = M.to(torch.float64)
-    return M.square().sum((-2, -1)).sqrt() * (1 + _gamma(M.shape[-1] * M.shape[-2] + 2))
+    return M.square().sum((-2, -1)).sqrt() * (1 + gamma_k(M.shape[-1] * M.shape[-2] + 2))
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,10 +73,10 @@ def _gram_factor(F: Tensor) -> _GramFactor:
     E = F.mT @ F - R.mT @ R
     nF, nR = _fro_upper(F), _fro_upper(R)
     e = (
-        _fro_upper(E) * (1 + _U64)
-        + _gamma(F.shape[-2] + 1) * nF.square()
-        + _gamma(R.shape[-2] + 1) * nR.square()
-    ) * (1 + 4 * _U64)
+        _fro_upper(E) * (1 + U64)
+        + gamma_k(F.shape[-2] + 1) * nF.square()
+        + gamma_k(R.shape[-2] + 1) * nR.square()
+    ) * (1 + 4 * U64)
     return _GramFactor(R=R, nu=nR, e=e)
 
 
@@ -111,7 +111,7 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
     c_norm = (
         torch.zeros(len(heads), dtype=f64, device=V.device)
         if lin.C is None
-        else lin.C.to(f64).square().sum(-1).sqrt() * (1 + _gamma(lin.d + 2))
+        else lin.C.to(f64).square().sum(-1).sqrt() * (1 + gamma_k(lin.d + 2))
     )
     Wf = None if lin.concat else _gram_factor(lin.W[list(lin.analytic_heads)])
     out = _HeadFactors(nu_V=_fro_upper(V), nu_K=_fro_upper(K), nu_Q=nu_Q, c_norm=c_norm, W=Wf, Q=Qf)
@@ -120,7 +120,7 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
 
 
 @dataclass(frozen=True, eq=False)
-class _Rows:
+class Rows:
     r"""One family of rows :math:`z_l = M(x_l-\bar x)` and means, as stored, with error radii.
 
     The reference operator of docs/certificates.md §5.1 uses the exact rows :math:`z_l` and the
@@ -149,12 +149,12 @@ class _RowSums:
 def _row_sums(P: Tensor) -> _RowSums:
     s = P.sum(-1)
     n = P.shape[-1]
-    return _RowSums(s=s, sigma=(s - 1).abs() + _gamma(n + 1) * s)
+    return _RowSums(s=s, sigma=(s - 1).abs() + gamma_k(n + 1) * s)
 
 
 def _rows(
     P: Tensor, sums: _RowSums, z: Tensor, zm: Tensor, eps: Tensor, g: Tensor | None = None
-) -> _Rows:
+) -> Rows:
     r"""Error radii and spread of stored rows ``z`` and means ``zm``.
 
     ``eps`` bounds the distance of each stored row to its exact value and ``g`` that of each
@@ -167,16 +167,16 @@ def _rows(
     :math:`T(\delta)\le(1+s_i)(\sum_lP_{il}\|\delta_l\|^2)^{1/2}` (docs/certificates.md §5.1).
     """
     n, k = P.shape[-1], z.shape[-1]
-    infl = 1 + _gamma(n + 4)
+    infl = 1 + gamma_k(n + 4)
     zn2, zmn2 = z.square().sum(-1), zm.square().sum(-1)
     cols = (zn2, eps, eps.square(), zn2.sqrt())
     sums_P = P @ torch.stack([t.expand(P.shape[:-1]) for t in cols], dim=-1)
     second, P_eps, P_eps2, p_norm = sums_P.unbind(-1)
     if g is None:
-        g = _gamma(n + 2) * p_norm
+        g = gamma_k(n + 2) * p_norm
     eps_m = (g + P_eps) * infl
     zmn = zmn2.sqrt()
-    c = 4 * (n + k + 4) * _U64
+    c = 4 * (n + k + 4) * U64
     core = (
         (second - zmn2).clamp_min(0)
         + c * (second + zmn2) * (1 + sums.s)
@@ -184,13 +184,13 @@ def _rows(
         + sums.sigma * (zmn + g).square()
     )
     spread = (core.sqrt() + (1 + sums.s + sums.sigma) * P_eps2.sqrt()) * infl
-    return _Rows(
+    return Rows(
         z=z, zm=zm, zn2=zn2, zmn2=zmn2, eps=eps, eps_m=eps_m, g=g, p_norm=p_norm * infl,
         spread=spread,
     )  # fmt: skip
 
 
-def _through(fam: _Rows, f: _GramFactor, P: Tensor, sums: _RowSums) -> _Rows:
+def _through(fam: Rows, f: _GramFactor, P: Tensor, sums: _RowSums) -> Rows:
     r"""The family seen through :math:`R_h` (:class:`_GramFactor`): rows :math:`\mathrm{fl}(Rz)`.
 
     The new rows are within :math:`\gamma_k\nu\|\hat z_l\| + \nu\epsilon_l` of
@@ -200,26 +200,26 @@ def _through(fam: _Rows, f: _GramFactor, P: Tensor, sums: _RowSums) -> _Rows:
     """
     R = f.R  # (H, r, k)
     nu = f.nu.unsqueeze(-1)
-    gk = _gamma(fam.z.shape[-1] + 2)
+    gk = gamma_k(fam.z.shape[-1] + 2)
     eps = gk * nu * fam.zn2.sqrt() + nu * fam.eps
-    g = (gk * nu * (fam.zmn2.sqrt() + fam.p_norm) + nu * fam.g) * (1 + 4 * _U64)
+    g = (gk * nu * (fam.zmn2.sqrt() + fam.p_norm) + nu * fam.g) * (1 + 4 * U64)
     return _rows(P, sums, fam.z @ R.mT, fam.zm @ R.mT, eps, g)
 
 
-def _float64_rows(lin: AttentionLinearization) -> AttentionLinearization:
+def float64_rows(lin: AttentionLinearization) -> AttentionLinearization:
     """A float64 linearisation whose head rows were computed in float64.
 
-    A float32 linearisation converted by :func:`_as_float64` keeps rows rounded in float32, which
+    A float32 linearisation converted by :func:`as_float64` keeps rows rounded in float32, which
     the float64 error radii of :func:`_rows` would not cover; they are recomputed from the
     (exact) float64 values of ``X`` and the weights, and the attention matrix is kept as stored.
     """
     if lin.X.dtype == torch.float64:
         return lin
-    lin = _as_float64(lin)
+    lin = as_float64(lin)
     Xc = lin.X - lin.x_bar
     A = lin.A if lin.QK is None else None
-    _, KXc, VXc = _head_rows(lin.QK, A, lin.V, lin.QKV, Xc)
-    KVMc = _attend(lin.P, torch.cat([KXc, VXc], dim=-1), lin._causal_block())
+    _, KXc, VXc = project_heads(lin.QK, A, lin.V, lin.QKV, Xc)
+    KVMc = attend(lin.P, torch.cat([KXc, VXc], dim=-1), lin._causal_block())
     k = KXc.shape[-1]
     return replace(
         lin, KXc=KXc, VXc=VXc, KMc=KVMc[..., :k], VMc=KVMc[..., k:], Qx=None, _m=None, _B=None
@@ -307,7 +307,7 @@ def _balanced_params(params: Params) -> tuple[Params, dict[int, int]]:
     return out
 
 
-def _rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
+def rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
     r"""``lin`` on the rebalanced factors of :func:`_balanced_params` (``lin`` when none are).
 
     The stored attention matrices, points and score factors are kept; :math:`V_h`, :math:`W_h`
@@ -335,18 +335,18 @@ def _rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
         fields["V"] = V
         VXc = torch.einsum("...nd,hvd->...hnv", Xc, V)
         fields["VXc"] = VXc
-        fields["VMc"] = _attend(lin.P, VXc, block)
+        fields["VMc"] = attend(lin.P, VXc, block)
         if lin.QKV is not None:
             fields["QKV"] = torch.cat([lin.QK[0], lin.QK[1], V], dim=-2).reshape(-1, lin.d)
     rr = lin.rope_rows
     if rr is not None:
         Vr = torch.stack([params.heads[h].V for h in rr.heads]).to(rr.V)
         VXr = torch.einsum("...nd,hvd->...hnv", Xc, Vr)
-        fields["rope_rows"] = replace(rr, V=Vr, VXc=VXr, VMc=_attend(rr.P, VXr, block))
+        fields["rope_rows"] = replace(rr, V=Vr, VXc=VXr, VMc=attend(rr.P, VXr, block))
     return replace(lin, **fields)
 
 
-def _families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -> dict:
+def row_families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -> dict:
     r"""The row families of docs/certificates.md §5.1 for a float64 ``lin`` (see :func:`_rows`).
 
     ``"V"``: :math:`V_h(x_l-\bar x)`; ``"WV"``: the same through the factor of :math:`W_h`;
@@ -359,8 +359,8 @@ def _families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -
     sums = _row_sums(P)
     Xc = lin.X - lin.x_bar
     # ||x_l - x_bar|| <= rho_l: the stored centred rows are within 2u of the exact ones
-    rho = (Xc.square().sum(-1).sqrt() * (1 + _gamma(d + 4))).unsqueeze(-2)  # (..., 1, n)
-    gd = _gamma(d + 2)
+    rho = (Xc.square().sum(-1).sqrt() * (1 + gamma_k(d + 4))).unsqueeze(-2)  # (..., 1, n)
+    gd = gamma_k(d + 2)
     out = {"sums": sums, "factors": fac, "rho": rho}
     out["V"] = _rows(P, sums, lin.VXc, lin.VMc, gd * fac.nu_V.unsqueeze(-1) * rho)
     if fac.W is not None:
@@ -370,12 +370,12 @@ def _families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -
         if fac.Q is not None:
             out["QK"] = _through(out["K"], fac.Q, P, sums)
     if ambient:
-        Mc = _attend(P, Xc.unsqueeze(-3), lin._causal_block())  # (..., H, n, d)
-        out["I"] = _rows(P, sums, Xc.unsqueeze(-3), Mc, 2 * _U64 * rho)
+        Mc = attend(P, Xc.unsqueeze(-3), lin._causal_block())  # (..., H, n, d)
+        out["I"] = _rows(P, sums, Xc.unsqueeze(-3), Mc, 2 * U64 * rho)
     return out
 
 
-def _b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Tensor, Tensor]:
+def b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Tensor, Tensor]:
     r"""Upper bounds on :math:`\|b_i\|` for the exact :math:`b_i = A_h^\top x_i + c_h`.
 
     Returns ``(bn, B_norm, err)`` (..., H, n): the bound, the norm of the stored rows
@@ -385,18 +385,18 @@ def _b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Te
     :math:`\gamma_{d+2}(\nu_A\|x_i\| + \|c\|)` without.
     """
     d = lin.d
-    B_norm = lin.B.square().sum(-1).sqrt() * (1 + _gamma(d + 2))
-    x_norm = (lin.X.square().sum(-1).sqrt() * (1 + _gamma(d + 2))).unsqueeze(-2)
+    B_norm = lin.B.square().sum(-1).sqrt() * (1 + gamma_k(d + 2))
+    x_norm = (lin.X.square().sum(-1).sqrt() * (1 + gamma_k(d + 2))).unsqueeze(-2)
     nu_K, c = fac.nu_K.unsqueeze(-1), fac.c_norm.unsqueeze(-1)
     if fac.nu_Q is None:
-        err = _gamma(d + 3) * (nu_K * x_norm + c)
+        err = gamma_k(d + 3) * (nu_K * x_norm + c)
     else:
         k = lin.QK[0].shape[-2]
-        err = _gamma(d + k + 3) * (2 * nu_K * fac.nu_Q.unsqueeze(-1) * x_norm + c)
-    return (B_norm + err) * (1 + 4 * _U64), B_norm, err
+        err = gamma_k(d + k + 3) * (2 * nu_K * fac.nu_Q.unsqueeze(-1) * x_norm + c)
+    return (B_norm + err) * (1 + 4 * U64), B_norm, err
 
 
-def _pair_dist(fam: _Rows, sl: slice, kend: int) -> Tensor:
+def pair_dist(fam: Rows, sl: slice, kend: int) -> Tensor:
     r"""Upper bounds on :math:`\|z_j - \bar z_i\|` (exact rows and means), (..., H, b, kend).
 
     For the queries ``sl`` and the keys ``:kend``.
@@ -406,7 +406,7 @@ def _pair_dist(fam: _Rows, sl: slice, kend: int) -> Tensor:
     distance of the stored vectors; :math:`4(k+4)u` times the same is added before the root, and
     the radii of the rows and the mean after it.
     """
-    c = 1 + 4 * (fam.z.shape[-1] + 4) * _U64
+    c = 1 + 4 * (fam.z.shape[-1] + 4) * U64
     D = fam.zm[..., sl, :] @ fam.z[..., :kend, :].mT
     D.mul_(-2).add_((fam.zmn2[..., sl] * c).unsqueeze(-1))
     D.add_((fam.zn2[..., :kend] * c).unsqueeze(-2))

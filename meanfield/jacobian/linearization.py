@@ -131,7 +131,7 @@ class AttentionLinearization:
         """
         if self._m is None:
             object.__setattr__(
-                self, "_m", _attend(self.P, self.X.unsqueeze(-3), self._causal_block())
+                self, "_m", attend(self.P, self.X.unsqueeze(-3), self._causal_block())
             )
         return self._m
 
@@ -149,7 +149,7 @@ class AttentionLinearization:
         """Query-block size of the products with P when whole upper blocks are zero."""
         if not self.masked or self.positions is not None:
             return None
-        return self.chunk_size if self.chunk_size is not None else _PRODUCT_BLOCK
+        return self.chunk_size if self.chunk_size is not None else PRODUCT_BLOCK
 
     @property
     def n(self) -> int:
@@ -178,7 +178,7 @@ class AttentionLinearization:
 
 
 # ----------------------------------------------------------------------------- construction
-def _head_output_matrices(params: Params) -> tuple[Tensor, bool]:
+def head_output_matrices(params: Params) -> tuple[Tensor, bool]:
     """Stack the per-head output matrices W_h (H, d_out, d_v) and tell whether heads concatenate."""
     heads = params.heads
     H, d_v = len(heads), heads[0].d_v
@@ -190,23 +190,24 @@ def _head_output_matrices(params: Params) -> tuple[Tensor, bool]:
     return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous(), True
 
 
-def _admissible(
+def admissible_mask(
     masked: bool, n: int, positions: Tensor | None, device: torch.device
 ) -> Tensor | None:
+    """The causal admissibility mask of ``n`` tokens (by ``positions`` when given), or ``None``."""
     return admissible_keys(masked, n, n, positions, None, device)
 
 
-def _log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
+def log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
     """Row log-softmax with the empty-row policy of :func:`meanfield._numerics.masked_softmax`."""
     return torch.log_softmax(admissible_logits(logits, allowed), dim=-1)
 
 
 #: Query-block size of the products when ``chunk_size=None``: blocks of this size keep the
 #: (H, block, n) intermediates in cache and, for causal sequences, skip the zero upper part of P.
-_PRODUCT_BLOCK = 64
+PRODUCT_BLOCK = 64
 
 
-def _attend(P: Tensor, F: Tensor, block: int | None) -> Tensor:
+def attend(P: Tensor, F: Tensor, block: int | None) -> Tensor:
     """``P @ F`` (..., H, n, r) for ``P`` (..., H, n, n); causal ``block``: skip the zero blocks."""
     n = P.shape[-1]
     if block is None or block >= n:
@@ -226,7 +227,7 @@ def _right_A(
     return torch.einsum("...hnk,hke->...hne", torch.einsum(f"{lhs},hkd->...hnk", Y, Q), K)
 
 
-def _head_rows(
+def project_heads(
     QK: tuple[Tensor, Tensor] | None, A: Tensor, V: Tensor, QKV: Tensor | None, Y: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Head-space rows ``(Q_h y, K_h y, V_h y)`` of ``Y`` (..., n, d), each (..., H_a, n, .).
@@ -330,7 +331,7 @@ def _rope_rows(
     idx = idx.to(X.device)
     logP = torch.stack(
         [
-            _log_attention(
+            log_attention(
                 head_logits(X, X, h, log_weights, query_index=idx, key_index=idx), allowed
             )
             for h in heads
@@ -352,7 +353,7 @@ def _rope_rows(
     VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
     return RopeRows(
         heads=rope, P=P, P_w=P_w, q=q, kc=k - k.mean(-2, keepdim=True), VXc=VXc,
-        VMc=_attend(P, VXc, block), Q=Q, K=K, V=V, index=index, ropes=ropes,
+        VMc=attend(P, VXc, block), Q=Q, K=K, V=V, index=index, ropes=ropes,
     )  # fmt: skip
 
 
@@ -411,15 +412,15 @@ def linearize(
     # covers plain bilinear heads only.
     analytic = tuple(h for h, head in enumerate(heads) if not _fallback_head(head))
     rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
-    allowed = _admissible(masked, n, positions, X.device)
-    W, concat = _head_output_matrices(params)
+    allowed = admissible_mask(masked, n, positions, X.device)
+    W, concat = head_output_matrices(params)
     batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
     A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
     if analytic:
         V = torch.stack([heads[h].V for h in analytic])
         logP = torch.stack(
-            [_log_attention(head_logits(X, X, heads[h], log_weights), allowed) for h in analytic],
+            [log_attention(head_logits(X, X, heads[h], log_weights), allowed) for h in analytic],
             dim=-3,
         )
         P = logP.exp()
@@ -444,15 +445,15 @@ def linearize(
             QKV = torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, d)
         else:
             A = torch.stack([heads[h].A for h in analytic])
-        _, KXc, VXc = _head_rows(QK, A, V, QKV, Xc)
+        _, KXc, VXc = project_heads(QK, A, V, QKV, Xc)
         if QK is None:
             Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
         else:
             Qx = torch.einsum("...nd,hkd->...hnk", X, QK[0])
         # K_h(m_i - x_bar) and V_h(m_i - x_bar) in head space: rows of P sum to one, so they are
         # P K_h(X - x_bar) and P V_h(X - x_bar); the means m_i themselves are formed lazily
-        block = None if (not masked or positions is not None) else (chunk_size or _PRODUCT_BLOCK)
-        KVMc = _attend(P, torch.cat([KXc, VXc], dim=-1), block)
+        block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
+        KVMc = attend(P, torch.cat([KXc, VXc], dim=-1), block)
         KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
         P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
@@ -467,7 +468,7 @@ def linearize(
             P_w = P
     rope_rows = None
     if rope and not any(heads[h].variants for h in rope):  # closed form: plain rotary heads only
-        block = None if (not masked or positions is not None) else (chunk_size or _PRODUCT_BLOCK)
+        block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
         rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
     return AttentionLinearization(
         X=X,
@@ -502,7 +503,7 @@ def _f64(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.to(torch.float64)
 
 
-#: Tensor fields converted by :func:`_as_float64` (the others are indices, flags or weights).
+#: Tensor fields converted by :func:`as_float64` (the others are indices, flags or weights).
 _LIN_TENSORS = (
     "X", "P", "P_w", "_m", "_B", "x_bar", "_A", "V", "W", "Qx", "KXc", "KMc", "VXc", "VMc", "C",
     "QKV",
@@ -510,7 +511,7 @@ _LIN_TENSORS = (
 _ROPE_TENSORS = ("P", "P_w", "q", "kc", "VXc", "VMc", "Q", "K", "V")
 
 
-def _as_float64(lin: AttentionLinearization) -> AttentionLinearization:
+def as_float64(lin: AttentionLinearization) -> AttentionLinearization:
     """The same linearization with its tensors in float64 (no recomputation)."""
     if lin.X.dtype == torch.float64:
         return lin

@@ -17,11 +17,11 @@ from .._numerics import as_float_tensor, iter_chunks
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
 from ..attention import attention_points
-from .linearization import _PRODUCT_BLOCK, AttentionLinearization, _head_rows, linearize
+from .linearization import PRODUCT_BLOCK, AttentionLinearization, linearize, project_heads
 
 
 # ----------------------------------------------------------------------------------- products
-def _check_geometry(lin: AttentionLinearization, geometry: str) -> bool:
+def check_geometry(lin: AttentionLinearization, geometry: str) -> bool:
     """Return whether the Wasserstein scaling applies."""
     if geometry == "euclidean":
         return False
@@ -34,7 +34,8 @@ def _check_geometry(lin: AttentionLinearization, geometry: str) -> bool:
     return True
 
 
-def _interaction(lin: AttentionLinearization, weighted: bool) -> Tensor:
+def interaction(lin: AttentionLinearization, weighted: bool) -> Tensor:
+    """The attention matrix of the interaction terms: ``P``, or the mass-weighted ``P_w``."""
     return lin.P_w if (weighted and lin.P_w is not None) else lin.P
 
 
@@ -73,7 +74,7 @@ def _combine(lin: AttentionLinearization, vals: Tensor, heads: tuple[int, ...]) 
     return torch.einsum("...hnv,hov->...no", vals, lin.W[list(heads)])
 
 
-def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
+def key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
     r"""Query blocks ``sl`` with the keys ``ks`` they can see.
 
     Causal sequences (``masked`` without ``positions``): query ``i`` sees keys ``j <= i``, so the
@@ -87,7 +88,7 @@ def _key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
     """
     block = lin._causal_block()
     if block is None:
-        size = lin.chunk_size if lin.chunk_size is not None else _PRODUCT_BLOCK
+        size = lin.chunk_size if lin.chunk_size is not None else PRODUCT_BLOCK
         for sl in iter_chunks(lin.n, size):
             yield sl, slice(0, lin.n)
         return
@@ -112,7 +113,7 @@ def _head_rows_adjoint(
 ) -> Tensor:
     r"""Rows :math:`\sum_h(Q_h^\top y^q_h + K_h^\top y^k_h + V_h^\top y^v_h)` -> (..., n, d).
 
-    The adjoint of :func:`_head_rows` (``None`` terms are zero); without factors the identity
+    The adjoint of :func:`project_heads` (``None`` terms are zero); without factors the identity
     stands for :math:`Q_h` and :math:`A_h` for :math:`K_h`.
     """
     if lin.QKV is not None and Yk is not None and Yv is not None:
@@ -167,13 +168,13 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
     -------
     Tensor, shape (..., n, d_out)
     """
-    weighted = _check_geometry(lin, geometry)
+    weighted = check_geometry(lin, geometry)
     H = _check_shape(H, lin, lin.d, "H")
     out = None
     if lin.analytic_heads:
-        Pi_all = _interaction(lin, weighted)
+        Pi_all = interaction(lin, weighted)
         A = None if lin.QKV is not None else lin.A  # factored heads: the factors only
-        qH, kH, vH = _head_rows(lin.QK, A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
+        qH, kH, vH = project_heads(lin.QK, A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
         cH = None if lin.C is None else (H @ lin.C.mT).mT.unsqueeze(-2)  # (..., H_a, 1, n)
         # Euclidean geometry (Pi = P): T = P o (S + R) with S + R one product of width 2k
         merged = Pi_all is lin.P
@@ -181,7 +182,7 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
             left = torch.cat([lin.Qx, qH], dim=-1)
             right = torch.cat([kH, lin.KXc], dim=-1)
         parts = []
-        for sl, ks in _key_blocks(lin):
+        for sl, ks in key_blocks(lin):
             P = lin.P[..., sl, ks]
             Pi = Pi_all[..., sl, ks]
             if merged:
@@ -243,17 +244,17 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
     -------
     Tensor, shape (..., n, d)
     """
-    weighted = _check_geometry(lin, geometry)
+    weighted = check_geometry(lin, geometry)
     G = _check_shape(G, lin, lin.d_out, "G")
     out = None
     if lin.analytic_heads:
-        Pi_all = _interaction(lin, weighted)
+        Pi_all = interaction(lin, weighted)
         gv = _output_rows(lin, G)  # (..., H_a, n, d_v): W_h^T g_i
         acc_v = G.new_zeros(lin.VXc.shape)  # sum_i Pi_il W_h^T g_i
         acc_k = G.new_zeros(lin.Qx.shape)  # sum_i Pi_il Z_il Q x_i
         acc_c = None if lin.C is None else G.new_zeros(lin.VXc.shape[:-1])  # sum_i Pi_il Z_il
         rows = []
-        for sl, ks in _key_blocks(lin):
+        for sl, ks in key_blocks(lin):
             P = lin.P[..., sl, ks]
             Pi = Pi_all[..., sl, ks]
             g = gv[..., sl, :]
@@ -297,7 +298,7 @@ def _rope_jvp(lin: AttentionLinearization, H: Tensor, weighted: bool) -> Tensor:
     kH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.K))
     vH = torch.einsum("...nd,hvd->...hnv", H, rr.V)
     parts = []
-    for sl, ks in _key_blocks(lin):
+    for sl, ks in key_blocks(lin):
         P, Pi = rr.P[..., sl, ks], Pi_all[..., sl, ks]
         S = rr.q[..., sl, :] @ kH[..., ks, :].mT
         T = Pi * S + P * (qH[..., sl, :] @ rr.kc[..., ks, :].mT)
@@ -318,7 +319,7 @@ def _rope_vjp(lin: AttentionLinearization, G: Tensor, weighted: bool) -> Tensor:
     acc_v = G.new_zeros(rr.VXc.shape)
     acc_k = G.new_zeros(rr.q.shape)
     rows = []
-    for sl, ks in _key_blocks(lin):
+    for sl, ks in key_blocks(lin):
         P, Pi = rr.P[..., sl, ks], Pi_all[..., sl, ks]
         g = gv[..., sl, :]
         Z = g @ rr.VXc[..., ks, :].mT - (g * rr.VMc[..., sl, :]).sum(-1, keepdim=True)
@@ -332,7 +333,8 @@ def _rope_vjp(lin: AttentionLinearization, G: Tensor, weighted: bool) -> Tensor:
     return out + torch.einsum("...hnv,hvd->...nd", acc_v, rr.V)
 
 
-def _require_analytic(lin: AttentionLinearization, what: str) -> None:
+def require_analytic(lin: AttentionLinearization, what: str) -> None:
+    """Raise a one-line error when ``what`` needs the closed form and a head has none."""
     if lin.rope_heads:
         raise NotImplementedError(
             f"{what} uses the closed form, which does not apply to heads with a rotary embedding"
@@ -364,7 +366,7 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     -------
     Tensor, shape (..., n, d_out)
     """
-    _require_analytic(lin, "self_jvp")
+    require_analytic(lin, "self_jvp")
     U = _check_shape(U, lin, lin.d, "U")
     vals = _cov_apply(lin, _query_rows(lin, U), lin.KXc, lin.KMc, lin.VXc, lin.VMc)
     return _combine(lin, vals, lin.analytic_heads)
@@ -385,7 +387,7 @@ def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
     -------
     Tensor, shape (..., n, d)
     """
-    _require_analytic(lin, "self_vjp")
+    require_analytic(lin, "self_vjp")
     G = _check_shape(G, lin, lin.d_out, "G")
     rows = _cov_apply(lin, _output_rows(lin, G), lin.VXc, lin.VMc, lin.KXc, lin.KMc)
     return _head_rows_adjoint(lin, rows)
@@ -401,7 +403,7 @@ def _cov_apply(
     (likewise for :math:`G`). Returns (..., H_a, n, r): :math:`GC_iF^\top w_i`.
     """
     parts = []
-    for sl, ks in _key_blocks(lin):
+    for sl, ks in key_blocks(lin):
         w = Wv[..., sl, :]
         Z = w @ Fx[..., ks, :].mT - (w * Fm[..., sl, :]).sum(-1, keepdim=True)
         PZ = lin.P[..., sl, ks] * Z
@@ -410,7 +412,7 @@ def _cov_apply(
 
 
 # ------------------------------------------------------------------------------ explicit blocks
-def _self_blocks(lin: AttentionLinearization, sl: slice) -> Tensor:
+def self_blocks(lin: AttentionLinearization, sl: slice) -> Tensor:
     """Explicit S_i (..., |sl|, d_out, d) for the atoms in ``sl``."""
     Xc = lin.X.unsqueeze(-3) - lin.x_bar.unsqueeze(-3)
     Mc = lin.m[..., sl, :] - lin.x_bar.unsqueeze(-3)
@@ -458,14 +460,14 @@ def self_jacobian_blocks(
         positions=positions,
         chunk_size=chunk_size,
     )
-    _require_analytic(lin, "self_jacobian_blocks")
-    parts = [_self_blocks(lin, sl) for sl in iter_chunks(lin.n, chunk_size)]
+    require_analytic(lin, "self_jacobian_blocks")
+    parts = [self_blocks(lin, sl) for sl in iter_chunks(lin.n, chunk_size)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-3)
 
 
 def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
     """Blocks (..., n, d_out, n, d) of the analytic heads."""
-    Pi = _interaction(lin, weighted)
+    Pi = interaction(lin, weighted)
     Xh = lin.X.unsqueeze(-3)
     Wa = lin.W[list(lin.analytic_heads)]
     O = Wa @ lin.V  # (H_a, d_out, d)
@@ -475,7 +477,7 @@ def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
     J = torch.einsum("...hij,hab->...iajb", Pi, O)
     J = J + torch.einsum("...hij,...hija,...hib->...iajb", Pi, Oa, lin.B)
     n = lin.n
-    S = _self_blocks(lin, slice(0, n))  # (..., n, d_out, d)
+    S = self_blocks(lin, slice(0, n))  # (..., n, d_out, d)
     idx = torch.arange(n, device=J.device)
     # advanced indices separated by a slice put the atom axis first: (n, ..., d_out, d)
     J[..., idx, :, idx, :] += S.movedim(-3, 0)
@@ -567,11 +569,12 @@ def dense_jacobian(
         positions=positions,
         token_index=token_index,
     )
-    return _dense_from_lin(lin, geometry)
+    return dense_from_linearization(lin, geometry)
 
 
-def _dense_from_lin(lin: AttentionLinearization, geometry: str) -> Tensor:
-    weighted = _check_geometry(lin, geometry)
+def dense_from_linearization(lin: AttentionLinearization, geometry: str) -> Tensor:
+    """The dense Jacobian (..., n d_out, n d) of a linearisation, in ``geometry``."""
+    weighted = check_geometry(lin, geometry)
     n, d, d_out = lin.n, lin.d, lin.d_out
     J = lin.X.new_zeros(lin.batch_shape + (n, d_out, n, d))
     if lin.analytic_heads:

@@ -16,16 +16,16 @@ from .._spectral import spectral_norm_upper
 from .._typing import Params
 from ..attention import head_logits
 from ..params import MultiHeadParams
-from .head_rows import _rebalanced
+from .head_rows import rebalanced
 from .linearization import (
     AttentionLinearization,
-    _admissible,
-    _as_float64,
-    _head_output_matrices,
-    _log_attention,
+    admissible_mask,
+    as_float64,
+    head_output_matrices,
+    log_attention,
 )
 
-_U64 = torch.finfo(torch.float64).eps / 2
+U64 = torch.finfo(torch.float64).eps / 2
 
 
 def _variance(P: Tensor, F: Tensor) -> Tensor:
@@ -37,19 +37,19 @@ def _variance(P: Tensor, F: Tensor) -> Tensor:
     f2 = F.square().sum(-1)  # (..., H, n)
     second = (P @ f2.unsqueeze(-1)).squeeze(-1)
     mean2 = (P @ F).square().sum(-1)
-    slack = 4 * (F.shape[-1] + P.shape[-1] + 4) * _U64
+    slack = 4 * (F.shape[-1] + P.shape[-1] + 4) * U64
     return (second - mean2).clamp_min(0) + slack * (second + mean2)
 
 
 def _head_features(lin: AttentionLinearization) -> list[dict]:
     """Per head (all heads, rotary included): P, query rows, centred key rows, value spreads."""
-    lin = _as_float64(lin)
+    lin = as_float64(lin)
     params = lin.params
     heads = params.heads
     X = lin.X
     n = lin.n
     out = []
-    allowed = _admissible(lin.masked, n, lin.positions, X.device)
+    allowed = admissible_mask(lin.masked, n, lin.positions, X.device)
     idx = lin.token_index
     if idx is None:
         idx = torch.arange(n, device=X.device)
@@ -80,7 +80,7 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
             P, q, k, v = (t[..., r, :, :] for t in (rr.P, rr.q, rr.kc, rr.VXc))
         else:
             logits = head_logits(X, X, head64, lin.log_weights, query_index=idx, key_index=idx)
-            P = _log_attention(logits, allowed).exp()
+            P = log_attention(logits, allowed).exp()
             q = head64.rope.apply(X @ head64.Q.mT, idx)
             k = head64.rope.apply(X @ head64.K.mT, idx)
             k = k - k.mean(-2, keepdim=True)  # a constant shift leaves the spreads unchanged
@@ -93,7 +93,7 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
                 "k": k,
                 "v": v,
                 "c": head64.c,
-                "rho": abs(float(head64.rope.attention_scaling)) * (1 + 64 * _U64),
+                "rho": abs(float(head64.rope.attention_scaling)) * (1 + 64 * U64),
                 "Q": head64.Q,
                 "K": head64.K,
             }
@@ -119,7 +119,7 @@ def _per_head_norms(params: Params, feats: list[dict]) -> dict[int, dict[str, Te
     cached = _HEAD_NORM_CACHE.get(params)
     if cached is not None and all(f["h"] in cached for f in feats):
         return cached
-    W, _ = _head_output_matrices(params)
+    W, _ = head_output_matrices(params)
     out = {
         f["h"]: {
             "V": _norm2_upper(params.heads[f["h"]].V),
@@ -193,7 +193,7 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     """
     from .._spectral import collatz_wielandt_bound
 
-    lin = _rebalanced(lin)  # V_h, W_h of extreme but balanced product (docs/rounding.md §5)
+    lin = rebalanced(lin)  # V_h, W_h of extreme but balanced product (docs/rounding.md §5)
     params = lin.params
     feats = _head_features(lin)
     stack = _stacked_norms(params, feats)
@@ -218,9 +218,9 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
             q = torch.cat([q, q.new_ones(q.shape[:-1] + (1,))], dim=-1)
             q2 = q2 + 1
         trace_form = (P.mT @ (kap2 * q2).unsqueeze(-1)).squeeze(-1)  # (..., n) over l
-        sq = torch.linalg.matrix_norm(q, ord=2) * (1 + 8 * q.shape[-2] * _U64)
+        sq = torch.linalg.matrix_norm(q, ord=2) * (1 + 8 * q.shape[-2] * U64)
         weight_form = (kap2.unsqueeze(-1) * P).amax(-2) * sq.square().unsqueeze(-1)
-        lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * _U64)
+        lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * U64)
         s2 = lam.sqrt()
         s3 = (kap2 * _variance(P, f["k"])).sqrt().amax(-1)
         terms["1"].append(p_norm)
@@ -241,7 +241,7 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
         total = total + torch.minimum(per_head, stacked)
         per_head_total = per_head_total + b
     whole = stack["W"] * per_head_total.square().sum(-1).sqrt()
-    return torch.minimum(total, whole) * (1 + 16 * len(feats) * _U64)
+    return torch.minimum(total, whole) * (1 + 16 * len(feats) * U64)
 
 
 def structured_block_norms(lin: AttentionLinearization) -> Tensor:
@@ -261,10 +261,10 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     -------
     Tensor, float64, shape (..., n, n)
     """
-    lin = _rebalanced(lin)  # as in head_structured_upper
+    lin = rebalanced(lin)  # as in head_structured_upper
     params = lin.params
     feats = _head_features(lin)
-    _, concat = _head_output_matrices(params)
+    _, concat = head_output_matrices(params)
     total = 0
     squares = 0
     hn = _per_head_norms(params, feats)
@@ -273,7 +273,7 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
         vbar = P @ v  # V(m_i - x_bar)
         vn2 = v.square().sum(-1).unsqueeze(-2)  # (..., 1, n)
         vb2 = vbar.square().sum(-1, keepdim=True)  # (..., n, 1)
-        slack = 4 * (v.shape[-1] + 4) * _U64
+        slack = 4 * (v.shape[-1] + 4) * U64
         d2 = (vn2 - 2 * vbar @ v.mT + vb2).clamp_min(0) + slack * (vn2 + vb2)
         qn = f["q"].square().sum(-1).sqrt() * (1 + slack)
         nV = hn[f["h"]]["V"]
@@ -291,4 +291,4 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
         out = stacked
     else:
         out = torch.minimum(total, _norm2_upper(params.W_O) * stacked)
-    return out * (1 + 16 * len(feats) * _U64)
+    return out * (1 + 16 * len(feats) * U64)

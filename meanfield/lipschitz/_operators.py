@@ -25,7 +25,7 @@ from ..measures import DiracMeasure
 from ..params import AttentionParams, MultiHeadParams
 from ._options import Plan
 
-_U64 = torch.finfo(torch.float64).eps / 2
+U64 = torch.finfo(torch.float64).eps / 2
 
 Operator = Callable[[Tensor], Tensor]
 
@@ -48,7 +48,7 @@ def round_up(x64: Tensor, dtype: torch.dtype) -> Tensor:
 
 def eval_margin(n: int, d: int) -> float:
     """Relative evaluation margin of J in float64 (first-order model, heuristic constant)."""
-    return 64 * (n + d) * _U64
+    return 64 * (n + d) * U64
 
 
 def parse_input(

@@ -22,7 +22,7 @@ from torch import Tensor
 from .._certificates import golub_kahan_certified, krylov_rounding_margin
 from .._numerics import iter_chunks
 from .._spectral import SpectralResult, spectral_norm_upper, top_singular_value
-from ..jacobian import _dense_from_lin, _self_blocks
+from ..jacobian.products import dense_from_linearization, self_blocks
 from ._margins import Margins, width_rule
 from ._operators import Operators, eval_margin, flat_ops, random_start, self_ops
 from ._options import Plan
@@ -123,7 +123,7 @@ def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
         chunk_size = lin.chunk_size
         block = chunk_size if chunk_size is not None else max(1, _EXPLICIT_SELF_ENTRIES // per_atom)
         for sl in iter_chunks(lin64.n, block):
-            S = _self_blocks(lin64, sl)  # (..., c, d_out, d)
+            S = self_blocks(lin64, sl)  # (..., c, d_out, d)
             _, s, Vh = torch.linalg.svd(S, full_matrices=False)
             v = Vh[..., 0, :]
             low.append(torch.linalg.vector_norm((S @ v.unsqueeze(-1)).squeeze(-1), dim=-1))
@@ -161,7 +161,7 @@ def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
 def solve_dense(ops: Operators, plan: Plan) -> DenseSolution:
     """Assemble the Jacobian of ``lin64s`` and take its SVD."""
     lin = ops.lin64s
-    J = _dense_from_lin(lin, plan.op_geometry)
+    J = dense_from_linearization(lin, plan.op_geometry)
     finite = torch.isfinite(J).flatten(-2).all(-1)
     J = torch.where(finite[..., None, None], J, torch.zeros_like(J))
     _, S, Vh = torch.linalg.svd(J, full_matrices=False)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..attention import admissible_keys, head_logits, head_mask
 from ..jacobian import AttentionLinearization
-from ..jacobian.linearization import _log_attention
+from ..jacobian.linearization import log_attention
 
 __all__ = ["kronecker_start"]
 
@@ -107,7 +107,7 @@ def _mean_attention(lin: AttentionLinearization, weighted: bool) -> Tensor:
             logits = head_logits(
                 lin.X, lin.X, head, lin.log_weights, query_index=idx, key_index=idx
             )
-            logP = _log_attention(logits, head_mask(head, allowed, idx, idx, n, n, lin.X.device))
+            logP = log_attention(logits, head_mask(head, allowed, idx, idx, n, n, lin.X.device))
             if weighted and lin.P_w is not None and lin.log_weights is not None:
                 half = 0.5 * lin.log_weights.unsqueeze(-2)
                 logP = logP + half.mT - half
