@@ -461,7 +461,7 @@ def test_dask_real_stage_points_bit_identical(tmp_path: Path, dask2) -> None:
     """Bound-verification instances: the stage's own serial sweep against Dask through run_jobs."""
     from experiments.verify_bounds import KINDS, verify
     from experiments.verify_bounds.checks import _registry
-    from experiments.verify_bounds.stage import HARNESS_VERSION, _schedule
+    from experiments.verify_bounds.sweep import HARNESS_VERSION, _schedule
 
     seed, n = 5, 8
     verify(n_instances=n, seed=seed, progress=False, sweep_dir=tmp_path / "serial")

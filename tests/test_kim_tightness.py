@@ -225,7 +225,7 @@ def test_stage_tiny_preset_and_rerun(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed")
 
-    monkeypatch.setattr(kt, "head_results", boom)
+    monkeypatch.setattr(kt.sweep, "head_results", boom)
     again = kt.run(tmp_path, "tiny", progress=False)
     assert sorted(again) == sorted(files)
     assert all(p.stat().st_mtime_ns == m for p, m in mtimes.items())
@@ -244,7 +244,7 @@ def test_stage_tiny_preset_and_rerun(tmp_path, monkeypatch):
         calls.append(cfg["N"])
         return real_point(cfg)
 
-    monkeypatch.setattr(kt, "kim_point", counting)
+    monkeypatch.setattr(kt.sweep, "kim_point", counting)
     kt.run(tmp_path, "tiny", progress=False)
     assert calls == [5]
     after = load_npz(tmp_path / "kim_tightness" / "head_d4h1.npz")

@@ -82,8 +82,8 @@ def test_a_lost_point_is_the_only_one_computed_again(serial, tmp_path, monkeypat
     def boom(cfg):
         raise AssertionError("a finished point was computed again")
 
-    monkeypatch.setattr(mass_splitting, "mass_splitting_point", counting)
-    monkeypatch.setattr(mass_splitting, "worst_measure_point", boom)
+    monkeypatch.setattr(mass_splitting.sweep, "mass_splitting_point", counting)
+    monkeypatch.setattr(mass_splitting.sweep, "worst_measure_point", boom)
     mass_splitting.run(tmp_path, "tiny", progress=False, **SMALL)
     assert calls == [(lost["input"], lost["budget"])]
     assert len(load_jsonl(path)) == 4

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
 
-from experiments import adversarial, invertible, kim_tightness, mass_splitting, real_data, synthetic
+from experiments import (
+    adversarial,
+    invertible,
+    kim_tightness,
+    mass_splitting,
+    real_data,
+    synthetic,
+    verify_bounds,
+)
 from experiments.engine import Names, Stage, StageConfig, preset_config
 
 
@@ -70,7 +79,8 @@ def test_preset_config_accepts_typed_presets():
 
 
 @pytest.mark.parametrize(
-    "module", [real_data, adversarial, synthetic, mass_splitting, invertible, kim_tightness]
+    "module",
+    [real_data, adversarial, synthetic, mass_splitting, verify_bounds, invertible, kim_tightness],
 )
 def test_every_stage_module_follows_the_contract(module):
     stage = module.STAGE
@@ -78,10 +88,17 @@ def test_every_stage_module_follows_the_contract(module):
     assert stage.name == module.NAME
     assert set(stage.presets) == {"tiny", "quick", "paper"}
     kinds = {type(p) for p in stage.presets.values()}
-    assert len(kinds) == 1 and issubclass(kinds.pop(), StageConfig)
-    for preset in stage.presets.values():
+    assert len(kinds) == 1
+    kind = kinds.pop()
+    assert issubclass(kind, StageConfig)
+    for name, preset in stage.presets.items():
         # every preset passes its own type check, field by field
         preset.check(preset.options())
+        # resolve returns the typed settings, not a plain dictionary
+        assert isinstance(module.resolve(name, {}), kind)
+    # one shape: a package with its settings, its computation and its report
+    for part in ("settings", "sweep", "report"):
+        assert importlib.import_module(f"{module.__name__}.{part}")
 
 
 def test_registry_joins_figures_to_registered_stages():
@@ -120,9 +137,11 @@ def test_attacks_stage_logs_and_rebuilds_an_unreadable_npz(tmp_path, caplog):
     config = {"radii": [1.0, 2.0], "n_atoms": 3}
     write_json(stem.with_suffix(".json"), {"metadata": run_metadata(config=config)})
     save_npz(stem.with_suffix(".npz"), radii=np.array([1.0, 2.0]))
-    assert mass_splitting._same_config(stem.with_suffix(".json"), config)
-    assert not mass_splitting._same_config(stem.with_suffix(".json"), {**config, "n_atoms": 4})
+    assert mass_splitting.sweep._same_config(stem.with_suffix(".json"), config)
+    assert not mass_splitting.sweep._same_config(
+        stem.with_suffix(".json"), {**config, "n_atoms": 4}
+    )
     assert not caplog.records
     stem.with_suffix(".npz").write_bytes(b"PK\x03\x04 not a zip archive")
-    assert not mass_splitting._same_config(stem.with_suffix(".json"), config)
+    assert not mass_splitting.sweep._same_config(stem.with_suffix(".json"), config)
     assert "unreadable result" in caplog.text and "computing it again" in caplog.text

@@ -73,7 +73,7 @@ def test_run_resumes_without_recomputing(tiny_results, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a finished instance was recomputed")
 
-    monkeypatch.setattr(vb, "check_instance", boom)
+    monkeypatch.setattr(vb.sweep, "check_instance", boom)
     vb.run(root, "tiny", progress=False)
     assert len(load_jsonl(root / "verify_bounds" / "instances.jsonl")) == n_records
 

@@ -6,12 +6,11 @@ settings.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from ..engine import StageConfig, preset_config
+from ..engine import StageConfig, preset_settings
 
 NAME = "adversarial"
 #: The paper's grid ``range(2, 100, 5)`` (docs/experiments.md).
@@ -221,39 +220,49 @@ PRESETS: Mapping[str, AdversarialSettings] = {
 TINY_MODEL_KEYS = ("gpt2-random-tiny", "bert-random-tiny")
 
 
-def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
-    cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
-    cfg.update(copy.deepcopy(dict(overrides)))
-    configs = list(cfg["configs"])
+def resolve(preset: str, overrides: Mapping[str, Any]) -> AdversarialSettings:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract).
+
+    ``n_grid`` comes back sorted without repeats, and ``worst_case`` (unless None) as a plain
+    mapping with the defaults of the settings it leaves out.
+    """
+    cfg = preset_settings(PRESETS, preset, overrides)
+    configs = list(cfg.configs)
     bad = [c for c in configs if c not in CONFIGS]
     if bad or not configs:
         raise ValueError(
             f"configs must be a non-empty subset of {', '.join(CONFIGS)}, got {configs}"
         )
-    for key in ("models", "layers", "heads", "radii"):
-        extra = sorted(set(cfg[key]) - set(CONFIGS))
+    for key, table in (
+        ("models", cfg.models),
+        ("layers", cfg.layers),
+        ("heads", cfg.heads),
+        ("radii", cfg.radii),
+    ):
+        extra = sorted(set(table) - set(CONFIGS))
         if extra:
             raise ValueError(f"{key} names unknown configuration(s) {', '.join(extra)}")
-    grid = [int(n) for n in cfg["n_grid"]]
+    grid = [int(n) for n in cfg.n_grid]
     if not grid or min(grid) < 2:
-        raise ValueError(f"n_grid must be a non-empty list of integers >= 2, got {cfg['n_grid']}")
-    cfg["n_grid"] = sorted(set(grid))
-    variants = list(cfg["variants"])
+        raise ValueError(
+            f"n_grid must be a non-empty list of integers >= 2, got {list(cfg.n_grid)}"
+        )
+    variants = list(cfg.variants)
     if not variants or any(v not in VARIANTS for v in variants):
         raise ValueError(f"variants must be a non-empty subset of {VARIANTS}, got {variants}")
-    if cfg["worst_case"] is not None:
-        wc = {**_WORST_CASE_DEFAULT, **dict(cfg["worst_case"])}
+    wc = None
+    if cfg.worst_case is not None:
+        # the plain JSON shape (lists), as hashed into the worst-case sweep's key
+        wc = {**_WORST_CASE_DEFAULT, **cfg.options()["worst_case"]}
         extra = sorted(set(wc) - set(_WORST_CASE_DEFAULT))
         if extra:
             raise ValueError(f"unknown worst_case key(s) {', '.join(extra)}")
-        cfg["worst_case"] = wc
-    return cfg
+    return replace(cfg, n_grid=tuple(sorted(set(grid))), worst_case=wc)
 
 
-def _config_settings(c: AdvConfig, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _config_settings(c: AdvConfig, cfg: AdversarialSettings) -> dict[str, Any]:
     """Everything that determines the records of one configuration (hashed into point keys)."""
-    model = cfg["models"].get(c.id, c.standin)
+    model = cfg.models.get(c.id, c.standin)
     # the pretrained stand-ins are shallower than the paper's models (MiniLM 6 layers; SmolLM2's
     # layer 0 is the paper's layer 0); random and real models have the paper's depth
     if model in TINY_MODEL_KEYS:
@@ -265,15 +274,15 @@ def _config_settings(c: AdvConfig, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "config": c.id,
         "model": model,
-        "layer": int(cfg["layers"].get(c.id, default_layer)),
-        "head": int(cfg["heads"].get(c.id, c.head)),
-        "R": float(cfg["radii"].get(c.id, c.R)),
+        "layer": int(cfg.layers.get(c.id, default_layer)),
+        "head": int(cfg.heads.get(c.id, c.head)),
+        "R": float(cfg.radii.get(c.id, c.R)),
         "seed": c.seed,
         "map": c.map,
         "masked": c.masked,
-        "n_grid": cfg["n_grid"],
-        "variants": list(cfg["variants"]),
-        "tol": cfg["tol"],
-        "max_iter": cfg["max_iter"],
+        "n_grid": list(cfg.n_grid),
+        "variants": list(cfg.variants),
+        "tol": cfg.tol,
+        "max_iter": cfg.max_iter,
         "estimator": "meanfield.lipschitz.local_lipschitz (float64)",
     }

@@ -26,7 +26,14 @@ from ..engine import (
 )
 from .bounds import _head_facts, global_bound, released_heuristic
 from .report import load_results
-from .settings import CONFIGS, NAME, TINY_MODEL_KEYS, AdvConfig, _config_settings
+from .settings import (
+    CONFIGS,
+    NAME,
+    TINY_MODEL_KEYS,
+    AdvConfig,
+    AdversarialSettings,
+    _config_settings,
+)
 
 
 def _tiny_model(key: str, seed: int) -> Any:
@@ -390,7 +397,7 @@ def _worst_case_job(
     return job, [sweep.path, sweep.meta_path, info]
 
 
-def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
+def execute(cfg: AdversarialSettings, out: Path, run: StageRun) -> Steps:
     """The adversarial sweeps of ``cfg`` into ``out`` (the contract of experiments.engine.Stage).
 
     ``tiny``: tiny random models (tests). ``quick``: random GPT-2 L6 and MiniLM L0 on
@@ -409,17 +416,17 @@ def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
     jobs: list[SweepJob] = []
     run_id = uuid.uuid4().hex
     try:
-        with torch_threads(cfg["torch_threads"]):
+        with torch_threads(cfg.torch_threads):
             threads = torch.get_num_threads()  # every point runs on as many (see adv_point)
-            for cid in cfg["configs"]:
+            for cid in cfg.configs:
                 c = CONFIGS[cid]
                 job, written = _config_job(
                     out, c, _config_settings(c, cfg), run=run, run_id=run_id, threads=threads
                 )
                 jobs += [job] if job is not None else []
                 files += written
-            if cfg["worst_case"] is not None:
-                job, written = _worst_case_job(out, cfg["worst_case"], threads=threads)
+            if cfg.worst_case is not None:
+                job, written = _worst_case_job(out, cfg.worst_case, threads=threads)
                 jobs.append(job)
                 files += written
         yield jobs  # one round: every configuration's points and the worst-case search
@@ -429,8 +436,8 @@ def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
         out / "run.json",
         {
             "preset": run.preset,
-            "configs": cfg["configs"],
-            "worst_case": cfg["worst_case"] is not None,
+            "configs": list(cfg.configs),
+            "worst_case": cfg.worst_case is not None,
         },
     )
     return files + [out / "run.json"] + export_csv(out.parent)

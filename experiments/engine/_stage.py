@@ -5,8 +5,8 @@ synthetic sweeps, mass splitting, the bound checks). Each stage module defines
 
 - a frozen dataclass of its settings (a subclass of :class:`StageConfig`), with one instance per
   preset in ``PRESETS`` (``"tiny"``, ``"quick"``, ``"paper"``);
-- ``resolve(preset, settings) -> dict``: the preset's settings with the given ones applied and
-  checked (starting from :func:`preset_config`);
+- ``resolve(preset, settings) -> StageConfig``: the preset's settings with the given ones applied
+  and checked, typed (starting from :func:`preset_settings`);
 - ``execute(cfg, out, run)``: the work, resumable, written under ``out`` (``run`` is a
   :class:`StageRun`: preset, settings, device, progress, and where the points run). It is a
   generator (``experiments.engine.Steps``): each ``yield`` hands the driver a round of sweep
@@ -342,16 +342,17 @@ class ModuleStage:
     """A :class:`Stage` made of a module's functions (the form every stage module uses).
 
     The module provides ``resolve(preset, settings) -> cfg`` (the preset's settings with the
-    given ones applied and checked, as a plain dictionary) and ``execute(cfg, out, run)`` (the
-    work as rounds, resumable, written under ``out``); :meth:`start` and :meth:`run` join them,
-    so the stage contract and its parameters are written once, here.
+    given ones applied and checked, as the stage's typed :class:`StageConfig`) and
+    ``execute(cfg, out, run)`` (the work as rounds, resumable, written under ``out``);
+    :meth:`start` and :meth:`run` join them, so the stage contract and its parameters are
+    written once, here.
     """
 
     name: str
     title: str
     presets: Mapping[str, StageConfig]
-    resolve_fn: Callable[[str, Mapping[str, Any]], dict[str, Any]]
-    execute_fn: Callable[[dict[str, Any], Path, StageRun], Steps]
+    resolve_fn: Callable[[str, Mapping[str, Any]], Any]
+    execute_fn: Callable[[Any, Path, StageRun], Steps]
     summary_fn: Callable[[Path], dict[str, Any]]
     report_fn: Callable[[Path, Path], str]
     claims_fn: Callable[[Path], Claims]

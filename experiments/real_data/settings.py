@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..engine import Names, StageConfig, preset_config
+from ..engine import Names, StageConfig, preset_settings
 
 NAME = "real_data"
 MANIFEST = "manifest.json"
@@ -271,40 +271,52 @@ PRESETS: Mapping[str, RealDataSettings] = {
 # ----------------------------------------------------------------------------------------------
 
 
-def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
-    cfg = preset_config(PRESETS, preset, overrides, what="real_data option(s)")
-    cfg.update(overrides)
-    for key in ("configs", "corpora", "models"):
-        val = cfg[key]
-        cfg[key] = [val] if isinstance(val, str) else list(val or [])
-    bad = [c for c in cfg["configs"] if c not in CONFIGS]
+def resolve(preset: str, overrides: Mapping[str, Any]) -> RealDataSettings:
+    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract).
+
+    A name given alone for ``configs``, ``corpora``, ``models`` or ``long_corpora`` becomes a
+    tuple of one name, and the grids tuples of integers.
+    """
+    cfg = preset_settings(PRESETS, preset, overrides)
+    configs, corpora, models = _names(cfg.configs), _names(cfg.corpora), _names(cfg.models)
+    bad = [c for c in configs if c not in CONFIGS]
     if bad:
         raise ValueError(f"unknown configuration(s) {', '.join(bad)}; known: {', '.join(CONFIGS)}")
-    cfg["n_grid"] = _grid(cfg["n_grid"], "n_grid")
-    cfg["long_grid"] = None if cfg["long_grid"] is None else _grid(cfg["long_grid"], "long_grid")
-    if cfg["long_corpora"] is not None:
-        lc = cfg["long_corpora"]
-        cfg["long_corpora"] = [lc] if isinstance(lc, str) else list(lc)
-    if int(cfg["n_windows"]) < 1:
-        raise ValueError(f"n_windows must be >= 1, got {cfg['n_windows']}")
-    if cfg["method"] not in ("auto", "dense", "lanczos", "power"):
-        raise ValueError(f"method must be auto, dense, lanczos or power, got {cfg['method']!r}")
-    if cfg["dtype"] not in ("float32", "float64"):
-        raise ValueError(f"dtype must be 'float32' or 'float64', got {cfg['dtype']!r}")
-    if int(cfg["batch_tokens"]) < 1:
-        raise ValueError(f"batch_tokens must be >= 1, got {cfg['batch_tokens']}")
-    if cfg["batch_windows"] not in (None, True, False):
-        raise ValueError(f"batch_windows must be true, false or null, got {cfg['batch_windows']!r}")
-    if cfg["threads"] is not None and int(cfg["threads"]) < 1:
-        raise ValueError(f"threads must be >= 1 or None, got {cfg['threads']}")
-    if cfg["tol"] is not None and not float(cfg["tol"]) > 0:
-        raise ValueError(f"tol must be positive, got {cfg['tol']}")
-    if not cfg["configs"] and not cfg["models"]:
+    n_grid = tuple(_grid(cfg.n_grid, "n_grid"))
+    long_grid = None if cfg.long_grid is None else tuple(_grid(cfg.long_grid, "long_grid"))
+    long_corpora = None if cfg.long_corpora is None else _names(cfg.long_corpora)
+    if int(cfg.n_windows) < 1:
+        raise ValueError(f"n_windows must be >= 1, got {cfg.n_windows}")
+    if cfg.method not in ("auto", "dense", "lanczos", "power"):
+        raise ValueError(f"method must be auto, dense, lanczos or power, got {cfg.method!r}")
+    if cfg.dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {cfg.dtype!r}")
+    if int(cfg.batch_tokens) < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {cfg.batch_tokens}")
+    if cfg.batch_windows not in (None, True, False):
+        raise ValueError(f"batch_windows must be true, false or null, got {cfg.batch_windows!r}")
+    if cfg.threads is not None and int(cfg.threads) < 1:
+        raise ValueError(f"threads must be >= 1 or None, got {cfg.threads}")
+    if cfg.tol is not None and not float(cfg.tol) > 0:
+        raise ValueError(f"tol must be positive, got {cfg.tol}")
+    if not configs and not models:
         raise ValueError("nothing to run: give configs or models")
-    if not cfg["corpora"]:
+    if not corpora:
         raise ValueError("corpora is empty")
-    return cfg
+    return replace(
+        cfg,
+        configs=configs,
+        corpora=corpora,
+        models=models,
+        n_grid=n_grid,
+        long_grid=long_grid,
+        long_corpora=long_corpora,
+    )
+
+
+def _names(value: Names | None) -> tuple[str, ...]:
+    """A setting of one name or several as a tuple of names (``None``: none)."""
+    return (value,) if isinstance(value, str) else tuple(value or ())
 
 
 def _grid(values: Any, name: str) -> list[int]:

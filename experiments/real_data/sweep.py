@@ -31,6 +31,7 @@ from .settings import (
     MANIFEST,
     NAME,
     RealConfig,
+    RealDataSettings,
     _load,
     _starts,
     _sweep_name,
@@ -334,8 +335,8 @@ def _values(
 _RECORDED = ("n_windows", "method", "tol", "max_iter", "seed", "dtype", "batch_tokens")
 
 
-def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
-    """The real-data sweeps of ``opts`` into ``out`` (the contract of experiments.engine.Stage).
+def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
+    """The real-data sweeps of ``cfg`` into ``out`` (the contract of experiments.engine.Stage).
 
     The settings (:class:`RealDataSettings`): ``configs`` (ids of :data:`CONFIGS`), ``corpora``
     (``"kjv"``, ``"pydoc"`` or text-file paths), ``n_grid``, ``long_grid`` (``None`` disables),
@@ -356,31 +357,34 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
     import torch
 
     preset, device = run.preset, run.device
+    # the settings as the points read them (real_point's "opts"), in their plain JSON shape
+    opts = cfg.options()
+    recorded = {k: opts[k] for k in _RECORDED}
     # what every point runs on (see real_point): the preset's count, else this process's
-    threads = torch.get_num_threads() if opts["threads"] is None else int(opts["threads"])
+    threads = torch.get_num_threads() if cfg.threads is None else int(cfg.threads)
     run_id = uuid.uuid4().hex
     try:
-        ws = _workspace(run_id, opts["seed"], opts["dtype"], device)
-        where = {"seed": opts["seed"], "dtype": opts["dtype"], "device": device}
-        configs = [CONFIGS[c] for c in opts["configs"]]
-        if opts["models"]:
+        ws = _workspace(run_id, cfg.seed, cfg.dtype, device)
+        where = {"seed": cfg.seed, "dtype": cfg.dtype, "device": device}
+        configs = [CONFIGS[c] for c in cfg.configs]
+        if cfg.models:
             configs += run.remote(
                 user_configs,
                 {"models": opts["models"], "layers": opts["layers"], "run": run_id, **where},
             )["configs"]
         plan = []
         for config in configs:
-            for corpus in opts["corpora"]:
-                grids = [("short", opts["n_grid"])]
-                long_ok = opts["long_corpora"] is None or corpus in opts["long_corpora"]
-                if config.long and opts["long_grid"] is not None and long_ok:
-                    grids.append(("long", opts["long_grid"]))
+            for corpus in cfg.corpora:
+                grids = [("short", list(cfg.n_grid))]
+                long_ok = cfg.long_corpora is None or corpus in cfg.long_corpora
+                if config.long and cfg.long_grid is not None and long_ok:
+                    grids.append(("long", list(cfg.long_grid)))
                 for gname, grid in grids:
                     plan.append((config, corpus, gname, grid))
-                    need = opts["n_windows"] * sum(grid)
+                    need = cfg.n_windows * sum(grid)
                     key = (config.model, corpus)
                     ws.need[key] = max(ws.need.get(key, 0), need)
-        batch = opts["batch_windows"]
+        batch = cfg.batch_windows
         if batch is None:  # batched on a GPU; one point per call on the CPU (docs/cluster.md)
             batch = str(device).startswith("cuda")
         jobs: list[Any] = []
@@ -395,12 +399,10 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
                 "corpus": corpus,
                 "grid": gname,
                 "n_grid": grid,
-                **{k: opts[k] for k in _RECORDED},
+                **recorded,
             }
-            sweep = Sweep(
-                out, name, sweep_cfg, seed=opts["seed"], device=device, dtype=opts["dtype"]
-            )
-            points = [{"n": n, "start": s} for n, s in zip(grid, _starts(grid, opts["n_windows"]))]
+            sweep = Sweep(out, name, sweep_cfg, seed=cfg.seed, device=device, dtype=cfg.dtype)
+            points = [{"n": n, "start": s} for n, s in zip(grid, _starts(grid, cfg.n_windows))]
             entry = dict(manifest["sweeps"].get(name, {}))
             if entry.get("config_hash") != sweep.digest:
                 entry = {}
@@ -412,9 +414,9 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
                 corpus_stands_in_for=CORPUS_STANDS_IN.get(corpus),
                 grid=gname,
                 n_grid=grid,
-                n_windows=opts["n_windows"],
+                n_windows=cfg.n_windows,
                 preset=preset,
-                options={k: opts[k] for k in _RECORDED},
+                options=dict(recorded),
                 paper_configuration=config.paper,
                 records=f"{name}.jsonl",
             )
@@ -436,8 +438,8 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
 
                 d = entry["layer_info"]["d"]
 
-                def cost(p: Mapping[str, Any], d: int = d) -> float:
-                    return float(p["n"]) ** 2 * d * opts["n_windows"]
+                def cost(p: Mapping[str, Any], d: int = d, windows: int = cfg.n_windows) -> float:
+                    return float(p["n"]) ** 2 * d * windows
 
                 # batched: one call per (configuration, n) across the sweeps of this run
                 batched = {"batch_fn": real_points, "batch_key": _batch_key} if batch else {}
@@ -448,7 +450,7 @@ def execute(opts: dict[str, Any], out: Path, run: StageRun) -> Steps:
         files += export_csv(out.parent)
         return files
     finally:
-        forget_worker_cache(("real_data", run_id, int(opts["seed"]), opts["dtype"], device))
+        forget_worker_cache(("real_data", run_id, int(cfg.seed), cfg.dtype, device))
 
 
 def _batch_key(cfg: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -45,8 +45,10 @@ Instances are reproducible: instance ``index`` of a run with seed ``seed`` is dr
 Modules: :mod:`~experiments.verify_bounds.generation` (instance generators),
 :mod:`~experiments.verify_bounds.checks` (evaluators and the certified-bracket rules, on the
 engine adapter of :mod:`~experiments.verify_bounds._engine`),
-:mod:`~experiments.verify_bounds.report` (aggregation, JSON and markdown),
-:mod:`~experiments.verify_bounds.stage` (:func:`verify`, :func:`run`). The names below keep the
+:mod:`~experiments.verify_bounds.report` (aggregation, JSON and markdown, ``summary``,
+``report_section``, ``claims``), :mod:`~experiments.verify_bounds.settings` (the settings,
+``PRESETS``, ``resolve``), :mod:`~experiments.verify_bounds.sweep` (:func:`verify` and
+``execute``); this door defines ``STAGE`` and ``run``. The names below keep the
 stage interface (``PRESETS``, ``run``, ``summary``, ``report_section``); the command line
 (``meanfield verify-bounds``) is :mod:`meanfield_cli.commands.verify_bounds`.
 
@@ -66,11 +68,12 @@ from .generation import KIND_WEIGHTS as KIND_WEIGHTS
 from .generation import KINDS, make_targets
 from .generation import RADII as RADII
 from .generation import SCHEDULE as SCHEDULE
-from .report import NAME as NAME
 from .report import aggregate as aggregate
 from .report import claims, report_section, summary
-from .stage import HARNESS_VERSION as HARNESS_VERSION
-from .stage import PRESETS, VerifyBoundsSettings, execute, resolve, verify
+from .settings import NAME as NAME
+from .settings import PRESETS, VerifyBoundsSettings, resolve
+from .sweep import HARNESS_VERSION as HARNESS_VERSION
+from .sweep import execute, verify
 
 __all__ = [
     "BOUNDS",

@@ -14,8 +14,7 @@ from ..markdown import plain
 from ..verdicts import compare_bound
 from .checks import BOUND_RTOL, BoundSpec, _bucket, _holds, _margin
 from .generation import make_targets
-
-NAME = "verify_bounds"
+from .settings import NAME
 
 
 def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[str, Any]:

@@ -1,131 +1,43 @@
-"""Experiment stage ``attacks``: worst-case measures (figure B) and mass splitting (figure C).
-
-Figure B: for two heads (d = 1 with A = 1, d = 2 with A = diag(1, -0.3); V = I) and a list of
-radii, the measure with a few atoms in B_R whose mean-field local constant is largest
-(:func:`meanfield.attacks.worst_case_measure`), next to the closed-form two-Dirac bound.
-Figure C: the gain G_k of duplicating an atom into k copies before moving them, and finite
-W₂-budget attacks (move only, or split then move) with exact W₂ and W∞ on both sides.
-
-:func:`figure_b_results` and :func:`figure_c_results` do the work (``meanfield attack search
---figure-b`` and ``meanfield attack split --figure-c`` call them too); :data:`STAGE` gives them
-presets for ``meanfield reproduce``. Results go to ``results_dir/"attacks"``:
-``worst_measures.{npz,json}`` and ``mass_splitting.{npz,json}``. In the stage, each point (a
-setting and radius of figure B, an input and budget of figure C) is a task with its own record in
-``worst_measures_points.jsonl`` / ``mass_splitting_points.jsonl``, so a distributed run queues
-them with the other stages' points (docs/cluster.md) and an interrupted run redoes only the
-points in flight; each figure's files are written atomically once all its points are done, and a
-rerun skips a figure whose files exist with the same configuration.
-"""
+"""The computation of the ``attacks`` stage: the points of figures B and C, their files, ``execute``."""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from .engine import (
-    Claims,
-    ModuleStage,
-    StageConfig,
+from ..engine import (
     StageRun,
     Steps,
     Sweep,
     finished_config,
-    load_json,
-    preset_config,
     record_float,
     run_metadata,
     save_npz,
     torch_threads,
     write_json,
 )
-from .markdown import number as _fmt
+from .settings import FigureBSettings, FigureCSettings, MassSplittingSettings
 
 __all__ = [
+    "ATTACK_INPUTS",
     "FIG_B_SETTINGS",
-    "NAME",
-    "PRESETS",
-    "STAGE",
-    "MassSplittingSettings",
     "attack_doc",
     "attack_inputs",
     "execute",
     "figure_b_results",
     "figure_c_results",
+    "mass_splitting_point",
     "measure_doc",
-    "report_section",
-    "resolve",
-    "run",
-    "summary",
+    "worst_measure_point",
 ]
 
 log = logging.getLogger("meanfield.attack")
 
-NAME = "attacks"
-
-
-@dataclass(frozen=True)
-class MassSplittingSettings(StageConfig):
-    """Settings of the ``attacks`` stage.
-
-    ``figure_b`` and ``figure_c`` are the keyword arguments of :func:`figure_b_results` and
-    :func:`figure_c_results`; a ``--set figure_b={...}`` is merged into the preset's.
-    """
-
-    stage: ClassVar[str] = "attacks"
-
-    figure_b: Mapping[str, Any]
-    figure_c: Mapping[str, Any]
-    seed: int
-
-
-PRESETS: Mapping[str, MassSplittingSettings] = {
-    "tiny": MassSplittingSettings(
-        figure_b={"radii": (1.0, 4.0), "n_atoms": 3, "n_restarts": 2, "steps": 25},
-        figure_c={
-            "radii": (2.0, 4.0),
-            "k_curve_max": 1000,
-            "budgets": (0.1, 0.5),
-            "n_restarts": 1,
-            "steps": 15,
-        },
-        seed=0,
-    ),
-    "quick": MassSplittingSettings(
-        figure_b={"radii": (1.0, 2.0, 4.0, 6.0), "n_atoms": 3, "n_restarts": 6, "steps": 150},
-        figure_c={
-            "radii": (2.0, 3.0, 4.0, 5.0),
-            "k_curve_max": 100_000,
-            "budgets": (0.05, 0.1, 0.2, 0.5, 1.0),
-            "n_restarts": 1,
-            "steps": 60,
-        },
-        seed=0,
-    ),
-    "paper": MassSplittingSettings(
-        figure_b={
-            "radii": (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0),
-            "n_atoms": 5,
-            "n_restarts": 32,
-            "steps": 400,
-        },
-        figure_c={
-            "radii": (2.0, 3.0, 4.0, 5.0, 6.0),
-            "k_curve_max": 1_000_000,
-            "budgets": (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
-            "n_restarts": 4,
-            "steps": 200,
-        },
-        seed=0,
-    ),
-}
-
-# ------------------------------------------------------------------------------ the work
 #: The two settings of figure B (docs/experiments.md, figure A settings): d = 1 with A = 1 (positive
 #: eigenvalue, chains), and d = 2 with A = diag(1, -0.3); V = I in both.
 FIG_B_SETTINGS = {
@@ -441,14 +353,6 @@ def _write_c(
 _FILES = {"figure_b": "worst_measures", "figure_c": "mass_splitting"}
 
 
-def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``preset`` with ``overrides`` merged and checked (the stage contract)."""
-    config = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
-    for key, value in overrides.items():
-        config[key] = {**config[key], **value} if isinstance(config[key], dict) else value
-    return config
-
-
 def _same_config(json_path: Path, config: dict[str, Any]) -> bool:
     """Whether a finished result (``.json`` and ``.npz``) was produced with ``config``.
 
@@ -472,25 +376,26 @@ def _norm(v: Any) -> Any:
     return v
 
 
-def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
-    """The figure-B and figure-C sweeps of ``config`` into ``out`` (the stage contract).
+def execute(cfg: MassSplittingSettings, out: Path, run: StageRun) -> Steps:
+    """The figure-B and figure-C sweeps of ``cfg`` into ``out`` (the stage contract).
 
     Tiny dense problems, faster on one CPU thread than on a GPU (the stage runs on the CPU only);
-    the settings are ``figure_b={...}`` and ``figure_c={...}`` (merged into the preset's) and
-    ``seed``. A sub-result already computed with the same settings is kept. One round holds
-    the points of both figures: one per (setting, radius) or (input, budget).
+    the settings are the groups ``figure_b`` and ``figure_c`` and ``seed``. A sub-result already
+    computed with the same settings is kept. One round holds the points of both figures: one
+    per (setting, radius) or (input, budget).
     """
     del run  # CPU only; the driver draws the progress
-    seed = int(config["seed"])
+    seed = int(cfg.seed)
     files: list[Path] = []
     todo = []
     for key in ("figure_b", "figure_c"):
         stem = out / _FILES[key]
-        kwargs = config[key]
+        group = getattr(cfg, key)
+        kwargs = group.options()
         if _same_config(stem.with_suffix(".json"), kwargs):
             files += [stem.with_suffix(".npz"), stem.with_suffix(".json")]
             continue
-        sweep, points, task, context = _sweep(out, key, kwargs, seed)
+        sweep, points, task, context = _sweep(out, group, seed)
         work = float(context["n_restarts"] * context["steps"])  # optimizer steps of a point
 
         def _cost(point: Mapping[str, Any], work: float = work) -> float:
@@ -503,33 +408,34 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
         if key == "figure_b":
             rows = {(r["point"]["setting"], r["point"]["R"]): r for r in recs}
             arrays, summ = _assemble_b(kwargs["radii"], kwargs["n_atoms"], rows)
-            cfg = {k: kwargs[k] for k in ("radii", "n_atoms", "n_restarts", "steps")}
-            files += _write_b(out, arrays, summ, cfg, seed)
+            meta = {k: kwargs[k] for k in ("radii", "n_atoms", "n_restarts", "steps")}
+            files += _write_b(out, arrays, summ, meta, seed)
         else:
             rows = {(r["point"]["input"], r["point"]["budget"]): r for r in recs}
-            full = {**_C_DEFAULTS, **kwargs}
-            cfg = {
-                k: full[k] for k in ("radii", "budgets", "R_attack", "k_max", "n_restarts", "steps")
-            }
-            files += _write_c(out, cfg, rows, seed, full["k_curve_max"])
+            keys = ("radii", "budgets", "R_attack", "k_max", "n_restarts", "steps")
+            meta = {k: kwargs[k] for k in keys}
+            files += _write_c(out, meta, rows, seed, kwargs["k_curve_max"])
         files += [sweep.path, sweep.meta_path]
     return files
 
 
-#: Defaults of :func:`figure_c_results` the presets leave out.
-_C_DEFAULTS = {"R_attack": 4.0, "k_max": 4}
-
-
-def _sweep(out: Path, key: str, kwargs: Mapping[str, Any], seed: int) -> tuple[Any, ...]:
-    """The sweep of figure B or C: its points, task function and context."""
-    if key == "figure_b":
-        context = {k: kwargs[k] for k in ("n_atoms", "n_restarts", "steps")}
-        points = [{"setting": s, "R": float(R)} for s in FIG_B_SETTINGS for R in kwargs["radii"]]
+def _sweep(out: Path, group: FigureBSettings | FigureCSettings, seed: int) -> tuple[Any, ...]:
+    """The sweep of figure B or C (by its settings group): its points, task function and context."""
+    context: dict[str, Any]
+    if isinstance(group, FigureBSettings):
+        key = "figure_b"
+        context = {"n_atoms": group.n_atoms, "n_restarts": group.n_restarts, "steps": group.steps}
+        points = [{"setting": s, "R": float(R)} for s in FIG_B_SETTINGS for R in group.radii]
         task = worst_measure_point
     else:
-        full = {**_C_DEFAULTS, **kwargs}
-        context = {k: full[k] for k in ("R_attack", "k_max", "n_restarts", "steps")}
-        points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in full["budgets"]]
+        key = "figure_c"
+        context = {
+            "R_attack": group.R_attack,
+            "k_max": group.k_max,
+            "n_restarts": group.n_restarts,
+            "steps": group.steps,
+        }
+        points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in group.budgets]
         task = mass_splitting_point
     context["seed"] = seed
     sweep = Sweep(
@@ -541,96 +447,3 @@ def _sweep(out: Path, key: str, kwargs: Mapping[str, Any], seed: int) -> tuple[A
         dtype="float64",
     )
     return sweep, points, task, context
-
-
-def summary(results_dir: str | Path) -> dict[str, Any]:
-    """Key numbers of the saved sweeps: worst-measure gains over the two-Dirac bound, split ratios."""
-    out = Path(results_dir) / NAME
-    doc: dict[str, Any] = {}
-    wm = out / "worst_measures.json"
-    if wm.exists():
-        data = load_json(wm)
-        settings = {}
-        for key, s in data.get("settings", {}).items():
-            gains = [
-                v / t
-                for v, t in zip(s["value"], s["two_dirac_bound"], strict=True)
-                if t is not None and t == t and t > 0
-            ]
-            settings[key] = {
-                "label": s["label"],
-                "radii": data["radii"],
-                "value": s["value"],
-                "two_dirac_bound": s["two_dirac_bound"],
-                "max_gain_over_two_dirac": max(gains) if gains else None,
-            }
-        doc["worst_measures"] = settings
-    ms = out / "mass_splitting.json"
-    if ms.exists():
-        data = load_json(ms)
-        best: dict[str, Any] = {}
-        for name, rows in data.get("attacks", {}).items():
-            split = [r["split"]["ratio_w2"] for r in rows]
-            move = [r["move"]["ratio_w2"] for r in rows]
-            best[name] = {
-                "max_split_ratio_w2": max(split),
-                "max_move_ratio_w2": max(move),
-                "max_split_ratio_winf": max(r["split"]["ratio_winf"] for r in rows),
-                "max_move_ratio_winf": max(r["move"]["ratio_winf"] for r in rows),
-            }
-        doc["mass_splitting"] = best
-    return doc
-
-
-def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
-    """Markdown for ``report.md``: figures B and C with their key numbers."""
-    s = summary(results_dir)
-    figs = Path(figures_dir).name
-    lines = ["## Worst-case measures and mass splitting (figures B and C)", ""]
-    if "worst_measures" in s:
-        lines += [
-            "Multi-start search for the measure in B_R with the largest mean-field local "
-            "constant (docs/theory.md §A4), started from the two-Dirac construction among others, so "
-            "it never reports less than the closed-form two-Dirac bound.",
-            "",
-            "| setting | R | searched | two-Dirac bound | gain |",
-            "|---|---|---|---|---|",
-        ]
-        for v in s["worst_measures"].values():
-            for R, val, td in zip(v["radii"], v["value"], v["two_dirac_bound"], strict=True):
-                gain = val / td if td else None
-                lines.append(f"| {v['label']} | {R:g} | {_fmt(val)} | {_fmt(td)} | {_fmt(gain)} |")
-        lines += ["", f"![figure B]({figs}/fig_b_worst_measures.png)", ""]
-    if "mass_splitting" in s:
-        lines += [
-            "Best ratio W₂(Fν, Fμ)/W₂(ν, μ) found under a W₂ budget, moving atoms only against "
-            "splitting them first (exact W₂ on both sides), and the same perturbations measured in "
-            "W∞. At a Dirac the W∞ ratio cannot exceed ‖V‖ (docs/theory.md §A5), so splitting gains "
-            "nothing there; the gain is a W₂ effect.",
-            "",
-            "| input | move-only (W₂) | split-then-move (W₂) | move-only (W∞) | split-then-move (W∞) |",
-            "|---|---|---|---|---|",
-        ]
-        for name, v in s["mass_splitting"].items():
-            lines.append(
-                f"| {name} | {_fmt(v['max_move_ratio_w2'])} | {_fmt(v['max_split_ratio_w2'])} "
-                f"| {_fmt(v['max_move_ratio_winf'])} | {_fmt(v['max_split_ratio_winf'])} |"
-            )
-        lines += ["", f"![figure C]({figs}/fig_c_mass_splitting.png)", ""]
-    if len(lines) == 2:
-        lines.append("No results.")
-    return "\n".join(lines) + "\n"
-
-
-def claims(results_dir: str | Path) -> Claims:
-    """No row of the verdict table: the stage checks none of the paper's claims."""
-    del results_dir
-    return Claims([], [])
-
-
-#: The stage (experiments/engine/_stage.py contract).
-STAGE = ModuleStage.from_module(
-    __name__, "Worst-case measures and mass splitting", uses_device=False
-)
-#: Run the figure-B and figure-C sweeps of a preset (:meth:`experiments.engine.ModuleStage.run`).
-run = STAGE.run

@@ -1,20 +1,4 @@
-r"""Experiment stage ``kim_tightness``: the tightness in N of Kim et al.'s L2-attention bounds.
-
-For a few fixed heads of L2 multi-head attention (:func:`meanfield.attention.l2_self_attention`)
-and a logarithmic grid of sequence lengths N, the stage measures lower bounds on the global
-Lipschitz constants in the :math:`\infty`-norm and the 2-norm of the flattened input (the local
-Jacobian norm at inputs found by :func:`meanfield.attacks.l2_lipschitz_lower`, started from the
-closed-form construction of docs/theory.md §8a) and sets them against
-:func:`theory.bounds.kim_l2_upper` (p = ∞; p = 2 with ``wq_power`` 1 and 2). It records the
-ratio upper / lower, its growth with N, and a fit of the ∞-norm lower bound against the predicted
-growth :math:`\log N-\log\log N` (more precisely :math:`W_0((N - 1)/e)`).
-
-Results go to ``results_dir/"kim_tightness"``: one ``head_<name>.{npz,json}`` per head, written
-atomically once complete; a rerun skips a head whose files exist with the same configuration.
-Each (head, N) is a point of the sweep ``head_<name>_points.jsonl`` (:func:`kim_point`), queued
-with the other stages' points in a distributed run and resumed point by point.
-docs/experiments.md, "Tightness of Kim et al.'s bounds".
-"""
+"""The computation of the ``kim_tightness`` stage: the points, a head's results, ``execute``."""
 
 from __future__ import annotations
 
@@ -22,123 +6,29 @@ import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from .engine import (
-    Claims,
-    ModuleStage,
-    Names,
-    StageConfig,
+from ..engine import (
     StageRun,
     Steps,
     Sweep,
     finished_config,
-    load_json,
-    preset_config,
     record_float,
     run_metadata,
     save_npz,
     torch_threads,
     write_json,
 )
-from .markdown import number as _fmt
+from .settings import HEADS, KimTightnessSettings
 
-__all__ = [
-    "HEADS",
-    "NAME",
-    "PRESETS",
-    "STAGE",
-    "KimTightnessSettings",
-    "execute",
-    "fit_growth",
-    "head_params",
-    "head_results",
-    "kim_point",
-    "load_heads",
-    "report_section",
-    "resolve",
-    "run",
-    "summary",
-]
+__all__ = ["execute", "fit_growth", "head_params", "head_results", "kim_point"]
 
 log = logging.getLogger("meanfield.kim_tightness")
 
-NAME = "kim_tightness"
 
-#: The heads: name -> (D, H, seed, description). Seed ``None``: every weight equal to 1 (the
-#: scalar head on which the ∞-norm construction is exact). Otherwise W^Q, W^V, W^O have
-#: independent N(0, 1/D) entries drawn from ``numpy.random.default_rng(seed)``.
-HEADS: Mapping[str, tuple[int, int, int | None, str]] = {
-    "scalar": (1, 1, None, "D = H = 1, W^Q = W^V = W^O = 1"),
-    "d4h1": (4, 1, 4, "D = 4, H = 1, random N(0, 1/D) weights (seed 4)"),
-    "d8h2": (8, 2, 8, "D = 8, H = 2, random N(0, 1/D) weights (seed 8)"),
-}
-
-
-@dataclass(frozen=True)
-class KimTightnessSettings(StageConfig):
-    """Settings of the ``kim_tightness`` stage.
-
-    ``heads`` are keys of :data:`HEADS`; ``n_values`` the sequence lengths; ``p2_max_n`` the
-    largest N for the 2-norm search (larger N are skipped there, every Jacobian product costing
-    O(N^2)); ``n_restarts`` and ``steps`` (∞-norm) and ``p2_restarts`` and ``p2_steps`` (2-norm)
-    the search options of :func:`meanfield.attacks.l2_lipschitz_lower`.
-    """
-
-    stage: ClassVar[str] = "kim_tightness"
-
-    heads: Names
-    n_values: tuple[int, ...]
-    p2_max_n: int
-    n_restarts: int
-    steps: int
-    p2_restarts: int
-    p2_steps: int
-    seed: int
-
-
-_PAPER_N = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-
-_TINY = KimTightnessSettings(
-    heads=("scalar", "d4h1"),
-    n_values=(2, 3, 5),
-    p2_max_n=5,
-    n_restarts=1,
-    steps=5,
-    p2_restarts=0,
-    p2_steps=3,
-    seed=0,
-)
-_QUICK = replace(
-    _TINY,
-    heads=("scalar", "d4h1", "d8h2"),
-    n_values=(2, 3, 4, 8, 16, 32, 64),
-    p2_max_n=32,
-    n_restarts=4,
-    steps=100,
-    p2_steps=10,
-)
-#: Each preset is written as what it changes in the one before it.
-PRESETS: Mapping[str, KimTightnessSettings] = {
-    "tiny": _TINY,
-    "quick": _QUICK,
-    "paper": replace(
-        _QUICK,
-        n_values=_PAPER_N,
-        p2_max_n=1024,
-        n_restarts=16,
-        steps=600,
-        p2_restarts=1,
-        p2_steps=40,
-    ),
-}
-
-
-# ------------------------------------------------------------------------------ the work
 def head_params(name: str) -> tuple[Any, dict[str, np.ndarray]]:
     """The :class:`meanfield.L2AttentionParams` of head ``name`` and its weights as arrays."""
     import torch
@@ -343,22 +233,14 @@ def head_results(
     ]
 
 
-# ----------------------------------------------------------------------------- the stage
 def _same_config(json_path: Path, config: Mapping[str, Any]) -> bool:
     """Whether a finished head (``.json`` and ``.npz``) was produced with ``config``."""
     recorded = finished_config(json_path)
     return recorded is not None and all(recorded.get(k) == v for k, v in config.items())
 
 
-def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract)."""
-    config = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
-    config.update(overrides)
-    return config
-
-
-def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
-    """The heads of ``config`` into ``out`` (the stage contract; CPU only).
+def execute(cfg: KimTightnessSettings, out: Path, run: StageRun) -> Steps:
+    """The heads of ``cfg`` into ``out`` (the stage contract; CPU only).
 
     Each (head, N) is a point of the sweep ``head_<name>_points``, all in one round (with the
     other stages' rounds in a distributed run, docs/cluster.md), resumable point by point; a
@@ -366,15 +248,15 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
     settings is kept.
     """
     del run  # CPU only; the driver draws the progress
-    seed = int(config["seed"])
-    heads = (config["heads"],) if isinstance(config["heads"], str) else tuple(config["heads"])
+    seed = int(cfg.seed)
+    heads = (cfg.heads,) if isinstance(cfg.heads, str) else tuple(cfg.heads)
     kwargs = {
-        "n_values": [int(v) for v in config["n_values"]],
-        "p2_max_n": int(config["p2_max_n"]),
-        "n_restarts": int(config["n_restarts"]),
-        "steps": int(config["steps"]),
-        "p2_restarts": int(config["p2_restarts"]),
-        "p2_steps": int(config["p2_steps"]),
+        "n_values": [int(v) for v in cfg.n_values],
+        "p2_max_n": int(cfg.p2_max_n),
+        "n_restarts": int(cfg.n_restarts),
+        "steps": int(cfg.steps),
+        "p2_restarts": int(cfg.p2_restarts),
+        "p2_steps": int(cfg.p2_steps),
     }
     files: list[Path] = []
     todo = []
@@ -408,130 +290,3 @@ def execute(config: dict[str, Any], out: Path, run: StageRun) -> Steps:
         files += head_results(out, name, seed=seed, rows=rows, **kwargs)
         files += [sweep.path, sweep.meta_path]
     return files
-
-
-def load_heads(results_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """The saved heads, ``name -> JSON document``, in the order of :data:`HEADS`."""
-    out = Path(results_dir) / NAME
-    docs = {}
-    for name in HEADS:
-        path = out / f"head_{name}.json"
-        if path.exists():
-            docs[name] = load_json(path)
-    return docs
-
-
-def summary(results_dir: str | Path) -> dict[str, Any]:
-    """Per head: the largest N, the lower bounds and ratios there, the fits and any violation."""
-    doc: dict[str, Any] = {}
-    for name, d in load_heads(results_dir).items():
-        r = d["rows"]
-        doc[name] = {
-            "label": d["label"],
-            "n_max": r["n"][-1],
-            "lower_inf": r["lower_inf"][-1],
-            "ratio_inf": r["ratio_inf"][-1],
-            "ratio_inf_min": float(np.nanmin(np.asarray(r["ratio_inf"], dtype=float))),
-            "ratio_2_wq2_last": _last_finite(r["ratio_2_wq2"]),
-            "fit_lower_inf_over_K_slope_w0": d["fits"]["lower_inf_over_K"]["slope_w0"],
-            "fit_lower_2_exponent": d["fits"]["lower_2"]["exponent"],
-            "violations": d["violations"],
-        }
-    return doc
-
-
-def _last_finite(v: Sequence[Any]) -> float:
-    a = np.asarray(v, dtype=float)
-    a = a[np.isfinite(a)]
-    return float(a[-1]) if a.size else math.nan
-
-
-def _signed(x: Any) -> str:
-    if x is None or not math.isfinite(x):
-        return "+ –"
-    return f"{'−' if x < 0 else '+'} {abs(x):.3g}"
-
-
-def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
-    """Markdown for ``report.md``: per head, the table bound / lower bound / ratio at every N."""
-    heads = load_heads(results_dir)
-    figs = Path(figures_dir).name
-    lines = ["## Tightness of Kim et al.'s L2-attention bounds in N", ""]
-    if not heads:
-        return "\n".join(lines + ["No results."]) + "\n"
-    lines += [
-        "Lower bounds on the global Lipschitz constant of L2 multi-head attention in the ∞-norm "
-        "and the 2-norm of the flattened input: the Jacobian norm at an input found by a "
-        "multi-start search started from the closed-form construction of docs/theory.md §8a "
-        "(any input gives a valid lower bound). Ratio = Kim et al.'s upper bound / measured "
-        "lower bound; `p=2` is the bound as recalled (wq_power = 1), `p=2,WQ²` our repaired "
-        "form (proved, docs/derivations/invertible.md §2). The ∞-norm bound is "
-        "(4 W₀((N−1)/e) + 1/√(D/H)) K with W₀((N−1)/e) ≈ "
-        "log N − log log N: the prediction is that the ∞-norm lower bound grows like "
-        "log N − log log N with slope 4K against W₀((N−1)/e), so the ∞ ratio tends to a "
-        "constant (1 on the scalar head), while the 2-norm ratio may grow.",
-        "",
-    ]
-    for d in heads.values():
-        r = d["rows"]
-        lines += [
-            f"**{d['label']}** (K = {_fmt(d['K_inf'])})",
-            "",
-            "| N | lower ∞ | upper ∞ | ratio ∞ | lower 2 | upper 2 | ratio 2 | upper 2,WQ² "
-            "| ratio 2,WQ² |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for i, N in enumerate(r["n"]):
-            cells = [
-                r[k][i]
-                for k in (
-                    "lower_inf",
-                    "upper_inf",
-                    "ratio_inf",
-                    "lower_2",
-                    "upper_2",
-                    "ratio_2",
-                    "upper_2_wq2",
-                    "ratio_2_wq2",
-                )
-            ]
-            lines.append(f"| {N} | " + " | ".join(_fmt(c) for c in cells) + " |")
-        f = d["fits"]
-        lines += [
-            "",
-            f"Fits over N ≥ {f['lower_inf']['n_min']}: ∞-norm lower bound / K ≈ "
-            f"{_fmt(f['lower_inf_over_K']['slope_w0'])}·W₀((N−1)/e) "
-            f"{_signed(f['lower_inf_over_K'].get('intercept_w0'))} (the bound has slope 4); "
-            f"against log N − log log N the slope is {_fmt(f['lower_inf']['slope_lnlnln'])}. "
-            f"Ratio ∞ goes from {_fmt(r['ratio_inf'][0])} (N = {r['n'][0]}) to "
-            f"{_fmt(r['ratio_inf'][-1])} (N = {r['n'][-1]}), like "
-            f"N^{_fmt(f['ratio_inf']['exponent'])}; the 2-norm lower bound grows like "
-            f"N^{_fmt(f['lower_2']['exponent'])} and the ratio of the recalled 2-norm bound goes "
-            f"from {_fmt(r['ratio_2'][0])} to {_fmt(_last_finite(r['ratio_2']))}, like "
-            f"N^{_fmt(f['ratio_2']['exponent'])} (the bound is √N log N).",
-            "",
-        ]
-        if d["violations"]:
-            lines += ["**Lower bound above an upper bound (finding):**", ""]
-            for v in d["violations"]:
-                lines.append(
-                    f"- `{v['bound']}` at N = {v['N']}: lower {_fmt(v['lower'])} > "
-                    f"upper {_fmt(v['upper'])}"
-                )
-            lines.append("")
-    lines += [f"![Kim tightness]({figs}/fig_kim_tightness.png)", ""]
-    return "\n".join(lines) + "\n"
-
-
-def claims(results_dir: str | Path) -> Claims:
-    """No row of the verdict table: the stage checks none of the paper's claims."""
-    del results_dir
-    return Claims([], [])
-
-
-#: The stage (experiments/engine/_stage.py contract).
-STAGE = ModuleStage.from_module(
-    __name__, "Tightness of Kim et al.'s L2-attention bounds", uses_device=False
-)
-#: Run the heads of a preset (:meth:`experiments.engine.ModuleStage.run`).
-run = STAGE.run

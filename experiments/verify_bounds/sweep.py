@@ -1,47 +1,23 @@
-r"""The stage entry of the harness: :func:`verify` (one run) and :func:`run` (a preset, resumable)."""
+r"""The harness's run: :func:`verify` (one run) and ``execute`` (a preset, resumable)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from ..engine import (
-    Names,
-    StageConfig,
-    StageRun,
-    Steps,
-    Sweep,
-    preset_config,
-    run_metadata,
-    write_json,
-)
+from ..engine import StageRun, Steps, Sweep, run_metadata, write_json
 from .checks import BoundSpec, _registry, check_instance
 from .generation import KINDS, SCHEDULE
-from .report import NAME, aggregate
+from .report import aggregate
+from .settings import NAME, VerifyBoundsSettings, checked_count, checked_kinds, kind_names
+
+__all__ = ["HARNESS_VERSION", "execute", "instance_point", "verify"]
 
 log = logging.getLogger("meanfield.verify_bounds")
 
-
-@dataclass(frozen=True)
-class VerifyBoundsSettings(StageConfig):
-    """Settings of the ``verify_bounds`` stage: how many instances, their seed and kinds."""
-
-    stage: ClassVar[str] = NAME
-
-    n_instances: int
-    seed: int
-    kinds: Names = tuple(KINDS)
-
-
-PRESETS: dict[str, VerifyBoundsSettings] = {
-    "tiny": VerifyBoundsSettings(n_instances=30, seed=0),
-    "quick": VerifyBoundsSettings(n_instances=600, seed=0),
-    "paper": VerifyBoundsSettings(n_instances=5000, seed=0),
-}
 
 #: Version of the instance generators and checks; part of the Sweep configuration, so a change
 #: here recomputes every instance.
@@ -100,9 +76,9 @@ def verify(
         tightness ``bound / value`` min/median/max, min margin, worst instance),
         ``instances_by_kind``, ``seconds``.
     """
-    kinds = _kinds(kinds)
+    kinds = checked_kinds(kinds)
     specs = _registry(extra_bounds)
-    points = _schedule(_count(n_instances), kinds)
+    points = _schedule(checked_count(n_instances), kinds)
     t0 = time.perf_counter()
 
     def compute(point: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,21 +108,6 @@ def verify(
     return _report(records, specs, seed, kinds, time.perf_counter() - t0)
 
 
-def _count(n_instances: int) -> int:
-    n = int(n_instances)
-    if n < 1:
-        raise ValueError(f"n_instances must be >= 1, got {n}")
-    return n
-
-
-def _kinds(kinds: Sequence[str] | None) -> tuple[str, ...]:
-    kinds = tuple(KINDS if kinds is None else kinds)
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        raise ValueError(f"unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}")
-    return kinds
-
-
 def _sweep(sweep_dir: str | Path, seed: int, specs: Sequence[BoundSpec]) -> Sweep:
     """The resumable sweep of the instances: one record per instance."""
     config = {
@@ -171,29 +132,15 @@ def _report(
     return report
 
 
-# =============================================================================================
-# experiment-module contract
-# =============================================================================================
-def resolve(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract).
-
-    The presets hold 30, 600 and 5000 instances; ``n_instances``, ``seed`` or ``kinds`` replace
-    the preset's entries.
-    """
-    cfg = preset_config(PRESETS, preset, overrides, what=f"{NAME} option(s)")
-    cfg.update(overrides)
-    return cfg
-
-
-def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
+def execute(cfg: VerifyBoundsSettings, out: Path, run: StageRun) -> Steps:
     """Check the bounds on ``cfg``'s instances; write ``out/report.json`` (the stage contract).
 
     The certified dense brackets run in float64 on the CPU, one instance per point of one
     round. Returns the report and the per-instance records (``instances.jsonl``, resumable).
     """
-    seed, kinds = int(cfg["seed"]), _kinds(cfg["kinds"])
+    seed, kinds = int(cfg.seed), checked_kinds(kind_names(cfg.kinds))
     specs = _registry(None)
-    points = _schedule(_count(cfg["n_instances"]), kinds)
+    points = _schedule(checked_count(cfg.n_instances), kinds)
     t0 = time.perf_counter()
     sweep = _sweep(out, seed, specs)
     yield [sweep.job(points, instance_point, {"seed": seed})]
@@ -201,7 +148,10 @@ def execute(cfg: dict[str, Any], out: Path, run: StageRun) -> Steps:
     doc = {
         "kind": NAME,
         "metadata": run_metadata(
-            seed=seed, device=run.device, dtype="float64", config={"preset": run.preset, **cfg}
+            seed=seed,
+            device=run.device,
+            dtype="float64",
+            config={"preset": run.preset, **cfg.options()},
         ),
         **report,
     }
