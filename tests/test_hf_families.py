@@ -9,16 +9,26 @@ reproduce both, with the model's own causal flag.
 
 Tolerances (relative: max abs error / max abs reference):
 
-- float32 models: 1e-6 (measured at most ~6e-7).
-- float64 models: 1e-12, with the two float32 steps of transformers patched out: eager attention
-  takes its softmax in float32 for most families (``softmax(..., dtype=float32)``), and rotary
-  embeddings compute cos/sin from float32 angles (ModernBERT also rotates q and k in float32).
+- float32 models: 1e-6 (measured at most ~5e-7 over all cases, variants included: the maps
+  compute the same operations in the same order, so the error is a few float32 roundings of
+  O(1) logits amplified by at most the output's condition, ~10 eps_32).
+- float64 models: 1e-12, with the float32 steps of transformers patched out: eager attention
+  takes its softmax in float32 for most families (``softmax(..., dtype=float32)``), rotary
+  embeddings compute cos/sin from float32 angles (ModernBERT also rotates q and k in float32),
+  and the QK-norms of Qwen3 and Gemma-3 normalise in float32. Measured at most ~1.3e-15.
   Unpatched, float64 models agree only at float32
   level (~1e-7), which ``test_float64_unpatched_is_float32_level`` checks.
+
+Each case is a family in its full combination of variants: sliding windows shorter than n
+(Mistral, Qwen2, Gemma-2/3 sliding layers, ModernBERT local layers), query/key biases under
+rotary (Llama/Qwen2/ModernBERT ``attention_bias``, GPT-NeoX, Falcon ``bias``), partial rotary
+(GPT-NeoX ``rotary_pct``, Phi-3 ``partial_rotary_factor``), per-head QK-norm (Qwen3, Gemma-3),
+soft-capping with ``query_pre_attn_scalar`` (Gemma-2) and ALiBi (BLOOM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from functools import partial
@@ -116,29 +126,63 @@ CASES = {
         "LlamaConfig", "LlamaModel", dict(SHAPE, num_key_value_heads=2, **TOKENS), 1,
         "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
     ),
+    # query/key biases under rotary (attention_bias)
+    "llama_bias": (
+        "LlamaConfig", "LlamaModel", dict(SHAPE, attention_bias=True, **TOKENS), 1,
+        "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 4, True),
+    ),
+    # sliding window 5 < n = 12
     "mistral": (
         "MistralConfig", "MistralModel",
-        dict(SHAPE, num_key_value_heads=2, sliding_window=16, **TOKENS), 1,
+        dict(SHAPE, num_key_value_heads=2, sliding_window=5, **TOKENS), 1,
+        "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
+    ),
+    # query/key biases under rotary, sliding window 5 on every layer
+    "qwen2": (
+        "Qwen2Config", "Qwen2Model",
+        dict(SHAPE, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
+             max_window_layers=0, **TOKENS),
+        1, "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
+    ),
+    # per-head QK-norm (RMSNorm w), logit scale after the norm
+    "qwen3": (
+        "Qwen3Config", "Qwen3Model", dict(SHAPE, num_key_value_heads=2, head_dim=8, **TOKENS), 1,
         "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
     ),
     "gemma": (
         "GemmaConfig", "GemmaModel", dict(SHAPE, num_key_value_heads=2, head_dim=8, **TOKENS), 1,
         "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
     ),
-    # Gemma-2 without soft-cap, a window longer than n and query_pre_attn_scalar != head_dim
-    "gemma2": (
+    # Gemma-2: soft-cap 2 (active at these logits), query_pre_attn_scalar 12 != head_dim 8,
+    # layer 0 sliding (window 5 < n), layer 1 global
+    "gemma2_sliding": (
         "Gemma2Config", "Gemma2Model",
-        dict(SHAPE, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=None,
-             query_pre_attn_scalar=12, sliding_window=32, **TOKENS),
+        dict(SHAPE, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0,
+             query_pre_attn_scalar=12, sliding_window=5, **TOKENS),
+        0, "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
+    ),
+    "gemma2_global": (
+        "Gemma2Config", "Gemma2Model",
+        dict(SHAPE, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0,
+             query_pre_attn_scalar=12, sliding_window=5, **TOKENS),
         1, "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
     ),
+    # Gemma-3: QK-norm (1 + w), query_pre_attn_scalar, per-layer-type rope, window 5 on layer 0
+    "gemma3_sliding": (
+        "Gemma3TextConfig", "Gemma3TextModel",
+        dict(SHAPE, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
+             sliding_window=5, layer_types=["sliding_attention", "full_attention"], **TOKENS),
+        0, "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("llama", True, 4, 2, True),
+    ),
+    # partial rotary (half the head's coordinates rotate)
     "phi3": (
-        "Phi3Config", "Phi3Model", dict(SHAPE, num_key_value_heads=2, **TOKENS), 1,
+        "Phi3Config", "Phi3Model",
+        dict(SHAPE, num_key_value_heads=2, partial_rotary_factor=0.5, **TOKENS), 1,
         "layers.{b}.self_attn", "layers.{b}.self_attn.o_proj", ("phi3", True, 4, 2, True),
     ),
+    # Pythia defaults: rotary_pct 0.25 (2 of 8 dims) and query/key biases
     "gpt_neox": (
-        "GPTNeoXConfig", "GPTNeoXModel",
-        dict(SHAPE, rotary_pct=1.0, attention_bias=False, **TOKENS), 1,
+        "GPTNeoXConfig", "GPTNeoXModel", dict(SHAPE, **TOKENS), 1,
         "layers.{b}.attention", "layers.{b}.attention.dense", ("gpt_neox", True, 4, 4, True),
     ),
     "falcon_multi_query": (
@@ -154,22 +198,36 @@ CASES = {
         dict(FALCON, new_decoder_architecture=True, num_kv_heads=2), 1,
         "h.{b}.self_attention", "h.{b}.self_attention.dense", ("falcon", True, 4, 2, True),
     ),
-    # ModernBERT: layer 0 is global; layers 1 and 2 are local (window: |i - j| <= 8)
+    "falcon_bias": (
+        "FalconConfig", "FalconModel", dict(FALCON, bias=True), 1, "h.{b}.self_attention",
+        "h.{b}.self_attention.dense", ("falcon", True, 4, 1, True),
+    ),
+    # ALiBi, fused per-head [q_h; k_h; v_h], biases
+    "bloom": (
+        "BloomConfig", "BloomModel", dict(hidden_size=32, n_head=4, n_layer=2, vocab_size=100), 1,
+        "h.{b}.self_attention", "h.{b}.self_attention.dense", ("bloom", True, 4, 4, False),
+    ),
+    # ModernBERT: layer 0 is global; layers 1 and 2 are local (|i - j| <= 4, window 5 < n);
+    # query/key biases (attention_bias)
     "modernbert_global": (
         "ModernBertConfig", "ModernBertModel",
-        dict(SHAPE, num_hidden_layers=3, local_attention=16, cls_token_id=0, sep_token_id=0,
-             **TOKENS),
+        dict(SHAPE, num_hidden_layers=3, local_attention=8, attention_bias=True, cls_token_id=0,
+             sep_token_id=0, **TOKENS),
         0, "layers.{b}.attn", "layers.{b}.attn.Wo", ("modernbert", False, 4, 4, True),
     ),
     "modernbert_local": (
         "ModernBertConfig", "ModernBertModel",
-        dict(SHAPE, num_hidden_layers=3, local_attention=16, cls_token_id=0, sep_token_id=0,
-             **TOKENS),
+        dict(SHAPE, num_hidden_layers=3, local_attention=8, attention_bias=True, cls_token_id=0,
+             sep_token_id=0, **TOKENS),
         1, "layers.{b}.attn", "layers.{b}.attn.Wo", ("modernbert", False, 4, 4, True),
     ),
 }  # fmt: skip
-#: Sequence length per case (ModernBERT's local layer sees |i - j| <= 8: exact for n <= 9).
-LENGTH = {"modernbert_local": 9}
+#: Sequence length per case (default N).
+LENGTH: dict[str, int] = {}
+#: Cases with a sliding window shorter than N, and the window W (|i - j| < W admissible).
+WINDOWED = {
+    "mistral": 5, "qwen2": 5, "gemma2_sliding": 5, "gemma3_sliding": 5, "modernbert_local": 5,
+}  # fmt: skip
 ROTARY = [c for c, v in CASES.items() if v[6][4]]
 
 
@@ -186,6 +244,8 @@ def _randomize(model: torch.nn.Module) -> None:
             low = name.lower()
             if p.ndim == 2 and not any(s in low for s in ("embed", "wte", "wpe", "patch")):
                 p.copy_(torch.randn(p.shape, generator=g) * 1.5 / math.sqrt(p.shape[1]))
+            elif p.ndim == 1 and any(s in low for s in ("q_norm", "k_norm")):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))  # QK-norm gains
             elif p.ndim == 1 and not any(s in low for s in ("norm", "ln_")):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
 
@@ -270,7 +330,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture
 def float64_everywhere(monkeypatch):
-    """Softmax in the input's dtype for float64 inputs, and float64 cos/sin for rotary models."""
+    """Softmax in the input's dtype for float64 inputs, float64 cos/sin for rotary models and
+    float64 QK-norms."""
     softmax = torch.nn.functional.softmax
 
     def softmax64(input, dim=None, _stacklevel=3, dtype=None):
@@ -280,7 +341,18 @@ def float64_everywhere(monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
 
-    def patch_rotary(model) -> None:
+    def patch_model(model) -> None:
+        # QK-norm (Qwen3RMSNorm, Gemma3RMSNorm) normalises in float32: the same formula in float64
+        for name, mod in model.named_modules():
+            if name.endswith(("q_norm", "k_norm")):
+                eps = getattr(mod, "variance_epsilon", getattr(mod, "eps", None))
+                gemma = "Gemma" in type(mod).__name__
+
+                def norm(x, mod=mod, eps=eps, gemma=gemma):
+                    w = 1.0 + mod.weight if gemma else mod.weight
+                    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+                monkeypatch.setattr(mod, "forward", norm)
         rot = getattr(model.base_model, "rotary_emb", None)
         if rot is None:
             return
@@ -301,7 +373,7 @@ def float64_everywhere(monkeypatch):
 
             monkeypatch.setattr(module, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
 
-    return patch_rotary
+    return patch_model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,48 +465,81 @@ def test_fused_layouts_slice_heads():
     # 2 groups of (2 queries, 1 key, 1 value); head 3 is group 1, its value is row block 7
     assert torch.equal(p.heads[3].V, W[7 * k : 8 * k])
     assert torch.equal(p.heads[2].V, p.heads[3].V)
+    # BLOOM: per head [q_h; k_h; v_h] like GPT-NeoX; ALiBi slopes 2^-2, 2^-4, 2^-6, 2^-8 (H = 4)
+    bloom = case_model("bloom", D64)
+    W = bloom.base_model.h[0].self_attention.query_key_value.weight
+    p = params_from_hf(bloom, 0, map="heads")
+    assert torch.equal(p.heads[1].V, W[1 * 3 * k + 2 * k : 1 * 3 * k + 3 * k])
+    assert [h.alibi_slope for h in p.heads] == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
 
 
 # ----------------------------------------------------------------------------------------------
-# Sliding windows: exact up to the window, refused beyond it
+# Sliding windows: modelled at every n
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("case", "window"), [("mistral", 16), ("modernbert_local", 9)])
-def test_window_boundary(case, window):
-    model, layer, got = run_case(case, D64, n=window)
+@pytest.mark.parametrize("case", list(WINDOWED))
+def test_window_is_modelled_and_matters(case):
+    """The window masks at n = 12 > W: the map without it differs from the model's."""
+    model, layer, got = run_case(case, D64)
+    window = WINDOWED[case]
     assert layer_info(model, layer).window == window
-    att = hf_attention(model, layer, n=window)
+    params = params_from_hf(model, layer)
+    assert all(h.window == window for h in params.heads)
+    att = hf_attention(model, layer)
+    no_window = type(params)(
+        tuple(dataclasses.replace(h, window=None) for h in params.heads), params.W_O, params.b_O
+    )
     with torch.no_grad():
-        assert rel_err(att(got["x"]), got["heads+WO"]) <= 1e-6
-    # one token more: the model's window masks, the full map would differ
-    model, layer, got = run_case(case, D64, n=window + 1)
-    params = params_from_hf(model, layer, n=window)
-    with torch.no_grad():
-        full = self_attention(got["x"], params, masked=att.causal)
+        assert rel_err(att(got["x"]), got["heads+WO"]) <= 1e-6  # float32 softmax inside
+        full = self_attention(got["x"], no_window, masked=att.causal)
     assert rel_err(full, got["heads+WO"]) > 1e-3
-    for call in (
-        partial(hf_attention, model, layer, n=window + 1),
-        partial(params_from_hf, model, layer, n=window + 1),
-        partial(att, got["x"]),
-    ):
-        with pytest.raises(
-            ValueError, match=f"sliding-window attention \\(window {window}\\)"
-        ) as e:
-            call()
-        assert isinstance(e.value, NotImplementedError) and "\n" not in str(e.value)
 
 
-def test_window_without_n_is_conservative():
-    cfg = dict(SHAPE, num_key_value_heads=2, **TOKENS)
-    short = build("MistralConfig", "MistralModel", sliding_window=16, **cfg)
-    with pytest.raises(ValueError, match=r"window 16.*n not given and the model takes 64"):
-        params_from_hf(short, 0)
-    # a window covering every position changes nothing
-    wide = build("MistralConfig", "MistralModel", sliding_window=64, **cfg)
-    assert hf_attention(wide, 0).max_n == 64
-    default = build("MistralConfig", "MistralModel", **cfg)  # sliding_window = 4096
-    assert params_from_hf(default, 0).n_heads == 4
+def test_gemma2_softcap_and_scale_are_modelled_and_matter():
+    """Soft-cap 2 acts on these logits; the scale is query_pre_attn_scalar**-0.5, not 8**-0.5."""
+    model, layer, got = run_case("gemma2_global", D64)
+    assert layer_info(model, layer).scale == 12**-0.5
+    params = params_from_hf(model, layer)
+    assert all(h.softcap == 2.0 and h.window is None for h in params.heads)
+    uncapped = type(params)(
+        tuple(dataclasses.replace(h, softcap=None) for h in params.heads), params.W_O, params.b_O
+    )
+    with torch.no_grad():
+        full = self_attention(got["x"], uncapped, masked=True)
+    assert rel_err(full, got["heads+WO"]) > 1e-3
+
+
+def test_qk_norm_weights():
+    """Qwen3 multiplies by w, Gemma-3 by 1 + w (both per head, width k = 8)."""
+    for case, offset in (("qwen3", 0.0), ("gemma3_sliding", 1.0)):
+        model, layer = case_model(case, D64), CASES[case][3]
+        attn = model.base_model.layers[layer].self_attn
+        h = params_from_hf(model, layer).heads[0]
+        assert torch.equal(h.q_norm.weight, offset + attn.q_norm.weight.detach())
+        assert torch.equal(h.k_norm.weight, offset + attn.k_norm.weight.detach())
+        assert h.logit_scale == attn.scaling
+
+
+def test_global_layers_have_no_window():
+    for case in ("gemma2_global", "modernbert_global"):
+        model, layer = case_model(case, D32), CASES[case][3]
+        assert layer_info(model, layer).window is None
+        assert all(h.window is None for h in params_from_hf(model, layer).heads)
+
+
+def test_window_covering_every_position_is_dropped():
+    """sliding_window 4096 >= max_position_embeddings 64 masks nothing: plain heads."""
+    model = build("MistralConfig", "MistralModel", **dict(SHAPE, num_key_value_heads=2, **TOKENS))
+    assert layer_info(model, 0).window == 4096
+    assert all(h.window is None and not h.variants for h in params_from_hf(model, 0).heads)
+
+
+def test_n_is_optional_and_checked():
+    model = case_model("mistral", D32)
+    assert params_from_hf(model, 0).heads[0].window == 5
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        params_from_hf(model, 0, n=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,61 +547,27 @@ def test_window_without_n_is_conservative():
 # ----------------------------------------------------------------------------------------------
 
 REFUSED = {
-    "gemma2_softcap": (
-        "Gemma2Config", "Gemma2Model", dict(SHAPE, head_dim=8, **TOKENS),
-        r"soft-capping \(attn_logit_softcapping=50.0\)",
-    ),
     "gemma2_bidirectional": (
         "Gemma2Config", "Gemma2Model",
         dict(SHAPE, head_dim=8, attn_logit_softcapping=None, use_bidirectional_attention=True,
              **TOKENS),
         "bidirectional attention",
     ),
-    "qwen2_qk_bias": ("Qwen2Config", "Qwen2Model", dict(SHAPE, **TOKENS), "query/key biases"),
-    "qwen2_window": (
-        "Qwen2Config", "Qwen2Model",
-        dict(SHAPE, use_sliding_window=True, sliding_window=8, max_window_layers=0, **TOKENS),
-        "query/key biases",  # the first missing feature is named
+    "olmo2_qk_norm": (
+        "Olmo2Config", "Olmo2Model", dict(SHAPE, **TOKENS),
+        r"QK-norm over all heads at once \(q_norm of width 32, heads of 8\)",
     ),
-    "qwen3_qk_norm": ("Qwen3Config", "Qwen3Model", dict(SHAPE, head_dim=8, **TOKENS), "QK-norm"),
-    "olmo2_qk_norm": ("Olmo2Config", "Olmo2Model", dict(SHAPE, **TOKENS), "QK-norm"),
     "olmo_clip_qkv": ("OlmoConfig", "OlmoModel", dict(SHAPE, clip_qkv=1.0, **TOKENS), "clip_qkv"),
-    "bloom_alibi": (
-        "BloomConfig", "BloomModel", dict(hidden_size=32, n_head=4, n_layer=2, vocab_size=100),
-        "ALiBi",
-    ),
-    "falcon_alibi": ("FalconConfig", "FalconModel", dict(FALCON, alibi=True), "ALiBi"),
-    "neox_partial_rotary": (
-        "GPTNeoXConfig", "GPTNeoXModel", dict(SHAPE, attention_bias=False, **TOKENS),
-        r"partial rotary embedding \(2 of 8 dims, partial_rotary_factor=0.25\)",
-    ),
-    "neox_qk_bias": (
-        "GPTNeoXConfig", "GPTNeoXModel", dict(SHAPE, rotary_pct=1.0, **TOKENS), "query/key biases",
-    ),
-    "falcon_qk_bias": ("FalconConfig", "FalconModel", dict(FALCON, bias=True), "query/key biases"),
-    "phi3_partial_rotary": (
-        "Phi3Config", "Phi3Model", dict(SHAPE, partial_rotary_factor=0.5, **TOKENS),
-        "partial rotary embedding",
+    "falcon_alibi": (
+        "FalconConfig", "FalconModel", dict(FALCON, alibi=True), "Falcon's ALiBi is not modelled",
     ),
     "llama_dynamic_rope": (
         "LlamaConfig", "LlamaModel",
         dict(SHAPE, rope_scaling={"rope_type": "dynamic", "factor": 2.0}, **TOKENS),
         "rope_type 'dynamic'",
     ),
-    "llama_qk_bias": (
-        "LlamaConfig", "LlamaModel", dict(SHAPE, attention_bias=True, **TOKENS), "query/key biases",
-    ),
-    "modernbert_qk_bias": (
-        "ModernBertConfig", "ModernBertModel",
-        dict(SHAPE, attention_bias=True, cls_token_id=0, sep_token_id=0, **TOKENS),
-        "query/key biases",
-    ),
     "cohere_interleaved_rotary": (
         "CohereConfig", "CohereModel", dict(SHAPE, **TOKENS), "not in the rotate_half layout",
-    ),
-    "mistral_window": (
-        "MistralConfig", "MistralModel", dict(SHAPE, sliding_window=8, **TOKENS),
-        r"sliding-window attention \(window 8\)",
     ),
 }  # fmt: skip
 
@@ -516,13 +587,6 @@ def test_unmodelled_feature_is_a_one_line_error(case):
         assert "\n" not in str(e.value)
 
 
-def test_gemma2_default_layers_name_softcap_before_window():
-    model = build("Gemma2Config", "Gemma2Model", **dict(SHAPE, head_dim=8, **TOKENS))
-    assert layer_info(model, 0).window == 4096  # layer 0 is a sliding layer
-    with pytest.raises(ValueError, match="soft-capping"):
-        params_from_hf(model, 1, n=N)
-
-
 def test_unsupported_model_names_the_supported_families():
     cfg = transformers.T5Config(
         d_model=32, d_kv=8, num_heads=4, num_layers=1, d_ff=37, vocab_size=100
@@ -532,7 +596,9 @@ def test_unsupported_model_names_the_supported_families():
         layer_info(model, 0)
     msg = str(e.value)
     assert "\n" not in msg
-    for family in ("BERT", "DistilBERT", "ViT", "GPT-2", "OPT", "Llama", "GPT-NeoX", "Falcon"):
+    for family in (
+        "BERT", "DistilBERT", "ViT", "GPT-2", "OPT", "Llama", "GPT-NeoX", "Falcon", "BLOOM",
+    ):  # fmt: skip
         assert family in msg
 
 
@@ -542,7 +608,8 @@ def test_unsupported_model_names_the_supported_families():
 
 
 @pytest.mark.parametrize(
-    "case", ["distilbert", "opt", "phi3", "falcon_grouped", "modernbert_global"]
+    "case",
+    ["distilbert", "opt", "phi3", "falcon_grouped", "modernbert_global", "bloom", "gemma3_sliding"],
 )
 def test_hidden_states_capture_the_attention_input(case):
     model, layer, got = run_case(case, D64)
@@ -561,14 +628,20 @@ def test_hidden_states_refuses_vision_and_token_types():
         )  # fmt: skip
 
 
-def test_dense_and_matrix_free_lipschitz_agree():
-    model, layer, got = run_case("phi3", D64, n=6)
+@pytest.mark.parametrize("case", ["phi3", "mistral", "gemma2_sliding"])
+def test_dense_and_matrix_free_lipschitz_agree(case):
+    """Partial rotary (Phi-3), a window (Mistral, W = 5 < n = 8), soft-cap + window (Gemma-2)."""
+    model, layer, got = run_case(case, D64, n=8)
     X = got["x"][0]
-    params = params_from_hf(model, layer, n=6)
-    dense = local_lipschitz(X, params, masked=True, method="dense")
-    free = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10)
+    params = params_from_hf(model, layer)
+    dense = local_lipschitz(X, params, masked=True, method="dense", certify=False)
+    free = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10, certify=False)
     assert float(dense.value) > 0
     assert math.isclose(float(dense.value), float(free.value), rel_tol=1e-8)
+    # the certified bracket does not model the variants yet: one line naming them
+    with pytest.raises(ValueError) as e:
+        local_lipschitz(X, params, masked=True, method="dense")
+    assert "\n" not in str(e.value)
 
 
 def test_other_layer_types_are_refused():

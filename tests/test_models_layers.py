@@ -240,10 +240,15 @@ def test_llama_full_forward_capture_matches_module_output(llama, gen):
     assert_close(hf_attention(llama, 1)(got["x"]), got["y"], **F32_VS_F64)
 
 
-def test_llama_qk_biases_are_refused():
+def test_llama_qk_biases_are_head_biases_under_rotary():
     cfg = fixture_config("llama", kv_heads=1, layers=1, attention_bias=True, **LLAMA_TOKENS)
-    with pytest.raises(NotImplementedError, match="biases"):
-        params_from_hf(transformers.LlamaModel(cfg), 0)
+    model = transformers.LlamaModel(cfg)
+    head = params_from_hf(model, 0).heads[0]
+    assert head.rope is not None and head.c is None
+    k = head.Q.shape[0]
+    scale = model.layers[0].self_attn.scaling
+    b_q = model.layers[0].self_attn.q_proj.bias.detach()[:k].to(head.q_bias)
+    torch.testing.assert_close(head.q_bias, scale * b_q, rtol=0, atol=0)
 
 
 def test_attention_fn_supports_forward_mode_ad(llama, gpt2, X):

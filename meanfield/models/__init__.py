@@ -3,12 +3,13 @@ r"""Hugging Face adapters: attention parameters, captured hidden states and offl
 Subpackage layout:
 
 * :mod:`~meanfield.models.layers`: architecture detection (BERT-style incl. RoBERTa and ELECTRA,
-  DistilBERT, ViT/DeiT, GPT-2, OPT, Llama-style incl. Mistral and Gemma, Phi-3, GPT-NeoX, Falcon,
-  ModernBERT), parameter extraction (:func:`params_from_hf`, :func:`layer_info`,
-  :func:`released_head_A`) and the pure torch attention maps rebuilt from the extracted weights
-  (:func:`hf_attention`, :func:`hf_attention_fn`, :func:`bert_attention_block`); attention
-  features the parameters do not model (sliding windows shorter than n, soft-capping, QK-norm,
-  ALiBi, partial rotary, query/key biases under rotary, ...) are refused in one line;
+  DistilBERT, ViT/DeiT, GPT-2, OPT, Llama-style incl. Mistral, Qwen2/3 and Gemma-1/2/3, Phi-3,
+  GPT-NeoX, Falcon, ModernBERT, BLOOM), parameter extraction (:func:`params_from_hf`,
+  :func:`layer_info`, :func:`released_head_A`) and the pure torch attention maps rebuilt from the
+  extracted weights (:func:`hf_attention`, :func:`hf_attention_fn`, :func:`bert_attention_block`),
+  sliding windows, query/key biases under rotary, partial rotary, per-head QK-norm, soft-capping
+  and ALiBi included; attention features the parameters do not model (QK-norm over all heads,
+  Falcon's ALiBi, clip_qkv, length-dependent RoPE, ...) are refused in one line;
 * ``meanfield.models._families`` (private): the per-family adapters (where the weights live,
   fused layouts, head grouping, the variants each layer asks for);
 * :mod:`~meanfield.models.capture`: the hidden states entering a layer for windows of a text

@@ -26,17 +26,20 @@ import torch
 from torch import Tensor
 
 from .._typing import Arch
-from ..params import RotaryEmbedding
+from ..params import RMSNorm, RotaryEmbedding
 
 #: Families, in the words of the error for an unsupported model.
 SUPPORTED = (
     "BERT-style encoders (BERT, RoBERTa, ELECTRA), DistilBERT, ViT/DeiT, GPT-2, OPT, "
-    "Llama-style decoders (Llama, Mistral, Gemma, Gemma-2, Phi-3, ...), GPT-NeoX, Falcon, "
-    "ModernBERT"
+    "Llama-style decoders (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, Gemma-3, Phi-3, ...), "
+    "GPT-NeoX, Falcon, ModernBERT, BLOOM"
 )
 
-#: Variants the extracted parameters model (none yet: each is refused with its message).
-MODELLED_VARIANTS: frozenset[str] = frozenset()
+#: Variants the extracted parameters model; ``layers._build_params`` passes their values on
+#: (``sliding_window``: ``LayerSpec.window``; ``partial_rotary``: ``LayerSpec.rope``).
+MODELLED_VARIANTS: frozenset[str] = frozenset(
+    {"sliding_window", "softcap", "qk_norm", "alibi", "partial_rotary", "qk_bias_rotary"}
+)
 
 #: rope_type values whose frequencies do not depend on the sequence length (the model's own
 #: ``inv_freq`` and ``attention_scaling`` then give the embedding exactly).
@@ -71,8 +74,10 @@ class LayerSpec:
 
     ``W_Q, W_K, W_V`` are (H k, d), (H_kv k, d), (H_kv k, d) in the ``nn.Linear`` layout (or
     their transposes for ``layout="conv1d"``); ``W_O`` is (d, H k) (transposed for conv1d).
-    ``variants`` maps a variant name to what the layer asks for; ``window`` is the largest
-    sequence length the layer's sliding window leaves unchanged (``None``: no window).
+    ``variants`` maps a variant name to what the layer asks for; ``window`` is the sliding window
+    :math:`W` (key ``j`` admissible for query ``i`` when :math:`|i - j| < W`; ``None``: no
+    window); ``q_norm``/``k_norm`` the per-head QK-norm and ``alibi_slopes`` one ALiBi slope per
+    query head (in the scale of the logits); the soft-cap is ``variants["softcap"]``.
     """
 
     W_Q: Tensor
@@ -92,6 +97,9 @@ class LayerSpec:
     rope: RotaryEmbedding | None = None
     window: int | None = None
     variants: dict[str, Any] = field(default_factory=dict)
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
+    alibi_slopes: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,12 +161,14 @@ def _layer_type(cfg: Any, layer: int) -> str | None:
 
 
 def _window(model: Any, attn: Any, layer: int) -> int | None:
-    """Largest sequence length the layer's sliding window leaves unchanged (None: no window).
+    r"""The layer's sliding window :math:`W` (``None``: no window).
+
+    Key ``j`` is admissible for query ``i`` when :math:`|i - j| < W` (``AttentionParams.window``).
 
     Causal windows (``masking_utils.sliding_window_overlay``) let query ``i`` see keys
-    ``j > i - w``: nothing is masked for ``n <= w``. Attention modules that carry their own
-    ``sliding_window`` (Gemma-2, Qwen2/3, ModernBERT, whose bidirectional window sees
-    ``|i - j| <= config.sliding_window`` and stores that plus one) give that bound directly.
+    ``j > i - w``: :math:`W = w`, the config's ``sliding_window``. Attention modules that carry
+    their own ``sliding_window`` (Gemma-2/3, Qwen2/3, ModernBERT, whose bidirectional window sees
+    ``|i - j| <= local_attention // 2`` and stores that plus one) give :math:`W` directly.
     """
     cfg = model.config
     lt = _layer_type(cfg, layer)
@@ -187,7 +197,7 @@ def _config_variants(model: Any, attn: Any, layer: int) -> dict[str, Any]:
     if _get(cfg, "clip_qkv") is not None:
         v["clip_qkv"] = float(cfg.clip_qkv)
     if _get(cfg, "alibi") or _get(cfg, "use_alibi"):
-        v["alibi"] = True
+        v["alibi_config"] = "alibi" if _get(cfg, "alibi") else "use_alibi"
     if _get(cfg, "attention_chunk_size"):
         v["chunked"] = int(cfg.attention_chunk_size)
     if _get(cfg, "use_bidirectional_attention"):
@@ -205,6 +215,13 @@ MESSAGES: dict[str, str] = {
     "qk_norm": "QK-norm ({v} normalizes queries/keys) is not modelled",
     "clip_qkv": "clipping of q/k/v (clip_qkv={v}) is not modelled",
     "alibi": "ALiBi position biases are not modelled",
+    "alibi_config": "ALiBi position biases (config.{v}) are not modelled for this family",
+    "falcon_alibi": "Falcon's ALiBi is not modelled: transformers builds it in bfloat16 and adds "
+    "it twice (in the mask and in the scores)",
+    "qk_norm_all_heads": "QK-norm over all heads at once ({v}) is not modelled: it couples the "
+    "heads (OLMo-2); per-head RMS norms (Qwen3, Gemma-3) are",
+    "qk_norm_type": "QK-norm {v} is not an RMS norm of the head's width and is not modelled",
+    "sliding_window": "sliding-window attention (window {v}) is not modelled",
     "chunked": "chunked attention (attention_chunk_size={v}) is not modelled",
     "bidirectional": "bidirectional attention in a causal family (use_bidirectional_attention) "
     "is not modelled",
@@ -223,7 +240,8 @@ MESSAGES: dict[str, str] = {
 def refuse_unmodelled(spec: LayerSpec, where: str) -> None:
     """Raise :class:`UnmodelledFeature` for the first variant not in :data:`MODELLED_VARIANTS`."""
     for name, value in spec.variants.items():
-        if name not in MODELLED_VARIANTS:
+        # QK-norm is modelled only where the adapter extracted the per-head norms
+        if name not in MODELLED_VARIANTS or (name == "qk_norm" and spec.q_norm is None):
             raise UnmodelledFeature(f"{where}: " + MESSAGES[name].format(v=value))
 
 
@@ -255,10 +273,62 @@ def _rope(
         variants["partial_rotary"] = f"{rot_dim} of {head_dim} dims" + (
             f", partial_rotary_factor={factor}" if factor is not None else ""
         )
-        return None
     inv_freq = inv_freq.detach()
     inv_freq = inv_freq.to(dtype) if dtype is not None else inv_freq
-    return RotaryEmbedding(inv_freq.clone(), float(scaling))
+    return RotaryEmbedding(inv_freq.clone(), float(scaling), head_dim=head_dim)
+
+
+def _qk_norms(
+    attn: Any, head_dim: int, dtype: torch.dtype | None, variants: dict[str, Any]
+) -> tuple[RMSNorm | None, RMSNorm | None]:
+    """The per-head QK-norm of ``attn`` as :class:`RMSNorm` (Gemma's ``1 + weight`` included).
+
+    Each norm module is run on a probe and compared with ``RMSNorm(w)`` and ``RMSNorm(1 + w)``:
+    a norm over all heads at once (OLMo-2, width ``H k``) or of another kind (LayerNorm) is
+    recorded as a refused variant instead of the modelled ``qk_norm``.
+    """
+    if "qk_norm" not in variants:
+        return None, None
+    names = ("q_layernorm", "k_layernorm") if _get(attn, "q_layernorm") else ("q_norm", "k_norm")
+    mods = tuple(_get(attn, n) for n in names)
+    out: list[RMSNorm] = []
+    for name, mod in zip(names, mods):
+        w = _get(mod, "weight")
+        eps = _get(mod, "variance_epsilon", _get(mod, "eps"))
+        if not isinstance(w, Tensor) or w.ndim != 1 or eps is None:
+            variants["qk_norm_type"] = f"{name} ({type(mod).__name__})"
+            break
+        if w.numel() != head_dim:
+            variants["qk_norm_all_heads"] = f"{name} of width {w.numel()}, heads of {head_dim}"
+            break
+        norm = _rms_form(mod, w, float(eps))
+        if norm is None:
+            variants["qk_norm_type"] = f"{name} ({type(mod).__name__})"
+            break
+        out.append(norm)
+    if len(out) != 2:
+        del variants["qk_norm"]
+        return None, None
+    variants["qk_norm"] = type(mods[0]).__name__
+    qn, kn = out
+    return RMSNorm(detached(qn.weight, dtype), qn.eps), RMSNorm(detached(kn.weight, dtype), kn.eps)
+
+
+def _rms_form(mod: Any, w: Tensor, eps: float) -> RMSNorm | None:
+    """``RMSNorm(w, eps)`` or ``RMSNorm(1 + w, eps)``, whichever ``mod`` computes (else None)."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(3, w.numel(), generator=g, dtype=torch.float64)
+    w64 = w.detach().to(device="cpu", dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            got = mod(z.to(device=w.device, dtype=w.dtype)).to("cpu", torch.float64)
+    except Exception:  # noqa: BLE001  (an unknown module is an unknown norm)
+        return None
+    for weight in (w64, 1.0 + w64):
+        ours = RMSNorm(weight, eps).apply(z)
+        if got.shape == ours.shape and bool(torch.allclose(got, ours, rtol=1e-5, atol=1e-5)):
+            return RMSNorm(weight.to(device=w.device, dtype=w.dtype), eps)  # the model's dtype
+    return None
 
 
 def _rotate_half_layout(model: Any, attn: Any, layer: int, rope: RotaryEmbedding) -> bool:
@@ -300,7 +370,11 @@ def _rotary_spec(
         variants["rotary_layout"] = type(attn).__module__.rsplit(".", 1)[-1]
     if w["b_Q"] is not None or w["b_K"] is not None:
         variants["qk_bias_rotary"] = True
-    return LayerSpec(**w, rope=rope, window=_window(model, attn, layer), variants=variants)
+    q_norm, k_norm = _qk_norms(attn, w["head_dim"], dtype, variants)
+    window = _window(model, attn, layer)
+    if window is not None:
+        variants["sliding_window"] = window
+    return LayerSpec(**w, rope=rope, window=window, variants=variants, q_norm=q_norm, k_norm=k_norm)
 
 
 def _bias(lin: Any) -> Tensor | None:
@@ -380,9 +454,11 @@ def _opt(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSp
         model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "out_proj"),
         n_heads=H, n_kv_heads=H, head_dim=k, scale=float(getattr(a, "scaling", k**-0.5)),
     )  # fmt: skip
-    return LayerSpec(
-        **w, window=_window(model, a, layer), variants=_config_variants(model, a, layer)
-    )
+    variants = _config_variants(model, a, layer)
+    window = _window(model, a, layer)
+    if window is not None:
+        variants["sliding_window"] = window
+    return LayerSpec(**w, window=window, variants=variants)
 
 
 def _gpt2(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
@@ -504,7 +580,9 @@ def _falcon(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> Laye
         n_heads=H, n_kv_heads=Hkv, head_dim=k, scale=float(a.inv_norm_factor),
     )  # fmt: skip
     if getattr(model.config, "alibi", False):
-        return LayerSpec(**w, variants={**_config_variants(model, a, layer), "alibi": True})
+        variants = _config_variants(model, a, layer)
+        variants.pop("alibi_config", None)
+        return LayerSpec(**w, variants={**variants, "falcon_alibi": True})
     return _rotary_spec(model, a, layer, dtype, **w)
 
 
@@ -519,9 +597,25 @@ def _modernbert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> 
 
 
 def _bloom(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
-    raise UnmodelledFeature(
-        f"{type(model).__name__}: ALiBi position biases (BLOOM) are not modelled"
-    )
+    """BLOOM: fused ``query_key_value`` per head ``[q_h; k_h; v_h]``, ALiBi, no rotary.
+
+    The logit is ``alibi + inv_norm_factor * q.k`` (``baddbmm`` with ``beta = 1``): the slopes
+    enter unscaled. They are the model's own (``build_alibi_tensor`` at key position 1, float32).
+    """
+    a = blk.self_attention
+    H, k = int(a.num_heads), int(a.head_dim)
+    w = _fused(
+        model, a, a.query_key_value, a.dense, dtype, _split_grouped(H, 1, k),
+        n_heads=H, n_kv_heads=H, head_dim=k, scale=float(a.inv_norm_factor),
+    )  # fmt: skip
+    if float(getattr(a, "beta", 1.0)) != 1.0:
+        raise UnmodelledFeature(f"{type(model).__name__}: ALiBi with beta={a.beta} is not modelled")
+    mask = torch.ones(1, 2, dtype=torch.long)
+    alibi = base_model(model).build_alibi_tensor(mask, H, torch.float32)  # (H, 1, 2): m_h * [0, 1]
+    slopes = tuple(float(m) for m in alibi.reshape(H, 2)[:, 1].tolist())
+    variants = _config_variants(model, a, layer)
+    variants["alibi"] = "BLOOM"
+    return LayerSpec(**w, variants=variants, alibi_slopes=slopes)
 
 
 # ----------------------------------------------------------------------------------------------

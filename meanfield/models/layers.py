@@ -16,21 +16,24 @@ the per-family adapters live in :mod:`meanfield.models._families`):
   (the released code took rows, defect D5 of docs/experiments.md). ``c_proj`` (``Conv1D``) is
   :math:`W^O`.
 - **OPT** (causal, biases on q, k, v, no rotary): ``decoder.layers[b].self_attn.{q,k,v,out}_proj``.
-- **Llama-style** (Llama, e.g. SmolLM2; Mistral, Gemma, Gemma-2, ...; Pre-RMSNorm):
-  ``layers[b].self_attn.{q,k,v,o}_proj`` (``nn.Linear``), grouped-query attention
+- **Llama-style** (Llama, e.g. SmolLM2; Mistral, Qwen2, Qwen3, Gemma, Gemma-2, Gemma-3, ...;
+  Pre-RMSNorm): ``layers[b].self_attn.{q,k,v,o}_proj`` (``nn.Linear``), grouped-query attention
   (``n_kv_heads`` < ``n_heads``) and rotary embeddings taken from the model's own
-  ``rotary_emb`` (``inv_freq``, ``attention_scaling``).
+  ``rotary_emb`` (``inv_freq``, ``attention_scaling``, per layer type where it has several).
 - **Phi-3** (fused ``qkv_proj``, rotary), **GPT-NeoX** (``query_key_value`` interleaved per head,
   rotary), **Falcon** (fused ``query_key_value``: multi-query, grouped or per head; rotary),
-  **ModernBERT** (fused ``Wqkv``, rotary, bidirectional; alternating global and local layers).
+  **ModernBERT** (fused ``Wqkv``, rotary, bidirectional; alternating global and local layers),
+  **BLOOM** (fused ``query_key_value`` per head, ALiBi).
 
-A feature of a layer that the extracted parameters do not model is refused in one line naming
-it (``UnmodelledFeature``, a ``NotImplementedError`` and a ``ValueError``): a sliding window
-shorter than the sequence length (Mistral, Gemma-2, ModernBERT's local layers), logit
-soft-capping (Gemma-2), QK-norm (Qwen3, OLMo-2), ALiBi (BLOOM, Falcon with ``alibi``), partial
-rotary embeddings (GPT-NeoX/Pythia ``rotary_pct`` < 1, Phi-3 ``partial_rotary_factor`` < 1),
-length-dependent RoPE types (``dynamic``, ``longrope``), query/key biases under rotary embeddings
-(Qwen2, GPT-NeoX and Falcon with biases), other layer types.
+The attention variants of these families are modelled (docs/theory.md §B6): sliding windows
+(Mistral, Qwen2/3, Gemma-2/3 sliding layers; ModernBERT's symmetric local layers), query/key
+biases under rotary (Qwen2, ``attention_bias``, GPT-NeoX, Falcon with ``bias``), partial rotary
+(GPT-NeoX/Pythia ``rotary_pct``, Phi-3 ``partial_rotary_factor``), per-head QK-norm (Qwen3,
+Gemma-3 with ``1 + w``), logit soft-capping (Gemma-2), ALiBi (BLOOM). What stays unmodelled is
+refused in one line naming it (``UnmodelledFeature``, a ``NotImplementedError`` and a
+``ValueError``): QK-norm over all heads at once (OLMo-2), Falcon's ALiBi, ``clip_qkv``,
+length-dependent RoPE types (``dynamic``, ``longrope``), interleaved rotary layouts,
+bidirectional attention in a causal family, other layer types.
 
 Every map is rebuilt from the extracted weights as a pure torch function
 (:func:`meanfield.self_attention`), with our own causal mask: transformers 5.x modules do not mask
@@ -150,8 +153,8 @@ def max_positions(model: Any, arch: Arch) -> int | None:
 def is_causal(model: Any) -> bool:
     """Whether the model's own forward pass applies a causal mask.
 
-    Decoders (GPT-2, OPT, Llama-style, Phi-3, GPT-NeoX, Falcon) are causal; encoders (DistilBERT,
-    ViT/DeiT, ModernBERT) are not; BERT-style encoders are causal only when built with
+    Decoders (GPT-2, OPT, Llama-style, Phi-3, GPT-NeoX, Falcon, BLOOM) are causal; encoders
+    (DistilBERT, ViT/DeiT, ModernBERT) are not; BERT-style encoders are causal only when built with
     ``is_decoder=True`` (the paper's BERT-"dec"; its released runs nevertheless differentiated
     the module without a mask, defect D3).
 
@@ -178,7 +181,7 @@ class LayerInfo:
     arch : str
         Architecture family: ``"bert"`` (BERT, RoBERTa, ELECTRA), ``"distilbert"``, ``"vit"``
         (ViT, DeiT), ``"gpt2"``, ``"opt"``, ``"llama"`` (Llama-style decoders), ``"phi3"``,
-        ``"gpt_neox"``, ``"falcon"`` or ``"modernbert"``.
+        ``"gpt_neox"``, ``"falcon"``, ``"modernbert"`` or ``"bloom"``.
     model_type : str
         ``config.model_type``.
     name_or_path : str
@@ -209,8 +212,8 @@ class LayerInfo:
     weight_layout : {"linear", "conv1d"}
         Storage of the projection weights (``nn.Linear`` (out, in) or ``Conv1D`` (in, out)).
     window : int or None, default None
-        Sliding-window attention: the largest sequence length the window leaves unchanged
-        (``None``: no window). The extracted map is exact only for ``n <= window``.
+        Sliding-window attention: key ``j`` is admissible for query ``i`` when
+        ``|i - j| < window`` (``None``: no window); modelled by the heads' ``window``.
     """
 
     arch: str
@@ -293,7 +296,7 @@ def _extract(
         n_kv_heads=spec.n_kv_heads,
         head_dim=spec.head_dim,
         scale=float(spec.scale),
-        has_rope=fam.rotary and "alibi" not in spec.variants,
+        has_rope=spec.rope is not None,
         qkv_bias=spec.b_Q is not None,
         out_bias=spec.b_O is not None,
         norm=fam.norm,
@@ -327,30 +330,10 @@ def layer_info(model: Any, layer: int, *, map: HeadMap = "heads+WO") -> LayerInf
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_window(info: LayerInfo, model: Any, n: int | None, where: str) -> None:
-    """Refuse a sliding window that changes the map at the sequence length ``n``.
-
-    With ``n`` unknown the check is conservative: the model's largest position count (or, when
-    it has none, any window) is refused.
-    """
-    w = info.window
-    if w is None or "sliding_window" in _fam.MODELLED_VARIANTS:
-        return
-    if n is not None:
-        if isinstance(n, bool) or int(n) != n or int(n) < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
-        if int(n) <= w:
-            return
-        got = f"got n = {int(n)}"
-    else:
-        max_pos = max_positions(model, _family(model).name)
-        if max_pos is not None and max_pos <= w:
-            return
-        got = "n not given" + (f" and the model takes {max_pos} positions" if max_pos else "")
-    raise _fam.UnmodelledFeature(
-        f"{where}: sliding-window attention (window {w}) is not modelled; it changes the map "
-        f"for n > {w}: pass n <= {w} ({got})"
-    )
+def _check_n(n: int | None) -> None:
+    """Validate the optional sequence length (accepted for compatibility; windows are modelled)."""
+    if n is not None and (isinstance(n, bool) or int(n) != n or int(n) < 1):
+        raise ValueError(f"n must be a positive integer, got {n!r}")
 
 
 def _build_params(
@@ -359,10 +342,17 @@ def _build_params(
     fam, spec, info = _extract(model, layer, map, dtype)
     where = f"{type(model).__name__} layer {info.layer}"
     _fam.refuse_unmodelled(spec, where)
-    _check_window(info, model, n, where)
+    _check_n(n)
     with_out = map != "heads"
     # Enabling a variant: add its name to _families.MODELLED_VARIANTS and pass
-    # spec.variants[name] (and spec.window) to MultiHeadParams.from_qkv here.
+    # spec.variants[name] (or the LayerSpec field holding it) to MultiHeadParams.from_qkv here.
+    softcap = spec.variants.get("softcap")
+    # A window at least as long as every input the model takes masks nothing: the plain map
+    # (which the certificates model) is then the same map.
+    window = spec.window
+    max_pos = max_positions(model, fam.name)
+    if window is not None and max_pos is not None and max_pos <= window:
+        window = None
     params = MultiHeadParams.from_qkv(
         spec.W_Q,
         spec.W_K,
@@ -377,6 +367,11 @@ def _build_params(
         layout=spec.layout,
         scale=spec.scale,
         rope=spec.rope,
+        q_norm=spec.q_norm,
+        k_norm=spec.k_norm,
+        softcap=None if softcap is None else float(softcap),
+        window=window,
+        alibi_slopes=spec.alibi_slopes,
     )
     return params, info, fam
 
@@ -404,7 +399,10 @@ def params_from_hf(
       ``[q; k; v]``; GPT-NeoX ``query_key_value`` interleaved per head ``[q_h; k_h; v_h]``;
       Falcon ``query_key_value`` multi-query ``[q; k; v]``, per key/value group
       ``[q_1..q_r; k_g; v_g]`` (``new_decoder_architecture``) or per head.
-    - Rotary families use the model's own ``rotary_emb`` (``inv_freq``, ``attention_scaling``).
+    - BLOOM ``query_key_value`` per head ``[q_h; k_h; v_h]``, with the model's ALiBi slopes.
+    - Rotary families use the model's own ``rotary_emb`` (``inv_freq``, ``attention_scaling``;
+      partial rotary as ``RotaryEmbedding(head_dim=k)``); the variants of docs/theory.md §B6
+      (windows, head-space biases under rotary, QK-norm, soft-cap, ALiBi) are head fields.
 
     The causal flag is a property of the model, not of the parameters: read it from
     :func:`is_causal` or :func:`layer_info`, or use :func:`hf_attention`, which carries both.
@@ -420,9 +418,8 @@ def params_from_hf(
     dtype : torch.dtype, optional
         Cast of the weights (float64 for reference computations); default the model's dtype.
     n : int, optional
-        The sequence length the parameters will be used at. Needed only for layers with
-        sliding-window attention, which are exact for ``n <= window``; without it such a layer
-        is refused unless the window covers all the model's positions.
+        The sequence length the parameters will be used at; checked (a positive integer) and
+        otherwise unused: sliding windows are modelled at every length.
 
     Returns
     -------
@@ -434,9 +431,9 @@ def params_from_hf(
     NotImplementedError
         For unsupported architectures (the message names the supported families), and, as
         ``UnmodelledFeature`` (also a ``ValueError``), for every attention feature the
-        parameters do not model, in one line naming it: a sliding window shorter than ``n``,
-        logit soft-capping, QK-norm, ALiBi, partial rotary embeddings, length-dependent RoPE
-        types, query/key biases under rotary embeddings, other layer types.
+        parameters do not model, in one line naming it: QK-norm over all heads (OLMo-2),
+        Falcon's ALiBi, ``clip_qkv``, length-dependent RoPE types, interleaved rotary layouts,
+        other layer types.
     """
     return _build_params(model, layer, map, dtype, n)[0]
 
@@ -554,9 +551,6 @@ class HFAttention:
     ln_weight, ln_bias : Tensor, optional
         The block's LayerNorm (``map="block"`` only).
     ln_eps : float, optional
-    max_n : int, optional
-        Longest sequence the map is exact for (the layer's sliding window); longer inputs are
-        refused. ``None``: no limit.
     """
 
     params: MultiHeadParams
@@ -564,7 +558,6 @@ class HFAttention:
     ln_weight: Tensor | None = None
     ln_bias: Tensor | None = None
     ln_eps: float | None = None
-    max_n: int | None = None
 
     @property
     def causal(self) -> bool:
@@ -579,11 +572,6 @@ class HFAttention:
     def __call__(self, X: Tensor, *, masked: bool | None = None) -> Tensor:
         """Evaluate the map at ``X`` (..., n, d); ``masked`` defaults to ``info.causal``."""
         m = self.info.causal if masked is None else bool(masked)
-        if self.max_n is not None and X.shape[-2] > self.max_n:
-            raise _fam.UnmodelledFeature(
-                f"sliding-window attention (window {self.max_n}) is not modelled; it changes the "
-                f"map for n > {self.max_n}: got n = {X.shape[-2]}"
-            )
         if self.info.map == "block":
             if self.ln_weight is None or self.ln_eps is None:
                 raise ValueError("map 'block' needs the block's LayerNorm (ln_weight and ln_eps)")
@@ -604,7 +592,6 @@ class HFAttention:
             mv(self.ln_weight),
             mv(self.ln_bias),
             self.ln_eps,
-            self.max_n,
         )
 
 
@@ -626,17 +613,15 @@ def hf_attention(
     dtype : torch.dtype, optional
         Cast of the weights; default the model's dtype.
     n : int, optional
-        Sequence length, for layers with sliding-window attention (see :func:`params_from_hf`);
-        the map then refuses inputs longer than the window.
+        Sequence length (checked, otherwise unused; see :func:`params_from_hf`).
 
     Returns
     -------
     HFAttention
     """
     params, info, fam = _build_params(model, layer, map, dtype, n)
-    max_n = info.window if "sliding_window" not in _fam.MODELLED_VARIANTS else None
     if map != "block":
-        return HFAttention(params, info, max_n=max_n)
+        return HFAttention(params, info)
     if fam.block_norm is None:  # _check_map refused map="block" already
         raise ValueError(f"map='block' does not exist for {fam.label} layers")
     ln = fam.block_norm(fam.blocks(base_model(model))[info.layer])
@@ -646,7 +631,6 @@ def hf_attention(
         detached(ln.weight, dtype),
         detached(ln.bias, dtype),
         float(ln.eps),
-        max_n=max_n,
     )
 
 
