@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from ._typing import Params, ProductGeometry
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, jvp, vjp
 from .jacobian.linearization import attend
+from .params import AttentionParams, MultiHeadParams, RotaryEmbedding
 
 __all__ = [
     "ErrorModel",
@@ -57,11 +60,11 @@ def gamma(k: float) -> float:
     return ku / (1.0 - ku) if ku < 1.0 else math.inf
 
 
-def _abs_rope(head, Z: Tensor, idx: Tensor) -> Tensor:
+def _abs_rope(rope: RotaryEmbedding, Z: Tensor, idx: Tensor) -> Tensor:
     """Entrywise bound on a rotated ``|Z|`` (docs/rounding.md §2.1): alpha (|z| + |rot z|)."""
     half = Z.shape[-1] // 2
     rot = torch.cat([Z[..., half:], Z[..., :half]], dim=-1)
-    return (Z + rot) * abs(float(head.rope.attention_scaling))
+    return (Z + rot) * abs(float(rope.attention_scaling))
 
 
 def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
@@ -105,19 +108,24 @@ def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
         head = head if head.A.dtype == torch.float64 else head.to(dtype=torch.float64)
         extra = 0.0
         idx = None
-        if getattr(head, "rope", None) is not None:
+        factors = head.factors
+        if head.rope is not None:
+            if factors is None:
+                raise ValueError("a rotary embedding needs the factors Q and K")
+            Q, K = factors
             idx = lin.token_index
             if idx is None:
                 idx = torch.arange(n, device=dev)
-            q = _abs_rope(head, aX @ head.Q.abs().mT, idx)
-            k = _abs_rope(head, aX @ head.K.abs().mT, idx)
+            q = _abs_rope(head.rope, aX @ Q.abs().mT, idx)
+            k = _abs_rope(head.rope, aX @ K.abs().mT, idx)
             sbar = q @ k.mT
-            kdim = head.Q.shape[0]
+            kdim = Q.shape[0]
             ang = float(idx.abs().max()) * float(head.rope.inv_freq.abs().max()) if n else 0.0
             extra = 4 * U64 * (2 + ang)  # cos/sin of p*theta and the scaling
-        elif head.Q is not None:
-            sbar = (aX @ head.Q.abs().mT) @ (aX @ head.K.abs().mT).mT
-            kdim = head.Q.shape[0]
+        elif factors is not None:
+            Q, K = factors
+            sbar = (aX @ Q.abs().mT) @ (aX @ K.abs().mT).mT
+            kdim = Q.shape[0]
         else:
             sbar = (aX @ head.A.abs()) @ aX.mT
             kdim = d
@@ -144,7 +152,7 @@ def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
         spread = torch.maximum(spread, row_spread.amax(-1))
     spread = torch.where(torch.isfinite(spread), spread, math.inf)
     eps_r = U64 * (spread + logn + 8) * (1 + 4 * U64)
-    if lw64 is not None:
+    if alw is not None:
         # logP + half_i - half_j: three roundings of numbers of size <= |log P| + |log a|
         eps_r = eps_r + 3 * U64 * (spread + logn + alw.amax(-1) + 4)
     bad = torch.isnan(eps_s) | (eps_s >= 1)
@@ -198,7 +206,7 @@ def error_model(lin: AttentionLinearization) -> ErrorModel:
     """
     eps_s, eps_r = softmax_error(lin)
     heads = lin.params.heads
-    k = max((h.Q.shape[0] if getattr(h, "Q", None) is not None else lin.d) for h in heads)
+    k = max((h.Q.shape[0] if h.Q is not None else lin.d) for h in heads)
     dv = sum(h.V.shape[0] for h in heads)
     depth = 4 * (lin.n + lin.d + k + dv + lin.d_out) + 32
     eta_s = _SAFETY * 2 * eps_s
@@ -229,7 +237,6 @@ def magnitude_linearization(
     X = lin.X
     aX = X.abs()
     ab = lin.x_bar.abs()  # (..., 1, d)
-    A = lin.A.abs() if lin.QK is None else None
     V = lin.V.abs()
     W = lin.W.abs()
     es = model.eta_s.to(X)
@@ -239,13 +246,18 @@ def magnitude_linearization(
     ws = torch.where(ok, es / torch.where(ok, tot, 1.0), 0.5)[..., None, None, None]
     wr = torch.where(ok, er / torch.where(ok, tot, 1.0), 0.5)[..., None, None, None]
     xc = (X - lin.x_bar).abs() * (1 + 2 * U64)  # >= |x_l - x_bar|
+    A: Tensor | None  # |A_h| of heads without factors
+    QK: tuple[Tensor, Tensor] | None
+    QKV: Tensor | None
     if lin.QK is not None:
+        A = None
         Q, K = lin.QK[0].abs(), lin.QK[1].abs()
         QK = (Q, K)
         QKV = torch.cat([Q, K, V], dim=-2).reshape(-1, lin.d)
         Qx = torch.einsum("...nd,hkd->...hnk", aX, Q)
         KV = torch.cat([K, V], dim=-2)  # (H_a, k + d_v, d): the rows the means enter
     else:
+        A = lin.A.abs()
         QK = QKV = None
         Qx = aX.unsqueeze(-3).expand(lin.batch_shape + (len(lin.analytic_heads), lin.n, lin.d))
         KV = torch.cat([A, V], dim=-2)
@@ -293,7 +305,9 @@ def magnitude_linearization(
     )
 
 
-def _mag_ops(mlin: AttentionLinearization, geometry: str):
+def _mag_ops(
+    mlin: AttentionLinearization, geometry: ProductGeometry
+) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
     shape_in = mlin.batch_shape + (mlin.n, mlin.d)
     shape_out = mlin.batch_shape + (mlin.n, mlin.d_out)
 
@@ -310,7 +324,7 @@ def _mag_ops(mlin: AttentionLinearization, geometry: str):
     return mv, rmv
 
 
-def magnitude_norm_upper(mlin: AttentionLinearization, geometry: str) -> Tensor:
+def magnitude_norm_upper(mlin: AttentionLinearization, geometry: ProductGeometry) -> Tensor:
     r"""Upper bound on :math:`\||J|_{\rm mag}\|_2` (docs/rounding.md §4.2).
 
     Collatz–Wielandt with the all-ones vector: :math:`\|M\|_2^2\le\max_i(M^\top M\mathbf 1)_i`
@@ -324,7 +338,9 @@ def magnitude_norm_upper(mlin: AttentionLinearization, geometry: str) -> Tensor:
     return bound * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
 
 
-def magnitude_norm(mlin: AttentionLinearization | None, geometry: str, like: Tensor) -> Tensor:
+def magnitude_norm(
+    mlin: AttentionLinearization | None, geometry: ProductGeometry, like: Tensor
+) -> Tensor:
     """:func:`magnitude_norm_upper`, or zeros when there is no analytic head."""
     if mlin is None or not mlin.analytic_heads:
         return torch.zeros(like.shape, dtype=torch.float64, device=like.device)
@@ -332,7 +348,7 @@ def magnitude_norm(mlin: AttentionLinearization | None, geometry: str, like: Ten
 
 
 def magnitude_vector_norm(
-    mlin: AttentionLinearization | None, v: Tensor, geometry: str
+    mlin: AttentionLinearization | None, v: Tensor, geometry: ProductGeometry
 ) -> Tensor | None:
     r"""Upper bound on :math:`\||J|_{\rm mag}|v|\|_2` for one vector per batch element.
 
@@ -468,13 +484,11 @@ def scaled(lin: AttentionLinearization, e: int) -> AttentionLinearization:
     return dataclasses.replace(lin, W=torch.ldexp(lin.W, torch.tensor(-e, device=lin.W.device)))
 
 
-def scaled_params(params, e: int):
+def scaled_params(params: Params, e: int) -> Params:
     """Parameters whose layer is ``2**-e`` times the original (``W^O`` or every ``V_h`` scaled).
 
     Used for the block-norm certificate, which reads the weight norms from the parameters.
     """
-    from .params import AttentionParams, MultiHeadParams
-
     if e == 0:
         return params
 
@@ -482,8 +496,7 @@ def scaled_params(params, e: int):
         return torch.ldexp(t, torch.tensor(-e, device=t.device))
 
     def head(h: AttentionParams) -> AttentionParams:
-        extra = {} if getattr(h, "rope", None) is None else {"rope": h.rope}
-        return AttentionParams(h.A, sc(h.V), c=h.c, b=h.b, Q=h.Q, K=h.K, **extra)
+        return AttentionParams(h.A, sc(h.V), c=h.c, b=h.b, Q=h.Q, K=h.K, rope=h.rope)
 
     if isinstance(params, AttentionParams):
         return head(params)

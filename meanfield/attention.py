@@ -46,7 +46,12 @@ def _points_and_params(
     """Check ``params`` and the points ``X`` by the input rule of docs/conventions.md §8."""
     allowed: tuple[type, ...] = (L2AttentionParams,) if l2 else (AttentionParams, MultiHeadParams)
     dtype, device = params_dtype_device(params, allowed, what)
-    d = params.D if isinstance(params, L2AttentionParams) else params.d  # type: ignore[attr-defined]
+    if isinstance(params, L2AttentionParams):
+        d = params.D
+    elif isinstance(params, (AttentionParams, MultiHeadParams)):
+        d = params.d
+    else:  # excluded by params_dtype_device
+        raise TypeError(f"{what}: params must be attention parameters, got {type(params).__name__}")
     return check_points(X, "X", d, dtype, device), dtype, device
 
 
@@ -69,15 +74,20 @@ def head_logits(
     """
     if head.variants:
         return _variant_logits(Xq, Xk, head, log_weights, query_index, key_index)
+    factors = head.factors
     if head.rope is not None:
+        if factors is None:
+            raise ValueError("a rotary embedding needs the factors Q and K")
+        Q, K = factors
         if query_index is None:
             query_index = torch.arange(Xq.shape[-2], device=Xq.device)
         if key_index is None:
             key_index = torch.arange(Xk.shape[-2], device=Xk.device)
-        q = head.rope.apply(Xq @ head.Q.mT, query_index)
-        logits = q @ head.rope.apply(Xk @ head.K.mT, key_index).mT
-    elif head.Q is not None:
-        logits = (Xq @ head.Q.mT) @ (Xk @ head.K.mT).mT
+        q = head.rope.apply(Xq @ Q.mT, query_index)
+        logits = q @ head.rope.apply(Xk @ K.mT, key_index).mT
+    elif factors is not None:
+        Q, K = factors
+        logits = (Xq @ Q.mT) @ (Xk @ K.mT).mT
     else:
         logits = (Xq @ head.A) @ Xk.mT
     if head.c is not None:
@@ -100,9 +110,11 @@ def _variant_logits(
     key_index: Tensor | None,
 ) -> Tensor:
     r"""Logits of a head with variants (order of docs/theory.md §B6), shape (..., n_q, n_k)."""
-    if head.Q is not None:
-        q = Xq @ head.Q.mT
-        k = Xk @ head.K.mT
+    factors = head.factors
+    if factors is not None:
+        Q, K = factors
+        q = Xq @ Q.mT
+        k = Xk @ K.mT
         if head.q_bias is not None:
             q = q + head.q_bias
         if head.k_bias is not None:

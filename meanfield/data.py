@@ -12,7 +12,7 @@ experiment data and live in :mod:`experiments.corpora`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +99,12 @@ def encode_text(tokenizer: Callable[..., object], text: str) -> list[int]:
         enc = tokenizer(text, add_special_tokens=True, verbose=False)
     except TypeError:
         enc = tokenizer(text, add_special_tokens=True)
-    ids = enc["input_ids"] if not isinstance(enc, list) else enc
+    if isinstance(enc, list):
+        ids = enc
+    elif isinstance(enc, Mapping):  # a BatchEncoding or a dict
+        ids = enc["input_ids"]
+    else:
+        raise TypeError(f"the tokenizer returned a {type(enc).__name__}, not ids or a mapping")
     return [int(i) for i in ids]
 
 

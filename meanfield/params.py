@@ -16,7 +16,7 @@ The released code of Castin et al. uses the transposed convention
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -221,7 +221,7 @@ class RMSNorm:
         return RMSNorm(self.weight.to(*args, **kwargs), self.eps)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class AttentionParams:
     r"""One attention head: :math:`f(X)_i = \sum_j P_{ij}(Vx_j + b)`, :math:`P = \mathrm{softmax}(XAX^\top + \mathbf 1 c^\top X^\top)`.
 
@@ -294,14 +294,15 @@ class AttentionParams:
     ``None`` is skipped, and a head without any of them follows the original code path.
     """
 
-    A: Tensor | None
+    # The stored A is always a matrix (computed from Q and K when the constructor gets None), so
+    # the field is typed Tensor and the constructor below is written out to accept None.
+    A: Tensor
     V: Tensor
     c: Tensor | None = None
     b: Tensor | None = None
     Q: Tensor | None = None
     K: Tensor | None = None
     rope: RotaryEmbedding | None = None
-    score: InitVar[ScoreConvention] = "query_key"
     q_bias: Tensor | None = None
     k_bias: Tensor | None = None
     q_norm: RMSNorm | None = None
@@ -311,11 +312,37 @@ class AttentionParams:
     window: int | None = None
     alibi_slope: float | None = None
 
-    def __post_init__(self, score: ScoreConvention) -> None:
+    def __init__(
+        self,
+        A: Tensor | None,
+        V: Tensor,
+        c: Tensor | None = None,
+        b: Tensor | None = None,
+        Q: Tensor | None = None,
+        K: Tensor | None = None,
+        rope: RotaryEmbedding | None = None,
+        score: ScoreConvention = "query_key",
+        q_bias: Tensor | None = None,
+        k_bias: Tensor | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+        logit_scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
+        alibi_slope: float | None = None,
+    ) -> None:
+        values = (A, V, c, b, Q, K, rope, q_bias, k_bias, q_norm, k_norm, logit_scale, softcap,
+                  window, alibi_slope)  # fmt: skip
+        for name, value in zip(HEAD_FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
+        self._validate(A, score)
+
+    def _validate(self, A_in: Tensor | None, score: ScoreConvention) -> None:
+        """Check and convert the fields set by the constructor; ``A_in`` is the ``A`` passed."""
         _check_score(score)
         if (self.Q is None) != (self.K is None):
             raise ValueError("Q and K must be given together")
-        if self.A is None and self.Q is None:
+        if A_in is None and self.Q is None:
             raise ValueError("A is required unless the factors Q and K are given")
         Q = K = None
         if self.Q is not None:
@@ -334,10 +361,12 @@ class AttentionParams:
             if Q is None:
                 raise ValueError("logit_scale needs the factors Q and K")
             object.__setattr__(self, "logit_scale", float(ls))
-        if self.A is None:
+        if A_in is not None:
+            A = _matrix(A_in, "A", like=Q, leading="Q")
+        elif Q is not None and K is not None:
             A = Q.mT @ K if self.logit_scale is None else self.logit_scale * (Q.mT @ K)
-        else:
-            A = _matrix(self.A, "A", like=Q, leading="Q")
+        else:  # excluded above
+            raise ValueError("A is required unless the factors Q and K are given")
         d = A.shape[0]
         if A.shape != (d, d):
             raise ValueError(f"A must be square, got shape {tuple(A.shape)}")
@@ -349,7 +378,7 @@ class AttentionParams:
         if score == "key_query":
             A = A.mT
             Q, K = K, Q
-        if Q is not None and self.A is not None:
+        if Q is not None and K is not None and A_in is not None:
             tol = 1e3 * torch.finfo(A.dtype).eps * max(1.0, float(A.abs().max()))
             QK = Q.mT @ K if self.logit_scale is None else self.logit_scale * (Q.mT @ K)
             if float((QK - A).abs().max()) > tol:
@@ -384,7 +413,7 @@ class AttentionParams:
             val = getattr(self, name)
             if val is None:
                 continue
-            if Q is None:
+            if k is None:
                 raise ValueError(f"{name} needs the factors Q and K")
             if self.c is not None:
                 raise ValueError(f"{name} and c both given: use either c or q_bias/k_bias")
@@ -479,6 +508,13 @@ class AttentionParams:
         return self.A.device
 
     @property
+    def factors(self) -> tuple[Tensor, Tensor] | None:
+        """The factors ``(Q, K)`` of ``A``, or ``None`` for a head given by ``A`` alone."""
+        if self.Q is None or self.K is None:
+            return None
+        return self.Q, self.K
+
+    @property
     def heads(self) -> tuple[AttentionParams]:
         """The head itself, so one head and many heads iterate alike."""
         return (self,)
@@ -509,8 +545,8 @@ class AttentionParams:
         # With factors, A is recomputed from the moved Q and K: a cast of A rounded in another
         # dtype would not reproduce Q^T K to the new dtype's precision.
         return AttentionParams(
-            None if self.Q is not None else mv(self.A),
-            mv(self.V),
+            None if self.Q is not None else self.A.to(*args, **kwargs),
+            self.V.to(*args, **kwargs),
             c=mv(self.c),
             b=mv(self.b),
             Q=mv(self.Q),

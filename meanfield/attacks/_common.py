@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.func import jacrev
 
-from .._typing import Params
+from .._typing import Geometry, Params
 from .._validation import reject_variants
 from ..attention import attention_points
 from ..lipschitz import local_lipschitz
@@ -81,9 +81,19 @@ class SearchOptions:
                 raise ValueError(f"{name} must be non-negative, got {v}")
 
 
+@dataclass(frozen=True)
+class ResolvedOptions:
+    """The options of one search call, every field set (returned by :func:`resolve_options`)."""
+
+    n_restarts: int
+    steps: int
+    lr: float
+    seed: int
+
+
 def resolve_options(
     defaults: SearchOptions, what: str, **given: float | int | None
-) -> tuple[SearchOptions, torch.Generator]:
+) -> tuple[ResolvedOptions, torch.Generator]:
     """The options of a search: its defaults, replaced by the keywords given (``None``: default).
 
     Returns the complete options, checked (a one-line ValueError naming ``what`` and the field),
@@ -94,8 +104,13 @@ def resolve_options(
         if v is not None:
             merged[k] = v
     opts = SearchOptions(**merged)
-    gen = torch.Generator(device="cpu").manual_seed(int(opts.seed))
-    return opts, gen
+    if opts.n_restarts is None or opts.steps is None or opts.lr is None or opts.seed is None:
+        raise ValueError(f"{what}: the defaults {defaults} leave an option unset")
+    resolved = ResolvedOptions(
+        int(opts.n_restarts), int(opts.steps), float(opts.lr), int(opts.seed)
+    )
+    gen = torch.Generator(device="cpu").manual_seed(resolved.seed)
+    return resolved, gen
 
 
 # =============================================================================================
@@ -293,7 +308,7 @@ def sequence_constant(X: Tensor, params: Params, *, masked: bool) -> Tensor:
 
 
 def engine_bracket(
-    x: Tensor | DiracMeasure, params: Params, geometry: str, masked: bool, value: float
+    x: Tensor | DiracMeasure, params: Params, geometry: Geometry, masked: bool, value: float
 ) -> tuple[float, float, str]:
     """Certified bracket of the engine (:func:`meanfield.lipschitz.local_lipschitz`, dense).
 

@@ -97,18 +97,24 @@ class _Direction:
     u: Tensor  # (d,) float64 unit
 
 
+def symmetric_directions(A: Tensor) -> tuple[_Direction, _Direction]:
+    """Directions of the largest and smallest Rayleigh quotient (symmetric rule): they exist."""
+    A64 = as_float64(A)
+    evals, evecs = torch.linalg.eigh(0.5 * (A64 + A64.mT))
+    lo, hi = fix_sign(evecs[:, 0]), fix_sign(evecs[:, -1])
+    return (
+        _Direction(float(hi @ A64 @ hi), hi),
+        _Direction(float(lo @ A64 @ lo), lo),
+    )
+
+
 def extreme_directions(
     A: Tensor, variant: str, eigvecs: str
 ) -> tuple[_Direction | None, _Direction | None]:
     """Directions of the largest and smallest Rayleigh quotient (released or symmetric rule)."""
-    A64 = as_float64(A)
     if variant == "symmetric":
-        evals, evecs = torch.linalg.eigh(0.5 * (A64 + A64.mT))
-        lo, hi = fix_sign(evecs[:, 0]), fix_sign(evecs[:, -1])
-        return (
-            _Direction(float(hi @ A64 @ hi), hi),
-            _Direction(float(lo @ A64 @ lo), lo),
-        )
+        return symmetric_directions(A)
+    A64 = as_float64(A)
     if variant != "released":
         raise ValueError(f"variant must be 'released' or 'symmetric', got {variant!r}")
     if eigvecs not in ("code", "score"):
@@ -676,7 +682,7 @@ def off_axis_two_atoms(
         lr=lr,
         seed=seed,
     )
-    steps, lr = int(opts.steps), float(opts.lr)
+    steps, lr = opts.steps, opts.lr
     R = check_radius(R)
     A, V = (
         t.detach().to(torch.float64) for t in single_head_matrices(params, "off_axis_two_atoms")
@@ -687,7 +693,7 @@ def off_axis_two_atoms(
     # on-axis starts
     starts_x, starts_y, starts_h, starts_t = [], [], [], []
     axis_best = -math.inf
-    hi, lo = extreme_directions(A, "symmetric", "code")
+    hi, lo = symmetric_directions(A)
     for c, dirn in (("+", hi), ("-", lo)):
         if (c == "+" and dirn.lam > 0) or (c == "-" and dirn.lam < 0):
             gamma = score_gap(c, dirn.lam, R)
@@ -702,7 +708,7 @@ def off_axis_two_atoms(
                 axis_best = max(
                     axis_best, _log_g(gamma, *optimal_log_masses(gamma))[0] + math.log(Vu)
                 )
-    n_r = int(opts.n_restarts)
+    n_r = opts.n_restarts
     Xr = torch.randn(n_r, 2, d, generator=gen, dtype=torch.float64).to(dev)
     Hr = torch.randn(n_r, d, generator=gen, dtype=torch.float64).to(dev)
     Tr = torch.randn(n_r, generator=gen, dtype=torch.float64).to(dev)

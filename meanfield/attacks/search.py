@@ -47,11 +47,11 @@ from ._common import (
 )
 from .constructions import (
     adversarial_sequence,
-    extreme_directions,
     optimal_direction_v,
     optimal_log_masses,
     score_gap,
     sphere_direction,
+    symmetric_directions,
     two_dirac,
     two_positions,
 )
@@ -166,7 +166,7 @@ def _construction_starts(
             x_light = R * Atb / torch.linalg.vector_norm(Atb)
             cands.append(("two-dirac sphere", gamma, [R * b, x_light], [l1m, le]))
         else:
-            hi, lo = extreme_directions(A, "symmetric", "code")
+            hi, lo = symmetric_directions(A)
             for c, dirn in (("+", hi), ("-", lo)):
                 if (c == "+" and dirn.lam > 0) or (c == "-" and dirn.lam < 0):
                     gamma = score_gap(c, dirn.lam, R)
@@ -217,7 +217,10 @@ def _random_starts(
     return (R * D).to(device), L.to(device)
 
 
-def _as_init_list(init: DiracMeasure | Sequence[DiracMeasure] | Tensor | None) -> list:
+def _as_init_list(
+    init: DiracMeasure | Tensor | Sequence[DiracMeasure] | Sequence[Tensor] | None,
+) -> list[DiracMeasure | Tensor]:
+    """The starts given as ``init``, as a list (checked by the caller)."""
     if init is None:
         return []
     if isinstance(init, (DiracMeasure, Tensor)):
@@ -321,7 +324,7 @@ def worst_case_measure(
         lr=lr,
         seed=seed,
     )
-    n_restarts, steps, lr = int(opts.n_restarts), int(opts.steps), float(opts.lr)
+    n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
     masked = bool(masked) if masked is not None else False
     R = check_radius(R)
     if n < 1:
@@ -333,7 +336,10 @@ def worst_case_measure(
     dev = p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
 
-    pts, lws, labels, gap = ([], [], [], 0.0)
+    pts: list[Tensor] = []
+    lws: list[Tensor] = []
+    labels: list[str] = []
+    gap = 0.0
     if n >= 2:
         pts, lws, labels, gap = _construction_starts(p64, R, n, sphere)
     n_cons = len(pts)
@@ -576,7 +582,7 @@ def worst_case_sequence(
         lr=lr,
         seed=seed,
     )
-    n_restarts, steps, lr = int(opts.n_restarts), int(opts.steps), float(opts.lr)
+    n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
     masked = bool(masked) if masked is not None else False
     R = check_radius(R)
     n = int(n)

@@ -205,6 +205,11 @@ def split_constant(
         est = local_lipschitz(mu, params, geometry="split", masked=masked, method="dense")
         return est.value
     p64 = params_float64(params)
+    positions = None
+    if masked:
+        if mu.positions is None:
+            raise ValueError("masked split_constant needs a position-tagged (causal) measure")
+        positions = as_float64(mu.positions)
     with torch.no_grad():
         val = measure_constant(
             as_float64(mu.points).unsqueeze(0),
@@ -212,7 +217,7 @@ def split_constant(
             p64,
             geometry="split",
             masked=masked,
-            positions=None if not masked else as_float64(mu.positions),
+            positions=positions,
         )[0]
     return val.to(mu.dtype)
 
@@ -443,7 +448,7 @@ def mass_splitting_attack(
         lr=lr,
         seed=seed,
     )
-    n_restarts, steps, lr = int(opts.n_restarts), int(opts.steps), float(opts.lr)
+    n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
     if not isinstance(mu, DiracMeasure) or mu.points.ndim != 2:
         raise ValueError("mass_splitting_attack needs one unbatched DiracMeasure")
     if mu.is_causal:
@@ -503,12 +508,14 @@ def mass_splitting_attack(
         Xn = _project_ball(X + _budget_moves(g, la, budget), R_proj)
         return out_w2(Xn, la) / budget
 
-    best_move = (-math.inf, None)
+    best_move_v, best_move_g = -math.inf, None
     for g0 in move_inits:
         v, (g,) = run_single(move_obj, [g0], [lr], steps)
-        if v > best_move[0]:
-            best_move = (v, g)
-    Xm = _project_ball(X + _budget_moves(best_move[1], la, budget), R_proj).detach()
+        if v > best_move_v:
+            best_move_v, best_move_g = v, g
+    if best_move_g is None:
+        raise ValueError("mass_splitting_attack: no move start reached a finite ratio")
+    Xm = _project_ball(X + _budget_moves(best_move_g, la, budget), R_proj).detach()
     move = emit("move", Xm, la, budget)
 
     # ------------------------------------------------------------------ split-then-move
@@ -548,9 +555,9 @@ def mass_splitting_attack(
                     D = -xe + math.sqrt(max(xe * xe - float(xi @ xi) + R_ * R_, 0.0))
                     g0[i + k - 1] = e
                     if D > 1e-12:
-                        frac = min(budget**2 / (float(a[i]) * D * D), 1.0 / k)
-                        f0[:-1] = math.log((1.0 - frac) / (k - 1))
-                        f0[-1] = math.log(frac)
+                        light = min(budget**2 / (float(a[i]) * D * D), 1.0 / k)
+                        f0[:-1] = math.log((1.0 - light) / (k - 1))
+                        f0[-1] = math.log(light)
                 else:
                     g0 = torch.randn(n + k - 1, d, generator=gen, dtype=torch.float64).to(dev)
                 v, (f, g) = run_single(split_obj, [f0, g0], [lr, lr], steps)
@@ -603,13 +610,15 @@ def mass_splitting_attack(
         R_ * torch.randn(d, generator=gen, dtype=torch.float64).to(dev) / math.sqrt(d)
         for _ in range(max(0, n_restarts - 1))
     ]
-    best_ins = (-math.inf, None)
+    best_ins_v, best_ins_z = -math.inf, None
     for z0 in zs:
         zz0 = from_ball(z0.unsqueeze(0), R_)[0]
         v, (zz,) = run_single(ins_obj, [zz0], [lr * 4], insert_steps)
-        if v > best_ins[0]:
-            best_ins = (v, zz)
-    zb = to_ball(best_ins[1], R_).detach()
+        if v > best_ins_v:
+            best_ins_v, best_ins_z = v, zz
+    if best_ins_z is None:
+        raise ValueError("mass_splitting_attack: no insertion start reached a finite ratio")
+    zb = to_ball(best_ins_z, R_).detach()
     Xi = torch.cat([X, zb.unsqueeze(0)])
     bound_i = math.sqrt(t * float((a * (X - zb).square().sum(-1)).sum()))
     insert = emit("insert", Xi, lwi, bound_i, z=zb.to(like))

@@ -18,8 +18,10 @@ from torch import Tensor
 from .._spectral import gamma_k, rank_one_sigma_max_from_stats, spectral_norm_upper
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
+from ..params import MultiHeadParams
 from .head_rows import (
     OUT_INFL,
+    RowFamilies,
     Rows,
     b_norms,
     float64_rows,
@@ -28,7 +30,7 @@ from .head_rows import (
     row_families,
     subnormal_floor,
 )
-from .linearization import AttentionLinearization, head_output_matrices
+from .linearization import AttentionLinearization, head_output_matrices, score_matrix
 from .products import check_geometry, interaction, key_blocks, require_analytic
 
 # ------------------------------------------------------------------------ block-norm bounds
@@ -53,7 +55,7 @@ class WeightNorms:
     W_O: Tensor | None
 
 
-_NORM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NORM_CACHE: weakref.WeakKeyDictionary[Params, WeightNorms] = weakref.WeakKeyDictionary()
 
 
 def weight_norms(params: Params) -> WeightNorms:
@@ -71,9 +73,9 @@ def weight_norms(params: Params) -> WeightNorms:
             raise ValueError(f"the block certificate does not model {', '.join(head.variants)} yet")
     analytic = [h for h, head in enumerate(heads) if getattr(head, "rope", None) is None]
     W, concat = head_output_matrices(params)
-    dev = heads[0].A.device
+    dev = heads[0].device
     if analytic:
-        A = torch.stack([heads[h].A for h in analytic]).to(torch.float64)
+        A = torch.stack([score_matrix(heads[h]) for h in analytic]).to(torch.float64)
         V = torch.stack([heads[h].V for h in analytic]).to(torch.float64)
         O = W[analytic].to(torch.float64) @ V
 
@@ -85,6 +87,8 @@ def weight_norms(params: Params) -> WeightNorms:
         nA = nV = nO = torch.zeros(0, dtype=torch.float64, device=dev)
     nW = None
     if not concat:
+        if not isinstance(params, MultiHeadParams) or params.W_O is None:
+            raise ValueError("heads that do not concatenate need the output projection W_O")
         W_O = params.W_O.to(torch.float64)
         nW = spectral_norm_upper(W_O, candidate=torch.linalg.matrix_norm(W_O, ord=2), max_iter=0)
     out = WeightNorms(A=nA, V=nV, O=nO, W_O=nW)
@@ -103,6 +107,8 @@ def _combine_heads(bV: Tensor, bO: Tensor | None, norms: WeightNorms, concat: bo
     stacked = bV.square().sum(-3).add_(bV.shape[-3] * 2.0**-1072).sqrt_()
     if concat:
         return stacked
+    if bO is None or norms.W_O is None:
+        raise ValueError("heads combined through W^O need the bounds bO and the norm of W^O")
     return torch.minimum(bO.sum(-3), norms.W_O * stacked)
 
 
@@ -112,7 +118,11 @@ def _ambient_default(lin: AttentionLinearization) -> bool:
 
 
 def _rank_one_sigma(
-    lin: AttentionLinearization, fam: Rows, bnorms: tuple, sl: slice, kend: int
+    lin: AttentionLinearization,
+    fam: Rows,
+    bnorms: tuple[Tensor, Tensor, Tensor],
+    sl: slice,
+    kend: int,
 ) -> Tensor:
     r"""Upper bounds on :math:`\sigma_{\max}(I + a_{ij}b_i^\top)` (exact :math:`a, b`).
 
@@ -194,7 +204,7 @@ def block_norm_bounds(
     norms = weight_norms(lin.params)
     use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
     fams = row_families(lin, ambient=use_ambient, self_terms=self_norms is None)
-    fac = fams["factors"]
+    fac = fams.factors
     Pi = interaction(lin, weighted)
     n = lin.n
     bnorms = b_norms(lin, fac)
@@ -205,38 +215,41 @@ def block_norm_bounds(
         kend = keys.stop
         Pib = Pi[..., sl, :kend]
         bnb = bn[..., sl].unsqueeze(-1)
-        dV = pair_dist(fams["V"], sl, kend)
+        dV = pair_dist(fams.V, sl, kend)
         bO = None
-        if fac.W is not None:
-            dO = pair_dist(fams["WV"], sl, kend).square_()
+        if fac.W is not None and fams.WV is not None:  # both or neither (concatenated heads)
+            dO = pair_dist(fams.WV, sl, kend).square_()
             dO.addcmul_(dV.square(), fac.W.e.reshape(-1, 1, 1)).sqrt_()
             bO = dO.mul_(bnb).add_(nO).mul_(Pib)
         bV = dV.mul_(bnb).add_(nV).mul_(Pib)
-        if use_ambient:
-            sig = _rank_one_sigma(lin, fams["I"], bnorms, sl, kend).mul_(Pib)
+        if fams.I is not None:  # formed when use_ambient
+            sig = _rank_one_sigma(lin, fams.I, bnorms, sl, kend).mul_(Pib)
             bV = torch.minimum(bV, nV * sig)
             bO = None if bO is None else torch.minimum(bO, nO * sig)
         block = _combine_heads(bV, bO, norms, lin.concat).add_(subnormal_floor(bV.shape[-3]))
         rows.append(torch.nn.functional.pad(block, (0, n - kend)))
     off = (rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)) * OUT_INFL
     if self_norms is None:
-        self_norms = _self_norms(lin, fams, norms, use_ambient)
+        self_norms = _self_norms(lin, fams, norms)
     return off + torch.diag_embed(self_norms.to(torch.float64))
 
 
-def _self_norms(lin: AttentionLinearization, fams: dict, norms: WeightNorms, ambient: bool):
-    fac = fams["factors"]
-    T_V = fams["V"].spread
-    T_A = fams["K"].spread
-    if fac.Q is not None:
-        T_A = (fams["QK"].spread.square() + fac.Q.e.unsqueeze(-1) * T_A.square()).sqrt()
+def _self_norms(lin: AttentionLinearization, fams: RowFamilies, norms: WeightNorms) -> Tensor:
+    r"""Bounds on :math:`\|S_i\|_2` from the self-term families (and the ambient ones if formed)."""
+    fac = fams.factors
+    if fams.K is None:
+        raise ValueError("the self-term bound needs the row family K (self_terms=True)")
+    T_V = fams.V.spread
+    T_A = fams.K.spread
+    if fac.Q is not None and fams.QK is not None:  # both or neither (heads without factors)
+        T_A = (fams.QK.spread.square() + fac.Q.e.unsqueeze(-1) * T_A.square()).sqrt()
     bV = T_V * T_A
     bO = None
-    if fac.W is not None:
-        T_O = (fams["WV"].spread.square() + fac.W.e.unsqueeze(-1) * T_V.square()).sqrt()
+    if fac.W is not None and fams.WV is not None:  # both or neither (concatenated heads)
+        T_O = (fams.WV.spread.square() + fac.W.e.unsqueeze(-1) * T_V.square()).sqrt()
         bO = T_O * T_A
-    if ambient:
-        tr_C = fams["I"].spread.square()
+    if fams.I is not None:  # the ambient terms
+        tr_C = fams.I.spread.square()
         nA = norms.A.reshape(-1, 1)
         bV = torch.minimum(bV, norms.V.reshape(-1, 1) * nA * tr_C)
         if bO is not None:
@@ -270,4 +283,4 @@ def self_norm_trace_bound(lin: AttentionLinearization, *, ambient: bool | None =
     lin = rebalanced(float64_rows(lin))
     use_ambient = _ambient_default(lin) if ambient is None else bool(ambient)
     fams = row_families(lin, ambient=use_ambient, self_terms=True)
-    return _self_norms(lin, fams, weight_norms(lin.params), use_ambient)
+    return _self_norms(lin, fams, weight_norms(lin.params))

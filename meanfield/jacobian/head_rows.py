@@ -20,7 +20,15 @@ from torch import Tensor
 from .._spectral import gamma_k
 from .._typing import Params
 from ..params import HEAD_FIELDS, AttentionParams, MultiHeadParams
-from .linearization import AttentionLinearization, as_float64, attend, project_heads
+from .linearization import (
+    AttentionLinearization,
+    as_float64,
+    attend,
+    need,
+    project_heads,
+    score_matrix,
+    stack_qkv,
+)
 
 U64 = torch.finfo(torch.float64).eps / 2
 
@@ -92,7 +100,7 @@ class _HeadFactors:
     Q: _GramFactor | None  # factors of Q_h^T (None: no factors)
 
 
-_FACTOR_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FACTOR_CACHE: weakref.WeakKeyDictionary[Params, _HeadFactors] = weakref.WeakKeyDictionary()
 
 
 def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
@@ -102,12 +110,13 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
     heads = [lin.params.heads[h] for h in lin.analytic_heads]
     f64 = torch.float64
     V = torch.stack([h.V for h in heads]).to(f64)
+    nu_Q: Tensor | None = None
+    Qf: _GramFactor | None = None
     if lin.QK is not None:
         Q, K = (t.to(f64) for t in lin.QK)
         nu_Q, Qf = _fro_upper(Q), _gram_factor(Q.mT)
     else:
-        K = torch.stack([h.A for h in heads]).to(f64)
-        nu_Q = Qf = None
+        K = torch.stack([score_matrix(h) for h in heads]).to(f64)
     c_norm = (
         torch.zeros(len(heads), dtype=f64, device=V.device)
         if lin.C is None
@@ -230,7 +239,9 @@ def float64_rows(lin: AttentionLinearization) -> AttentionLinearization:
 #: between their largest entries (docs/rounding.md §5); below it the factors are left as stored.
 _BALANCE_MIN = 32
 
-_BALANCE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BALANCE_CACHE: weakref.WeakKeyDictionary[Params, tuple[Params, dict[int, int]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _exp_absmax(t: Tensor) -> int | None:
@@ -253,6 +264,14 @@ def _exact_ldexp(t: Tensor, k: int) -> Tensor | None:
     return out if bool(torch.isfinite(out).all()) and torch.equal(back, t) else None
 
 
+def _head_projection(params: MultiHeadParams, h: int) -> Tensor:
+    """Column block :math:`W_h` of :math:`W^O` of a layer that has one."""
+    W = params.head_projection(h)
+    if W is None:
+        raise ValueError("the layer has no output projection W_O")
+    return W
+
+
 def _balance_exponents(params: Params) -> dict[int, tuple[int, Tensor, Tensor]]:
     r"""Per head, ``k`` with ``V_h -> 2**-k V_h`` and ``W_h -> 2**k W_h`` exact (docs/rounding.md §5).
 
@@ -265,7 +284,7 @@ def _balance_exponents(params: Params) -> dict[int, tuple[int, Tensor, Tensor]]:
     if not isinstance(params, MultiHeadParams) or params.W_O is None:
         return out
     for h, head in enumerate(params.heads):
-        W = params.head_projection(h)
+        W = _head_projection(params, h)
         eV, eW = _exp_absmax(head.V), _exp_absmax(W)
         if eV is None or eW is None:
             continue
@@ -291,7 +310,8 @@ def _balanced_params(params: Params) -> tuple[Params, dict[int, int]]:
     if cached is not None:
         return cached
     scal = _balance_exponents(params)
-    if not scal:
+    out: tuple[Params, dict[int, int]]
+    if not scal or not isinstance(params, MultiHeadParams):  # only layers with W^O rebalance
         out = (params, {})
     else:
         heads = tuple(
@@ -300,7 +320,9 @@ def _balanced_params(params: Params) -> tuple[Params, dict[int, int]]:
             )
             for i, h in enumerate(params.heads)
         )  # fmt: skip
-        blocks = [scal[i][2] if i in scal else params.head_projection(i) for i in range(len(heads))]
+        blocks = [
+            scal[i][2] if i in scal else _head_projection(params, i) for i in range(len(heads))
+        ]
         W_O = torch.cat(blocks, dim=-1)
         out = (MultiHeadParams(heads, W_O=W_O, b_O=params.b_O), {i: scal[i][0] for i in scal})
     _BALANCE_CACHE[params] = out
@@ -329,29 +351,48 @@ def rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
         W[h] = Wh
     Xc = lin.X - lin.x_bar
     block = lin._causal_block()
-    fields: dict = {"params": params, "W": W}
+    V, VXc, VMc, QKV = lin.V, lin.VXc, lin.VMc, lin.QKV
     if lin.analytic_heads:
         V = torch.stack([params.heads[h].V for h in lin.analytic_heads]).to(lin.V)
-        fields["V"] = V
         VXc = torch.einsum("...nd,hvd->...hnv", Xc, V)
-        fields["VXc"] = VXc
-        fields["VMc"] = attend(lin.P, VXc, block)
+        VMc = attend(lin.P, VXc, block)
         if lin.QKV is not None:
-            fields["QKV"] = torch.cat([lin.QK[0], lin.QK[1], V], dim=-2).reshape(-1, lin.d)
+            if lin.QK is None:
+                raise ValueError("the stacked rows QKV need the factors QK")
+            QKV = stack_qkv(lin.QK, V)
     rr = lin.rope_rows
     if rr is not None:
         Vr = torch.stack([params.heads[h].V for h in rr.heads]).to(rr.V)
         VXr = torch.einsum("...nd,hvd->...hnv", Xc, Vr)
-        fields["rope_rows"] = replace(rr, V=Vr, VXc=VXr, VMc=attend(rr.P, VXr, block))
-    return replace(lin, **fields)
+        rr = replace(rr, V=Vr, VXc=VXr, VMc=attend(rr.P, VXr, block))
+    return replace(lin, params=params, W=W, V=V, VXc=VXc, VMc=VMc, QKV=QKV, rope_rows=rr)
 
 
-def row_families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -> dict:
-    r"""The row families of docs/certificates.md §5.1 for a float64 ``lin`` (see :func:`_rows`).
+@dataclass(frozen=True, eq=False)
+class RowFamilies:
+    r"""The row families of docs/certificates.md §5.1 (built by :func:`row_families`).
 
-    ``"V"``: :math:`V_h(x_l-\bar x)`; ``"WV"``: the same through the factor of :math:`W_h`;
-    ``"K"``, ``"QK"``: :math:`K_h(x_l-\bar x)` and through the factor of :math:`Q_h^\top` (self
-    terms); ``"I"``: :math:`x_l-\bar x` itself (ambient terms).
+    ``V``: :math:`V_h(x_l-\bar x)`; ``WV``: the same through the factor of :math:`W_h` (``None``
+    for concatenated heads); ``K``, ``QK``: :math:`K_h(x_l-\bar x)` and through the factor of
+    :math:`Q_h^\top` (self terms; ``QK`` ``None`` without factors); ``I``: :math:`x_l-\bar x`
+    itself (ambient terms). A family that was not asked for is ``None``.
+    """
+
+    sums: _RowSums
+    factors: _HeadFactors
+    rho: Tensor  # (..., 1, n): ||x_l - x_bar|| <= rho_l
+    V: Rows
+    WV: Rows | None = None
+    K: Rows | None = None
+    QK: Rows | None = None
+    I: Rows | None = None
+
+
+def row_families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool) -> RowFamilies:
+    """The row families of docs/certificates.md §5.1 for a float64 ``lin`` (see :func:`_rows`).
+
+    The self terms (``K``, ``QK``) are formed with ``self_terms``, the ambient ones (``I``) with
+    ``ambient`` (:class:`RowFamilies`).
     """
     P = lin.P
     d = lin.d
@@ -361,18 +402,22 @@ def row_families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool
     # ||x_l - x_bar|| <= rho_l: the stored centred rows are within 2u of the exact ones
     rho = (Xc.square().sum(-1).sqrt() * (1 + gamma_k(d + 4))).unsqueeze(-2)  # (..., 1, n)
     gd = gamma_k(d + 2)
-    out = {"sums": sums, "factors": fac, "rho": rho}
-    out["V"] = _rows(P, sums, lin.VXc, lin.VMc, gd * fac.nu_V.unsqueeze(-1) * rho)
+    VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
+    fam_V = _rows(P, sums, VXc, VMc, gd * fac.nu_V.unsqueeze(-1) * rho)
+    fam_WV = fam_K = fam_QK = fam_I = None
     if fac.W is not None:
-        out["WV"] = _through(out["V"], fac.W, P, sums)
+        fam_WV = _through(fam_V, fac.W, P, sums)
     if self_terms:
-        out["K"] = _rows(P, sums, lin.KXc, lin.KMc, gd * fac.nu_K.unsqueeze(-1) * rho)
+        KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
+        fam_K = _rows(P, sums, KXc, KMc, gd * fac.nu_K.unsqueeze(-1) * rho)
         if fac.Q is not None:
-            out["QK"] = _through(out["K"], fac.Q, P, sums)
+            fam_QK = _through(fam_K, fac.Q, P, sums)
     if ambient:
         Mc = attend(P, Xc.unsqueeze(-3), lin._causal_block())  # (..., H, n, d)
-        out["I"] = _rows(P, sums, Xc.unsqueeze(-3), Mc, 2 * U64 * rho)
-    return out
+        fam_I = _rows(P, sums, Xc.unsqueeze(-3), Mc, 2 * U64 * rho)
+    return RowFamilies(
+        sums=sums, factors=fac, rho=rho, V=fam_V, WV=fam_WV, K=fam_K, QK=fam_QK, I=fam_I
+    )
 
 
 def b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Tensor, Tensor]:
@@ -391,6 +436,8 @@ def b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Ten
     if fac.nu_Q is None:
         err = gamma_k(d + 3) * (nu_K * x_norm + c)
     else:
+        if lin.QK is None:
+            raise ValueError("the factor norms nu_Q need the factors QK")
         k = lin.QK[0].shape[-2]
         err = gamma_k(d + k + 3) * (2 * nu_K * fac.nu_Q.unsqueeze(-1) * x_norm + c)
     return (B_norm + err) * (1 + 4 * U64), B_norm, err

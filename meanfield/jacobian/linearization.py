@@ -10,6 +10,7 @@ docstring (:mod:`meanfield.jacobian`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -18,7 +19,43 @@ from .._numerics import admissible_logits, iter_chunks
 from .._typing import Params
 from .._validation import check_aux, check_index, check_points, params_dtype_device
 from ..attention import admissible_keys, head_logits
-from ..params import AttentionParams, MultiHeadParams
+from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
+
+
+def score_matrix(head: AttentionParams) -> Tensor:
+    """The score matrix ``A`` of a head (set by its constructor, from ``Q^T K`` if need be)."""
+    if head.A is None:
+        raise ValueError("the head has no score matrix A")
+    return head.A
+
+
+def qk_factors(head: AttentionParams) -> tuple[Tensor, Tensor] | None:
+    """The factors ``(Q, K)`` of a head, or ``None`` when it is given by ``A`` only."""
+    if head.Q is None or head.K is None:
+        return None
+    return head.Q, head.K
+
+
+def require_factors(head: AttentionParams) -> tuple[Tensor, Tensor]:
+    """The factors ``(Q, K)`` of a head that must have them (rotary heads do)."""
+    factors = qk_factors(head)
+    if factors is None:
+        raise ValueError("the head has no factors Q and K")
+    return factors
+
+
+def require_rope(head: AttentionParams) -> RotaryEmbedding:
+    """The rotary embedding of a head that must have one."""
+    if head.rope is None:
+        raise ValueError("the head has no rotary embedding")
+    return head.rope
+
+
+def need(t: Tensor | None, name: str) -> Tensor:
+    """A field of a linearisation that the caller needs: a one-line error when it is absent."""
+    if t is None:
+        raise ValueError(f"the linearization has no {name} (no analytic heads, or not formed)")
+    return t
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,14 +149,16 @@ class AttentionLinearization:
     @property
     def A(self) -> Tensor:
         """Score matrices of the analytic heads, (H_a, d, d), in the dtype of ``X``."""
-        if self._A is None:
+        A = self._A
+        if A is None:
             if self.analytic_heads:
                 heads = self.params.heads
-                A = torch.stack([heads[h].A for h in self.analytic_heads]).to(self.X.dtype)
+                A = torch.stack([score_matrix(heads[h]) for h in self.analytic_heads])
+                A = A.to(self.X.dtype)
             else:
                 A = self.X.new_zeros(0, self.d, self.d)
             object.__setattr__(self, "_A", A)
-        return self._A
+        return A
 
     @property
     def m(self) -> Tensor:
@@ -129,21 +168,22 @@ class AttentionLinearization:
         :math:`K_h(m^h_i-\bar x)`, formed in head space by :func:`linearize`); the explicit
         blocks and the block-norm certificate do, at a cost :math:`O(H_an^2d)`.
         """
-        if self._m is None:
-            object.__setattr__(
-                self, "_m", attend(self.P, self.X.unsqueeze(-3), self._causal_block())
-            )
-        return self._m
+        m = self._m
+        if m is None:
+            m = attend(self.P, self.X.unsqueeze(-3), self._causal_block())
+            object.__setattr__(self, "_m", m)
+        return m
 
     @property
     def B(self) -> Tensor:
         r"""Rows :math:`b^h_i = A_h^\top x_i + c_h`, computed on first use."""
-        if self._B is None:
+        B = self._B
+        if B is None:
             B = _right_A(self.A, self.QK, self.X)
             if self.C is not None:
                 B = B + self.C.unsqueeze(-2)
             object.__setattr__(self, "_B", B)
-        return self._B
+        return B
 
     def _causal_block(self) -> int | None:
         """Query-block size of the products with P when whole upper blocks are zero."""
@@ -182,7 +222,7 @@ def head_output_matrices(params: Params) -> tuple[Tensor, bool]:
     """Stack the per-head output matrices W_h (H, d_out, d_v) and tell whether heads concatenate."""
     heads = params.heads
     H, d_v = len(heads), heads[0].d_v
-    ref = heads[0].A
+    ref = score_matrix(heads[0])
     if isinstance(params, MultiHeadParams) and params.W_O is not None:
         W = params.W_O.reshape(params.W_O.shape[0], H, d_v).permute(1, 0, 2)
         return W.contiguous(), False
@@ -227,18 +267,32 @@ def _right_A(
     return torch.einsum("...hnk,hke->...hne", torch.einsum(f"{lhs},hkd->...hnk", Y, Q), K)
 
 
+def stack_qkv(QK: tuple[Tensor, Tensor], V: Tensor) -> Tensor:
+    """The rows ``[Q_h; K_h; V_h]`` stacked head after head, (H_a (2k + d_v), d)."""
+    return torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, V.shape[-1])
+
+
 def project_heads(
-    QK: tuple[Tensor, Tensor] | None, A: Tensor, V: Tensor, QKV: Tensor | None, Y: Tensor
+    QK: tuple[Tensor, Tensor] | None,
+    A: Tensor | None,
+    V: Tensor,
+    QKV: Tensor | None,
+    Y: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Head-space rows ``(Q_h y, K_h y, V_h y)`` of ``Y`` (..., n, d), each (..., H_a, n, .).
 
     Without factors the identity stands for ``Q_h`` and ``A_h`` for ``K_h`` (the first output is
-    then ``Y`` broadcast over the heads). With them, one product with the stacked ``QKV``.
+    then ``Y`` broadcast over the heads). With them, one product with the stacked ``QKV``
+    (``A`` is then not used and may be ``None``).
     """
     if QKV is not None:
+        if QK is None:
+            raise ValueError("the stacked rows QKV need the factors QK")
         H_a, k = QK[0].shape[0], QK[0].shape[1]
         Z = (Y @ QKV.mT).unflatten(-1, (H_a, -1)).movedim(-2, -3)  # (..., H_a, n, 2k + d_v)
         return Z[..., :k], Z[..., k : 2 * k], Z[..., 2 * k :]
+    if A is None:
+        raise ValueError("project_heads needs the score matrices A without the stacked QKV")
     qY = Y.unsqueeze(-3).expand(Y.shape[:-2] + (A.shape[0],) + Y.shape[-2:])
     return qY, torch.einsum("...nd,hed->...hne", Y, A), torch.einsum("...nd,hvd->...hnv", Y, V)
 
@@ -284,14 +338,16 @@ class RopeRows:
     K: Tensor
     V: Tensor
     index: Tensor
-    ropes: tuple
+    ropes: tuple[RotaryEmbedding, ...]
 
     def rotate(self, Z: Tensor, *, adjoint: bool = False) -> Tensor:
         """Rotate head rows ``Z`` (..., H_r, n, k) at the token positions (or by the adjoint)."""
         return _rotate(self.ropes, Z, self.index, adjoint=adjoint)
 
 
-def _rotate(ropes: tuple, Z: Tensor, index: Tensor, *, adjoint: bool = False) -> Tensor:
+def _rotate(
+    ropes: tuple[RotaryEmbedding, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
+) -> Tensor:
     """Rows ``Z`` (..., H_r, n, k) rotated by each head's embedding at the positions ``index``.
 
     The adjoint of a rotation is the rotation by the opposite angles (with the same scaling).
@@ -324,7 +380,8 @@ def _rope_rows(
 ) -> RopeRows | None:
     """The :class:`RopeRows` of the rotary heads ``rope`` (``None`` if their widths differ)."""
     heads = [params.heads[h] for h in rope]
-    if len({(tuple(h.Q.shape), h.d_v) for h in heads}) != 1:
+    factors = [require_factors(h) for h in heads]
+    if len({(tuple(Qh.shape), h.d_v) for (Qh, _), h in zip(factors, heads)}) != 1:
         return None
     n = X.shape[-2]
     idx = torch.arange(n, device=X.device) if token_index is None else token_index
@@ -343,11 +400,11 @@ def _rope_rows(
     if log_weights is not None and bool(torch.isfinite(log_weights).all()):
         half = 0.5 * log_weights.unsqueeze(-2)
         P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
-    Q = torch.stack([h.Q for h in heads])
-    K = torch.stack([h.K for h in heads])
+    Q = torch.stack([Qh for Qh, _ in factors])
+    K = torch.stack([Kh for _, Kh in factors])
     V = torch.stack([h.V for h in heads])
     index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
-    ropes = tuple(h.rope for h in heads)
+    ropes = tuple(require_rope(h) for h in heads)
     q = _rotate(ropes, torch.einsum("...nd,hkd->...hnk", X, Q), index)
     k = _rotate(ropes, torch.einsum("...nd,hkd->...hnk", X, K), index)
     VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
@@ -417,6 +474,15 @@ def linearize(
     batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
     A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
+    QK: tuple[Tensor, Tensor] | None = None
+    C: Tensor | None = None
+    QKV: Tensor | None = None
+    Qx: Tensor | None = None
+    KXc: Tensor | None = None
+    KMc: Tensor | None = None
+    VXc: Tensor | None = None
+    VMc: Tensor | None = None
+    P_w: Tensor | None = None
     if analytic:
         V = torch.stack([heads[h].V for h in analytic])
         logP = torch.stack(
@@ -424,27 +490,19 @@ def linearize(
             dim=-3,
         )
         P = logP.exp()
-        QK = None
-        if (
-            all(heads[h].Q is not None for h in analytic)
-            and len({tuple(heads[h].Q.shape) for h in analytic}) == 1
-        ):
-            QK = (
-                torch.stack([heads[h].Q for h in analytic]),
-                torch.stack([heads[h].K for h in analytic]),
-            )
+        pairs = [f for f in (qk_factors(heads[h]) for h in analytic) if f is not None]
+        if len(pairs) == len(analytic) and len({tuple(Qh.shape) for Qh, _ in pairs}) == 1:
+            QK = (torch.stack([Qh for Qh, _ in pairs]), torch.stack([Kh for _, Kh in pairs]))
         cs = [heads[h].c for h in analytic]
-        C = None
         if any(c is not None for c in cs):
             zero = X.new_zeros(d)
             C = torch.stack([zero if c is None else c for c in cs])
         # head-space features (factors Q_h, K_h of width k; A_h and the identity without them)
         Xc = X - x_bar
-        QKV = None
         if QK is not None:
-            QKV = torch.cat([QK[0], QK[1], V], dim=-2).reshape(-1, d)
+            QKV = stack_qkv(QK, V)
         else:
-            A = torch.stack([heads[h].A for h in analytic])
+            A = torch.stack([score_matrix(heads[h]) for h in analytic])
         _, KXc, VXc = project_heads(QK, A, V, QKV, Xc)
         if QK is None:
             Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
@@ -455,15 +513,12 @@ def linearize(
         block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
         KVMc = attend(P, torch.cat([KXc, VXc], dim=-1), block)
         KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
-        P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             half = 0.5 * log_weights.unsqueeze(-2)  # (..., 1, n)
             P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
     else:
-        QK = C = QKV = Qx = KXc = KMc = VXc = VMc = None
         V = X.new_zeros(0, heads[0].d_v, d)
         P = X.new_zeros(batch + (0, n, n))
-        P_w = None
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             P_w = P
     rope_rows = None
@@ -499,28 +554,36 @@ def linearize(
     )
 
 
+@overload
+def _f64(t: Tensor) -> Tensor: ...
+@overload
+def _f64(t: None) -> None: ...
 def _f64(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.to(torch.float64)
 
 
-#: Tensor fields converted by :func:`as_float64` (the others are indices, flags or weights).
-_LIN_TENSORS = (
-    "X", "P", "P_w", "_m", "_B", "x_bar", "_A", "V", "W", "Qx", "KXc", "KMc", "VXc", "VMc", "C",
-    "QKV",
-)  # fmt: skip
-_ROPE_TENSORS = ("P", "P_w", "q", "kc", "VXc", "VMc", "Q", "K", "V")
+def _rope_float64(rr: RopeRows) -> RopeRows:
+    """The same rotary rows with their tensors in float64 (indices and embeddings as they are)."""
+    return replace(
+        rr, P=_f64(rr.P), P_w=_f64(rr.P_w), q=_f64(rr.q), kc=_f64(rr.kc), VXc=_f64(rr.VXc),
+        VMc=_f64(rr.VMc), Q=_f64(rr.Q), K=_f64(rr.K), V=_f64(rr.V),
+    )  # fmt: skip
 
 
 def as_float64(lin: AttentionLinearization) -> AttentionLinearization:
-    """The same linearization with its tensors in float64 (no recomputation)."""
+    """The same linearization with its tensors in float64 (no recomputation).
+
+    Converted: the points, attention matrices, means, head rows and weight matrices; the
+    log-weights, positions, token indices and flags are kept as they are.
+    """
     if lin.X.dtype == torch.float64:
         return lin
     rr = lin.rope_rows
     return replace(
-        lin,
-        **{name: _f64(getattr(lin, name)) for name in _LIN_TENSORS},
+        lin, X=_f64(lin.X), P=_f64(lin.P), P_w=_f64(lin.P_w), _m=_f64(lin._m), _B=_f64(lin._B),
+        x_bar=_f64(lin.x_bar), _A=_f64(lin._A), V=_f64(lin.V), W=_f64(lin.W), Qx=_f64(lin.Qx),
+        KXc=_f64(lin.KXc), KMc=_f64(lin.KMc), VXc=_f64(lin.VXc), VMc=_f64(lin.VMc),
+        C=_f64(lin.C), QKV=_f64(lin.QKV),
         QK=None if lin.QK is None else (_f64(lin.QK[0]), _f64(lin.QK[1])),
-        rope_rows=None
-        if rr is None
-        else replace(rr, **{name: _f64(getattr(rr, name)) for name in _ROPE_TENSORS}),
-    )
+        rope_rows=None if rr is None else _rope_float64(rr),
+    )  # fmt: skip

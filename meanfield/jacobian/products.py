@@ -7,7 +7,7 @@ cases and tests). The product form is derived in ``docs/derivations/jacobian_pro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.func as tfunc
@@ -17,7 +17,14 @@ from .._numerics import as_float_tensor, iter_chunks
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
 from ..attention import attention_points
-from .linearization import PRODUCT_BLOCK, AttentionLinearization, linearize, project_heads
+from .linearization import (
+    PRODUCT_BLOCK,
+    AttentionLinearization,
+    RopeRows,
+    linearize,
+    need,
+    project_heads,
+)
 
 
 # ----------------------------------------------------------------------------------- products
@@ -39,7 +46,7 @@ def interaction(lin: AttentionLinearization, weighted: bool) -> Tensor:
     return lin.P_w if (weighted and lin.P_w is not None) else lin.P
 
 
-def _rope_fn(lin: AttentionLinearization, h: int):
+def _rope_fn(lin: AttentionLinearization, h: int) -> Callable[[Tensor], Tensor]:
     head = lin.params.heads[h]
     W_h = lin.W[h]
 
@@ -59,6 +66,8 @@ def _rope_fn(lin: AttentionLinearization, h: int):
 
 def _sqrt_weights(lin: AttentionLinearization) -> Tensor:
     lw = lin.log_weights
+    if lw is None:
+        raise ValueError("the Wasserstein scaling needs log_weights")
     return torch.exp(0.5 * (lw - lw.amax(-1, keepdim=True))).unsqueeze(-1)
 
 
@@ -170,8 +179,10 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
     """
     weighted = check_geometry(lin, geometry)
     H = _check_shape(H, lin, lin.d, "H")
-    out = None
+    out: Tensor | None = None
     if lin.analytic_heads:
+        Qx, KXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc")
+        VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
         Pi_all = interaction(lin, weighted)
         A = None if lin.QKV is not None else lin.A  # factored heads: the factors only
         qH, kH, vH = project_heads(lin.QK, A, lin.V, lin.QKV, H)  # Q h_l, K h_l, V h_l
@@ -179,8 +190,8 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
         # Euclidean geometry (Pi = P): T = P o (S + R) with S + R one product of width 2k
         merged = Pi_all is lin.P
         if merged:
-            left = torch.cat([lin.Qx, qH], dim=-1)
-            right = torch.cat([kH, lin.KXc], dim=-1)
+            left = torch.cat([Qx, qH], dim=-1)
+            right = torch.cat([kH, KXc], dim=-1)
         parts = []
         for sl, ks in key_blocks(lin):
             P = lin.P[..., sl, ks]
@@ -188,20 +199,20 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
             if merged:
                 S = left[..., sl, :] @ right[..., ks, :].mT  # S + R
             else:
-                S = lin.Qx[..., sl, :] @ kH[..., ks, :].mT  # <b_i, h_l> = <Q x_i, K h_l>
+                S = Qx[..., sl, :] @ kH[..., ks, :].mT  # <b_i, h_l> = <Q x_i, K h_l>
             if cH is not None:
                 S = S + cH[..., ks]  # + <c, h_l>
             if merged:
                 T = P * S
             else:
-                R = qH[..., sl, :] @ lin.KXc[..., ks, :].mT  # <A(x_l - x_bar), h_i>
+                R = qH[..., sl, :] @ KXc[..., ks, :].mT  # <A(x_l - x_bar), h_i>
                 T = Pi * S + P * R
-            vals = Pi @ vH[..., ks, :] + T @ lin.VXc[..., ks, :]  # V(Pi h + T (x - x_bar))
-            parts.append(vals - T.sum(-1, keepdim=True) * lin.VMc[..., sl, :])
+            vals = Pi @ vH[..., ks, :] + T @ VXc[..., ks, :]  # V(Pi h + T (x - x_bar))
+            parts.append(vals - T.sum(-1, keepdim=True) * VMc[..., sl, :])
         vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
         out = _combine(lin, vals, lin.analytic_heads)
     if lin.rope_rows is not None:
-        tangent = _rope_jvp(lin, H, weighted)
+        tangent = _rope_jvp(lin, lin.rope_rows, H, weighted)
         out = tangent if out is None else out + tangent
     elif lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
@@ -210,6 +221,8 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
             tangent = tfunc.jvp(_rope_fn(lin, h), (lin.X,), (Hs,))[1]
             tangent = tangent if scale is None else scale * tangent
             out = tangent if out is None else out + tangent
+    if out is None:
+        raise ValueError("the layer has no heads")
     return out
 
 
@@ -246,53 +259,57 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
     """
     weighted = check_geometry(lin, geometry)
     G = _check_shape(G, lin, lin.d_out, "G")
-    out = None
+    out: Tensor | None = None
     if lin.analytic_heads:
+        Qx, KXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc")
+        VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
+        C = lin.C
         Pi_all = interaction(lin, weighted)
         gv = _output_rows(lin, G)  # (..., H_a, n, d_v): W_h^T g_i
-        acc_v = G.new_zeros(lin.VXc.shape)  # sum_i Pi_il W_h^T g_i
-        acc_k = G.new_zeros(lin.Qx.shape)  # sum_i Pi_il Z_il Q x_i
-        acc_c = None if lin.C is None else G.new_zeros(lin.VXc.shape[:-1])  # sum_i Pi_il Z_il
+        acc_v = G.new_zeros(VXc.shape)  # sum_i Pi_il W_h^T g_i
+        acc_k = G.new_zeros(Qx.shape)  # sum_i Pi_il Z_il Q x_i
+        acc_c = None if C is None else G.new_zeros(VXc.shape[:-1])  # sum_i Pi_il Z_il
         rows = []
         for sl, ks in key_blocks(lin):
             P = lin.P[..., sl, ks]
             Pi = Pi_all[..., sl, ks]
             g = gv[..., sl, :]
-            Z = g @ lin.VXc[..., ks, :].mT  # <g~_i, x_l - m_i>
-            Z = Z - (g * lin.VMc[..., sl, :]).sum(-1, keepdim=True)
+            Z = g @ VXc[..., ks, :].mT  # <g~_i, x_l - m_i>
+            Z = Z - (g * VMc[..., sl, :]).sum(-1, keepdim=True)
             PiZ = Pi * Z
             acc_v[..., ks, :] += Pi.mT @ g
-            acc_k[..., ks, :] += PiZ.mT @ lin.Qx[..., sl, :]
+            acc_k[..., ks, :] += PiZ.mT @ Qx[..., sl, :]
             if acc_c is not None:
                 acc_c[..., ks] += PiZ.sum(-2)
             PZ = PiZ if Pi_all is lin.P else P * Z  # Euclidean geometry: Pi = P
-            rows.append(PZ @ lin.KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
+            rows.append(PZ @ KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
         acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
         out = _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
-        if acc_c is not None:
-            out = out + acc_c.mT @ lin.C
+        if acc_c is not None and C is not None:  # both or neither
+            out = out + acc_c.mT @ C
     if lin.rope_rows is not None:
-        cot = _rope_vjp(lin, G, weighted)
+        cot = _rope_vjp(lin, lin.rope_rows, G, weighted)
         out = cot if out is None else out + cot
     elif lin.rope_heads:
         scale = _sqrt_weights(lin) if weighted else None
         Gs = G if scale is None else G * scale
         for h in lin.rope_heads:
-            _, pullback = tfunc.vjp(_rope_fn(lin, h), lin.X)
+            pullback = tfunc.vjp(_rope_fn(lin, h), lin.X)[1]
             cot = pullback(Gs)[0]
             cot = cot if scale is None else cot / scale
             out = cot if out is None else out + cot
+    if out is None:
+        raise ValueError("the layer has no heads")
     return out
 
 
-def _rope_jvp(lin: AttentionLinearization, H: Tensor, weighted: bool) -> Tensor:
+def _rope_jvp(lin: AttentionLinearization, rr: RopeRows, H: Tensor, weighted: bool) -> Tensor:
     r"""The rotary heads' part of :func:`jvp` in closed form (docs/derivations/jacobian_products.md §3b).
 
     As for the other heads with rotated rows: :math:`S_{il} = \langle\tilde q_i,
     \mathcal R_lKh_l\rangle`, :math:`R_{il} = \langle\mathcal R_iQh_i, \tilde k_l\rangle`
-    (rotary heads carry no key-logit term).
+    (rotary heads carry no key-logit term). ``rr`` are the rows ``lin.rope_rows``.
     """
-    rr = lin.rope_rows
     Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
     qH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.Q))
     kH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.K))
@@ -308,12 +325,12 @@ def _rope_jvp(lin: AttentionLinearization, H: Tensor, weighted: bool) -> Tensor:
     return _combine(lin, vals, rr.heads)
 
 
-def _rope_vjp(lin: AttentionLinearization, G: Tensor, weighted: bool) -> Tensor:
+def _rope_vjp(lin: AttentionLinearization, rr: RopeRows, G: Tensor, weighted: bool) -> Tensor:
     r"""The rotary heads' part of :func:`vjp` in closed form: the adjoint of :func:`_rope_jvp`.
 
     The rotation's adjoint is the rotation by the opposite angles (times the same scaling).
+    ``rr`` are the rows ``lin.rope_rows``.
     """
-    rr = lin.rope_rows
     Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
     gv = torch.einsum("...no,hov->...hnv", G, lin.W[list(rr.heads)])
     acc_v = G.new_zeros(rr.VXc.shape)
@@ -368,7 +385,9 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     """
     require_analytic(lin, "self_jvp")
     U = _check_shape(U, lin, lin.d, "U")
-    vals = _cov_apply(lin, _query_rows(lin, U), lin.KXc, lin.KMc, lin.VXc, lin.VMc)
+    KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
+    VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
+    vals = _cov_apply(lin, _query_rows(lin, U), KXc, KMc, VXc, VMc)
     return _combine(lin, vals, lin.analytic_heads)
 
 
@@ -389,7 +408,9 @@ def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
     """
     require_analytic(lin, "self_vjp")
     G = _check_shape(G, lin, lin.d_out, "G")
-    rows = _cov_apply(lin, _output_rows(lin, G), lin.VXc, lin.VMc, lin.KXc, lin.KMc)
+    KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
+    VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
+    rows = _cov_apply(lin, _output_rows(lin, G), VXc, VMc, KXc, KMc)
     return _head_rows_adjoint(lin, rows)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -35,7 +36,8 @@ from .._validation import (
     params_dtype_device,
     reject_variants,
 )
-from ..params import AttentionParams, MultiHeadParams
+from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
+from .linearization import require_factors, require_rope, score_matrix
 
 __all__ = [
     "StreamingLinearization",
@@ -54,6 +56,9 @@ _QUERY_BLOCK = 128
 _TILE_ELEMENTS = 2**21
 #: Key blocks of the default tiling are multiples of this size.
 _KEY_ALIGN = 64
+
+#: The kinds of head groups: rotary, factored (``Q``, ``K``) and given by ``A`` only.
+_Kind = Literal["rope", "factored", "plain"]
 
 
 def default_block_sizes(n: int, heads: int, batch: int = 1) -> tuple[int, int]:
@@ -83,7 +88,7 @@ class _HeadGroup:
     V: Tensor  # (G, d_v, d)
     C: Tensor | None  # (G, d): key-logit terms c_h
     W: Tensor  # (G, d_out, d_v)
-    ropes: tuple | None
+    ropes: tuple[RotaryEmbedding, ...] | None
     q: Tensor  # (..., G, n, k): (rotated) queries
     kc: Tensor  # (..., G, n, k): (rotated) keys, centred over the tokens
     key_term: Tensor | None  # (..., G or 1, n): c_h^T x_l + log a_l
@@ -254,7 +259,9 @@ def _attention_means(lin: StreamingLinearization, g: _HeadGroup) -> tuple[Tensor
 
 
 # ------------------------------------------------------------------------------ construction
-def _rotate(ropes: tuple, Z: Tensor, index: Tensor, *, adjoint: bool = False) -> Tensor:
+def _rotate(
+    ropes: tuple[RotaryEmbedding, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
+) -> Tensor:
     """Rows ``Z`` (..., G, n, k) rotated by each head's embedding at ``index``.
 
     ``adjoint``: the rotation by the opposite angles, with the same scaling (its transpose).
@@ -270,9 +277,10 @@ def _rotate(ropes: tuple, Z: Tensor, index: Tensor, *, adjoint: bool = False) ->
     return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
 
 
-def _group_key(head: AttentionParams) -> tuple:
+def _group_key(head: AttentionParams) -> tuple[_Kind, int]:
+    """The kind of a head and its width ``k`` (``d`` for heads given by ``A`` only)."""
     if head.rope is not None:
-        return ("rope", head.Q.shape[0])
+        return ("rope", require_factors(head)[0].shape[0])
     if head.Q is not None:
         return ("factored", head.Q.shape[0])
     return ("plain", head.d)
@@ -288,7 +296,9 @@ def _output_matrices(params: Params) -> Tensor:
     return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous()
 
 
-def _tangent_rows(lin: StreamingLinearization, g: _HeadGroup, Y: Tensor) -> tuple:
+def _tangent_rows(
+    lin: StreamingLinearization, g: _HeadGroup, Y: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """Head rows ``(Q y_i, K y_l, V y_l)`` of tangents ``Y`` (..., n, d), rotated for rotary heads."""
     if g.Q is None:
         qY = Y.unsqueeze(-3).expand(Y.shape[:-2] + (g.size,) + Y.shape[-2:])
@@ -359,7 +369,7 @@ def linearize_streaming(
     batch_shape = torch.broadcast_shapes(X.shape[:-2], *aux)
     if batch_shape != X.shape[:-2]:
         X = X.expand(batch_shape + X.shape[-2:])
-    kinds: dict[tuple, list[int]] = {}
+    kinds: dict[tuple[_Kind, int], list[int]] = {}
     for h, head in enumerate(heads):
         kinds.setdefault(_group_key(head), []).append(h)
     if block_size is None:
@@ -368,10 +378,10 @@ def linearize_streaming(
             batch *= s
         block = default_block_sizes(n, max(len(v) for v in kinds.values()), batch)
     else:
-        block = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
-        if len(block) != 2 or any(int(b) != b or b < 1 for b in block):
+        sizes = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+        if len(sizes) != 2 or any(int(b) != b or b < 1 for b in sizes):
             raise ValueError(f"block_size must be a positive int or a pair, got {block_size!r}")
-        block = (int(block[0]), int(block[1]))
+        block = (int(sizes[0]), int(sizes[1]))
     W_all = _output_matrices(params)
     d_out = W_all.shape[-2]
     x_bar = X.mean(-2, keepdim=True)
@@ -384,13 +394,16 @@ def linearize_streaming(
     for (kind, _), idx in kinds.items():
         hs = [heads[h] for h in idx]
         V = torch.stack([h.V for h in hs])
+        Q: Tensor | None = None
         if kind == "plain":
-            Q, K = None, torch.stack([h.A for h in hs])
+            K = torch.stack([score_matrix(h) for h in hs])
             q = X.unsqueeze(-3).expand(X.shape[:-2] + (len(idx), n, d))
         else:
-            Q, K = torch.stack([h.Q for h in hs]), torch.stack([h.K for h in hs])
+            factors = [require_factors(h) for h in hs]
+            Q = torch.stack([Qh for Qh, _ in factors])
+            K = torch.stack([Kh for _, Kh in factors])
             q = torch.einsum("...nd,gkd->...gnk", X, Q)
-        ropes = tuple(h.rope for h in hs) if kind == "rope" else None
+        ropes = tuple(require_rope(h) for h in hs) if kind == "rope" else None
         if ropes is None:
             kc = torch.einsum("...nd,gkd->...gnk", Xc, K)
         else:
@@ -465,7 +478,7 @@ def streaming_jvp(
     """
     half = _weights(lin, geometry)
     H = _check_shape(H, lin, lin.d, "H")
-    out = None
+    out: Tensor | None = None
     for g in lin.groups:
         qH, kH, vH = _tangent_rows(lin, g, H)
         cH = None if g.C is None else (H @ g.C.mT).mT  # (..., G, n): <c, h_l>
@@ -491,7 +504,7 @@ def streaming_jvp(
         vals = vals - tsum * g.vm
         part = torch.einsum("...gnv,gov->...no", vals, g.W)
         out = part if out is None else out + part
-    return out
+    return _nonempty(out)
 
 
 def streaming_vjp(
@@ -519,14 +532,15 @@ def streaming_vjp(
     """
     half = _weights(lin, geometry)
     G = _check_shape(G, lin, lin.d_out, "G")
-    out = None
+    out: Tensor | None = None
     for g in lin.groups:
         gv = torch.einsum("...no,gov->...gnv", G, g.W)
         gm = (gv * g.vm).sum(-1, keepdim=True)  # <gamma_i, V(m_i - x_bar)>
         acc_v = torch.zeros_like(g.vc)
         acc_k = torch.zeros_like(g.kc)
         acc_q = torch.zeros_like(g.kc)
-        acc_c = None if g.C is None else g.vc.new_zeros(g.vc.shape[:-1])
+        C = g.C
+        acc_c = None if C is None else g.vc.new_zeros(g.vc.shape[:-1])
         for sl, ks in lin.tiles():
             P, Pi = _tile_attention(lin, g, sl, ks, half)
             gi = gv[..., sl, :]
@@ -548,9 +562,16 @@ def streaming_vjp(
             part = torch.einsum("...gnk,gkd->...nd", acc_q, g.Q)
         part = part + torch.einsum("...gnk,gkd->...nd", acc_k, g.K)
         part = part + torch.einsum("...gnv,gvd->...nd", acc_v, g.V)
-        if acc_c is not None:
-            part = part + acc_c.mT @ g.C
+        if acc_c is not None and C is not None:  # both or neither
+            part = part + acc_c.mT @ C
         out = part if out is None else out + part
+    return _nonempty(out)
+
+
+def _nonempty(out: Tensor | None) -> Tensor:
+    """The sum over the head groups (a one-line error for a layer without heads)."""
+    if out is None:
+        raise ValueError("the streaming linearization has no head groups")
     return out
 
 
@@ -596,13 +617,13 @@ def streaming_self_jvp(lin: StreamingLinearization, U: Tensor) -> Tensor:
     """
     _require_no_rotary(lin, "streaming_self_jvp")
     U = _check_shape(U, lin, lin.d, "U")
-    out = None
+    out: Tensor | None = None
     for g in lin.groups:
         qU = _tangent_rows(lin, g, U)[0]
         vals = _cov_apply(lin, g, qU, g.kc, g.km, g.vc, g.vm)
         part = torch.einsum("...gnv,gov->...no", vals, g.W)
         out = part if out is None else out + part
-    return out
+    return _nonempty(out)
 
 
 def streaming_self_vjp(lin: StreamingLinearization, G: Tensor) -> Tensor:
@@ -621,7 +642,7 @@ def streaming_self_vjp(lin: StreamingLinearization, G: Tensor) -> Tensor:
     """
     _require_no_rotary(lin, "streaming_self_vjp")
     G = _check_shape(G, lin, lin.d_out, "G")
-    out = None
+    out: Tensor | None = None
     for g in lin.groups:
         gv = torch.einsum("...no,gov->...gnv", G, g.W)
         rows = _cov_apply(lin, g, gv, g.vc, g.vm, g.kc, g.km)
@@ -630,4 +651,4 @@ def streaming_self_vjp(lin: StreamingLinearization, G: Tensor) -> Tensor:
         else:
             part = torch.einsum("...gnk,gkd->...nd", rows, g.Q)
         out = part if out is None else out + part
-    return out
+    return _nonempty(out)

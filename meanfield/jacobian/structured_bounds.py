@@ -8,6 +8,7 @@ the certificates of layers whose heads rotate queries and keys by position.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -23,6 +24,9 @@ from .linearization import (
     as_float64,
     head_output_matrices,
     log_attention,
+    need,
+    require_factors,
+    require_rope,
 )
 
 U64 = torch.finfo(torch.float64).eps / 2
@@ -41,7 +45,22 @@ def _variance(P: Tensor, F: Tensor) -> Tensor:
     return (second - mean2).clamp_min(0) + slack * (second + mean2)
 
 
-def _head_features(lin: AttentionLinearization) -> list[dict]:
+@dataclass(frozen=True, eq=False)
+class _HeadFeatures:
+    """One head's rows for the structured bounds (float64; analytic or rotary head)."""
+
+    h: int  # index of the head in the layer
+    P: Tensor  # (..., n, n) attention matrix
+    q: Tensor  # (..., n, k) query rows (rotated for rotary heads)
+    k: Tensor  # (..., n, k) key rows, centred (rotated for rotary heads)
+    v: Tensor  # (..., n, d_v) rows V(x_l - x_bar)
+    c: Tensor | None  # (d,) key-logit term
+    rho: float  # bound on the scaling of the rotation (1 without)
+    Q: Tensor | None  # (k, d) query factor (None: the identity)
+    K: Tensor  # (k, d) key factor (A_h without factors)
+
+
+def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     """Per head (all heads, rotary included): P, query rows, centred key rows, value spreads."""
     lin = as_float64(lin)
     params = lin.params
@@ -53,20 +72,19 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
     idx = lin.token_index
     if idx is None:
         idx = torch.arange(n, device=X.device)
+    if lin.analytic_heads:
+        Qx, KXc, VXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc"), need(lin.VXc, "VXc")
     for a, h in enumerate(lin.analytic_heads):
-        head = heads[h]
-        item = {"h": h, "P": lin.P[..., a, :, :], "q": lin.Qx[..., a, :, :]}
-        item["k"] = lin.KXc[..., a, :, :]
-        item["v"] = lin.VXc[..., a, :, :]
-        item["c"] = None if lin.C is None else lin.C[a]
-        item["rho"] = 1.0
         if lin.QK is None:
-            item["Q"] = None  # the identity
-            item["K"] = lin.A[a]
+            Q, K = None, lin.A[a]  # the identity for Q
         else:
-            item["Q"], item["K"] = lin.QK[0][a], lin.QK[1][a]
-        del head
-        out.append(item)
+            Q, K = lin.QK[0][a], lin.QK[1][a]
+        out.append(
+            _HeadFeatures(
+                h=h, P=lin.P[..., a, :, :], q=Qx[..., a, :, :], k=KXc[..., a, :, :],
+                v=VXc[..., a, :, :], c=None if lin.C is None else lin.C[a], rho=1.0, Q=Q, K=K,
+            )
+        )  # fmt: skip
     for h in lin.rope_heads:
         head = heads[h]
         if head.variants:
@@ -74,6 +92,8 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
                 f"the structured Jacobian bound does not model {', '.join(head.variants)} yet"
             )
         head64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
+        rope = require_rope(head64)
+        Q64, K64 = require_factors(head64)
         rr = lin.rope_rows
         if rr is not None:  # formed by linearize (rotated at the token positions)
             r = rr.heads.index(h)
@@ -81,23 +101,16 @@ def _head_features(lin: AttentionLinearization) -> list[dict]:
         else:
             logits = head_logits(X, X, head64, lin.log_weights, query_index=idx, key_index=idx)
             P = log_attention(logits, allowed).exp()
-            q = head64.rope.apply(X @ head64.Q.mT, idx)
-            k = head64.rope.apply(X @ head64.K.mT, idx)
+            q = rope.apply(X @ Q64.mT, idx)
+            k = rope.apply(X @ K64.mT, idx)
             k = k - k.mean(-2, keepdim=True)  # a constant shift leaves the spreads unchanged
             v = (X - lin.x_bar) @ head64.V.mT
         out.append(
-            {
-                "h": h,
-                "P": P,
-                "q": q,
-                "k": k,
-                "v": v,
-                "c": head64.c,
-                "rho": abs(float(head64.rope.attention_scaling)) * (1 + 64 * U64),
-                "Q": head64.Q,
-                "K": head64.K,
-            }
-        )
+            _HeadFeatures(
+                h=h, P=P, q=q, k=k, v=v, c=head64.c,
+                rho=abs(float(rope.attention_scaling)) * (1 + 64 * U64), Q=Q64, K=K64,
+            )
+        )  # fmt: skip
     return out
 
 
@@ -108,24 +121,26 @@ def _norm2_upper(M: Tensor | None) -> Tensor:
     return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
 
 
-_HEAD_NORM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HEAD_NORM_CACHE: weakref.WeakKeyDictionary[Params, dict[int, dict[str, Tensor]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _per_head_norms(params: Params, feats: list[dict]) -> dict[int, dict[str, Tensor]]:
+def _per_head_norms(params: Params, feats: list[_HeadFeatures]) -> dict[int, dict[str, Tensor]]:
     """Certified norms of each head's ``V``, ``Q``, ``K`` and ``W_h`` (cached per ``params``).
 
     The structured bounds need them on every call; one SVD each, computed once per layer.
     """
     cached = _HEAD_NORM_CACHE.get(params)
-    if cached is not None and all(f["h"] in cached for f in feats):
+    if cached is not None and all(f.h in cached for f in feats):
         return cached
     W, _ = head_output_matrices(params)
     out = {
-        f["h"]: {
-            "V": _norm2_upper(params.heads[f["h"]].V),
-            "Q": _norm2_upper(f["Q"]),
-            "K": _norm2_upper(f["K"]),
-            "W": _norm2_upper(W[f["h"]]),
+        f.h: {
+            "V": _norm2_upper(params.heads[f.h].V),
+            "Q": _norm2_upper(f.Q),
+            "K": _norm2_upper(f.K),
+            "W": _norm2_upper(W[f.h]),
         }
         for f in feats
     }
@@ -133,10 +148,10 @@ def _per_head_norms(params: Params, feats: list[dict]) -> dict[int, dict[str, Te
     return out
 
 
-_STACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STACK_CACHE: weakref.WeakKeyDictionary[Params, dict[str, Tensor]] = weakref.WeakKeyDictionary()
 
 
-def _stacked_norms(params: Params, feats: list[dict]) -> dict[str, Tensor]:
+def _stacked_norms(params: Params, feats: list[_HeadFeatures]) -> dict[str, Tensor]:
     r"""Certified norms of the head matrices stacked over heads (cached per ``params``).
 
     ``V``: :math:`[V_1; \dots; V_H]`; ``K``: :math:`[\hat K_1; \dots; \hat K_H]` (with the key-logit
@@ -149,14 +164,14 @@ def _stacked_norms(params: Params, feats: list[dict]) -> dict[str, Tensor]:
     f64 = torch.float64
     Vs, Ks, Qs = [], [], []
     for f in feats:
-        head = params.heads[f["h"]]
+        head = params.heads[f.h]
         d = head.V.shape[-1]
         Vs.append(head.V.to(f64))
-        K = f["K"].to(f64)
-        if f["c"] is not None:
-            K = torch.cat([K, f["c"].to(f64).reshape(1, -1)], dim=0)
+        K = f.K.to(f64)
+        if f.c is not None:
+            K = torch.cat([K, f.c.to(f64).reshape(1, -1)], dim=0)
         Ks.append(K)
-        Qs.append(torch.eye(d, dtype=f64, device=K.device) if f["Q"] is None else f["Q"].to(f64))
+        Qs.append(torch.eye(d, dtype=f64, device=K.device) if f.Q is None else f.Q.to(f64))
     out = {
         "V": _norm2_upper(torch.cat(Vs)),
         "K": _norm2_upper(torch.cat(Ks)),
@@ -197,24 +212,24 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     params = lin.params
     feats = _head_features(lin)
     stack = _stacked_norms(params, feats)
-    terms = {"1": [], "2": [], "3": []}  # per-head factors without the stacked norms
-    full = {"1": [], "2": [], "3": []}  # per-head bounds on ||J^h_t|| (W_h excluded)
+    terms: dict[str, list[Tensor]] = {"1": [], "2": [], "3": []}  # without the stacked norms
+    full: dict[str, list[Tensor]] = {"1": [], "2": [], "3": []}  # bounds on ||J^h_t|| (no W_h)
     w_norms = []
     rho_max = 1.0
     hn = _per_head_norms(params, feats)
     for f in feats:
-        P = f["P"]
-        rho = f["rho"]
-        rho_k = max(rho, 1.0) if f["c"] is not None else rho
+        P = f.P
+        rho = f.rho
+        rho_k = max(rho, 1.0) if f.c is not None else rho
         rho_max = max(rho_max, rho_k, rho)
-        nV, nQ, nK = (hn[f["h"]][key] for key in ("V", "Q", "K"))
-        if f["c"] is not None:
-            nK = (nK.square() + f["c"].to(torch.float64).square().sum()).sqrt()
+        nV, nQ, nK = (hn[f.h][key] for key in ("V", "Q", "K"))
+        if f.c is not None:
+            nK = (nK.square() + f.c.to(torch.float64).square().sum()).sqrt()
         p_norm = collatz_wielandt_bound(P, n_steps=8)
-        kap2 = _variance(P, f["v"])  # sum_l P_il ||V (x_l - m_i)||^2
-        q = f["q"]
+        kap2 = _variance(P, f.v)  # sum_l P_il ||V (x_l - m_i)||^2
+        q = f.q
         q2 = q.square().sum(-1)
-        if f["c"] is not None:
+        if f.c is not None:
             q = torch.cat([q, q.new_ones(q.shape[:-1] + (1,))], dim=-1)
             q2 = q2 + 1
         trace_form = (P.mT @ (kap2 * q2).unsqueeze(-1)).squeeze(-1)  # (..., n) over l
@@ -222,18 +237,19 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
         weight_form = (kap2.unsqueeze(-1) * P).amax(-2) * sq.square().unsqueeze(-1)
         lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * U64)
         s2 = lam.sqrt()
-        s3 = (kap2 * _variance(P, f["k"])).sqrt().amax(-1)
+        s3 = (kap2 * _variance(P, f.k)).sqrt().amax(-1)
         terms["1"].append(p_norm)
         terms["2"].append(s2)
         terms["3"].append(s3)
         full["1"].append(p_norm * nV)
         full["2"].append(s2 * nK * rho_k)
         full["3"].append(s3 * nQ * rho)
-        w_norms.append(hn[f["h"]]["W"])
+        w_norms.append(hn[f.h]["W"])
     wn = torch.stack(w_norms).to(lin.X.device)
     scale = {"1": stack["V"], "2": stack["K"] * rho_max, "3": stack["Q"] * rho_max}
-    total = 0
-    per_head_total = 0
+    # zero tensors where the sums started from the integer 0: the same additions, bit for bit
+    total = torch.zeros((), dtype=torch.float64)
+    per_head_total = torch.zeros((), dtype=torch.float64)
     for t in ("1", "2", "3"):
         b = torch.stack(full[t], dim=-1)  # (..., H)
         per_head = (b * wn).sum(-1)
@@ -264,31 +280,32 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     lin = rebalanced(lin)  # as in head_structured_upper
     params = lin.params
     feats = _head_features(lin)
-    _, concat = head_output_matrices(params)
-    total = 0
-    squares = 0
+    W_O = params.W_O if isinstance(params, MultiHeadParams) else None
+    # zero tensors where the sums started from the integer 0: the same additions, bit for bit
+    total = torch.zeros((), dtype=torch.float64)
+    squares = torch.zeros((), dtype=torch.float64)
     hn = _per_head_norms(params, feats)
     for f in feats:
-        P, v = f["P"], f["v"]
+        P, v = f.P, f.v
         vbar = P @ v  # V(m_i - x_bar)
         vn2 = v.square().sum(-1).unsqueeze(-2)  # (..., 1, n)
         vb2 = vbar.square().sum(-1, keepdim=True)  # (..., n, 1)
         slack = 4 * (v.shape[-1] + 4) * U64
         d2 = (vn2 - 2 * vbar @ v.mT + vb2).clamp_min(0) + slack * (vn2 + vb2)
-        qn = f["q"].square().sum(-1).sqrt() * (1 + slack)
-        nV = hn[f["h"]]["V"]
-        nK = hn[f["h"]]["K"] * f["rho"]
-        nQ = hn[f["h"]]["Q"] * f["rho"]
+        qn = f.q.square().sum(-1).sqrt() * (1 + slack)
+        nV = hn[f.h]["V"]
+        nK = hn[f.h]["K"] * f.rho
+        nQ = hn[f.h]["Q"] * f.rho
         bn = qn * nK
-        if f["c"] is not None:
-            bn = bn + f["c"].to(torch.float64).square().sum().sqrt()
-        self_h = (_variance(P, v) * _variance(P, f["k"])).sqrt() * nQ
+        if f.c is not None:
+            bn = bn + f.c.to(torch.float64).square().sum().sqrt()
+        self_h = (_variance(P, v) * _variance(P, f.k)).sqrt() * nQ
         N_h = P * (nV + d2.sqrt() * bn.unsqueeze(-1)) + torch.diag_embed(self_h)
-        total = total + hn[f["h"]]["W"] * N_h
+        total = total + hn[f.h]["W"] * N_h
         squares = squares + N_h.square()
     stacked = squares.sqrt()
-    if concat:
+    if W_O is None:  # concatenated heads
         out = stacked
     else:
-        out = torch.minimum(total, _norm2_upper(params.W_O) * stacked)
+        out = torch.minimum(total, _norm2_upper(W_O) * stacked)
     return out * (1 + 16 * len(feats) * U64)

@@ -26,8 +26,17 @@ from ._estimate import LipschitzEstimate
 from ._operators import random_start, round_down, round_up
 from ._options import DEFAULT_TOL, DENSE_AUTO_MAX
 
-
 # ------------------------------------------------------------------ arbitrary differentiable maps
+
+
+def _vjp(
+    fn: Callable[[Tensor], Tensor], X: Tensor
+) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor]]]:
+    """``torch.func.vjp`` without auxiliary output: ``fn(X)`` and its pullback."""
+    result = tfunc.vjp(fn, X)
+    return result[0], result[1]
+
+
 def _sample_fn(fn: Callable[[Tensor], Tensor], batch_dims: int, sample_shape: torch.Size):
     def f(x: Tensor) -> Tensor:
         return fn(x.reshape((1,) * batch_dims + tuple(sample_shape))).reshape(-1)
@@ -138,7 +147,7 @@ def local_lipschitz_fn(
         )
     if upper == "gram":
         raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
-    out, pullback = tfunc.vjp(fn, X)
+    out, pullback = _vjp(fn, X)
     out_shape = out.shape
 
     def matvec(v: Tensor) -> Tensor:
@@ -210,6 +219,6 @@ def released_metric(fn: Callable[[Tensor], Tensor], X: Tensor, *, batch_dims: in
     -------
     Tensor, shape ``X.shape[:batch_dims]``
     """
-    out, pullback = tfunc.vjp(fn, X)
+    out, pullback = _vjp(fn, X)
     g = pullback(out)[0]
     return torch.linalg.vector_norm(g.reshape(X.shape[:batch_dims] + (-1,)), dim=-1).sqrt()

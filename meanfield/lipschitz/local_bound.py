@@ -68,7 +68,10 @@ def _head_local_terms(
         if c is not None:
             S = S + (X @ c).unsqueeze(0)
     else:
-        Q, K = head.Q.to(X), head.K.to(X)
+        factors = head.factors
+        if factors is None:
+            raise ValueError("a rotary embedding needs the factors Q and K")
+        Q, K = factors[0].to(X), factors[1].to(X)
         q = head.rope.apply(X @ Q.mT, pos)  # (n, k) rotated queries rho_i Q x_i
         k = head.rope.apply(X @ K.mT, pos)  # rotated keys rho_j K x_j
         S = q @ k.mT

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .layers import import_transformers, layer_info, max_positions, require_gguf
+from .layers import arch_of, import_transformers, layer_info, max_positions, require_gguf
 
 __all__ = [
     "BERT_RANDOM_LABEL",
@@ -86,17 +86,17 @@ def _quiet_progress_bars() -> Iterator[None]:
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     # the GGUF converter calls tqdm directly, not through transformers' switch
-    gguf = None
+    gguf: types.ModuleType | None = None
     with contextlib.suppress(ImportError):
         gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
-    bar = getattr(gguf, "tqdm", None)
-    if bar is not None:
-        gguf.tqdm = functools.partial(bar, disable=True)
+    bar = None if gguf is None else getattr(gguf, "tqdm", None)
+    if gguf is not None and bar is not None:
+        vars(gguf)["tqdm"] = functools.partial(bar, disable=True)
     try:
         yield
     finally:
-        if bar is not None:
-            gguf.tqdm = bar
+        if gguf is not None and bar is not None:
+            vars(gguf)["tqdm"] = bar
         if was_on:
             hf_logging.enable_progress_bar()
 
@@ -147,7 +147,7 @@ def _facts(model: Any) -> dict[str, Any]:
         "norm": info.norm,
         "ln_placement": info.ln_placement,
         "causal": info.causal,
-        "max_positions": max_positions(model, info.arch),
+        "max_positions": max_positions(model, arch_of(model)),
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "transformers_version": import_transformers().__version__,
