@@ -47,7 +47,7 @@ def _params(root, cid):
     from meanfield.models import hf_attention
 
     info = json.loads((root / "adversarial" / f"{cid}.json").read_text())
-    model = adv.sweep._load(info["settings"]["model"], info["settings"]["seed"]).model
+    model = adv.sweep.load_model_cached(info["settings"]["model"], info["settings"]["seed"]).model
     att = hf_attention(model, info["settings"]["layer"], map=info["settings"]["map"], dtype=F64)
     return info, att.params
 
@@ -117,7 +117,7 @@ def test_resume_computes_nothing(tiny, monkeypatch):
     def boom(*a, **k):  # any model load or point computation would call these
         raise AssertionError("a finished point was recomputed")
 
-    monkeypatch.setattr(adv.sweep, "_load", boom)
+    monkeypatch.setattr(adv.sweep, "load_model_cached", boom)
     monkeypatch.setattr("meanfield.attacks.worst_case_sequence", boom)
     adv.run(root, "tiny", progress=False)
     after = {p.name: p.read_bytes() for p in (root / "adversarial").glob("*.jsonl")}
@@ -215,7 +215,7 @@ def test_certified_and_global_bounds_dominate_dense_norm(kind, masked, gen):
     params = hf_attention(
         model, 0, map="heads" if kind == "bert_heads" else "heads+WO", dtype=F64
     ).params
-    facts = adv.bounds._head_facts(params)
+    facts = adv.bounds.layer_head_facts(params)
     for n, R in ((3, 0.7), (6, 2.0), (9, 4.0)):
         X = _random_inputs(gen, n, 16, R)
         exact = _dense_norm(X, params, masked)
@@ -258,7 +258,7 @@ def test_released_heuristic_is_not_a_bound():
 def test_fit_sqrt_n_is_exact_on_synthetic_data():
     n = np.array([2, 7, 12, 47, 97])
     assert adv.fit_sqrt_n(n, 2.7 * np.sqrt(n)) == pytest.approx(2.7, rel=1e-14)
-    c, alpha = adv.bounds._free_power_law(n, 0.3 * n**0.37)
+    c, alpha = adv.bounds.free_power_law(n, 0.3 * n**0.37)
     assert (c, alpha) == (pytest.approx(0.3, rel=1e-12), pytest.approx(0.37, rel=1e-12))
     # least squares through the origin, not a mean of ratios: closed form on two points
     assert adv.fit_sqrt_n([1, 4], [1.0, 1.0]) == pytest.approx((1 + 2) / (1 + 4))

@@ -49,13 +49,13 @@ def counted(monkeypatch):
     ex = MarkedExecutor()
     loads: list[tuple[str, bool]] = []
     for module in (real_data.sweep, adversarial.sweep):
-        real = module._load
+        real = module.load_model_cached
 
         def counting(key, seed, _real=real):
             loads.append((key, ex.on_worker))
             return _real(key, seed)
 
-        monkeypatch.setattr(module, "_load", counting)
+        monkeypatch.setattr(module, "load_model_cached", counting)
     monkeypatch.setattr(rp, "_executor", lambda workers, scheduler: ex if workers else None)
     return ex, loads
 

@@ -452,15 +452,15 @@ def test_dask_scheduler_address_route(tmp_path: Path, dask2) -> None:
 
 def verify_bounds_point(config):
     """The bound-verification stage's point function, as a top-level task."""
-    from experiments.verify_bounds.checks import _registry, check_instance
+    from experiments.verify_bounds.checks import check_instance, registry_specs
 
-    return check_instance(config["seed"], config["index"], config["kind"], _registry(None))
+    return check_instance(config["seed"], config["index"], config["kind"], registry_specs(None))
 
 
 def test_dask_real_stage_points_bit_identical(tmp_path: Path, dask2) -> None:
     """Bound-verification instances: the stage's own serial sweep against Dask through run_jobs."""
     from experiments.verify_bounds import KINDS, verify
-    from experiments.verify_bounds.checks import _registry
+    from experiments.verify_bounds.checks import registry_specs
     from experiments.verify_bounds.sweep import HARNESS_VERSION, _schedule
 
     seed, n = 5, 8
@@ -468,7 +468,7 @@ def test_dask_real_stage_points_bit_identical(tmp_path: Path, dask2) -> None:
     config = {
         "harness_version": HARNESS_VERSION,
         "seed": seed,
-        "bounds": [s.name for s in _registry(None)],
+        "bounds": [s.name for s in registry_specs(None)],
     }
     sweep = Sweep(tmp_path / "dask", "instances", config, seed=seed, device="cpu", dtype="float64")
     points = _schedule(n, KINDS)

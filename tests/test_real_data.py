@@ -94,7 +94,7 @@ def test_second_run_computes_and_loads_nothing(tiny, monkeypatch):
         raise AssertionError("a finished sweep was recomputed")
 
     monkeypatch.setattr(real_data.sweep, "_estimate", boom)
-    monkeypatch.setattr(real_data.sweep, "_load", boom)
+    monkeypatch.setattr(real_data.sweep, "load_model_cached", boom)
     real_data.run(root, "tiny", progress=False)
     assert (root / "real_data" / f"{SWEEP}.jsonl").read_bytes() == before
 
@@ -225,7 +225,7 @@ def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
             assert all(math.isinf(float(u)) for u in rec["upper"])
         else:  # rotary heads are certified (structured block norms)
             assert all(math.isfinite(float(u)) for u in rec["upper"])
-        lm = real_data.settings._load(key, 0)
+        lm = real_data.settings.load_model_cached(key, 0)
         cfg = real_data.CONFIGS[cid]
         ids, _ = corpus_token_ids("kjv", lm.tokenizer)
         hs = hidden_states(

@@ -39,13 +39,13 @@ def fit_sqrt_n(n: Sequence[float], y: Sequence[float]) -> float:
     return float(np.sum(y_ * np.sqrt(n_)) / np.sum(n_))
 
 
-def _free_power_law(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+def free_power_law(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """``(c, alpha)`` of the least-squares power law (no bootstrap interval)."""
     fit = fit_power_law(n, y, n_boot=0)
     return fit.c, fit.alpha
 
 
-def _head_facts(params: Any) -> list[dict[str, float]]:
+def layer_head_facts(params: Any) -> list[dict[str, float]]:
     """Per-head norms in float64: ||W_h V_h||, ||V_h||, ||A_h||_eff parts, rotary flag."""
     import torch
 

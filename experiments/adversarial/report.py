@@ -16,7 +16,7 @@ from ..markdown import number as _fmt
 from ..markdown import plain
 from ..verdicts import SQRT_N_TOLERANCE as _SQRT_N_TOLERANCE
 from ..verdicts import compare_number, plain_configuration, relative_gap
-from .bounds import _free_power_law, fit_sqrt_n
+from .bounds import fit_sqrt_n, free_power_law
 from .settings import CONFIGS, NAME, VARIANTS
 
 
@@ -112,7 +112,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
                 fit["C_fit"] = fit_sqrt_n(n, y)
                 fit["ratio_to_paper"] = fit["C_fit"] / c["paper_C"]
                 if len(set(n)) >= 2 and min(y) > 0:
-                    fit["c"], fit["alpha"] = _free_power_law(n, y)
+                    fit["c"], fit["alpha"] = free_power_law(n, y)
             skipped = [r for r in recs if r.get("variant") == v and r.get("status") == "skipped"]
             if skipped:
                 fit["skipped"] = skipped[0]["reason"]
@@ -135,7 +135,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
             "bounds_hold": all(r["bounds_hold"] for r in wc["records"]),
         }
         if len(set(n)) >= 2:
-            w["c"], w["alpha"] = _free_power_law(n, y)
+            w["c"], w["alpha"] = free_power_law(n, y)
         out["worst_case"] = w
     return out
 

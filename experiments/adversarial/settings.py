@@ -260,7 +260,7 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> AdversarialSettings:
     return replace(cfg, n_grid=tuple(sorted(set(grid))), worst_case=wc)
 
 
-def _config_settings(c: AdvConfig, cfg: AdversarialSettings) -> dict[str, Any]:
+def config_settings(c: AdvConfig, cfg: AdversarialSettings) -> dict[str, Any]:
     """Everything that determines the records of one configuration (hashed into point keys)."""
     model = cfg.models.get(c.id, c.standin)
     # the pretrained stand-ins are shallower than the paper's models (MiniLM 6 layers; SmolLM2's

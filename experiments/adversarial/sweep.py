@@ -24,7 +24,7 @@ from ..engine import (
     write_csv,
     write_json,
 )
-from .bounds import _head_facts, global_bound, released_heuristic
+from .bounds import global_bound, layer_head_facts, released_heuristic
 from .report import load_results
 from .settings import (
     CONFIGS,
@@ -32,7 +32,7 @@ from .settings import (
     TINY_MODEL_KEYS,
     AdvConfig,
     AdversarialSettings,
-    _config_settings,
+    config_settings,
 )
 
 
@@ -69,7 +69,8 @@ def _tiny_model(key: str, seed: int) -> Any:
     return LoadedModel(model, None, label, prov)
 
 
-def _load(key: str, seed: int) -> Any:
+def load_model_cached(key: str, seed: int) -> Any:
+    """The model of ``key`` (a tiny random model of the tests, a stand-in or a checkpoint)."""
     from meanfield.models import load_model
 
     if key in TINY_MODEL_KEYS:
@@ -99,7 +100,7 @@ class _Workspace:
 
         if (key, seed) not in self.models:
             with loading():
-                self.models[(key, seed)] = _load(key, seed)
+                self.models[(key, seed)] = load_model_cached(key, seed)
         return self.models[(key, seed)]
 
     def head(self, c: AdvConfig, settings: Mapping[str, Any], device: str) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class _Workspace:
                     raise ValueError(
                         f"{c.id}: head {settings['head']} out of range ({params.n_heads} heads)"
                     )
-                facts = _head_facts(params)
+                facts = layer_head_facts(params)
             self.heads[(c.id, device)] = {
                 "loaded": loaded,
                 "att": att,
@@ -421,7 +422,7 @@ def execute(cfg: AdversarialSettings, out: Path, run: StageRun) -> Steps:
             for cid in cfg.configs:
                 c = CONFIGS[cid]
                 job, written = _config_job(
-                    out, c, _config_settings(c, cfg), run=run, run_id=run_id, threads=threads
+                    out, c, config_settings(c, cfg), run=run, run_id=run_id, threads=threads
                 )
                 jobs += [job] if job is not None else []
                 files += written

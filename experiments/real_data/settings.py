@@ -328,7 +328,8 @@ def _grid(values: Any, name: str) -> list[int]:
     return grid
 
 
-def _load(key: str, seed: int) -> Any:
+def load_model_cached(key: str, seed: int) -> Any:
+    """The model of ``key`` (a stand-in, the 2-layer random GPT-2, or a checkpoint), seeded."""
     from meanfield.models import load_model, random_gpt2
 
     if key == "gpt2-random-2L":
@@ -336,13 +337,13 @@ def _load(key: str, seed: int) -> Any:
     return load_model(key, seed=seed)
 
 
-def _user_configs(models: Sequence[str], layers: Sequence[int] | None, cache: dict) -> list:
+def user_config_list(models: Sequence[str], layers: Sequence[int] | None, cache: dict) -> list:
     """Configurations for user checkpoints (loaded here to read their depth and architecture)."""
     from meanfield.models import is_causal, layer_info
 
     out = []
     for key in models:
-        lm = cache.setdefault(key, _load(key, 0))
+        lm = cache.setdefault(key, load_model_cached(key, 0))
         info = layer_info(lm.model, 0)
         chosen = list(layers) if layers is not None else sorted({0, info.n_layers // 2})
         causal = is_causal(lm.model)
@@ -363,13 +364,14 @@ def _user_configs(models: Sequence[str], layers: Sequence[int] | None, cache: di
     return out
 
 
-def _sweep_name(config: RealConfig, corpus: str, grid: str) -> str:
+def sweep_name(config: RealConfig, corpus: str, grid: str) -> str:
+    """The file stem of the sweep of ``config`` on ``corpus`` and ``grid`` (safe characters)."""
     corpus_id = corpus if corpus in CORPUS_STANDS_IN else Path(corpus).stem
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in config.id)
     return f"{safe}__{corpus_id}__{grid}"
 
 
-def _starts(grid: Sequence[int], n_windows: int) -> list[int]:
+def window_starts(grid: Sequence[int], n_windows: int) -> list[int]:
     """Running pointer at each n of the grid (docs/experiments.md, D6 fixed)."""
     out, p = [], 0
     for n in grid:

@@ -32,10 +32,10 @@ from .settings import (
     NAME,
     RealConfig,
     RealDataSettings,
-    _load,
-    _starts,
-    _sweep_name,
-    _user_configs,
+    load_model_cached,
+    sweep_name,
+    user_config_list,
+    window_starts,
 )
 
 log = logging.getLogger("experiments.real_data")
@@ -55,7 +55,7 @@ class _Workspace:
         if key not in self.models:
             t0 = time.perf_counter()
             with loading():
-                self.models[key] = _load(key, self.seed)
+                self.models[key] = load_model_cached(key, self.seed)
             log.info("loaded %s in %.1f s", key, time.perf_counter() - t0)
         return self.models[key]
 
@@ -150,7 +150,7 @@ def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def user_configs(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``{"configs": [...]}``: the configurations of the user checkpoints ``cfg["models"]``."""
     ws = _workspace(cfg["run"], cfg["seed"], cfg["dtype"], cfg["device"])
-    return {"configs": _user_configs(cfg["models"], cfg["layers"], ws.models)}
+    return {"configs": user_config_list(cfg["models"], cfg["layers"], ws.models)}
 
 
 def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -392,7 +392,7 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
         manifest = load_json(manifest_path) if manifest_path.exists() else {"sweeps": {}}
         files: list[Path] = []
         for config, corpus, gname, grid in plan:
-            name = _sweep_name(config, corpus, gname)
+            name = sweep_name(config, corpus, gname)
             sweep_cfg = {
                 "experiment": NAME,
                 "config": config.as_dict(),
@@ -402,7 +402,9 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
                 **recorded,
             }
             sweep = Sweep(out, name, sweep_cfg, seed=cfg.seed, device=device, dtype=cfg.dtype)
-            points = [{"n": n, "start": s} for n, s in zip(grid, _starts(grid, cfg.n_windows))]
+            points = [
+                {"n": n, "start": s} for n, s in zip(grid, window_starts(grid, cfg.n_windows))
+            ]
             entry = dict(manifest["sweeps"].get(name, {}))
             if entry.get("config_hash") != sweep.digest:
                 entry = {}

@@ -22,10 +22,10 @@ from ..engine import Round, Sweep
 from .settings import (
     STEMS,
     SyntheticSettings,
-    _params,
-    _spec,
+    head_params64,
     part_metadata,
     save_part,
+    spectral_norm_np,
 )
 
 
@@ -63,7 +63,10 @@ def _f7_point(point: Mapping[str, Any], A, V, X, R: np.ndarray, device: str) -> 
     x = torch.as_tensor(X[int(point["input"])], dtype=torch.float64, device=device)
     Rt = torch.as_tensor(R, dtype=torch.float64, device=device)
     est = local_lipschitz(
-        Rt[:, None, None] * x, _params(A, V, device), masked=bool(point["masked"]), method="dense"
+        Rt[:, None, None] * x,
+        head_params64(A, V, device),
+        masked=bool(point["masked"]),
+        method="dense",
     )
     return {
         "value": est.value.cpu().numpy(),
@@ -86,7 +89,8 @@ def _settled_radius(R: np.ndarray, rel_err: np.ndarray, tol: float) -> float:
     return float(R[int(np.argmax(tail_ok))]) if tail_ok.any() else float("nan")
 
 
-def _run_f7(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, None, list[Path]]:
+def run_f7(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, None, list[Path]]:
+    """The F7 sweep (one round), then its arrays and findings."""
     A, V, X = _f7_problem(cfg)
     R = np.geomspace(cfg.f7.R_min, cfg.f7.R_max, cfg.f7.R_points)
     sweep = Sweep(
@@ -103,7 +107,7 @@ def _run_f7(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, 
     recs = sweep.collect(pts)
     by = {(r["point"]["input"], r["point"]["masked"]): r for r in recs}
     n = cfg.f7.n
-    a_norm, v_norm = _spec(A), _spec(V)
+    a_norm, v_norm = spectral_norm_np(A), spectral_norm_np(V)
     arrays: dict[str, Any] = {
         "R": R,
         "A": A,

@@ -30,16 +30,16 @@ from theory import bounds
 
 from ..engine import Round, Sweep
 from .settings import (
-    _LR,
     F6_SETTING,
+    LR,
     MF_SETTINGS,
     STEMS,
     SyntheticSettings,
-    _params,
-    _spec,
+    head_params64,
     mf_setting,
     part_metadata,
     save_part,
+    spectral_norm_np,
 )
 
 
@@ -92,12 +92,12 @@ def _worst_point(
         off_axis["measure_points"], off_axis["measure_log_weights"], int(point["n_atoms"]), device
     )
     res = worst_case_measure(
-        _params(A, V, device),
+        head_params64(A, V, device),
         float(point["R"]),
         int(point["n_atoms"]),
         n_restarts=cfg.mf.restarts,
         steps=cfg.mf.steps,
-        lr=_LR,
+        lr=LR,
         seed=cfg.seed,
         init=init,
     )
@@ -121,11 +121,11 @@ def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: st
 
     A, V = mf_setting(point["setting"], seed=cfg.seed)
     res = off_axis_two_atoms(
-        _params(A, V, device),
+        head_params64(A, V, device),
         float(point["R"]),
         n_restarts=cfg.mf.off_axis_restarts,
         steps=cfg.mf.off_axis_steps,
-        lr=_LR,
+        lr=LR,
         seed=cfg.seed,
     )
     return {
@@ -176,7 +176,7 @@ def _mf_curves(A: np.ndarray, V: np.ndarray, R: np.ndarray) -> dict[str, np.ndar
         cases.append((ext.lam_max * R**2 / 4.0, float(np.linalg.norm(V @ ext.u_max))))
     if ext.lam_min < 0:
         cases.append((-2.0 * ext.lam_min * R**2, float(np.linalg.norm(V @ ext.u_min))))
-    a_norm, v_norm = _spec(A), _spec(V)
+    a_norm, v_norm = spectral_norm_np(A), spectral_norm_np(V)
     if cases:
         sup = np.stack([bounds.two_dirac_lower(g, vu) for g, vu in cases])
         best = np.argmax(sup, axis=0)
@@ -199,16 +199,17 @@ def _mf_curves(A: np.ndarray, V: np.ndarray, R: np.ndarray) -> dict[str, np.ndar
     }
 
 
-def _run_mean_field(
+def run_mean_field(
     cfg: SyntheticSettings, out: Path, device: str
 ) -> Generator[Round, None, list[Path]]:
+    """The off-axis and worst-measure sweeps (two rounds), then figures F6 and A."""
     seed = cfg.seed
     radii = np.asarray(sorted(float(r) for r in cfg.mf.radii), dtype=np.float64)
     catalog = _catalog(seed)
     off_cfg = {
         "restarts": cfg.mf.off_axis_restarts,
         "steps": cfg.mf.off_axis_steps,
-        "lr": _LR,
+        "lr": LR,
         "seed": seed,
         "catalog": catalog,
     }
@@ -223,7 +224,7 @@ def _run_mean_field(
         {
             "restarts": cfg.mf.restarts,
             "steps": cfg.mf.steps,
-            "lr": _LR,
+            "lr": LR,
             "seed": seed,
             "catalog": catalog,
             "init": {"off_axis": off_cfg},

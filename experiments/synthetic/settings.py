@@ -153,9 +153,9 @@ PRESETS: Mapping[str, SyntheticSettings] = {
 }
 
 #: Learning rate of the worst-measure and off-axis searches (library default).
-_LR = 0.05
+LR = 0.05
 #: Relative residual tolerance of the Lanczos solver for the masked F5 points.
-_F5_TOL = 1e-8
+F5_TOL = 1e-8
 
 
 # ============================================================================ helpers
@@ -183,7 +183,7 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> SyntheticSettings:
     return cfg
 
 
-def _int_grid(lo: int, hi: int, k: int) -> np.ndarray:
+def int_grid(lo: int, hi: int, k: int) -> np.ndarray:
     """Unique integers of a geometric grid from ``lo`` to ``hi`` (both included)."""
     return np.unique(np.round(np.geomspace(lo, hi, max(int(k), 2))).astype(np.int64))
 
@@ -212,7 +212,8 @@ def mf_setting(name: str, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"unknown setting {name!r}; choose from {sorted(MF_SETTINGS)}")
 
 
-def _params(A: np.ndarray, V: np.ndarray, device: str):
+def head_params64(A: np.ndarray, V: np.ndarray, device: str):
+    """One float64 head with score matrix ``A`` and value matrix ``V`` on ``device``."""
     import torch
 
     from meanfield import AttentionParams
@@ -221,7 +222,8 @@ def _params(A: np.ndarray, V: np.ndarray, device: str):
     return AttentionParams(torch.as_tensor(A, **t), torch.as_tensor(V, **t))
 
 
-def _spec(A: np.ndarray) -> float:
+def spectral_norm_np(A: np.ndarray) -> float:
+    """Spectral norm of a numpy matrix (float64 SVD)."""
     return float(np.linalg.norm(np.asarray(A, dtype=np.float64), 2))
 
 

@@ -52,14 +52,14 @@ from theory import bounds, regimes
 
 from ..engine import Round, Sweep
 from .settings import (
-    _F5_TOL,
+    F5_TOL,
     STEMS,
     SyntheticSettings,
-    _int_grid,
-    _params,
-    _spec,
+    head_params64,
+    int_grid,
     part_metadata,
     save_part,
+    spectral_norm_np,
 )
 
 
@@ -157,9 +157,9 @@ def _f5_point(point: Mapping[str, Any], device: str) -> dict[str, Any]:
     from meanfield.attacks import adversarial_sequence
 
     A, V = _f5_head(point["gamma"], point["R"])
-    params = _params(A, V, device)
+    params = head_params64(A, V, device)
     seq = adversarial_sequence(params, point["R"], int(point["n"]), variant="released")
-    est = local_lipschitz(seq.X, params, masked=bool(point["masked"]), tol=_F5_TOL)
+    est = local_lipschitz(seq.X, params, masked=bool(point["masked"]), tol=F5_TOL)
     return {
         "value": float(est.value),
         "lower": float(est.lower),
@@ -182,18 +182,19 @@ def f5_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return _f5_point(cfg, cfg["device"])
 
 
-def _run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, None, list[Path]]:
+def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, None, list[Path]]:
+    """The F5 sweep (one round), then its arrays and findings."""
     R = float(cfg.f5.R)
     gammas = np.asarray(cfg.f5.gammas, dtype=np.float64)
     n_max = int(cfg.f5.n_max)
-    n_grid = _int_grid(2, n_max, cfg.f5.n_points)
+    n_grid = int_grid(2, n_max, cfg.f5.n_points)
     n_all = np.arange(2, n_max + 1, dtype=np.int64)
     m_grid = n_grid[n_grid <= int(cfg.f5.masked_n_max)]
     c_grid = np.asarray(sorted(set(int(c) for c in cfg.f5.check_n)), dtype=np.int64)
     sweep = Sweep(
         out,
         "f5_engine",
-        {"R": R, "head": "d = 1, A = -gamma/(2 R^2), V = 1", "variant": "released", "tol": _F5_TOL},
+        {"R": R, "head": "d = 1, A = -gamma/(2 R^2), V = 1", "variant": "released", "tol": F5_TOL},
         seed=cfg.seed,
         device=device,
         dtype="float64",
@@ -238,7 +239,7 @@ def _run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, 
     }
     for gi, g in enumerate(gammas):
         A, V = _f5_head(float(g), R)
-        a_norm, v_norm = _spec(A), _spec(V)
+        a_norm, v_norm = spectral_norm_np(A), spectral_norm_np(V)
         # construction positions: the same as the engine's (released variant, case -)
         a, b = -R * np.ones(1), R * np.ones(1)
         rec0 = by.get((float(g), int(c_grid[0]), False))

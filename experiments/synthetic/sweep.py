@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from ..engine import StageRun, Steps, joint_rounds, run_metadata, threaded_rounds, write_json
-from .large_radius import _run_f7
-from .mean_field import _run_mean_field
+from .large_radius import run_f7
+from .mean_field import run_mean_field
 from .settings import SyntheticSettings
-from .sqrt_n_regime import _run_f5
+from .sqrt_n_regime import run_f5
 
 __all__ = ["execute"]
 
@@ -28,9 +28,9 @@ def execute(cfg: SyntheticSettings, out: Path, run: StageRun) -> Steps:
     preset, overrides, device = run.preset, run.settings, run.device
     t0 = time.perf_counter()
     parts = (
-        _run_f5(cfg, out, device),
-        _run_f7(cfg, out, device),
-        _run_mean_field(cfg, out, device),
+        run_f5(cfg, out, device),
+        run_f7(cfg, out, device),
+        run_mean_field(cfg, out, device),
     )
     written = yield from threaded_rounds(joint_rounds(*parts), 1)
     files: list[Path] = [p for part in written for p in part]

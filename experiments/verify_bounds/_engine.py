@@ -42,22 +42,22 @@ class Target:
     ctx: dict[str, Any] = field(default_factory=dict)
 
 
-def _t(a: np.ndarray) -> Any:
+def as_tensor64(a: np.ndarray) -> Any:
     import torch
 
     return torch.as_tensor(np.asarray(a, dtype=np.float64))
 
 
-def _params(heads: Sequence[tuple], WO: np.ndarray | None) -> Any:
+def params_of(heads: Sequence[tuple], WO: np.ndarray | None) -> Any:
     from meanfield import AttentionParams, MultiHeadParams
 
-    ps = [AttentionParams(_t(A), _t(V)) for A, V, _ in heads]
+    ps = [AttentionParams(as_tensor64(A), as_tensor64(V)) for A, V, _ in heads]
     if len(ps) == 1 and WO is None:
         return ps[0]
-    return MultiHeadParams(tuple(ps), W_O=None if WO is None else _t(WO))
+    return MultiHeadParams(tuple(ps), W_O=None if WO is None else as_tensor64(WO))
 
 
-def _engine(
+def engine_of(
     x: Any, params: Any, *, geometry: str = "euclidean", masked: bool = False
 ) -> tuple[float, float, float]:
     """Certified bracket (lower, value, upper) of the local constant (dense, float64)."""
@@ -67,9 +67,11 @@ def _engine(
     return float(est.lower), float(est.value), float(est.upper)
 
 
-def _measure(points: np.ndarray, log_weights: np.ndarray, positions: np.ndarray | None = None):
+def measure_of(points: np.ndarray, log_weights: np.ndarray, positions: np.ndarray | None = None):
     from meanfield import DiracMeasure
 
     return DiracMeasure.from_log_weights(
-        _t(points), _t(log_weights), None if positions is None else _t(positions)
+        as_tensor64(points),
+        as_tensor64(log_weights),
+        None if positions is None else as_tensor64(positions),
     )

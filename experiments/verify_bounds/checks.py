@@ -327,7 +327,7 @@ def _from_registry() -> tuple[BoundSpec, ...]:
 BOUNDS: tuple[BoundSpec, ...] = _from_registry()
 
 
-def _margin(side: str, bound: float, lower: float, upper: float) -> float:
+def bound_margin(side: str, bound: float, lower: float, upper: float) -> float:
     """``bound / lower`` (upper bound) or ``upper / bound`` (lower bound); >= 1 means it holds."""
     with np.errstate(divide="ignore", invalid="ignore"):
         if side == "upper":
@@ -337,7 +337,8 @@ def _margin(side: str, bound: float, lower: float, upper: float) -> float:
         return upper / bound
 
 
-def _holds(side: str, bound: float, lower: float, upper: float) -> bool:
+def bound_holds(side: str, bound: float, lower: float, upper: float) -> bool:
+    """Whether ``bound`` holds against the certified bracket ``[lower, upper]`` (up to BOUND_RTOL)."""
     if side == "upper":
         return bound * (1.0 + BOUND_RTOL) >= lower
     if side == "lower":
@@ -345,7 +346,8 @@ def _holds(side: str, bound: float, lower: float, upper: float) -> bool:
     return True
 
 
-def _registry(extra_bounds: Sequence[BoundSpec] | None) -> tuple[BoundSpec, ...]:
+def registry_specs(extra_bounds: Sequence[BoundSpec] | None) -> tuple[BoundSpec, ...]:
+    """The checked bounds: the registry's and ``extra_bounds``, names unique, sides and statuses known."""
     specs = tuple(BOUNDS) + tuple(extra_bounds or ())
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -369,7 +371,8 @@ def _theta(t: Target) -> float | None:
 THETA_BUCKETS = ((0.0, 0.1), (0.1, 1.0), (1.0, 10.0), (10.0, math.inf))
 
 
-def _bucket(theta: float | None) -> str | None:
+def theta_bucket(theta: float | None) -> str | None:
+    """The bucket of :data:`THETA_BUCKETS` holding ``theta`` (``None`` without one)."""
     if theta is None:
         return None
     for lo, hi in THETA_BUCKETS:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import torch_threads
-from ._engine import Target, _engine, _measure, _params, _t
+from ._engine import Target, as_tensor64, engine_of, measure_of, params_of
 
 #: Instance kinds, in the order of the schedule (see :data:`SCHEDULE`).
 KINDS = (
@@ -154,7 +154,7 @@ def _kind_random_sequence(rng: np.random.Generator) -> list[Target]:
         X = np.zeros((n, d))
         X[:, 1] = R * rng.uniform(-1.0, 1.0, n)
         X[0, 1] = R
-    lo, val, up = _engine(_t(X), _params(heads, WO), masked=masked)
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
     return [Target("sequence", "euclidean", lo, val, up, _seq_ctx(X, heads, WO, masked))]
 
 
@@ -171,12 +171,12 @@ def _kind_weighted_measure(rng: np.random.Generator) -> list[Target]:
     decades = rng.uniform(0.0, 12.0)
     lw = -decades * math.log(10.0) * rng.random(n)
     pos = rng.random(n) if masked else None
-    mu = _measure(X, lw, pos)
-    params = _params(heads, WO)
+    mu = measure_of(X, lw, pos)
+    params = params_of(heads, WO)
     ctx = _measure_ctx(X, lw, heads, WO, masked=masked, positions=pos)
     out = [_w2_target("measure", mu, params, ctx)]
     if not masked:
-        out.append(Target("measure", "split", *_engine(mu, params, geometry="split"), dict(ctx)))
+        out.append(Target("measure", "split", *engine_of(mu, params, geometry="split"), dict(ctx)))
     return out
 
 
@@ -214,9 +214,9 @@ def _construction_X(rng: np.random.Generator, A: np.ndarray, R: float, n: int) -
 
     variant = "released" if rng.random() < 0.5 else "symmetric"
     try:
-        con = adversarial_sequence(_t(A), R, n, variant=variant)
+        con = adversarial_sequence(as_tensor64(A), R, n, variant=variant)
     except ValueError:  # no real eigenvalue: the released variant does not exist
-        con = adversarial_sequence(_t(A), R, n, variant="symmetric")
+        con = adversarial_sequence(as_tensor64(A), R, n, variant="symmetric")
     return con.X.numpy()
 
 
@@ -238,7 +238,7 @@ def _kind_construction(rng: np.random.Generator) -> list[Target]:
     heads = [(A, V, None)]
     ctx = _seq_ctx(X, heads, None, masked)
     ctx.update(construction="one_token", **_construction_ctx(X, X[0], X[1], A, V))
-    lo, val, up = _engine(_t(X), _params(heads, None), masked=masked)
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, None), masked=masked)
     return [Target("one_token", "euclidean", lo, val, up, ctx)]
 
 
@@ -260,7 +260,7 @@ def _kind_k_copies(rng: np.random.Generator) -> list[Target]:
     heads = [(A, V, None)]
     ctx = _seq_ctx(X, heads, None, False)
     ctx.update(construction="k_copies", k=k, **cc)
-    lo, val, up = _engine(_t(X), _params(heads, None))
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, None))
     return [Target("k_copies", "euclidean", lo, val, up, ctx)]
 
 
@@ -282,7 +282,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     if rng.random() < 0.15:
         A = -np.eye(d)  # the matching case
     A = _two_dirac_scale(A, R, _log_uniform(rng, 0.01, 300.0))
-    params = _params([(A, V, None)], None)
+    params = params_of([(A, V, None)], None)
     heads = [(A, V, None)]
     out: list[Target] = []
     brackets = []
@@ -301,24 +301,24 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     for case, ok in (("+", ext.lam_max > 0), ("-", ext.lam_min < 0)):
         if not ok:
             continue
-        td = two_dirac(_t(A), R, case=case, V=_t(V))
+        td = two_dirac(as_tensor64(A), R, case=case, V=as_tensor64(V))
         c = ctx_of(td)
         c["construction"] = "two_dirac_opt"
-        br = _engine(td.measure, params, geometry="wasserstein")
+        br = engine_of(td.measure, params, geometry="wasserstein")
         brackets.append(br)
         out.append(Target(f"two_dirac_opt[{case}]", "wasserstein", *br, c))
         out.append(
             Target(
                 f"two_dirac_opt[{case}]",
                 "split",
-                *_engine(td.measure, params, geometry="split"),
+                *engine_of(td.measure, params, geometry="split"),
                 dict(c, construction=None),
             )
         )
     # single Dirac: the trivial bound ||V|| (F(delta_x) = delta_{Vx})
     x = _ball_points(rng, 1, d, R, sphere=False)
-    dirac = _measure(x, np.zeros(1))
-    br = _engine(dirac, params, geometry="wasserstein")
+    dirac = measure_of(x, np.zeros(1))
+    br = engine_of(dirac, params, geometry="wasserstein")
     brackets.append(br)
     out.append(
         Target(
@@ -358,7 +358,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         )
     )
     # a random mass and the w = 1/2 mass, in the case chosen by the -8 rule
-    td0 = two_dirac(_t(A), R, V=_t(V))
+    td0 = two_dirac(as_tensor64(A), R, V=as_tensor64(V))
     gamma = td0.gamma
     opt = bounds.two_dirac_optimal_mass(gamma)
     le = min(float(opt.log_eps) + rng.normal(0.0, 3.0), -1e-3)
@@ -368,7 +368,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     ):
         if not log_eps < 0:
             continue
-        td = two_dirac(_t(A), R, log_eps=log_eps, case=td0.case, V=_t(V))
+        td = two_dirac(as_tensor64(A), R, log_eps=log_eps, case=td0.case, V=as_tensor64(V))
         c = ctx_of(td)
         c["construction"] = label
         out.append(_w2_target(label, td.measure, params, c))
@@ -377,7 +377,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
 
 def _w2_target(kind: str, mu: Any, params: Any, ctx: dict[str, Any]) -> Target:
     """The target of a measure in the W2 geometry: its bracket from the engine, with ``ctx``."""
-    return Target(kind, "wasserstein", *_engine(mu, params, geometry="wasserstein"), ctx)
+    return Target(kind, "wasserstein", *engine_of(mu, params, geometry="wasserstein"), ctx)
 
 
 def _search_head(
@@ -388,7 +388,7 @@ def _search_head(
     R = float(rng.choice(RADII[:6]))
     A, V = _single_head(rng, d, _log_uniform(rng, 0.05, theta_max) / R**2)
     heads = [(A, V, None)]
-    return R, heads, _params(heads, None)
+    return R, heads, params_of(heads, None)
 
 
 def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
@@ -405,7 +405,7 @@ def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
     t_eps = math.log(w / (1.0 - w)) - s  # logit of the light mass
     lw = np.array([-np.logaddexp(0.0, t_eps), -np.logaddexp(0.0, -t_eps)])  # (1-eps, eps)
     heads = [(A, V, None)]
-    mu = _measure(np.stack([y, x]), lw)
+    mu = measure_of(np.stack([y, x]), lw)
     ctx = {
         **_measure_ctx(np.stack([y, x]), lw, heads),
         "construction": "off_axis",
@@ -414,7 +414,7 @@ def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
         "h": h,
         "w": w,
     }
-    return [_w2_target("off_axis", mu, _params(heads, None), ctx)]
+    return [_w2_target("off_axis", mu, params_of(heads, None), ctx)]
 
 
 def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:
@@ -453,7 +453,7 @@ def _kind_worst_case(rng: np.random.Generator) -> list[Target]:
     pts = res.measure.points.numpy()
     lw = res.measure.log_weights.numpy()
     ctx = _measure_ctx(pts, lw, heads)
-    return [Target("worst_case", geometry, *_engine(res.measure, params, geometry=geometry), ctx)]
+    return [Target("worst_case", geometry, *engine_of(res.measure, params, geometry=geometry), ctx)]
 
 
 def _kind_equal_tokens(rng: np.random.Generator) -> list[Target]:
@@ -471,7 +471,7 @@ def _kind_equal_tokens(rng: np.random.Generator) -> list[Target]:
     )
     ctx = _seq_ctx(X, heads, WO, masked)
     ctx.update(construction="equal_tokens", V_eff_norm=float(np.linalg.norm(V_eff, 2)))
-    lo, val, up = _engine(_t(X), _params(heads, WO), masked=masked)
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
     return [Target("equal_tokens", "euclidean", lo, val, up, ctx)]
 
 
@@ -498,7 +498,7 @@ def _kind_large_radius(rng: np.random.Generator) -> list[Target]:
         ),
         margin=gap,
     )
-    lo, val, up = _engine(_t(X), _params(heads, None), masked=masked)
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, None), masked=masked)
     return [Target("large_radius", "euclidean", lo, val, up, ctx)]
 
 
@@ -518,12 +518,12 @@ def _kind_kim_l2(rng: np.random.Generator) -> list[Target]:
     WV = rng.standard_normal((H, D, k)) / math.sqrt(D)
     WO = rng.standard_normal((D, D)) / math.sqrt(D)
     X = rng.standard_normal((N, D)) * _log_uniform(rng, 0.1, 10.0)
-    p = L2AttentionParams(_t(WQ), _t(WV), _t(WO))
+    p = L2AttentionParams(as_tensor64(WQ), as_tensor64(WV), as_tensor64(WO))
 
     def fn(Y: Any) -> Any:
         return l2_self_attention(Y, p)
 
-    Xt = _t(X)
+    Xt = as_tensor64(X)
     est = local_lipschitz_fn(fn, Xt, method="dense")
     ctx = {"what": "kim", "n": N, "WQ": WQ, "WV": WV, "WO": WO, "X": X, "masked": False}
     out = [Target("kim_l2", "euclidean", float(est.lower), float(est.value), float(est.upper), ctx)]

@@ -12,7 +12,7 @@ import numpy as np
 from ..engine import Claim, Claims, load_json, record_float
 from ..markdown import plain
 from ..verdicts import compare_bound
-from .checks import BOUND_RTOL, BoundSpec, _bucket, _holds, _margin
+from .checks import BOUND_RTOL, BoundSpec, bound_holds, bound_margin, theta_bucket
 from .generation import make_targets
 from .settings import NAME
 
@@ -140,7 +140,7 @@ def aggregate(
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = b / val if val != 0 else (math.inf if b > 0 else 1.0)
             p["ratios"].append(ratio)
-            m = _margin(s.side, b, lo, up) if s.side != "limit" else ratio
+            m = bound_margin(s.side, b, lo, up) if s.side != "limit" else ratio
             item = {
                 "index": rec["index"],
                 "kind": rec["kind"],
@@ -159,9 +159,9 @@ def aggregate(
                     p["worst"] = dict(item, _key=key)
             elif p["worst"] is None or m < p["worst"]["margin"]:
                 p["worst"] = item
-            if not _holds(s.side, b, lo, up):
+            if not bound_holds(s.side, b, lo, up):
                 p["fails"].append(item)
-            bk = _bucket(theta)
+            bk = theta_bucket(theta)
             if bk is not None and s.side != "limit":
                 tb = p["theta"].setdefault(bk, {"n": 0, "min_margin": math.inf, "ratios": []})
                 tb["n"] += 1

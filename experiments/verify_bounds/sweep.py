@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import StageRun, Steps, Sweep, run_metadata, write_json
-from .checks import BoundSpec, _registry, check_instance
+from .checks import BoundSpec, check_instance, registry_specs
 from .generation import KINDS, SCHEDULE
 from .report import aggregate
 from .settings import NAME, VerifyBoundsSettings, checked_count, checked_kinds, kind_names
@@ -37,7 +37,9 @@ def instance_point(config: Mapping[str, Any]) -> dict[str, Any]:
     Pure and picklable by reference, so that a Dask worker can compute it (docs/cluster.md); it
     checks the registered bounds (:data:`~experiments.verify_bounds.checks.BOUNDS`).
     """
-    return check_instance(int(config["seed"]), config["index"], config["kind"], _registry(None))
+    return check_instance(
+        int(config["seed"]), config["index"], config["kind"], registry_specs(None)
+    )
 
 
 def verify(
@@ -77,7 +79,7 @@ def verify(
         ``instances_by_kind``, ``seconds``.
     """
     kinds = checked_kinds(kinds)
-    specs = _registry(extra_bounds)
+    specs = registry_specs(extra_bounds)
     points = _schedule(checked_count(n_instances), kinds)
     t0 = time.perf_counter()
 
@@ -139,7 +141,7 @@ def execute(cfg: VerifyBoundsSettings, out: Path, run: StageRun) -> Steps:
     round. Returns the report and the per-instance records (``instances.jsonl``, resumable).
     """
     seed, kinds = int(cfg.seed), checked_kinds(kind_names(cfg.kinds))
-    specs = _registry(None)
+    specs = registry_specs(None)
     points = _schedule(checked_count(cfg.n_instances), kinds)
     t0 = time.perf_counter()
     sweep = _sweep(out, seed, specs)
