@@ -342,10 +342,10 @@ class RopeRows:
 
     def rotate(self, Z: Tensor, *, adjoint: bool = False) -> Tensor:
         """Rotate head rows ``Z`` (..., H_r, n, k) at the token positions (or by the adjoint)."""
-        return _rotate(self.ropes, Z, self.index, adjoint=adjoint)
+        return rotate_rows(self.ropes, Z, self.index, adjoint=adjoint)
 
 
-def _rotate(
+def rotate_rows(
     ropes: tuple[RotaryEmbedding, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
 ) -> Tensor:
     """Rows ``Z`` (..., H_r, n, k) rotated by each head's embedding at the positions ``index``.
@@ -405,8 +405,8 @@ def _rope_rows(
     V = torch.stack([h.V for h in heads])
     index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
     ropes = tuple(require_rope(h) for h in heads)
-    q = _rotate(ropes, torch.einsum("...nd,hkd->...hnk", X, Q), index)
-    k = _rotate(ropes, torch.einsum("...nd,hkd->...hnk", X, K), index)
+    q = rotate_rows(ropes, torch.einsum("...nd,hkd->...hnk", X, Q), index)
+    k = rotate_rows(ropes, torch.einsum("...nd,hkd->...hnk", X, K), index)
     VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
     return RopeRows(
         heads=rope, P=P, P_w=P_w, q=q, kc=k - k.mean(-2, keepdim=True), VXc=VXc,

@@ -37,7 +37,13 @@ from .._validation import (
     reject_variants,
 )
 from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
-from .linearization import require_factors, require_rope, score_matrix
+from .linearization import (
+    head_output_matrices,
+    require_factors,
+    require_rope,
+    rotate_rows,
+    score_matrix,
+)
 
 __all__ = [
     "StreamingLinearization",
@@ -259,24 +265,6 @@ def _attention_means(lin: StreamingLinearization, g: _HeadGroup) -> tuple[Tensor
 
 
 # ------------------------------------------------------------------------------ construction
-def _rotate(
-    ropes: tuple[RotaryEmbedding, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
-) -> Tensor:
-    """Rows ``Z`` (..., G, n, k) rotated by each head's embedding at ``index``.
-
-    ``adjoint``: the rotation by the opposite angles, with the same scaling (its transpose).
-    """
-    idx = -index if adjoint else index
-    first = ropes[0]
-    if all(
-        r.attention_scaling == first.attention_scaling and torch.equal(r.inv_freq, first.inv_freq)
-        for r in ropes[1:]
-    ):
-        return first.apply(Z, idx)
-    per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
-    return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
-
-
 def _group_key(head: AttentionParams) -> tuple[_Kind, int]:
     """The kind of a head and its width ``k`` (``d`` for heads given by ``A`` only)."""
     if head.rope is not None:
@@ -284,16 +272,6 @@ def _group_key(head: AttentionParams) -> tuple[_Kind, int]:
     if head.Q is not None:
         return ("factored", head.Q.shape[0])
     return ("plain", head.d)
-
-
-def _output_matrices(params: Params) -> Tensor:
-    """Per-head output matrices W_h (H, d_out, d_v): column blocks of W^O, or block selectors."""
-    heads = params.heads
-    H, d_v = len(heads), heads[0].d_v
-    if isinstance(params, MultiHeadParams) and params.W_O is not None:
-        return params.W_O.reshape(params.W_O.shape[0], H, d_v).permute(1, 0, 2).contiguous()
-    eye = torch.eye(H * d_v, dtype=heads[0].dtype, device=heads[0].device)
-    return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous()
 
 
 def _tangent_rows(
@@ -308,7 +286,7 @@ def _tangent_rows(
     vY = torch.einsum("...nd,gvd->...gnv", Y, g.V)
     if g.ropes is not None:
         idx = _rope_index(lin.X, lin.token_index)
-        qY, kY = _rotate(g.ropes, qY, idx), _rotate(g.ropes, kY, idx)
+        qY, kY = rotate_rows(g.ropes, qY, idx), rotate_rows(g.ropes, kY, idx)
     return qY, kY, vY
 
 
@@ -382,7 +360,7 @@ def linearize_streaming(
         if len(sizes) != 2 or any(int(b) != b or b < 1 for b in sizes):
             raise ValueError(f"block_size must be a positive int or a pair, got {block_size!r}")
         block = (int(sizes[0]), int(sizes[1]))
-    W_all = _output_matrices(params)
+    W_all, _ = head_output_matrices(params)
     d_out = W_all.shape[-2]
     x_bar = X.mean(-2, keepdim=True)
     Xc = X - x_bar
@@ -408,8 +386,8 @@ def linearize_streaming(
             kc = torch.einsum("...nd,gkd->...gnk", Xc, K)
         else:
             ridx = _rope_index(X, token_index)
-            q = _rotate(ropes, q, ridx)
-            k = _rotate(ropes, torch.einsum("...nd,gkd->...gnk", X, K), ridx)
+            q = rotate_rows(ropes, q, ridx)
+            k = rotate_rows(ropes, torch.einsum("...nd,gkd->...gnk", X, K), ridx)
             kc = k - k.mean(-2, keepdim=True)
         cs = [h.c for h in hs]
         C = None
@@ -554,8 +532,8 @@ def streaming_vjp(
             acc_q[..., sl, :] += PZ @ g.kc[..., ks, :]
         if g.ropes is not None:
             idx = _rope_index(lin.X, lin.token_index)
-            acc_q = _rotate(g.ropes, acc_q, idx, adjoint=True)
-            acc_k = _rotate(g.ropes, acc_k, idx, adjoint=True)
+            acc_q = rotate_rows(g.ropes, acc_q, idx, adjoint=True)
+            acc_k = rotate_rows(g.ropes, acc_k, idx, adjoint=True)
         if g.Q is None:
             part = acc_q.sum(-3)
         else:
