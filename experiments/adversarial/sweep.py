@@ -18,7 +18,6 @@ from ..engine import (
     Steps,
     Sweep,
     SweepJob,
-    config_hash,
     load_json,
     torch_threads,
     write_csv,
@@ -279,11 +278,10 @@ def _config_job(
     """The round's job of configuration ``c`` (``None`` when finished) and its files."""
     sweep = Sweep(out, c.id, settings, seed=c.seed, device=run.device, dtype="float64")
     points = [{"n": n, "variant": v} for n in settings["n_grid"] for v in settings["variants"]]
-    digest = config_hash(settings)
     info_path = out / f"{c.id}.json"
     files = [sweep.path, sweep.meta_path, info_path]
     if not sweep.unfinished(points) and info_path.exists():
-        if load_json(info_path).get("config_hash") == digest:
+        if load_json(info_path).get("config_hash") == sweep.digest:
             return None, files
 
     context = {
@@ -299,7 +297,7 @@ def _config_job(
         info_path,
         {
             "config": asdict(c),
-            "config_hash": digest,
+            "config_hash": sweep.digest,
             "settings": settings,
             **facts,
             "standin": _is_standin(settings["model"]),
