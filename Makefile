@@ -59,9 +59,9 @@ test: $(DIST_STAMP)
 test-all: $(DIST_STAMP)
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
-# Lint: ruff on the whole tree, then mypy on theory/ and meanfield/ (settings in pyproject.toml,
-# [tool.mypy]; the meanfield modules that still have type errors are listed there and skipped).
-TYPECHECK_PATHS ?= theory meanfield
+# Lint: ruff on the whole tree, then mypy on every package of the layering (settings in
+# pyproject.toml, [tool.mypy]).
+TYPECHECK_PATHS ?= theory meanfield experiments paper_figs meanfield_cli
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

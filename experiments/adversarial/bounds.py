@@ -7,11 +7,14 @@ they need, and the least-squares constants of :math:`C\sqrt n` and of a free pow
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..fits import fit_power_law
+
+if TYPE_CHECKING:
+    from theory.bounds import SqrtNForm
 
 
 def fit_sqrt_n(n: Sequence[float], y: Sequence[float]) -> float:
@@ -77,7 +80,7 @@ def _effective_A_norm(f: Mapping[str, Any], R: float) -> float:
 
 
 def global_bound(
-    head_facts: Sequence[Mapping[str, Any]], R: float, n: int, *, form: str = "sqrt3"
+    head_facts: Sequence[Mapping[str, Any]], R: float, n: int, *, form: SqrtNForm = "sqrt3"
 ) -> float:
     r"""Global √n bound of docs/theory.md §1 for a multi-head layer on :math:`B_R^n`.
 

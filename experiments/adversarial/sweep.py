@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..engine import (
     StageRun,
@@ -42,6 +42,7 @@ def _tiny_model(key: str, seed: int) -> Any:
 
     from meanfield.models import LoadedModel, layer_info, tiny_config
 
+    cls: type[tr.PreTrainedModel]
     if key == "gpt2-random-tiny":
         cfg = tiny_config("gpt2", d=32, heads=4)
         cls, label = tr.GPT2Model, "GPT-2 architecture, tiny random config (d = 32, 4 heads)"
@@ -192,7 +193,7 @@ def _adv_compute(
     R = settings["R"]
     n_max = max(settings["n_grid"])
 
-    def construction(variant: str) -> Any:
+    def construction(variant: Literal["released", "symmetric"]) -> Any:
         if variant not in constructions:
             try:
                 constructions[variant] = adversarial_sequence(

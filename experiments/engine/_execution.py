@@ -35,7 +35,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -104,7 +104,7 @@ def call_task(
             "worker": f"pid {os.getpid()}",
         }
     finally:
-        if old is not None:
+        if old is not None and torch is not None:  # old was read from torch, so torch is loaded
             torch.set_num_threads(old)
     return {
         "status": "ok",
@@ -161,7 +161,7 @@ class Executor(Protocol):
     workers: int
     times: ExecutionTimes
 
-    def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
+    def map_unordered(self, tasks: Sequence[Task]) -> Generator[Outcome, None, None]:
         """Run ``tasks`` (largest cost first) and yield one :class:`Outcome` per task."""
         ...
 
@@ -180,7 +180,7 @@ class SerialExecutor:
         self.submitted: list[str] = []
         self.times = ExecutionTimes()
 
-    def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
+    def map_unordered(self, tasks: Sequence[Task]) -> Generator[Outcome, None, None]:
         """Run each task in turn and yield its outcome."""
         ordered = order_by_cost(tasks)
         self.submitted = [t.key for t in ordered]
@@ -265,6 +265,7 @@ class DaskExecutor:
         if scheduler is not None:
             self.client = Client(scheduler)
         else:
+            assert workers is not None  # exactly one of workers and scheduler (checked above)
             if int(workers) < 1:
                 raise ValueError(f"workers must be at least 1, got {workers}")
             if not log.isEnabledFor(logging.INFO):  # quiet unless asked (-v)
@@ -334,7 +335,7 @@ class DaskExecutor:
         """Number of workers connected now (at least 1, for cost estimates)."""
         return max(1, len(self.client.scheduler_info()["workers"]))
 
-    def map_unordered(self, tasks: Sequence[Task]) -> Iterator[Outcome]:
+    def map_unordered(self, tasks: Sequence[Task]) -> Generator[Outcome, None, None]:
         """Submit every task (largest cost first, highest priority first) and yield outcomes."""
         from distributed import as_completed
 
@@ -433,7 +434,13 @@ class DaskExecutor:
         self.close()
 
     def __repr__(self) -> str:
-        where = "LocalCluster" if self.cluster is not None else self.client.scheduler.address
+        where: str | None
+        if self.cluster is not None:
+            where = "LocalCluster"
+        else:
+            scheduler = self.client.scheduler
+            assert scheduler is not None, "a connected client has its scheduler's address"
+            where = scheduler.address
         cap = f", max_threads={self.max_threads}" if self.max_threads is not None else ""
         return f"DaskExecutor({where}, workers={self.workers}{cap})"
 
@@ -550,7 +557,7 @@ def run_jobs(
             tkey = f"{label}/{pkey}"
             config = {**job.context, **p}
             member = _Member(job, p, pkey, tkey, config, c, label)
-            if job.batch_fn is not None:
+            if job.batch_fn is not None and job.batch_key is not None:  # both or neither (above)
                 gkey = (job.batch_fn, job.batch_key(config))
                 if gkey not in groups:  # the group's task takes the place of its first point
                     groups[gkey] = []
@@ -622,6 +629,7 @@ def _take(
     """
     batched = outcome.task.key.startswith("batch:")
     if outcome.ok:
+        assert outcome.value is not None, "an outcome with status 'ok' carries its value"
         values = outcome.value["members"] if batched else [outcome.value]
         if len(values) != len(members):
             raise RuntimeError(

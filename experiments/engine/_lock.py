@@ -323,6 +323,7 @@ class OutDirLock:
     def _start_heartbeat(self) -> None:
         if self.heartbeat is None:
             return
+        assert self.info is not None, "the heartbeat starts once the lock is held"
         self._stop = threading.Event()
         stop, path, token, period = self._stop, self.path, self.info["token"], self.heartbeat
 

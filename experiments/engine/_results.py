@@ -162,7 +162,10 @@ def save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
         if v.dtype == object:
             raise ValueError(f"array {k!r} has dtype object, which would need pickle")
     buf = io.BytesIO()
-    np.savez_compressed(buf, **converted)
+    # numpy's stub is savez_compressed(file, *args, allow_pickle: bool, **kwds: ArrayLike), and mypy
+    # matches a ``**dict`` against allow_pickle as well; these keys are array names, all for **kwds.
+    members: dict[str, Any] = converted
+    np.savez_compressed(buf, **members)
     return atomic_write_bytes(path, buf.getvalue())
 
 

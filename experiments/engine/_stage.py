@@ -35,7 +35,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -133,6 +133,9 @@ def check_setting(stage: str, field: str, value: Any, tp: Any) -> None:
         )
 
 
+_Config = TypeVar("_Config", bound="StageConfig")
+
+
 @dataclass(frozen=True)
 class StageConfig:
     """Base of the per-stage settings dataclasses (frozen; one instance per preset).
@@ -205,7 +208,7 @@ class StageConfig:
         for group, entries in nested.items():
             hints[group].check(entries, within=(stage, f"{prefix}{group}."))
 
-    def replace(self, **settings: Any) -> StageConfig:
+    def replace(self: _Config, **settings: Any) -> _Config:
         """A copy with ``settings`` replaced (checked by :meth:`check`; lists become tuples).
 
         A group's settings are given by dotted names (``**{"f5.R": 2.0}``) or as a mapping

@@ -56,6 +56,8 @@ def _blas_controller() -> Any:
     """The BLAS libraries loaded so far, numpy's and scipy's included, as threadpoolctl sees them."""
     import numpy  # noqa: F401 - load numpy's and scipy's OpenBLAS first, so that both are seen
     import scipy.linalg  # noqa: F401
+
+    # threadpoolctl ships neither stubs nor py.typed; the controller is used as Any here
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()

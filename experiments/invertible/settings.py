@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from ..engine import StageConfig, preset_settings
 
@@ -36,7 +36,18 @@ class InvertibleSettings(StageConfig):
     tol: float
 
 
-_COMMON = {"d": 4, "heads": 2, "n": 4, "target": 0.5, "ref_radius": 1.0, "tol": 1e-12}
+class _Common(TypedDict):
+    """The settings that every preset shares."""
+
+    d: int
+    heads: int
+    n: int
+    target: float
+    ref_radius: float
+    tol: float
+
+
+_COMMON: _Common = {"d": 4, "heads": 2, "n": 4, "target": 0.5, "ref_radius": 1.0, "tol": 1e-12}
 
 PRESETS: Mapping[str, InvertibleSettings] = {
     "tiny": InvertibleSettings(**_COMMON, radii=(1.0, 16.0), seeds=(0,), max_iter=100),

@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -55,10 +55,26 @@ def _uppers(n: np.ndarray, D: int, H: int, W: dict[str, np.ndarray]) -> dict[str
 
     ninf = kim_l2_norms(W["WQ"], W["WV"], W["WO"], p="inf")
     n2 = kim_l2_norms(W["WQ"], W["WV"], W["WO"], p=2)
+
+    def upper(
+        norms: dict[str, np.ndarray], p: Literal[2, "inf"], wq_power: Literal[1, 2] = 1
+    ) -> np.ndarray:
+        bound = kim_l2_upper(
+            n,
+            D=D,
+            H=H,
+            WQ_norms=norms["WQ_norms"],
+            WV_norms=norms["WV_norms"],
+            WO_norm=norms["WO_norm"],
+            p=p,
+            wq_power=wq_power,
+        )
+        return np.asarray(bound, dtype=float)
+
     return {
-        "upper_inf": np.asarray(kim_l2_upper(n, D=D, H=H, p="inf", **ninf), dtype=float),
-        "upper_2": np.asarray(kim_l2_upper(n, D=D, H=H, p=2, **n2), dtype=float),
-        "upper_2_wq2": np.asarray(kim_l2_upper(n, D=D, H=H, p=2, wq_power=2, **n2), dtype=float),
+        "upper_inf": upper(ninf, "inf"),
+        "upper_2": upper(n2, 2),
+        "upper_2_wq2": upper(n2, 2, wq_power=2),
         # the weight factor of the ∞-norm bound: upper_inf = (4 W0((N-1)/e) + 1/sqrt(k)) K_inf
         "K_inf": np.float64(ninf["WO_norm"] * ninf["WQ_norms"].max() * ninf["WV_norms"].max()),
     }
@@ -250,14 +266,15 @@ def execute(cfg: KimTightnessSettings, out: Path, run: StageRun) -> Steps:
     del run  # CPU only; the driver draws the progress
     seed = int(cfg.seed)
     heads = (cfg.heads,) if isinstance(cfg.heads, str) else tuple(cfg.heads)
-    kwargs = {
-        "n_values": [int(v) for v in cfg.n_values],
+    n_values = [int(v) for v in cfg.n_values]
+    search = {
         "p2_max_n": int(cfg.p2_max_n),
         "n_restarts": int(cfg.n_restarts),
         "steps": int(cfg.steps),
         "p2_restarts": int(cfg.p2_restarts),
         "p2_steps": int(cfg.p2_steps),
     }
+    kwargs = {"n_values": n_values, **search}  # what a finished head records as its settings
     files: list[Path] = []
     todo = []
     for name in heads:
@@ -270,7 +287,6 @@ def execute(cfg: KimTightnessSettings, out: Path, run: StageRun) -> Steps:
             )
             files += [p for p in points_files if p.exists()]
             continue
-        search = {k: v for k, v in kwargs.items() if k != "n_values"}
         context = _point_context(name, seed, **search)
         sweep = Sweep(
             out,
@@ -280,13 +296,13 @@ def execute(cfg: KimTightnessSettings, out: Path, run: StageRun) -> Steps:
             device="cpu",
             dtype="float64",
         )
-        points = [{"N": N} for N in kwargs["n_values"]]
+        points = [{"N": N} for N in n_values]
         cost = functools.partial(_point_cost, context=context)
         todo.append((name, sweep, points, sweep.job(points, kim_point, context, cost=cost)))
     yield [job for *_, job in todo]  # one round: every head's points
     for name, sweep, points, _ in todo:
         recs = sweep.collect(points)
         rows = {int(r["point"]["N"]): r for r in recs}
-        files += head_results(out, name, seed=seed, rows=rows, **kwargs)
+        files += head_results(out, name, seed=seed, rows=rows, n_values=n_values, **search)
         files += [sweep.path, sweep.meta_path]
     return files

@@ -234,7 +234,7 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             else None
         )
         train_len = TRAINING_LENGTH.get(s["config"]["model"])
-        beyond = None
+        beyond: dict[str, Any] | None = None
         if train_len is not None and a["n"].max() > train_len:
             ins, out_ = a["n"] <= train_len, a["n"] > train_len
             v = a["value"]
@@ -547,11 +547,13 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
         inside = lo <= pc["alpha"] <= hi
         if row_verdict(r) == "reproduced":
             fr = r["fit_released"]
+            diff = curve_difference(r)
+            assert diff is not None  # a row with a verdict has a fit and a printed curve
             parts.append(
                 f"**Reproduced:** on {r['label']} ({r['corpus']}), the paper's own model, the "
                 f"released metric follows {fr['c']:.3g}·n^{fr['alpha']:.3f} against the printed "
                 f"{pc['c']:g}·n^{pc['alpha']:g}: the two curves differ by at most "
-                f"{100 * curve_difference(r):.1f} % over n = {r['n_values'][0]}–"
+                f"{100 * diff:.1f} % over n = {r['n_values'][0]}–"
                 f"{r['n_values'][-1]} (the exponent interval [{lo:.3f}, {hi:.3f}] is narrow "
                 f"enough to exclude {pc['alpha']:g} itself, a difference the printed two-digit "
                 f"curve cannot resolve), while the true ‖J‖₂ of the same layer grows like "

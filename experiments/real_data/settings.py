@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from ..engine import Names, StageConfig, preset_settings
 
@@ -53,7 +53,7 @@ class RealConfig:
     id: str
     model: str
     layer: int
-    map: str
+    map: Literal["heads", "heads+WO", "block"]
     masked: bool
     paper: str | None
     long: bool = False
@@ -355,7 +355,9 @@ def user_config_list(models: Sequence[str], layers: Sequence[int] | None, cache:
                 paper = f"GPT-2 L{layer}"
             else:
                 paper = None
-            maps = ["heads+WO", "block"] if info.arch == "bert" else ["heads+WO"]
+            maps: list[Literal["heads+WO", "block"]] = (
+                ["heads+WO", "block"] if info.arch == "bert" else ["heads+WO"]
+            )
             for m in maps:
                 cid = f"{stem}-L{layer}" + ("-block" if m == "block" else "")
                 out.append(

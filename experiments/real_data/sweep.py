@@ -444,8 +444,15 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
                     return float(p["n"]) ** 2 * d * windows
 
                 # batched: one call per (configuration, n) across the sweeps of this run
-                batched = {"batch_fn": real_points, "batch_key": _batch_key} if batch else {}
-                jobs.append(sweep.job(points, real_point, context, cost=cost, **batched))
+                job = sweep.job(
+                    points,
+                    real_point,
+                    context,
+                    cost=cost,
+                    batch_fn=real_points if batch else None,
+                    batch_key=_batch_key if batch else None,
+                )
+                jobs.append(job)
             files += [sweep.path, sweep.meta_path]
         yield jobs  # one round: every sweep's points
         files.append(manifest_path)

@@ -45,7 +45,7 @@ def _f7_problem(cfg: SyntheticSettings) -> tuple[np.ndarray, np.ndarray, list[np
     K = torch.randn(d, d, generator=g, dtype=torch.float64)
     A = (Q.T @ K / math.sqrt(d)).numpy()
     V = (torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d)).numpy()
-    X = []
+    X: list[np.ndarray] = []
     while len(X) < cfg.f7.inputs:
         x = torch.randn(n, d, generator=g, dtype=torch.float64).numpy()
         x = x / np.linalg.norm(x, axis=1).max()

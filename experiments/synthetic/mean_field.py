@@ -72,8 +72,10 @@ def _padded_measure(points: np.ndarray, log_weights: np.ndarray, n_atoms: int, d
         shares = shares - special.logsumexp(shares)
         pts = np.concatenate([np.repeat(pts[:1], extra + 1, axis=0), pts[1:]])
         lw = np.concatenate([lw[0] + shares, lw[1:]])
-    t = {"dtype": torch.float64, "device": device}
-    return DiracMeasure.from_log_weights(torch.as_tensor(pts, **t), torch.as_tensor(lw, **t))
+    return DiracMeasure.from_log_weights(
+        torch.as_tensor(pts, dtype=torch.float64, device=device),
+        torch.as_tensor(lw, dtype=torch.float64, device=device),
+    )
 
 
 def _worst_point(

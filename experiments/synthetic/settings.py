@@ -218,8 +218,10 @@ def head_params64(A: np.ndarray, V: np.ndarray, device: str):
 
     from meanfield import AttentionParams
 
-    t = {"dtype": torch.float64, "device": device}
-    return AttentionParams(torch.as_tensor(A, **t), torch.as_tensor(V, **t))
+    return AttentionParams(
+        torch.as_tensor(A, dtype=torch.float64, device=device),
+        torch.as_tensor(V, dtype=torch.float64, device=device),
+    )
 
 
 def spectral_norm_np(A: np.ndarray) -> float:

@@ -224,7 +224,7 @@ def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
         "upper_triangle",
         "upper_sqrt3",
     )
-    out_arr = {k: [] for k in keys}
+    out_arr: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     eng = {
         k: np.full((G, len(m_grid)), np.nan)
         for k in ("masked_value", "masked_lower", "masked_upper")

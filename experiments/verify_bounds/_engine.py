@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -58,7 +58,11 @@ def params_of(heads: Sequence[tuple], WO: np.ndarray | None) -> Any:
 
 
 def engine_of(
-    x: Any, params: Any, *, geometry: str = "euclidean", masked: bool = False
+    x: Any,
+    params: Any,
+    *,
+    geometry: Literal["euclidean", "wasserstein", "split"] = "euclidean",
+    masked: bool = False,
 ) -> tuple[float, float, float]:
     """Certified bracket (lower, value, upper) of the local constant (dense, float64)."""
     from meanfield.lipschitz import local_lipschitz

@@ -12,12 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._engine import Target
 from .generation import make_targets
+
+if TYPE_CHECKING:
+    from theory.bounds import SqrtNForm
 
 #: Relative slack granted to a closed-form bound for its own float64 evaluation (values up to
 #: ``exp(350)`` are computed as ``exp(log value)``, which loses up to ~1e-13 relative). The engine's
@@ -95,7 +98,7 @@ def _is_mean_field(t: Target) -> bool:
 
 
 # ------------------------------------------------------------------ upper bounds
-def _sqrt_n(form: str) -> Callable[[Target], float | None]:
+def _sqrt_n(form: SqrtNForm) -> Callable[[Target], float | None]:
     def ev(t: Target) -> float | None:
         if not _is_sequence(t):
             return None
@@ -184,9 +187,19 @@ def _kim(p: Any, squared: bool = False) -> Callable[[Target], float | None]:
         WQ, WV, WO = t.ctx["WQ"], t.ctx["WV"], t.ctx["WO"]
         H, D = WQ.shape[0], WQ.shape[1]
         norms = bounds.kim_l2_norms(WQ, WV, WO, p=p)
-        # wq_power=2: ||W^{Q,h}||_2^2, degree 2 in W^Q like the map itself
-        extra = {"wq_power": 2} if squared else {}
-        return float(bounds.kim_l2_upper(t.ctx["n"], D=D, H=H, p=p, **norms, **extra))
+        # wq_power=2: ||W^{Q,h}||_2^2, degree 2 in W^Q like the map itself (1: the default)
+        return float(
+            bounds.kim_l2_upper(
+                t.ctx["n"],
+                D=D,
+                H=H,
+                p=p,
+                WQ_norms=norms["WQ_norms"],
+                WV_norms=norms["WV_norms"],
+                WO_norm=norms["WO_norm"],
+                wq_power=2 if squared else 1,
+            )
+        )
 
     return ev
 

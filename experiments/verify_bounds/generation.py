@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -212,7 +212,7 @@ def _construction_X(rng: np.random.Generator, A: np.ndarray, R: float, n: int) -
     """The eigenvector construction (released variant when A has a real eigenvalue)."""
     from meanfield.attacks import adversarial_sequence
 
-    variant = "released" if rng.random() < 0.5 else "symmetric"
+    variant: Literal["released", "symmetric"] = "released" if rng.random() < 0.5 else "symmetric"
     try:
         con = adversarial_sequence(as_tensor64(A), R, n, variant=variant)
     except ValueError:  # no real eigenvalue: the released variant does not exist
@@ -298,7 +298,11 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     from theory import bounds
 
     ext = bounds.rayleigh_extremes(A)
-    for case, ok in (("+", ext.lam_max > 0), ("-", ext.lam_min < 0)):
+    cases: tuple[tuple[Literal["+", "-"], bool], ...] = (
+        ("+", ext.lam_max > 0),
+        ("-", ext.lam_min < 0),
+    )
+    for case, ok in cases:
         if not ok:
             continue
         td = two_dirac(as_tensor64(A), R, case=case, V=as_tensor64(V))
@@ -341,12 +345,14 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         )
     )
     # max over the constructions: a bracket of the best value, for mean_field_lower
-    best = tuple(max(b[i] for b in brackets) for i in range(3))
+    best_lower, best_value, best_upper = (max(b[i] for b in brackets) for i in range(3))
     out.append(
         Target(
             "two_dirac_best",
             "wasserstein",
-            *best,
+            best_lower,
+            best_value,
+            best_upper,
             {
                 "what": "best",
                 "masked": False,
@@ -368,7 +374,9 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     ):
         if not log_eps < 0:
             continue
-        td = two_dirac(as_tensor64(A), R, log_eps=log_eps, case=td0.case, V=as_tensor64(V))
+        # TwoDirac.case is typed str but is always the case two_dirac chose, "+" or "-"
+        case0 = cast(Literal["+", "-"], td0.case)
+        td = two_dirac(as_tensor64(A), R, log_eps=log_eps, case=case0, V=as_tensor64(V))
         c = ctx_of(td)
         c["construction"] = label
         out.append(_w2_target(label, td.measure, params, c))
@@ -439,7 +447,7 @@ def _kind_worst_case(rng: np.random.Generator) -> list[Target]:
     from meanfield.attacks import worst_case_measure
 
     R, heads, params = _search_head(rng, (1, 3), 8.0)
-    geometry = "wasserstein" if rng.random() < 0.7 else "split"
+    geometry: Literal["wasserstein", "split"] = "wasserstein" if rng.random() < 0.7 else "split"
     res = worst_case_measure(
         params,
         R,
