@@ -10,6 +10,9 @@ into explicit margins:
   mag}` that dominates every term of the closed-form products (docs/rounding.md §3), so that
   :math:`|\widehat{Jv} - Jv|\le\eta\,|J|_{\rm mag}|v|` entrywise;
 * :func:`lower_margin` and :func:`upper_margin` apply it to the two ends (docs/rounding.md §4);
+* :func:`streaming_error_model`, :func:`streaming_magnitude_norm` and
+  :func:`streaming_magnitude_vector_norm` are the same model for the streaming products, whose
+  attention tiles are recomputed from the row log-normalisers (docs/rounding.md §11);
 * :func:`scale_exponent` and :func:`scaled` normalise the operator by a power of two before any
   norm, SVD or Krylov step, so that constants up to float64's maximum come back finite
   (docs/rounding.md §5).
@@ -28,8 +31,9 @@ from torch import Tensor
 
 from ._typing import Params, ProductGeometry
 from .attention import admissible_keys, head_logits
-from .jacobian import AttentionLinearization, jvp, vjp
+from .jacobian import AttentionLinearization, StreamingLinearization, jvp, vjp
 from .jacobian.linearization import attend
+from .jacobian.streaming import streaming_jvp, streaming_vjp
 from .params import AttentionParams, MultiHeadParams, RotaryEmbedding
 
 __all__ = [
@@ -43,7 +47,12 @@ __all__ = [
     "magnitude_vector_norm",
     "scale_exponent",
     "scaled",
+    "on_magnitude_of",
     "softmax_error",
+    "streaming_error_model",
+    "streaming_magnitude_norm",
+    "streaming_magnitude_vector_norm",
+    "streaming_scale_exponent",
 ]
 
 U64 = 2.0**-53  # unit roundoff of float64
@@ -54,9 +63,9 @@ _MAX_EXP = 1000
 _SAFETY = 2.0
 
 
-def gamma(k: float) -> float:
-    r"""Higham's :math:`\gamma_k = ku/(1-ku)` for float64 (``inf`` when :math:`ku\ge1`)."""
-    ku = k * U64
+def gamma(k: float, u: float = U64) -> float:
+    r"""Higham's :math:`\gamma_k = ku/(1-ku)`, float64's ``u`` by default (``inf`` when :math:`ku\ge1`)."""
+    ku = k * u
     return ku / (1.0 - ku) if ku < 1.0 else math.inf
 
 
@@ -67,7 +76,7 @@ def _abs_rope(rope: RotaryEmbedding, Z: Tensor, idx: Tensor) -> Tensor:
     return (Z + rot) * abs(float(rope.attention_scaling))
 
 
-def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
+def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tensor, Tensor]:
     r"""Error of the computed attention matrices, split in two parts (docs/rounding.md §2).
 
     * **Logit part** :math:`\varepsilon_s`. The computed logits satisfy
@@ -82,10 +91,15 @@ def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
       (:math:`\sigma_i` the spread of the logits of row :math:`i`), plus the log-weight ratio of
       :math:`\tilde P` (§2.3). These rows do not sum to zero.
 
+    ``unit`` is the unit roundoff of the computation modelled (float64's by default; float32's
+    for the operator a float32 solve runs on, docs/rounding.md §11.3); the bound itself is
+    evaluated in float64.
+
     Returns
     -------
     eps_s, eps_r : Tensor, float64, shape ``lin.batch_shape``
     """
+    u = unit
     X = lin.X.to(torch.float64)
     n, d = lin.n, lin.d
     batch = lin.batch_shape
@@ -121,7 +135,7 @@ def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
             sbar = q @ k.mT
             kdim = Q.shape[0]
             ang = float(idx.abs().max()) * float(head.rope.inv_freq.abs().max()) if n else 0.0
-            extra = 4 * U64 * (2 + ang)  # cos/sin of p*theta and the scaling
+            extra = 4 * u * (2 + ang)  # cos/sin of p*theta and the scaling
         elif factors is not None:
             Q, K = factors
             sbar = (aX @ Q.abs().mT) @ (aX @ K.abs().mT).mT
@@ -145,16 +159,16 @@ def softmax_error(lin: AttentionLinearization) -> tuple[Tensor, Tensor]:
         hi = torch.where(keep, logits, -math.inf).amax(-1, keepdim=True)
         lo = torch.where(keep, logits, math.inf).amin(-1, keepdim=True)
         row_spread = torch.where(keep.any(-1, keepdim=True), hi - lo, zero).squeeze(-1)
-        delta = (gamma(kdim + d + 4) + extra) * sbar + U64 * (hi - logits).abs()
+        delta = (gamma(kdim + d + 4, u) + extra) * sbar + u * (hi - logits).abs()
         delta = torch.where(keep, delta, zero)
         bound = 2 * delta.amax((-2, -1)) * (1 + 4 * U64)
         eps_s = torch.maximum(eps_s, torch.expm1(bound) * (1 + 4 * U64))
         spread = torch.maximum(spread, row_spread.amax(-1))
     spread = torch.where(torch.isfinite(spread), spread, math.inf)
-    eps_r = U64 * (spread + logn + 8) * (1 + 4 * U64)
+    eps_r = u * (spread + logn + 8) * (1 + 4 * U64)
     if alw is not None:
         # logP + half_i - half_j: three roundings of numbers of size <= |log P| + |log a|
-        eps_r = eps_r + 3 * U64 * (spread + logn + alw.amax(-1) + 4)
+        eps_r = eps_r + 3 * u * (spread + logn + alw.amax(-1) + 4)
     bad = torch.isnan(eps_s) | (eps_s >= 1)
     eps_s = torch.where(bad, math.inf, eps_s)
     eps_r = torch.where(torch.isnan(eps_r) | (eps_r >= 1), math.inf, eps_r)
@@ -194,7 +208,7 @@ class ErrorModel:
         return self.eps_s + self.eta_r
 
 
-def error_model(lin: AttentionLinearization) -> ErrorModel:
+def error_model(lin: AttentionLinearization, unit: float = U64) -> ErrorModel:
     r"""Coefficients of the error model (docs/rounding.md §3).
 
     :math:`\eta_s = 2\cdot2\varepsilon_s` and :math:`\eta_r = 2(3\varepsilon_r+\gamma_K)`.
@@ -202,16 +216,38 @@ def error_model(lin: AttentionLinearization) -> ErrorModel:
     A perturbation of :math:`P` enters a term of the product at most twice (the coefficient
     and the mean :math:`m_i`); :math:`K = 4(n+d+k+Hd_v+d_{\rm out})+32` covers every inner
     product of the closed form. The outer factor 2 covers second-order terms while
-    :math:`\eta\le1/4`; above that the bound is reported as infinite.
+    :math:`\eta\le1/4`; above that the bound is reported as infinite. ``unit``: the unit
+    roundoff of the computation modelled (:func:`softmax_error`).
     """
-    eps_s, eps_r = softmax_error(lin)
+    eps_s, eps_r = softmax_error(lin, unit)
     heads = lin.params.heads
     k = max((h.Q.shape[0] if h.Q is not None else lin.d) for h in heads)
     dv = sum(h.V.shape[0] for h in heads)
     depth = 4 * (lin.n + lin.d + k + dv + lin.d_out) + 32
     eta_s = _SAFETY * 2 * eps_s
-    eta_r = _SAFETY * (3 * eps_r + gamma(depth))
+    eta_r = _SAFETY * (3 * eps_r + gamma(depth, unit))
     return ErrorModel(eta_s=eta_s, eta_r=eta_r, eps_s=eps_s, depth=depth)
+
+
+def on_magnitude_of(model: ErrorModel, base: ErrorModel) -> ErrorModel:
+    r"""``model`` expressed on the magnitude operator built with the weights of ``base``.
+
+    The magnitude operator of :func:`magnitude_linearization` weighs the centred and uncentred
+    difference factors by ``base``'s :math:`\eta_s, \eta_r`; another model (float32's, for the
+    operator a float32 solve runs on, docs/rounding.md §11.3) needs
+    :math:`\eta'_s\xi^c + \eta'_r\xi^u\le\rho(\eta_s\xi^c + \eta_r\xi^u)` with
+    :math:`\rho = \max(\eta'_s/\eta_s, \eta'_r/\eta_r)` (a zero :math:`\eta_s` needs a zero
+    :math:`\eta'_s`, else :math:`\rho = \infty`). Returns ``base`` scaled by :math:`\rho`, so
+    its ``eta`` times ``base``'s magnitude norm bounds ``model``'s error.
+    """
+    rho = model.eta_r / base.eta_r
+    pos = base.eta_s > 0
+    rs = torch.where(pos, model.eta_s / torch.where(pos, base.eta_s, 1.0), 0.0)
+    rs = torch.where(~pos & (model.eta_s > 0), math.inf, rs)
+    rho = torch.maximum(rho, rs) * (1 + 4 * U64)
+    return ErrorModel(
+        eta_s=base.eta_s * rho, eta_r=base.eta_r * rho, eps_s=model.eps_s, depth=model.depth
+    )
 
 
 # --------------------------------------------------------------------------- magnitude operator
@@ -510,3 +546,167 @@ def unscale(x: Tensor, e: int, power: int = 1) -> Tensor:
     if e == 0:
         return x
     return torch.ldexp(x, torch.tensor(power * e, device=x.device))
+
+
+# ------------------------------------------------------------------- the streaming products
+def _rope_rounding(lin: StreamingLinearization, u: float = U64) -> float:
+    """Relative error of one computed rotation of the rotary rows: ``4u(2 + max|p theta|) + 4u``."""
+    worst = 0.0
+    idx = lin.token_index
+    top = float(idx.abs().max()) if idx is not None and idx.numel() else float(max(lin.n - 1, 0))
+    for g in lin.groups:
+        for rope in g.ropes or ():
+            ang = top * float(rope.inv_freq.abs().max()) if rope.inv_freq.numel() else 0.0
+            worst = max(worst, 4 * u * (2 + ang) + 4 * u)
+    return worst
+
+
+def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> ErrorModel:
+    r"""Error model of the streaming products, from their magnitude operator (docs/rounding.md §11).
+
+    ``mlin`` is :func:`~meanfield.jacobian.streaming.streaming_magnitude` of the float64
+    streaming linearisation. One pass over the tiles reads, per row, the largest and smallest
+    admissible logit and the largest logit magnitude :math:`\bar s_{il}` (the logit evaluated on
+    absolute values). From them: the entrywise relative error :math:`\varepsilon` of every
+    recomputed :math:`P_{il}` and :math:`\tilde P_{il}` (logits, online log-normaliser, final
+    exponential: §11.1), and the coefficient :math:`\eta` of
+    :math:`|\widehat{Jv} - Jv|\le\eta\,\hat M|v|` for the computed magnitude operator
+    :math:`\hat M` (§11.2). Returned as an :class:`ErrorModel` with ``eta_s = 0`` and
+    ``eta_r = eta`` (``eps_s`` holds :math:`\varepsilon`). ``unit``: the unit roundoff of the
+    products modelled (float64's, or float32's for a float32 solve's operator, §11.3); the
+    magnitude operator itself is always the float64 one.
+    """
+    X = mlin.X.to(torch.float64)
+    n, d = mlin.n, mlin.d
+    batch = mlin.batch_shape
+    dev = X.device
+    aX = X.abs()
+    lw = mlin.log_weights
+    alw = None
+    if lw is not None:
+        lw64 = lw.to(torch.float64)
+        alw = torch.where(torch.isfinite(lw64), lw64.abs(), 0.0)
+    rot = _rope_rounding(mlin, unit)
+    rot64 = _rope_rounding(mlin)
+    k_top = max(g.q.shape[-1] for g in mlin.groups)
+    delta = torch.zeros(batch, dtype=torch.float64, device=dev)
+    spread = torch.zeros(batch, dtype=torch.float64, device=dev)
+    big = torch.zeros(batch, dtype=torch.float64, device=dev)
+    for g in mlin.groups:
+        k = g.q.shape[-1]
+        akey = None if g.C is None else (aX @ g.C.mT.to(torch.float64)).mT  # (..., G, n)
+        if alw is not None:
+            akey = alw.unsqueeze(-2) if akey is None else akey + alw.unsqueeze(-2)
+        shape = g.q.shape[:-1]
+        hi = X.new_full(shape, -math.inf)
+        lo = X.new_full(shape, math.inf)
+        top = X.new_zeros(shape)
+        sbar = X.new_zeros(shape)
+        for sl, ks in mlin.tiles():
+            L = mlin.tile_logits(g, sl, ks).to(torch.float64)
+            keep = L > -math.inf
+            S = g.q[..., sl, :].to(torch.float64) @ g.kc[..., ks, :].to(torch.float64).mT
+            if akey is not None:
+                S = S + akey[..., None, ks]
+            hi[..., sl] = torch.maximum(hi[..., sl], L.amax(-1))
+            lo[..., sl] = torch.minimum(lo[..., sl], torch.where(keep, L, math.inf).amin(-1))
+            top[..., sl] = torch.maximum(top[..., sl], torch.where(keep, L.abs(), 0.0).amax(-1))
+            sbar[..., sl] = torch.maximum(sbar[..., sl], torch.where(keep, S, 0.0).amax(-1))
+        # |l_hat - l| <= gamma_{k+2d+6} sbar (+ the two rotations), sbar itself rounded
+        coef = (gamma(k + 2 * d + 6) + 2 * rot64) * (1 + 2 * gamma(k + d + 4))
+        delta = torch.maximum(delta, coef * sbar.flatten(len(batch)).amax(-1))
+        row = torch.where(torch.isfinite(hi) & torch.isfinite(lo), hi - lo, 0.0)
+        spread = torch.maximum(spread, row.flatten(len(batch)).amax(-1))
+        big = torch.maximum(big, top.flatten(len(batch)).amax(-1))
+    logn = math.log(max(n, 1))
+    key_blocks = mlin.key_blocks
+    scale = 1.0 if unit == U64 else unit / U64  # sbar's coefficient, at the unit modelled
+
+    def relative(u: float, coef_scale: float) -> Tensor:
+        """The entrywise relative error of the recomputed P at unit roundoff u (§11.1)."""
+        # the online log-sum-exp: terms and rescalings (telescoping, <= spread), sums, log, add
+        rho = 2 * u * spread + gamma(n + 6 * key_blocks + 8, u)
+        r = rho / (1 - rho) + u * (big + 3 * logn + 4)
+        t = 2 * delta * coef_scale + r + u * (spread + logn + r + 4) + 2 * u
+        if alw is not None:  # P~ = exp(log P + half_i - half_l): three more roundings
+            t = t + 3 * u * (spread + logn + alw.amax(-1) + 4)
+        eps = torch.expm1(t * (1 + 4 * U64)) * (1 + 4 * U64)
+        return torch.where(torch.isfinite(eps) & (eps < 0.5), eps, math.inf)
+
+    eps64 = relative(U64, 1.0)
+    # gamma_j(u) <= (u / u64) gamma_j(u64) (1 + 2 j u) for the logit coefficient at another unit
+    eps = eps64 if unit == U64 else relative(unit, scale * (1 + 2 * (k_top + 2 * d + 6) * unit))
+    heads = mlin.params.heads
+    dv = sum(h.V.shape[0] for h in heads)
+    depth = 4 * (n + d + k_top + dv + mlin.d_out) + 32
+    gK, gK64 = gamma(depth, unit), gamma(depth)
+    one = 1 + eps
+    eta = (one.square() * (1 + rot) ** 2 * (1 + gK) - 1) * (1 + 16 * gK64) / (1 - eps64).square()
+    eta = torch.where(torch.isfinite(eps) & torch.isfinite(eps64), eta * (1 + 8 * U64), math.inf)
+    return ErrorModel(eta_s=torch.zeros_like(eta), eta_r=eta, eps_s=eps, depth=depth)
+
+
+def _streaming_gamma(mlin: StreamingLinearization) -> float:
+    heads = mlin.params.heads
+    k = max(g.q.shape[-1] for g in mlin.groups)
+    dv = sum(h.V.shape[0] for h in heads)
+    return gamma(4 * (mlin.n + mlin.d + k + dv + mlin.d_out) + 64)
+
+
+def streaming_magnitude_norm(mlin: StreamingLinearization, geometry: ProductGeometry) -> Tensor:
+    r"""Upper bound on :math:`\|\hat M\|_2` of the streaming magnitude operator (§11.2).
+
+    Collatz–Wielandt with the all-ones vector, as :func:`magnitude_norm_upper`: two products.
+    """
+    ones = mlin.X.new_ones(mlin.batch_shape + (mlin.n, mlin.d), dtype=torch.float64)
+    w = streaming_vjp(mlin, streaming_jvp(mlin, ones, geometry=geometry), geometry=geometry)
+    bound = w.flatten(-2).amax(-1).clamp_min(0).sqrt()
+    return bound * (1 + 2 * _streaming_gamma(mlin))
+
+
+def streaming_magnitude_vector_norm(
+    mlin: StreamingLinearization, v: Tensor, geometry: ProductGeometry
+) -> Tensor:
+    r"""Upper bound on :math:`\|\hat M|v|\|_2` for one flattened vector per batch element."""
+    shape = mlin.batch_shape + (mlin.n, mlin.d)
+    w = streaming_jvp(mlin, v.abs().to(torch.float64).reshape(shape), geometry=geometry)
+    return torch.linalg.vector_norm(w.flatten(-2), dim=-1) * (1 + 2 * _streaming_gamma(mlin))
+
+
+def streaming_scale_exponent(lin: StreamingLinearization, threshold: int = 128) -> int:
+    r""":func:`scale_exponent` for the streaming linearisation (docs/rounding.md §5, §11).
+
+    The same crude magnitude, read from the rows: :math:`\max|W_h|\max|V_h|` per head,
+    :math:`\max\tilde P_{il}` (one pass over the tiles when the measure is weighted, else
+    :math:`P\le1`), :math:`\max|x|` and :math:`|b_i|\le k\max|q_i|\max|K| + \max|c|d`.
+    """
+    n, d = lin.n, lin.d
+    logs = []
+    log_b = 0.0
+    for g in lin.groups:
+        for a in range(g.size):
+            W, V = g.W[a], g.V[a]
+            if bool(W.detach().abs().amax() > 0) and bool(V.detach().abs().amax() > 0):
+                logs.append(_log2_absmax(W) + _log2_absmax(V))
+        k = g.q.shape[-1]
+        lb = _log2_absmax(g.q) + _log2_absmax(g.K) + math.log2(max(k, 1))
+        if g.C is not None:
+            lb = max(lb, _log2_absmax(g.C) + math.log2(max(d, 1)))
+        log_b = max(log_b, lb)
+    log_wv = (max(logs) if logs else 0.0) + math.log2(max(d, 1))
+    log_p = math.log2(max(n, 1))
+    lw = lin.log_weights
+    if lw is not None and bool(torch.isfinite(lw).all()):
+        half = 0.5 * (lw - lw.amax(-1, keepdim=True)).unsqueeze(-2)
+        top = 0.0
+        for g in lin.groups:
+            for sl, ks in lin.tiles():
+                _, Pw = lin.tile_attention(g, sl, ks, half)
+                top = max(top, float(Pw.detach().amax()))
+        log_p += max(0.0, math.log2(top) if 0 < top < math.inf else 1024.0 * (top > 0))
+    log_x = _log2_absmax(lin.X) + 1
+    geo = max(0.0, log_b + log_x)
+    e = round(log_wv + log_p + geo)
+    if abs(e) <= threshold:
+        return 0
+    return int(max(-_MAX_EXP, min(_MAX_EXP, e)))

@@ -430,12 +430,14 @@ def test_calls_without_a_width_stop_on_the_residual_rule(gen, kw):
 
 
 def test_unreachable_width_falls_back_to_the_residual_rule(gen):
-    """A width inside the float32 rounding margins is reported unreachable; the call then stops
-    on the residual rule (well before max_iter) instead of chasing the width."""
+    """A width inside the rounding margins is reported unreachable; the call then stops on the
+    residual rule (well before max_iter) instead of chasing the width. The width rule solves in
+    float64 (float32 inputs included), whose Krylov margin alone is 64 (n + d) u ~ 2e-13: a
+    width of 1e-14 is inside it."""
     params = random_params(gen, 6, kind="wo", H=2, d_v=3, d_out=6).to(dtype=torch.float32)
     X = torch.randn(40, 6, generator=gen)
-    est = local_lipschitz(X, params, method="lanczos", prob_rtol=1e-4, max_iter=300)
-    assert est.width == pytest.approx(1 + 1e-4)
+    est = local_lipschitz(X, params, method="lanczos", prob_rtol=1e-14, max_iter=300)
+    assert est.width == pytest.approx(1 + 1e-14)
     assert est.stop_rule == "residual"
     assert est.width_reachable is not None and not bool(est.width_reachable)
     assert int(est.n_iter) < 300

@@ -168,6 +168,11 @@ def _torch_inputs(inst: dict):
 
 
 def exact_values(inst: dict, weights) -> list:
+    return oracle.singular_values(exact_jacobian(inst, weights))
+
+
+def exact_jacobian(inst: dict, weights) -> mp.matrix:
+    """The instance's Jacobian (of its geometry) at 50 digits."""
     if inst["kind"] == "heads":
         d = inst["X"].shape[1]
         W = inst["W_O"]
@@ -184,13 +189,13 @@ def exact_values(inst: dict, weights) -> list:
         ]
     else:
         heads = [(inst["A"], inst["V"], None, inst["c"])]
-    J = oracle.jacobian(
+    return oracle.jacobian(
         inst["X"], heads, weights=weights, masked=inst["masked"], geometry=inst["geometry"]
     )
-    return oracle.singular_values(J)
 
 
-def check_instance(inst: dict, methods=METHODS) -> None:
+def check_instance(inst: dict, methods=METHODS, path: str = "auto") -> None:
+    """Every method of ``methods`` on ``inst`` (on ``path``; the default picks the stored one)."""
     x, params, weights = _torch_inputs(inst)
     svals = exact_values(inst, weights)
     exact = svals[0]
@@ -210,11 +215,12 @@ def check_instance(inst: dict, methods=METHODS) -> None:
             method=method,
             tol=run_tol,
             token_index=token_index,
+            path=path,
         )
         if run_tol is None:
             method = f"{method} (width rule)"
         lo, up = float(est.lower), float(est.upper)
-        tag = f"{inst['kind']} seed={inst['seed']} {method}: lower={lo!r} exact={mp.nstr(exact, 20)} upper={up!r}"
+        tag = f"{inst['kind']} seed={inst['seed']} {method} {est.path}: lower={lo!r} exact={mp.nstr(exact, 20)} upper={up!r}"
         assert not math.isnan(lo) and not math.isnan(up), tag
         assert lo <= up, tag
         assert mp.mpf(lo) <= exact, tag

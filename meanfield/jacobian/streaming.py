@@ -47,9 +47,11 @@ from .linearization import (
 
 __all__ = [
     "StreamingLinearization",
+    "abs_rotate",
     "default_block_sizes",
     "linearize_streaming",
     "streaming_jvp",
+    "streaming_magnitude",
     "streaming_self_jvp",
     "streaming_self_vjp",
     "streaming_vjp",
@@ -102,10 +104,25 @@ class _HeadGroup:
     vm: Tensor  # (..., G, n, d_v): V(m_i - x_bar)
     km: Tensor  # (..., G, n, k): sum_l P_il kc_l, i.e. K(m_i - x_bar) for non-rotary heads
     lse: Tensor  # (..., G, n): log-normaliser of each row
+    # the rows (q, kc) of the logits where they differ from the product rows (the magnitude
+    # operator of streaming_magnitude keeps the attention and replaces the rows by bounds)
+    logit_rows: tuple[Tensor, Tensor] | None = None
+    # tangent rows of rotary heads by the entrywise bound abs_rotate instead of the rotation
+    abs_rope: bool = False
 
     @property
     def size(self) -> int:
         return len(self.heads)
+
+    @property
+    def logit_q(self) -> Tensor:
+        """The (rotated) queries of the logits."""
+        return self.q if self.logit_rows is None else self.logit_rows[0]
+
+    @property
+    def logit_kc(self) -> Tensor:
+        """The (rotated) centred keys of the logits."""
+        return self.kc if self.logit_rows is None else self.logit_rows[1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +135,8 @@ class StreamingLinearization:
     Attributes
     ----------
     X : Tensor, shape (..., n, d)
+    x_bar : Tensor, shape (..., 1, d)
+        The centre the rows are formed around (the computed mean of the tokens).
     groups : tuple of _HeadGroup
         Heads of one kind each (factored of one width, plain, rotary of one width).
     log_weights, positions, token_index : Tensor or None
@@ -128,6 +147,7 @@ class StreamingLinearization:
     """
 
     X: Tensor
+    x_bar: Tensor
     groups: tuple[_HeadGroup, ...]
     params: Params
     log_weights: Tensor | None
@@ -157,6 +177,36 @@ class StreamingLinearization:
         """Whether finite log-weights give a distinct Wasserstein operator."""
         lw = self.log_weights
         return lw is not None and bool(torch.isfinite(lw).all())
+
+    @property
+    def rope_heads(self) -> tuple[int, ...]:
+        """Indices of the heads with a rotary embedding."""
+        return tuple(sorted(h for g in self.groups if g.ropes is not None for h in g.heads))
+
+    @property
+    def key_blocks(self) -> int:
+        """The largest number of key blocks a query block visits."""
+        b_k = self.block_size[1]
+        return -(-self.n // b_k) if self.n else 0
+
+    def tile_logits(self, group: _HeadGroup, sl: slice, ks: slice) -> Tensor:
+        """The logits of one tile of ``group`` (:func:`_tile_logits`), ``-inf`` where masked."""
+        return _tile_logits(self, group, sl, ks)
+
+    def tile_attention(
+        self, group: _HeadGroup, sl: slice, ks: slice, half: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        r"""The tiles of :math:`P` and :math:`\tilde P` of ``group`` (``half`` = ½ log a)."""
+        return _tile_attention(self, group, sl, ks, half)
+
+    def scaled(self, e: int) -> StreamingLinearization:
+        """The linearisation with every output map ``W_h`` times ``2**-e`` (exact): ``J -> 2**-e J``."""
+        if e == 0:
+            return self
+        groups = tuple(
+            replace(g, W=torch.ldexp(g.W, torch.tensor(-e, device=g.W.device))) for g in self.groups
+        )
+        return replace(self, groups=groups)
 
     def tiles(self) -> Iterator[tuple[slice, slice]]:
         """The (query block, key block) tiles a pass computes, in order.
@@ -210,7 +260,7 @@ def _tile_logits(lin: StreamingLinearization, g: _HeadGroup, sl: slice, ks: slic
     Up to a constant per row (which the stored log-normaliser absorbs):
     :math:`\langle q_i, k_l - \bar k\rangle + c^\top x_l + \log a_l`.
     """
-    L = g.q[..., sl, :] @ g.kc[..., ks, :].mT
+    L = g.logit_q[..., sl, :] @ g.logit_kc[..., ks, :].mT
     if g.key_term is not None:
         L = L + g.key_term[..., None, ks]
     mask = _block_mask(lin, sl, ks)
@@ -232,9 +282,9 @@ def _tile_attention(
 
 def _log_normalisers(lin: StreamingLinearization, g: _HeadGroup) -> Tensor:
     """Row log-sum-exp of the logits, one pass over the tiles (online maximum and sum)."""
-    shape = g.q.shape[:-1]
-    M = g.q.new_full(shape, -torch.inf)
-    S = g.q.new_zeros(shape)
+    shape = g.logit_q.shape[:-1]
+    M = g.logit_q.new_full(shape, -torch.inf)
+    S = g.logit_q.new_zeros(shape)
     for sl, ks in lin.tiles():
         L = _tile_logits(lin, g, sl, ks)
         m_old = M[..., sl]
@@ -284,10 +334,28 @@ def _tangent_rows(
         qY = torch.einsum("...nd,gkd->...gnk", Y, g.Q)
     kY = torch.einsum("...nd,gkd->...gnk", Y, g.K)
     vY = torch.einsum("...nd,gvd->...gnv", Y, g.V)
-    if g.ropes is not None:
+    if g.ropes is not None and g.abs_rope:
+        qY, kY = abs_rotate(g.ropes, qY), abs_rotate(g.ropes, kY)
+    elif g.ropes is not None:
         idx = _rope_index(lin.X, lin.token_index)
         qY, kY = rotate_rows(g.ropes, qY, idx), rotate_rows(g.ropes, kY, idx)
     return qY, kY, vY
+
+
+def abs_rotate(ropes: tuple[RotaryEmbedding, ...], Z: Tensor) -> Tensor:
+    r"""Entrywise bound on the rotated rows of nonnegative ``Z`` (..., G, n, k), any positions.
+
+    A rotated coordinate is :math:`\alpha(z_a\cos - z_b\sin)` or :math:`\alpha(z_a\cos +
+    z_b\sin)` with :math:`b` the same coordinate of the other half, so its absolute value is at
+    most :math:`|\alpha|(|z_a| + |z_b|)`: ``|alpha| (Z + swap(Z))``, with ``swap`` exchanging the
+    halves. The map is linear, nonnegative and symmetric (its own transpose).
+    """
+    half = Z.shape[-1] // 2
+    alpha = torch.tensor(
+        [abs(float(r.attention_scaling)) for r in ropes], dtype=Z.dtype, device=Z.device
+    )
+    swap = torch.cat([Z[..., half:], Z[..., :half]], dim=-1)
+    return (Z + swap) * alpha[:, None, None]
 
 
 def _rope_index(X: Tensor, token_index: Tensor | None) -> Tensor:
@@ -365,7 +433,7 @@ def linearize_streaming(
     x_bar = X.mean(-2, keepdim=True)
     Xc = X - x_bar
     lin = StreamingLinearization(
-        X=X, groups=(), params=params, log_weights=log_weights, positions=positions,
+        X=X, x_bar=x_bar, groups=(), params=params, log_weights=log_weights, positions=positions,
         token_index=token_index, masked=masked, block_size=block, d_out=d_out,
     )  # fmt: skip
     groups = []
@@ -410,6 +478,69 @@ def linearize_streaming(
         groups.append(g)
     object.__setattr__(lin, "groups", tuple(groups))
     return lin
+
+
+def streaming_magnitude(lin: StreamingLinearization) -> StreamingLinearization:
+    r"""The magnitude operator :math:`M` of the streaming products (docs/rounding.md §11).
+
+    The same tiles and the same attention as ``lin`` (the logits still come from its rows), with
+    every other factor of the products replaced by an entrywise bound on its absolute value:
+    :math:`|W_h|`, :math:`|V_h|`, :math:`|Q_h|`, :math:`|K_h|` (:math:`|A_h|` for heads given by
+    :math:`A`), :math:`|c_h|`; the rows :math:`|Q||x_i|`, :math:`|K||x_l-\bar x|`,
+    :math:`|V||x_l-\bar x|`; the subtracted mean term :math:`V(m_i-\bar x)` replaced by
+    :math:`-\sum_lP_{il}|V||x_l-\bar x|` (stored negated, so the product code adds it); rotary
+    rows by :func:`abs_rotate`. :func:`streaming_jvp` and :func:`streaming_vjp` of the result
+    are :math:`M|h|` and :math:`M^\top|g|`, nonnegative, every monomial of the computed
+    products bounded by the matching monomial of :math:`M`.
+
+    Parameters
+    ----------
+    lin : StreamingLinearization
+
+    Returns
+    -------
+    StreamingLinearization
+    """
+    aX = lin.X.abs()
+    aXc = (lin.X - lin.x_bar).abs()
+    groups = []
+    for g in lin.groups:
+        if g.Q is None:  # the identity for Q and |A| for K
+            aq = aX.unsqueeze(-3).expand(g.q.shape)
+            Q = None
+        else:
+            Q = g.Q.abs()
+            aq = torch.einsum("...nd,gkd->...gnk", aX, Q)
+        K, V = g.K.abs(), g.V.abs()
+        if g.ropes is None:
+            akc = torch.einsum("...nd,gkd->...gnk", aXc, K)
+        else:
+            aq = abs_rotate(g.ropes, aq)
+            ak = abs_rotate(g.ropes, torch.einsum("...nd,gkd->...gnk", aX, K))
+            akc = ak + ak.mean(-2, keepdim=True)  # |k_l - mean k| <= |k_l| + mean |k|
+        avc = torch.einsum("...nd,gvd->...gnv", aXc, V)
+        base = replace(g, logit_rows=(g.logit_q, g.logit_kc))
+        avm = torch.zeros_like(avc)
+        for sl, ks in lin.tiles():
+            P, _ = _tile_attention(lin, base, sl, ks, None)
+            avm[..., sl, :] += P @ avc[..., ks, :]
+        groups.append(
+            replace(
+                base,
+                Q=Q,
+                K=K,
+                V=V,
+                C=None if g.C is None else g.C.abs(),
+                W=g.W.abs(),
+                q=aq,
+                kc=akc,
+                vc=avc,
+                vm=-avm,
+                km=akc,
+                abs_rope=g.ropes is not None,
+            )  # fmt: skip
+        )
+    return replace(lin, groups=tuple(groups))
 
 
 # ---------------------------------------------------------------------------------- products
@@ -530,7 +661,9 @@ def streaming_vjp(
                 acc_c[..., ks] += PiZ.sum(-2)
             PZ = PiZ if half is None else P * Z
             acc_q[..., sl, :] += PZ @ g.kc[..., ks, :]
-        if g.ropes is not None:
+        if g.ropes is not None and g.abs_rope:  # abs_rotate is its own transpose
+            acc_q, acc_k = abs_rotate(g.ropes, acc_q), abs_rotate(g.ropes, acc_k)
+        elif g.ropes is not None:
             idx = _rope_index(lin.X, lin.token_index)
             acc_q = rotate_rows(g.ropes, acc_q, idx, adjoint=True)
             acc_k = rotate_rows(g.ropes, acc_k, idx, adjoint=True)

@@ -23,6 +23,12 @@ Reference: V. Castin, P. Ablin, G. Peyré, *How Smooth Is Attention?*, ICML 2024
 2312.14820 v2). The formulas are our reconstructions (docs/theory.md §16), labelled *derived
 and checked numerically*; they are not quoted from the paper.
 
+The products run on one of two paths (``path=``): the stored one keeps every head's
+:math:`n\times n` attention matrices; the streaming one keeps only head rows and row
+log-normalisers and recomputes the attention tile by tile, in memory linear in :math:`n`, with
+its own rounding analysis for ``lower`` and ``upper_prob`` (docs/rounding.md §11).
+:func:`stored_bytes` is the fixed count by which ``path="auto"`` chooses.
+
 Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix grows
 with the magnitude of the logits (its §2), and is propagated through a nonnegative magnitude
 operator of the closed form (its §3–§4). Every norm is computed on :math:`2^{-e}J` for a
@@ -41,7 +47,7 @@ to the top singular vector). Every name is importable from ``meanfield.lipschitz
 
 from .any_map import local_lipschitz_fn, released_metric
 from .engine import DENSE_AUTO_MAX as DENSE_AUTO_MAX
-from .engine import LipschitzEstimate, local_lipschitz
+from .engine import LipschitzEstimate, local_lipschitz, stored_bytes
 from .local_bound import LocalUpperBound, certified_local_upper
 from .starts import kronecker_start
 
@@ -53,4 +59,5 @@ __all__ = [
     "local_lipschitz",
     "local_lipschitz_fn",
     "released_metric",
+    "stored_bytes",
 ]

@@ -26,15 +26,22 @@ from ..jacobian import (
     AttentionLinearization,
     block_norm_bounds,
     head_structured_upper,
-    jvp,
     self_jvp,
     self_norm_trace_bound,
     structured_block_norms,
-    vjp,
 )
 from ._estimate import LipschitzEstimate
 from ._margins import Margins
-from ._operators import Operators, eval_margin, relinearize, round_down, round_up
+from ._operators import (
+    Linearization,
+    Operators,
+    eval_margin,
+    lin_jvp,
+    lin_vjp,
+    relinearize,
+    round_down,
+    round_up,
+)
 from ._options import Plan
 from ._solve import DenseSolution, KrylovSolution, SelfSolution, Solution
 
@@ -71,7 +78,7 @@ def block_upper(
 
 
 def float64_residual_ok(
-    lin64s: AttentionLinearization,
+    lin64s: Linearization,
     Jv: Tensor,
     v64: Tensor,
     s: Tensor,
@@ -89,7 +96,7 @@ def float64_residual_ok(
     :math:`s = \|Jv\|/\|v\|`, a few times the float32 residual's own rounding level added
     (docs/rounding.md §7).
     """
-    g = vjp(lin64s, Jv, geometry=geometry).flatten(-2)
+    g = lin_vjp(lin64s, Jv, geometry).flatten(-2)
     nv = torch.linalg.vector_norm(v64, dim=-1)
     s2 = (s / nv).square()
     r = torch.linalg.vector_norm(g - s2[..., None] * v64, dim=-1) / nv
@@ -122,6 +129,7 @@ def _self_bracket(ops: Operators, sol: SelfSolution, em: float) -> _SelfBracket:
         )
     res, lin64 = sol.result, ops.lin64
     assert res is not None
+    assert isinstance(lin64, AttentionLinearization)  # the split geometry: stored path only
     if lin64 is ops.lin:
         low = res.sigma
     else:
@@ -159,7 +167,7 @@ def _dense_ends(ops: Operators, plan: Plan, margins: Margins | None, run: DenseS
     lower = torch.zeros_like(run.value)
     if margins is not None:
         s_prod = torch.linalg.vector_norm(
-            jvp(lin, run.v.reshape(batch + (lin.n, lin.d)), geometry=plan.op_geometry).flatten(-2),
+            lin_jvp(lin, run.v.reshape(batch + (lin.n, lin.d)), plan.op_geometry).flatten(-2),
             dim=-1,
         )
         lower = margins.lower(s_prod, run.v, lin.n * lin.d_out)
@@ -206,15 +214,15 @@ def _krylov_ends(ops: Operators, plan: Plan, margins: Margins | None, run: Krylo
     n, d, n_out = ops.lin.n, ops.lin.d, ops.lin.n * ops.lin.d_out
     shift = ops.e_solve - ops.e  # solver units (2**e_solve) to those of 2**e
     prob = _krylov_prob(ops, plan, run)
-    if prob is not None:  # plus the products' evaluation error (docs/rounding.md §4.2)
-        assert margins is not None
-        prob = margins.upper(_rnd.unscale(prob.to(torch.float64), shift))
+    if prob is not None:  # plus the solver's products' evaluation error (docs/rounding.md §4.2,
+        assert margins is not None  # at float32's unit roundoff for a float32 run, §11.3)
+        prob = margins.upper_solve(_rnd.unscale(prob.to(torch.float64), shift))
     v64 = res.vector.to(torch.float64)
     checked = None  # float32 solves: whether the float64 residual confirms convergence
     if ops.solves_certified_operator or margins is None:
         s_prod = res.sigma.to(torch.float64)
     else:
-        Jv = jvp(ops.lin64s, v64.reshape(ops.batch + (n, d)), geometry=geometry)
+        Jv = lin_jvp(ops.lin64s, v64.reshape(ops.batch + (n, d)), geometry)
         s_prod = torch.linalg.vector_norm(Jv.flatten(-2), dim=-1)
         tol_check: float | Tensor = plan.tol
         if run.stop_rule == "width" and not plan.tol_given:  # no residual target: the check is
@@ -276,6 +284,7 @@ def certify_solution(
     if plan.upper == "block":
         assert margins is not None
         self_norms = None if self_term is None else self_term.upper_atoms
+        assert isinstance(ops.lin64, AttentionLinearization)  # the block bound: stored path
         upper64 = margins.upper(block_upper(ops.lin64, plan.op_geometry, self_norms, e))
     elif plan.upper == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=ops.lin.X.device)
@@ -336,4 +345,5 @@ def certify_solution(
         stop_rule=stop_rule,
         width=width,
         width_reachable=width_reachable,
+        path=plan.path,
     )

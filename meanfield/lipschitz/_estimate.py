@@ -78,6 +78,9 @@ class LipschitzEstimate:
         precision (false where the rounding margins alone are wider, e.g. float32 at large n;
         such elements stopped on the residual rule instead, and where none can reach it
         ``stop_rule`` is ``"residual"``).
+    path : str
+        How the products were computed: ``"stored"`` (the attention matrices kept) or
+        ``"streaming"`` (recomputed tile by tile, memory linear in :math:`n`).
     """
 
     value: Tensor
@@ -98,6 +101,7 @@ class LipschitzEstimate:
     stop_rule: str = "residual"
     width: float | None = None
     width_reachable: Tensor | None = None
+    path: str = "stored"
 
     @property
     def ratio(self) -> Tensor:

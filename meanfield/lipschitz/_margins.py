@@ -16,14 +16,22 @@ from torch import Tensor
 
 from .. import _rounding as _rnd
 from .._typing import ProductGeometry
+from ..jacobian import StreamingLinearization
+from ..jacobian.streaming import streaming_magnitude
 from ._operators import Operators
+
+#: Unit roundoff of float32, the precision a float32 solve's operator is computed in.
+_U32 = 2.0**-24
 
 
 class Margins:
     r"""The rounding model of one certified estimate (docs/rounding.md §2–§4).
 
     ``model`` is the error model of the float64 operator, ``mlin`` its magnitude linearisation
-    (``None`` without analytic heads). The magnitude norm :math:`\||J|_{\rm mag}\|` costs two
+    (``None`` without analytic heads; ``smlin`` on the streaming path). ``solve_model`` is the
+    model of the operator the iterative solver runs on: ``model`` itself, or for a float32 solve
+    the same analysis at float32's unit roundoff (docs/rounding.md §11.3), which the
+    probabilistic end of a float32 run adds (:meth:`upper_solve`). The magnitude norm :math:`\||J|_{\rm mag}\|` costs two
     magnitude products: :meth:`mag_norm` forms it once, for the ends that need it (the upper
     certificates, the width rule); the lower end uses :math:`\||J|_{\rm mag}|v|\|` from one
     product when it can (:meth:`mag_norm_for_lower`).
@@ -37,18 +45,38 @@ class Margins:
                     f"the certified bracket does not model {', '.join(head.variants)} yet; "
                     "pass certify=False for an estimate"
                 )
-        self.rope = bool(ops.lin.rope_heads)
-        self.model = _rnd.error_model(ops.lin64)
+        self._mag_norm: Tensor | None = None
         lin64s = ops.lin64s
+        self.mlin = None
+        self.smlin = None
+        if isinstance(lin64s, StreamingLinearization):
+            # the streaming products: one magnitude operator, rotary rows included, and the
+            # entrywise model of docs/rounding.md §11 (no first-order relative term)
+            self.rope = False
+            self.smlin = streaming_magnitude(lin64s)
+            self.model = _rnd.streaming_error_model(self.smlin)
+            self.solve_model = self.model
+            if ops.float32_solve:
+                self.solve_model = _rnd.streaming_error_model(self.smlin, _U32)
+            return
+        assert not isinstance(ops.lin64, StreamingLinearization)
+        self.rope = bool(lin64s.rope_heads)
+        self.model = _rnd.error_model(ops.lin64)
         self.mlin = (
             _rnd.magnitude_linearization(lin64s, self.model) if lin64s.analytic_heads else None
         )
-        self._mag_norm: Tensor | None = None
+        self.solve_model = self.model
+        if ops.float32_solve:
+            model32 = _rnd.error_model(ops.lin64, _U32)
+            self.solve_model = _rnd.on_magnitude_of(model32, self.model)
 
     def mag_norm(self) -> Tensor:
         r"""Upper bound on :math:`\||J|_{\rm mag}\|_2` (units of :math:`2^e`), formed once."""
         if self._mag_norm is None:
-            self._mag_norm = _rnd.magnitude_norm(self.mlin, self.geometry, self.model.eta)
+            if self.smlin is not None:
+                self._mag_norm = _rnd.streaming_magnitude_norm(self.smlin, self.geometry)
+            else:
+                self._mag_norm = _rnd.magnitude_norm(self.mlin, self.geometry, self.model.eta)
         return self._mag_norm
 
     def mag_norm_for_lower(self, mag_v: Tensor | None) -> Tensor:
@@ -69,9 +97,17 @@ class Margins:
         """A bound on the computed operator made a bound on the exact one (docs/rounding.md §4.2)."""
         return _rnd.upper_margin(self.mag_norm(), self.model, bound, self.rope)
 
+    def upper_solve(self, bound: Tensor) -> Tensor:
+        """:meth:`upper` for a bound on the solver's operator (float32's model for a float32 run)."""
+        return _rnd.upper_margin(self.mag_norm(), self.solve_model, bound, self.rope)
+
     def lower(self, s_prod: Tensor, v: Tensor, n_out: int) -> Tensor:
         r"""Certified lower end from ``s_prod`` :math:`=\|\widehat{Jv}\|` (docs/rounding.md §4.1)."""
-        mag_v = _rnd.magnitude_vector_norm(self.mlin, v, self.geometry)
+        mag_v: Tensor | None
+        if self.smlin is not None:
+            mag_v = _rnd.streaming_magnitude_vector_norm(self.smlin, v, self.geometry)
+        else:
+            mag_v = _rnd.magnitude_vector_norm(self.mlin, v, self.geometry)
         mag = self.mag_norm_for_lower(mag_v)
         return _rnd.lower_from_product(s_prod, v, mag, self.model, self.rope, n_out, mag_v)
 
@@ -87,6 +123,7 @@ def width_rule(
     shift: int,
     *,
     float32_solve: bool,
+    solve_model: _rnd.ErrorModel | None = None,
 ) -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor], Tensor], Tensor]:
     r"""The width rule's tests on the solver's Ritz value ``sigma`` and bound (solver units).
 
@@ -94,16 +131,19 @@ def width_rule(
     (:func:`~meanfield._rounding.upper_margin`, :func:`~meanfield._rounding.lower_from_norm`),
     from the magnitude norm and error model known before it, with the Ritz value for
     :math:`\|Jv\|` (lowered by the Krylov margin for a float32 solve, whose vector is measured
-    again in float64). ``shift`` is ``e_solve - e`` (docs/rounding.md §5). Returns
+    again in float64). ``shift`` is ``e_solve - e`` (docs/rounding.md §5). ``solve_model``
+    (default ``model``) is the error model of the solver's operator, which the upper end adds
+    (float32's for a float32 solve, docs/rounding.md §11.3). Returns
     ``accept(sigma, bound)``, ``reachable(sigma)`` (whether a perfect Krylov bound, the Ritz
     value times ``1 + margin``, would be accepted) and whether the relative margins alone leave
     room for the width (a tensor of the batch shape).
     """
     shrink = 1.0 - margin if float32_solve else 1.0
+    up_model = model if solve_model is None else solve_model
 
     def ends(sigma: Tensor, bound: Tensor, mag: Tensor) -> tuple[Tensor, Tensor]:
         s = _rnd.unscale(sigma.to(torch.float64), shift) * shrink
-        up = _rnd.upper_margin(mag, model, _rnd.unscale(bound.to(torch.float64), shift), rope)
+        up = _rnd.upper_margin(mag, up_model, _rnd.unscale(bound.to(torch.float64), shift), rope)
         lo = _rnd.lower_from_norm(s, torch.ones_like(s), n_in, mag, model, rope, n_out)
         return up, lo
 

@@ -13,6 +13,7 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,7 +21,20 @@ from torch import Tensor
 from .. import _rounding as _rnd
 from .._typing import Params, ProductGeometry
 from .._validation import check_flag, check_measure, check_points, params_dtype_device
-from ..jacobian import AttentionLinearization, jvp, linearize, self_jvp, self_vjp, vjp
+from ..jacobian import (
+    AttentionLinearization,
+    StreamingLinearization,
+    jvp,
+    linearize,
+    linearize_streaming,
+    self_jvp,
+    self_vjp,
+    streaming_jvp,
+    streaming_self_jvp,
+    streaming_self_vjp,
+    streaming_vjp,
+    vjp,
+)
 from ..measures import DiracMeasure
 from ..params import AttentionParams, MultiHeadParams
 from ._options import Plan
@@ -28,6 +42,36 @@ from ._options import Plan
 U64 = torch.finfo(torch.float64).eps / 2
 
 Operator = Callable[[Tensor], Tensor]
+#: A linearisation of either path: stored attention matrices or streamed tiles.
+Linearization = AttentionLinearization | StreamingLinearization
+
+
+def lin_jvp(lin: Linearization, H: Tensor, geometry: ProductGeometry) -> Tensor:
+    """:math:`JH` on the path of ``lin`` (stored or streaming products)."""
+    if isinstance(lin, StreamingLinearization):
+        return streaming_jvp(lin, H, geometry=geometry)
+    return jvp(lin, H, geometry=geometry)
+
+
+def lin_vjp(lin: Linearization, G: Tensor, geometry: ProductGeometry) -> Tensor:
+    r""":math:`J^\top G` on the path of ``lin`` (stored or streaming products)."""
+    if isinstance(lin, StreamingLinearization):
+        return streaming_vjp(lin, G, geometry=geometry)
+    return vjp(lin, G, geometry=geometry)
+
+
+def scale_exponent(lin: Linearization, threshold: int = 128) -> int:
+    """The power-of-two scale of docs/rounding.md §5 on the path of ``lin``."""
+    if isinstance(lin, StreamingLinearization):
+        return _rnd.streaming_scale_exponent(lin, threshold)
+    return _rnd.scale_exponent(lin, threshold)
+
+
+def scaled(lin: Linearization, e: int) -> Linearization:
+    """``lin`` for the operator ``2**-e J`` (exact)."""
+    if isinstance(lin, StreamingLinearization):
+        return lin.scaled(e)
+    return _rnd.scaled(lin, e)
 
 
 def round_down(x64: Tensor, dtype: torch.dtype) -> Tensor:
@@ -91,7 +135,7 @@ def params_to_float64(params: Params) -> Params:
     return cached
 
 
-def to_float64(lin: AttentionLinearization) -> AttentionLinearization:
+def to_float64(lin: Linearization) -> Linearization:
     """The linearisation at the same input in float64 (``lin`` itself when it is float64)."""
     if lin.X.dtype == torch.float64:
         return lin
@@ -99,15 +143,16 @@ def to_float64(lin: AttentionLinearization) -> AttentionLinearization:
     def f(t: Tensor | None) -> Tensor | None:
         return None if t is None else t.to(torch.float64)
 
-    return linearize(
-        lin.X.to(torch.float64),
-        params_to_float64(lin.params),
+    X64, params64 = lin.X.to(torch.float64), params_to_float64(lin.params)
+    common: dict[str, Any] = dict(
         log_weights=f(lin.log_weights),
         masked=lin.masked,
         positions=f(lin.positions),
         token_index=lin.token_index,
-        chunk_size=lin.chunk_size,
     )
+    if isinstance(lin, StreamingLinearization):
+        return linearize_streaming(X64, params64, block_size=lin.block_size, **common)
+    return linearize(X64, params64, chunk_size=lin.chunk_size, **common)
 
 
 def relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinearization:
@@ -124,30 +169,37 @@ def relinearize(lin: AttentionLinearization, params: Params) -> AttentionLineari
 
 
 def _float32_scaled(
-    lin: AttentionLinearization, scale_from: AttentionLinearization
-) -> tuple[AttentionLinearization, int] | None:
-    """Float32 ``lin`` scaled by a power of two that brings the operator near norm one.
+    lin: Linearization, scale_from: Linearization
+) -> tuple[Linearization, int] | None:
+    r"""Float32 ``lin`` scaled by a power of two that brings the operator near norm one.
 
     The scale is read from ``scale_from`` (``lin`` itself or its float64 copy). ``None`` when
     that scale or the attention matrices leave float32's range (float32 norms underflow below
-    ~1e-19 and overflow above ~1e19): the solver must then run in float64.
+    ~1e-19 and overflow above ~1e19): the solver must then run in float64. A streaming
+    linearisation has finite row normalisers by construction; with weighted atoms, whose
+    :math:`\tilde P` it never stores, it runs in float64.
     """
+    if isinstance(lin, StreamingLinearization):
+        if lin.log_weights is not None:
+            return None
+        e32 = scale_exponent(scale_from, threshold=4)
+        return None if abs(e32) > 100 else (lin.scaled(e32), e32)
     if not bool(torch.isfinite(lin.P).all()):
         return None
     if lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all()):
         return None
-    e32 = _rnd.scale_exponent(scale_from, threshold=4)
+    e32 = scale_exponent(scale_from, threshold=4)
     if abs(e32) > 100:
         return None
-    return _rnd.scaled(lin, e32), e32
+    return scaled(lin, e32), e32
 
 
 def _solver_lin(
-    lin: AttentionLinearization,
-    lin64: AttentionLinearization,
-    lin64s: AttentionLinearization,
+    lin: Linearization,
+    lin64: Linearization,
+    lin64s: Linearization,
     e: int,
-) -> tuple[AttentionLinearization, int]:
+) -> tuple[Linearization, int]:
     """The linearisation the iterative solver runs on and its scale (docs/rounding.md §5).
 
     Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled as
@@ -160,7 +212,7 @@ def _solver_lin(
     return (lin64s, e) if out is None else out
 
 
-def _fast_lin(lin: AttentionLinearization) -> tuple[AttentionLinearization, int] | None:
+def _fast_lin(lin: Linearization) -> tuple[Linearization, int] | None:
     """The solver's linearisation without a float64 copy (``certify=False``), or ``None``.
 
     Float64 inputs: their own, with the scale of docs/rounding.md §5. Float32 inputs:
@@ -168,8 +220,8 @@ def _fast_lin(lin: AttentionLinearization) -> tuple[AttentionLinearization, int]
     caller then goes through float64) when that leaves float32's range.
     """
     if lin.X.dtype == torch.float64:
-        e = _rnd.scale_exponent(lin)
-        return _rnd.scaled(lin, e), e
+        e = scale_exponent(lin)
+        return scaled(lin, e), e
     return _float32_scaled(lin, lin)
 
 
@@ -179,24 +231,24 @@ class Operators:
 
     Attributes
     ----------
-    lin : AttentionLinearization
-        At the input, in its dtype.
-    lin64 : AttentionLinearization
+    lin : AttentionLinearization or StreamingLinearization
+        At the input, in its dtype, on the path of the call (stored or streaming).
+    lin64 : AttentionLinearization or StreamingLinearization
         Its float64 copy (``lin`` itself on the uncertified fast path, which makes none).
-    lin64s : AttentionLinearization
+    lin64s : AttentionLinearization or StreamingLinearization
         ``lin64`` for the operator :math:`2^{-e}J`: every certified norm is computed on it.
     e : int
         That power-of-two scale (0 on the fast path).
-    lin_solve : AttentionLinearization
+    lin_solve : AttentionLinearization or StreamingLinearization
         What the iterative solver runs on, for :math:`2^{-e_{solve}}J`.
     e_solve : int
     """
 
-    lin: AttentionLinearization
-    lin64: AttentionLinearization
-    lin64s: AttentionLinearization
+    lin: Linearization
+    lin64: Linearization
+    lin64s: Linearization
     e: int
-    lin_solve: AttentionLinearization
+    lin_solve: Linearization
     e_solve: int
 
     @property
@@ -215,12 +267,14 @@ class Operators:
         return self.lin_solve is self.lin64s
 
 
-def prepare(lin: AttentionLinearization, plan: Plan) -> Operators:
+def prepare(lin: Linearization, plan: Plan) -> Operators:
     """The operators of the estimate at ``lin``.
 
     Uncertified matrix-free Euclidean and Wasserstein estimates run in the working precision of
     the inputs without a float64 copy where float32's range allows (docs/rounding.md §9); all
-    others make the float64 copy and scale it (docs/rounding.md §5).
+    others make the float64 copy and scale it (docs/rounding.md §5). Calls stopped by the
+    width rule solve on that float64 copy; the other certified calls on float32 inputs solve
+    in float32 where its range allows, their probabilistic end then carrying float32's model.
     """
     fast = None
     if not plan.certify and plan.method != "dense" and plan.geometry != "split":
@@ -230,8 +284,13 @@ def prepare(lin: AttentionLinearization, plan: Plan) -> Operators:
     lin64 = to_float64(lin)
     # scale safety (docs/rounding.md §5): every norm is computed on the operator 2**-e J, with e
     # a power-of-two scale, and brought back at the end
-    e = _rnd.scale_exponent(lin64)
-    lin64s = _rnd.scaled(lin64, e)
+    e = scale_exponent(lin64)
+    lin64s = scaled(lin64, e)
+    if plan.rtol is not None:
+        # the width rule: its probabilistic end is that of the solver's operator, and a
+        # float32 operator's certified distance to the exact one (docs/rounding.md §11.3) is
+        # far wider than the width on most layers, so these calls solve in float64
+        return Operators(lin, lin64, lin64s, e, lin64s, e)
     lin_solve, e_solve = _solver_lin(lin, lin64, lin64s, e)
     return Operators(lin, lin64, lin64s, e, lin_solve, e_solve)
 
@@ -248,27 +307,31 @@ def random_start(shape: tuple[int, ...], like: Tensor, seed: int | None) -> Tens
     return x0.to(dtype=like.dtype, device=like.device)
 
 
-def flat_ops(lin: AttentionLinearization, geometry: ProductGeometry) -> tuple[Operator, Operator]:
+def flat_ops(lin: Linearization, geometry: ProductGeometry) -> tuple[Operator, Operator]:
     r"""Products with :math:`J` and :math:`J^\top` on flattened ``(..., n d)`` vectors."""
     shape_in = lin.batch_shape + (lin.n, lin.d)
     shape_out = lin.batch_shape + (lin.n, lin.d_out)
 
     def matvec(v: Tensor) -> Tensor:
-        return jvp(lin, v.reshape(shape_in), geometry=geometry).reshape(lin.batch_shape + (-1,))
+        return lin_jvp(lin, v.reshape(shape_in), geometry).reshape(lin.batch_shape + (-1,))
 
     def rmatvec(u: Tensor) -> Tensor:
-        return vjp(lin, u.reshape(shape_out), geometry=geometry).reshape(lin.batch_shape + (-1,))
+        return lin_vjp(lin, u.reshape(shape_out), geometry).reshape(lin.batch_shape + (-1,))
 
     return matvec, rmatvec
 
 
-def self_ops(lin: AttentionLinearization) -> tuple[Operator, Operator]:
+def self_ops(lin: Linearization) -> tuple[Operator, Operator]:
     """Batched products with the per-atom self-Jacobians :math:`S_i` and their transposes."""
 
     def matvec(v: Tensor) -> Tensor:
+        if isinstance(lin, StreamingLinearization):
+            return streaming_self_jvp(lin, v)
         return self_jvp(lin, v)
 
     def rmatvec(u: Tensor) -> Tensor:
+        if isinstance(lin, StreamingLinearization):
+            return streaming_self_vjp(lin, u)
         return self_vjp(lin, u)
 
     return matvec, rmatvec

@@ -24,11 +24,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from .._numerics import as_float_tensor, check_finite
 from .._typing import Geometry, Method, ProductGeometry, UpperMethod
-from ..jacobian import AttentionLinearization
+from ..jacobian import AttentionLinearization, StreamingLinearization
 
 #: ``method="auto"`` assembles the Jacobian when ``n * d`` is at most this.
 DENSE_AUTO_MAX = 1500
@@ -37,7 +38,26 @@ DEFAULT_TOL = 1e-6
 #: Width ``upper_prob / lower <= 1 + DEFAULT_PROB_RTOL`` of the default call's stopping rule.
 DEFAULT_PROB_RTOL = 0.05
 
+#: Bytes the stored attention matrices of one call may take before ``path="auto"`` streams.
+DEFAULT_MEMORY_BUDGET = 2**30
+
 Start = Tensor | Literal["kronecker"] | None
+PathChoice = Literal["auto", "stored", "streaming"]
+
+
+def stored_bytes(
+    n: int, heads: int, batch: int, dtype: torch.dtype, *, certify: bool, weighted: bool
+) -> int:
+    r"""Bytes of the :math:`n\times n` matrices the stored path keeps (the rule of ``path="auto"``).
+
+    A fixed count, never the memory free at the moment: per head and batch element one
+    :math:`n\times n` attention matrix in the input's dtype, one more for :math:`\tilde P` of a
+    weighted measure, their float64 copies where a certified call on float32 inputs makes them,
+    and a factor 2 for the temporaries of a product.
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_entry = itemsize + (8 if certify and itemsize != 8 else 0)
+    return 2 * batch * heads * n * n * per_entry * (2 if weighted else 1)
 
 
 def check_one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -63,9 +83,22 @@ class SolverOptions:
     krylov_dim: int = 32
     start: Start = None
     seed: int | None = 0
+    path: PathChoice = "auto"
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
 
     def __post_init__(self) -> None:
         check_one_of("method", self.method, ("auto", "dense", "lanczos", "power"))
+        check_one_of("path", self.path, ("auto", "stored", "streaming"))
+        budget = self.memory_budget
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {budget!r}")
+        if self.path == "streaming":
+            if self.method == "dense":
+                raise ValueError(
+                    "method='dense' assembles the Jacobian: it needs path='stored' (or 'auto')"
+                )
+            if isinstance(self.start, str):
+                raise ValueError("start='kronecker' needs path='stored' (or 'auto')")
         tol = self.tol
         if tol is not None and not (isinstance(tol, (int, float)) and 0 < tol < math.inf):
             raise ValueError(f"tol must be a positive number, got {tol!r}")
@@ -76,6 +109,29 @@ class SolverOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    def choose_path(
+        self,
+        n: int,
+        heads: int,
+        batch: int,
+        dtype: torch.dtype,
+        *,
+        certify: bool,
+        weighted: bool,
+        needs_stored: bool,
+    ) -> Literal["stored", "streaming"]:
+        """The path of the call: ``path`` itself, or for ``"auto"`` the fixed rule.
+
+        ``"auto"`` keeps the stored matrices when :func:`stored_bytes` fits ``memory_budget``
+        or the call asks for what only the stored path has (``needs_stored``: the dense
+        method, the split geometry, the Kronecker start, a Gram or block upper certificate),
+        and streams otherwise.
+        """
+        if self.path != "auto":
+            return self.path
+        size = stored_bytes(n, heads, batch, dtype, certify=certify, weighted=weighted)
+        return "stored" if needs_stored or size <= self.memory_budget else "streaming"
 
     def at_input(self, X: Tensor) -> SolverOptions:
         """These options with a tensor ``start`` checked against the points ``X``.
@@ -147,17 +203,38 @@ class EstimateOptions:
         check_one_of("geometry", self.geometry, ("euclidean", "wasserstein", "split"))
         if self.certificate.explicit_rtol and self.solver.start is not None:
             raise ValueError("prob_rtol needs the random start; drop start or prob_rtol")
+        if self.solver.path == "streaming":
+            if self.geometry == "split":
+                raise ValueError("geometry='split' needs path='stored' (or 'auto')")
+            if self.certificate.upper in ("gram", "block"):
+                raise ValueError(
+                    f"upper={self.certificate.upper!r} needs the stored attention matrices: "
+                    "path='stored' (or 'auto'); the streaming path certifies lower and upper_prob"
+                )
+
+    @property
+    def needs_stored(self) -> bool:
+        """Whether the call asks for what only the stored path computes."""
+        return (
+            self.solver.method == "dense"
+            or self.geometry == "split"
+            or isinstance(self.solver.start, str)
+            or self.certificate.upper in ("gram", "block")
+        )
 
     def at_input(self, X: Tensor) -> EstimateOptions:
         """These options with a tensor start checked against the points (:class:`SolverOptions`)."""
         solver = self.solver.at_input(X)
         return self if solver is self.solver else dataclasses.replace(self, solver=solver)
 
-    def resolve(self, lin: AttentionLinearization) -> Plan:
+    def resolve(self, lin: AttentionLinearization | StreamingLinearization) -> Plan:
         """The plan at the linearisation ``lin``: ``"auto"`` resolved, the stopping rule chosen.
 
-        ``NotImplementedError`` for ``geometry="split"`` with rotary heads.
+        ``NotImplementedError`` for ``geometry="split"`` with rotary heads. On the streaming
+        path ``method="auto"`` is Lanczos and ``upper="auto"`` is ``"none"`` (the streaming
+        path certifies ``lower`` and ``upper_prob``).
         """
+        streaming = isinstance(lin, StreamingLinearization)
         if self.geometry == "split" and lin.rope_heads:
             raise NotImplementedError(
                 "geometry='split' is not available for heads with a rotary embedding or "
@@ -167,10 +244,10 @@ class EstimateOptions:
         n, d = lin.n, lin.d
         method = solver.method
         if method == "auto":
-            method = "dense" if n * d <= DENSE_AUTO_MAX else "lanczos"
+            method = "dense" if n * d <= DENSE_AUTO_MAX and not streaming else "lanczos"
         upper = cert.upper
         if upper == "auto":
-            upper = "gram" if method == "dense" else "block"
+            upper = "gram" if method == "dense" else "none" if streaming else "block"
         delta = cert.delta
         if not cert.certify:
             upper, delta = "none", None
@@ -192,6 +269,7 @@ class EstimateOptions:
             delta=delta,
             rtol=rtol,
             solver=solver,
+            path="streaming" if streaming else "stored",
         )
 
 
@@ -212,6 +290,7 @@ class Plan:
     delta: float | None
     rtol: float | None
     solver: SolverOptions
+    path: Literal["stored", "streaming"] = "stored"
 
     def __post_init__(self) -> None:
         if self.upper == "gram" and self.method != "dense":

@@ -22,6 +22,7 @@ from torch import Tensor
 from .._certificates import golub_kahan_certified, krylov_rounding_margin
 from .._numerics import iter_chunks
 from .._spectral import SpectralResult, spectral_norm_upper, top_singular_value
+from ..jacobian import AttentionLinearization
 from ..jacobian.products import dense_from_linearization, self_blocks
 from ._margins import Margins, width_rule
 from ._operators import Operators, eval_margin, flat_ops, random_start, self_ops
@@ -120,6 +121,8 @@ def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
     if explicit:
         sv, low, up = [], [], []
         per_atom = max(1, math.prod(batch)) * lin64.d_out * lin64.d
+        assert isinstance(lin, AttentionLinearization)  # the split geometry: stored path only
+        assert isinstance(lin64, AttentionLinearization)
         chunk_size = lin.chunk_size
         block = chunk_size if chunk_size is not None else max(1, _EXPLICIT_SELF_ENTRIES // per_atom)
         for sl in iter_chunks(lin64.n, block):
@@ -161,6 +164,7 @@ def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
 def solve_dense(ops: Operators, plan: Plan) -> DenseSolution:
     """Assemble the Jacobian of ``lin64s`` and take its SVD."""
     lin = ops.lin64s
+    assert isinstance(lin, AttentionLinearization)  # the dense method: stored path only
     J = dense_from_linearization(lin, plan.op_geometry)
     finite = torch.isfinite(J).flatten(-2).all(-1)
     J = torch.where(finite[..., None, None], J, torch.zeros_like(J))
@@ -184,7 +188,8 @@ def _start_vector(ops: Operators, plan: Plan) -> Tensor:
     start, seed = opts.start, opts.seed
     if start is None:
         return random_start(shape, lin.X, seed)
-    if isinstance(start, str):  # the Kronecker start
+    if isinstance(start, str):  # the Kronecker start (stored path only)
+        assert isinstance(lin, AttentionLinearization)
         generator = None if seed is None else torch.Generator().manual_seed(int(seed))
         x0 = kronecker_start(lin, geometry=plan.op_geometry, generator=generator)
         return x0.reshape(shape)
@@ -219,6 +224,7 @@ def solve_krylov(ops: Operators, plan: Plan, margins: Margins | None) -> KrylovS
             n * d,
             ops.e_solve - ops.e,
             float32_solve=ops.float32_solve,
+            solve_model=margins.solve_model,
         )
         if not bool(possible.any()):  # the relative margins alone are wider than the width
             rtol, width_reachable = None, possible

@@ -17,24 +17,34 @@ options at the input, make the operators (precisions and power-of-two scales), s
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from .._typing import Geometry, Method, Params, UpperMethod
-from ..jacobian import linearize
+from ..jacobian import (
+    AttentionLinearization,
+    StreamingLinearization,
+    linearize,
+    linearize_streaming,
+)
+from ..jacobian.streaming import default_block_sizes
 from ..measures import DiracMeasure
 from ._certify import certify_solution
 from ._estimate import LipschitzEstimate
 from ._margins import Margins
 from ._operators import parse_input, prepare
+from ._options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from ._options import DEFAULT_PROB_RTOL as DEFAULT_PROB_RTOL
 from ._options import DEFAULT_TOL as DEFAULT_TOL
 from ._options import DENSE_AUTO_MAX as DENSE_AUTO_MAX
 from ._options import CertificateOptions, EstimateOptions, SolverOptions
+from ._options import stored_bytes as stored_bytes
 from ._solve import solve
 
-__all__ = ["LipschitzEstimate", "local_lipschitz"]
+__all__ = ["LipschitzEstimate", "local_lipschitz", "stored_bytes"]
 
 
 def local_lipschitz(
@@ -55,6 +65,8 @@ def local_lipschitz(
     prob_rtol: float | Literal["auto"] | None = "auto",
     start: Tensor | Literal["kronecker"] | None = None,
     certify: bool = True,
+    path: Literal["auto", "stored", "streaming"] = "auto",
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> LipschitzEstimate:
     r"""Local Lipschitz constant of attention at a sequence or a measure, with a certified bracket.
 
@@ -127,6 +139,21 @@ def local_lipschitz(
         GPT-2 layer then costs about 40 % less. ``upper`` must be ``"auto"`` or ``"none"``,
         and ``prob_rtol`` is not available. The iteration, its stopping rule and ``converged``
         are those of the certified call.
+    path : {"auto", "stored", "streaming"}, default "auto"
+        How the Jacobian products are computed. ``"stored"`` keeps every head's
+        :math:`n\times n` attention matrices; ``"streaming"`` keeps only the head rows and each
+        row's log-normaliser and recomputes the attention tile by tile (memory linear in
+        :math:`n`, :func:`~meanfield.jacobian.linearize_streaming`). Both give the same
+        estimate within the bracket; the streaming path certifies ``lower`` and
+        ``upper_prob`` with its own rounding analysis (docs/rounding.md §11) and forms no
+        deterministic ``upper`` (``upper="auto"`` is ``"none"`` there; ``"gram"`` and
+        ``"block"`` need the stored path), and it has no dense method, split geometry or
+        Kronecker start. ``"auto"``: the stored path when its matrices fit ``memory_budget``
+        by the fixed count :func:`~meanfield.lipschitz.stored_bytes` (never the memory free at
+        the moment) or when the call asks for one of those, else streaming. The result records
+        the path in ``path``.
+    memory_budget : int, default 2**30
+        Bytes the stored matrices may take before ``path="auto"`` streams.
 
     Returns
     -------
@@ -160,6 +187,8 @@ def local_lipschitz(
             krylov_dim=krylov_dim,
             start=start,
             seed=seed,
+            path=path,
+            memory_budget=memory_budget,
         ),
         certificate=CertificateOptions(
             upper=upper, delta=delta, prob_rtol=prob_rtol, certify=certify
@@ -167,15 +196,40 @@ def local_lipschitz(
     )
     X, log_weights, positions, is_masked = parse_input(x, masked, params)
     options = options.at_input(X)  # a tensor start, checked against the points
-    lin = linearize(
-        X,
-        params,
-        log_weights=log_weights,
-        masked=is_masked,
-        positions=positions,
-        token_index=token_index,
-        chunk_size=chunk_size,
+    aux = [t.shape[:-1] for t in (log_weights, positions) if t is not None]
+    chosen = options.solver.choose_path(
+        X.shape[-2],
+        len(params.heads),
+        math.prod(torch.broadcast_shapes(X.shape[:-2], *aux)),
+        X.dtype,
+        certify=certify,
+        weighted=log_weights is not None,
+        needs_stored=options.needs_stored,
     )
+    lin: AttentionLinearization | StreamingLinearization
+    if chosen == "streaming":
+        block = None
+        if chunk_size is not None:  # the query-block size keeps its meaning
+            block = (int(chunk_size), default_block_sizes(X.shape[-2], len(params.heads))[1])
+        lin = linearize_streaming(
+            X,
+            params,
+            log_weights=log_weights,
+            masked=is_masked,
+            positions=positions,
+            token_index=token_index,
+            block_size=block,
+        )
+    else:
+        lin = linearize(
+            X,
+            params,
+            log_weights=log_weights,
+            masked=is_masked,
+            positions=positions,
+            token_index=token_index,
+            chunk_size=chunk_size,
+        )
     plan = options.resolve(lin)  # "auto" resolved at this size, the stopping rule chosen
     ops = prepare(lin, plan)  # float64 copy, power-of-two scales, the solver's operator
     margins = Margins(ops, plan.op_geometry) if plan.certify else None
