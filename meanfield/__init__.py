@@ -30,6 +30,8 @@ reached through its subpackage: :mod:`meanfield.jacobian` (products and certifie
 (spectral norms of convolutions).
 """
 
+import logging
+
 from .attention import (
     attention,
     attention_map,
@@ -58,6 +60,10 @@ from .measures import DiracMeasure
 from .params import AttentionParams, L2AttentionParams, MultiHeadParams, RotaryEmbedding
 
 __version__ = "0.1.0"
+
+# a library prints nothing unless the application configures logging (meanfield.lipschitz's
+# progress lines, docs/experiments.md)
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AttentionParams",

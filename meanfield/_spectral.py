@@ -14,11 +14,17 @@ Upper bounds need more structure:
 * :func:`rank_one_sigma_max`, the closed form of :math:`\sigma_{\max}(I + ab^\top)`.
 
 Certificates are computed and returned in float64, the reference precision.
+
+A caller may watch the iterative solvers run (:func:`observe_steps`): each step hands the
+observer the values the step has already computed, so watching adds no product and changes no
+arithmetic (the progress lines of :func:`meanfield.local_lipschitz` are made this way).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +37,7 @@ __all__ = [
     "gram_iteration",
     "gram_sequence",
     "lanczos_svd",
+    "observe_steps",
     "power_iteration",
     "rank_one_sigma_max",
     "rank_one_sigma_max_from_stats",
@@ -39,6 +46,31 @@ __all__ = [
 ]
 
 Operator = Callable[[Tensor], Tensor]
+
+#: An observer of the solvers' steps: ``observer(sigma, residual, done)`` after each step, with
+#: the step's estimate of :math:`\sigma_1` (``(*batch,)``), its residual
+#: :math:`\|J^\top Jv-\sigma^2v\|` (Lanczos: the free estimate :math:`\sigma\beta_k|w_k|`; power:
+#: the computed one) and the batch elements whose stopping rule holds. It must not modify them.
+StepObserver = Callable[[Tensor, Tensor, Tensor], None]
+
+_observer: ContextVar[StepObserver | None] = ContextVar("meanfield_step_observer", default=None)
+
+
+@contextmanager
+def observe_steps(observer: StepObserver | None) -> Iterator[None]:
+    """Call ``observer`` after every step of :func:`lanczos_svd` and :func:`power_iteration`.
+
+    For the solvers run inside the ``with`` block, in this thread (a context variable), nested
+    calls included (the restarted Lanczos continuation of a certified run). ``None`` watches
+    nothing. The observer only reads what the step computed: the solvers' results are the same,
+    bit for bit, with and without it.
+    """
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
+
 
 U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
 
@@ -151,6 +183,7 @@ def power_iteration(
     out_res = torch.zeros(batch, dtype=v.dtype, device=dev)
     n_iter = torch.zeros(batch, dtype=torch.int64, device=dev)
     history = []
+    observer = _observer.get()
     for _ in range(max(int(max_iter), 1)):
         w = matvec(v)
         sigma = _norm(w)
@@ -165,6 +198,8 @@ def power_iteration(
         # residual rule (docs/rounding.md §7): the same test as lanczos_svd, not a relative change
         newly = active & ((res <= tol * sigma.square()) | (sigma <= tiny))
         done = done | newly
+        if observer is not None:
+            observer(out_sigma, out_res, done)
         if bool(done.all()):
             break
         v = torch.where(active.unsqueeze(-1), _safe_div(z, _norm(z)), v)
@@ -251,6 +286,7 @@ def lanczos_svd(
     broken = torch.zeros(batch, dtype=torch.bool, device=dev)
     steps = 0
     N = v1.shape[-1]
+    observer = _observer.get()
     Vb = v1.new_zeros(batch + (krylov_dim + 1, N))  # right basis, rows v_1, v_2, ...
     Ub: Tensor | None = None  # left basis, allocated after the first product
     while steps < max_iter and not bool(done.all()):
@@ -294,6 +330,8 @@ def lanczos_svd(
             out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
             newly = active & ((est <= tol * sigma.square()) | (sigma <= tiny) | broken)
             done = done | newly
+            if observer is not None:
+                observer(best, est, done)
             if bool(done.all()) or steps >= max_iter or k == krylov_dim:
                 break
             Vb[..., k, :] = _safe_div(r, torch.where(beta > tiny, beta, torch.zeros_like(beta)))

@@ -124,7 +124,12 @@ def width_rule(
     *,
     float32_solve: bool,
     solve_model: _rnd.ErrorModel | None = None,
-) -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor], Tensor], Tensor]:
+) -> tuple[
+    Callable[[Tensor, Tensor], Tensor],
+    Callable[[Tensor], Tensor],
+    Tensor,
+    Callable[[Tensor, Tensor], Tensor],
+]:
     r"""The width rule's tests on the solver's Ritz value ``sigma`` and bound (solver units).
 
     They predict the certified ends exactly as the estimator forms them after the run
@@ -135,8 +140,10 @@ def width_rule(
     (default ``model``) is the error model of the solver's operator, which the upper end adds
     (float32's for a float32 solve, docs/rounding.md §11.3). Returns
     ``accept(sigma, bound)``, ``reachable(sigma)`` (whether a perfect Krylov bound, the Ritz
-    value times ``1 + margin``, would be accepted) and whether the relative margins alone leave
-    room for the width (a tensor of the batch shape).
+    value times ``1 + margin``, would be accepted), whether the relative margins alone leave
+    room for the width (a tensor of the batch shape), and ``ratio(sigma, bound)``, the
+    predicted ``upper_prob / lower`` that ``accept`` compares with the width (for progress
+    lines).
     """
     shrink = 1.0 - margin if float32_solve else 1.0
     up_model = model if solve_model is None else solve_model
@@ -151,9 +158,13 @@ def width_rule(
         up, lo = ends(sigma, bound, mag_norm)
         return up <= width * lo
 
+    def ratio(sigma: Tensor, bound: Tensor) -> Tensor:
+        up, lo = ends(sigma, bound, mag_norm)
+        return up / lo
+
     def reachable(sigma: Tensor) -> Tensor:
         return accept(sigma, sigma.to(torch.float64) * (1 + margin))
 
     one = torch.ones_like(mag_norm)
     up, lo = ends(one, one * (1 + margin), torch.zeros_like(mag_norm))
-    return accept, reachable, up <= width * lo
+    return accept, reachable, up <= width * lo, ratio

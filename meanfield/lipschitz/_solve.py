@@ -9,19 +9,42 @@ per-atom self-Jacobian term first. Results stay in the operators' power-of-two u
 The solver reads the certificate in one place: the width rule (the default stopping rule)
 stops the Lanczos run once the certified ends it predicts from the rounding margins
 (:func:`~meanfield.lipschitz._margins.width_rule`) are close enough.
+
+**Progress.** A run reports itself to the standard :mod:`logging` module, logger
+``"meanfield.lipschitz"`` (the ``"meanfield"`` logger has a :class:`logging.NullHandler`, so
+nothing is printed unless the application configures logging). One line when the run starts,
+then while it runs at most one line every :data:`PROGRESS_INTERVAL` seconds (products done and
+their cap, the Ritz value, the predicted width ``upper_prob / lower`` while the width rule is in
+force, else the residual relative to ``tol``, the elapsed time), and one line when it ends (the
+stopping rule, products, value, width or residual). Lines are INFO once the run has lasted
+:data:`PROGRESS_INTERVAL`: the start line is then repeated at INFO before the first progress
+line. A shorter run logs its start and end lines at DEBUG only. The figures are read from what
+the solver has computed anyway (:func:`~meanfield._spectral.observe_steps`, the width rule's
+own test, a count of the operator's calls): no product is added and the estimate is the same,
+bit for bit, with logging on or off. With no handler enabled for INFO nothing is watched at all.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .. import _rounding as _rnd
 from .._certificates import golub_kahan_certified, krylov_rounding_margin
 from .._numerics import iter_chunks
-from .._spectral import SpectralResult, spectral_norm_upper, top_singular_value
+from .._spectral import (
+    SpectralResult,
+    observe_steps,
+    spectral_norm_upper,
+    top_singular_value,
+)
 from ..jacobian import AttentionLinearization
 from ..jacobian.products import dense_from_linearization, self_blocks
 from ._margins import Margins, width_rule
@@ -33,6 +56,13 @@ from .starts import kronecker_start
 _EXPLICIT_SELF_FLOPS = 2e9
 #: Entries of explicit self-Jacobian blocks held at once (atoms are processed in chunks).
 _EXPLICIT_SELF_ENTRIES = 2**22
+#: Seconds between two progress lines of a running estimate; a run shorter than this logs at
+#: DEBUG only (module docstring, "Progress").
+PROGRESS_INTERVAL = 5.0
+#: The clock of the progress lines (a test replaces it).
+_clock = time.monotonic
+
+logger = logging.getLogger("meanfield.lipschitz")
 
 
 @dataclass(frozen=True)
@@ -95,22 +125,256 @@ class Solution:
     self_term: SelfSolution | None
 
 
+Op = Callable[[Tensor], Tensor]
+
+#: The messages of :class:`_Progress` (module docstring, "Progress"), %-formatted lazily.
+_START = (
+    "local_lipschitz start: n=%d d=%d heads=%d batch=%d dtype=%s solve_dtype=%s method=%s "
+    "geometry=%s path=%s rule=%s max_products=%s"
+)
+_STEP_WIDTH = "local_lipschitz %s: %d/%d products, ritz %.6g, width %.6g (target %.6g), %.1f s"
+_STEP_RESIDUAL = "local_lipschitz %s: %d/%d products, ritz %.6g, residual %.2e (tol %.2e), %.1f s"
+_END_WIDTH = (
+    "local_lipschitz done: stop=%s, %d products, value %.6g, width %.6g (target %.6g), "
+    "converged=%s, %.1f s"
+)
+_END_RESIDUAL = (
+    "local_lipschitz done: stop=%s, %d products, value %.6g, residual %.2e (tol %.2e), "
+    "converged=%s, %.1f s"
+)
+_END_DENSE = "local_lipschitz done: stop=dense, value %.6g, %.1f s"
+
+
+def _top(x: Tensor) -> float:
+    """The largest entry of ``x`` as a float (NaN for an empty tensor or a NaN entry)."""
+    return float(x.detach().max()) if x.numel() else math.nan
+
+
+class _Progress:
+    """The progress lines of one :func:`solve` (module docstring, "Progress").
+
+    Made only when the logger is enabled for INFO. It reads what the solver computes anyway:
+    the Ritz values and residual estimates of each step (:meth:`observe`, through
+    :func:`~meanfield._spectral.observe_steps`), the width rule's arguments (:meth:`watch_accept`)
+    and the number of calls of the operator (:meth:`count`); it changes no tensor.
+    """
+
+    def __init__(self, ops: Operators, plan: Plan) -> None:
+        self.interval = float(PROGRESS_INTERVAL)
+        self.t0 = _clock()
+        self.next = self.t0 + self.interval
+        self.loud = False  # whether the INFO start line was written
+        self.phase: str = plan.method
+        self.products = 0
+        self.shift = ops.e_solve  # the solver's units, 2**e_solve, to those of J
+        self.tol = plan.tol
+        self.target = math.nan if plan.width is None else float(plan.width)
+        max_iter = plan.solver.max_iter
+        if plan.method == "lanczos":
+            self.cap = 2 * (300 if max_iter is None else int(max_iter)) + 2
+        elif plan.method == "power":
+            self.cap = 2 * (1000 if max_iter is None else int(max_iter))
+        else:
+            self.cap = 0
+        lin = ops.lin
+        if plan.method == "dense":
+            rule = "dense"
+        elif plan.rtol is not None:
+            rule = f"width<={1.0 + plan.rtol:g}"
+        else:
+            rule = f"residual<={plan.tol:g}"
+        self.header = (
+            lin.n,
+            lin.d,
+            len(lin.params.heads),
+            math.prod(ops.batch),
+            str(lin.X.dtype).removeprefix("torch."),
+            str(ops.lin_solve.X.dtype).removeprefix("torch."),
+            plan.method,
+            plan.geometry,
+            getattr(plan, "path", None) or "-",
+            rule,
+            self.cap if self.cap else "-",
+        )
+        logger.debug(_START, *self.header)
+
+    @classmethod
+    def start(cls, ops: Operators, plan: Plan) -> _Progress | None:
+        """A tracker, or ``None`` (nothing watched) where the logger would drop INFO lines."""
+        return cls(ops, plan) if logger.isEnabledFor(logging.INFO) else None
+
+    def elapsed(self) -> float:
+        return _clock() - self.t0
+
+    def _promote(self) -> None:
+        """The start line again at INFO, once: the run is no longer a short one."""
+        if not self.loud:
+            self.loud = True
+            logger.info(_START, *self.header)
+
+    def _due(self) -> float | None:
+        """The elapsed seconds where a progress line is due (the interval has passed), else None."""
+        now = _clock()
+        if now < self.next:
+            return None
+        self.next = now + self.interval
+        self._promote()
+        return now - self.t0
+
+    def count(self, op: Op) -> Op:
+        """``op`` counting its calls (one batched product each)."""
+
+        def counted(x: Tensor) -> Tensor:
+            self.products += 1
+            return op(x)
+
+        return counted
+
+    def ritz(self, sigma: Tensor) -> float:
+        """The largest Ritz value of the batch, in the units of J."""
+        return _top(_rnd.unscale(sigma.detach().to(torch.float64), self.shift))
+
+    def observe(self, sigma: Tensor, residual: Tensor, done: Tensor) -> None:
+        """A step of :func:`lanczos_svd` or :func:`power_iteration`: the residual line when due.
+
+        The residual relative to ``sigma**2`` is the largest among the batch elements still
+        running (all of them once every one has stopped).
+        """
+        elapsed = self._due()
+        if elapsed is None:
+            return
+        s = sigma.detach().to(torch.float64)
+        rel = residual.detach().to(torch.float64) / s.square()
+        running = ~done
+        if bool(running.any()):
+            rel = rel[running]
+        logger.info(
+            _STEP_RESIDUAL,
+            self.phase,
+            self.products,
+            self.cap,
+            self.ritz(sigma),
+            _top(rel),
+            self.tol,
+            elapsed,
+        )
+
+    def watch_accept(
+        self,
+        accept: Callable[[Tensor, Tensor], Tensor],
+        width_of: Callable[[Tensor, Tensor], Tensor],
+    ) -> Callable[[Tensor, Tensor], Tensor]:
+        """The width rule's test, writing the predicted width when a line is due."""
+
+        def watched(sigma: Tensor, bound: Tensor) -> Tensor:
+            out = accept(sigma, bound)
+            elapsed = self._due()
+            if elapsed is not None:
+                logger.info(
+                    _STEP_WIDTH,
+                    self.phase,
+                    self.products,
+                    self.cap,
+                    self.ritz(sigma),
+                    _top(width_of(sigma, bound)),
+                    self.target,
+                    elapsed,
+                )
+            return out
+
+        return watched
+
+    def finish(self, solution: Solution, width: float | None) -> None:
+        """The end line: INFO once the run has lasted the interval, else DEBUG.
+
+        ``width`` is the predicted ``upper_prob / lower`` of a run stopped on the width rule.
+        """
+        elapsed = self.elapsed()
+        if elapsed >= self.interval:
+            self._promote()
+        level = logging.INFO if self.loud else logging.DEBUG
+        run, self_term = solution.run, solution.self_term
+        self_value = math.nan if self_term is None else _top(self_term.value)
+        if isinstance(run, DenseSolution):
+            value = max(_top(run.value), self_value) if self_term is not None else _top(run.value)
+            logger.log(level, _END_DENSE, value, elapsed)
+            return
+        res = run.result
+        value = self.ritz(res.sigma)
+        products = int(res.n_matvec.max())
+        if self_term is not None:
+            value = max(value, self_value)
+            products += int(self_term.n_matvec.max())
+        converged = bool(res.converged.all())
+        if width is not None:
+            logger.log(
+                level,
+                _END_WIDTH,
+                run.stop_rule,
+                products,
+                value,
+                width,
+                self.target,
+                converged,
+                elapsed,
+            )
+            return
+        rel = (
+            res.residual.detach().to(torch.float64) / res.sigma.detach().to(torch.float64).square()
+        )
+        logger.log(
+            level,
+            _END_RESIDUAL,
+            run.stop_rule,
+            products,
+            value,
+            _top(rel),
+            self.tol,
+            converged,
+            elapsed,
+        )
+
+
+@contextmanager
+def _watching(progress: _Progress | None, phase: str) -> Iterator[None]:
+    """The solvers' steps reported to ``progress`` as ``phase`` (nothing when it is ``None``)."""
+    if progress is None:
+        yield
+        return
+    progress.phase = phase
+    with observe_steps(progress.observe):
+        yield
+
+
 def solve(ops: Operators, plan: Plan, margins: Margins | None) -> Solution:
     """Run the solver of ``plan`` on ``ops`` (the self term first, then the main run).
 
-    ``margins`` (certified calls only) is read by the width rule.
+    ``margins`` (certified calls only) is read by the width rule. The run logs its progress
+    (module docstring, "Progress").
     """
-    self_term = solve_self_term(ops, plan) if plan.geometry == "split" else None
+    progress = _Progress.start(ops, plan)
+    self_term = None
+    if plan.geometry == "split":
+        self_term = solve_self_term(ops, plan, progress=progress)
     run: DenseSolution | KrylovSolution
+    width: float | None = None
     if plan.method == "dense":
         run = solve_dense(ops, plan)
     else:
-        run = solve_krylov(ops, plan, margins)
-    return Solution(run, self_term)
+        run, width = _solve_krylov(ops, plan, margins, progress)
+    solution = Solution(run, self_term)
+    if progress is not None:
+        progress.finish(solution, width)
+    return solution
 
 
-def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
-    r""":math:`\max_i\|S_i\|_2`: explicit blocks and their SVDs, or batched per-atom Lanczos."""
+def solve_self_term(
+    ops: Operators, plan: Plan, *, progress: _Progress | None = None
+) -> SelfSolution:
+    r""":math:`\max_i\|S_i\|_2`: explicit blocks and their SVDs, or batched per-atom Lanczos.
+
+    ``progress`` (:func:`solve`'s tracker) is told the per-atom run's steps.
+    """
     lin, lin64 = ops.lin, ops.lin64
     n, d, d_out = lin.n, lin.d, lin.d_out
     batch = lin64.batch_shape
@@ -143,15 +407,21 @@ def solve_self_term(ops: Operators, plan: Plan) -> SelfSolution:
     opts = plan.solver
     mv, rmv = self_ops(lin)
     x0 = random_start(lin.batch_shape + (n, d), lin.X, opts.seed)
-    res = top_singular_value(
-        mv,
-        rmv,
-        x0,
-        method="lanczos" if plan.method == "dense" else plan.method,
-        tol=plan.tol,
-        max_iter=opts.max_iter,
-        krylov_dim=opts.krylov_dim,
-    )
+    if progress is not None:
+        mv, rmv = progress.count(mv), progress.count(rmv)
+        progress.shift = 0  # the self blocks of lin, in the units of J
+    with _watching(progress, "self term"):
+        res = top_singular_value(
+            mv,
+            rmv,
+            x0,
+            method="lanczos" if plan.method == "dense" else plan.method,
+            tol=plan.tol,
+            max_iter=opts.max_iter,
+            krylov_dim=opts.krylov_dim,
+        )
+    if progress is not None:  # the main run: its own count, in the solver's units
+        progress.products, progress.shift = 0, ops.e_solve
     return SelfSolution(
         value=res.sigma.to(torch.float64).amax(-1),
         converged=res.converged.all(-1),
@@ -204,9 +474,18 @@ def solve_krylov(ops: Operators, plan: Plan, margins: Margins | None) -> KrylovS
     until the certified ends predicted from ``margins`` are within the width; where the margins
     alone leave no room for it, the run stops on the residual rule instead.
     """
+    return _solve_krylov(ops, plan, margins, None)[0]
+
+
+def _solve_krylov(
+    ops: Operators, plan: Plan, margins: Margins | None, progress: _Progress | None
+) -> tuple[KrylovSolution, float | None]:
+    """:func:`solve_krylov` reporting to ``progress``; with the predicted width of a width stop."""
     lin, opts = ops.lin_solve, plan.solver
     n, d = lin.n, lin.d
     mv, rmv = flat_ops(lin, plan.op_geometry)
+    if progress is not None:
+        mv, rmv = progress.count(mv), progress.count(rmv)
     x0 = _start_vector(ops, plan)
     cap = 300 if opts.max_iter is None else int(opts.max_iter)
     margin = krylov_rounding_margin(n, d, cap, lin.X.dtype) + eval_margin(n, d)
@@ -214,7 +493,7 @@ def solve_krylov(ops: Operators, plan: Plan, margins: Margins | None) -> KrylovS
     width_reachable: Tensor | None = None
     if rtol is not None:
         assert margins is not None  # the width rule applies only to certified calls
-        accept, reachable, possible = width_rule(
+        accept, reachable, possible, ratio = width_rule(
             1.0 + rtol,
             margin,
             margins.mag_norm(),
@@ -229,29 +508,38 @@ def solve_krylov(ops: Operators, plan: Plan, margins: Margins | None) -> KrylovS
         if not bool(possible.any()):  # the relative margins alone are wider than the width
             rtol, width_reachable = None, possible
     if rtol is None:
-        res = top_singular_value(
+        with _watching(progress, plan.method):
+            res = top_singular_value(
+                mv,
+                rmv,
+                x0,
+                method=plan.method,
+                tol=plan.tol,
+                max_iter=opts.max_iter,
+                krylov_dim=opts.krylov_dim,
+            )
+        return KrylovSolution(res, "residual", margin, width_reachable=width_reachable), None
+    assert plan.delta is not None  # the width rule applies only with a probabilistic end
+    assert margins is not None
+    width_of = None
+    if progress is not None:  # the first cycle reports through the width rule's test
+        width_of = ratio
+        accept = progress.watch_accept(accept, width_of)
+    with _watching(progress, plan.method):  # a restarted continuation on the residual rule
+        res, prob, _ = golub_kahan_certified(
             mv,
             rmv,
             x0,
-            method=plan.method,
+            delta=plan.delta,
+            rtol=rtol,
+            margin=margin,
             tol=plan.tol,
-            max_iter=opts.max_iter,
+            max_iter=cap,
             krylov_dim=opts.krylov_dim,
+            accept=accept,
+            reachable=reachable,
+            require_residual=plan.tol_given,
         )
-        return KrylovSolution(res, "residual", margin, width_reachable=width_reachable)
-    assert plan.delta is not None  # the width rule applies only with a probabilistic end
-    res, prob, _ = golub_kahan_certified(
-        mv,
-        rmv,
-        x0,
-        delta=plan.delta,
-        rtol=rtol,
-        margin=margin,
-        tol=plan.tol,
-        max_iter=cap,
-        krylov_dim=opts.krylov_dim,
-        accept=accept,
-        reachable=reachable,
-        require_residual=plan.tol_given,
-    )
-    return KrylovSolution(res, "width", margin, prob=prob, width_reachable=reachable(res.sigma))
+    run = KrylovSolution(res, "width", margin, prob=prob, width_reachable=reachable(res.sigma))
+    width = None if width_of is None else _top(width_of(res.sigma, prob))
+    return run, width
