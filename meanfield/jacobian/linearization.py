@@ -363,6 +363,18 @@ def rotate_rows(
     return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
 
 
+def check_rows(T: Tensor, X: Tensor, last: int, name: str) -> Tensor:
+    """``T`` checked to have the rows of ``X`` (shape ``X.shape[:-1] + (last,)``), in its dtype.
+
+    The tangents and cotangents of the Jacobian products, stored and streaming alike; another
+    shape is a one-line ``ValueError`` naming ``name``.
+    """
+    expected = X.shape[:-1] + (last,)
+    if T.shape != expected:
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(T.shape)}")
+    return T.to(X.dtype)
+
+
 def _fallback_head(head: object) -> bool:
     """Whether a head leaves the closed form: a rotary embedding or any variant."""
     return getattr(head, "rope", None) is not None or bool(getattr(head, "variants", ()))

@@ -21,6 +21,7 @@ from .linearization import (
     PRODUCT_BLOCK,
     AttentionLinearization,
     RopeRows,
+    check_rows,
     linearize,
     need,
     project_heads,
@@ -69,13 +70,6 @@ def _sqrt_weights(lin: AttentionLinearization) -> Tensor:
     if lw is None:
         raise ValueError("the Wasserstein scaling needs log_weights")
     return torch.exp(0.5 * (lw - lw.amax(-1, keepdim=True))).unsqueeze(-1)
-
-
-def _check_shape(T: Tensor, lin: AttentionLinearization, last: int, name: str) -> Tensor:
-    expected = lin.batch_shape + (lin.n, last)
-    if T.shape != expected:
-        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(T.shape)}")
-    return T.to(lin.X.dtype)
 
 
 def _combine(lin: AttentionLinearization, vals: Tensor, heads: tuple[int, ...]) -> Tensor:
@@ -178,7 +172,7 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
     Tensor, shape (..., n, d_out)
     """
     weighted = check_geometry(lin, geometry)
-    H = _check_shape(H, lin, lin.d, "H")
+    H = check_rows(H, lin.X, lin.d, "H")
     out: Tensor | None = None
     if lin.analytic_heads:
         Qx, KXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc")
@@ -258,7 +252,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
     Tensor, shape (..., n, d)
     """
     weighted = check_geometry(lin, geometry)
-    G = _check_shape(G, lin, lin.d_out, "G")
+    G = check_rows(G, lin.X, lin.d_out, "G")
     out: Tensor | None = None
     if lin.analytic_heads:
         Qx, KXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc")
@@ -384,7 +378,7 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     Tensor, shape (..., n, d_out)
     """
     require_analytic(lin, "self_jvp")
-    U = _check_shape(U, lin, lin.d, "U")
+    U = check_rows(U, lin.X, lin.d, "U")
     KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
     VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
     vals = _cov_apply(lin, _query_rows(lin, U), KXc, KMc, VXc, VMc)
@@ -407,7 +401,7 @@ def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
     Tensor, shape (..., n, d)
     """
     require_analytic(lin, "self_vjp")
-    G = _check_shape(G, lin, lin.d_out, "G")
+    G = check_rows(G, lin.X, lin.d_out, "G")
     KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
     VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
     rows = _cov_apply(lin, _output_rows(lin, G), VXc, VMc, KXc, KMc)

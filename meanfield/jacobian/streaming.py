@@ -38,6 +38,7 @@ from .._validation import (
 )
 from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
 from .linearization import (
+    check_rows,
     head_output_matrices,
     require_factors,
     require_rope,
@@ -557,13 +558,6 @@ def _weights(lin: StreamingLinearization, geometry: str) -> Tensor | None:
     return 0.5 * (lin.log_weights - lin.log_weights.amax(-1, keepdim=True)).unsqueeze(-2)
 
 
-def _check_shape(T: Tensor, lin: StreamingLinearization, last: int, name: str) -> Tensor:
-    expected = lin.batch_shape + (lin.n, last)
-    if T.shape != expected:
-        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(T.shape)}")
-    return T.to(lin.X.dtype)
-
-
 def streaming_jvp(
     lin: StreamingLinearization, H: Tensor, *, geometry: Geometry = "euclidean"
 ) -> Tensor:
@@ -586,7 +580,7 @@ def streaming_jvp(
     Tensor, shape (..., n, d_out)
     """
     half = _weights(lin, geometry)
-    H = _check_shape(H, lin, lin.d, "H")
+    H = check_rows(H, lin.X, lin.d, "H")
     out: Tensor | None = None
     for g in lin.groups:
         qH, kH, vH = _tangent_rows(lin, g, H)
@@ -640,7 +634,7 @@ def streaming_vjp(
     Tensor, shape (..., n, d)
     """
     half = _weights(lin, geometry)
-    G = _check_shape(G, lin, lin.d_out, "G")
+    G = check_rows(G, lin.X, lin.d_out, "G")
     out: Tensor | None = None
     for g in lin.groups:
         gv = torch.einsum("...no,gov->...gnv", G, g.W)
@@ -727,7 +721,7 @@ def streaming_self_jvp(lin: StreamingLinearization, U: Tensor) -> Tensor:
     Tensor, shape (..., n, d_out)
     """
     _require_no_rotary(lin, "streaming_self_jvp")
-    U = _check_shape(U, lin, lin.d, "U")
+    U = check_rows(U, lin.X, lin.d, "U")
     out: Tensor | None = None
     for g in lin.groups:
         qU = _tangent_rows(lin, g, U)[0]
@@ -752,7 +746,7 @@ def streaming_self_vjp(lin: StreamingLinearization, G: Tensor) -> Tensor:
     Tensor, shape (..., n, d)
     """
     _require_no_rotary(lin, "streaming_self_vjp")
-    G = _check_shape(G, lin, lin.d_out, "G")
+    G = check_rows(G, lin.X, lin.d_out, "G")
     out: Tensor | None = None
     for g in lin.groups:
         gv = torch.einsum("...no,gov->...gnv", G, g.W)
