@@ -245,10 +245,12 @@ def golub_kahan_certified(
         s = s.unsqueeze(-1)
         return torch.where(s > tiny, x / torch.where(s > tiny, s, torch.ones_like(s)), 0 * x)
 
-    Vb = v1.new_zeros(batch + (cap + 1, N))
+    # the bases are only ever read up to the vectors written (Vb[..., :k, :]): left
+    # uninitialised, their memory is touched step by step, not cap + 1 vectors up front
+    Vb = v1.new_empty(batch + (cap + 1, N))
     Vb[..., 0, :] = v1
     p = matvec(v1)
-    Ub = p.new_zeros(batch + (cap + 1, p.shape[-1]))
+    Ub = p.new_empty(batch + (cap + 1, p.shape[-1]))
     alpha = torch.linalg.vector_norm(p, dim=-1)
     Ub[..., 0, :] = safe_div(p, alpha)
     alphas, betas = [alpha], []
