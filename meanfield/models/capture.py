@@ -4,13 +4,21 @@ The inputs entering the attention map of a layer are captured by a forward pre-h
 the layer; every other family: the attention module), the points where the released code
 captured them (docs/experiments.md, "Models and texts"); the forward pass stops there. Vision
 encoders (ViT/DeiT) read images, not token ids, and are refused here.
+
+**Long windows.** A model's eager attention holds its ``heads x n x n`` scores per layer (GPT-2
+at n = 16384: 12 x 16384² float32 scores, 13 GB). ``attention=`` chooses the attention the
+forward pass runs with: ``"sdpa"`` is torch's ``scaled_dot_product_attention``, which on the CPU
+runs a flash kernel (float32 and float64) that never holds an ``n x n`` matrix; transformers
+then builds no ``n x n`` mask either when every token is attended to (``attention_mask = 1``, no
+sliding window): a causal model passes ``is_causal=True``, a bidirectional one no mask at all.
+``"auto"`` (the default) follows one fixed rule, :data:`EAGER_MAX_N`: see :func:`hidden_states`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,9 +37,18 @@ from .layers import (
     max_positions,
 )
 
-__all__ = ["HiddenStates", "hidden_states", "hidden_states_grid"]
+__all__ = ["EAGER_MAX_N", "CaptureAttention", "HiddenStates", "hidden_states", "hidden_states_grid"]
 
 logger = logging.getLogger(__name__)
+
+#: The attention a capture runs with (:func:`hidden_states`).
+CaptureAttention = Literal["eager", "sdpa", "auto"]
+
+#: ``attention="auto"`` switches an eager model to SDPA for windows longer than this: 1024 is
+#: GPT-2's own position table and the longest window of the paper's protocol, so every capture
+#: that was possible before positions could be extended keeps its eager bits. A fixed number
+#: of tokens, never the memory free at the moment, so a result does not depend on the machine.
+EAGER_MAX_N = 1024
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,6 +73,9 @@ class HiddenStates:
     capture_point : str
     n_text_tokens : int
         Length of the tokenized text.
+    attention : str
+        The attention implementation the forward pass ran with (``"eager"``, ``"sdpa"``, or a
+        model's own other choice).
     """
 
     X: Tensor
@@ -66,6 +86,7 @@ class HiddenStates:
     layer: int
     capture_point: str
     n_text_tokens: int
+    attention: str = "eager"
 
     @property
     def n_windows(self) -> int:
@@ -106,6 +127,60 @@ def _forward_capture(
     token_types: bool,
 ) -> Tensor:
     return module_input(model, _capture_module(model, arch, layer), ids, token_types, layer)
+
+
+def _own_attention(model: Any) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def _resolve_attention(model: Any, attention: str, n: int) -> str:
+    """The implementation a capture of windows of ``n`` tokens runs with (:func:`hidden_states`)."""
+    if attention not in ("eager", "sdpa", "auto"):
+        raise ValueError(f"attention must be 'eager', 'sdpa' or 'auto', got {attention!r}")
+    own = _own_attention(model)
+    if attention != "auto":
+        return attention
+    if own != "eager" or int(n) <= EAGER_MAX_N:
+        return own
+    if not getattr(model, "_supports_sdpa", False):
+        logger.info(
+            "%s has no SDPA attention in transformers: the capture of %d tokens runs eager "
+            "attention, which holds heads x n x n scores per layer",
+            type(model).__name__,
+            n,
+        )
+        return own
+    return "sdpa"
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: Any, impl: str) -> Iterator[None]:
+    """Run ``model`` with attention ``impl`` inside the block; its own setting is restored after.
+
+    The setting lives in the model's config, shared by its modules: a concurrent forward pass of
+    the same model object in another thread would see it too.
+    """
+    own = _own_attention(model)
+    if impl == own:
+        yield
+        return
+    try:
+        model.set_attn_implementation(impl)
+    except (ValueError, ImportError, AttributeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"{type(model).__name__} cannot run attention={impl!r} in this transformers "
+            f"({first}); use attention='eager'"
+        ) from err
+    try:
+        if _own_attention(model) != impl:  # transformers declined with a log message only
+            raise ValueError(
+                f"{type(model).__name__} cannot switch its attention to {impl!r} in this "
+                "transformers; use attention='eager'"
+            )
+        yield
+    finally:
+        model.set_attn_implementation(own)
 
 
 def module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer: int) -> Tensor:
@@ -155,6 +230,7 @@ def hidden_states(
     dtype: torch.dtype | None = torch.float64,
     token_type_ids: Literal["auto", "zeros", "none"] = "auto",
     batch_size: int | None = None,
+    attention: CaptureAttention = "auto",
 ) -> HiddenStates:
     """Hidden states entering attention layer ``layer`` for ``n_windows`` windows of ``n`` tokens.
 
@@ -196,17 +272,31 @@ def hidden_states(
         embedding of token 0 to every position, which changes the hidden states.
     batch_size : int, optional
         Windows per forward pass (default all).
+    attention : {"auto", "eager", "sdpa"}, default "auto"
+        The attention of the forward pass up to the capture point; the model's own setting is
+        restored afterwards. ``"eager"``: transformers' eager attention, which holds ``heads x
+        n x n`` scores per layer (and, for a causal model, an ``n x n`` additive mask in the
+        model's dtype). ``"sdpa"``: torch's ``scaled_dot_product_attention``; with every token
+        attended to and no sliding window, transformers passes no mask (``is_causal=True`` for a
+        causal model) and torch's CPU flash kernel holds no ``n x n`` matrix, so memory grows
+        linearly in ``n``. ``"auto"``: the model's own implementation, except that an eager
+        model switches to SDPA for windows longer than :data:`EAGER_MAX_N` (1024) tokens, where
+        transformers has SDPA for it. The two agree to float32 rounding, not bit for bit
+        (tests/test_long_capture.py); every capture of at most 1024 tokens keeps the bits of
+        earlier releases.
 
     Returns
     -------
     HiddenStates
-        ``X`` of shape (n_windows, n, d) plus token ids, window starts and the next pointer.
+        ``X`` of shape (n_windows, n, d) plus token ids, window starts, the next pointer and the
+        attention used.
 
     Raises
     ------
     ValueError
         When the text is too short (the message gives the tokens needed), ``n`` exceeds the
-        model's positions, or the model reads images (ViT/DeiT).
+        model's positions, the model reads images (ViT/DeiT), or ``attention="sdpa"`` is
+        asked of a model transformers has no SDPA attention for.
     """
     arch = arch_of(model)
     layer = check_layer(model, arch, layer)
@@ -224,7 +314,10 @@ def hidden_states(
         ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
     max_pos = max_positions(model, arch)
     if max_pos is not None and int(n) > max_pos:
-        raise ValueError(f"n = {n} exceeds the model's {max_pos} positions")
+        raise ValueError(
+            f"n = {n} exceeds the model's {max_pos} positions (a hard limit; only the random "
+            "GPT-2 extends its table: random_gpt2(n_positions=...))"
+        )
     win = cut_windows(ids, n, n_windows, start=start, stride=stride)
     if token_type_ids not in ("auto", "zeros", "none"):
         raise ValueError(
@@ -235,10 +328,12 @@ def hidden_states(
     if token_types and not fam.token_types:
         raise ValueError(f"{fam.label} models take no token_type_ids")
     bs = win.n_windows if batch_size is None else max(1, int(batch_size))
-    parts = [
-        _forward_capture(model, arch, layer, win.token_ids[i : i + bs], token_types)
-        for i in range(0, win.n_windows, bs)
-    ]
+    impl = _resolve_attention(model, attention, n)
+    with _attention_implementation(model, impl):
+        parts = [
+            _forward_capture(model, arch, layer, win.token_ids[i : i + bs], token_types)
+            for i in range(0, win.n_windows, bs)
+        ]
     X = torch.cat(parts, dim=0)
     X = X.to(device=device if device is not None else X.device, dtype=dtype or X.dtype)
     return HiddenStates(
@@ -250,6 +345,7 @@ def hidden_states(
         layer=layer,
         capture_point=layer_info(model, layer, map="heads").capture_point,
         n_text_tokens=int(ids.numel()),
+        attention=impl,
     )
 
 

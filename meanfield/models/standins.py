@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
 import importlib.util
 import logging
@@ -26,6 +27,7 @@ from .layers import arch_of, import_transformers, layer_info, max_positions, req
 
 __all__ = [
     "BERT_RANDOM_LABEL",
+    "GPT2_POSITIONS",
     "GPT2_RANDOM_LABEL",
     "MINILM_LABEL",
     "SMOLLM2_GGUF",
@@ -33,6 +35,7 @@ __all__ = [
     "STANDINS_INSTALL",
     "STANDIN_WHEELS",
     "no_tokenizer_message",
+    "position_extension_seed",
     "LoadedModel",
     "load_minilm",
     "load_model",
@@ -53,6 +56,11 @@ SMOLLM2_LABEL = (
 )
 BERT_RANDOM_LABEL = "BERT-base shapes, random init"
 GPT2_RANDOM_LABEL = "GPT-2 small shapes, random init"
+#: GPT-2's own position table (``GPT2Config().n_positions``): the rows drawn with the model.
+GPT2_POSITIONS = 1024
+#: Rows of a position extension drawn per call of its generator (:func:`random_gpt2`): row
+#: ``i`` of the extension is then the same whatever the length of the table.
+_EXTENSION_BLOCK = 1024
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
 
@@ -310,22 +318,37 @@ def _offline_tokenizer(name: str) -> tuple[Any, str]:
         return None, "none available offline (pass token ids)"
 
 
-def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
-    """``GPT2Model(GPT2Config())`` with seeded random init (std 0.02), eager attention, eval mode.
+def random_gpt2(
+    seed: int = 0, n_layer: int | None = None, n_positions: int | None = None
+) -> LoadedModel:
+    r"""``GPT2Model(GPT2Config())`` with seeded random init (std 0.02), eager attention, eval mode.
 
     The paper's random GPT-2 (seed 0 for real data, 320 for adversarial inputs). The global RNG
     is left untouched (:func:`torch.random.fork_rng`).
+
+    **Longer contexts.** ``n_positions`` above GPT-2's 1024 extends the learned position table
+    (``wpe``): the model is first built with its own 1024 rows, exactly as without the option
+    (so rows 0..1023 and every other weight are bit-identical to the unextended model), then
+    rows 1024..``n_positions - 1`` are appended, drawn from the model's own initialisation
+    :math:`\mathcal N(0, 0.02^2)` (``GPT2Config.initializer_range``) by a generator of their own,
+    seeded from ``seed`` through SHA-256 (never the stream that drew the model), in blocks of
+    1024 rows, so that row ``i`` is the same for every ``n_positions > i``. The model's
+    ``config.n_positions`` becomes ``n_positions``. Only this random stand-in is extended: a
+    trained model's table has no rows to add (docs/experiments.md, "Long contexts").
 
     Parameters
     ----------
     seed : int, default 0
     n_layer : int, optional
         Fewer layers for quick runs (default 12).
+    n_positions : int, optional
+        Rows of the position table, at least 1024 (default 1024, GPT-2's own).
 
     Returns
     -------
     LoadedModel
-        Label "GPT-2 small shapes, random init" (with the layer count appended when changed).
+        Label "GPT-2 small shapes, random init" (with the layer count and the positions
+        appended when changed; the provenance's ``positions`` says how the rows were drawn).
         The tokenizer is the cached ``gpt2`` one, else the MiniLM WordPiece stand-in (ids below
         30522, all valid GPT-2 ids; what our runs of the paper's experiments use), else ``None``
         (:func:`no_tokenizer_message` names :data:`STANDINS_INSTALL`).
@@ -333,11 +356,70 @@ def random_gpt2(seed: int = 0, n_layer: int | None = None) -> LoadedModel:
         tokens need no vocabulary file, but windows of bytes are not windows of subwords (on
         English text about 20 % distinct ids per 128-token window, against 50 % with
         WordPiece), so that tokenizer-free path would change the experiment and is not used.
+
+    Raises
+    ------
+    ValueError
+        When ``n_positions`` is below 1024.
     """
+    rows = GPT2_POSITIONS if n_positions is None else int(n_positions)
+    if rows < GPT2_POSITIONS:
+        raise ValueError(
+            f"n_positions must be at least GPT-2's own {GPT2_POSITIONS}, got {n_positions}"
+        )
     kw: dict[str, Any] = {} if n_layer is None else {"n_layer": int(n_layer)}
     cfg = import_transformers().GPT2Config(attn_implementation="eager", **kw)
     label = GPT2_RANDOM_LABEL if n_layer in (None, 12) else f"{GPT2_RANDOM_LABEL}, {n_layer} layers"
-    return _random_model("GPT2", cfg, seed, "gpt2", label, "gpt2 (random)")
+    extended = rows > GPT2_POSITIONS
+    if extended:
+        label += f", {rows} positions"
+    loaded = _random_model("GPT2", cfg, seed, "gpt2", label, "gpt2 (random)")
+    if not extended:
+        return loaded
+    model = loaded.model
+    how = _extend_positions(model, rows, int(seed))
+    return LoadedModel(
+        model,
+        loaded.tokenizer,
+        label,
+        types.MappingProxyType({**loaded.provenance, **_facts(model), "positions": how}),
+    )
+
+
+def position_extension_seed(seed: int) -> int:
+    """The seed of the generator of gpt2-random's extra position rows (:func:`random_gpt2`).
+
+    The first 8 bytes (little-endian, 63 bits) of the SHA-256 of
+    ``"meanfield gpt2-random position extension, seed {seed}"``: a stream of its own, unlike
+    ``seed`` itself, whose stream drew the model's token embeddings.
+    """
+    text = f"meanfield gpt2-random position extension, seed {int(seed)}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def _extend_positions(model: Any, n_positions: int, seed: int) -> str:
+    """Append rows to ``model.wpe`` up to ``n_positions`` (:func:`random_gpt2`); say how."""
+    old = model.wpe.weight
+    n_old, d = old.shape
+    extra = n_positions - n_old
+    std = float(model.config.initializer_range)
+    gen = torch.Generator().manual_seed(position_extension_seed(seed))
+    blocks = [
+        torch.randn(_EXTENSION_BLOCK, d, generator=gen, dtype=torch.float32)
+        for _ in range(-(-extra // _EXTENSION_BLOCK))
+    ]
+    rows = (torch.cat(blocks)[:extra] * std).to(dtype=old.dtype, device=old.device)
+    wpe = torch.nn.Embedding(n_positions, d, dtype=old.dtype, device=old.device)
+    with torch.no_grad():
+        wpe.weight.copy_(torch.cat([old.detach(), rows]))
+    wpe.requires_grad_(old.requires_grad)
+    model.wpe = wpe
+    model.config.n_positions = n_positions
+    return (
+        f"rows 0..{n_old - 1}: the model's own init; rows {n_old}..{n_positions - 1}: "
+        f"N(0, {std:g}^2) (initializer_range), float32, torch.Generator seeded "
+        f"{position_extension_seed(seed)} (SHA-256 of the seed), blocks of {_EXTENSION_BLOCK} rows"
+    )
 
 
 def random_bert(seed: int = 0) -> LoadedModel:
@@ -480,7 +562,11 @@ def tiny_config(
 
 
 def load_model(
-    name_or_path: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
+    name_or_path: str | Path,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    n_positions: int | None = None,
 ) -> LoadedModel:
     """Load a model by stand-in name, local checkpoint directory or cached hub name (offline).
 
@@ -495,21 +581,36 @@ def load_model(
     dtype : torch.dtype, default torch.float32
         dtype of a real checkpoint's weights (transformers 5.x would otherwise keep the
         checkpoint's own dtype, possibly half precision).
+    n_positions : int, optional
+        Positions the caller needs (its longest window). ``"gpt2-random"`` extends its position
+        table beyond GPT-2's 1024 to that many rows (:func:`random_gpt2`); for every other
+        model more than its own limit is an error: a trained model's learned table (MiniLM's
+        512, BERT's 512) has no rows beyond it, and a rotary model was trained up to its limit.
 
     Returns
     -------
     LoadedModel
         Real checkpoints are labelled by their exact name (hub name or directory name).
+
+    Raises
+    ------
+    ValueError
+        When ``n_positions`` exceeds the position limit of a model other than
+        ``"gpt2-random"`` (one line naming the limit).
     """
     key = str(name_or_path)
+    if n_positions is not None and int(n_positions) < 1:
+        raise ValueError(f"n_positions must be a positive integer, got {n_positions}")
+    if key == "gpt2-random":
+        need = None if n_positions is None else int(n_positions)
+        return random_gpt2(seed, n_positions=need if need and need > GPT2_POSITIONS else None)
     stand_ins: dict[str, Callable[[], LoadedModel]] = {
         "minilm": load_minilm,
         "smollm2": load_smollm2,
-        "gpt2-random": lambda: random_gpt2(seed),
         "bert-random": lambda: random_bert(seed),
     }
     if key in stand_ins:
-        return stand_ins[key]()
+        return _check_positions(stand_ins[key](), n_positions)
     tr = import_transformers()
     path = Path(key).expanduser()
     local = path.is_dir()
@@ -536,7 +637,7 @@ def load_model(
         with contextlib.suppress(OSError, ValueError):
             tok, tok_src = tr.AutoTokenizer.from_pretrained(src, local_files_only=True), key
     name = path.name if local else key
-    return LoadedModel(
+    loaded = LoadedModel(
         model,
         tok,
         name,
@@ -551,3 +652,18 @@ def load_model(
             stands_in_for=None,
         ),
     )
+    return _check_positions(loaded, n_positions)
+
+
+def _check_positions(loaded: LoadedModel, n_positions: int | None) -> LoadedModel:
+    """``loaded``, or a one-line ValueError when it has fewer than ``n_positions`` positions."""
+    if n_positions is None:
+        return loaded
+    limit = max_positions(loaded.model, arch_of(loaded.model))
+    if limit is not None and int(n_positions) > limit:
+        raise ValueError(
+            f"n = {n_positions} exceeds the {limit} positions of {loaded.label}, a hard limit "
+            "(a trained model has no position rows beyond it); only gpt2-random extends its "
+            "position table (docs/experiments.md, 'Long contexts')"
+        )
+    return loaded

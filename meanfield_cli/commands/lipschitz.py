@@ -9,7 +9,11 @@ Three sources of inputs, one per mode:
     from token ``--start``, captured at the layer's input (:func:`meanfield.models.hidden_states`,
     docs/experiments.md, "Models and texts"). ``--map`` chooses the differentiated map (defect
     D2 of docs/experiments.md); the mask defaults to the model's own (``--masked``/``--unmasked``
-    override it).
+    override it). Long windows: ``gpt2-random`` extends its position table beyond 1024 rows to
+    ``--n`` (:func:`meanfield.models.random_gpt2`); every other model's position limit is a hard
+    limit. Windows longer than 1024 tokens are captured with SDPA attention, which holds no
+    ``n x n`` scores (``attention="auto"`` of :func:`meanfield.models.hidden_states`;
+    docs/experiments.md, "Long contexts").
 ``--random-d D``
     A random synthetic layer: ``--heads`` heads with :math:`A_h` of i.i.d. :math:`\mathcal N(0,
     1/d)` entries (non-symmetric); one head has :math:`V = I` (as ``meanfield attack``), several
@@ -29,15 +33,29 @@ carry no upper certificate). Each row reports the value, the certified bracket `
 upper]``, ``upper / lower``, convergence, the number of products with :math:`J` or
 :math:`J^\top` and the wall time; ``--released`` adds the released estimator's quantity
 :math:`\sqrt{\|J^\top f(X)\|}` (:func:`meanfield.released_metric`, defect D1 of
-docs/experiments.md: *not* a Lipschitz constant). The handler returns a JSON-serialisable dict;
-bad input raises a one-line ``ValueError``.
+docs/experiments.md: *not* a Lipschitz constant). ``--path`` chooses the Jacobian products
+(``stored``, ``streaming`` in memory linear in :math:`n`, or ``auto``) where the library's
+:func:`meanfield.local_lipschitz` takes ``path=``; each row reports the path used.
+
+Progress: the library logs the progress of long estimates to the ``logging`` logger
+``meanfield.lipschitz`` at INFO level, and this command its own steps (loading, capture, each
+input) to ``meanfield_cli.lipschitz``. Their lines go to stderr when stderr is a terminal or
+``-v`` is given, unless ``--no-progress`` (their warnings always do); ``--log FILE`` also
+appends them, with timestamps, to FILE (whatever ``--no-progress`` says).
+
+The handler returns a JSON-serialisable dict; bad input raises a one-line ``ValueError``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
+import logging
 import math
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +78,14 @@ BUILT_IN_MODELS = ("minilm", "smollm2", "gpt2-random", "bert-random")
 
 _DTYPES = ("float64", "float32")
 
+#: The Jacobian products ``--path`` chooses (``path=`` of :func:`meanfield.local_lipschitz`).
+_PATHS = ("auto", "stored", "streaming")
+
+#: The library's progress logger and this command's own.
+_LOGGERS = ("meanfield.lipschitz", "meanfield_cli.lipschitz")
+
+log = logging.getLogger("meanfield_cli.lipschitz")
+
 
 # --------------------------------------------------------------------------- handler
 def _check_common(args: argparse.Namespace) -> None:
@@ -70,6 +96,91 @@ def _check_common(args: argparse.Namespace) -> None:
     check_device(args.device)
     if args.out:
         check_out_file(args.out)
+    if args.log:
+        check_out_file(args.log, "--log")
+    if args.model is not None and args.map == "block" and args.path != "auto":
+        raise UsageError(
+            f"--path {args.path} applies to the attention maps (--map heads, heads+WO); --map "
+            "block differentiates the model's module by autograd"
+        )
+
+
+class _TerminalFormat(logging.Formatter):
+    """The terminal's progress lines; warnings and errors as the root logger shows them.
+
+    The library's lines name ``local_lipschitz`` themselves; the command's own follow
+    ``lipschitz:``.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno >= logging.WARNING:
+            return f"{record.levelname} {record.name}: {record.getMessage()}"
+        if record.name.startswith("meanfield_cli"):
+            return f"lipschitz: {record.getMessage()}"
+        return record.getMessage()
+
+
+@contextlib.contextmanager
+def _progress_logging(args: argparse.Namespace) -> Iterator[None]:
+    """Route the progress loggers (:data:`_LOGGERS`) while the command runs; restore them after.
+
+    Their INFO lines go to stderr when it is a terminal or ``-v`` was given, unless
+    ``--no-progress``; warnings always do. ``--log FILE`` gets every line (appended, with
+    timestamps) in any case. The loggers stop propagating to the root logger meanwhile, so
+    ``-v`` does not print each line twice.
+    """
+    isatty = getattr(sys.stderr, "isatty", None)
+    tty = bool(isatty()) if callable(isatty) else False
+    show = bool(tty or args.verbose) and not args.no_progress
+    level = logging.DEBUG if args.verbose >= 2 else logging.INFO
+    term = logging.StreamHandler(sys.stderr)
+    term.setFormatter(_TerminalFormat())
+    term.addFilter(lambda record: show or record.levelno >= logging.WARNING)
+    handlers: list[logging.Handler] = [term]
+    if args.log:
+        file = logging.FileHandler(Path(args.log).expanduser(), mode="a", encoding="utf-8")
+        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handlers.append(file)
+    # INFO records only where something shows them: the library watches its run only then
+    wanted = level if show or args.log else logging.WARNING
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        for h in handlers:
+            h.setLevel(level)
+            lg.addHandler(h)
+        lg.setLevel(wanted)
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, (lvl, prop) in zip(loggers, saved, strict=True):
+            for h in handlers:
+                lg.removeHandler(h)
+            lg.setLevel(lvl)
+            lg.propagate = prop
+        for h in handlers:
+            h.close()
+
+
+def _path_kwargs(local_lipschitz: Any, path: str) -> dict[str, Any]:
+    """``{"path": path}`` when ``local_lipschitz`` takes ``path=``; a one-line error otherwise.
+
+    Without the option the library has one path, its stored products: ``--path auto`` (the
+    default) then passes nothing, an explicit ``stored`` or ``streaming`` is refused.
+    """
+    try:
+        takes = "path" in inspect.signature(local_lipschitz).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if takes:
+        return {"path": path}
+    if path != "auto":
+        raise UsageError(
+            f"--path {path}: this meanfield's local_lipschitz has no path= option (it always "
+            "stores its n x n attention matrices); leave --path at auto"
+        )
+    return {}
 
 
 def _looks_like_path(name: str) -> bool:
@@ -101,6 +212,7 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
     """(X, params or None, source, fn or None) for ``--model``."""
     from experiments.corpora import corpus_token_ids
     from meanfield.models import hf_attention, hidden_states, layer_info, load_model, random_gpt2
+    from meanfield.models.standins import GPT2_POSITIONS
 
     if args.n is None or args.n < 1:
         raise ValueError(f"--n must be a positive integer, got {args.n}")
@@ -113,11 +225,16 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
             raise ValueError("--n-layer only applies to --model gpt2-random")
         if args.n_layer < 1:
             raise ValueError(f"--n-layer must be a positive integer, got {args.n_layer}")
-        loaded = random_gpt2(args.seed, n_layer=args.n_layer)
+        # gpt2-random grows its position table to --n beyond GPT-2's 1024 rows
+        rows = args.n if args.n > GPT2_POSITIONS else None
+        log.info("building gpt2-random (%d layers, seed %d)", args.n_layer, args.seed)
+        loaded = random_gpt2(args.seed, n_layer=args.n_layer, n_positions=rows)
     else:
         check_model_name(args.model)
+        log.info("loading %s", args.model)
         try:
-            loaded = load_model(args.model, seed=args.seed)
+            # n_positions: gpt2-random extends its table; any other model's limit is hard
+            loaded = load_model(args.model, seed=args.seed, n_positions=args.n)
         except OSError as err:
             raise UsageError(
                 " ".join(str(err).split()) + f"; built-in models: {', '.join(BUILT_IN_MODELS)}"
@@ -130,6 +247,19 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
         raise UsageError(no_tokenizer_message(loaded.label))
     need = args.start + args.windows * args.n
     ids, corp = corpus_token_ids(args.corpus, tok, min_tokens=need)
+    if ids.numel() < need:
+        raise UsageError(
+            f"--corpus {args.corpus} has {ids.numel()} tokens ({corp.label}); --start "
+            f"{args.start} + --windows {args.windows} x --n {args.n} needs {need}"
+        )
+    log.info(
+        "capturing layer %d: %d window(s) of %d tokens of %s",
+        info.layer,
+        args.windows,
+        args.n,
+        corp.label,
+    )
+    t0 = time.perf_counter()
     hs = hidden_states(
         model,
         None,
@@ -141,6 +271,7 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
         dtype=dtype,
         device=args.device,
     )
+    log.info("captured in %.1f s (%s attention)", time.perf_counter() - t0, hs.attention)
     att = hf_attention(model, args.layer, map=args.map, dtype=dtype).to(device=args.device)
     masked = info.causal if args.masked is None else args.masked
     source = {
@@ -154,7 +285,11 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
         "capture_point": hs.capture_point,
         "window_starts": list(hs.starts),
         "rope": info.has_rope,
+        "capture_attention": hs.attention,
+        "positions": loaded.provenance.get("max_positions"),
     }
+    if "positions" in loaded.provenance:  # gpt2-random's extended position table
+        source["position_extension"] = loaded.provenance["positions"]
     if args.map == "block":
 
         def fn(X: Any) -> Any:
@@ -166,12 +301,18 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
     """``meanfield lipschitz``: estimate the local constant of each input (module docstring)."""
+    _check_common(args)
+    with _progress_logging(args):
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from meanfield import local_lipschitz, local_lipschitz_fn, released_metric, self_attention
 
-    _check_common(args)
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    path_kw = _path_kwargs(local_lipschitz, args.path)
     fn = None
     if args.model is not None:
         X, params, source, fn = _model_inputs(args, dtype)
@@ -221,6 +362,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for i in range(batch.shape[0]):
         Xi = batch[i]
+        log.info("input %d/%d: estimating (n = %d, d = %d)", i + 1, batch.shape[0], *Xi.shape[-2:])
         t0 = time.perf_counter()
         if params is None:
             tol = 1e-6 if args.tol is None else args.tol
@@ -237,10 +379,20 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
                 certify=args.certify,
                 prob_rtol="auto" if args.prob_rtol is None else args.prob_rtol,
                 start="kronecker" if args.kronecker_start else None,
+                **path_kw,
             )
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        path = getattr(est, "path", None)
+        log.info(
+            "input %d/%d: %.6g in %.1f s%s",
+            i + 1,
+            batch.shape[0],
+            float(est.value),
+            seconds,
+            "" if path is None else f" ({path} products)",
+        )
         lower, upper = float(est.lower), float(est.upper)
         row = {
             "index": i,
@@ -262,6 +414,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             "residual": float(est.residual),
             "method": est.method,
             "upper_method": est.upper_method,
+            "path": None if path is None else str(path),
             "certified": params is None or args.certify,
             "seconds": seconds,
             "max_radius": float(Xi.norm(dim=-1).max()),
@@ -281,6 +434,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         "tol": args.tol,
         "prob_rtol": args.prob_rtol,
         "start": "kronecker" if args.kronecker_start else "random",
+        "path": args.path,
         "dtype": args.dtype,
         "device": args.device,
         "inputs": rows,
@@ -310,10 +464,13 @@ def show(doc: dict[str, Any]) -> None:
     )
     released = any("released_metric" in r for r in doc["inputs"])
     prob = any(r.get("upper_prob") is not None for r in doc["inputs"])
+    paths = any(r.get("path") is not None for r in doc["inputs"])
     head = f"  {'#':>3} {'value':>12} {'certified bracket':>27} {'up/low':>7}"
     if prob:
         head += f" {'upper_prob':>11} {'/low':>6}"
     head += f" {'conv':>5} {'matvec':>6} {'sec':>7}"
+    if paths:
+        head += f" {'path':>9}"
     print(head + ("  released" if released else ""))
     for r in doc["inputs"]:
         if r.get("certified", True):
@@ -327,6 +484,8 @@ def show(doc: dict[str, Any]) -> None:
                 f" {up:>11.6g} {r['ratio_prob']:>6.4g}" if up is not None else f" {'':>11} {'':>6}"
             )
         line += f" {'yes' if r['converged'] else 'NO':>5} {r['n_matvec']:>6} {r['seconds']:>7.2f}"
+        if paths:
+            line += f" {r.get('path') or '':>9}"
         if released:
             line += f"  {r['released_metric']:.6g}"
         print(line)
@@ -454,6 +613,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "random vector: fewer products, but no probabilistic upper end",
     )
     p.add_argument(
+        "--path",
+        choices=_PATHS,
+        default="auto",
+        help="Jacobian products: stored (n x n attention matrices), streaming (memory linear in "
+        "n) or auto (streaming when the stored ones would exceed the library's memory budget; "
+        "default)",
+    )
+    p.add_argument(
         "--no-certify",
         dest="certify",
         action="store_false",
@@ -467,6 +634,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out", default=None, metavar="FILE.json", help="write the result with run metadata"
+    )
+    p.add_argument(
+        "--log",
+        default=None,
+        metavar="FILE",
+        help="also append the progress lines, with timestamps, to FILE",
     )
     p.set_defaults(handler=handle, printer=show)
     return p
