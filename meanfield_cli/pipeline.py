@@ -45,7 +45,10 @@ __all__ = [
 
 log = logging.getLogger("meanfield.reproduce")
 
-PRESET_NAMES = ("tiny", "quick", "paper")
+#: The presets of ``meanfield reproduce``. A stage without the preset is left out of its run
+#: (:func:`meanfield_cli.registry.select_stages`): ``long`` runs the ``long_context`` stage
+#: alone, which ``tiny`` includes and ``quick`` and ``paper`` leave out.
+PRESET_NAMES = ("tiny", "quick", "paper", "long")
 #: Budget of the quick preset (``make demo``'s promise) in seconds of CPU time, user plus system,
 #: after the install: the one number that the report, ``--help`` and the README state. CPU time,
 #: not wall time, because other jobs on the cores stretch the wall time but hardly the CPU time;
@@ -56,6 +59,7 @@ BUDGET_CPU_SECONDS: dict[str, float | None] = {
     "tiny": None,
     "quick": QUICK_BUDGET_CPU_SECONDS,
     "paper": None,
+    "long": None,
 }
 
 
@@ -401,17 +405,19 @@ def reproduce(
     out : path
         Output directory (created). It is locked for the run: a second run into the same
         directory fails at once, naming the first; a lock left by a killed run is taken over.
-    preset : {"tiny", "quick", "paper"}
+    preset : {"tiny", "quick", "paper", "long"}
         ``quick`` draws every figure in a few minutes on 2 CPU cores (its budget is
         :data:`QUICK_BUDGET_CPU_SECONDS` of CPU time); ``paper`` runs the paper's full grids (hours); ``tiny``
-        is the smoke test.
+        is the smoke test; ``long`` runs the ``long_context`` stage alone (about 1 h). Only the
+        stages that have the preset run (:func:`meanfield_cli.registry.select_stages`).
     device : str
         ``"cpu"`` or ``"cuda"`` (stages that only solve tiny dense problems always use the CPU).
     only : iterable of str, optional
-        Stage names to run (default all); figures and the report still cover every stage with
-        results on disk.
+        Stage names to run (default all that have the preset; naming one without it is a
+        UsageError); figures and the report still cover every stage with results on disk.
     figures : bool
-        Draw the figures and write the report (default True).
+        Draw the figures of the stages that have the preset, and write the report (default
+        True).
     progress : bool
         Progress on stderr, stages and figures: one bar on a terminal, else plain log lines (a
         first one at once, then at most one per percent and per minute), with an ETA predicted
@@ -439,7 +445,9 @@ def reproduce(
     if preset not in PRESET_NAMES:
         raise UsageError(f"unknown preset {preset!r}; choose from {', '.join(PRESET_NAMES)}")
     check_device(device)
-    stages = registry.select_stages(only)
+    stages = registry.select_stages(only, preset=preset)
+    # the figures of the stages that have the preset (quick and paper: all but L; long: L)
+    figure_ids = [f.id for f in registry.FIGURES if preset in f.stage.presets]
     out = Path(out)
     results_dir, figures_dir = out / "results", out / "figures"
     with exclusive_run(out):
@@ -465,7 +473,7 @@ def reproduce(
         if figures:
             from experiments.engine import predict_figures_seconds
 
-            phases["figures"] = predict_figures_seconds(preset, len(registry.select_figures(None)))
+            phases["figures"] = predict_figures_seconds(preset, len(figure_ids))
         try:
             tracker.plan(phases)
             status = run_stages(
@@ -492,7 +500,9 @@ def reproduce(
             if figures:
                 t0 = time.perf_counter()
                 tracker.begin("figures")
-                doc["figures"] = draw_all(results_dir, figures_dir, progress=tracker)
+                doc["figures"] = draw_all(
+                    results_dir, figures_dir, only=figure_ids, progress=tracker
+                )
                 tracker.end("figures")
                 doc["figures_seconds"] = time.perf_counter() - t0
         except BaseException:

@@ -16,6 +16,7 @@ from experiments import (
     adversarial,
     invertible,
     kim_tightness,
+    long_context,
     mass_splitting,
     real_data,
     synthetic,
@@ -35,6 +36,7 @@ from paper_figs import (
     fig_f7_large_radius,
     fig_invertible,
     fig_kim_tightness,
+    fig_long_context,
     fig_theory_bounds,
 )
 
@@ -58,20 +60,38 @@ STAGES: tuple[Stage, ...] = (
     verify_bounds.STAGE,
     invertible.STAGE,
     kim_tightness.STAGE,
+    long_context.STAGE,
 )
 
 
-def select_stages(only: Iterable[str] | None, stages: Iterable[Stage] | None = None) -> list[Stage]:
-    """The stages named in ``only`` (all when ``None``); UsageError on an unknown name."""
+def select_stages(
+    only: Iterable[str] | None,
+    stages: Iterable[Stage] | None = None,
+    *,
+    preset: str | None = None,
+) -> list[Stage]:
+    """The stages named in ``only`` (all when ``None``); UsageError on an unknown name.
+
+    With ``preset``, only the stages that have that preset: a stage without it (the
+    ``long_context`` stage has no ``quick`` or ``paper`` preset, the others no ``long``) is
+    skipped when ``only`` is ``None``, and a UsageError when ``only`` names it.
+    """
     known = list(STAGES if stages is None else stages)
     if only is None:
-        return known
+        return [s for s in known if preset is None or preset in s.presets]
     wanted = [s.strip() for s in only if s.strip()]
     names = {s.name: s for s in known}
     unknown = [w for w in wanted if w not in names]
     if unknown:
         raise UsageError(
             f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(s.name for s in known)}"
+        )
+    lacking = [w for w in wanted if preset is not None and preset not in names[w].presets]
+    if lacking:
+        raise UsageError(
+            f"stage(s) {', '.join(lacking)} have no preset {preset!r} ("
+            + "; ".join(f"{w}: {', '.join(names[w].presets)}" for w in lacking)
+            + ")"
         )
     return [names[w] for w in wanted]
 
@@ -99,7 +119,8 @@ class Figure:
 
 
 #: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, T for
-#: the theory figure, I for invertible attention, K for the tightness of Kim et al.'s bounds).
+#: the theory figure, I for invertible attention, K for the tightness of Kim et al.'s bounds,
+#: L for the long contexts).
 FIGURES: tuple[Figure, ...] = (
     Figure("F1", fig_f1_lipschitz_vs_n.draw, real_data.STAGE, "real data: Lipschitz constant vs n"),
     Figure(
@@ -130,6 +151,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("T", fig_theory_bounds.draw, verify_bounds.STAGE, "bounds and regimes (theory)"),
     Figure("I", fig_invertible.draw, invertible.STAGE, "invertible residual attention"),
     Figure("K", fig_kim_tightness.draw, kim_tightness.STAGE, "tightness of Kim et al.'s bounds"),
+    Figure("L", fig_long_context.draw, long_context.STAGE, "real text at long contexts"),
 )
 
 

@@ -13,6 +13,7 @@ from experiments import (
     adversarial,
     invertible,
     kim_tightness,
+    long_context,
     mass_splitting,
     real_data,
     synthetic,
@@ -80,13 +81,24 @@ def test_preset_config_accepts_typed_presets():
 
 @pytest.mark.parametrize(
     "module",
-    [real_data, adversarial, synthetic, mass_splitting, verify_bounds, invertible, kim_tightness],
+    [
+        real_data,
+        adversarial,
+        synthetic,
+        mass_splitting,
+        verify_bounds,
+        invertible,
+        kim_tightness,
+        long_context,
+    ],
 )
 def test_every_stage_module_follows_the_contract(module):
     stage = module.STAGE
     assert isinstance(stage, Stage)
     assert stage.name == module.NAME
-    assert set(stage.presets) == {"tiny", "quick", "paper"}
+    # the long-context stage runs only under its own preset (and tiny, for the tests)
+    want = {"tiny", "long"} if module is long_context else {"tiny", "quick", "paper"}
+    assert set(stage.presets) == want
     kinds = {type(p) for p in stage.presets.values()}
     assert len(kinds) == 1
     kind = kinds.pop()
@@ -113,13 +125,14 @@ def test_registry_joins_figures_to_registered_stages():
         "verify_bounds",
         "invertible",
         "kim_tightness",
+        "long_context",
     ]
     assert all(isinstance(s, Stage) for s in registry.STAGES)
     for fig in registry.FIGURES:
         assert any(fig.stage is s for s in registry.STAGES), fig.id
         assert callable(fig.draw_fn)
     ids = [f.id for f in registry.FIGURES]
-    assert len(ids) == len(set(ids)) == 13
+    assert len(ids) == len(set(ids)) == 14
     from experiments import verify_bounds
 
     vb = verify_bounds.STAGE.presets["quick"]

@@ -97,10 +97,15 @@ def predict_wall_time(
 
 
 # ---- predicting a whole run before it starts ----------------------------------------------
+#: The ``long`` preset's predicted seconds on 2 quiet CPU cores (the long_context stage alone),
+#: from per-product times measured at shorter n: the presets' comment in
+#: ``experiments/long_context/settings.py`` says how.
+LONG_SECONDS = 3300.0
 #: Seconds of each stage of ``meanfield reproduce`` on 2 CPU cores into a fresh output directory,
 #: per preset: ``quick`` and ``paper`` from docs/experiments.md ("Run times", fresh clone),
 #: ``tiny`` measured on 2026-11-26. They give the progress its first fraction and ETA before a
 #: stage has declared its points; the measured pace of the run corrects them as it goes.
+#: ``long`` (the long_context stage alone) is a prediction, not a measurement: :data:`LONG_SECONDS`.
 STAGE_SECONDS: dict[str, dict[str, float]] = {
     "tiny": {
         "real_data": 25.0,
@@ -110,6 +115,7 @@ STAGE_SECONDS: dict[str, dict[str, float]] = {
         "verify_bounds": 1.0,
         "invertible": 0.5,
         "kim_tightness": 1.0,
+        "long_context": 10.0,
     },
     "quick": {
         "real_data": 138.0,
@@ -129,6 +135,8 @@ STAGE_SECONDS: dict[str, dict[str, float]] = {
         "invertible": 1.0,
         "kim_tightness": 264.0,
     },
+    # the long_context stage's prediction (experiments/long_context/settings.py, PRESETS)
+    "long": {"long_context": LONG_SECONDS},
 }
 #: Seconds to draw all :data:`FIGURES_MEASURED` figures of a preset on 2 CPU cores.
 FIGURES_SECONDS: dict[str, float] = {"tiny": 15.0, "quick": 30.0, "paper": 36.0}

@@ -38,6 +38,7 @@ STAGE_NAMES = (
     "verify_bounds",
     "invertible",
     "kim_tightness",
+    "long_context",
 )
 
 
@@ -172,7 +173,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         progress=True,
     )
     p.add_argument("stage", help=f"{', '.join(STAGE_NAMES[:-1])} or {STAGE_NAMES[-1]}")
-    p.add_argument("--preset", default="quick", help="tiny, quick (default) or paper")
+    p.add_argument(
+        "--preset",
+        default="quick",
+        help="tiny, quick (default) or paper; long_context has tiny and long only",
+    )
     p.add_argument(
         "--out",
         default="reproduce_out/results",

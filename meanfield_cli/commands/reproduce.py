@@ -100,7 +100,7 @@ def show(doc: dict[str, Any]) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``reproduce``."""
-    from ..pipeline import QUICK_BUDGET_CPU_SECONDS
+    from ..pipeline import PRESET_NAMES, QUICK_BUDGET_CPU_SECONDS
 
     p = add_command(sub, __doc__)
     add_common(
@@ -111,10 +111,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--preset",
-        choices=("tiny", "quick", "paper"),
+        choices=PRESET_NAMES,
         default="quick",
         help="quick: every figure in about 3-4 min on a quiet 2-core machine (budget "
-        f"{QUICK_BUDGET_CPU_SECONDS / 60:g} min of CPU time); paper: the full grids (about 1.3 h)",
+        f"{QUICK_BUDGET_CPU_SECONDS / 60:g} min of CPU time); paper: the full grids (about 1.3 h); "
+        "long: the long-context stage alone (about 1 h; docs/long_context.md); a stage "
+        "without the preset is left out",
     )
     p.add_argument(
         "--out", default="reproduce_out", help="output directory (default reproduce_out)"
