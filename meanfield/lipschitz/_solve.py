@@ -168,6 +168,7 @@ class _Progress:
         self.products = 0
         self.shift = ops.e_solve  # the solver's units, 2**e_solve, to those of J
         self.tol = plan.tol
+        self.tol_given = plan.tol_given
         self.target = math.nan if plan.width is None else float(plan.width)
         max_iter = plan.solver.max_iter
         if plan.method == "lanczos":
@@ -306,6 +307,9 @@ class _Progress:
             value = max(value, self_value)
             products += int(self_term.n_matvec.max())
         converged = bool(res.converged.all())
+        if width is not None and run.stop_rule == "width":
+            # the estimate's own rule: the width met (and the residual too where tol was given)
+            converged = width <= self.target and (converged or not self.tol_given)
         if width is not None:
             logger.log(
                 level,
