@@ -21,6 +21,7 @@ from meanfield.lipschitz import local_lipschitz
 from meanfield.models import hf_attention
 
 from .models_fixtures import *  # noqa: F403  (the fixtures, used by name)
+from .streaming_margins import width_tolerance
 
 D64 = torch.float64
 N = 40
@@ -61,12 +62,6 @@ def test_streaming_agrees_with_stored_on_every_standin_layer(name, layer, reques
     assert bool(stored.lower <= streamed.upper_prob) and bool(streamed.lower <= stored.upper_prob)
     assert streamed.stop_rule == "width" and bool(streamed.converged)
     if not bool(stored.upper_prob == stored.upper):  # the stored end is its Krylov bound
-        # the same Krylov steps from the same seed (products equal to ~1e-15): the two widths
-        # differ by the two rounding margins only, at most their sum at each end
-        low = float(streamed.lower)
-        mag_st = float(rnd.streaming_magnitude_norm(mlin, "euclidean"))
-        mag_sd = float(rnd.magnitude_norm_upper(mag_sd, "euclidean")) if mag_sd else 0.0
-        margins = float(eta_st) * mag_st + float(model_sd.eta) * (mag_sd + 8 * rope * low)
-        tol = 2 * margins / low + 64 * torch.finfo(D64).eps
+        tol = width_tolerance(X, params, float(streamed.lower), masked=masked)
         ratio_sd, ratio_st = float(stored.ratio_prob), float(streamed.ratio_prob)
         assert abs(ratio_st - ratio_sd) <= tol * ratio_sd, (name, layer)
