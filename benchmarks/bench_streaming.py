@@ -109,7 +109,29 @@ def _layer(dtype, seed: int):
     return MultiHeadParams.from_qkv(W_Q, W_K, W_V, W_O, n_heads=H), gen
 
 
-def worker(path: str, n: int, dtype_name: str, threads: int, repeats: int, block, seed: int):
+def _block_bound(path: str, lin):
+    """The deterministic upper bound of the path (seconds, value), as the certified call forms it."""
+    import torch
+
+    from meanfield import _rounding as rnd
+    from meanfield.jacobian.streaming import streaming_magnitude
+    from meanfield.lipschitz._certify import block_upper, streaming_block_upper
+    from meanfield.lipschitz._operators import to_float64
+
+    t0 = time.perf_counter()
+    lin64 = to_float64(lin)
+    if path == "stored":
+        bound = block_upper(lin64, "euclidean", None)
+    else:
+        eps = rnd.streaming_error_model(streaming_magnitude(lin64)).eps_s
+        bound = streaming_block_upper(lin64, eps, "euclidean")
+    return time.perf_counter() - t0, float(bound.to(torch.float64))
+
+
+def worker(
+    path: str, n: int, dtype_name: str, threads: int, repeats: int, block, seed: int,
+    bound: bool = False,
+):  # fmt: skip
     import torch
 
     from meanfield.jacobian import jvp, linearize, vjp
@@ -138,10 +160,15 @@ def worker(path: str, n: int, dtype_name: str, threads: int, repeats: int, block
         t0 = time.perf_counter()
         out_v = fv(lin, G)
         times_v.append(time.perf_counter() - t0)
+    block_s = block_upper = None
+    if bound:
+        block_s, block_upper = _block_bound(path, lin)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     return {
         "path": path,
         "n": n,
+        "block_bound_s": block_s,
+        "block_upper": block_upper,
         "dtype": dtype_name,
         "threads": threads,
         "block": list(lin.block_size) if path == "streaming" else None,
@@ -303,6 +330,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--block", default=None, help="b_q,b_k of the streaming tiles (default rule)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--bound",
+        action="store_true",
+        help="also time the path's deterministic upper bound (the block certificate: analytic "
+        "block norms on the stored path, the streamed structured bound on the streaming one)",
+    )
     ap.add_argument("--json", action="store_true", help="also print the rows as JSON")
     ap.add_argument("--out", default=None, help="write the rows to this JSON file")
     ap.add_argument(
@@ -345,7 +378,7 @@ def main(argv=None) -> int:
     if args.worker:
         row = worker(
             args.worker[0], int(args.worker[1]), args.dtype, args.threads, args.repeats, block,
-            args.seed,
+            args.seed, args.bound,
         )  # fmt: skip
         print(json.dumps(row))
         return 0
@@ -383,6 +416,8 @@ def main(argv=None) -> int:
                    "--repeats", str(args.repeats), "--seed", str(args.seed)]  # fmt: skip
             if block is not None:
                 cmd += ["--block", args.block]
+            if args.bound:
+                cmd += ["--bound"]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
             if res.returncode != 0:
                 print(res.stderr, file=sys.stderr)
@@ -395,6 +430,12 @@ def main(argv=None) -> int:
     for r in rows:
         blk = "-" if r["block"] is None else "x".join(map(str, r["block"]))
         print(f"{r['n']:>6} {r['path']:>10} {blk:>10} " + " ".join(f"{r[c]:>12.4g}" for c in cols))
+        if r.get("block_bound_s") is not None:
+            per = r["block_bound_s"] / (r["jvp_s"] + r["vjp_s"]) * 2
+            print(
+                f"{'':>6} {'':>10} {'':>10} deterministic upper {r['block_upper']:.6g} in "
+                f"{r['block_bound_s']:.3g} s ({per:.2g} products)"
+            )
         if r["path"] == "streaming":
             ref = next((s for s in rows if s["n"] == r["n"] and s["path"] == "stored"), None)
             if ref is None:

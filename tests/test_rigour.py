@@ -194,8 +194,11 @@ def exact_jacobian(inst: dict, weights) -> mp.matrix:
     )
 
 
-def check_instance(inst: dict, methods=METHODS, path: str = "auto") -> None:
-    """Every method of ``methods`` on ``inst`` (on ``path``; the default picks the stored one)."""
+def check_instance(inst: dict, methods=METHODS, path: str = "auto", upper: str = "auto") -> None:
+    """Every method of ``methods`` on ``inst`` (on ``path``; the default picks the stored one).
+
+    ``upper`` is passed to :func:`local_lipschitz` (``"block"``: the deterministic end).
+    """
     x, params, weights = _torch_inputs(inst)
     svals = exact_values(inst, weights)
     exact = svals[0]
@@ -216,6 +219,7 @@ def check_instance(inst: dict, methods=METHODS, path: str = "auto") -> None:
             tol=run_tol,
             token_index=token_index,
             path=path,
+            upper=upper,
         )
         if run_tol is None:
             method = f"{method} (width rule)"

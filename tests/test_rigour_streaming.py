@@ -33,6 +33,29 @@ def test_streaming_bracket_holds_on_every_kind(kind):
     check_instance(make_instance(7, kind), methods=("lanczos",), path="streaming")
 
 
+@pytest.mark.parametrize("seed", SAMPLE)
+def test_streaming_block_upper_holds_against_mpmath_sample(seed):
+    """The deterministic end of the streaming path (docs/certificates.md §5.4)."""
+    check_instance(make_instance(seed), methods=("lanczos",), path="streaming", upper="block")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streaming_block_upper_holds_on_every_kind(kind):
+    check_instance(make_instance(11, kind), methods=("lanczos",), path="streaming", upper="block")
+
+
+@pytest.mark.slow
+def test_streaming_block_upper_holds_against_mpmath_1000_instances():
+    failures = []
+    for seed in range(1000, 2050):
+        try:
+            inst = make_instance(seed)
+            check_instance(inst, methods=("lanczos",), path="streaming", upper="block")
+        except AssertionError as exc:  # collect them all, report together
+            failures.append(str(exc).splitlines()[0])
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 @pytest.mark.slow
 def test_streaming_bracket_holds_against_mpmath_1000_instances():
     failures = []

@@ -184,7 +184,11 @@ def test_auto_path_follows_the_fixed_memory_rule(gen):
     assert (small.path, big.path) == ("streaming", "stored")
     # what only the stored path has keeps it under "auto", whatever the budget
     assert local_lipschitz(X, params, memory_budget=1, method="dense").path == "stored"
-    assert local_lipschitz(X, params, memory_budget=1, upper="block").path == "stored"
+    assert local_lipschitz(X, params, memory_budget=1, upper="gram", method="dense").path == (
+        "stored"
+    )
+    # the block certificate has a streaming form (docs/certificates.md §5.4): it streams too
+    assert local_lipschitz(X, params, memory_budget=1, upper="block").path == "streaming"
     # float32 certified calls count the float64 copies
     assert stored_bytes(40, 3, 2, torch.float32, certify=True, weighted=True) == (
         2 * 2 * 3 * 40 * 40 * (4 + 8) * 2
@@ -195,7 +199,7 @@ def test_auto_path_follows_the_fixed_memory_rule(gen):
     "kwargs,match",
     [
         (dict(method="dense"), "method='dense'"),
-        (dict(upper="block"), "upper='block'"),
+        (dict(upper="gram"), "upper='gram'"),
         (dict(geometry="split"), "geometry='split'"),
         (dict(start="kronecker"), "start='kronecker'"),
         (dict(path="flash"), "path must be"),

@@ -47,6 +47,7 @@ from .linearization import (
 )
 
 __all__ = [
+    "HeadGroup",
     "StreamingLinearization",
     "abs_rotate",
     "default_block_sizes",
@@ -84,7 +85,7 @@ def default_block_sizes(n: int, heads: int, batch: int = 1) -> tuple[int, int]:
 
 
 @dataclass(frozen=True, eq=False)
-class _HeadGroup:
+class HeadGroup:
     r"""Rows of the heads of one kind, stacked along a head axis of size ``G``.
 
     ``Q`` is ``None`` for heads given only by :math:`A` (the identity stands for :math:`Q` and
@@ -131,14 +132,14 @@ class StreamingLinearization:
     r"""The linearisation of an attention layer without its attention matrices.
 
     Built by :func:`linearize_streaming`. Holds per head :math:`O(n(k + d_v))` numbers: the rows
-    of :class:`_HeadGroup` and the log-normalisers; the products recompute the attention tiles.
+    of :class:`HeadGroup` and the log-normalisers; the products recompute the attention tiles.
 
     Attributes
     ----------
     X : Tensor, shape (..., n, d)
     x_bar : Tensor, shape (..., 1, d)
         The centre the rows are formed around (the computed mean of the tokens).
-    groups : tuple of _HeadGroup
+    groups : tuple of HeadGroup
         Heads of one kind each (factored of one width, plain, rotary of one width).
     log_weights, positions, token_index : Tensor or None
     masked : bool
@@ -149,7 +150,7 @@ class StreamingLinearization:
 
     X: Tensor
     x_bar: Tensor
-    groups: tuple[_HeadGroup, ...]
+    groups: tuple[HeadGroup, ...]
     params: Params
     log_weights: Tensor | None
     positions: Tensor | None
@@ -190,12 +191,12 @@ class StreamingLinearization:
         b_k = self.block_size[1]
         return -(-self.n // b_k) if self.n else 0
 
-    def tile_logits(self, group: _HeadGroup, sl: slice, ks: slice) -> Tensor:
+    def tile_logits(self, group: HeadGroup, sl: slice, ks: slice) -> Tensor:
         """The logits of one tile of ``group`` (:func:`_tile_logits`), ``-inf`` where masked."""
         return _tile_logits(self, group, sl, ks)
 
     def tile_attention(
-        self, group: _HeadGroup, sl: slice, ks: slice, half: Tensor | None = None
+        self, group: HeadGroup, sl: slice, ks: slice, half: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         r"""The tiles of :math:`P` and :math:`\tilde P` of ``group`` (``half`` = ½ log a)."""
         return _tile_attention(self, group, sl, ks, half)
@@ -255,7 +256,7 @@ def _block_mask(lin: StreamingLinearization, sl: slice, ks: slice) -> Tensor | N
     return (pos[..., None, ks] <= pos[..., sl, None]).unsqueeze(-3)
 
 
-def _tile_logits(lin: StreamingLinearization, g: _HeadGroup, sl: slice, ks: slice) -> Tensor:
+def _tile_logits(lin: StreamingLinearization, g: HeadGroup, sl: slice, ks: slice) -> Tensor:
     r"""Logits :math:`\ell_{il}` of one tile, (..., G, b_q, b_k), ``-inf`` where masked.
 
     Up to a constant per row (which the stored log-normaliser absorbs):
@@ -271,7 +272,7 @@ def _tile_logits(lin: StreamingLinearization, g: _HeadGroup, sl: slice, ks: slic
 
 
 def _tile_attention(
-    lin: StreamingLinearization, g: _HeadGroup, sl: slice, ks: slice, half: Tensor | None
+    lin: StreamingLinearization, g: HeadGroup, sl: slice, ks: slice, half: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     r"""The tile of :math:`P` and of :math:`\tilde P = \sqrt{a_i/a_l}P` (``half`` = ½ log a)."""
     L = _tile_logits(lin, g, sl, ks) - g.lse[..., sl, None]
@@ -281,7 +282,7 @@ def _tile_attention(
     return P, (L + (half[..., sl, None] - half[..., None, ks])).exp()
 
 
-def _log_normalisers(lin: StreamingLinearization, g: _HeadGroup) -> Tensor:
+def _log_normalisers(lin: StreamingLinearization, g: HeadGroup) -> Tensor:
     """Row log-sum-exp of the logits, one pass over the tiles (online maximum and sum)."""
     shape = g.logit_q.shape[:-1]
     M = g.logit_q.new_full(shape, -torch.inf)
@@ -304,7 +305,7 @@ def _log_normalisers(lin: StreamingLinearization, g: _HeadGroup) -> Tensor:
     return M + S.log()
 
 
-def _attention_means(lin: StreamingLinearization, g: _HeadGroup) -> tuple[Tensor, Tensor]:
+def _attention_means(lin: StreamingLinearization, g: HeadGroup) -> tuple[Tensor, Tensor]:
     r""":math:`\sum_lP_{il}V(x_l - \bar x)` and :math:`\sum_lP_{il}\kappa_l`, recomputing the tiles."""
     rows = torch.cat([g.vc, g.kc], dim=-1)
     out = torch.zeros_like(rows)
@@ -326,7 +327,7 @@ def _group_key(head: AttentionParams) -> tuple[_Kind, int]:
 
 
 def _tangent_rows(
-    lin: StreamingLinearization, g: _HeadGroup, Y: Tensor
+    lin: StreamingLinearization, g: HeadGroup, Y: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Head rows ``(Q y_i, K y_l, V y_l)`` of tangents ``Y`` (..., n, d), rotated for rotary heads."""
     if g.Q is None:
@@ -468,7 +469,7 @@ def linearize_streaming(
             lw = log_weights.unsqueeze(-2)
             key_term = lw if key_term is None else key_term + lw
         vc = torch.einsum("...nd,gvd->...gnv", Xc, V)
-        g = _HeadGroup(
+        g = HeadGroup(
             heads=tuple(idx), Q=Q, K=K, V=V, C=C, W=W_all[idx], ropes=ropes, q=q, kc=kc,
             key_term=key_term, vc=vc, vm=vc, km=kc, lse=q.new_zeros(q.shape[:-1]),
         )  # fmt: skip
@@ -688,7 +689,7 @@ def _require_no_rotary(lin: StreamingLinearization, what: str) -> None:
 
 
 def _cov_apply(
-    lin: StreamingLinearization, g: _HeadGroup, w: Tensor, Fx: Tensor, Fm: Tensor, Gx: Tensor,
+    lin: StreamingLinearization, g: HeadGroup, w: Tensor, Fx: Tensor, Fm: Tensor, Gx: Tensor,
     Gm: Tensor,
 ) -> Tensor:  # fmt: skip
     r"""Rows :math:`\sum_lP_{il}\langle w_i, F_l - F^m_i\rangle(G_l - G^m_i)`, tile by tile."""

@@ -8,6 +8,7 @@ the certificates of layers whose heads rotate queries and keys by position.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -126,7 +127,9 @@ _HEAD_NORM_CACHE: weakref.WeakKeyDictionary[Params, dict[int, dict[str, Tensor]]
 )
 
 
-def _per_head_norms(params: Params, feats: list[_HeadFeatures]) -> dict[int, dict[str, Tensor]]:
+def _per_head_norms(
+    params: Params, feats: Sequence[_HeadFeatures | HeadTerms]
+) -> dict[int, dict[str, Tensor]]:
     """Certified norms of each head's ``V``, ``Q``, ``K`` and ``W_h`` (cached per ``params``).
 
     The structured bounds need them on every call; one SVD each, computed once per layer.
@@ -151,7 +154,7 @@ def _per_head_norms(params: Params, feats: list[_HeadFeatures]) -> dict[int, dic
 _STACK_CACHE: weakref.WeakKeyDictionary[Params, dict[str, Tensor]] = weakref.WeakKeyDictionary()
 
 
-def _stacked_norms(params: Params, feats: list[_HeadFeatures]) -> dict[str, Tensor]:
+def _stacked_norms(params: Params, feats: Sequence[_HeadFeatures | HeadTerms]) -> dict[str, Tensor]:
     r"""Certified norms of the head matrices stacked over heads (cached per ``params``).
 
     ``V``: :math:`[V_1; \dots; V_H]`; ``K``: :math:`[\hat K_1; \dots; \hat K_H]` (with the key-logit
@@ -209,22 +212,9 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     from .._spectral import collatz_wielandt_bound
 
     lin = rebalanced(lin)  # V_h, W_h of extreme but balanced product (docs/rounding.md §5)
-    params = lin.params
-    feats = _head_features(lin)
-    stack = _stacked_norms(params, feats)
-    terms: dict[str, list[Tensor]] = {"1": [], "2": [], "3": []}  # without the stacked norms
-    full: dict[str, list[Tensor]] = {"1": [], "2": [], "3": []}  # bounds on ||J^h_t|| (no W_h)
-    w_norms = []
-    rho_max = 1.0
-    hn = _per_head_norms(params, feats)
-    for f in feats:
+    terms = []
+    for f in _head_features(lin):
         P = f.P
-        rho = f.rho
-        rho_k = max(rho, 1.0) if f.c is not None else rho
-        rho_max = max(rho_max, rho_k, rho)
-        nV, nQ, nK = (hn[f.h][key] for key in ("V", "Q", "K"))
-        if f.c is not None:
-            nK = (nK.square() + f.c.to(torch.float64).square().sum()).sqrt()
         p_norm = collatz_wielandt_bound(P, n_steps=8)
         kap2 = _variance(P, f.v)  # sum_l P_il ||V (x_l - m_i)||^2
         q = f.q
@@ -236,16 +226,60 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
         sq = torch.linalg.matrix_norm(q, ord=2) * (1 + 8 * q.shape[-2] * U64)
         weight_form = (kap2.unsqueeze(-1) * P).amax(-2) * sq.square().unsqueeze(-1)
         lam = torch.minimum(trace_form, weight_form).amax(-1) * (1 + 8 * lin.n * U64)
-        s2 = lam.sqrt()
         s3 = (kap2 * _variance(P, f.k)).sqrt().amax(-1)
-        terms["1"].append(p_norm)
-        terms["2"].append(s2)
-        terms["3"].append(s3)
-        full["1"].append(p_norm * nV)
-        full["2"].append(s2 * nK * rho_k)
-        full["3"].append(s3 * nQ * rho)
+        terms.append(
+            HeadTerms(h=f.h, c=f.c, rho=f.rho, Q=f.Q, K=f.K, p_norm=p_norm, s2=lam.sqrt(), s3=s3)
+        )
+    return combine_head_terms(lin.params, terms, lin.X.device)
+
+
+@dataclass(frozen=True, eq=False)
+class HeadTerms:
+    r"""One head's three bounds of docs/certificates.md §5.2, before its weight norms.
+
+    ``p_norm`` bounds :math:`\|P^h\|_2`, ``s2`` the key-logit term and ``s3`` the self term
+    without :math:`\|K_h\|`, :math:`\|Q_h\|` and :math:`\|W_h\|` (float64, batch shape).
+    ``h``, ``c``, ``rho``, ``Q`` and ``K`` are the head's index, key-logit term, rotary scaling
+    bound and factors (``Q`` ``None``: the identity; ``K`` is :math:`A_h` without factors).
+    :func:`head_structured_upper` forms them from the stored attention matrices, and
+    :func:`~meanfield.jacobian.streaming_bounds.streaming_structured_upper` from tiles.
+    """
+
+    h: int
+    c: Tensor | None
+    rho: float
+    Q: Tensor | None
+    K: Tensor
+    p_norm: Tensor
+    s2: Tensor
+    s3: Tensor
+
+
+def combine_head_terms(params: Params, terms: list[HeadTerms], device: torch.device) -> Tensor:
+    r"""The bound on :math:`\|J\|_2` from every head's :class:`HeadTerms` (docs/certificates.md §5.2).
+
+    Each of the three multi-head terms is bounded per head (:math:`\sum_h\|W_h\|\,\cdot`) and
+    through the stacked head matrices (:math:`\|W^O\|\max_h(\cdot)\,\|[M_1;\dots;M_H]\|`); the
+    smaller is kept, and the sum of the three is compared with the root-sum-square over heads.
+    """
+    stack = _stacked_norms(params, terms)
+    full: dict[str, list[Tensor]] = {"1": [], "2": [], "3": []}  # bounds on ||J^h_t|| (no W_h)
+    w_norms = []
+    rho_max = 1.0
+    hn = _per_head_norms(params, terms)
+    for f in terms:
+        rho = f.rho
+        rho_k = max(rho, 1.0) if f.c is not None else rho
+        rho_max = max(rho_max, rho_k, rho)
+        nV, nQ, nK = (hn[f.h][key] for key in ("V", "Q", "K"))
+        if f.c is not None:
+            nK = (nK.square() + f.c.to(torch.float64).square().sum()).sqrt()
+        full["1"].append(f.p_norm * nV)
+        full["2"].append(f.s2 * nK * rho_k)
+        full["3"].append(f.s3 * nQ * rho)
         w_norms.append(hn[f.h]["W"])
-    wn = torch.stack(w_norms).to(lin.X.device)
+    parts = {"1": [f.p_norm for f in terms], "2": [f.s2 for f in terms], "3": [f.s3 for f in terms]}
+    wn = torch.stack(w_norms).to(device)
     scale = {"1": stack["V"], "2": stack["K"] * rho_max, "3": stack["Q"] * rho_max}
     # zero tensors where the sums started from the integer 0: the same additions, bit for bit
     total = torch.zeros((), dtype=torch.float64)
@@ -253,11 +287,11 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     for t in ("1", "2", "3"):
         b = torch.stack(full[t], dim=-1)  # (..., H)
         per_head = (b * wn).sum(-1)
-        stacked = stack["W"] * torch.stack(terms[t], dim=-1).amax(-1) * scale[t]
+        stacked = stack["W"] * torch.stack(parts[t], dim=-1).amax(-1) * scale[t]
         total = total + torch.minimum(per_head, stacked)
         per_head_total = per_head_total + b
     whole = stack["W"] * per_head_total.square().sum(-1).sqrt()
-    return torch.minimum(total, whole) * (1 + 16 * len(feats) * U64)
+    return torch.minimum(total, whole) * (1 + 16 * len(terms) * U64)
 
 
 def structured_block_norms(lin: AttentionLinearization) -> Tensor:

@@ -24,12 +24,14 @@ from .._spectral import collatz_wielandt_bound, spectral_norm_upper
 from .._typing import ProductGeometry
 from ..jacobian import (
     AttentionLinearization,
+    StreamingLinearization,
     block_norm_bounds,
     head_structured_upper,
     self_jvp,
     self_norm_trace_bound,
     structured_block_norms,
 )
+from ..jacobian.streaming_bounds import streaming_structured_upper
 from ._estimate import LipschitzEstimate
 from ._margins import Margins
 from ._operators import (
@@ -75,6 +77,23 @@ def block_upper(
     eN = _rnd.scale_of(N)  # no squares of huge entries in Collatz–Wielandt
     up = _rnd.unscale(collatz_wielandt_bound(_rnd.unscale(N, -eN)), eN)
     return up * (1 + _BLOCK_RTOL)
+
+
+def streaming_block_upper(
+    lin64: StreamingLinearization, eps: Tensor, geometry: ProductGeometry, e: int = 0
+) -> Tensor:
+    """The streaming path's deterministic bound on ``2**-e ||J||`` (docs/certificates.md §5.4).
+
+    :func:`~meanfield.jacobian.streaming_bounds.streaming_structured_upper` on the float64
+    rows, with ``eps`` the entrywise error of the recomputed attention. Like the stored path's
+    rotary bound it bounds the Euclidean operator: a Wasserstein operator with weights gets
+    ``inf``.
+    """
+    if geometry != "euclidean" and lin64.weighted:
+        return torch.full(lin64.batch_shape, math.inf, dtype=torch.float64, device=lin64.X.device)
+    bound = streaming_structured_upper(lin64, eps)
+    # in the units of 2**e (exact power-of-two scaling unless it underflows: 1 + 4u covers it)
+    return _rnd.unscale(bound, -e) * (1 + 4 * _rnd.U64) if e != 0 else bound
 
 
 def float64_residual_ok(
@@ -284,8 +303,12 @@ def certify_solution(
     if plan.upper == "block":
         assert margins is not None
         self_norms = None if self_term is None else self_term.upper_atoms
-        assert isinstance(ops.lin64, AttentionLinearization)  # the block bound: stored path
-        upper64 = margins.upper(block_upper(ops.lin64, plan.op_geometry, self_norms, e))
+        if isinstance(ops.lin64, StreamingLinearization):
+            eps = margins.model.eps_s
+            bound = streaming_block_upper(ops.lin64, eps, plan.op_geometry, e)
+        else:
+            bound = block_upper(ops.lin64, plan.op_geometry, self_norms, e)
+        upper64 = margins.upper(bound)
     elif plan.upper == "none":
         upper64 = torch.full(batch, math.inf, dtype=torch.float64, device=ops.lin.X.device)
     assert upper64 is not None

@@ -125,7 +125,7 @@ class SolverOptions:
 
         ``"auto"`` keeps the stored matrices when :func:`stored_bytes` fits ``memory_budget``
         or the call asks for what only the stored path has (``needs_stored``: the dense
-        method, the split geometry, the Kronecker start, a Gram or block upper certificate),
+        method, the split geometry, the Kronecker start, a Gram upper certificate),
         and streams otherwise.
         """
         if self.path != "auto":
@@ -206,10 +206,10 @@ class EstimateOptions:
         if self.solver.path == "streaming":
             if self.geometry == "split":
                 raise ValueError("geometry='split' needs path='stored' (or 'auto')")
-            if self.certificate.upper in ("gram", "block"):
+            if self.certificate.upper == "gram":
                 raise ValueError(
-                    f"upper={self.certificate.upper!r} needs the stored attention matrices: "
-                    "path='stored' (or 'auto'); the streaming path certifies lower and upper_prob"
+                    "upper='gram' needs the assembled Jacobian: path='stored' (or 'auto'); the "
+                    "streaming path has upper='block' (docs/certificates.md §5.4)"
                 )
 
     @property
@@ -219,7 +219,7 @@ class EstimateOptions:
             self.solver.method == "dense"
             or self.geometry == "split"
             or isinstance(self.solver.start, str)
-            or self.certificate.upper in ("gram", "block")
+            or self.certificate.upper == "gram"
         )
 
     def at_input(self, X: Tensor) -> EstimateOptions:
@@ -231,8 +231,9 @@ class EstimateOptions:
         """The plan at the linearisation ``lin``: ``"auto"`` resolved, the stopping rule chosen.
 
         ``NotImplementedError`` for ``geometry="split"`` with rotary heads. On the streaming
-        path ``method="auto"`` is Lanczos and ``upper="auto"`` is ``"none"`` (the streaming
-        path certifies ``lower`` and ``upper_prob``).
+        path ``method="auto"`` is Lanczos and ``upper="auto"`` is ``"none"`` (the default bracket
+        is ``lower`` and ``upper_prob``; ``upper="block"`` adds the streamed structured bound,
+        docs/certificates.md §5.4).
         """
         streaming = isinstance(lin, StreamingLinearization)
         if self.geometry == "split" and lin.rope_heads:

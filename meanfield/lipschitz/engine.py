@@ -145,12 +145,14 @@ def local_lipschitz(
         row's log-normaliser and recomputes the attention tile by tile (memory linear in
         :math:`n`, :func:`~meanfield.jacobian.linearize_streaming`). Both give the same
         estimate within the bracket; the streaming path certifies ``lower`` and
-        ``upper_prob`` with its own rounding analysis (docs/rounding.md §11) and forms no
-        deterministic ``upper`` (``upper="auto"`` is ``"none"`` there; ``"gram"`` and
-        ``"block"`` need the stored path), and it has no dense method, split geometry or
-        Kronecker start. ``"auto"``: the stored path when its matrices fit ``memory_budget``
-        by the fixed count :func:`~meanfield.lipschitz.stored_bytes` (never the memory free at
-        the moment) or when the call asks for one of those, else streaming. The result records
+        ``upper_prob`` with its own rounding analysis (docs/rounding.md §11); its
+        ``upper="block"`` is the per-head structured bound formed from recomputed tiles
+        (docs/certificates.md §5.4), and ``upper="auto"`` is ``"none"`` there (the block end
+        costs about three products). It has no dense method, Gram certificate, split geometry
+        or Kronecker start. ``"auto"``: the stored path when its matrices fit
+        ``memory_budget`` by the fixed count :func:`~meanfield.lipschitz.stored_bytes` (never
+        the memory free at the moment) or when the call asks for one of those, else
+        streaming. The result records
         the path in ``path``.
     memory_budget : int, default 2**30
         Bytes the stored matrices may take before ``path="auto"`` streams.
