@@ -114,6 +114,7 @@ class HeadGroup:
 
     @property
     def size(self) -> int:
+        """Number of heads in the group."""
         return len(self.heads)
 
     @property

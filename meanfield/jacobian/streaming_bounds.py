@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._spectral import gamma_k
-from .streaming import StreamingLinearization, HeadGroup
+from .streaming import HeadGroup, StreamingLinearization
 from .structured_bounds import HeadTerms, combine_head_terms
 
 __all__ = ["CW_STEPS", "streaming_structured_upper"]
