@@ -9,8 +9,9 @@ docstring (:mod:`meanfield.jacobian`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
-from typing import overload
+from typing import cast, overload
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from torch import Tensor
 from .._numerics import admissible_logits, iter_chunks
 from .._typing import Params
 from .._validation import check_aux, check_index, check_points, params_dtype_device
-from ..attention import admissible_keys, head_logits
+from ..attention import admissible_keys, head_logits, head_mask
 from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
 
 
@@ -62,8 +63,10 @@ def need(t: Tensor | None, name: str) -> Tensor:
 class AttentionLinearization:
     r"""Everything the closed-form Jacobian needs at one input, built once by :func:`linearize`.
 
-    Heads without a rotary embedding ("analytic" heads, :math:`H_a` of them) are stacked along a
-    head axis; heads with one are handled by automatic differentiation.
+    Heads without a rotary embedding or another variant ("analytic" heads, :math:`H_a` of them)
+    are stacked along a head axis; the others have their own head-space rows (:class:`RopeRows`,
+    docs/derivations/jacobian_products.md §3b-§3c), or go through automatic differentiation when
+    their head widths differ.
 
     Attributes
     ----------
@@ -94,7 +97,8 @@ class AttentionLinearization:
         with :math:`A_h` then cost :math:`O(ndk)` instead of :math:`O(nd^2)`).
     params : AttentionParams or MultiHeadParams
     analytic_heads, rope_heads : tuple of int
-        Indices of the heads handled in closed form and by autograd.
+        Indices of the plain heads, and of the heads with a rotary embedding or another variant
+        (closed form on ``rope_rows``, or autograd when ``rope_rows`` is ``None``).
     log_weights, positions, token_index : Tensor or None
     masked : bool
     chunk_size : int or None
@@ -114,8 +118,9 @@ class AttentionLinearization:
         Rows :math:`[Q_h; K_h; V_h]` stacked head after head (factored heads only), so that the
         three head-space projections of a tangent are one matrix product.
     rope_rows : RopeRows or None
-        Head-space rows of the rotary heads, for their products in closed form (``None`` when
-        there are none, or when their widths differ and the products go through autograd).
+        Head-space rows of the rotary and variant heads, for their products in closed form
+        (``None`` when there are none, or when their widths differ and the products go through
+        autograd).
     """
 
     X: Tensor
@@ -298,8 +303,47 @@ def project_heads(
 
 
 @dataclass(frozen=True, eq=False)
+class NormRows:
+    r"""Pre-norm rows of a QK-norm at the linearisation point, for its Jacobian in closed form.
+
+    The RMS norm :math:`N(u) = w\odot u\,\rho(u)`, :math:`\rho(u) = (\tfrac1k\|u\|^2 +
+    \varepsilon)^{-1/2}`, has the Jacobian
+    :math:`J_N(u)h = w\odot(\rho h - \tfrac{\rho^3}{k}\langle u, h\rangle u)` (symmetric up to
+    the gain: :math:`J_N(u)^\top g = \rho\,(w\odot g) - \tfrac{\rho^3}{k}\langle u, w\odot g
+    \rangle u`). Heads of the stack without a norm are stored as ``u = 0``, ``rho = 1``,
+    ``w = 1``, for which both products return their argument exactly.
+
+    Attributes
+    ----------
+    u : Tensor, shape (..., H_r, n, k)
+        Pre-norm rows :math:`u_i = Qx_i + b_q` (or :math:`Kx_i + b_k`).
+    rho : Tensor, shape (..., H_r, n, 1)
+        :math:`\rho(u_i)`.
+    w : Tensor, shape (H_r, 1, k)
+        Gains of the norms.
+    """
+
+    u: Tensor
+    rho: Tensor
+    w: Tensor
+
+    def jvp(self, Y: Tensor) -> Tensor:
+        r"""Rows :math:`J_N(u_i)y_i` for tangent rows ``Y`` (..., H_r, n, k)."""
+        k = self.u.shape[-1]
+        dot = (self.u * Y).sum(-1, keepdim=True)
+        return self.w * (self.rho * Y - (self.rho.pow(3) / k * dot) * self.u)
+
+    def vjp(self, Y: Tensor) -> Tensor:
+        r"""Rows :math:`J_N(u_i)^\top y_i` for cotangent rows ``Y`` (..., H_r, n, k)."""
+        k = self.u.shape[-1]
+        wy = self.w * Y
+        dot = (self.u * wy).sum(-1, keepdim=True)
+        return self.rho * wy - (self.rho.pow(3) / k * dot) * self.u
+
+
+@dataclass(frozen=True, eq=False)
 class RopeRows:
-    r"""Head-space rows of the rotary heads at the linearisation point.
+    r"""Head-space rows of the rotary and variant heads at the linearisation point.
 
     For rotary heads the logits are :math:`s_{il} = \langle\tilde q_i, \tilde k_l\rangle +
     \log a_l` with :math:`\tilde q_i = \mathcal R_i Q x_i` and
@@ -307,24 +351,47 @@ class RopeRows:
     position :math:`p`, times the embedding's ``attention_scaling``). Their products have the
     closed form of the other heads with rotated rows (docs/derivations/jacobian_products.md §3b).
 
+    Heads with variants (docs/derivations/jacobian_products.md §3c) have
+    :math:`q_i = s\,\mathcal R_i N_q(Qx_i + b_q)`, :math:`k_l = \mathcal R_l N_k(Kx_l + b_k)`
+    (QK-norms :math:`N`, logit scale :math:`s` folded into the queries, rotation optional, partial
+    rotary included), logits :math:`\kappa\tanh(\langle q_i, k_l\rangle/\kappa)` plus ALiBi and
+    log-masses, and the window in the mask: the logit tangent is
+    :math:`g_{il}(\langle dq_i, k_l\rangle + \langle q_i, dk_l\rangle)` with the gate
+    :math:`g_{il} = 1 - \tanh^2(\langle q_i, k_l\rangle/\kappa)`; ALiBi, the window and the
+    masses enter :math:`P` only. Heads given by ``A`` only use :math:`Q = A^\top`, :math:`K = I`
+    and :math:`b_q = c` (exact); a factored head with a key-logit term :math:`c` gets one more
+    head coordinate (:func:`_head_space_factors`). The fields of the variants are ``None`` when
+    no head of the stack has them, and plain rotary heads then run the operations of §3b
+    unchanged. *(our derivation, checked numerically against torch.func.)*
+
     Attributes
     ----------
     heads : tuple of int
-        The rotary heads, in order.
+        The heads, in order.
     P, P_w : Tensor, shape (..., H_r, n, n)
         Attention matrices, and their Wasserstein-weighted form (or ``None``).
     q : Tensor, shape (..., H_r, n, k)
-        Rotated queries :math:`\tilde q_i`.
+        Rotated queries :math:`\tilde q_i` (times the logit scale when a head has one).
     kc : Tensor, shape (..., H_r, n, k)
         Rotated keys minus their mean over the keys (a shift constant in :math:`l` leaves the
-        products unchanged, since :math:`\sum_lP_{il}(x_l - m_i) = 0`).
+        products unchanged, since :math:`\sum_lP_{il}(x_l - m_i) = 0`); the keys themselves when
+        ``gate`` is set (the gate breaks that invariance).
     VXc, VMc : Tensor, shape (..., H_r, n, d_v)
         :math:`V_h(x_l-\bar x)` and :math:`V_h(m_i-\bar x)`.
     Q, K, V : Tensor, shapes (H_r, k, d), (H_r, k, d), (H_r, d_v, d)
     index : Tensor, shape (n,) or (..., 1, n)
         Token positions of the rotation, shaped to broadcast over the heads.
-    ropes : tuple of RotaryEmbedding
-        Each head's embedding (one rotation for all when they are equal).
+    ropes : tuple of RotaryEmbedding or None
+        Each head's embedding (one rotation for all when they are equal; ``None``: no rotation).
+    gate : Tensor, shape (..., H_r, n, n), or None
+        Soft-cap gate :math:`g_{il}` (1 for heads without a cap); ``None`` without caps.
+    scale : Tensor, shape (H_r, 1, 1), or None
+        Logit scales :math:`s` (1 for heads without one); ``None`` when no head has one.
+    q_norm, k_norm : NormRows or None
+        The QK-norms' pre-norm rows; ``None`` when no head has that norm.
+    window : int or None
+        When every head has a sliding window and the token positions are ``0, ..., n-1``: the
+        largest window, so that a query block only visits the keys within it.
     """
 
     heads: tuple[int, ...]
@@ -338,11 +405,50 @@ class RopeRows:
     K: Tensor
     V: Tensor
     index: Tensor
-    ropes: tuple[RotaryEmbedding, ...]
+    ropes: tuple[RotaryEmbedding | None, ...]
+    gate: Tensor | None = None
+    scale: Tensor | None = None
+    q_norm: NormRows | None = None
+    k_norm: NormRows | None = None
+    window: int | None = None
 
     def rotate(self, Z: Tensor, *, adjoint: bool = False) -> Tensor:
-        """Rotate head rows ``Z`` (..., H_r, n, k) at the token positions (or by the adjoint)."""
-        return rotate_rows(self.ropes, Z, self.index, adjoint=adjoint)
+        """Rotate head rows ``Z`` (..., H_r, n, k) at the token positions (or by the adjoint).
+
+        Heads without an embedding keep their rows.
+        """
+        return rotate_some(self.ropes, Z, self.index, adjoint=adjoint)
+
+    def query_tangent(self, H: Tensor) -> Tensor:
+        r"""Rows :math:`dq_i = s\,\mathcal R_iJ_{N_q}(u_i)Qh_i` of tangent rows ``H`` (..., n, d)."""
+        Y = torch.einsum("...nd,hkd->...hnk", H, self.Q)
+        if self.q_norm is not None:
+            Y = self.q_norm.jvp(Y)
+        Y = self.rotate(Y)
+        return Y if self.scale is None else self.scale * Y
+
+    def key_tangent(self, H: Tensor) -> Tensor:
+        r"""Rows :math:`dk_l = \mathcal R_lJ_{N_k}(u_l)Kh_l` of tangent rows ``H`` (..., n, d)."""
+        Y = torch.einsum("...nd,hkd->...hnk", H, self.K)
+        if self.k_norm is not None:
+            Y = self.k_norm.jvp(Y)
+        return self.rotate(Y)
+
+    def query_adjoint(self, Y: Tensor) -> Tensor:
+        """The adjoint of :meth:`query_tangent`, summed over the heads: (..., H_r, n, k) -> (..., n, d)."""
+        if self.scale is not None:
+            Y = self.scale * Y
+        Y = self.rotate(Y, adjoint=True)
+        if self.q_norm is not None:
+            Y = self.q_norm.vjp(Y)
+        return torch.einsum("...hnk,hkd->...nd", Y, self.Q)
+
+    def key_adjoint(self, Y: Tensor) -> Tensor:
+        """The adjoint of :meth:`key_tangent`, summed over the heads: (..., H_r, n, k) -> (..., n, d)."""
+        Y = self.rotate(Y, adjoint=True)
+        if self.k_norm is not None:
+            Y = self.k_norm.vjp(Y)
+        return torch.einsum("...hnk,hkd->...nd", Y, self.K)
 
 
 def rotate_rows(
@@ -361,6 +467,23 @@ def rotate_rows(
         return first.apply(Z, idx)
     per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
     return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
+
+
+def rotate_some(
+    ropes: tuple[RotaryEmbedding | None, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
+) -> Tensor:
+    """:func:`rotate_rows` where some heads may have no embedding (``None``: rows kept)."""
+    if all(r is not None for r in ropes):
+        return rotate_rows(cast(tuple[RotaryEmbedding, ...], ropes), Z, index, adjoint=adjoint)
+    if all(r is None for r in ropes):
+        return Z
+    idx = -index if adjoint else index
+    per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
+    return torch.stack(
+        [Z[..., a, :, :] if r is None else r.apply(Z[..., a, :, :], per_head)
+         for a, r in enumerate(ropes)],
+        dim=-3,
+    )  # fmt: skip
 
 
 def check_rows(T: Tensor, X: Tensor, last: int, name: str) -> Tensor:
@@ -426,6 +549,146 @@ def _rope_rows(
     )  # fmt: skip
 
 
+def _head_space_factors(
+    head: AttentionParams, d: int
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    r"""``(Q, K, b_q, b_k)`` of a head in the head space of its products.
+
+    A head given by ``A`` only has :math:`Q = A^\top`, :math:`K = I` and :math:`b_q = c`:
+    :math:`\langle A^\top x_i + c, x_l\rangle = x_i^\top Ax_l + c^\top x_l`. A factored head
+    with a key-logit term :math:`c` (no rotation, norm or cap: the parameters exclude them) gets
+    one more coordinate, :math:`q_i = (Qx_i, 1/s)` and :math:`k_l = (Kx_l, c^\top x_l)`, so
+    that :math:`s\langle q_i, k_l\rangle = s\langle Qx_i, Kx_l\rangle + c^\top x_l` (exact
+    up to the rounding of :math:`s\cdot(1/s)`).
+    """
+    factors = qk_factors(head)
+    if factors is None:
+        A = score_matrix(head)
+        return A.mT, torch.eye(d, dtype=A.dtype, device=A.device), head.c, None
+    Q, K = factors
+    if head.c is None:
+        return Q, K, head.q_bias, head.k_bias
+    s = 1.0 if head.logit_scale is None else head.logit_scale
+    Q = torch.cat([Q, Q.new_zeros(1, d)])
+    K = torch.cat([K, head.c.unsqueeze(0).to(K)])
+    bq = Q.new_zeros(Q.shape[0])
+    bq[-1] = 1.0 / s
+    return Q, K, bq, None
+
+
+def _norm_rows(U: Tensor, norms: list, dtype: torch.dtype) -> tuple[Tensor, NormRows | None]:
+    """Normalised rows of the pre-norm rows ``U`` (..., H_r, n, k) and their :class:`NormRows`.
+
+    ``norms`` holds each head's RMSNorm or ``None``; ``None`` for all: ``(U, None)``.
+    """
+    if all(nm is None for nm in norms):
+        return U, None
+    k = U.shape[-1]
+    rows, us, rhos, ws = [], [], [], []
+    for a, nm in enumerate(norms):
+        u = U[..., a, :, :]
+        if nm is None:
+            rows.append(u)
+            us.append(torch.zeros_like(u))
+            rhos.append(torch.ones_like(u[..., :1]))
+            ws.append(torch.ones(k, dtype=dtype, device=U.device))
+        else:
+            rows.append(nm.apply(u))
+            us.append(u)
+            rhos.append(torch.rsqrt(u.square().mean(-1, keepdim=True) + nm.eps))
+            ws.append(nm.weight.to(dtype))
+    norm = NormRows(
+        u=torch.stack(us, dim=-3), rho=torch.stack(rhos, dim=-3),
+        w=torch.stack(ws).unsqueeze(-2),
+    )  # fmt: skip
+    return torch.stack(rows, dim=-3), norm
+
+
+def _variant_rows(
+    X: Tensor,
+    params: Params,
+    heads_idx: tuple[int, ...],
+    log_weights: Tensor | None,
+    allowed: Tensor | None,
+    token_index: Tensor | None,
+    x_bar: Tensor,
+    block: int | None,
+) -> RopeRows | None:
+    """The :class:`RopeRows` of heads with variants (docs/derivations/jacobian_products.md §3c).
+
+    ``None`` when the heads' head-space widths or value widths differ (the products then go
+    through autograd).
+    """
+    heads = [params.heads[h] for h in heads_idx]
+    n, d = X.shape[-2], X.shape[-1]
+    factors = [_head_space_factors(h, d) for h in heads]
+    if len({(tuple(f[0].shape), h.d_v) for f, h in zip(factors, heads)}) != 1:
+        return None
+    idx = torch.arange(n, device=X.device) if token_index is None else token_index
+    idx = idx.to(X.device)
+    logP = torch.stack(
+        [
+            log_attention(
+                head_logits(X, X, h, log_weights, query_index=idx, key_index=idx),
+                head_mask(h, allowed, idx, idx, n, n, X.device),
+            )
+            for h in heads
+        ],
+        dim=-3,
+    )
+    P = logP.exp()
+    P_w = None
+    if log_weights is not None and bool(torch.isfinite(log_weights).all()):
+        half = 0.5 * log_weights.unsqueeze(-2)
+        P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
+    dtype = X.dtype
+    Q = torch.stack([f[0] for f in factors]).to(dtype)
+    K = torch.stack([f[1] for f in factors]).to(dtype)
+    V = torch.stack([h.V for h in heads])
+    k = Q.shape[-2]
+
+    def biases(i: int) -> Tensor | None:
+        bs = [f[i] for f in factors]
+        if all(b is None for b in bs):
+            return None
+        zero = X.new_zeros(k)
+        return torch.stack([zero if b is None else b.to(dtype) for b in bs]).unsqueeze(-2)
+
+    Uq = torch.einsum("...nd,hkd->...hnk", X, Q)
+    Uk = torch.einsum("...nd,hkd->...hnk", X, K)
+    bq, bk = biases(2), biases(3)
+    Uq = Uq if bq is None else Uq + bq
+    Uk = Uk if bk is None else Uk + bk
+    q, q_norm = _norm_rows(Uq, [h.q_norm for h in heads], dtype)
+    kr, k_norm = _norm_rows(Uk, [h.k_norm for h in heads], dtype)
+    index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
+    ropes = tuple(h.rope for h in heads)
+    scale = None
+    if any(h.logit_scale is not None for h in heads):
+        s = [1.0 if h.logit_scale is None else h.logit_scale for h in heads]
+        scale = torch.tensor(s, dtype=dtype, device=X.device).reshape(-1, 1, 1)
+    q, kr = rotate_some(ropes, q, index), rotate_some(ropes, kr, index)
+    if scale is not None:
+        q = scale * q
+    gate = None
+    if any(h.softcap is not None for h in heads):
+        caps = [math.inf if h.softcap is None else h.softcap for h in heads]
+        cap = torch.tensor(caps, dtype=dtype, device=X.device).reshape(-1, 1, 1)
+        # g = 1 - tanh^2(s/cap) = cosh^-2(s/cap), accurate where the cap saturates (0 beyond)
+        gate = torch.cosh((q @ kr.mT) / cap).reciprocal().square()
+    else:
+        kr = kr - kr.mean(-2, keepdim=True)  # without a gate the products are shift-invariant
+    window = None
+    if token_index is None and all(h.window is not None for h in heads):
+        window = max(cast(int, h.window) for h in heads)
+    VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
+    return RopeRows(
+        heads=heads_idx, P=P, P_w=P_w, q=q, kc=kr, VXc=VXc, VMc=attend(P, VXc, block), Q=Q,
+        K=K, V=V, index=index, ropes=ropes, gate=gate, scale=scale, q_norm=q_norm,
+        k_norm=k_norm, window=window,
+    )  # fmt: skip
+
+
 def linearize(
     X: Tensor,
     params: Params,
@@ -477,8 +740,8 @@ def linearize(
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     # Heads with a rotary embedding or another variant (QK-norm, soft-cap, window, ALiBi, ...)
-    # take the torch.func fallback of the products (docs/theory.md §B6); the closed form below
-    # covers plain bilinear heads only.
+    # get head-space rows of their own (RopeRows, docs/derivations/jacobian_products.md §3b-§3c);
+    # the stacked closed form below covers the plain bilinear heads.
     analytic = tuple(h for h, head in enumerate(heads) if not _fallback_head(head))
     rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
     allowed = admissible_mask(masked, n, positions, X.device)
@@ -534,9 +797,14 @@ def linearize(
         if log_weights is not None and bool(torch.isfinite(log_weights).all()):
             P_w = P
     rope_rows = None
-    if rope and not any(heads[h].variants for h in rope):  # closed form: plain rotary heads only
+    if rope:
         block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
-        rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
+        if not any(heads[h].variants for h in rope):  # plain rotary heads (§3b)
+            rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
+        else:  # rotary and variant heads (§3c)
+            rope_rows = _variant_rows(
+                X, params, rope, log_weights, allowed, token_index, x_bar, block
+            )
     return AttentionLinearization(
         X=X,
         P=P,
@@ -576,9 +844,14 @@ def _f64(t: Tensor | None) -> Tensor | None:
 
 def _rope_float64(rr: RopeRows) -> RopeRows:
     """The same rotary rows with their tensors in float64 (indices and embeddings as they are)."""
+
+    def norm(nr: NormRows | None) -> NormRows | None:
+        return None if nr is None else NormRows(u=_f64(nr.u), rho=_f64(nr.rho), w=_f64(nr.w))
+
     return replace(
         rr, P=_f64(rr.P), P_w=_f64(rr.P_w), q=_f64(rr.q), kc=_f64(rr.kc), VXc=_f64(rr.VXc),
-        VMc=_f64(rr.VMc), Q=_f64(rr.Q), K=_f64(rr.K), V=_f64(rr.V),
+        VMc=_f64(rr.VMc), Q=_f64(rr.Q), K=_f64(rr.K), V=_f64(rr.V), gate=_f64(rr.gate),
+        scale=_f64(rr.scale), q_norm=norm(rr.q_norm), k_norm=norm(rr.k_norm),
     )  # fmt: skip
 
 

@@ -297,22 +297,47 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
     return out
 
 
-def _rope_jvp(lin: AttentionLinearization, rr: RopeRows, H: Tensor, weighted: bool) -> Tensor:
-    r"""The rotary heads' part of :func:`jvp` in closed form (docs/derivations/jacobian_products.md §3b).
+def row_blocks(lin: AttentionLinearization, rr: RopeRows) -> Iterator[tuple[slice, slice]]:
+    r"""Query blocks ``sl`` with the keys ``ks`` the heads of ``rr`` can see.
 
-    As for the other heads with rotated rows: :math:`S_{il} = \langle\tilde q_i,
-    \mathcal R_lKh_l\rangle`, :math:`R_{il} = \langle\mathcal R_iQh_i, \tilde k_l\rangle`
-    (rotary heads carry no key-logit term). ``rr`` are the rows ``lin.rope_rows``.
+    :func:`key_blocks`, except when every head has a sliding window :math:`W` on the token
+    positions ``0, ..., n-1`` (``rr.window``): a query block ``[a, b)`` then sees the keys
+    ``(a - W, b - 1 + W)`` only (``(a - W, b)`` causal); :math:`P` is exactly zero outside them.
+    """
+    W = rr.window
+    if W is None:
+        yield from key_blocks(lin)
+        return
+    causal = lin._causal_block() is not None
+    size = lin.chunk_size if lin.chunk_size is not None else PRODUCT_BLOCK
+    n = lin.n
+    for sl in iter_chunks(n, size):
+        stop = sl.stop if causal else min(n, sl.stop + W - 1)
+        yield sl, slice(max(0, sl.start - W + 1), stop)
+
+
+def _rope_jvp(lin: AttentionLinearization, rr: RopeRows, H: Tensor, weighted: bool) -> Tensor:
+    r"""The rotary and variant heads' part of :func:`jvp` in closed form.
+
+    As for the other heads with rotated rows (docs/derivations/jacobian_products.md §3b):
+    :math:`S_{il} = \langle\tilde q_i, \mathcal R_lKh_l\rangle`, :math:`R_{il} =
+    \langle\mathcal R_iQh_i, \tilde k_l\rangle` (rotary heads carry no key-logit term). Heads
+    with variants (§3c) use the tangent rows :math:`dq_i`, :math:`dk_l` through the QK-norms and
+    the logit scale, and multiply :math:`T` by the soft-cap gate. ``rr`` are the rows
+    ``lin.rope_rows``.
     """
     Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
-    qH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.Q))
-    kH = rr.rotate(torch.einsum("...nd,hkd->...hnk", H, rr.K))
+    qH = rr.query_tangent(H)
+    kH = rr.key_tangent(H)
     vH = torch.einsum("...nd,hvd->...hnv", H, rr.V)
+    gate = rr.gate
     parts = []
-    for sl, ks in key_blocks(lin):
+    for sl, ks in row_blocks(lin, rr):
         P, Pi = rr.P[..., sl, ks], Pi_all[..., sl, ks]
         S = rr.q[..., sl, :] @ kH[..., ks, :].mT
         T = Pi * S + P * (qH[..., sl, :] @ rr.kc[..., ks, :].mT)
+        if gate is not None:
+            T = T * gate[..., sl, ks]
         vals = Pi @ vH[..., ks, :] + T @ rr.VXc[..., ks, :]
         parts.append(vals - T.sum(-1, keepdim=True) * rr.VMc[..., sl, :])
     vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
@@ -320,27 +345,31 @@ def _rope_jvp(lin: AttentionLinearization, rr: RopeRows, H: Tensor, weighted: bo
 
 
 def _rope_vjp(lin: AttentionLinearization, rr: RopeRows, G: Tensor, weighted: bool) -> Tensor:
-    r"""The rotary heads' part of :func:`vjp` in closed form: the adjoint of :func:`_rope_jvp`.
+    r"""The rotary and variant heads' part of :func:`vjp` in closed form: the adjoint of :func:`_rope_jvp`.
 
-    The rotation's adjoint is the rotation by the opposite angles (times the same scaling).
-    ``rr`` are the rows ``lin.rope_rows``.
+    The rotation's adjoint is the rotation by the opposite angles (times the same scaling); the
+    QK-norms' Jacobians are applied transposed, and the gate multiplies :math:`Z` in the two
+    logit terms (not the value term). ``rr`` are the rows ``lin.rope_rows``.
     """
     Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
     gv = torch.einsum("...no,hov->...hnv", G, lin.W[list(rr.heads)])
     acc_v = G.new_zeros(rr.VXc.shape)
     acc_k = G.new_zeros(rr.q.shape)
+    gate = rr.gate
     rows = []
-    for sl, ks in key_blocks(lin):
+    for sl, ks in row_blocks(lin, rr):
         P, Pi = rr.P[..., sl, ks], Pi_all[..., sl, ks]
         g = gv[..., sl, :]
         Z = g @ rr.VXc[..., ks, :].mT - (g * rr.VMc[..., sl, :]).sum(-1, keepdim=True)
+        if gate is not None:
+            Z = Z * gate[..., sl, ks]
         PiZ = Pi * Z
         acc_v[..., ks, :] += Pi.mT @ g
         acc_k[..., ks, :] += PiZ.mT @ rr.q[..., sl, :]
         rows.append((P * Z) @ rr.kc[..., ks, :])
     acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
-    out = torch.einsum("...hnk,hkd->...nd", rr.rotate(acc_q, adjoint=True), rr.Q)
-    out = out + torch.einsum("...hnk,hkd->...nd", rr.rotate(acc_k, adjoint=True), rr.K)
+    out = rr.query_adjoint(acc_q)
+    out = out + rr.key_adjoint(acc_k)
     return out + torch.einsum("...hnv,hvd->...nd", acc_v, rr.V)
 
 
@@ -500,7 +529,7 @@ def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
 
 
 def _dense_rope(lin: AttentionLinearization, h: int) -> Tensor:
-    """Blocks (..., n, d_out, n, d) of a rotary head via torch.func.jacrev, sample by sample."""
+    """Blocks (..., n, d_out, n, d) of a rotary or variant head via torch.func.jacrev, per sample."""
     head = lin.params.heads[h]
     W_h = lin.W[h]
     batch = lin.batch_shape
@@ -547,7 +576,7 @@ def dense_jacobian(
 
     Row block :math:`i`, column block :math:`j` is :math:`J_{ij} = \partial f_i/\partial x_j`
     (``vec`` stacks tokens row-major, docs/conventions.md §2); in the Wasserstein geometry the blocks are
-    :math:`\sqrt{a_i/a_j}J_{ij}`. Rotary heads use ``torch.func.jacrev``.
+    :math:`\sqrt{a_i/a_j}J_{ij}`. Rotary and variant heads use ``torch.func.jacrev``.
 
     Parameters
     ----------
