@@ -13,7 +13,33 @@ when masked). Jacobian block :math:`(i, k)` of one head, :math:`b_i = A^\top x_i
 
 and the Wasserstein operator multiplies block :math:`(i, k)` by :math:`\sqrt{a_i/a_k}`. The
 formula is checked against central differences of :func:`forward` in mpmath
-(tests/test_rigour.py).
+(tests/test_rigour.py, tests/test_rigour_variants_oracle.py).
+
+**Heads.** A head is a tuple ``(A, V, W, c, rope, variants)``; trailing entries may be left out
+(``W``: identity, ``c``, ``rope``, ``variants``: none). ``A`` is a matrix or a pair ``(Q, K)``
+of factors; ``rope = (inv_freq, scaling, positions or None)`` needs the factors and rotates the
+first ``2 len(inv_freq)`` coordinates of a head row (partial rotary when the head is wider; the
+rest passes unchanged and unscaled). ``variants`` is a dict with any of the keys
+
+``q_bias``, ``k_bias`` (head-space biases, length ``k``), ``q_norm``, ``k_norm`` (pairs
+``(weight, eps)`` of an RMS norm :math:`w\odot z/\sqrt{\|z\|^2/k + \varepsilon}`),
+``logit_scale`` (:math:`s`), ``softcap`` (:math:`\kappa`), ``window`` (:math:`W`) and
+``alibi_slope`` (:math:`m`),
+
+in the order of operations of ``meanfield.AttentionParams`` (written out here independently):
+
+.. math::
+    q_i = R_{\tau_i}\,\mathrm{norm}_q(Qx_i + b_q),\quad
+    k_j = R_{\tau_j}\,\mathrm{norm}_k(Kx_j + b_k),\quad t_{ij} = s\,q_i^\top k_j + c^\top x_j,\quad
+    \ell_{ij} = \kappa\tanh(t_{ij}/\kappa) + m(\tau_j - \tau_i) + \log a_j,
+
+(a head given by ``A`` has :math:`t_{ij} = x_i^\top Ax_j + c^\top x_j`), and key :math:`j` is
+admissible for query :math:`i` when :math:`j \le i` (masked) and :math:`|\tau_i - \tau_j| < W`.
+The token indices :math:`\tau` are the ``token_index`` argument, else the rotary positions,
+else ``0, ..., n-1``. With variants the Jacobian block is the same expression with
+:math:`b_i` and :math:`Ax_j` replaced by the gradients of :math:`\ell_{ik}` in the key
+:math:`x_k` and of :math:`\ell_{ij}` in the query :math:`x_i` (chain rule through the norm,
+rotation and cap, in closed form). Heads without variants follow the original code path.
 """
 
 from __future__ import annotations
@@ -25,16 +51,64 @@ import numpy as np
 
 DPS = 50
 
+VARIANT_KEYS = (
+    "q_bias",
+    "k_bias",
+    "q_norm",
+    "k_norm",
+    "logit_scale",
+    "softcap",
+    "window",
+    "alibi_slope",
+)
+
 
 def _mat(a) -> mp.matrix:
     a = np.atleast_2d(np.asarray(a, dtype=np.float64))
     return mp.matrix([[mp.mpf(float(v)) for v in row] for row in a])
 
 
+def _vec(a) -> mp.matrix:
+    return mp.matrix([mp.mpf(float(v)) for v in np.ravel(np.asarray(a, dtype=np.float64))])
+
+
+def _variants(var, QK, k) -> dict | None:
+    """The variant dict of a head read into mpmath (``None`` when it has none)."""
+    if not var:
+        return None
+    unknown = sorted(set(var) - set(VARIANT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown attention variants {unknown}")
+    out: dict = {}
+    needs_factors = ("q_bias", "k_bias", "q_norm", "k_norm", "logit_scale")
+    if QK is None and any(var.get(key) is not None for key in needs_factors):
+        raise ValueError("head-space biases, QK-norm and logit_scale need the factors (Q, K)")
+    for key in ("q_bias", "k_bias"):
+        if var.get(key) is not None:
+            out[key] = _vec(var[key])
+            if out[key].rows != k:
+                raise ValueError(f"{key} must have length {k}")
+    for key in ("q_norm", "k_norm"):
+        if var.get(key) is not None:
+            w, eps = var[key]
+            w_ = _vec(w)
+            if w_.rows != k:
+                raise ValueError(f"{key} weight must have length {k}")
+            out[key] = (w_, mp.mpf(float(eps)))
+    for key in ("logit_scale", "softcap", "alibi_slope"):
+        if var.get(key) is not None:
+            out[key] = mp.mpf(float(var[key]))
+    if var.get("window") is not None:
+        out["window"] = int(var["window"])
+        if out["window"] < 1:
+            raise ValueError("window must be at least 1")
+    return out or None
+
+
 def _heads(heads: Sequence[tuple]) -> list[tuple]:
     out = []
-    for head in heads:  # (A, V, W, c, rope); A may be a pair (Q, K) of factors
-        A, V, W, c, rope = (*head, None, None, None)[:5]
+    for head in heads:  # (A, V, W, c, rope, variants); A may be a pair (Q, K) of factors
+        A, V, W, c, rope, var = (*head, None, None, None, None)[:6]
         QK = None
         if isinstance(A, tuple):  # factors (Q, K): A = Q^T K formed exactly
             QK = (_mat(A[0]), _mat(A[1]))
@@ -49,27 +123,62 @@ def _heads(heads: Sequence[tuple]) -> list[tuple]:
             if QK is None:
                 raise ValueError("a rotary head needs its factors (Q, K)")
             freqs, scaling, pos = rope
+            if 2 * len(freqs) > QK[0].rows:
+                raise ValueError("the rotary width 2 len(inv_freq) exceeds the head width")
             rot = ([mp.mpf(float(f)) for f in freqs], mp.mpf(float(scaling)), pos, QK)
-        out.append((A_, V_, W_, c_, rot))
+        var_ = _variants(var, QK, None if QK is None else QK[0].rows)
+        out.append((A_, V_, W_, c_, rot, (QK, var_)))
     return out
 
 
 def _rotate(z: mp.matrix, p, rot, sign=1) -> mp.matrix:
-    """Rotary embedding of a head row: pairs (t, t + k/2) turned by p*freq_t, times the scaling
-    (``sign=-1``: the transpose, the opposite angles)."""
+    """Rotary embedding of a head row: pairs (t, t + r/2) of the first r = 2 len(freqs)
+    coordinates turned by p*freq_t, times the scaling; the others pass unchanged (partial
+    rotary). ``sign=-1``: the transpose, the opposite angles."""
     freqs, scaling, _, _ = rot
     half = len(freqs)
-    out = mp.matrix(2 * half, 1)
+    out = mp.matrix(z.rows, 1)
     for t in range(half):
         ang = sign * mp.mpf(p) * freqs[t]
         co, si = mp.cos(ang), mp.sin(ang)
         out[t] = scaling * (z[t] * co - z[t + half] * si)
         out[t + half] = scaling * (z[t + half] * co + z[t] * si)
+    for t in range(2 * half, z.rows):
+        out[t] = z[t]
     return out
 
 
 def _positions(rot, n):
     return list(range(n)) if rot[2] is None else [int(v) for v in rot[2]]
+
+
+def _token_index(heads, n, token_index) -> list[int]:
+    """Token indices tau: ``token_index``, else the rotary positions, else 0, ..., n-1."""
+    tau = None if token_index is None else [int(v) for v in np.ravel(token_index)]
+    for _, _, _, _, rot, _ in heads:
+        if rot is not None and rot[2] is not None:
+            pos = [int(v) for v in rot[2]]
+            if token_index is not None and pos != tau:
+                raise ValueError("the rotary positions differ from token_index")
+            tau = pos if tau is None else tau
+    tau = list(range(n)) if tau is None else tau
+    if len(tau) != n:
+        raise ValueError(f"token_index must have {n} entries")
+    return tau
+
+
+def _placed(hs, n, token_index) -> tuple[list[tuple], list[int]]:
+    """The heads with ``token_index`` as the positions of rotary heads that have none, and tau."""
+    tau = _token_index(hs, n, token_index)
+    if token_index is None:
+        return hs, tau
+    out = []
+    for head in hs:
+        rot = head[4]
+        if rot is not None and rot[2] is None:
+            head = (*head[:4], (rot[0], rot[1], tau, rot[3]), head[5])
+        out.append(head)
+    return out, tau
 
 
 def _rows(X: mp.matrix) -> list[mp.matrix]:
@@ -102,45 +211,153 @@ def _attention(xs, A, c, logw, masked, rot=None):
     return P
 
 
+def _normed(z: mp.matrix, norm):
+    """RMS norm of a head row and its Jacobian (identity without a norm)."""
+    if norm is None:
+        return z, None
+    w, eps = norm
+    k = z.rows
+    r = mp.sqrt(mp.fsum(v * v for v in z) / k + eps)
+    out = mp.matrix([w[a] * z[a] / r for a in range(k)])
+    Jn = mp.matrix(k, k)  # diag(w) (I / r - z z^T / (k r^3))
+    for a in range(k):
+        for b in range(k):
+            Jn[a, b] = w[a] * ((1 / r if a == b else 0) - z[a] * z[b] / (k * r**3))
+    return out, Jn
+
+
+def _variant_logits(xs, head, tau, grads):
+    """Logits l_ij without log-masses (variant head) and, with ``grads``, the gradients
+    ``gq[i][j] = d l_ij / d x_i`` and ``gk[i][j] = d l_ij / d x_j``."""
+    A, _, _, c, rot, (QK, var) = head
+    n, d = len(xs), xs[0].rows
+    cv = None if c is None else mp.matrix(c)
+    S = [[mp.mpf(0)] * n for _ in range(n)]
+    gq = [[None] * n for _ in range(n)]
+    gk = [[None] * n for _ in range(n)]
+    if QK is not None:
+        Qm, Km = QK
+        scale = var.get("logit_scale", mp.mpf(1))
+        rpos = tau if rot is None or rot[2] is None else _positions(rot, n)
+        qs, ks, Jq, Jk = [], [], [], []
+        for i in range(n):
+            u, v = Qm * xs[i], Km * xs[i]
+            if "q_bias" in var:
+                u = u + var["q_bias"]
+            if "k_bias" in var:
+                v = v + var["k_bias"]
+            u, Ju = _normed(u, var.get("q_norm"))
+            v, Jv = _normed(v, var.get("k_norm"))
+            if rot is not None:
+                u, v = _rotate(u, rpos[i], rot), _rotate(v, rpos[i], rot)
+            qs.append(u)
+            ks.append(v)
+            Jq.append(Ju)
+            Jk.append(Jv)
+        for i in range(n):
+            for j in range(n):
+                S[i][j] = scale * mp.fsum(qs[i][a] * ks[j][a] for a in range(qs[i].rows))
+                if grads:  # s Q^T Jn_q^T R_i^T k_j and s K^T Jn_k^T R_j^T q_i
+                    a_ = ks[j] if rot is None else _rotate(ks[j], rpos[i], rot, -1)
+                    b_ = qs[i] if rot is None else _rotate(qs[i], rpos[j], rot, -1)
+                    a_ = a_ if Jq[i] is None else Jq[i].T * a_
+                    b_ = b_ if Jk[j] is None else Jk[j].T * b_
+                    gq[i][j] = scale * (Qm.T * a_)
+                    gk[i][j] = scale * (Km.T * b_)
+    else:
+        for i in range(n):
+            for j in range(n):
+                S[i][j] = (xs[i].T * A * xs[j])[0]
+                if grads:
+                    gq[i][j] = A * xs[j]
+                    gk[i][j] = A.T * xs[i]
+    for i in range(n):
+        for j in range(n):
+            if cv is not None:
+                S[i][j] += mp.fsum(cv[t] * xs[j][t] for t in range(d))
+                if grads:
+                    gk[i][j] = gk[i][j] + cv
+            if "softcap" in var:
+                kap = var["softcap"]
+                th = mp.tanh(S[i][j] / kap)
+                S[i][j] = kap * th
+                if grads:
+                    g = 1 - th * th
+                    gq[i][j], gk[i][j] = g * gq[i][j], g * gk[i][j]
+            if "alibi_slope" in var:
+                S[i][j] += var["alibi_slope"] * (tau[j] - tau[i])
+    return S, gq, gk
+
+
+def _variant_attention(xs, head, logw, masked, tau, grads=False):
+    """Attention matrix of a variant head (and the logit gradients, with ``grads``)."""
+    n = len(xs)
+    var = head[5][1]
+    S, gq, gk = _variant_logits(xs, head, tau, grads)
+    P = mp.matrix(n, n)
+    win = var.get("window")
+    for i in range(n):
+        keys = [
+            j
+            for j in range(n)
+            if (j <= i or not masked)
+            and logw[j] is not None
+            and (win is None or abs(tau[i] - tau[j]) < win)
+        ]
+        s = {j: S[i][j] + logw[j] for j in keys}
+        top = max(s.values())
+        z = mp.fsum(mp.exp(v - top) for v in s.values())
+        for j in keys:
+            P[i, j] = mp.exp(s[j] - top) / z
+    return P, gq, gk
+
+
+def _head_attention(xs, head, logw, masked, tau):
+    A, _, _, c, rot, (_, var) = head
+    if var is None:
+        return _attention(xs, A, c, logw, masked, rot)
+    return _variant_attention(xs, head, logw, masked, tau)[0]
+
+
 def _logw(weights, n):
     if weights is None:
         return [mp.mpf(0)] * n
     return [None if float(w) == 0.0 else mp.log(mp.mpf(float(w))) for w in weights]
 
 
-def forward(X, heads, *, weights=None, masked=False) -> mp.matrix:
+def forward(X, heads, *, weights=None, masked=False, token_index=None) -> mp.matrix:
     """Outputs (n, d_out) of the map above, in mpmath."""
     with mp.workdps(DPS):
-        Xm = _mat(X)
-        xs = _rows(Xm)
-        n = len(xs)
-        logw = _logw(weights, n)
-        out = None
-        for A, V, W, c, rot in _heads(heads):
-            P = _attention(xs, A, c, logw, masked, rot)
-            M = P * Xm  # rows m_i
-            Y = M * (W * V).T
-            out = Y if out is None else out + Y
-        return out
+        return _forward_mp(_mat(X), heads, weights, masked, token_index)
 
 
-def jacobian(X, heads, *, weights=None, masked=False, geometry="euclidean") -> mp.matrix:
+def jacobian(
+    X, heads, *, weights=None, masked=False, geometry="euclidean", token_index=None
+) -> mp.matrix:
     """The (n d_out) x (n d) Jacobian (Wasserstein-scaled when asked), in mpmath."""
     with mp.workdps(DPS):
         Xm = _mat(X)
         xs = _rows(Xm)
         n, d = Xm.rows, Xm.cols
         logw = _logw(weights, n)
-        J = None
-        for A, V, W, c, rot in _heads(heads):
+        J: mp.matrix = None
+        hs, tau = _placed(_heads(heads), n, token_index)
+        for head in hs:
+            A, V, W, c, rot, (_, var) = head
             O = W * V
             dout = O.rows
             if J is None:
                 J = mp.matrix(n * dout, n * d)
-            P = _attention(xs, A, c, logw, masked, rot)
+            if var is not None:  # gq[i][j] = d l_ij / d x_i, gk[i][j] = d l_ij / d x_j
+                P, gq, gk = _variant_attention(xs, head, logw, masked, tau, grads=True)
+                key_grad, query_grad = gk, gq
+            else:
+                P = _attention(xs, A, c, logw, masked, rot)
             ms = [sum((P[i, j] * xs[j] for j in range(n)), mp.matrix(d, 1)) for i in range(n)]
             # key_grad[i][k] = d s_ik / d x_k, query_grad[i][j] = d s_ij / d x_i
-            if rot is not None:  # K^T R_k^T q~_i and Q^T R_i^T k~_j
+            if var is not None:
+                pass  # from _variant_attention above
+            elif rot is not None:  # K^T R_k^T q~_i and Q^T R_i^T k~_j
                 pos = _positions(rot, n)
                 Qm, Km = rot[3]
                 qs = [_rotate(Qm * xs[i], pos[i], rot) for i in range(n)]
@@ -161,7 +378,10 @@ def jacobian(X, heads, *, weights=None, masked=False, geometry="euclidean") -> m
                     if P[i, j] != 0:
                         self_block += P[i, j] * (xs[j] - ms[i]) * query_grad[i][j].T
                 for k in range(n):
-                    blk = P[i, k] * (mp.eye(d) + (xs[k] - ms[i]) * key_grad[i][k].T)
+                    if P[i, k] != 0:
+                        blk = P[i, k] * (mp.eye(d) + (xs[k] - ms[i]) * key_grad[i][k].T)
+                    else:
+                        blk = mp.matrix(d, d)
                     if k == i:
                         blk = blk + self_block
                     blk = O * blk
@@ -169,11 +389,11 @@ def jacobian(X, heads, *, weights=None, masked=False, geometry="euclidean") -> m
                         for t in range(d):
                             J[i * dout + a, k * d + t] += blk[a, t]
         if geometry == "wasserstein" and weights is not None:
-            a = [mp.mpf(float(w)) for w in weights]
+            a_ = [mp.mpf(float(w)) for w in weights]
             dout = J.rows // n
             for i in range(n):
                 for k in range(n):
-                    r = mp.sqrt(a[i] / a[k])
+                    r = mp.sqrt(a_[i] / a_[k])
                     for p in range(dout):
                         for t in range(d):
                             J[i * dout + p, k * d + t] *= r
@@ -194,9 +414,12 @@ def spectral_norm(J: mp.matrix):
     return singular_values(J)[0]
 
 
-def central_difference_jacobian(X, heads, *, weights=None, masked=False, h="1e-20"):
-    """Jacobian of :func:`forward` by 50-digit central differences (for checking the formula)."""
-    with mp.workdps(DPS):
+def central_difference_jacobian(
+    X, heads, *, weights=None, masked=False, h="1e-20", token_index=None, dps=DPS
+):
+    """Jacobian of :func:`forward` by central differences at ``dps`` digits (default 50), for
+    checking the formula (a larger ``dps`` with a smaller ``h`` for steep variants)."""
+    with mp.workdps(dps):
         X0 = np.asarray(X, dtype=np.float64)
         n, d = X0.shape
         step = mp.mpf(h)
@@ -207,8 +430,8 @@ def central_difference_jacobian(X, heads, *, weights=None, masked=False, h="1e-2
                 Xp, Xm_ = base.copy(), base.copy()
                 Xp[k, t] += step
                 Xm_[k, t] -= step
-                fp = _forward_mp(Xp, heads, weights, masked)
-                fm = _forward_mp(Xm_, heads, weights, masked)
+                fp = _forward_mp(Xp, heads, weights, masked, token_index)
+                fm = _forward_mp(Xm_, heads, weights, masked, token_index)
                 cols.append(
                     [
                         (fp[i, a] - fm[i, a]) / (2 * step)
@@ -223,12 +446,14 @@ def central_difference_jacobian(X, heads, *, weights=None, masked=False, h="1e-2
         return J
 
 
-def _forward_mp(Xm, heads, weights, masked):
+def _forward_mp(Xm, heads, weights, masked, token_index=None):
     xs = _rows(Xm)
     logw = _logw(weights, Xm.rows)
     out = None
-    for A, V, W, c, rot in _heads(heads):
-        P = _attention(xs, A, c, logw, masked, rot)
+    hs, tau = _placed(_heads(heads), Xm.rows, token_index)
+    for head in hs:
+        _, V, W, _, _, _ = head
+        P = _head_attention(xs, head, logw, masked, tau)
         Y = (P * Xm) * (W * V).T
         out = Y if out is None else out + Y
     return out
