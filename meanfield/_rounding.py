@@ -33,7 +33,8 @@ from ._typing import Params, ProductGeometry
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, StreamingLinearization, jvp, vjp
 from .jacobian.linearization import attend
-from .jacobian.streaming import streaming_jvp, streaming_vjp
+from .jacobian.streaming import HeadGroup, streaming_jvp, streaming_vjp
+from .jacobian.streaming_variants import NormStats, norm_relative_error
 from .params import AttentionParams, MultiHeadParams, RotaryEmbedding
 
 __all__ = [
@@ -555,10 +556,120 @@ def _rope_rounding(lin: StreamingLinearization, u: float = U64) -> float:
     idx = lin.token_index
     top = float(idx.abs().max()) if idx is not None and idx.numel() else float(max(lin.n - 1, 0))
     for g in lin.groups:
-        for rope in g.ropes or ():
+        ropes = list(g.ropes or ()) + [r for r in (g.var.ropes if g.var else ()) if r is not None]
+        for rope in ropes:
             ang = top * float(rope.inv_freq.abs().max()) if rope.inv_freq.numel() else 0.0
             worst = max(worst, 4 * u * (2 + ang) + 4 * u)
     return worst
+
+
+@dataclasses.dataclass(frozen=True)
+class _VariantTerms:
+    r"""What one tile pass reads from a group of variant heads (docs/rounding.md §11.4).
+
+    Maxima over the admissible entries (batch shape): ``S`` of the logit magnitudes
+    :math:`\bar q_i\cdot\bar k_l` (magnitude rows), ``pre`` of :math:`|\tilde s_{il}|` before the
+    cap, ``logit`` of the final :math:`|\ell_{il}|`, ``alibi`` of :math:`|m(\tau_l - \tau_i)|`;
+    the row ``spread`` and ``big`` as for the other heads; ``k`` the head-space width, ``cap``
+    the smallest cap (``inf`` without), ``cap_max`` the largest (``inf`` when a head has none),
+    the norms' :class:`NormStats`.
+    """
+
+    S: Tensor
+    pre: Tensor
+    logit: Tensor
+    alibi: Tensor
+    spread: Tensor
+    big: Tensor
+    k: int
+    cap: float
+    cap_max: float
+    q_stats: NormStats | None
+    k_stats: NormStats | None
+
+    def rel(self, u: float, d: int) -> Tensor:
+        """Bound on the relative error of the computed RMS factors (0 without norms)."""
+        out = torch.zeros_like(self.S)
+        for st in (self.q_stats, self.k_stats):
+            if st is not None:
+                out = torch.maximum(out, norm_relative_error(st, d, u))
+        return out
+
+    def rho_v(self, u: float, d: int) -> Tensor:
+        r""":math:`\rho_v`: rows and tangent rows within :math:`\rho_v` times their magnitude rows."""
+        rel = self.rel(u, d)
+        gd = gamma(d + 1, u)
+        row = (gd + rel + 3 * u) * (1 + rel) * (1 + 4 * u)
+        tan = (1 + rel) ** 3 * (1 + gamma(self.k, u) + 2 * gd) * (1 + gd) * (1 + 6 * u) - 1
+        return ((1 + torch.maximum(row, tan)) * (1 + u) - 1) * (1 + 4 * U64)
+
+    def pre_delta(self, u: float, d: int, rot: float) -> Tensor:
+        r"""Bound on :math:`|\hat{\tilde s}_{il} - \tilde s_{il}|` (two rows, one inner product)."""
+        coef = (1 + self.rho_v(u, d)).square() * (1 + rot) ** 2 * (1 + gamma(self.k + 4, u)) - 1
+        return coef * self.S * (1 + 2 * gamma(self.k + d + 4))
+
+    def delta(self, u: float, d: int, rot: float) -> Tensor:
+        r"""Bound on :math:`|\hat\ell_{il} - \ell_{il}|`.
+
+        The cap is 1-Lipschitz and bounded: a capped logit moves by at most :math:`2\kappa`
+        (the largest cap of the group, used only when every head is capped); its division, tanh
+        and product, ALiBi's product and the additions add :math:`8u` of the magnitudes.
+        """
+        extra = 8 * u * (self.pre + self.logit + self.alibi)
+        pre = self.pre_delta(u, d, rot)
+        if math.isfinite(self.cap_max):  # a capped logit moves by at most 2 kappa
+            pre = torch.clamp_max(pre, 2 * self.cap_max * (1 + 4 * U64))
+        return (pre + extra) * (1 + 4 * U64)
+
+    def gate_error(self, u: float, d: int, rot: float) -> Tensor:
+        r"""The gate's relative error :math:`\varepsilon_g` (0 without a cap).
+
+        :math:`|\log\hat g - \log g|\le2|\delta\tilde s|/\kappa` (:math:`|(\log\cosh)'|\le1`)
+        plus the division, ``cosh`` (4 ulp assumed), reciprocal and square.
+        """
+        if not math.isfinite(self.cap):
+            return torch.zeros_like(self.S)
+        t = 2 * (self.pre_delta(u, d, rot) + u * self.pre) / self.cap + 12 * u
+        return torch.expm1(t * (1 + 4 * U64)) * (1 + 4 * U64)
+
+
+def _variant_tiles(mlin: StreamingLinearization, g: HeadGroup) -> _VariantTerms:
+    """One pass over the tiles of a group of variant heads of the magnitude linearisation."""
+    var = g.var
+    assert var is not None
+    batch = mlin.batch_shape
+    z = mlin.X.new_zeros(batch, dtype=torch.float64)
+    S_max, pre_max, L_max, A_max = z.clone(), z.clone(), z.clone(), z.clone()
+    shape = g.q.shape[:-1]
+    hi = mlin.X.new_full(shape, -math.inf, dtype=torch.float64)
+    lo = mlin.X.new_full(shape, math.inf, dtype=torch.float64)
+    nb = len(batch)
+
+    def top(t: Tensor, keep: Tensor) -> Tensor:
+        return torch.where(keep, t, 0.0).flatten(nb).amax(-1)
+
+    for sl, ks in mlin.tiles(g):
+        L, pre = mlin.tile_scores(g, sl, ks)
+        keep = L > -math.inf
+        S = g.q[..., sl, :] @ g.kc[..., ks, :].mT
+        raw = g.logit_q[..., sl, :] @ g.logit_kc[..., ks, :].mT if pre is None else pre
+        S_max = torch.maximum(S_max, top(S, keep))
+        pre_max = torch.maximum(pre_max, top(raw.abs(), keep))
+        L_max = torch.maximum(L_max, top(L.abs(), keep))
+        if var.alibi is not None:
+            qi, ki = mlin.tile_positions(sl, ks)
+            A = var.alibi.abs() * (ki.unsqueeze(-2) - qi.unsqueeze(-1)).abs()
+            A_max = torch.maximum(A_max, top(A.expand(L.shape), keep))
+        hi[..., sl] = torch.maximum(hi[..., sl], L.amax(-1))
+        lo[..., sl] = torch.minimum(lo[..., sl], torch.where(keep, L, math.inf).amin(-1))
+    row = torch.where(torch.isfinite(hi) & torch.isfinite(lo), hi - lo, 0.0)
+    cap = math.inf if var.cap is None else float(var.cap.amin())
+    cap_max = math.inf if var.cap is None else float(var.cap.amax())
+    return _VariantTerms(
+        S=S_max, pre=pre_max, logit=L_max, alibi=A_max, spread=row.flatten(nb).amax(-1),
+        big=L_max, k=g.q.shape[-1], cap=cap, cap_max=cap_max, q_stats=var.q_stats,
+        k_stats=var.k_stats,
+    )  # fmt: skip
 
 
 def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> ErrorModel:
@@ -592,8 +703,15 @@ def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> Er
     delta = torch.zeros(batch, dtype=torch.float64, device=dev)
     spread = torch.zeros(batch, dtype=torch.float64, device=dev)
     big = torch.zeros(batch, dtype=torch.float64, device=dev)
+    variants: list[_VariantTerms] = []
     for g in mlin.groups:
         k = g.q.shape[-1]
+        if g.var is not None:  # heads with variants: §11.4
+            vt = _variant_tiles(mlin, g)
+            variants.append(vt)
+            spread = torch.maximum(spread, vt.spread)
+            big = torch.maximum(big, vt.big)
+            continue
         akey = None if g.C is None else (aX @ g.C.mT.to(torch.float64)).mT  # (..., G, n)
         if alw is not None:
             akey = alw.unsqueeze(-2) if akey is None else akey + alw.unsqueeze(-2)
@@ -627,11 +745,17 @@ def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> Er
         # the online log-sum-exp: terms and rescalings (telescoping, <= spread), sums, log, add
         rho = 2 * u * spread + gamma(n + 6 * key_blocks + 8, u)
         r = rho / (1 - rho) + u * (big + 3 * logn + 4)
-        t = 2 * delta * coef_scale + r + u * (spread + logn + r + 4) + 2 * u
+        worst = delta * coef_scale
+        for vt in variants:  # the variant heads' logits (§11.4)
+            worst = torch.maximum(worst, vt.delta(u, d, rot_of(u)))
+        t = 2 * worst + r + u * (spread + logn + r + 4) + 2 * u
         if alw is not None:  # P~ = exp(log P + half_i - half_l): three more roundings
             t = t + 3 * u * (spread + logn + alw.amax(-1) + 4)
         eps = torch.expm1(t * (1 + 4 * U64)) * (1 + 4 * U64)
         return torch.where(torch.isfinite(eps) & (eps < 0.5), eps, math.inf)
+
+    def rot_of(u: float) -> float:
+        return rot64 if u == U64 else rot
 
     eps64 = relative(U64, 1.0)
     # gamma_j(u) <= (u / u64) gamma_j(u64) (1 + 2 j u) for the logit coefficient at another unit
@@ -641,7 +765,20 @@ def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> Er
     depth = 4 * (n + d + k_top + dv + mlin.d_out) + 32
     gK, gK64 = gamma(depth, unit), gamma(depth)
     one = 1 + eps
-    eta = (one.square() * (1 + rot) ** 2 * (1 + gK) - 1) * (1 + 16 * gK64) / (1 - eps64).square()
+    # variant heads: their rows' and tangents' errors relative to the magnitude rows, and the
+    # cap's gate (computed ĝ within eps_g; the magnitude operator uses the float64 ĝ), §11.4
+    rows = torch.zeros_like(eps)
+    gate = torch.zeros_like(eps)
+    gate64 = torch.zeros_like(eps)
+    for vt in variants:
+        rows = torch.maximum(rows, vt.rho_v(unit, d))
+        gate = torch.maximum(gate, vt.gate_error(unit, d, rot))
+        gate64 = torch.maximum(gate64, vt.gate_error(U64, d, rot64))
+    eta = (
+        (one.square() * (1 + rot) ** 2 * (1 + rows).square() * (1 + gate) * (1 + gK) - 1)
+        * (1 + 16 * gK64)
+        / ((1 - eps64).square() * (1 - gate64))
+    )
     eta = torch.where(torch.isfinite(eps) & torch.isfinite(eps64), eta * (1 + 8 * U64), math.inf)
     return ErrorModel(eta_s=torch.zeros_like(eta), eta_r=eta, eps_s=eps, depth=depth)
 

@@ -22,6 +22,7 @@ arithmetic (the progress lines of :func:`meanfield.local_lipschitz` are made thi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -75,10 +76,10 @@ def observe_steps(observer: StepObserver | None) -> Iterator[None]:
 U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
 
 
-def gamma_k(k: int) -> float:
-    r"""Higham's :math:`\gamma_k = ku/(1-ku)` for float64."""
-    ku = k * U64
-    return ku / (1.0 - ku)
+def gamma_k(k: int, u: float = U64) -> float:
+    r"""Higham's :math:`\gamma_k = ku/(1-ku)`, float64's ``u`` by default (``inf`` when :math:`ku\ge1`)."""
+    ku = k * u
+    return ku / (1.0 - ku) if ku < 1.0 else math.inf
 
 
 @dataclass(frozen=True, eq=False)

@@ -390,9 +390,15 @@ def test_local_lipschitz_on_a_variant_head_is_the_dense_norm() -> None:
     est = meanfield.local_lipschitz(X, head, masked=True, certify=False)
     J = dense_jacobian(X, head, masked=True)
     assert_close(est.value, torch.linalg.matrix_norm(J, ord=2), **F64_EXACT)
-    # the rounding model of the certified bracket covers plain and rotary heads only
-    with pytest.raises(ValueError, match="certified bracket does not model QK-norm"):
-        meanfield.local_lipschitz(X, head, masked=True)
+    # the certified bracket of variant heads is the streaming path's (docs/rounding.md §11.4)
+    cert = meanfield.local_lipschitz(X, head, masked=True)
+    exact = float(torch.linalg.matrix_norm(J, ord=2))
+    assert cert.path == "streaming"
+    # the dense SVD's own rounding (a few ulps) is far below the bracket's margins
+    assert float(cert.lower) <= exact * (1 + 1e-13)
+    assert exact * (1 - 1e-13) <= float(cert.upper_prob)
+    with pytest.raises(ValueError, match="stored path's certified bracket does not model QK-norm"):
+        meanfield.local_lipschitz(X, head, masked=True, path="stored")
     big = _rand(40, 6, gen=gen)  # matrix-free products (power iteration) on the fallback
     est = meanfield.local_lipschitz(big, head, masked=True, certify=False, method="power")
     J = dense_jacobian(big, head, masked=True)
@@ -424,6 +430,10 @@ def test_consumers_that_do_not_model_variants_raise() -> None:
     with pytest.raises(NotImplementedError, match="ALiBi biases"):
         self_jvp(lin, _rand(5, 4, gen=gen))
     with pytest.raises(NotImplementedError, match="attention variant"):
+        meanfield.local_lipschitz(
+            X, AttentionParams(A, V, window=2), geometry="split", certify=False
+        )
+    with pytest.raises(ValueError, match="runs on the streaming products"):
         meanfield.local_lipschitz(X, AttentionParams(A, V, window=2), geometry="split")
 
 

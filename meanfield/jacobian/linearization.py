@@ -360,7 +360,7 @@ class RopeRows:
     :math:`g_{il} = 1 - \tanh^2(\langle q_i, k_l\rangle/\kappa)`; ALiBi, the window and the
     masses enter :math:`P` only. Heads given by ``A`` only use :math:`Q = A^\top`, :math:`K = I`
     and :math:`b_q = c` (exact); a factored head with a key-logit term :math:`c` gets one more
-    head coordinate (:func:`_head_space_factors`). The fields of the variants are ``None`` when
+    head coordinate (:func:`head_space_factors`). The fields of the variants are ``None`` when
     no head of the stack has them, and plain rotary heads then run the operations of §3b
     unchanged. *(our derivation, checked numerically against torch.func.)*
 
@@ -549,7 +549,7 @@ def _rope_rows(
     )  # fmt: skip
 
 
-def _head_space_factors(
+def head_space_factors(
     head: AttentionParams, d: int
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     r"""``(Q, K, b_q, b_k)`` of a head in the head space of its products.
@@ -576,7 +576,7 @@ def _head_space_factors(
     return Q, K, bq, None
 
 
-def _norm_rows(U: Tensor, norms: list, dtype: torch.dtype) -> tuple[Tensor, NormRows | None]:
+def norm_rows(U: Tensor, norms: list, dtype: torch.dtype) -> tuple[Tensor, NormRows | None]:
     """Normalised rows of the pre-norm rows ``U`` (..., H_r, n, k) and their :class:`NormRows`.
 
     ``norms`` holds each head's RMSNorm or ``None``; ``None`` for all: ``(U, None)``.
@@ -621,7 +621,7 @@ def _variant_rows(
     """
     heads = [params.heads[h] for h in heads_idx]
     n, d = X.shape[-2], X.shape[-1]
-    factors = [_head_space_factors(h, d) for h in heads]
+    factors = [head_space_factors(h, d) for h in heads]
     if len({(tuple(f[0].shape), h.d_v) for f, h in zip(factors, heads)}) != 1:
         return None
     idx = torch.arange(n, device=X.device) if token_index is None else token_index
@@ -659,8 +659,8 @@ def _variant_rows(
     bq, bk = biases(2), biases(3)
     Uq = Uq if bq is None else Uq + bq
     Uk = Uk if bk is None else Uk + bk
-    q, q_norm = _norm_rows(Uq, [h.q_norm for h in heads], dtype)
-    kr, k_norm = _norm_rows(Uk, [h.k_norm for h in heads], dtype)
+    q, q_norm = norm_rows(Uq, [h.q_norm for h in heads], dtype)
+    kr, k_norm = norm_rows(Uk, [h.k_norm for h in heads], dtype)
     index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
     ropes = tuple(h.rope for h in heads)
     scale = None

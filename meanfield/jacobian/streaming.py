@@ -29,21 +29,24 @@ from torch import Tensor
 from .._numerics import iter_chunks
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
-from .._validation import (
-    check_aux,
-    check_index,
-    check_points,
-    params_dtype_device,
-    reject_variants,
-)
+from .._validation import check_aux, check_index, check_points, params_dtype_device
 from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
 from .linearization import (
     check_rows,
     head_output_matrices,
+    head_space_factors,
     require_factors,
     require_rope,
     rotate_rows,
     score_matrix,
+)
+from .streaming_variants import (
+    VariantData,
+    magnitude_rows,
+    tile_gate,
+    tile_scores,
+    variant_rows,
+    window_mask,
 )
 
 __all__ = [
@@ -68,7 +71,7 @@ _TILE_ELEMENTS = 2**21
 _KEY_ALIGN = 64
 
 #: The kinds of head groups: rotary, factored (``Q``, ``K``) and given by ``A`` only.
-_Kind = Literal["rope", "factored", "plain"]
+_Kind = Literal["rope", "factored", "plain", "variant"]
 
 
 def default_block_sizes(n: int, heads: int, batch: int = 1) -> tuple[int, int]:
@@ -111,6 +114,9 @@ class HeadGroup:
     logit_rows: tuple[Tensor, Tensor] | None = None
     # tangent rows of rotary heads by the entrywise bound abs_rotate instead of the rotation
     abs_rope: bool = False
+    # heads with attention variants (QK-norm, biases, scale, cap, window, ALiBi, partial rotary;
+    # streaming_variants.py): their rotations, norms, caps, ALiBi slopes and windows
+    var: VariantData | None = None
 
     @property
     def size(self) -> int:
@@ -211,19 +217,41 @@ class StreamingLinearization:
         )
         return replace(self, groups=groups)
 
-    def tiles(self) -> Iterator[tuple[slice, slice]]:
-        """The (query block, key block) tiles a pass computes, in order.
+    def tiles(self, group: HeadGroup | None = None) -> Iterator[tuple[slice, slice]]:
+        """The (query block, key block) tiles a pass over ``group`` computes, in order.
 
         Causal sequences (``masked`` without ``positions``) stop each query block at its last
         key: key blocks above the diagonal are skipped and the block that crosses it is cut at
-        the query block's end. Otherwise every key block of every query block.
+        the query block's end. Otherwise every key block of every query block. A group whose
+        heads all have a sliding window (token positions ``0, ..., n-1``) also skips the keys
+        outside the largest window.
         """
         b_q, b_k = self.block_size
         causal = self.masked and self.positions is None
+        window = None
+        if group is not None and group.var is not None and self.token_index is None:
+            window = group.var.max_window
         for sl in iter_chunks(self.n, b_q):
             end = sl.stop if causal else self.n
-            for start in range(0, end, b_k):
-                yield sl, slice(start, min(start + b_k, end))
+            start = 0
+            if window is not None:
+                start = max(0, sl.start - window + 1)
+                if not self.masked:
+                    end = min(self.n, sl.stop - 1 + window)
+            for first in range(start, end, b_k):
+                yield sl, slice(first, min(first + b_k, end))
+
+    def tile_positions(self, sl: slice, ks: slice) -> tuple[Tensor, Tensor]:
+        """Token positions (floats, shapes (..., 1, b_q) and (..., 1, b_k)) of a tile's rows."""
+        idx = self.token_index
+        if idx is None:
+            idx = torch.arange(self.n, device=self.X.device)
+        idx = idx.to(self.X.dtype).unsqueeze(-2)
+        return idx[..., sl], idx[..., ks]
+
+    def tile_scores(self, group: HeadGroup, sl: slice, ks: slice) -> tuple[Tensor, Tensor | None]:
+        """The logits of a tile and, for capped heads, their values before the cap."""
+        return _tile_logits_pre(self, group, sl, ks)
 
     def jvp(self, H: Tensor, *, geometry: Geometry = "euclidean") -> Tensor:
         """:func:`streaming_jvp` at this linearisation."""
@@ -261,26 +289,52 @@ def _tile_logits(lin: StreamingLinearization, g: HeadGroup, sl: slice, ks: slice
     r"""Logits :math:`\ell_{il}` of one tile, (..., G, b_q, b_k), ``-inf`` where masked.
 
     Up to a constant per row (which the stored log-normaliser absorbs):
-    :math:`\langle q_i, k_l - \bar k\rangle + c^\top x_l + \log a_l`.
+    :math:`\langle q_i, k_l - \bar k\rangle + c^\top x_l + \log a_l`; for variant heads the cap
+    and ALiBi apply to :math:`\langle q_i, k_l\rangle` first, and the window joins the mask.
     """
+    return _tile_logits_pre(lin, g, sl, ks)[0]
+
+
+def _tile_logits_pre(
+    lin: StreamingLinearization, g: HeadGroup, sl: slice, ks: slice
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`_tile_logits` and the scores before the cap (``None`` without a capped head)."""
     L = g.logit_q[..., sl, :] @ g.logit_kc[..., ks, :].mT
+    pre = None
+    win = None
+    if g.var is not None:
+        qi, ki = lin.tile_positions(sl, ks)
+        L, pre = tile_scores(g.var, L, qi, ki)
+        win = window_mask(g.var, qi, ki)
     if g.key_term is not None:
         L = L + g.key_term[..., None, ks]
     mask = _block_mask(lin, sl, ks)
+    if win is not None:
+        mask = win if mask is None else mask & win
     if mask is not None:
         L = L.masked_fill(~mask, -torch.inf)
-    return L
+    return L, pre
 
 
 def _tile_attention(
     lin: StreamingLinearization, g: HeadGroup, sl: slice, ks: slice, half: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     r"""The tile of :math:`P` and of :math:`\tilde P = \sqrt{a_i/a_l}P` (``half`` = ½ log a)."""
-    L = _tile_logits(lin, g, sl, ks) - g.lse[..., sl, None]
+    P, Pi, _ = _tile_attention_gate(lin, g, sl, ks, half)
+    return P, Pi
+
+
+def _tile_attention_gate(
+    lin: StreamingLinearization, g: HeadGroup, sl: slice, ks: slice, half: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """:func:`_tile_attention` and the gate of capped heads (``None`` without a cap)."""
+    L, pre = _tile_logits_pre(lin, g, sl, ks)
+    L = L - g.lse[..., sl, None]
     P = L.exp()
+    gate = None if pre is None or g.var is None else tile_gate(g.var, pre)
     if half is None:
-        return P, P
-    return P, (L + (half[..., sl, None] - half[..., None, ks])).exp()
+        return P, P, gate
+    return P, (L + (half[..., sl, None] - half[..., None, ks])).exp(), gate
 
 
 def _log_normalisers(lin: StreamingLinearization, g: HeadGroup) -> Tensor:
@@ -288,7 +342,7 @@ def _log_normalisers(lin: StreamingLinearization, g: HeadGroup) -> Tensor:
     shape = g.logit_q.shape[:-1]
     M = g.logit_q.new_full(shape, -torch.inf)
     S = g.logit_q.new_zeros(shape)
-    for sl, ks in lin.tiles():
+    for sl, ks in lin.tiles(g):
         L = _tile_logits(lin, g, sl, ks)
         m_old = M[..., sl]
         m_new = torch.maximum(m_old, L.amax(-1))  # NaN propagates
@@ -310,7 +364,7 @@ def _attention_means(lin: StreamingLinearization, g: HeadGroup) -> tuple[Tensor,
     r""":math:`\sum_lP_{il}V(x_l - \bar x)` and :math:`\sum_lP_{il}\kappa_l`, recomputing the tiles."""
     rows = torch.cat([g.vc, g.kc], dim=-1)
     out = torch.zeros_like(rows)
-    for sl, ks in lin.tiles():
+    for sl, ks in lin.tiles(g):
         P, _ = _tile_attention(lin, g, sl, ks, None)
         out[..., sl, :] += P @ rows[..., ks, :]
     d_v = g.vc.shape[-1]
@@ -320,6 +374,8 @@ def _attention_means(lin: StreamingLinearization, g: HeadGroup) -> tuple[Tensor,
 # ------------------------------------------------------------------------------ construction
 def _group_key(head: AttentionParams) -> tuple[_Kind, int]:
     """The kind of a head and its width ``k`` (``d`` for heads given by ``A`` only)."""
+    if head.variants:
+        return ("variant", head_space_factors(head, head.d)[0].shape[0])
     if head.rope is not None:
         return ("rope", require_factors(head)[0].shape[0])
     if head.Q is not None:
@@ -331,6 +387,11 @@ def _tangent_rows(
     lin: StreamingLinearization, g: HeadGroup, Y: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Head rows ``(Q y_i, K y_l, V y_l)`` of tangents ``Y`` (..., n, d), rotated for rotary heads."""
+    if g.var is not None and g.Q is not None:  # variant heads: norms, rotation, scale
+        idx = _rope_index(lin.X, lin.token_index)
+        qY = g.var.query_tangent(torch.einsum("...nd,gkd->...gnk", Y, g.Q), idx)
+        kY = g.var.key_tangent(torch.einsum("...nd,gkd->...gnk", Y, g.K), idx)
+        return qY, kY, torch.einsum("...nd,gvd->...gnv", Y, g.V)
     if g.Q is None:
         qY = Y.unsqueeze(-3).expand(Y.shape[:-2] + (g.size,) + Y.shape[-2:])
     else:
@@ -400,8 +461,6 @@ def linearize_streaming(
     -------
     StreamingLinearization
     """
-    # the closed form models the bilinear score (rotary included), none of the variants
-    reject_variants(params, "the streaming products")
     dtype, device = params_dtype_device(
         params, (AttentionParams, MultiHeadParams), "linearize_streaming"
     )
@@ -444,6 +503,18 @@ def linearize_streaming(
         hs = [heads[h] for h in idx]
         V = torch.stack([h.V for h in hs])
         Q: Tensor | None = None
+        if kind == "variant":  # streaming_variants.py (the head-space rows of §3c)
+            Q, K, q, kc, var = variant_rows(X, hs, _rope_index(X, token_index))
+            key_term = None if log_weights is None else log_weights.unsqueeze(-2)
+            vc = torch.einsum("...nd,gvd->...gnv", Xc, V)
+            g = HeadGroup(
+                heads=tuple(idx), Q=Q, K=K, V=V, C=None, W=W_all[idx], ropes=None, q=q, kc=kc,
+                key_term=key_term, vc=vc, vm=vc, km=kc, lse=q.new_zeros(q.shape[:-1]), var=var,
+            )  # fmt: skip
+            g = replace(g, lse=_log_normalisers(lin, g))
+            vm, km = _attention_means(lin, g)
+            groups.append(replace(g, vm=vm, km=km))
+            continue
         if kind == "plain":
             K = torch.stack([score_matrix(h) for h in hs])
             q = X.unsqueeze(-3).expand(X.shape[:-2] + (len(idx), n, d))
@@ -508,6 +579,9 @@ def streaming_magnitude(lin: StreamingLinearization) -> StreamingLinearization:
     aXc = (lin.X - lin.x_bar).abs()
     groups = []
     for g in lin.groups:
+        if g.var is not None:  # variant heads: streaming_variants.magnitude_rows
+            groups.append(_variant_magnitude(lin, g, aXc))
+            continue
         if g.Q is None:  # the identity for Q and |A| for K
             aq = aX.unsqueeze(-3).expand(g.q.shape)
             Q = None
@@ -524,7 +598,7 @@ def streaming_magnitude(lin: StreamingLinearization) -> StreamingLinearization:
         avc = torch.einsum("...nd,gvd->...gnv", aXc, V)
         base = replace(g, logit_rows=(g.logit_q, g.logit_kc))
         avm = torch.zeros_like(avc)
-        for sl, ks in lin.tiles():
+        for sl, ks in lin.tiles(g):
             P, _ = _tile_attention(lin, base, sl, ks, None)
             avm[..., sl, :] += P @ avc[..., ks, :]
         groups.append(
@@ -544,6 +618,24 @@ def streaming_magnitude(lin: StreamingLinearization) -> StreamingLinearization:
             )  # fmt: skip
         )
     return replace(lin, groups=tuple(groups))
+
+
+def _variant_magnitude(lin: StreamingLinearization, g: HeadGroup, aXc: Tensor) -> HeadGroup:
+    """The magnitude group of a group of variant heads (docs/rounding.md §11.4)."""
+    assert g.var is not None and g.Q is not None
+    heads = [lin.params.heads[h] for h in g.heads]
+    Q, K, V = g.Q.abs(), g.K.abs(), g.V.abs()
+    centred = g.var.cap is None
+    aq, akc, var = magnitude_rows(g.var, heads, lin.X, Q, K, centred)
+    avc = torch.einsum("...nd,gvd->...gnv", aXc, V)
+    base = replace(g, logit_rows=(g.logit_q, g.logit_kc))
+    avm = torch.zeros_like(avc)
+    for sl, ks in lin.tiles(g):
+        P, _ = _tile_attention(lin, base, sl, ks, None)
+        avm[..., sl, :] += P @ avc[..., ks, :]
+    return replace(
+        base, Q=Q, K=K, V=V, W=g.W.abs(), q=aq, kc=akc, vc=avc, vm=-avm, km=akc, var=var,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- products
@@ -592,8 +684,8 @@ def streaming_jvp(
             right = torch.cat([kH, g.kc], dim=-1)
         vals = torch.zeros_like(g.vm)
         tsum = g.vm.new_zeros(g.vm.shape[:-1] + (1,))
-        for sl, ks in lin.tiles():
-            P, Pi = _tile_attention(lin, g, sl, ks, half)
+        for sl, ks in lin.tiles(g):
+            P, Pi, gate = _tile_attention_gate(lin, g, sl, ks, half)
             if half is None:
                 S = left[..., sl, :] @ right[..., ks, :].mT
             else:
@@ -601,9 +693,11 @@ def streaming_jvp(
             if cH is not None:
                 S = S + cH[..., None, ks]
             if half is None:
-                T = P * S
-            else:
+                T = P * S if gate is None else P * gate * S
+            elif gate is None:
                 T = Pi * S + P * (qH[..., sl, :] @ g.kc[..., ks, :].mT)
+            else:
+                T = gate * (Pi * S + P * (qH[..., sl, :] @ g.kc[..., ks, :].mT))
             vals[..., sl, :] += Pi @ vH[..., ks, :] + T @ g.vc[..., ks, :]
             tsum[..., sl, :] += T.sum(-1, keepdim=True)
         vals = vals - tsum * g.vm
@@ -646,18 +740,23 @@ def streaming_vjp(
         acc_q = torch.zeros_like(g.kc)
         C = g.C
         acc_c = None if C is None else g.vc.new_zeros(g.vc.shape[:-1])
-        for sl, ks in lin.tiles():
-            P, Pi = _tile_attention(lin, g, sl, ks, half)
+        for sl, ks in lin.tiles(g):
+            P, Pi, gate = _tile_attention_gate(lin, g, sl, ks, half)
             gi = gv[..., sl, :]
             Z = gi @ g.vc[..., ks, :].mT - gm[..., sl, :]
-            PiZ = Pi * Z
             acc_v[..., ks, :] += Pi.mT @ gi
+            if gate is not None:  # the cap's gate multiplies every logit tangent
+                Z = Z * gate
+            PiZ = Pi * Z
             acc_k[..., ks, :] += PiZ.mT @ g.q[..., sl, :]
             if acc_c is not None:
                 acc_c[..., ks] += PiZ.sum(-2)
             PZ = PiZ if half is None else P * Z
             acc_q[..., sl, :] += PZ @ g.kc[..., ks, :]
-        if g.ropes is not None and g.abs_rope:  # abs_rotate is its own transpose
+        if g.var is not None:  # variant heads: scale, rotation and norms transposed
+            idx = _rope_index(lin.X, lin.token_index)
+            acc_q, acc_k = g.var.query_adjoint(acc_q, idx), g.var.key_adjoint(acc_k, idx)
+        elif g.ropes is not None and g.abs_rope:  # abs_rotate is its own transpose
             acc_q, acc_k = abs_rotate(g.ropes, acc_q), abs_rotate(g.ropes, acc_k)
         elif g.ropes is not None:
             idx = _rope_index(lin.X, lin.token_index)
@@ -683,6 +782,10 @@ def _nonempty(out: Tensor | None) -> Tensor:
 
 
 def _require_no_rotary(lin: StreamingLinearization, what: str) -> None:
+    if any(g.var is not None for g in lin.groups):
+        raise NotImplementedError(
+            f"{what} uses the closed form of plain heads, which does not model attention variants"
+        )
     if any(g.ropes is not None for g in lin.groups):
         raise NotImplementedError(
             f"{what} uses the closed form, which does not apply to heads with a rotary embedding"
@@ -697,7 +800,7 @@ def _cov_apply(
     acc = torch.zeros_like(Gm)
     tsum = Gm.new_zeros(Gm.shape[:-1] + (1,))
     wm = (w * Fm).sum(-1, keepdim=True)
-    for sl, ks in lin.tiles():
+    for sl, ks in lin.tiles(g):
         P, _ = _tile_attention(lin, g, sl, ks, None)
         PZ = P * (w[..., sl, :] @ Fx[..., ks, :].mT - wm[..., sl, :])
         acc[..., sl, :] += PZ @ Gx[..., ks, :]

@@ -39,14 +39,16 @@ class Margins:
 
     def __init__(self, ops: Operators, geometry: ProductGeometry) -> None:
         self.geometry = geometry
-        for head in ops.lin.params.heads:
-            if head.variants:  # the rounding model covers plain and rotary heads only
-                raise ValueError(
-                    f"the certified bracket does not model {', '.join(head.variants)} yet; "
-                    "pass certify=False for an estimate"
-                )
-        self._mag_norm: Tensor | None = None
         lin64s = ops.lin64s
+        if not isinstance(lin64s, StreamingLinearization):
+            for head in ops.lin.params.heads:
+                if head.variants:  # the stored path's model: plain and rotary heads only
+                    raise ValueError(
+                        f"the stored path's certified bracket does not model "
+                        f"{', '.join(head.variants)}; use path='streaming' (docs/rounding.md "
+                        "§11.4) or certify=False"
+                    )
+        self._mag_norm: Tensor | None = None
         self.mlin = None
         self.smlin = None
         if isinstance(lin64s, StreamingLinearization):

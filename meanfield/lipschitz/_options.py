@@ -120,14 +120,32 @@ class SolverOptions:
         certify: bool,
         weighted: bool,
         needs_stored: bool,
+        variants: tuple[str, ...] = (),
     ) -> Literal["stored", "streaming"]:
         """The path of the call: ``path`` itself, or for ``"auto"`` the fixed rule.
 
         ``"auto"`` keeps the stored matrices when :func:`stored_bytes` fits ``memory_budget``
         or the call asks for what only the stored path has (``needs_stored``: the dense
         method, the split geometry, the Kronecker start, a Gram upper certificate),
-        and streams otherwise.
+        and streams otherwise. A certified call on heads with attention ``variants`` (their
+        names) streams whatever the budget: the rounding analysis of the variants is the
+        streaming one (docs/rounding.md §11.4); ``path="stored"`` or an option only the stored
+        path has is then a one-line ``ValueError``.
         """
+        if certify and variants:  # the rounding analysis of variants is the streaming one
+            named = ", ".join(variants)
+            if self.path == "stored":
+                raise ValueError(
+                    f"the stored path's certified bracket does not model {named}; use "
+                    "path='streaming' or 'auto' (docs/rounding.md §11.4), or certify=False"
+                )
+            if needs_stored:
+                raise ValueError(
+                    f"a certified bracket with {named} runs on the streaming products, which have "
+                    "no dense method, Gram certificate, split geometry or Kronecker start; drop "
+                    "that option or pass certify=False"
+                )
+            return "streaming"
         if self.path != "auto":
             return self.path
         size = stored_bytes(n, heads, batch, dtype, certify=certify, weighted=weighted)
@@ -252,6 +270,14 @@ class EstimateOptions:
         delta = cert.delta
         if not cert.certify:
             upper, delta = "none", None
+        if upper == "block" and isinstance(lin, StreamingLinearization):
+            named = [v for g in lin.groups if g.var is not None for h in g.heads
+                     for v in lin.params.heads[h].variants]  # fmt: skip
+            if named:
+                raise ValueError(
+                    f"the streaming block certificate does not model "
+                    f"{', '.join(dict.fromkeys(named))} yet; use upper='none' (the default)"
+                )
         # the stopping rule (docstring, "Stopping rules"): the certified width where it applies
         width_applies = (
             method == "lanczos" and cert.certify and delta is not None and solver.start is None

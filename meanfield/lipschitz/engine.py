@@ -207,6 +207,7 @@ def local_lipschitz(
         certify=certify,
         weighted=log_weights is not None,
         needs_stored=options.needs_stored,
+        variants=tuple(dict.fromkeys(v for h in params.heads for v in h.variants)),
     )
     lin: AttentionLinearization | StreamingLinearization
     if chosen == "streaming":
