@@ -372,8 +372,8 @@ _SMALL = {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1, "
 @pytest.mark.parametrize(
     ("config", "extra"),
     [
-        # Llama-like names, but RMSNorm scales by 1 + w: not Llama's block
-        ("GemmaConfig", {"intermediate_size": 32, "num_key_value_heads": 2, "head_dim": 8}),
+        # Llama's layout (its attention is read), but the block scales its residual branches
+        ("GraniteConfig", {"intermediate_size": 32, "residual_multiplier": 0.5}),
         # its attention is read (meanfield.models), its block is not
         ("OPTConfig", {"ffn_dim": 32, "word_embed_proj_dim": 16}),
     ],
@@ -387,6 +387,7 @@ def test_blocks_of_other_families_are_refused_in_one_line(config, extra):
     with pytest.raises(NotImplementedError, match=f"block of {name} .* is not modelled") as err:
         profile_model(model, _ids(5), n=5, heads=False)
     assert "\n" not in str(err.value)
+    assert isinstance(err.value, ValueError)  # a user's error for the command, not a bug
 
 
 # ----------------------------------------------------------------------------------------------

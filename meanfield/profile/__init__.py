@@ -1,7 +1,8 @@
 r"""Whole-model profile: per-layer smoothness of a Hugging Face transformer (docs/profile.md).
 
-:func:`profile_model` walks the blocks of a BERT, GPT-2 or Llama-style model on one window of
-tokens (or on given hidden states) and reports, for each layer and each window length ``n``:
+:func:`profile_model` walks the blocks of a BERT, GPT-2, Llama-style or Gemma (1, 2, 3) model on
+one window of tokens (or on given hidden states) and reports, for each layer and each window
+length ``n``:
 
 * the **attention sublayer**'s local Lipschitz constant :math:`\|Df(X)\|_2` with its certified
   bracket (:func:`meanfield.local_lipschitz`), at the hidden state entering the attention
@@ -94,11 +95,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+#: Width ``upper_prob / lower <= 1 + _WIDTH`` the attention runs also stop on (the default of
+#: :func:`meanfield.local_lipschitz`'s width rule).
+_WIDTH = 0.05
+
+
 def _attention(
     X: Tensor, att: HFAttention, *, heads: bool, tol: float, seed: int, delta: float
 ) -> AttentionRecord:
     t0 = time.perf_counter()
-    kw: dict[str, Any] = dict(masked=att.causal, tol=tol, seed=seed, delta=delta)
+    # the width rule beside the residual one: a Lanczos run also stops only once its certified
+    # bracket [lower, upper_prob] is within 1 + _WIDTH, so that upper_prob is finite where no
+    # deterministic upper end is formed (the streaming path: QK-norm, soft-cap, windows, long
+    # windows); a residual stop alone can come after too few steps for it (docs/profile.md §3)
+    kw: dict[str, Any] = dict(masked=att.causal, tol=tol, seed=seed, delta=delta, prob_rtol=_WIDTH)
     est = local_lipschitz(X, att.params, **kw)
     hv = hl = hu = None
     if heads:
@@ -244,7 +254,8 @@ def profile_model(
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        BERT, GPT-2 or Llama-style (e.g. from :func:`meanfield.models.load_model`).
+        BERT, GPT-2, Llama-style or Gemma-1/2/3 (e.g. from :func:`meanfield.models.load_model`;
+        the modelled blocks are listed in docs/profile.md §2).
     tokens_or_hidden : Tensor or sequence of int
         Token ids, shape (N,): each ``n`` uses the window ``ids[start : start + n]`` with
         positions restarting at 0. Or hidden states entering the first profiled layer, float
@@ -294,7 +305,9 @@ def profile_model(
     ValueError
         When ``n`` exceeds the input's length or the model's positions, or for bad ``layers``.
     NotImplementedError
-        For unsupported architectures or activations.
+        For blocks or MLP activations that are not modelled, in one line naming them (an
+        ``UnmodelledFeature``, also a ``ValueError``), and for attention features that
+        :func:`meanfield.models.hf_attention` does not model.
     """
     t_start = time.perf_counter()
     arch = arch_of(model)

@@ -1,9 +1,9 @@
 r"""A Hugging Face transformer block as a pure torch function of its input (docs/profile.md).
 
-:func:`model_blocks` rebuilds the blocks of a BERT, GPT-2 or Llama-style model from its weights,
-cast to a chosen dtype: attention through the toolkit's :func:`meanfield.self_attention` with the
-model's own causal mask, the MLP, the norms and the residual connections. The tests check each
-block against the model's own forward pass.
+:func:`model_blocks` rebuilds the blocks of a BERT, GPT-2, Llama-style or Gemma model (Gemma-1,
+Gemma-2, Gemma-3 text) from its weights, cast to a chosen dtype: attention through the toolkit's
+:func:`meanfield.self_attention` with the model's own causal mask, the MLP, the norms and the
+residual connections. The tests check each block against the model's own forward pass.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._typing import Arch
+from ..models._families import UnmodelledFeature
 from ..models.capture import model_device
 from ..models.layers import HFAttention, arch_of, hf_attention, layer_modules
 
@@ -35,7 +36,7 @@ def _activation(name: str) -> Callable[[Tensor], Tensor]:
         "swish": F.silu,
     }
     if name not in table:
-        raise NotImplementedError(
+        raise UnmodelledFeature(
             f"MLP activation {name!r} is not supported (supported: {', '.join(sorted(table))})"
         )
     return table[name]
@@ -54,16 +55,22 @@ class _Linear:
 
 @dataclass(frozen=True, eq=False)
 class _Norm:
-    """LayerNorm (with shift) or RMSNorm (``b is None`` and ``rms``)."""
+    """LayerNorm (with shift) or RMSNorm (``b is None`` and ``rms``).
+
+    ``unit_offset``: Gemma's RMSNorm, which stores ``w`` and scales by ``1 + w`` (transformers'
+    ``GemmaRMSNorm``: the normalised ``x`` times ``1.0 + weight``, in that order).
+    """
 
     w: Tensor
     b: Tensor | None
     eps: float
     rms: bool
+    unit_offset: bool = False
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.rms:
-            return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.w
+            w = 1.0 + self.w if self.unit_offset else self.w
+            return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * w
         return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
 
 
@@ -81,7 +88,9 @@ def _lin(module: Any, dtype: torch.dtype, device: Any, *, conv1d: bool = False) 
     return _Linear(_copy(W, dtype, device), _copy_opt(module.bias, dtype, device))
 
 
-def _norm(module: Any, dtype: torch.dtype, device: Any, *, rms: bool) -> _Norm:
+def _norm(
+    module: Any, dtype: torch.dtype, device: Any, *, rms: bool, unit_offset: bool = False
+) -> _Norm:
     eps: Any = getattr(module, "variance_epsilon", None)
     if eps is None:
         eps = getattr(module, "eps", 1e-5)
@@ -90,6 +99,7 @@ def _norm(module: Any, dtype: torch.dtype, device: Any, *, rms: bool) -> _Norm:
         None if rms else _copy_opt(getattr(module, "bias", None), dtype, device),
         float(eps),
         rms,
+        unit_offset,
     )
 
 
@@ -105,12 +115,19 @@ class TransformerBlock:
     - GPT-2 (Pre-LN): :math:`h = x + \mathrm{MHSA}(\mathrm{LN}_1 x)`,
       :math:`y = h + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}\mathrm{LN}_2 h)`;
     - Llama-style (Pre-RMSNorm, gated MLP): :math:`h = x + \mathrm{MHSA}(\mathrm{N}_1 x)`,
-      :math:`y = h + W_{\mathrm{down}}(\phi(W_{\mathrm{gate}}z)\odot W_{\mathrm{up}}z)`,
-      :math:`z = \mathrm{N}_2 h`;
+      :math:`y = h + \mathrm{MLP}(\mathrm{N}_2 h)`, with
+      :math:`\mathrm{MLP}(z) = W_{\mathrm{down}}(\phi(W_{\mathrm{gate}}z)\odot
+      W_{\mathrm{up}}z)`; Gemma-1 is this block with Gemma's RMSNorm
+      (:math:`\hat x\,(1 + w)`, :math:`\hat x = x/\sqrt{\mathrm{mean}(x^2)+\epsilon}`);
+    - Gemma-2 and Gemma-3 (Gemma RMSNorms before and after each sublayer, gated MLP):
+      :math:`h = x + \mathrm{N}^{\mathrm{post}}_1(\mathrm{MHSA}(\mathrm{N}_1 x))`,
+      :math:`y = h + \mathrm{N}^{\mathrm{post}}_2(\mathrm{MLP}(\mathrm{N}_2 h))`;
 
     with :math:`\mathrm{MHSA}` the attention with its output projection and biases
-    (:func:`meanfield.self_attention`; causal when the model is) and biases on every affine map
-    that has one.
+    (:func:`meanfield.self_attention`; causal when the model is, with the layer's own window,
+    logit soft-cap, QK-norm and scale as :func:`meanfield.models.hf_attention` reads them) and
+    biases on every affine map that has one. Gemma's embedding scale
+    (:math:`\sqrt d`) and final logit soft-cap lie outside the blocks.
 
     Attributes
     ----------
@@ -120,7 +137,10 @@ class TransformerBlock:
         The attention sublayer (map ``"heads+WO"``).
     linears : dict of str to (W, b)
         The block's affine maps, ``W`` in (out, in) layout: ``q``, ``k``, ``v``, ``o``, ``up``,
-        ``down`` and (Llama) ``gate``.
+        ``down`` and (Llama, Gemma) ``gate``.
+    post_attention_norm, post_mlp_norm : _Norm or None
+        The norms of the attention's and the MLP's outputs (Gemma-2 and Gemma-3:
+        ``post_attention_layernorm`` and ``post_feedforward_layernorm``); ``None`` elsewhere.
     """
 
     layer: int
@@ -131,6 +151,8 @@ class TransformerBlock:
     mlp: dict[str, _Linear]
     act: Callable[[Tensor], Tensor]
     linears: dict[str, tuple[Tensor, Tensor | None]] = field(default_factory=dict)
+    post_attention_norm: _Norm | None = None
+    post_mlp_norm: _Norm | None = None
 
     @property
     def causal(self) -> bool:
@@ -151,30 +173,42 @@ class TransformerBlock:
         if self.arch == "bert":
             a = self.norm1(x + self.attention(x))
             return self.norm2(a + self._mlp(a))
-        h = x + self.attention(self.norm1(x))
-        return h + self._mlp(self.norm2(h))
+        a = self.attention(self.norm1(x))
+        if self.post_attention_norm is not None:
+            a = self.post_attention_norm(a)
+        h = x + a
+        m = self._mlp(self.norm2(h))
+        if self.post_mlp_norm is not None:
+            m = self.post_mlp_norm(m)
+        return h + m
 
 
 #: The ``model_type`` s whose blocks the Llama branch of :func:`_block` models: pre-RMSNorm
-#: (``x·w/rms``), a SiLU-gated MLP. Gemma's RMSNorm scales by ``1 + w`` and Gemma-2 has two more
-#: norms per block, so their blocks are refused, not read as Llama's.
+#: (``x·w/rms``), a SiLU-gated MLP.
 _LLAMA_BLOCKS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+#: Gemma-1: Llama's block with Gemma's RMSNorm (``1 + w``) and its MLP activation.
+_GEMMA_BLOCKS = frozenset({"gemma"})
+#: Gemma-2 and Gemma-3 (text): Gemma RMSNorms before and after each sublayer (``input``,
+#: ``post_attention``, ``pre_feedforward``, ``post_feedforward``), the MLP activation in
+#: ``hidden_activation``. Gemma-3's multimodal wrapper and Gemma-3n (AltUp, LAuReL) are not these.
+_SANDWICH_BLOCKS = frozenset({"gemma2", "gemma3_text"})
+_MODELLED = _LLAMA_BLOCKS | _GEMMA_BLOCKS | _SANDWICH_BLOCKS
 
 
 def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
     cfg = model.config
     model_type = str(getattr(cfg, "model_type", arch))
-    if arch not in ("bert", "gpt2", "llama") or (
-        arch == "llama" and model_type not in _LLAMA_BLOCKS
-    ):
-        raise NotImplementedError(
+    if arch not in ("bert", "gpt2", "llama") or (arch == "llama" and model_type not in _MODELLED):
+        raise UnmodelledFeature(
             f"the transformer block of {type(model).__name__} (model_type {model_type!r}) is not "
-            "modelled by meanfield.profile: it models BERT-style, GPT-2 and Llama-style blocks "
-            f"({', '.join(sorted(_LLAMA_BLOCKS))}); the attention alone is "
+            "modelled by meanfield.profile: it models BERT-style, GPT-2, Llama-style and Gemma "
+            f"blocks ({', '.join(sorted(_MODELLED))}); the attention alone is "
             "meanfield.models.hf_attention"
         )
     blk = layer_modules(model, arch)[layer]
     att = hf_attention(model, layer, map="heads+WO", dtype=dtype).to(device=device)
+    post1: _Norm | None = None  # the norms of the sublayers' outputs (Gemma-2/3)
+    post2: _Norm | None = None
     if arch == "bert":
         s = blk.attention.self
         lin = {
@@ -209,6 +243,8 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         n2 = _norm(blk.ln_2, dtype, device, rms=False)
         act = _activation(str(cfg.activation_function))
     else:
+        gemma = model_type in _GEMMA_BLOCKS or model_type in _SANDWICH_BLOCKS
+        sandwich = model_type in _SANDWICH_BLOCKS
         a = blk.self_attn
         lin = {
             "q": _lin(a.q_proj, dtype, device),
@@ -222,11 +258,17 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
             "up": _lin(m.up_proj, dtype, device),
             "down": _lin(m.down_proj, dtype, device),
         }
-        n1 = _norm(blk.input_layernorm, dtype, device, rms=True)
-        n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True)
-        act = _activation(str(getattr(cfg, "hidden_act", "silu")))
+        n1 = _norm(blk.input_layernorm, dtype, device, rms=True, unit_offset=gemma)
+        if sandwich:
+            post1 = _norm(blk.post_attention_layernorm, dtype, device, rms=True, unit_offset=True)
+            n2 = _norm(blk.pre_feedforward_layernorm, dtype, device, rms=True, unit_offset=True)
+            post2 = _norm(blk.post_feedforward_layernorm, dtype, device, rms=True, unit_offset=True)
+            act = _activation(str(cfg.hidden_activation))
+        else:
+            n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True, unit_offset=gemma)
+            act = _activation(str(getattr(cfg, "hidden_act", "silu")))
     linears = {k: (v.W, v.b) for k, v in {**lin, **mlp}.items()}
-    return TransformerBlock(layer, arch, att, n1, n2, mlp, act, linears)
+    return TransformerBlock(layer, arch, att, n1, n2, mlp, act, linears, post1, post2)
 
 
 def model_blocks(
@@ -241,7 +283,7 @@ def model_blocks(
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        BERT, GPT-2 or Llama-style (bare or with a head).
+        BERT, GPT-2, Llama-style or Gemma-1/2/3 (bare or with a head).
     layers : iterable of int, optional
         Default all.
     dtype : torch.dtype, default torch.float64

@@ -39,7 +39,8 @@ class AttentionRecord:
         Estimate and certified bracket of :math:`\|Df(X)\|_2` (:func:`local_lipschitz`,
         rounding included).
     upper_method : str
-        ``"gram"`` (dense) or ``"block"`` (matrix-free block-norm bound).
+        ``"gram"`` (dense), ``"block"`` (matrix-free block-norm bound) or ``"none"`` (no
+        deterministic end: ``upper`` is inf; the streaming path).
     upper_prob : float
         Probabilistic upper end of the same run (Lanczos: holds with probability
         ``1 - delta`` over the random start; dense: ``upper``).
@@ -62,6 +63,17 @@ class AttentionRecord:
     head_values: tuple[float, ...] | None = None
     head_lowers: tuple[float, ...] | None = None
     head_uppers: tuple[float, ...] | None = None
+
+    @property
+    def bound(self) -> float:
+        """The upper end the table shows: ``upper`` if finite, else ``upper_prob``.
+
+        ``upper`` is deterministic (rounding included); ``upper_prob`` holds with probability
+        ``1 - delta`` over the solver's random start. The streaming path of
+        :func:`meanfield.local_lipschitz` (attention variants: QK-norm, logit soft-cap, windows;
+        long windows) forms no deterministic end, so there the bound is ``upper_prob``.
+        """
+        return self.upper if math.isfinite(self.upper) else self.upper_prob
 
 
 @dataclass(frozen=True)

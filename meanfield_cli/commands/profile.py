@@ -256,6 +256,25 @@ def _fmt(x: Any) -> str:
     return "inf" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.4g}"
 
 
+#: Marks an attention upper end that is ``upper_prob`` (the deterministic ``upper`` is inf).
+_PROB_MARK = "*"
+
+
+def _attention_upper(a: dict[str, Any]) -> str:
+    """The attention's upper end for the table: ``upper`` if finite, else ``upper_prob`` marked.
+
+    The rule of :attr:`meanfield.profile.AttentionRecord.bound`; the mark says that the end
+    holds with probability ``1 - delta`` over the solver's random start (docs/profile.md §3).
+    """
+    upper = a["upper"]
+    if isinstance(upper, (int, float)) and math.isfinite(upper):
+        return _fmt(upper)
+    prob = a.get("upper_prob")
+    if isinstance(prob, (int, float)) and math.isfinite(prob):
+        return _fmt(prob) + _PROB_MARK
+    return _fmt(upper)
+
+
 def show(doc: dict[str, Any]) -> None:
     """Human-readable summary of ``meanfield profile``."""
     print(
@@ -264,6 +283,7 @@ def show(doc: dict[str, Any]) -> None:
         f"{doc['dtype']} on {doc['device']}, text {doc['text']}; {doc['seconds']:.1f} s"
     )
     maxw = {e["layer"]: max(e["maps"], key=lambda m: m["upper"]) for e in doc.get("linear", [])}
+    marked = False
     for n in doc["ns"]:
         print(f"n = {n}")
         print(
@@ -272,11 +292,13 @@ def show(doc: dict[str, Any]) -> None:
         )
         for r in (r for r in doc["records"] if r["n"] == n):
             a, b = r["attention"], r["block"]
+            up = _attention_upper(a)
+            marked = marked or up.endswith(_PROB_MARK)
             w = maxw.get(r["layer"])
             ws = f"{w['upper']:.4g} ({w['name']})" if w else ""
             print(
                 f"  {r['layer']:>5} {r['radius']:>8.3g} {a['value']:>10.4g} "
-                f"[{_fmt(a['lower']):>9}, {_fmt(a['upper']):>9}] {b['value']:>10.4g} "
+                f"[{_fmt(a['lower']):>9}, {up:>9}] {b['value']:>10.4g} "
                 f"{_fmt(b['upper_prob']):>10} {ws:>12}"
             )
         for c in (c for c in doc["chains"] if c["n"] == n):
@@ -287,6 +309,13 @@ def show(doc: dict[str, Any]) -> None:
                 f" >= end-to-end {_fmt(e['value'])}: {'holds' if c['holds'] else 'VIOLATED'}, "
                 f"slack x{_fmt(c['slack'])}"
             )
+    if marked:
+        delta = doc.get("settings", {}).get("delta")
+        conf = f"1 - {delta:g}" if isinstance(delta, (int, float)) else "1 - delta"
+        print(
+            f"  {_PROB_MARK} upper_prob: the upper end holds with probability >= {conf} over the "
+            "solver's random start (no deterministic upper end on this path)"
+        )
     print_written(doc)
 
 

