@@ -25,6 +25,12 @@ def test_variant_bracket_holds_against_mpmath_sample(seed):
     check_variant_instance(make_variant_instance(seed), methods=METHODS)
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_variant_block_upper_holds_against_mpmath_sample(seed):
+    """The deterministic end on variant heads (docs/certificates.md §5.4)."""
+    check_variant_instance(make_variant_instance(seed), methods=("lanczos",), upper="block")
+
+
 @pytest.mark.parametrize("kind", VARIANT_KINDS)
 def test_variant_bracket_holds_on_every_kind(kind):
     check_variant_instance(make_variant_instance(101, kind), methods=("lanczos",))
@@ -41,5 +47,16 @@ def test_variant_bracket_holds_against_mpmath_1000_instances():
         try:
             check_variant_instance(inst, methods=methods)
         except AssertionError as exc:  # collect them all, report together
+            failures.append(str(exc).splitlines()[0])
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.slow
+def test_variant_block_upper_holds_against_mpmath_1000_instances():
+    failures = []
+    for seed in range(1000, 2000):
+        try:
+            check_variant_instance(make_variant_instance(seed), methods=("lanczos",), upper="block")
+        except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])

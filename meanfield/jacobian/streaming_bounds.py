@@ -46,20 +46,50 @@ def _sq_dist(A: Tensor, B: Tensor) -> Tensor:
 
 
 def _row_spreads(lin: StreamingLinearization, g: HeadGroup) -> tuple[Tensor, Tensor]:
-    r"""Per row, :math:`\sum_l\hat P_{il}\|v_l - \hat v^m_i\|^2` and the same for the keys."""
+    r"""Per row, :math:`\sum_l\hat P_{il}\|v_l - \hat v^m_i\|^2` and the same for the keys.
+
+    For a group with a capped head the keys are not centred (the gate breaks the invariance):
+    the second moment :math:`\sum_l\hat P_{il}\|k_l\|^2` instead.
+    """
     kap = g.vc.new_zeros(g.vc.shape[:-1])
     var_k = g.kc.new_zeros(g.kc.shape[:-1])
-    for sl, ks in lin.tiles():
+    raw = g.var is not None and g.var.cap is not None
+    k2 = g.kc.square().sum(-1) * (1 + gamma_k(g.kc.shape[-1] + 2)) if raw else None
+    for sl, ks in lin.tiles(g):
         P, _ = lin.tile_attention(g, sl, ks)
         kap[..., sl] += (P * _sq_dist(g.vm[..., sl, :], g.vc[..., ks, :])).sum(-1)
-        var_k[..., sl] += (P * _sq_dist(g.km[..., sl, :], g.kc[..., ks, :])).sum(-1)
+        if k2 is not None:
+            var_k[..., sl] += (P @ k2[..., ks, None]).squeeze(-1)
+        else:
+            var_k[..., sl] += (P * _sq_dist(g.km[..., sl, :], g.kc[..., ks, :])).sum(-1)
     return kap, var_k
+
+
+def _norm_factors(g: HeadGroup) -> tuple[Tensor | None, Tensor | None]:
+    r"""Per head and row, bounds on the norms of the QK-norms' Jacobians (``None`` without).
+
+    :math:`\|w\odot(\rho I - \tfrac{\rho^3}{k}uu^\top)\|_2\le\rho\max|w|`, since
+    :math:`\rho^2\|u\|^2/k\le1`; the logit scale joins the queries' factor. (..., G, n).
+    """
+    var = g.var
+    if var is None:
+        return None, None
+    out: list[Tensor | None] = []
+    for norm, scale in ((var.q_norm, var.scale), (var.k_norm, None)):
+        f = None
+        if norm is not None:
+            f = norm.rho.squeeze(-1) * norm.w.abs().amax(-1) * (1 + 8 * U64)
+        if scale is not None:
+            s = scale.abs().reshape(-1, 1)
+            f = s.expand(g.q.shape[-3:-1]) if f is None else f * s
+        out.append(f)
+    return out[0], out[1]
 
 
 def _row_pass(lin: StreamingLinearization, g: HeadGroup, x: Tensor) -> Tensor:
     r""":math:`\hat Px` for nonnegative ``x`` (..., G, n), tile by tile."""
     y = x.new_zeros(x.shape)
-    for sl, ks in lin.tiles():
+    for sl, ks in lin.tiles(g):
         P, _ = lin.tile_attention(g, sl, ks)
         y[..., sl] += (P @ x[..., ks, None]).squeeze(-1)
     return y
@@ -71,7 +101,7 @@ def _column_pass(
     r""":math:`\hat P^\top y` and, with ``w``, :math:`\max_i w_i\hat P_{il}` (..., G, n)."""
     z = y.new_zeros(y.shape)
     top = None if w is None else y.new_zeros(y.shape)
-    for sl, ks in lin.tiles():
+    for sl, ks in lin.tiles(g):
         P, _ = lin.tile_attention(g, sl, ks)
         z[..., ks] += (P.mT @ y[..., sl, None]).squeeze(-1)
         if top is not None and w is not None:  # both or neither
@@ -144,9 +174,16 @@ def streaming_structured_upper(
         assert top is not None
         cols, top, trace = cols * infl, top * infl, trace * infl
         weight = top * sq.square().unsqueeze(-1)
-        lam = torch.minimum(trace, weight).amax(-1) * (1 + 8 * n * U64)
+        fq, fk = _norm_factors(g)  # variant heads: the norms' Jacobians (and the scale), §5.4
+        form = torch.minimum(trace, weight)
+        if fk is not None:  # the key tangent of column l carries its own norm factor
+            form = form * fk.square()
+        lam = form.amax(-1) * (1 + 8 * n * U64)
         s2 = lam.sqrt() * (1 + 2 * U64)
-        s3 = (kap * var_k).sqrt().amax(-1) * (1 + 2 * U64)
+        self_i = (kap * var_k).sqrt()
+        if fq is not None:
+            self_i = self_i * fq
+        s3 = self_i.amax(-1) * (1 + 2 * U64)
         p2 = cols.amax(-1)  # ||P||^2 <= max_l (P^T P 1)_l = max_l (P^T 1)_l
         x = cols
         for _ in range(int(cw_steps)):
@@ -159,7 +196,11 @@ def streaming_structured_upper(
         p_norm = p2.sqrt() * (1 + 2 * U64)
         for a, h in enumerate(g.heads):
             rope = None if g.ropes is None else g.ropes[a]
+            if g.var is not None:
+                rope = g.var.ropes[a]
             rho = 1.0 if rope is None else abs(float(rope.attention_scaling)) * (1 + 64 * U64)
+            if rope is not None and rope.head_dim is not None:  # partial: the rest passes as is
+                rho = max(rho, 1.0)
             c = params.heads[h].c
             terms.append(
                 HeadTerms(

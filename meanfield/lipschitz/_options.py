@@ -270,14 +270,6 @@ class EstimateOptions:
         delta = cert.delta
         if not cert.certify:
             upper, delta = "none", None
-        if upper == "block" and isinstance(lin, StreamingLinearization):
-            named = [v for g in lin.groups if g.var is not None for h in g.heads
-                     for v in lin.params.heads[h].variants]  # fmt: skip
-            if named:
-                raise ValueError(
-                    f"the streaming block certificate does not model "
-                    f"{', '.join(dict.fromkeys(named))} yet; use upper='none' (the default)"
-                )
         # the stopping rule (docstring, "Stopping rules"): the certified width where it applies
         width_applies = (
             method == "lanczos" and cert.certify and delta is not None and solver.start is None
