@@ -33,8 +33,11 @@ Products :func:`jvp` and :func:`vjp` never form a block; their matrix-product fo
 (:math:`Q, K\in\mathbb R^{k\times d}`) every :math:`n\times n` contraction runs in head space
 (through :math:`Qx, Kx, Vx`, precomputed by :func:`linearize`), so a product costs
 :math:`O(n^2(k + d_v) + nd(2k + d_v))` per head, the order of the forward pass; heads given only
-by :math:`A` cost :math:`O(n^2d + nd^2)`. Heads with a rotary embedding (``head.rope``) fall back
-to ``torch.func`` products of :func:`~meanfield.attention.attention_points`.
+by :math:`A` cost :math:`O(n^2d + nd^2)`. Heads with a rotary embedding or another attention
+variant (QK-norm, biases, logit scale, soft-cap, window, ALiBi, partial rotary) have closed forms
+on rotated and normed head rows (docs/derivations/jacobian_products.md §3b–§3c); only a layer
+whose variant heads differ in width falls back to ``torch.func`` products of
+:func:`~meanfield.attention.attention_points`.
 
 The package is split along those concepts: :mod:`~meanfield.jacobian.linearization`
 (:class:`AttentionLinearization`, :func:`linearize`), :mod:`~meanfield.jacobian.products`
@@ -43,7 +46,9 @@ The package is split along those concepts: :mod:`~meanfield.jacobian.linearizati
 rows of :mod:`~meanfield.jacobian.head_rows`) and :mod:`~meanfield.jacobian.structured_bounds`
 (the bounds for any heads, rotary included), and :mod:`~meanfield.jacobian.streaming` (the same
 products in memory linear in :math:`n`: head rows and row log-normalisers kept, the attention
-recomputed tile by tile, docs/derivations/streaming_products.md). The public names are importable
+recomputed tile by tile, docs/derivations/streaming_products.md; the variants in
+:mod:`~meanfield.jacobian.streaming_variants`, the deterministic bound from tiles in
+:mod:`~meanfield.jacobian.streaming_bounds`). The public names are importable
 from ``meanfield.jacobian``; the helpers its modules share are public names of those modules.
 """
 
@@ -65,6 +70,7 @@ from .streaming import (
     streaming_self_vjp,
     streaming_vjp,
 )
+from .streaming_bounds import streaming_structured_upper
 from .structured_bounds import head_structured_upper, structured_block_norms
 
 __all__ = [
@@ -85,6 +91,7 @@ __all__ = [
     "streaming_jvp",
     "streaming_self_jvp",
     "streaming_self_vjp",
+    "streaming_structured_upper",
     "streaming_vjp",
     "structured_block_norms",
     "vjp",
