@@ -68,6 +68,14 @@ SAMPLE = {
     "c": 1.0,
     "k": 3.0,
     "s": 2.5,
+    # bounded logits (docs/derivations/bounded_logits.md)
+    "kappa": 2.0,
+    "Q_norm": 0.8,
+    "K_norm": 1.1,
+    "logit_bound": 1.5,
+    "grad_query": 0.9,
+    "grad_key": 1.2,
+    "window": 2.0,
 }
 
 

@@ -27,6 +27,7 @@ module                                    functions                             
 :mod:`theory.bounds.kim`                  Kim et al.'s lemma and L2 bounds            §8
 :mod:`theory.bounds.inversions`           Lambert-W gap and radius inversions         §9
 :mod:`theory.bounds.splitting`            mass-splitting gain and optimal copies      §10
+:mod:`theory.bounds.bounded_logits`       soft-capping, QK-norm, sliding windows      §18
 :mod:`theory.bounds.registry`             one record per bound (side, status, ...)    §15
 ========================================  ==========================================  ============
 
@@ -47,6 +48,19 @@ the bound instead (same type and shape).
 from __future__ import annotations
 
 from theory.bounds import registry as registry
+from theory.bounds.bounded_logits import (
+    bounded_logits_local_upper,
+    bounded_logits_upper,
+    qk_norm_logit_bound,
+    qk_norm_mean_field_upper,
+    qk_norm_sqrt_n_upper,
+    qk_norm_two_token_lower,
+    softcap_logit_bound,
+    softcap_mean_field_upper,
+    softcap_sqrt_n_upper,
+    softcap_two_token_lower,
+    window_sqrt_n_upper,
+)
 from theory.bounds.inversions import gap_for_target, radius_for_target, radius_for_upper
 from theory.bounds.kim import (
     kim_l2_norms,
@@ -98,6 +112,8 @@ __all__ = [
     "ConstructionGap",
     "RayleighExtremes",
     "TwoDiracOptimum",
+    "bounded_logits_local_upper",
+    "bounded_logits_upper",
     "certified_local_upper",
     "construction_gap",
     "gap_for_target",
@@ -121,9 +137,17 @@ __all__ = [
     "score_gap_constant",
     "selection_gap",
     "sequence_lower",
+    "softcap_logit_bound",
+    "softcap_mean_field_upper",
+    "softcap_sqrt_n_upper",
+    "softcap_two_token_lower",
     "split_gain",
     "split_gain_general",
     "optimal_split_k",
+    "qk_norm_logit_bound",
+    "qk_norm_mean_field_upper",
+    "qk_norm_sqrt_n_upper",
+    "qk_norm_two_token_lower",
     "sqrt_n_constant",
     "sqrt_n_lower",
     "sqrt_n_upper",
@@ -134,6 +158,7 @@ __all__ = [
     "two_dirac_log_g",
     "two_dirac_lower",
     "two_dirac_optimal_mass",
+    "window_sqrt_n_upper",
 ]
 
 PAPER = "Castin, Ablin & Peyré, How Smooth Is Attention?, ICML 2024, arXiv:2312.14820v2"

@@ -213,6 +213,10 @@ _S1, _S2, _S3, _S4 = (f"docs/theory.md §{i}" for i in (1, 2, 3, 4))
 _S5, _S6, _S7, _S8 = (f"docs/theory.md §{i}" for i in (5, 6, 7, 8))
 _S9, _S10, _S16 = "docs/theory.md §9", "docs/theory.md §10", "docs/theory.md §16"
 _S17 = "docs/theory.md §17"
+_S18 = "docs/theory.md §18"
+_BL = _DER + " (ours; docs/derivations/bounded_logits.md)"
+_QK = ("Q_norm", "K_norm")
+_QK_OPTIONS = ("scale", "weight_max")
 _NORMS = ("A_norm", "V_norm", "R")
 _KIM_OPTIONS = ("D", "H", "WQ_norms", "WV_norms", "WO_norm", "variant")
 _MASKED_MF = "masked mean-field constant finite, constant unknown"
@@ -511,6 +515,61 @@ BOUNDS: tuple[Bound, ...] = (
     Bound(
         "optimal_split_k", "optimal_split_k", "value", _T, _DER + " (ours)", _S10,
         ("s",), "integer number of copies maximising split_gain",
+    ),
+    # ---- bounded logits: soft-capping, QK-norm, sliding windows
+    Bound(
+        "bounded_logits_upper", "bounded_logits_upper", "upper", _T, _BL, _S18,
+        ("V_norm", "R", "n", "logit_bound", "grad_query", "grad_key"),
+        "Lip(f|B_R^n) for logits bounded by B with gradients G_q, G_k",
+        options=("masked", "window"),
+    ),
+    Bound(
+        "bounded_logits_local_upper", "bounded_logits_local_upper", "upper", _T, _BL, _S18,
+        ("X", "V", "A"), "data-dependent bound on ||Df(X)|| for capped, QK-normed or windowed heads",
+        options=("Q", "K", "softcap", "scale", "q_weight", "k_weight", "eps", "masked", "window"),
+    ),
+    Bound(
+        "softcap_logit_bound", "softcap_logit_bound", "value", _T, _BL, _S18,
+        ("A_norm", "R", "kappa"), "bound kappa tanh(||A|| R^2 / kappa) on soft-capped logits",
+    ),
+    Bound(
+        "softcap_sqrt_n_upper", "softcap_sqrt_n_upper", "upper", _T, _BL, _S18,
+        (*_NORMS, "n", "kappa"), "Lip(f|B_R^n) of a soft-capped head (grows like R^2, bounded in n)",
+        options=("masked", "window"),
+    ),
+    Bound(
+        "softcap_mean_field_upper", "softcap_mean_field_upper", "upper", _T, _BL, _S18,
+        (*_NORMS, "kappa"), "W2 bound ||V|| (e^B (1 + theta) + theta) of a soft-capped head",
+    ),
+    Bound(
+        "softcap_two_token_lower", "softcap_two_token_lower", "lower", _T, _BL, _S18,
+        ("a", "R", "kappa", "V_norm"), "exact ||Df|| at X = (0, R), d = 1: grows like R^2",
+    ),
+    Bound(
+        "qk_norm_logit_bound", "qk_norm_logit_bound", "value", _T, _BL, _S18,
+        (*_QK, "R", "eps", "k"), "bound on QK-normed logits (below |scale| weight_max k)",
+        options=_QK_OPTIONS,
+    ),
+    Bound(
+        "qk_norm_sqrt_n_upper", "qk_norm_sqrt_n_upper", "upper", _T, _BL, _S18,
+        (*_QK, "V_norm", "R", "n", "eps", "k"),
+        "Lip(f|B_R^n) of a QK-normed head (grows linearly in R, like 1/sqrt(eps))",
+        options=(*_QK_OPTIONS, "masked", "window"),
+    ),
+    Bound(
+        "qk_norm_mean_field_upper", "qk_norm_mean_field_upper", "upper", _T, _BL, _S18,
+        (*_QK, "V_norm", "R", "eps", "k"), "W2 bound of a QK-normed head",
+        options=_QK_OPTIONS,
+    ),
+    Bound(
+        "qk_norm_two_token_lower", "qk_norm_two_token_lower", "lower", _T, _BL, _S18,
+        (*_QK, "R", "eps"), "exact ||Df|| at X = (0, R), d = k = 1: grows like R / sqrt(eps)",
+        options=("scale", "V_norm"),
+    ),
+    Bound(
+        "window_sqrt_n_upper", "window_sqrt_n_upper", "upper", _T, _BL, _S18,
+        (*_NORMS, "n", "window"), "√n-regime bound with n replaced by the window (min(n, W))",
+        options=("masked",),
     ),
 )  # fmt: skip
 

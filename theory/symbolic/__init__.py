@@ -16,8 +16,10 @@ compare every callable with :mod:`theory.bounds` to 1e-12 relative.
 One module per family of derivations: :mod:`.kim` (Kim's softmax-variance lemma),
 :mod:`.two_dirac` (the two-Dirac mean-field optimum), :mod:`.construction` (the peak of the
 n-token construction and the masked sum), :mod:`.upper_bounds` (the √n and mean-field upper bounds
-and their crossover), :mod:`.inversions` (the Lambert W inversions) and :mod:`.splitting` (mass
-splitting); :mod:`._core` holds :class:`Derivation` and the shared sympy helpers.
+and their crossover), :mod:`.inversions` (the Lambert W inversions), :mod:`.splitting` (mass
+splitting) and :mod:`.bounded_logits` (soft-capping and QK-norm: the two-token counterexamples, the
+RMS normalisation, the column sums); :mod:`._core` holds :class:`Derivation` and the shared sympy
+helpers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ._core import Derivation
+from .bounded_logits import column_sums, qk_norm_two_token, rms_normalisation, softcap_two_token
 from .construction import construction_peak, masked_limit_decomposition
 from .inversions import (
     gap_for_target,
@@ -47,6 +50,7 @@ from .upper_bounds import (
 __all__ = [
     "Derivation",
     "asymptotics",
+    "column_sums",
     "construction_peak",
     "gap_for_target",
     "half_form_inversion",
@@ -55,8 +59,11 @@ __all__ = [
     "lambertw_asymptotic",
     "masked_limit_decomposition",
     "mean_field_upper",
+    "qk_norm_two_token",
     "radius_for_target",
     "radius_for_upper",
+    "rms_normalisation",
+    "softcap_two_token",
     "split_gain",
     "split_gain_asymptotic",
     "sqrt_n_asymptotic",
