@@ -14,6 +14,7 @@ from typing import Any
 
 from experiments import (
     adversarial,
+    bounded_logits,
     invertible,
     kim_tightness,
     long_context,
@@ -26,6 +27,7 @@ from experiments.engine import Stage
 from paper_figs import (
     fig_a_lipschitz_vs_R,
     fig_b_worst_measures,
+    fig_bounded_logits,
     fig_c_mass_splitting,
     fig_f1_lipschitz_vs_n,
     fig_f2_lipschitz_vs_radius,
@@ -61,6 +63,7 @@ STAGES: tuple[Stage, ...] = (
     invertible.STAGE,
     kim_tightness.STAGE,
     long_context.STAGE,
+    bounded_logits.STAGE,
 )
 
 
@@ -120,7 +123,7 @@ class Figure:
 
 #: Every figure of ``meanfield figures``; ids as in docs/experiments.md (F1–F7, A–C, T for
 #: the theory figure, I for invertible attention, K for the tightness of Kim et al.'s bounds,
-#: L for the long contexts).
+#: L for the long contexts, M for the bounded logits).
 FIGURES: tuple[Figure, ...] = (
     Figure("F1", fig_f1_lipschitz_vs_n.draw, real_data.STAGE, "real data: Lipschitz constant vs n"),
     Figure(
@@ -152,6 +155,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("I", fig_invertible.draw, invertible.STAGE, "invertible residual attention"),
     Figure("K", fig_kim_tightness.draw, kim_tightness.STAGE, "tightness of Kim et al.'s bounds"),
     Figure("L", fig_long_context.draw, long_context.STAGE, "real text at long contexts"),
+    Figure(
+        "M",
+        fig_bounded_logits.draw,
+        bounded_logits.STAGE,
+        "bounded logits: Lipschitz constant vs R, four forms",
+    ),
 )
 
 

@@ -251,8 +251,9 @@ def check_drawn_figures(draw, module, results_dir: Path, out_dir: Path, monkeypa
     return len(checked)
 
 
-def _figures(exclude=("F1", "F2", "F3", "L")):
-    # L (long contexts) is checked in tests/test_long_context_stage.py on its own tiny results
+def _figures(exclude=("F1", "F2", "F3", "L", "M")):
+    # L (long contexts) is checked in tests/test_long_context_stage.py on its own tiny results,
+    # M (bounded logits) in tests/test_bounded_logits_stage.py
     from meanfield_cli import registry
 
     return [f for f in registry.FIGURES if f.id not in exclude]

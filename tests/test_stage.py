@@ -11,6 +11,7 @@ import pytest
 
 from experiments import (
     adversarial,
+    bounded_logits,
     invertible,
     kim_tightness,
     long_context,
@@ -90,6 +91,7 @@ def test_preset_config_accepts_typed_presets():
         invertible,
         kim_tightness,
         long_context,
+        bounded_logits,
     ],
 )
 def test_every_stage_module_follows_the_contract(module):
@@ -126,13 +128,14 @@ def test_registry_joins_figures_to_registered_stages():
         "invertible",
         "kim_tightness",
         "long_context",
+        "bounded_logits",
     ]
     assert all(isinstance(s, Stage) for s in registry.STAGES)
     for fig in registry.FIGURES:
         assert any(fig.stage is s for s in registry.STAGES), fig.id
         assert callable(fig.draw_fn)
     ids = [f.id for f in registry.FIGURES]
-    assert len(ids) == len(set(ids)) == 14
+    assert len(ids) == len(set(ids)) == 15
     from experiments import verify_bounds
 
     vb = verify_bounds.STAGE.presets["quick"]

@@ -39,6 +39,7 @@ STAGE_NAMES = (
     "invertible",
     "kim_tightness",
     "long_context",
+    "bounded_logits",
 )
 
 
