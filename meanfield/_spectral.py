@@ -119,6 +119,21 @@ def _norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x, dim=-1)
 
 
+def _scaled_norm(x: Tensor) -> Tensor:
+    """``_norm(x)`` computed as ``m * ||x / m||`` with ``m = max|x|`` (no overflow of the squares)."""
+    m = x.abs().amax(-1, keepdim=True)
+    safe = torch.where(m > 0, m, torch.ones_like(m))
+    return _norm(x / safe) * m.squeeze(-1)
+
+
+def _finite_norm(x: Tensor) -> Tensor:
+    """``_norm(x)``, recomputed by :func:`_scaled_norm` where the sum of squares overflowed."""
+    nrm = _norm(x)
+    if bool(torch.isfinite(nrm).all()):
+        return nrm
+    return torch.where(torch.isfinite(nrm), nrm, _scaled_norm(x))
+
+
 def _safe_div(x: Tensor, s: Tensor) -> Tensor:
     """``x / s[..., None]`` with zero where ``s == 0``."""
     s = s.unsqueeze(-1)
@@ -187,9 +202,10 @@ def power_iteration(
     observer = _observer.get()
     for _ in range(max(int(max_iter), 1)):
         w = matvec(v)
-        sigma = _norm(w)
+        sigma = _finite_norm(w)
         z = rmatvec(w)
-        res = _norm(z - sigma.square().unsqueeze(-1) * v)
+        # in float32 the squares of entries near 1e19 overflow: the norms are then rescaled
+        res = _finite_norm(z - sigma.square().unsqueeze(-1) * v)
         history.append(torch.where(done, out_sigma, sigma))
         active = ~done
         n_iter = n_iter + active.to(torch.int64)
@@ -203,9 +219,9 @@ def power_iteration(
             observer(out_sigma, out_res, done)
         if bool(done.all()):
             break
-        v = torch.where(active.unsqueeze(-1), _safe_div(z, _norm(z)), v)
+        v = torch.where(active.unsqueeze(-1), _safe_div(z, _finite_norm(z)), v)
         # an operator with J^T J v = 0 leaves v = 0: the estimate 0 is then exact
-        zero = _norm(v) == 0
+        zero = (v == 0).all(-1)
         if bool(zero.any()):
             done = done | zero
             v = torch.where(zero.unsqueeze(-1), out_v, v)
