@@ -210,7 +210,9 @@ def golub_kahan_certified(
     A batch element stops once it is tight and, with ``require_residual``, the residual rule
     :math:`\sigma\beta_k|w_k|\le\mathrm{tol}\,\sigma^2` holds too; or, when
     ``reachable(sigma)`` says that no bound could be tight at this Ritz value (the rounding
-    margins alone are too wide), once the residual rule holds. Otherwise it runs
+    margins alone are too wide), once the residual rule holds and the Krylov bound itself is
+    within ``1 + rtol`` of the Ritz value (so that the returned bound is as tight as the margins
+    allow, not that of the step where the residual first held). Otherwise it runs
     ``max(kw_steps, krylov_dim)`` steps; if some have not stopped, :func:`lanczos_svd` continues
     (restarting) from the Ritz vector on the residual rule, and their bound is the smaller of the
     first cycle's polynomial bound and the KW bound with the final Ritz value.
@@ -296,7 +298,11 @@ def golub_kahan_certified(
         tight = accept(sigma, bound) if accept is not None else bound <= (1 + rtol) * sigma.to(f64)
         stop = tight & conv if require_residual else tight
         if reachable is not None:
-            stop = stop | (conv & ~reachable(sigma))
+            # the rounding margins alone are wider than the width: stop once the Krylov bound
+            # itself is within the width and the residual rule holds, so that upper_prob is as
+            # tight as the margins allow
+            krylov_tight = bound <= (1 + rtol) * sigma.to(f64)
+            stop = stop | (conv & ~reachable(sigma) & krylov_tight)
         done = done | (active & stop)
         if bool(done.all()) or k == cap:
             break

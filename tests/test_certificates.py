@@ -456,3 +456,30 @@ def test_bad_stopping_options_are_one_line_errors(gen):
     ]:
         with pytest.raises(ValueError, match=match):
             local_lipschitz(X, params, method="lanczos", **kw)
+
+
+def test_unreachable_width_still_tightens_the_krylov_bound():
+    """Where the rounding margins make the width unreachable at the Ritz value, the run does not
+    stop at the first step whose residual holds: it goes on until the Krylov bound itself is
+    within the width, so that upper_prob is as tight as the margins allow."""
+    from meanfield._certificates import golub_kahan_certified
+
+    gen = torch.Generator().manual_seed(3)
+    diag = torch.linspace(0.1, 1.0, 400, dtype=D64)
+    diag[-1] = 3.0  # a well separated top value: the residual holds after a few steps
+
+    def op(v: torch.Tensor) -> torch.Tensor:
+        return v * diag
+
+    x0 = torch.randn(400, generator=gen, dtype=D64)
+
+    def never(sigma, bound=None):
+        return torch.zeros(sigma.shape, dtype=torch.bool)
+
+    res, upper, _ = golub_kahan_certified(
+        op, op, x0, delta=1e-6, rtol=0.05, margin=1e-12, tol=1e-6, max_iter=300,
+        krylov_dim=8, accept=never, reachable=never,
+    )  # fmt: skip
+    assert bool(res.converged)
+    assert float(upper) <= 1.05 * float(res.sigma) * (1 + 1e-12)
+    assert float(res.sigma) <= 3.0 * (1 + 1e-12) <= float(upper)
