@@ -37,6 +37,45 @@ def _vjp(
     return result[0], result[1]
 
 
+def _products(
+    fn: Callable[[Tensor], Tensor],
+    X: Tensor,
+    batch: torch.Size,
+    products: Literal["forward", "reverse"],
+) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    r"""The products :math:`v\mapsto Jv` and :math:`u\mapsto J^\top u` of ``fn`` at ``X``.
+
+    ``"forward"``: :math:`Jv` is the tangent of ``torch.func.jvp``. ``"reverse"``: the pullback
+    :math:`g(u) = J^\top u` is linear in :math:`u`, so its own pullback at any point is
+    :math:`v\mapsto Jv` (the gradient of :math:`u\mapsto\langle J^\top u, v\rangle`);
+    it is taken once, at :math:`u = 0`, by ``torch.func.vjp`` of ``g`` (reverse over reverse), so
+    no forward-mode derivative runs through ``fn``. Both are flattened to ``batch + (-1,)``.
+    """
+    out, pullback = _vjp(fn, X)
+    out_shape = out.shape
+
+    def rmatvec(u: Tensor) -> Tensor:
+        return pullback(u.reshape(out_shape))[0].reshape(batch + (-1,))
+
+    if products == "forward":
+
+        def matvec(v: Tensor) -> Tensor:
+            return tfunc.jvp(fn, (X,), (v.reshape(X.shape),))[1].reshape(batch + (-1,))
+
+        return matvec, rmatvec
+
+    def transpose(u: Tensor) -> Tensor:
+        # re-traced under the outer transform, so that the pullback itself is differentiable
+        return _vjp(fn, X)[1](u)[0]
+
+    _, pullback2 = _vjp(transpose, torch.zeros_like(out))
+
+    def matvec_rr(v: Tensor) -> Tensor:
+        return pullback2(v.reshape(X.shape))[0].reshape(batch + (-1,))
+
+    return matvec_rr, rmatvec
+
+
 def _sample_fn(fn: Callable[[Tensor], Tensor], batch_dims: int, sample_shape: torch.Size):
     def f(x: Tensor) -> Tensor:
         return fn(x.reshape((1,) * batch_dims + tuple(sample_shape))).reshape(-1)
@@ -44,6 +83,7 @@ def _sample_fn(fn: Callable[[Tensor], Tensor], batch_dims: int, sample_shape: to
     return f
 
 
+@torch.no_grad()
 def local_lipschitz_fn(
     fn: Callable[[Tensor], Tensor],
     X: Tensor,
@@ -56,6 +96,7 @@ def local_lipschitz_fn(
     upper: Literal["auto", "gram", "none"] = "auto",
     batch_dims: int = 0,
     delta: float | None = 1e-6,
+    products: Literal["forward", "reverse"] = "forward",
 ) -> LipschitzEstimate:
     r"""Estimate the local Lipschitz constant of any differentiable torch callable.
 
@@ -64,6 +105,10 @@ def local_lipschitz_fn(
     Products use ``torch.func.jvp`` — its **tangent** output, element ``[1]`` (the released
     estimator took element ``[0]``, the primal :math:`f(X)`; docs/experiments.md, defect D1) — and
     ``torch.func.vjp``. ``method="dense"`` builds :math:`J` with ``torch.func.jacrev``.
+    With ``products="reverse"`` no forward-mode derivative is taken: :math:`Jv` is the pullback
+    of the pullback (reverse over reverse), for maps whose operations lack forward-mode rules
+    (custom ``autograd.Function`` without ``jvp``; transformers modules,
+    :func:`meanfield.models.hf_module_fn`).
 
     Parameters
     ----------
@@ -90,6 +135,13 @@ def local_lipschitz_fn(
         ``method="lanczos"``: failure probability of ``upper_prob``, the Kuczyński–Woźniakowski
         bound of the run's own Krylov space (free; docs/certificates.md §1). It holds for any
         map, since it only uses products with the Jacobian. ``None``: no ``upper_prob``.
+    products : {"forward", "reverse"}, default "forward"
+        How the matrix-free methods form :math:`Jv`: ``"forward"``, the tangent of
+        ``torch.func.jvp``; ``"reverse"``, ``torch.func.vjp`` of the pullback :math:`u\mapsto
+        J^\top u` (linear in :math:`u`, so its pullback is :math:`v\mapsto Jv`), which needs
+        only reverse-mode rules (twice differentiable backward passes) and costs about two
+        backward passes per product. The same Jacobian either way: same solvers, same
+        certificates. ``method="dense"`` uses ``jacrev`` in both.
 
     Returns
     -------
@@ -100,11 +152,16 @@ def local_lipschitz_fn(
         For a general map the bracket is certified for the Jacobian *as autograd computes it*:
         the rounding of ``fn`` itself cannot be analysed here, so unlike :func:`local_lipschitz`
         (docs/rounding.md) it is not a floating-point certificate for the exact map.
+        No field carries an autograd graph: the call runs under ``torch.no_grad`` (the
+        ``torch.func`` transforms still differentiate ``fn`` inside it), so parameters of
+        ``fn`` that require gradients (an ``nn.Module``'s) are constants.
     """
     if method not in ("auto", "dense", "lanczos", "power"):
         raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
     if upper not in ("auto", "gram", "none"):
         raise ValueError(f"upper must be 'auto', 'gram' or 'none', got {upper!r}")
+    if products not in ("forward", "reverse"):
+        raise ValueError(f"products must be 'forward' or 'reverse', got {products!r}")
     batch = X.shape[:batch_dims]
     sample = X.shape[batch_dims:]
     N = math.prod(sample)
@@ -147,15 +204,7 @@ def local_lipschitz_fn(
         )
     if upper == "gram":
         raise ValueError("upper='gram' needs the assembled Jacobian: use method='dense'")
-    out, pullback = _vjp(fn, X)
-    out_shape = out.shape
-
-    def matvec(v: Tensor) -> Tensor:
-        return tfunc.jvp(fn, (X,), (v.reshape(X.shape),))[1].reshape(batch + (-1,))
-
-    def rmatvec(u: Tensor) -> Tensor:
-        return pullback(u.reshape(out_shape))[0].reshape(batch + (-1,))
-
+    matvec, rmatvec = _products(fn, X, batch, products)
     x0 = random_start(batch + (N,), X, seed)
     res = top_singular_value(
         matvec,

@@ -12,8 +12,12 @@ Subpackage layout:
   Falcon's ALiBi, clip_qkv, length-dependent RoPE, ...) are refused in one line;
 * ``meanfield.models._families`` (private): the per-family adapters (where the weights live,
   fused layouts, head grouping, the variants each layer asks for);
+* :mod:`~meanfield.models.module_fn`: :func:`hf_module_fn`, the model's own attention module as
+  a map of the hidden states (explicit mask and positions), the general path for
+  :func:`~meanfield.lipschitz.local_lipschitz_fn` with ``products="reverse"``;
 * :mod:`~meanfield.models.capture`: the hidden states entering a layer for windows of a text
-  (:func:`hidden_states`, :func:`hidden_states_grid`);
+  (:func:`hidden_states`, :func:`hidden_states_grid`), or for images of a vision encoder
+  (:func:`image_hidden_states`);
 * :mod:`~meanfield.models.standins`: the offline stand-in loaders (:func:`load_model`,
   :func:`load_minilm`, :func:`load_smollm2`, :func:`random_gpt2`, :func:`random_bert`) and
   :func:`tiny_config` (small configs for quick runs and tests).
@@ -23,7 +27,16 @@ package fails with one line naming the extra to install (``pip install meanfield
 Conventions (score convention, weight layouts per architecture): docs/conventions.md.
 """
 
-from .capture import HiddenStates, hidden_states, hidden_states_grid
+from .capture import (
+    HiddenStates,
+    ImageHiddenStates,
+    hidden_states,
+    hidden_states_grid,
+    image_hidden_states,
+    pixel_values,
+    reads_images,
+    synthetic_pixel_values,
+)
 from .layers import (
     HFAttention,
     LayerInfo,
@@ -35,6 +48,7 @@ from .layers import (
     params_from_hf,
     released_head_A,
 )
+from .module_fn import hf_module_fn
 from .standins import (
     BERT_RANDOM_LABEL,
     GPT2_RANDOM_LABEL,
@@ -58,21 +72,27 @@ __all__ = [
     "SMOLLM2_LABEL",
     "HFAttention",
     "HiddenStates",
+    "ImageHiddenStates",
     "LayerInfo",
     "LoadedModel",
     "bert_attention_block",
     "hf_attention",
     "hf_attention_fn",
+    "hf_module_fn",
     "hidden_states",
     "hidden_states_grid",
+    "image_hidden_states",
     "is_causal",
     "layer_info",
     "load_minilm",
     "load_model",
     "load_smollm2",
     "params_from_hf",
+    "pixel_values",
     "random_bert",
     "random_gpt2",
+    "reads_images",
     "released_head_A",
+    "synthetic_pixel_values",
     "tiny_config",
 ]

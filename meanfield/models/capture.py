@@ -3,7 +3,9 @@ r"""Hidden states at a layer's capture point, for windows of a tokenized text.
 The inputs entering the attention map of a layer are captured by a forward pre-hook (BERT-style:
 the layer; every other family: the attention module), the points where the released code
 captured them (docs/experiments.md, "Models and texts"); the forward pass stops there. Vision
-encoders (ViT/DeiT) read images, not token ids, and are refused here.
+encoders (ViT/DeiT) read images, not token ids: :func:`image_hidden_states` captures their
+inputs for images given as pixel values (:func:`pixel_values`) or for seeded synthetic ones
+(:func:`synthetic_pixel_values`); :func:`hidden_states` refuses them.
 
 **Long windows.** A model's eager attention holds its ``heads x n x n`` scores per layer (GPT-2
 at n = 16384: 12 x 16384² float32 scores, 13 GB). ``attention=`` chooses the attention the
@@ -37,7 +39,18 @@ from .layers import (
     max_positions,
 )
 
-__all__ = ["EAGER_MAX_N", "CaptureAttention", "HiddenStates", "hidden_states", "hidden_states_grid"]
+__all__ = [
+    "EAGER_MAX_N",
+    "CaptureAttention",
+    "HiddenStates",
+    "ImageHiddenStates",
+    "hidden_states",
+    "hidden_states_grid",
+    "image_hidden_states",
+    "pixel_values",
+    "reads_images",
+    "synthetic_pixel_values",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -303,8 +316,8 @@ def hidden_states(
     fam = FAMILIES[arch]
     if fam.reads != "input_ids":
         raise ValueError(
-            f"{type(model).__name__} reads {fam.reads}, not token ids: capture the input of "
-            f"{fam.module_path.format(b=layer)} with a forward pre-hook instead"
+            f"{type(model).__name__} reads {fam.reads}, not token ids: use "
+            "meanfield.models.image_hidden_states (images or synthetic images)"
         )
     if isinstance(text, str):
         if tokenizer is None:
@@ -399,3 +412,302 @@ def hidden_states_grid(
         out.append(hs)
         pointer = hs.next_start
     return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Vision encoders: the hidden states for images
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ImageHiddenStates:
+    """Inputs entering one attention layer of a vision encoder (ViT/DeiT) for some images.
+
+    Parameters
+    ----------
+    X : Tensor, shape (n_images, n, d)
+        Captured inputs: the patch embeddings plus the model's prefix tokens (CLS; DeiT also
+        its distillation token) with position embeddings, through the layers before ``layer``
+        and, at a Pre-LN layer's attention, its first LayerNorm.
+    n : int
+        Tokens per image: ``prefix + (H / patch) * (W / patch)``.
+    n_prefix : int
+        Tokens before the patches (1 for ViT, 2 for DeiT).
+    layer : int
+    capture_point : str
+    images : str
+        Which images: ``"synthetic images, seed S"`` or the file name.
+    indices : tuple of int
+        Index of each image (in the file, or among the synthetic draws).
+    attention : str
+        The attention implementation of the forward pass.
+    """
+
+    X: Tensor
+    n: int
+    n_prefix: int
+    layer: int
+    capture_point: str
+    images: str
+    indices: tuple[int, ...]
+    attention: str = "eager"
+
+    @property
+    def n_images(self) -> int:
+        """Number of images."""
+        return len(self.indices)
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, Iterable) and not isinstance(v, (str, bytes)):
+        a, b = (int(x) for x in v)
+        return a, b
+    return int(v), int(v)
+
+
+def image_geometry(model: Any) -> tuple[int, int, int, int, int]:
+    """``(channels, height, width, patch_h, patch_w)`` a vision encoder's config asks for."""
+    cfg = model.config
+    h, w = _pair(cfg.image_size)
+    ph, pw = _pair(cfg.patch_size)
+    return int(getattr(cfg, "num_channels", 3)), h, w, ph, pw
+
+
+def _expected_shapes(model: Any) -> str:
+    c, h, w, _, _ = image_geometry(model)
+    return f"(N, {c}, {h}, {w}), (N, {h}, {w}, {c}), ({c}, {h}, {w}) or ({h}, {w}, {c})"
+
+
+def pixel_values(
+    images: Any,
+    model: Any,
+    *,
+    image_mean: Sequence[float] | None = None,
+    image_std: Sequence[float] | None = None,
+    name: str = "images",
+) -> Tensor:
+    r"""Images as the ``pixel_values`` (N, C, H, W) a vision encoder reads.
+
+    Parameters
+    ----------
+    images : array-like
+        Shape (N, C, H, W) or (N, H, W, C), or one image (C, H, W) or (H, W, C), with C, H and
+        W those of the model's config (``num_channels``, ``image_size``). Floating-point values
+        are taken as **pixel values already normalised** the way the model's image processor
+        gives them (resized, rescaled and normalised); they are used as they are. ``uint8``
+        values are **raw pixels** in [0, 255]: each is rescaled by 1/255 and normalised,
+        :math:`(x/255 - \mu_c)/\sigma_c`, with ``image_mean`` and ``image_std``, which must
+        then be given (a checkpoint's ``preprocessor_config.json`` has them).
+    model : transformers.PreTrainedModel
+        A ViT/DeiT encoder (bare or with a head).
+    image_mean, image_std : sequence of float, optional
+        Per-channel mean and standard deviation, for ``uint8`` input only.
+    name : str, default "images"
+        How a one-line error names the input.
+
+    Returns
+    -------
+    Tensor, shape (N, C, H, W), float32
+
+    Raises
+    ------
+    ValueError
+        For any other shape, channel count or size (one line naming the expected shapes), an
+        integer dtype other than ``uint8``, non-finite values, or ``uint8`` images without a
+        mean and standard deviation.
+    """
+    import numpy as np
+
+    arr = np.asarray(images)
+    c, h, w, _, _ = image_geometry(model)
+    shape = tuple(int(s) for s in arr.shape)
+    if arr.ndim == 3:
+        arr = arr[None]
+    if arr.ndim != 4 or arr.shape[0] < 1:
+        raise ValueError(f"{name}: expected shape {_expected_shapes(model)}, got {shape}")
+    if tuple(arr.shape[1:]) == (c, h, w):
+        pass
+    elif tuple(arr.shape[1:]) == (h, w, c):
+        arr = arr.transpose(0, 3, 1, 2)
+    else:
+        raise ValueError(f"{name}: expected shape {_expected_shapes(model)}, got {shape}")
+    if arr.dtype == np.uint8:
+        if image_mean is None or image_std is None:
+            raise ValueError(
+                f"{name}: uint8 images are raw pixels and need the image processor's image_mean "
+                "and image_std (a preprocessor_config.json beside the checkpoint); or give "
+                "float pixel values already normalised"
+            )
+        mean = np.asarray(image_mean, dtype=np.float64).reshape(-1)
+        std = np.asarray(image_std, dtype=np.float64).reshape(-1)
+        if mean.size not in (1, c) or std.size not in (1, c) or not (std > 0).all():
+            raise ValueError(
+                f"{name}: image_mean and image_std need 1 or {c} values (std > 0), got "
+                f"{mean.size} and {std.size}"
+            )
+        out = (arr.astype(np.float64) / 255.0 - mean.reshape(1, -1, 1, 1)) / std.reshape(
+            1, -1, 1, 1
+        )
+    elif np.issubdtype(arr.dtype, np.floating):
+        out = arr.astype(np.float64)
+    else:
+        raise ValueError(
+            f"{name}: expected float pixel values (normalised) or uint8 raw pixels, got dtype "
+            f"{arr.dtype}"
+        )
+    if not np.isfinite(out).all():
+        raise ValueError(f"{name}: the pixel values are not all finite")
+    return torch.as_tensor(np.ascontiguousarray(out), dtype=torch.float32)
+
+
+def synthetic_pixel_values(model: Any, n_images: int = 1, *, seed: int = 0) -> Tensor:
+    """``n_images`` synthetic images: i.i.d. standard Gaussian pixel values, seeded.
+
+    Drawn by a CPU ``torch.Generator`` seeded with ``seed``, shape (n_images, C, H, W) of the
+    model's config, float32: values of the scale of normalised pixels (mean 0, variance 1 per
+    channel), with no image structure.
+    """
+    if int(n_images) < 1:
+        raise ValueError(f"n_images must be a positive integer, got {n_images}")
+    c, h, w, _, _ = image_geometry(model)
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.randn(int(n_images), c, h, w, generator=gen, dtype=torch.float32)
+
+
+def module_input_pixels(model: Any, module: Any, pixels: Tensor, layer: int) -> Tensor:
+    """The hidden states entering ``module`` (of layer ``layer``) when ``model`` reads images.
+
+    As :func:`module_input` for ``pixel_values`` of shape (N, C, H, W): no mask (a vision
+    encoder attends to every token), eval mode, the forward pass stopped at the module.
+    """
+    base = base_model(model)
+    captured: list[Tensor] = []
+
+    def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs["hidden_states"]
+        captured.append(x.detach())
+        raise _Captured
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    was_training = base.training
+    try:
+        base.eval()
+        with torch.no_grad(), contextlib.suppress(_Captured):
+            base(pixel_values=pixels.to(model_device(model)))
+    finally:
+        handle.remove()
+        base.train(was_training)
+    if not captured:
+        raise RuntimeError(f"the forward pass never reached layer {layer}")
+    return captured[0]
+
+
+def reads_images(model: Any) -> bool:
+    """Whether ``model`` is a vision encoder (ViT/DeiT) that reads ``pixel_values``, not token ids."""
+    return FAMILIES[arch_of(model)].reads == "pixel_values"
+
+
+def _check_vision(model: Any, arch: Arch) -> None:
+    if FAMILIES[arch].reads != "pixel_values":
+        raise ValueError(
+            f"{type(model).__name__} reads token ids, not images: use hidden_states with a text"
+        )
+
+
+def image_hidden_states(
+    model: Any,
+    layer: int,
+    images: Any = None,
+    *,
+    n_images: int = 1,
+    index: int = 0,
+    seed: int = 0,
+    label: str | None = None,
+    block: bool = False,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = torch.float64,
+) -> ImageHiddenStates:
+    """Hidden states entering attention layer ``layer`` of a ViT/DeiT encoder for images.
+
+    The images become patch embeddings (one token per ``patch x patch`` square, row by row)
+    after the model's prefix tokens (CLS; DeiT: CLS and distillation), plus position
+    embeddings: ``n = prefix + (H / patch) * (W / patch)`` tokens, attended to without a mask.
+    A forward pre-hook captures the input of ``layers[b].attention`` (after the layer's
+    ``layernorm_before``; ``block=True``: of ``layers[b]`` itself, before it) and stops the
+    forward pass there.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A ViT/DeiT encoder; eval mode during the call, its mode restored after.
+    layer : int
+    images : array-like or Tensor, optional
+        Images as :func:`pixel_values` takes them (float: normalised pixel values), or ``None``
+        for synthetic images (:func:`synthetic_pixel_values` with ``seed``).
+    n_images : int, default 1
+        Images to use: ``images[index : index + n_images]``, or that many synthetic ones.
+    index : int, default 0
+        First image of ``images`` (ignored for synthetic images).
+    seed : int, default 0
+        Seed of the synthetic images.
+    label : str, optional
+        How ``images`` is named in :attr:`ImageHiddenStates.images` (e.g. its file name).
+    block : bool, default False
+        Capture the input of the whole layer (the residual stream) instead of its attention.
+    device : torch.device or str, optional
+        Device of ``X``; default the model's.
+    dtype : torch.dtype or None, default torch.float64
+        dtype of ``X`` (``None``: the model's).
+
+    Returns
+    -------
+    ImageHiddenStates
+
+    Raises
+    ------
+    ValueError
+        For a model that reads token ids, a bad layer, bad images (:func:`pixel_values`) or an
+        index range beyond them.
+    """
+    arch = arch_of(model)
+    _check_vision(model, arch)
+    layer = check_layer(model, arch, layer)
+    if isinstance(n_images, bool) or int(n_images) < 1:
+        raise ValueError(f"n_images must be a positive integer, got {n_images!r}")
+    if images is None:
+        pixels = synthetic_pixel_values(model, n_images, seed=seed)
+        what = f"synthetic images, seed {int(seed)}"
+        indices = tuple(range(int(n_images)))
+    else:
+        name = label or "images"
+        if isinstance(images, Tensor):
+            images = images.detach().cpu().numpy()
+        pixels = pixel_values(images, model, name=name)
+        total = int(pixels.shape[0])
+        if int(index) < 0 or int(index) + int(n_images) > total:
+            raise ValueError(
+                f"{name} holds {total} image(s): index {index} + {n_images} image(s) is beyond it"
+            )
+        pixels = pixels[int(index) : int(index) + int(n_images)]
+        what = name
+        indices = tuple(range(int(index), int(index) + int(n_images)))
+    module = layer_modules(model, arch)[layer] if block else attention_module(model, arch, layer)
+    X = module_input_pixels(model, module, pixels, layer)
+    X = X.to(device=device if device is not None else X.device, dtype=dtype or X.dtype)
+    _, h, w, ph, pw = image_geometry(model)
+    n = int(X.shape[1])
+    capture = (
+        f"input of {FAMILIES[arch].module_path.format(b=layer).rsplit('.', 1)[0]}"
+        if block
+        else layer_info(model, layer, map="heads").capture_point
+    )
+    return ImageHiddenStates(
+        X=X,
+        n=n,
+        n_prefix=n - (h // ph) * (w // pw),
+        layer=layer,
+        capture_point=capture,
+        images=what,
+        indices=indices,
+        attention=_own_attention(model),
+    )

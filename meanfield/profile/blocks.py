@@ -1,7 +1,7 @@
 r"""A Hugging Face transformer block as a pure torch function of its input (docs/profile.md).
 
 :func:`model_blocks` rebuilds the blocks of a BERT, GPT-2, Llama-style or Gemma model (Gemma-1,
-Gemma-2, Gemma-3 text) from its weights, cast to a chosen dtype: attention through the toolkit's
+Gemma-2, Gemma-3 text) or of a ViT/DeiT vision encoder from its weights, cast to a chosen dtype: attention through the toolkit's
 :func:`meanfield.self_attention` with the model's own causal mask, the MLP, the norms and the
 residual connections. The tests check each block against the model's own forward pass.
 """
@@ -112,8 +112,9 @@ class TransformerBlock:
 
     - BERT (Post-LN): :math:`a = \mathrm{LN}_1(x + \mathrm{MHSA}(x))`,
       :math:`y = \mathrm{LN}_2(a + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}a))`;
-    - GPT-2 (Pre-LN): :math:`h = x + \mathrm{MHSA}(\mathrm{LN}_1 x)`,
-      :math:`y = h + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}\mathrm{LN}_2 h)`;
+    - GPT-2 and ViT/DeiT (Pre-LN): :math:`h = x + \mathrm{MHSA}(\mathrm{LN}_1 x)`,
+      :math:`y = h + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}\mathrm{LN}_2 h)` (ViT/DeiT:
+      ``layernorm_before``, ``layernorm_after``, ``mlp.fc1``, ``mlp.fc2``);
     - Llama-style (Pre-RMSNorm, gated MLP): :math:`h = x + \mathrm{MHSA}(\mathrm{N}_1 x)`,
       :math:`y = h + \mathrm{MLP}(\mathrm{N}_2 h)`, with
       :math:`\mathrm{MLP}(z) = W_{\mathrm{down}}(\phi(W_{\mathrm{gate}}z)\odot
@@ -132,7 +133,7 @@ class TransformerBlock:
     Attributes
     ----------
     layer : int
-    arch : {"bert", "gpt2", "llama"}
+    arch : {"bert", "gpt2", "llama", "vit"}
     attention : HFAttention
         The attention sublayer (map ``"heads+WO"``).
     linears : dict of str to (W, b)
@@ -193,16 +194,23 @@ _GEMMA_BLOCKS = frozenset({"gemma"})
 #: ``hidden_activation``. Gemma-3's multimodal wrapper and Gemma-3n (AltUp, LAuReL) are not these.
 _SANDWICH_BLOCKS = frozenset({"gemma2", "gemma3_text"})
 _MODELLED = _LLAMA_BLOCKS | _GEMMA_BLOCKS | _SANDWICH_BLOCKS
+#: The vision encoders of the ``vit`` family whose blocks are GPT-2's Pre-LN block with
+#: ``layernorm_before`` / ``layernorm_after`` and an ``fc1`` / ``fc2`` MLP, no layer scale.
+_VIT_BLOCKS = frozenset({"vit", "deit"})
 
 
 def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
     cfg = model.config
     model_type = str(getattr(cfg, "model_type", arch))
-    if arch not in ("bert", "gpt2", "llama") or (arch == "llama" and model_type not in _MODELLED):
+    if (
+        arch not in ("bert", "gpt2", "llama", "vit")
+        or (arch == "llama" and model_type not in _MODELLED)
+        or (arch == "vit" and model_type not in _VIT_BLOCKS)
+    ):
         raise UnmodelledFeature(
             f"the transformer block of {type(model).__name__} (model_type {model_type!r}) is not "
-            "modelled by meanfield.profile: it models BERT-style, GPT-2, Llama-style and Gemma "
-            f"blocks ({', '.join(sorted(_MODELLED))}); the attention alone is "
+            "modelled by meanfield.profile: it models BERT-style, GPT-2, Llama-style, Gemma "
+            f"({', '.join(sorted(_MODELLED))}) and ViT/DeiT blocks; the attention alone is "
             "meanfield.models.hf_attention"
         )
     blk = layer_modules(model, arch)[layer]
@@ -242,6 +250,21 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         n1 = _norm(blk.ln_1, dtype, device, rms=False)
         n2 = _norm(blk.ln_2, dtype, device, rms=False)
         act = _activation(str(cfg.activation_function))
+    elif arch == "vit":
+        a = blk.attention
+        lin = {
+            "q": _lin(a.q_proj, dtype, device),
+            "k": _lin(a.k_proj, dtype, device),
+            "v": _lin(a.v_proj, dtype, device),
+            "o": _lin(a.o_proj, dtype, device),
+        }
+        mlp = {
+            "up": _lin(blk.mlp.fc1, dtype, device),
+            "down": _lin(blk.mlp.fc2, dtype, device),
+        }
+        n1 = _norm(blk.layernorm_before, dtype, device, rms=False)
+        n2 = _norm(blk.layernorm_after, dtype, device, rms=False)
+        act = _activation(str(cfg.hidden_act))
     else:
         gemma = model_type in _GEMMA_BLOCKS or model_type in _SANDWICH_BLOCKS
         sandwich = model_type in _SANDWICH_BLOCKS
@@ -283,7 +306,7 @@ def model_blocks(
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        BERT, GPT-2, Llama-style or Gemma-1/2/3 (bare or with a head).
+        BERT, GPT-2, Llama-style, Gemma-1/2/3 or ViT/DeiT (bare or with a head).
     layers : iterable of int, optional
         Default all.
     dtype : torch.dtype, default torch.float64

@@ -14,6 +14,17 @@ Three sources of inputs, one per mode:
     limit. Windows longer than 1024 tokens are captured with SDPA attention, which holds no
     ``n x n`` scores (``attention="auto"`` of :func:`meanfield.models.hidden_states`;
     docs/experiments.md, "Long contexts").
+
+    A vision encoder (ViT, DeiT: a checkpoint directory) reads images instead:
+    ``--images FILE.npy`` (shape (N, C, H, W), (N, H, W, C) or one image; float pixel values
+    already normalised as the model's image processor gives them, or ``uint8`` raw pixels
+    normalised with the ``image_mean`` / ``image_std`` of the checkpoint's
+    ``preprocessor_config.json``), ``--windows`` images from ``--image-index``; without
+    ``--images``, ``--windows`` synthetic images of seeded standard Gaussian pixel values
+    (``--seed``). The sequence is the prefix tokens (CLS; DeiT also its distillation token) and
+    the patch embeddings, unmasked (:func:`meanfield.models.image_hidden_states`); the result
+    states the images used and ``n``. The text options (``--corpus``, ``--n``, ``--start``) are
+    an error for such a model.
 ``--random-d D``
     A random synthetic layer: ``--heads`` heads with :math:`A_h` of i.i.d. :math:`\mathcal N(0,
     1/d)` entries (non-symmetric); one head has :math:`V = I` (as ``meanfield attack``), several
@@ -208,18 +219,173 @@ def check_model_name(name: str, option: str = "--model") -> None:
         )
 
 
+def _check_text_options(args: argparse.Namespace) -> None:
+    if args.n is None or args.n < 1:
+        raise ValueError(f"--n must be a positive integer, got {args.n}")
+    if args.start is not None and args.start < 0:
+        raise ValueError(f"--start must be >= 0, got {args.start}")
+
+
+#: The options of text windows, refused for a vision encoder: (attribute, option).
+_TEXT_OPTIONS = (("corpus", "--corpus"), ("n", "--n"), ("start", "--start"))
+
+
+def refuse_text_options(args: argparse.Namespace, label: str, options: Any) -> None:
+    """A one-line error when a text option was given for a vision encoder ``label``."""
+    given = [opt for attr, opt in options if getattr(args, attr, None) is not None]
+    if given:
+        raise UsageError(
+            f"{' '.join(given)}: {label} is a vision encoder and reads images, not text; give "
+            "--images FILE.npy or nothing (synthetic images); n is fixed by the image size"
+        )
+
+
+def refuse_image_options(args: argparse.Namespace, label: str) -> None:
+    """A one-line error when an image option was given for a model that reads token ids."""
+    given = [
+        opt
+        for attr, opt in (("images", "--images"), ("image_index", "--image-index"))
+        if getattr(args, attr, None) is not None
+    ]
+    if given:
+        raise UsageError(
+            f"{' '.join(given)}: {label} reads token ids; the image options apply to vision "
+            "encoders (ViT, DeiT)"
+        )
+
+
+def load_images(args: argparse.Namespace, model_dir: str) -> tuple[Any, dict[str, Any]]:
+    """``(array or None, normalisation)`` of ``--images`` (``None``: synthetic images).
+
+    A ``uint8`` array is normalised with the ``image_mean`` / ``image_std`` of the checkpoint's
+    ``preprocessor_config.json`` (:func:`meanfield.models.pixel_values`); the file is read with
+    ``allow_pickle=False``.
+    """
+    import json
+
+    import numpy as np
+
+    if args.images is None:
+        if args.image_index is not None:
+            raise UsageError(
+                "--image-index applies to --images FILE.npy (synthetic images: --seed)"
+            )
+        return None, {}
+    path = Path(args.images).expanduser()
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--images {args.images}: cannot read a .npy array ({err})") from err
+    if not isinstance(arr, np.ndarray):
+        raise UsageError(f"--images {args.images}: expected one .npy array, not an .npz archive")
+    norm: dict[str, Any] = {}
+    if arr.dtype == np.uint8:
+        cfg = Path(model_dir).expanduser() / "preprocessor_config.json"
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            pre = json.loads(cfg.read_text())
+            if pre.get("image_mean") is not None and pre.get("image_std") is not None:
+                norm = {"image_mean": pre["image_mean"], "image_std": pre["image_std"]}
+    return arr, norm
+
+
+def capture_images(
+    args: argparse.Namespace,
+    loaded: Any,
+    layer: int,
+    n_images: int,
+    *,
+    block: bool,
+    dtype: Any,
+) -> Any:
+    """:func:`meanfield.models.image_hidden_states` for ``--images`` / ``--image-index``."""
+    from meanfield.models import image_hidden_states, pixel_values
+
+    arr, norm = load_images(args, args.model)
+    images = None
+    if arr is not None:
+        try:
+            images = pixel_values(arr, loaded.model, name=f"--images {args.images}", **norm)
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+    index = 0 if args.image_index is None else args.image_index
+    if index < 0:
+        raise UsageError(f"--image-index must be >= 0, got {index}")
+    log.info(
+        "capturing layer %d: %d image(s) of %s",
+        layer,
+        n_images,
+        f"--images {args.images}" if images is not None else "synthetic images",
+    )
+    try:
+        return image_hidden_states(
+            loaded.model,
+            layer,
+            images,
+            n_images=n_images,
+            index=index,
+            seed=args.seed,
+            label=None if args.images is None else Path(args.images).name,
+            block=block,
+            dtype=dtype,
+            device=args.device,
+        )
+    except ValueError as err:
+        if "holds" in str(err):
+            raise UsageError(f"--image-index {index}: {err}") from err
+        raise
+
+
+def _vision_inputs(
+    args: argparse.Namespace, loaded: Any, dtype: Any
+) -> tuple[Any, Any, dict[str, Any], Any]:
+    """(X, params or None, source, fn or None) for ``--model`` on a vision encoder."""
+    from meanfield.models import hf_attention, layer_info
+
+    refuse_text_options(args, loaded.label, _TEXT_OPTIONS)
+    model = loaded.model
+    info = layer_info(model, args.layer, map=args.map)
+    t0 = time.perf_counter()
+    hs = capture_images(args, loaded, info.layer, args.windows, block=False, dtype=dtype)
+    log.info("captured in %.1f s (%s attention)", time.perf_counter() - t0, hs.attention)
+    att = hf_attention(model, args.layer, map=args.map, dtype=dtype).to(device=args.device)
+    masked = info.causal if args.masked is None else args.masked
+    source = {
+        "model": loaded.label,
+        "model_arg": args.model,
+        "layer": info.layer,
+        "map": args.map,
+        "module": info.module,
+        "model_causal": info.causal,
+        "images": hs.images,
+        "image_indices": list(hs.indices),
+        "n_prefix": hs.n_prefix,
+        "capture_point": hs.capture_point,
+        "rope": info.has_rope,
+        "capture_attention": hs.attention,
+        "positions": None,
+        "masked": masked,
+    }
+    return hs.X, att.params, source, None
+
+
 def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:
     """(X, params or None, source, fn or None) for ``--model``."""
     from experiments.corpora import corpus_token_ids
-    from meanfield.models import hf_attention, hidden_states, layer_info, load_model, random_gpt2
+    from meanfield.models import (
+        hf_attention,
+        hidden_states,
+        layer_info,
+        load_model,
+        random_gpt2,
+        reads_images,
+    )
     from meanfield.models.standins import GPT2_POSITIONS
 
-    if args.n is None or args.n < 1:
-        raise ValueError(f"--n must be a positive integer, got {args.n}")
     if args.windows < 1:
         raise ValueError(f"--windows must be a positive integer, got {args.windows}")
-    if args.start < 0:
-        raise ValueError(f"--start must be >= 0, got {args.start}")
+    if args.model in BUILT_IN_MODELS:  # text models: the text options before loading
+        refuse_image_options(args, args.model)
+        _check_text_options(args)
     if args.n_layer is not None:
         if args.model != "gpt2-random":
             raise ValueError("--n-layer only applies to --model gpt2-random")
@@ -240,6 +406,14 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
                 " ".join(str(err).split()) + f"; built-in models: {', '.join(BUILT_IN_MODELS)}"
             ) from err
     model, tok = loaded.model, loaded.tokenizer
+    if reads_images(model):
+        return _vision_inputs(args, loaded, dtype)
+    refuse_image_options(args, loaded.label)
+    _check_text_options(args)
+    if args.corpus is None:
+        args.corpus = "kjv"
+    if args.start is None:
+        args.start = 0
     info = layer_info(model, args.layer, map=args.map)
     if tok is None:
         from meanfield.models.standins import no_tokenizer_message
@@ -448,11 +622,23 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _image_word(indices: list[int]) -> str:
+    """``image 3`` or ``images 0, 1``."""
+    return f"image{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
+
+
 def show(doc: dict[str, Any]) -> None:
     """Human-readable summary of ``meanfield lipschitz``."""
     src = doc["source"]
     what = {
-        "model": lambda: f"{src['model']}, layer {src['layer']}, map {src['map']}",
+        "model": lambda: (
+            f"{src['model']}, layer {src['layer']}, map {src['map']}"
+            + (
+                f", {src['images']} ({_image_word(src['image_indices'])})"
+                if "images" in src
+                else ""
+            )
+        ),
         "random": lambda: (
             f"random layer d = {src['random_d']}, {src['heads']} head(s), R = {src['R']}"
         ),
@@ -536,9 +722,31 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     src.add_argument("--input", metavar="X.npy", help="tokens (n, d) or (B, n, d) from a .npy file")
     m = p.add_argument_group("model mode")
     m.add_argument("--layer", type=int, default=0, help="layer index (default 0)")
-    m.add_argument("--corpus", default="kjv", help="kjv, pydoc or a text file (default kjv)")
-    m.add_argument("--windows", type=int, default=1, help="number of windows (default 1)")
-    m.add_argument("--start", type=int, default=0, help="token offset of the first window")
+    m.add_argument("--corpus", default=None, help="kjv, pydoc or a text file (default kjv)")
+    m.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="number of windows (vision encoders: of images; default 1)",
+    )
+    m.add_argument(
+        "--start", type=int, default=None, help="token offset of the first window (default 0)"
+    )
+    m.add_argument(
+        "--images",
+        default=None,
+        metavar="FILE.npy",
+        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
+        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
+        "preprocessor_config.json (default: synthetic images, seeded Gaussian pixels)",
+    )
+    m.add_argument(
+        "--image-index",
+        dest="image_index",
+        type=int,
+        default=None,
+        help="first image of --images (default 0)",
+    )
     m.add_argument(
         "--map",
         choices=("heads", "heads+WO", "block"),
@@ -557,7 +765,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--R", type=float, default=1.0, help="largest token norm (default 1)")
     f = p.add_argument_group("input-file mode")
     f.add_argument("--params", metavar="P.npz", help="layer arrays A, V, W_O, b_O, c, b (.npz)")
-    p.add_argument("--n", type=int, default=None, help="tokens per window / sequence")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="tokens per window / sequence (not for vision encoders: 1 + patches there)",
+    )
     mask = p.add_mutually_exclusive_group()
     mask.add_argument(
         "--masked",

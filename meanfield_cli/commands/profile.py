@@ -14,6 +14,15 @@ It writes ``profile.json`` (atomically, with run metadata) and the heatmaps ``pr
 shows a cost-weighted progress bar on stderr (:class:`experiments.engine.CostProgress`). Bad
 input (an unknown model, ``n`` beyond the text or the model's positions) is a one-line error with
 exit status 2.
+
+A vision encoder (ViT, DeiT: a checkpoint directory) is profiled on one image instead of a
+window of text: ``--images FILE.npy`` with ``--image-index`` (as ``meanfield lipschitz``: float
+pixel values already normalised, or ``uint8`` raw pixels with the checkpoint's
+``preprocessor_config.json``), or one synthetic image of seeded standard Gaussian pixel values
+(``--seed``) without it. Its hidden states entering the first profiled layer
+(:func:`meanfield.models.image_hidden_states`, ``block=True``) go to
+:func:`meanfield.profile.profile_model`, at the one length ``n = prefix + patches``; the record
+names the images in ``images``. ``--text``, ``--n`` and ``--start`` are an error there.
 """
 
 from __future__ import annotations
@@ -33,7 +42,13 @@ from ..options import (
     check_out_dir,
     print_written,
 )
-from .lipschitz import BUILT_IN_MODELS, check_model_name
+from .lipschitz import (
+    BUILT_IN_MODELS,
+    capture_images,
+    check_model_name,
+    refuse_image_options,
+    refuse_text_options,
+)
 
 __all__ = ["handle", "register", "show"]
 
@@ -131,14 +146,23 @@ def _load_seconds(args: argparse.Namespace) -> float:
     return LOAD_SECONDS_BASE + size / LOAD_BYTES_PER_SECOND
 
 
-def _predict(args: argparse.Namespace, shapes: tuple[int, int, int], layers: Any) -> Any:
+#: The window lengths when ``--n`` is not given (text models).
+_DEFAULT_NS = [128]
+
+#: The text options, refused for a vision encoder: (attribute, option).
+_TEXT_OPTIONS = (("text", "--text"), ("n", "--n"), ("start", "--start"))
+
+
+def _predict(
+    args: argparse.Namespace, shapes: tuple[int, int, int], layers: Any, ns: list[int]
+) -> Any:
     from experiments.engine import predict_profile
 
     n_layers, d, d_ff = shapes
     chosen = [x for x in (layers if layers is not None else range(n_layers)) if 0 <= x < n_layers]
     return predict_profile(
         layers=chosen or [0],
-        ns=args.n,
+        ns=ns,
         d=d,
         d_ff=d_ff,
         heads=not args.no_heads,
@@ -153,13 +177,17 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
 
     from experiments.corpora import corpus_token_ids
     from experiments.engine import CostProgress, run_metadata, write_json
+    from meanfield.models import reads_images
     from meanfield.profile import profile_model
 
     check_device(args.device)
-    if any(n < 1 for n in args.n):
+    if args.n is not None and any(n < 1 for n in args.n):
         raise UsageError(f"--n must be positive integers, got {args.n}")
-    if args.start < 0:
+    if args.start is not None and args.start < 0:
         raise UsageError(f"--start must be >= 0, got {args.start}")
+    if args.model in BUILT_IN_MODELS:
+        refuse_image_options(args, args.model)
+    ns = list(args.n) if args.n is not None else list(_DEFAULT_NS)
     if not (math.isfinite(args.tol) and args.tol > 0):
         raise UsageError(f"--tol must be a positive number, got {args.tol}")
     layers = parse_layers(args.layers)
@@ -171,19 +199,34 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     shapes = _shapes_before_loading(args)
     t_load = time.perf_counter()
     if shapes is not None:
-        tracker.plan({"load": _load_seconds(args), "profile": _predict(args, shapes, layers).total})
+        tracker.plan(
+            {"load": _load_seconds(args), "profile": _predict(args, shapes, layers, ns).total}
+        )
         tracker.begin("load")
     try:
         loaded = _load(args)
         model, tok = loaded.model, loaded.tokenizer
-        if tok is None:
-            from meanfield.models.standins import no_tokenizer_message
-
-            raise UsageError(no_tokenizer_message(loaded.label))
-        ids, corp = corpus_token_ids(args.text, tok, min_tokens=args.start + max(args.n))
         dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+        images = None
+        if reads_images(model):
+            refuse_text_options(args, loaded.label, _TEXT_OPTIONS)
+            first = min(layers) if layers else 0
+            images = capture_images(args, loaded, first, 1, block=True, dtype=dtype)
+            source: Any = images.X[0]
+            ns = [images.n]
+            start = 0
+        else:
+            refuse_image_options(args, loaded.label)
+            if tok is None:
+                from meanfield.models.standins import no_tokenizer_message
+
+                raise UsageError(no_tokenizer_message(loaded.label))
+            start = 0 if args.start is None else args.start
+            text = "kjv" if args.text is None else args.text
+            ids, corp = corpus_token_ids(text, tok, min_tokens=start + max(ns))
+            source = ids
         shapes = _config_shapes(model.config) or shapes
-        pred = _predict(args, shapes, layers) if shapes is not None else None
+        pred = _predict(args, shapes, layers, ns) if shapes is not None else None
         seconds = pred.total if pred is not None else 0.0
         if "load" in tracker.phases:
             tracker.plan({"profile": seconds})  # the loaded model's own shapes
@@ -212,12 +255,12 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
 
         prof = profile_model(
             model,
-            ids,
-            n=args.n,
+            source,
+            n=ns,
             layers=layers,
             heads=not args.no_heads,
             end_to_end=not args.no_end_to_end,
-            start=args.start,
+            start=start,
             dtype=dtype,
             device=args.device,
             tol=args.tol,
@@ -236,9 +279,17 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         **prof.to_dict(),
         "model_arg": args.model,
         "provenance": dict(loaded.provenance),
-        "text": corp.label,
-        "n_text_tokens": int(ids.numel()),
     }
+    if images is not None:
+        doc.update(
+            text=None,
+            images=images.images,
+            image_indices=list(images.indices),
+            n_prefix=images.n_prefix,
+            capture_point=images.capture_point,
+        )
+    else:
+        doc.update(text=corp.label, n_text_tokens=int(ids.numel()))
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
     meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
@@ -275,12 +326,23 @@ def _attention_upper(a: dict[str, Any]) -> str:
     return _fmt(upper)
 
 
+def _input_label(doc: dict[str, Any]) -> str:
+    """``text LABEL``, or the images of a vision encoder and their sequence length."""
+    if doc.get("images") is None:
+        return f"text {doc.get('text')}"
+    idx = ", ".join(str(i) for i in doc.get("image_indices", []))
+    return (
+        f"{doc['images']} (image {idx}; n = {doc['n_prefix']} prefix token(s) + patches "
+        f"= {doc['ns'][0]})"
+    )
+
+
 def show(doc: dict[str, Any]) -> None:
     """Human-readable summary of ``meanfield profile``."""
     print(
         f"profile of {doc['model']} ({doc['arch']}, {doc['n_layers']} layers, d = {doc['d']}, "
         f"{doc['n_heads']} heads, {'causal' if doc['causal'] else 'bidirectional'}), "
-        f"{doc['dtype']} on {doc['device']}, text {doc['text']}; {doc['seconds']:.1f} s"
+        f"{doc['dtype']} on {doc['device']}, {_input_label(doc)}; {doc['seconds']:.1f} s"
     )
     maxw = {e["layer"]: max(e["maps"], key=lambda m: m["upper"]) for e in doc.get("linear", [])}
     marked = False
@@ -350,11 +412,17 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--text",
-        default="kjv",
+        default=None,
         metavar="FILE_OR_CORPUS",
         help="kjv, pydoc or a text file (default kjv)",
     )
-    p.add_argument("--n", type=int, nargs="+", default=[128], help="window lengths (default 128)")
+    p.add_argument(
+        "--n",
+        type=int,
+        nargs="+",
+        default=None,
+        help="window lengths (default 128; not for vision encoders, whose n is 1 + patches)",
+    )
     p.add_argument(
         "--layers",
         nargs="+",
@@ -362,7 +430,22 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="L",
         help="layers to profile, e.g. 0 1 2 or 0-5 (default all; the chain rule needs a range)",
     )
-    p.add_argument("--start", type=int, default=0, help="token offset of the window (default 0)")
+    p.add_argument("--start", type=int, default=None, help="token offset of the window (default 0)")
+    p.add_argument(
+        "--images",
+        default=None,
+        metavar="FILE.npy",
+        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
+        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
+        "preprocessor_config.json (default: one synthetic image, seeded Gaussian pixels)",
+    )
+    p.add_argument(
+        "--image-index",
+        dest="image_index",
+        type=int,
+        default=None,
+        help="the image of --images to profile (default 0)",
+    )
     p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
     p.add_argument(
         "--dtype",
