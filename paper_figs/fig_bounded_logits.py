@@ -2,12 +2,16 @@ r"""Figure M: the local Lipschitz constant of attention against the input radius
 
 One panel per input construction (tied inputs; tied inputs with the query in the null space of
 head 0's query map), log axes: :math:`\|J\|_2` of one random causal attention layer at inputs of
-radius :math:`R` (the largest over the inputs of each radius; markers on solid lines), for plain
-dot-product attention, QK-norm, soft-capped logits and a sliding window, each with the upper
-bound drawn for it (dashed, in its colour; the same in both panels, since a bound holds for every
+radius :math:`R` (the largest value over the inputs of each radius; markers on solid lines),
+measured by the default certified call of :func:`meanfield.local_lipschitz`, with its certified
+bracket :math:`[\text{lower}, \text{upper\_prob}]` (confidence :math:`1-\delta` over the random
+start) as a band in the form's colour (at most 5 % wide where the width rule was met, so often
+thinner than the line; the panel notes the widest bracket of each form and the forms whose
+certified lower end is 0, which get no band), for plain dot-product attention, QK-norm,
+soft-capped logits and a sliding window, each with the upper bound drawn for it (dashed, in its colour; the same in both panels, since a bound holds for every
 input of radius :math:`R`; a form without one has no dashed line, and the panel says so). The
-fitted growth exponent of each form over the large radii (shaded) is written in each panel's
-title, and the layer's shape in the figure's.
+fitted growth exponent of each form over the large radii (shaded), fitted to the value, is
+written in each panel's title, and the layer's shape in the figure's.
 
 Reads ``<results>/bounded_logits/bounded_logits.json`` written by
 :func:`experiments.bounded_logits.run`; no computation.
@@ -21,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, legend_below, log_axes, save, style
+from ._style import (
+    PALETTE,
+    TWO_COLUMNS,
+    confidence_text,
+    figure_main,
+    legend_below,
+    log_axes,
+    save,
+    style,
+)
 
 __all__ = ["COLOURS", "STEM", "draw", "main"]
 
@@ -62,10 +75,21 @@ def _name(form: str, s: dict[str, Any]) -> str:
     return _NAMES.get(form, form)
 
 
+def _floats(values: Any) -> np.ndarray:
+    """A stored list of floats (``"inf"`` and ``None`` as written by the engine) as an array."""
+    from experiments.engine import record_float
+
+    return np.asarray([record_float(v) for v in values], dtype=float)
+
+
 def _panel(ax: Any, doc: dict[str, Any], family: str) -> tuple[float, float]:
-    """One input construction: every form's curve and bound; returns the values' range."""
+    """One input construction: every form's curve, bracket and bound; returns the values' range.
+
+    The range is that of the values and bounds; the bands are clipped to it by the axes.
+    """
     s = doc["settings"]
     lows, highs = [], []
+    notes = []
     for form, e in doc["forms"].items():
         c = COLOURS.get(form, "k")
         R = np.asarray(e["R"], dtype=float)
@@ -83,6 +107,22 @@ def _panel(ax: Any, doc: dict[str, Any], family: str) -> tuple[float, float]:
             lw=1.0,
             label=f"{_name(form, s)}: measured",
         )
+        lo, hi = _floats(mine["lower"]), _floats(mine["upper_prob"])
+        certified = lo > 0
+        if certified.any():
+            ax.fill_between(
+                R, np.where(certified, lo, np.nan), np.where(certified, hi, np.nan),
+                color=c, alpha=0.25, lw=0, zorder=1,
+            )  # fmt: skip
+        note = f"{_NAMES.get(form, form)}: "
+        if certified.any():
+            note += f"×{float(np.nanmax(hi[certified] / lo[certified])):.3g}"
+        if not certified.all():
+            k = int((~certified).sum())
+            note += (
+                "; " if certified.any() else ""
+            ) + f"lower end 0 at\n  {k} of {len(R)} radii (no band)"
+        notes.append(note)
         lows.append(float(np.nanmin(y)))
         highs.append(float(np.nanmax(y)))
         b = np.asarray([np.nan if v is None else v for v in e["bound"]], dtype=float)
@@ -90,15 +130,19 @@ def _panel(ax: Any, doc: dict[str, Any], family: str) -> tuple[float, float]:
             ax.plot(R, b, "--", color=c, lw=1.0, label=f"{_name(form, s)}: upper bound")
             highs.append(float(np.nanmax(b)))
     missing = [_name(f, s) for f, e in doc["forms"].items() if not any(e["bound"])]
+    text = "widest certified bracket,\nupper_prob / lower:\n" + "\n".join(notes)
     if missing:
-        ax.annotate(
-            "no bound drawn:\n" + ",\n".join(missing),
-            xy=(0.03, 0.97),
-            xycoords="axes fraction",
-            ha="left",
-            va="top",
-            fontsize=6.5,
-        )
+        text += "\nno bound drawn:\n" + ",\n".join(missing)
+    ax.annotate(
+        text,
+        xy=(0.03, 0.97),
+        xycoords="axes fraction",
+        ha="left",
+        va="top",
+        fontsize=6,
+        bbox={"facecolor": "white", "edgecolor": "0.7", "lw": 0.5, "alpha": 0.9, "pad": 2.0},
+        zorder=5,
+    )
     return min(lows), max(highs)
 
 
@@ -135,9 +179,16 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel(
             r"local Lipschitz constant $\|J\|_2$" + "\n(output norm / input norm)"
         )
-        legend_below(
-            fig, *axes[0][0].get_legend_handles_labels(), ncol=4, fontsize=7, handlelength=2.2
+        from matplotlib.patches import Patch
+
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        conf = doc["confidence"]
+        handles.append(Patch(facecolor="0.35", alpha=0.35, lw=0))
+        labels.append(
+            "band: certified bracket [lower, upper_prob], "
+            + ("deterministic" if conf is None else f"confidence {confidence_text(conf)}")
         )
+        legend_below(fig, handles, labels, ncol=3, fontsize=7, handlelength=2.2)
         fig.suptitle(
             f"Random causal attention layer: d = {L['d']}, {L['n_heads']} query heads, "
             f"{L['n_kv_heads']} key/value heads of width {L['head_dim']}, n = {s['n']} tokens.\n"

@@ -1,8 +1,9 @@
 """The ``bounded_logits`` stage: settings, the tied input, the tiny preset, the figure, resuming.
 
 Oracles: the tied input's logits are checked against the weights' own slices (numpy); every
-measured constant of the tiny preset (dense SVD) against an independent naive implementation of
-the four forms in float64 torch, differentiated by autograd; the plain bound against the
+certified bracket of the tiny preset (the plain form's dense SVD with its Gram certificate, the
+variants' streaming Lanczos) against the spectral norm of the Jacobian of an independent naive
+implementation of the four forms in float64 torch, differentiated by autograd; the plain bound against the
 triangle formula written out here; the exponent fit against exact power laws.
 """
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from experiments import bounded_logits as bl
-from experiments.engine import StageConfig
+from experiments.engine import StageConfig, record_float
 
 
 # ----------------------------------------------------------------------- settings
@@ -41,11 +42,13 @@ def test_settings_are_typed_and_checked():
         ({"n": 2}, "n must be >= 3"),
         ({"method": "power"}, "method must be one of"),
         ({"softcap": 0.0}, "softcap must be > 0"),
-        ({"tol": "small"}, "bounded_logits: setting tol must be a number"),
+        ({"n": "small"}, "bounded_logits: setting n must be an integer"),
+        ({"method": "dense"}, "method dense needs forms plain alone"),
         ({"layer.d": 3}, "must exceed layer.n_heads"),
     ]:
         with pytest.raises(ValueError, match=msg):
             bl.resolve("tiny", bad)
+    assert bl.resolve("tiny", {"method": "dense", "forms": "plain"}).method == "dense"
     with pytest.raises(ValueError, match="unknown preset 'long'"):
         bl.resolve("long", {})
 
@@ -141,16 +144,33 @@ def test_tiny_preset_runs_and_matches_an_autograd_oracle(tiny):
         fam: bl.tied_input(w, cfg.n, n_heads=L.n_heads, n_kv_heads=L.n_kv_heads, seed=0, family=fam)
         for fam in bl.INPUTS
     }
+    # the SVD's rounding: the float64 spectral norm of the assembled Jacobian is within a few
+    # units of 1e-16 relative of the exact one (n d = 288), so 1e-12 relative covers it
+    rel = 1e-12
     for r in records:
         assert set(r["point"]) == {"form", "R", "family", "input"}
-        assert r["method"] == "dense" and r["converged"]
+        assert r["converged"]
         assert r["R_measured"] == pytest.approx(r["point"]["R"], rel=1e-14)
         X = r["point"]["R"] * unit[r["point"]["family"]]
         J = torch.autograd.functional.jacobian(
             lambda Z, f=r["point"]["form"]: _naive_layer(Z, w, f, cfg), X
         ).reshape(X.numel(), X.numel())
         exact = float(torch.linalg.matrix_norm(J, 2))
-        assert r["value"] == pytest.approx(exact, rel=1e-10), r["point"]
+        lower, upper_prob = record_float(r["lower"]), record_float(r["upper_prob"])
+        assert lower <= exact * (1 + rel), r["point"]
+        assert exact <= upper_prob * (1 + rel), r["point"]
+        assert exact <= record_float(r["upper"]) * (1 + rel), r["point"]
+        assert r["confidence"] is None or r["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)
+        if r["point"]["form"] == "plain":  # the stored path: the dense SVD, Gram certificate
+            assert (r["method"], r["path"], r["stop_rule"]) == ("dense", "stored", "dense")
+            assert r["value"] == pytest.approx(exact, rel=1e-10), r["point"]
+            assert record_float(r["upper"]) == upper_prob
+        else:  # the variants: the streaming path's certified Lanczos
+            assert (r["method"], r["path"]) == ("lanczos", "streaming"), r["point"]
+            assert r["stop_rule"] == "width" and r["n_matvec"] > 0
+            assert record_float(r["upper"]) == math.inf
+            if r["width_reachable"]:
+                assert upper_prob <= 1.05 * lower * (1 + 1e-15), r["point"]
     if "softcap" in bl.FORMS:
         capped = [r for r in records if r["point"]["form"] == "softcap"]
         assert max(r["largest_logit"] for r in capped) <= cfg.softcap * (1 + 1e-12)
@@ -192,7 +212,9 @@ def test_tiny_results_bounds_report_and_verdict(tiny):
     s = bl.summary(root)
     assert s["answer"] == bl.answer(doc) and "QK-norm R^" in s["answer"]
     section = bl.report_section(root, root / "figures")
-    assert "fig_bounded_logits.png" in section and "certify=False" in section
+    assert "fig_bounded_logits.png" in section and "certify=False" not in section
+    assert "certified bracket [lower, upper_prob], confidence 1 − δ" in section
+    assert "fitted to the value" in section
     assert "| 100 |" in section
     rows, notes = bl.claims(root)
     (row,) = rows
@@ -272,3 +294,33 @@ def test_the_report_flags_points_that_stopped_at_the_iteration_cap(tiny, tmp_pat
     write_json(tmp_path / "bounded_logits" / "bounded_logits.json", doc)
     section = bl.report_section(tmp_path, tmp_path / "figures")
     assert "**2 of 32 points stopped at the iteration cap** (2 of sliding window)" in section
+
+
+def test_a_change_of_measurement_recomputes_and_an_older_document_is_refused(tiny, tmp_path):
+    import shutil
+
+    from experiments.engine import load_json, write_json
+
+    root, _, _ = tiny
+    meta = load_json(root / "bounded_logits" / "points.meta.json")
+    assert meta["config"]["measurement_version"] == bl.MEASUREMENT_VERSION == 2
+    # a document of the certify=False measurement (no version field) is refused in one line
+    work = tmp_path / "old"
+    shutil.copytree(root, work)
+    path = work / "bounded_logits" / "bounded_logits.json"
+    doc = load_json(path)
+    del doc["measurement_version"]
+    write_json(path, doc)
+    with pytest.raises(ValueError, match=r"measurement version 1 \(1: certify=False") as err:
+        bl.load_results(work)
+    assert "\n" not in str(err.value)
+    # records of another measurement (another sweep configuration) are not reused
+    jsonl = work / "bounded_logits" / "points.jsonl"
+    old = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    for r in old:
+        r["config_hash"] = "0" * len(r["config_hash"])
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in old))
+    bl.run(work, "tiny", progress=False, forms=["window"], radii=[10.0, 100.0])
+    assert bl.load_results(work)["measurement_version"] == bl.MEASUREMENT_VERSION
+    fresh = [json.loads(line) for line in jsonl.read_text().splitlines()][len(old) :]
+    assert len(fresh) == 2 * len(bl.INPUTS) and all("upper_prob" in r for r in fresh)

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..engine import Claim, Claims, load_json
+from ..engine import Claim, Claims, load_json, record_float
 from ..markdown import number as _fmt
 from ..markdown import plain
 from ..verdicts import compare_number
-from .settings import FORM_LABELS, INPUT_LABELS, NAME
+from .settings import FORM_LABELS, INPUT_LABELS, MEASUREMENT, MEASUREMENT_VERSION, NAME
 
 __all__ = ["QUESTION", "STOPS", "answer", "claims", "load_results", "report_section", "summary"]
 
@@ -25,11 +25,24 @@ STOPS = 0.25
 
 
 def load_results(results_dir: str | Path) -> dict[str, Any]:
-    """The stage's result document (``{}`` when the stage has not run)."""
+    """The stage's result document (``{}`` when the stage has not run).
+
+    A document of another measurement (:data:`.settings.MEASUREMENT_VERSION`; one without the
+    field measured ``certify=False``) is a one-line ``ValueError`` naming the change: rerunning
+    the stage recomputes its points.
+    """
     path = Path(results_dir) / NAME / _RESULTS
     if not path.exists():
         return {}
-    return load_json(path)
+    doc = load_json(path)
+    got = doc.get("measurement_version", 1)
+    if got != MEASUREMENT_VERSION:
+        raise ValueError(
+            f"{path} holds measurement version {got} (1: certify=False, no bracket); the stage "
+            f"now measures version {MEASUREMENT_VERSION}, {MEASUREMENT}: rerun it "
+            "(meanfield reproduce --only bounded_logits)"
+        )
+    return doc
 
 
 def _form_words(form: str, s: Mapping[str, Any]) -> str:
@@ -78,10 +91,14 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
         f: {
             "exponent": e["exponent"],
             "value_largest_R": e["value"][-1],
+            "lower_largest_R": e["lower"][-1],
+            "upper_prob_largest_R": e["upper_prob"][-1],
+            "ratio_prob_max": e["ratio_prob_max"],
             "bound_largest_R": e["bound"][-1],
             "largest_logit": e["largest_logit"][-1],
             "methods": e["methods"],
             "rel_residual_max": e["rel_residual_max"],
+            "stop_rules": e["stop_rules"],
         }
         for f, e in doc["forms"].items()
     }
@@ -100,6 +117,44 @@ def _convergence_words(forms: Mapping[str, Any]) -> str:
         f"**{sum(missed.values())} of {total} points stopped at the iteration cap** ({which}): "
         "their values are Ritz values without the residual guarantee."
     )
+
+
+def _ratio(q: float) -> str:
+    """``upper_prob / lower`` in words: ``∞`` where ``lower`` is 0."""
+    q = record_float(q)
+    return "∞" if math.isinf(q) else plain(q, ".3g")
+
+
+def _measurement_words(forms: Mapping[str, Any]) -> str:
+    """How the constants were measured: the certified call, its bracket, how wide it came out."""
+    methods = ", ".join(sorted({m for e in forms.values() for m in e["methods"]}))
+    paths = ", ".join(f"{FORM_LABELS[f]} {'/'.join(e['paths'])}" for f, e in forms.items())
+    rules = ", ".join(sorted({r for e in forms.values() for r in e["stop_rules"]}))
+    widths = ", ".join(f"{FORM_LABELS[f]} {_ratio(e['ratio_prob_max'])}" for f, e in forms.items())
+    out = (
+        "‖J‖₂ from the default certified call of `meanfield.local_lipschitz` (method "
+        f"{methods}; path: {paths}): each value comes with its certified bracket "
+        "[lower, upper_prob], confidence 1 − δ over the random start (δ = 10⁻⁶), and Lanczos "
+        "stops when upper_prob ≤ 1.05 · lower or, where the rounding margins alone are wider, on "
+        f"the residual rule ‖JᵀJv − σ²v‖ ≤ 10⁻⁶ σ² (recorded stopping rules: {rules}). The widest "
+        f"bracket, upper_prob / lower, per form: {widths}"
+    )
+    unreachable = {f: int(e["n_unreachable"]) for f, e in forms.items() if e["n_unreachable"]}
+    if unreachable:
+        which = ", ".join(f"{n} of {FORM_LABELS[f]}" for f, n in unreachable.items())
+        out += (
+            f". At {sum(unreachable.values())} point(s) ({which}) the width 1.05 was unreachable "
+            "(the rounding margins alone are wider), so they stopped on the residual rule"
+        )
+    vacuous = {f: int(e["n_vacuous"]) for f, e in forms.items() if e["n_vacuous"]}
+    if vacuous:
+        which = ", ".join(f"{n} of {FORM_LABELS[f]}" for f, n in vacuous.items())
+        out += (
+            f". **At {sum(vacuous.values())} point(s) the certified lower end is 0** ({which}): "
+            "there the rounding margin exceeds the value, the bracket certifies nothing and the "
+            "value is the Ritz value alone (with its residual)"
+        )
+    return out + ". The exponents are fitted to the value."
 
 
 def _beyond_cap(forms: Mapping[str, Any], s: Mapping[str, Any]) -> str:
@@ -143,16 +198,12 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         "rounding; u minimises Σₕ uᵀAₕu over the sphere (*tied*) or over the null space of "
         "head 0's query map (*null-space query*, where QK-norm normalises a zero query) "
         '(docs/experiments.md, "Bounded logits"). There the plain constant keeps growing '
-        "like R² (unlike scaled random inputs, whose constant converges, figure F7). ‖J‖₂ from "
-        "`meanfield.local_lipschitz` "
-        f"with `certify=False` (the certified bracket models none of the variants yet), method "
-        f"{', '.join(sorted({m for e in forms.values() for m in e['methods']}))}: the largest "
-        "relative residual ‖JᵀJv − σ²v‖/σ² of any point is "
-        f"{_fmt(max(e['rel_residual_max'] for e in forms.values()), '.1e')}, so every value is "
-        "within about half that, relatively, of a singular value of J (the top one is not "
-        "certified). "
+        "like R² (unlike scaled random inputs, whose constant converges, figure F7). "
+        + _measurement_words(forms)
+        + " "
         + _convergence_words(forms)
-        + " The table shows the largest value over every input of each radius.",
+        + " The table shows, per radius, the largest value over every input and, in brackets, "
+        "the largest ends of the inputs' brackets (which hold for the largest exact constant).",
         "",
         "| R | " + " | ".join(FORM_LABELS[f] for f in forms) + " |",
         "|---:|" + "---:|" * len(forms),
@@ -161,13 +212,17 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
         cells = []
         for e in forms.values():
             b = e["bound"][i]
-            cells.append(_fmt(e["value"][i]) + ("" if b is None else f" (bound {_fmt(b)})"))
+            cells.append(
+                f"{_fmt(e['value'][i])} [{_fmt(record_float(e['lower'][i]))}, "
+                f"{_fmt(record_float(e['upper_prob'][i]))}]"
+                + ("" if b is None else f" (bound {_fmt(b)})")
+            )
         lines.append(f"| {plain(R, 'g')} | " + " | ".join(cells) + " |")
     families = list(first.get("by_input", {}))
     lines += [
         "",
-        f"Exponents over R ≥ {plain(first['large_R'][0], 'g')} (of the largest value, and per "
-        "input construction):",
+        f"Exponents over R ≥ {plain(first['large_R'][0], 'g')}, fitted to the value (of the "
+        "largest value, and per input construction):",
         "",
         "| form | exponent | "
         + "".join(f"{INPUT_LABELS.get(fam, fam)} | " for fam in families)

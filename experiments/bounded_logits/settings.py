@@ -2,6 +2,9 @@
 
 The ``quick`` preset (``make demo``) takes about 8 s of CPU time on one thread; the ``paper``
 preset runs the full Qwen3-0.6B attention shape (docs/experiments.md, "Bounded logits").
+:data:`MEASUREMENT_VERSION` names what a point measures; it is part of the sweep's configuration
+and of the result document, so a change of measurement recomputes every point and an older
+document is refused by the loader.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ __all__ = [
     "FORM_LABELS",
     "INPUTS",
     "INPUT_LABELS",
+    "MEASUREMENT",
+    "MEASUREMENT_VERSION",
     "METHODS",
     "NAME",
     "PRESETS",
@@ -45,9 +50,19 @@ INPUT_LABELS: Mapping[str, str] = {
 }
 INPUTS = tuple(INPUT_LABELS)
 
-#: Methods of :func:`meanfield.local_lipschitz` the stage accepts (``"auto"``: dense SVD of the
-#: assembled Jacobian when n·d <= 1500, Lanczos otherwise).
+#: Methods of :func:`meanfield.local_lipschitz` the stage accepts (``"auto"``: the library's
+#: choice, the dense SVD of the assembled Jacobian for the plain form when n·d <= 1500, Lanczos
+#: otherwise; ``"dense"`` only with the plain form alone, since the certified bracket of the
+#: variants runs on the streaming products, which have no dense method).
 METHODS = ("auto", "dense", "lanczos")
+
+#: What a point measures, version 2: the default certified call of
+#: :func:`meanfield.local_lipschitz` (``certify=True``, the width rule
+#: ``upper_prob <= 1.05 lower`` where it applies, ``delta = 1e-6``). Version 1 (records without
+#: this field) measured ``certify=False`` on the residual rule, without a bracket.
+MEASUREMENT_VERSION = 2
+#: The measurement in words (the loader's refusal of an older result document).
+MEASUREMENT = "the certified bracket [lower, upper_prob] of local_lipschitz(certify=True)"
 
 
 @dataclass(frozen=True)
@@ -77,7 +92,8 @@ class BoundedLogitsSettings(StageConfig):
     At each radius of ``radii``, ``n_inputs`` inputs of ``n`` tokens of norm R of each
     construction of ``inputs`` (names of :data:`INPUTS`,
     :func:`experiments.bounded_logits.layer.tied_input`) are measured with
-    :func:`meanfield.local_lipschitz` (``method``; ``certify=False``; residual rule at ``tol``).
+    :func:`meanfield.local_lipschitz` (``method``; the default certified call: the bracket
+    ``[lower, upper_prob]`` at confidence 1 - 1e-6, stopping when it is within a factor 1.05).
     Growth exponents are fitted over the radii ``>= large_R``. ``threads``: torch threads of
     each point (``None``: the driver's count).
     """
@@ -96,7 +112,6 @@ class BoundedLogitsSettings(StageConfig):
     large_R: float
     seed: int
     method: str
-    tol: float
     threads: int | None
 
 
@@ -113,13 +128,12 @@ _TINY = BoundedLogitsSettings(
     large_R=10.0,
     seed=0,
     method="auto",
-    tol=1e-6,
     threads=1,
 )
 #: Presets, each written as what it changes in the one before it.
 #:
 #: ``tiny`` (tests): d = 32, 2 query heads sharing 1 key/value head of width 16, n = 9 tokens
-#: (n·d = 288: the dense SVD), 4 radii; both input constructions in every preset.
+#: (n·d = 288: the dense SVD for the plain form), 4 radii; both input constructions in every preset.
 #:
 #: ``quick`` (``make demo``): a reduced Qwen3 shape, d = 256, 4 query heads, 2 key/value heads,
 #: head width 64, n = 24 tokens, 8 radii from 1 to 200, one input of each construction per
@@ -154,7 +168,7 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> BoundedLogitsSettings:
     Raises a one-line ``ValueError`` for an unknown form or input, a layer shape that does not split
     into heads, radii that are not strictly increasing positive numbers, fewer than 2 radii at
     or beyond ``large_R``, ``n < 3``, or a bad ``n_inputs``, ``softcap``, ``window``,
-    ``rms_eps``, ``method``, ``tol`` or ``threads``.
+    ``rms_eps``, ``method`` (``"dense"`` with a form other than plain) or ``threads``.
     """
     cfg = preset_settings(PRESETS, preset, overrides)
     forms = (cfg.forms,) if isinstance(cfg.forms, str) else tuple(cfg.forms)
@@ -204,8 +218,12 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> BoundedLogitsSettings:
         raise ValueError(f"rms_eps must be >= 0, got {cfg.rms_eps}")
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
-    if not 0 < cfg.tol < 1:
-        raise ValueError(f"tol must be in (0, 1), got {cfg.tol}")
+    variants = [f for f in forms if f != "plain"]
+    if cfg.method == "dense" and variants:
+        raise ValueError(
+            f"method dense needs forms plain alone: the certified bracket of {', '.join(variants)} "
+            "runs on the streaming products, which have no dense method (use auto or lanczos)"
+        )
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 or null, got {cfg.threads}")
     return replace(cfg, forms=forms, inputs=inputs, radii=tuple(radii))

@@ -1,14 +1,19 @@
 """The computation of the ``bounded_logits`` stage: one point per (form, radius, input).
 
 Each point (:func:`bl_point`) scales one input of one construction (:func:`.layer.tied_input`)
-to radius R
-and measures the local Lipschitz constant of one form of the random layer there with
-:func:`meanfield.local_lipschitz` (``certify=False``: the certified bracket models none of the
-variants yet; ``method`` of the settings, ``"auto"``: the dense SVD when n·d <= 1500, else
-Lanczos on the residual rule at ``tol``). The point records the method, the residual and the
-relative residual, which says how accurate the value is. One resumable
-:class:`~experiments.engine.Sweep`, ``points.jsonl``; ``bounded_logits.json`` assembles the
-curves, the growth exponents over the large radii and the bounds (:mod:`.bounds`).
+to radius R and measures the local Lipschitz constant of one form of the random layer there
+with the default certified call of :func:`meanfield.local_lipschitz` (``certify=True``,
+``method`` of the settings, ``"auto"``: the library's choice). The plain form runs on the stored
+path (the dense SVD with its Gram certificate when n·d <= 1500, else Lanczos); the forms with a
+variant run on the streaming path, whose rounding analysis covers QK-norm, caps and windows
+(docs/rounding.md §11.4), with Lanczos. Lanczos stops on the width rule,
+``upper_prob <= 1.05 lower``, or, where the rounding margins alone are wider, on the residual
+rule. The point records the bracket ``lower``, ``upper_prob`` (at confidence 1 − δ over the
+random start), ``upper`` (inf where no deterministic end is formed), ``value``, the path, the
+stopping rule and the products. One resumable :class:`~experiments.engine.Sweep`,
+``points.jsonl``, whose configuration holds :data:`.settings.MEASUREMENT_VERSION`;
+``bounded_logits.json`` assembles the curves, the brackets, the growth exponents over the large
+radii (fitted to ``value``) and the bounds (:mod:`.bounds`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ..engine import (
     Sweep,
     forget_worker_cache,
     load_json,
+    record_float,
     run_metadata,
     torch_threads,
     worker_cache,
@@ -41,7 +47,7 @@ from .layer import (
     layer_weights,
     tied_input,
 )
-from .settings import NAME, BoundedLogitsSettings
+from .settings import MEASUREMENT, MEASUREMENT_VERSION, NAME, BoundedLogitsSettings
 
 __all__ = ["RESULTS", "SWEEP", "assemble", "bl_facts", "bl_point", "execute"]
 
@@ -60,7 +66,6 @@ _RECORDED = (
     "rms_eps",
     "seed",
     "method",
-    "tol",
 )
 
 
@@ -118,12 +123,14 @@ def bl_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``cfg`` holds the point (``form``, ``R``, input ``family`` and ``input`` index) and the sweep's context (the settings
     of ``_RECORDED``, ``threads`` and ``run``, which names the workspace of this process).
 
-    Returns ``value`` (:math:`\|J\|_2`: the top singular value for ``method="dense"``, the
-    final Ritz value for Lanczos, which is at most the top one in exact arithmetic), ``method``,
-    ``converged``, ``residual`` (:math:`\|J^\top Jv - \sigma^2v\|`, 0 for dense),
-    ``rel_residual`` (``residual / value²``: the value is within about half of it, relatively,
-    of a singular value of J), the products, the input's radius ``R_measured`` (largest token
-    norm), the form's largest |logit| over the admissible pairs, and the seconds.
+    Returns the certified bracket ``lower`` <= :math:`\|J\|_2` <= ``upper_prob`` (the latter
+    at confidence ``confidence`` = 1 − δ over the random start; for the dense method it equals
+    ``upper``), ``upper`` (deterministic; inf where none is formed, as on the streaming path),
+    ``value`` (the top singular value for the dense method, the final Ritz value for Lanczos),
+    ``ratio_prob`` (``upper_prob / lower``; inf where ``lower`` is 0), ``method``, ``path``,
+    ``stop_rule``, ``width_reachable``, ``converged``, the residual and the relative residual,
+    the products, the input's radius ``R_measured`` (largest token norm), the form's largest
+    |logit| over the admissible pairs, and the seconds.
     """
     from meanfield import local_lipschitz
 
@@ -134,39 +141,47 @@ def bl_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         X = float(cfg["R"]) * ws.unit_input(str(cfg["family"]), int(cfg["input"]))
         t0 = time.perf_counter()
         est = local_lipschitz(
-            X,
-            params,
-            masked=True,
-            method=cfg["method"],
-            tol=None if cfg["method"] == "dense" else float(cfg["tol"]),
-            seed=int(cfg["seed"]),
-            certify=False,
+            X, params, masked=True, method=cfg["method"], seed=int(cfg["seed"]), certify=True
         )
         seconds = time.perf_counter() - t0
         value = float(est.value)
+        lower = float(est.lower)
+        upper_prob = float(est.upper if est.upper_prob is None else est.upper_prob)
         residual = float(est.residual)
+        reachable = est.width_reachable
         logit = largest_logit(X, params, window=int(cfg["window"]) if form == "window" else None)
         rec = {
             "value": value,
+            "lower": lower,
+            "upper_prob": upper_prob,
+            "upper": float(est.upper),
+            "ratio_prob": upper_prob / lower if lower > 0 else math.inf,
+            "confidence": est.confidence,
             "method": est.method,
+            "path": est.path,
+            "stop_rule": est.stop_rule,
+            "width": est.width,
+            "width_reachable": None if reachable is None else bool(reachable),
             "converged": bool(est.converged),
             "residual": residual,
             "rel_residual": residual / value**2 if value > 0 else math.nan,
             "n_matvec": int(est.n_matvec),
             "n_iter": int(est.n_iter),
-            "stop_rule": getattr(est, "stop_rule", None),
             "R_measured": float(X.norm(dim=-1).max()),
             "largest_logit": logit,
             "seconds_estimate": seconds,
         }
     log.info(
-        "%s R=%g %s input %s: %.6g (%s, %d products, %.2f s)",
+        "%s R=%g %s input %s: %.6g in [%.6g, %.6g] (%s, %s, %d products, %.2f s)",
         form,
         float(cfg["R"]),
         cfg["family"],
         cfg["input"],
         value,
+        lower,
+        upper_prob,
         rec["method"],
+        rec["stop_rule"],
         rec["n_matvec"],
         seconds,
     )
@@ -187,48 +202,65 @@ def _point_cost(point: Mapping[str, Any]) -> float:
     return 1.0 if point["form"] == "plain" else 3.0
 
 
+def _largest(records: Sequence[Mapping[str, Any]], field: str, R: float) -> float:
+    """The largest ``field`` over the records at radius ``R`` (NaN: none)."""
+    got = [record_float(r[field]) for r in records if float(r["point"]["R"]) == R]
+    return max(got) if got else math.nan
+
+
 def assemble(
     records: Sequence[Mapping[str, Any]],
     facts: Mapping[str, Any],
     cfg: BoundedLogitsSettings,
 ) -> dict[str, Any]:
-    """The result document's ``forms``: per form the curves, the exponent and the bound."""
+    """The result document's ``forms``: per form the curves, brackets, exponent and bound.
+
+    At each radius the curve is the largest ``value`` over the inputs, and its bracket
+    ``[lower, upper_prob]`` the largest ends over them (it holds for the largest exact constant,
+    at confidence ``1 − k δ`` over ``k`` inputs). The exponents are fitted to ``value``.
+    """
     opts = cfg.options()
     radii = [float(r) for r in cfg.radii]
     forms: dict[str, Any] = {}
     for form in cfg.forms:
         mine = [r for r in records if r["point"]["form"] == form]
         values = [[r["value"] for r in mine if float(r["point"]["R"]) == R] for R in radii]
-        top = [max(v) if v else math.nan for v in values]
+        top = [_largest(mine, "value", R) for R in radii]
         by_family = {}
         for fam in cfg.inputs:
             ours = [r for r in mine if r["point"]["family"] == fam]
-            best = [
-                max((r["value"] for r in ours if float(r["point"]["R"]) == R), default=math.nan)
-                for R in radii
-            ]
+            best = [_largest(ours, "value", R) for R in radii]
             by_family[fam] = {
                 "value": best,
+                "lower": [_largest(ours, "lower", R) for R in radii],
+                "upper_prob": [_largest(ours, "upper_prob", R) for R in radii],
                 "exponent": growth_exponent(
                     [R for R in radii if R >= cfg.large_R],
                     [v for R, v in zip(radii, best, strict=True) if R >= cfg.large_R],
                 ),
             }
-        logits = [
-            max((r["largest_logit"] for r in mine if float(r["point"]["R"]) == R), default=math.nan)
-            for R in radii
-        ]
+        logits = [_largest(mine, "largest_logit", R) for R in radii]
         large = [i for i, R in enumerate(radii) if R >= cfg.large_R]
         bounds = [form_bound(form, facts["heads"], R, opts) for R in radii]
+        ratios = [record_float(r["ratio_prob"]) for r in mine]
         forms[form] = {
             "R": radii,
             "values": values,
             "value": top,
+            "lower": [_largest(mine, "lower", R) for R in radii],
+            "upper_prob": [_largest(mine, "upper_prob", R) for R in radii],
             "by_input": by_family,
             "largest_logit": logits,
             "exponent": growth_exponent([radii[i] for i in large], [top[i] for i in large]),
+            "exponent_of": "value",
             "large_R": [radii[i] for i in large],
             "methods": sorted({str(r["method"]) for r in mine}),
+            "paths": sorted({str(r["path"]) for r in mine}),
+            "stop_rules": sorted({str(r["stop_rule"]) for r in mine}),
+            "ratio_prob_max": max(ratios, default=math.nan),
+            "n_wide": sum(not q <= 1.05 for q in ratios),
+            "n_vacuous": sum(not record_float(r["lower"]) > 0 for r in mine),
+            "n_unreachable": sum(r["width_reachable"] is False for r in mine),
             "converged": all(bool(r["converged"]) for r in mine),
             "n_unconverged": sum(not r["converged"] for r in mine),
             "rel_residual_max": max((float(r["rel_residual"]) for r in mine), default=math.nan),
@@ -262,7 +294,8 @@ def execute(cfg: BoundedLogitsSettings, out: Path, run: StageRun) -> Steps:
     """Every (form, radius, input) point of ``cfg`` into ``out`` (the stage contract).
 
     One sweep, ``points.jsonl``, resumable point by point; one round. The sweep's configuration
-    holds the layer, n, cap, window, epsilon, seed, method and tolerance; a point holds its form,
+    holds the measurement's version, the layer, n, cap, window, epsilon, seed and method (a new
+    measurement recomputes every point); a point holds its form,
     radius, input construction and index, so a longer grid keeps the points already measured. Writes
     ``bounded_logits.json`` and returns it with the sweep files.
     """
@@ -277,7 +310,11 @@ def execute(cfg: BoundedLogitsSettings, out: Path, run: StageRun) -> Steps:
         sweep = Sweep(
             out,
             SWEEP,
-            {"kind": "bounded_logits_points", **recorded},
+            {
+                "kind": "bounded_logits_points",
+                "measurement_version": MEASUREMENT_VERSION,
+                **recorded,
+            },
             seed=cfg.seed,
             device="cpu",
             dtype="float64",
@@ -294,10 +331,17 @@ def execute(cfg: BoundedLogitsSettings, out: Path, run: StageRun) -> Steps:
         records = sweep.collect(points)
         doc: dict[str, Any] = {
             "kind": NAME,
+            "measurement_version": MEASUREMENT_VERSION,
+            "measurement": MEASUREMENT,
             "config_hash": sweep.digest,
             "settings": opts,
             "facts": facts,
             "forms": assemble(records, facts, cfg),
+            # the confidence of every probabilistic end (None: every end deterministic)
+            "confidence": min(
+                (float(r["confidence"]) for r in records if r["confidence"] is not None),
+                default=None,
+            ),
             "seconds": float(sum(float(r.get("seconds") or 0.0) for r in records)),
         }
         doc["metadata"] = run_metadata(
