@@ -79,6 +79,34 @@ def test_error_model_bounds_the_product_against_50_digits(seed):
             assert err <= mp.mpf(eta) * mp.mpf(float(bound[i])), (inst["kind"], seed, i)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_split_magnitude_bounds_the_product_against_50_digits(seed):
+    """The composite operator of docs/rounding.md §11.5 (computed rows' magnitudes plus each
+    kind of row's error on its chain magnitudes) in place of M: still |fl(J h) - J h| <=
+    eta * (M_split |h|) entrywise, J at 50 digits."""
+    inst = make_instance(seed)
+    if inst["dtype"] == "float32":
+        return
+    x, params, weights = _torch_inputs(inst)
+    slin, _ = _streaming_at(x, params, inst["masked"], _token_index(inst))
+    geometry = inst["geometry"]
+    mlin = streaming_magnitude(slin)
+    model = rnd.streaming_error_model(mlin)
+    eta = float(model.eta)
+    split = rnd.streaming_magnitude_split(slin, mlin, [(rnd.U64, model)])
+    J = exact_jacobian(inst, weights)
+    gen = torch.Generator().manual_seed(seed)
+    H = torch.randn(slin.n, slin.d, generator=gen, dtype=D64)
+    got = streaming_jvp(slin, H, geometry=geometry).flatten()
+    bound = streaming_jvp(split, H.abs(), geometry=geometry).flatten()
+    h = mp.matrix([mp.mpf(float(t)) for t in H.flatten()])
+    with mp.workdps(50):
+        exact = J * h
+        for i in range(len(got)):
+            err = abs(mp.mpf(float(got[i])) - exact[i])
+            assert err <= mp.mpf(eta) * mp.mpf(float(bound[i])), (inst["kind"], seed, i)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_magnitude_operator_is_nonnegative_and_its_own_adjoint(seed, gen):
     inst = make_instance(seed, "heads")

@@ -55,11 +55,17 @@ class Margins:
             # the streaming products: one magnitude operator, rotary rows included, and the
             # entrywise model of docs/rounding.md §11 (no first-order relative term)
             self.rope = False
-            self.smlin = streaming_magnitude(lin64s)
-            self.model = _rnd.streaming_error_model(self.smlin)
+            mlin = streaming_magnitude(lin64s)
+            self.model = _rnd.streaming_error_model(mlin)
             self.solve_model = self.model
+            models = [(_rnd.U64, self.model)]
             if ops.float32_solve:
-                self.solve_model = _rnd.streaming_error_model(self.smlin, _U32)
+                self.solve_model = _rnd.streaming_error_model(mlin, _U32)
+                models.append((_U32, self.solve_model))
+            # the norms use the composite of §11.5: computed rows' magnitudes, plus each kind
+            # of row's own error on its chain magnitudes (hundreds of times smaller than mlin
+            # where |Q||x| >> |Qx|)
+            self.smlin = _rnd.streaming_magnitude_split(lin64s, mlin, models)
             return
         assert not isinstance(ops.lin64, StreamingLinearization)
         self.rope = bool(lin64s.rope_heads)
