@@ -85,16 +85,17 @@ def _panel(ax: Any, e: dict[str, Any]) -> None:
         ax.set_ylim(low / 1.5, max(top, 10.0**b) * 1.5)
     else:
         ax.set_ylim(low / 1.5, top * 2.5)
-        ax.annotate(
-            f"mean-field bound at R = {e['bound']['R']:.3g}: "
+        note = ax.annotate(
+            f"mean-field bound at R = {e['bound']['R']:.3g}:\n"
             + (f"$10^{{{b:.1f}}}$ (off scale)" if math.isfinite(b) else "–"),
-            xy=(0.02, 0.97),
+            xy=(0.03, 0.97),
             xycoords="axes fraction",
             ha="left",
             va="top",
             fontsize=6.5,
             color=PALETTE["bound"],
         )
+        note.set_in_layout(False)  # a note inside the panel must not shrink it
     m = e["plateau"]["m"]
     if m is not None:
         ax.axvline(m, color="k", ls="--", lw=0.9, label="plateau start $m$")
@@ -105,7 +106,7 @@ def _panel(ax: Any, e: dict[str, Any]) -> None:
         text = f"too few lengths for the rule ({e['plateau']['min_lengths']} needed)"
     ax.annotate(
         text, xy=(0.98, 0.03), xycoords="axes fraction", ha="right", va="bottom", fontsize=7
-    )
+    ).set_in_layout(False)
     log_axes(ax)
     ax.set_xlabel("tokens per window $n$")
     ax.set_title(f"{e['label']}\nlayer {e['layer']} ({what})", fontsize=7.5)
