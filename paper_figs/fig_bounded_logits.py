@@ -188,6 +188,8 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             "band: certified bracket [lower, upper_prob], "
             + ("deterministic" if conf is None else f"confidence {confidence_text(conf)}")
         )
+        handles.append(Patch(facecolor="0.92", lw=0))
+        labels.append("grey: radii of the fitted slopes")
         legend_below(fig, handles, labels, ncol=3, fontsize=7, handlelength=2.2)
         fig.suptitle(
             f"Random causal attention layer: d = {L['d']}, {L['n_heads']} query heads, "
