@@ -185,7 +185,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         conf = doc["confidence"]
         handles.append(Patch(facecolor="0.35", alpha=0.35, lw=0))
         labels.append(
-            "band: certified bracket [lower, upper_prob], "
+            "band: bracket [lower, upper_prob], "
             + ("deterministic" if conf is None else f"confidence {confidence_text(conf)}")
         )
         handles.append(Patch(facecolor="0.92", lw=0))
