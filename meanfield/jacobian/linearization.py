@@ -604,6 +604,59 @@ def norm_rows(U: Tensor, norms: list, dtype: torch.dtype) -> tuple[Tensor, NormR
     return torch.stack(rows, dim=-3), norm
 
 
+def variant_head_rows(
+    X: Tensor, heads: list[AttentionParams], index: Tensor
+) -> tuple[
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    NormRows | None,
+    NormRows | None,
+    tuple[RotaryEmbedding | None, ...],
+    Tensor | None,
+]:
+    r"""Head-space factors and rows of heads with variants (§3c), shared by both paths.
+
+    Returns ``(Q, K, q, k, q_norm, k_norm, ropes, scale)``: the factors of
+    :func:`head_space_factors` stacked (G, k, d); the queries
+    :math:`q_i = s\,\mathcal R_iN_q(Qx_i + b_q)` and keys :math:`k_l = \mathcal R_lN_k(Kx_l + b_k)`
+    (..., G, n, k), not centred; the norms' :class:`NormRows`; each head's rotary embedding; the
+    logit scales (G, 1, 1) or ``None`` when no head has one. ``index``: token positions shaped
+    to broadcast over the heads.
+    """
+    d = X.shape[-1]
+    dtype = X.dtype
+    factors = [head_space_factors(h, d) for h in heads]
+    Q = torch.stack([f[0] for f in factors]).to(dtype)
+    K = torch.stack([f[1] for f in factors]).to(dtype)
+    k = Q.shape[-2]
+
+    def biases(i: int) -> Tensor | None:
+        bs = [f[i] for f in factors]
+        if all(b is None for b in bs):
+            return None
+        zero = X.new_zeros(k)
+        return torch.stack([zero if b is None else b.to(dtype) for b in bs]).unsqueeze(-2)
+
+    Uq = torch.einsum("...nd,hkd->...hnk", X, Q)
+    Uk = torch.einsum("...nd,hkd->...hnk", X, K)
+    bq, bk = biases(2), biases(3)
+    Uq = Uq if bq is None else Uq + bq
+    Uk = Uk if bk is None else Uk + bk
+    q, q_norm = norm_rows(Uq, [h.q_norm for h in heads], dtype)
+    kr, k_norm = norm_rows(Uk, [h.k_norm for h in heads], dtype)
+    ropes = tuple(h.rope for h in heads)
+    scale = None
+    if any(h.logit_scale is not None for h in heads):
+        s = [1.0 if h.logit_scale is None else h.logit_scale for h in heads]
+        scale = torch.tensor(s, dtype=dtype, device=X.device).reshape(-1, 1, 1)
+    q, kr = rotate_some(ropes, q, index), rotate_some(ropes, kr, index)
+    if scale is not None:
+        q = scale * q
+    return Q, K, q, kr, q_norm, k_norm, ropes, scale
+
+
 def _variant_rows(
     X: Tensor,
     params: Params,
@@ -642,34 +695,9 @@ def _variant_rows(
         half = 0.5 * log_weights.unsqueeze(-2)
         P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
     dtype = X.dtype
-    Q = torch.stack([f[0] for f in factors]).to(dtype)
-    K = torch.stack([f[1] for f in factors]).to(dtype)
     V = torch.stack([h.V for h in heads])
-    k = Q.shape[-2]
-
-    def biases(i: int) -> Tensor | None:
-        bs = [f[i] for f in factors]
-        if all(b is None for b in bs):
-            return None
-        zero = X.new_zeros(k)
-        return torch.stack([zero if b is None else b.to(dtype) for b in bs]).unsqueeze(-2)
-
-    Uq = torch.einsum("...nd,hkd->...hnk", X, Q)
-    Uk = torch.einsum("...nd,hkd->...hnk", X, K)
-    bq, bk = biases(2), biases(3)
-    Uq = Uq if bq is None else Uq + bq
-    Uk = Uk if bk is None else Uk + bk
-    q, q_norm = norm_rows(Uq, [h.q_norm for h in heads], dtype)
-    kr, k_norm = norm_rows(Uk, [h.k_norm for h in heads], dtype)
     index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
-    ropes = tuple(h.rope for h in heads)
-    scale = None
-    if any(h.logit_scale is not None for h in heads):
-        s = [1.0 if h.logit_scale is None else h.logit_scale for h in heads]
-        scale = torch.tensor(s, dtype=dtype, device=X.device).reshape(-1, 1, 1)
-    q, kr = rotate_some(ropes, q, index), rotate_some(ropes, kr, index)
-    if scale is not None:
-        q = scale * q
+    Q, K, q, kr, q_norm, k_norm, ropes, scale = variant_head_rows(X, heads, index)
     gate = None
     if any(h.softcap is not None for h in heads):
         caps = [math.inf if h.softcap is None else h.softcap for h in heads]

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .._spectral import U64, gamma_k
 from ..params import AttentionParams, RotaryEmbedding
-from .linearization import NormRows, head_space_factors, norm_rows, rotate_some
+from .linearization import NormRows, head_space_factors, rotate_some, variant_head_rows
 
 __all__ = [
     "NormStats",
@@ -174,32 +174,7 @@ def variant_rows(
     queries and ``k`` the rotated, normed keys, centred over the tokens unless a head is capped
     (the gate breaks the invariance under a shift of the keys). ``index``: token positions.
     """
-    d = X.shape[-1]
-    dtype = X.dtype
-    factors = [head_space_factors(h, d) for h in heads]
-    Q = torch.stack([f[0] for f in factors]).to(dtype)
-    K = torch.stack([f[1] for f in factors]).to(dtype)
-    k = Q.shape[-2]
-
-    def biases(i: int) -> Tensor | None:
-        bs = [f[i] for f in factors]
-        if all(b is None for b in bs):
-            return None
-        zero = X.new_zeros(k)
-        return torch.stack([zero if b is None else b.to(dtype) for b in bs]).unsqueeze(-2)
-
-    Uq = torch.einsum("...nd,gkd->...gnk", X, Q)
-    Uk = torch.einsum("...nd,gkd->...gnk", X, K)
-    bq, bk = biases(2), biases(3)
-    Uq = Uq if bq is None else Uq + bq
-    Uk = Uk if bk is None else Uk + bk
-    q, q_norm = norm_rows(Uq, [h.q_norm for h in heads], dtype)
-    kr, k_norm = norm_rows(Uk, [h.k_norm for h in heads], dtype)
-    ropes = tuple(h.rope for h in heads)
-    q, kr = rotate_some(ropes, q, index), rotate_some(ropes, kr, index)
-    scale = _stacked([1.0 if h.logit_scale is None else h.logit_scale for h in heads], 1.0, X)
-    if scale is not None:
-        q = scale * q
+    Q, K, q, kr, q_norm, k_norm, ropes, scale = variant_head_rows(X, heads, index)
     cap = _stacked([math.inf if h.softcap is None else h.softcap for h in heads], math.inf, X)
     if cap is None:
         kr = kr - kr.mean(-2, keepdim=True)
