@@ -335,19 +335,14 @@ def capture_images(
         raise
 
 
-def _vision_inputs(
-    args: argparse.Namespace, loaded: Any, dtype: Any
-) -> tuple[Any, Any, dict[str, Any], Any]:
-    """(X, params or None, source, fn or None) for ``--model`` on a vision encoder."""
-    from meanfield.models import hf_attention, layer_info
+def _layer_map(
+    args: argparse.Namespace, loaded: Any, info: Any, hs: Any, t0: float, dtype: Any
+) -> tuple[Any, bool, dict[str, Any]]:
+    """The layer's map, its mask and the source fields shared by text and image inputs."""
+    from meanfield.models import hf_attention
 
-    refuse_text_options(args, loaded.label, _TEXT_OPTIONS)
-    model = loaded.model
-    info = layer_info(model, args.layer, map=args.map)
-    t0 = time.perf_counter()
-    hs = capture_images(args, loaded, info.layer, args.windows, block=False, dtype=dtype)
     log.info("captured in %.1f s (%s attention)", time.perf_counter() - t0, hs.attention)
-    att = hf_attention(model, args.layer, map=args.map, dtype=dtype).to(device=args.device)
+    att = hf_attention(loaded.model, args.layer, map=args.map, dtype=dtype).to(device=args.device)
     masked = info.causal if args.masked is None else args.masked
     source = {
         "model": loaded.label,
@@ -356,6 +351,24 @@ def _vision_inputs(
         "map": args.map,
         "module": info.module,
         "model_causal": info.causal,
+    }
+    return att, masked, source
+
+
+def _vision_inputs(
+    args: argparse.Namespace, loaded: Any, dtype: Any
+) -> tuple[Any, Any, dict[str, Any], Any]:
+    """(X, params or None, source, fn or None) for ``--model`` on a vision encoder."""
+    from meanfield.models import layer_info
+
+    refuse_text_options(args, loaded.label, _TEXT_OPTIONS)
+    model = loaded.model
+    info = layer_info(model, args.layer, map=args.map)
+    t0 = time.perf_counter()
+    hs = capture_images(args, loaded, info.layer, args.windows, block=False, dtype=dtype)
+    att, masked, source = _layer_map(args, loaded, info, hs, t0, dtype)
+    source = {
+        **source,
         "images": hs.images,
         "image_indices": list(hs.indices),
         "n_prefix": hs.n_prefix,
@@ -372,7 +385,6 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
     """(X, params or None, source, fn or None) for ``--model``."""
     from experiments.corpora import corpus_token_ids
     from meanfield.models import (
-        hf_attention,
         hidden_states,
         layer_info,
         load_model,
@@ -445,16 +457,9 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
         dtype=dtype,
         device=args.device,
     )
-    log.info("captured in %.1f s (%s attention)", time.perf_counter() - t0, hs.attention)
-    att = hf_attention(model, args.layer, map=args.map, dtype=dtype).to(device=args.device)
-    masked = info.causal if args.masked is None else args.masked
+    att, masked, source = _layer_map(args, loaded, info, hs, t0, dtype)
     source = {
-        "model": loaded.label,
-        "model_arg": args.model,
-        "layer": info.layer,
-        "map": args.map,
-        "module": info.module,
-        "model_causal": info.causal,
+        **source,
         "corpus": corp.label,
         "capture_point": hs.capture_point,
         "window_starts": list(hs.starts),
