@@ -33,9 +33,9 @@ from torch import Tensor
 from ._typing import Params, ProductGeometry
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, StreamingLinearization, jvp, vjp
-from .jacobian.linearization import attend
+from .jacobian.linearization import NormRows, attend
 from .jacobian.streaming import HeadGroup, streaming_jvp, streaming_vjp
-from .jacobian.streaming_variants import NormStats, norm_relative_error
+from .jacobian.streaming_variants import MixedNorm, NormStats, norm_relative_error
 from .params import AttentionParams, MultiHeadParams, RotaryEmbedding
 
 __all__ = [
@@ -816,7 +816,7 @@ def streaming_magnitude_split(
     out = []
     for g, mg in zip(lin.groups, mlin.groups):
         if g.var is not None:
-            out.append(mg)
+            out.extend(_variant_split(lin, g, mg, mlin, models))
             continue
 
         coef = {"q": 0.0, "k": 0.0, "v": 0.0}
@@ -847,6 +847,92 @@ def streaming_magnitude_split(
             if c > 0:
                 out.append(replace(loose, W=loose.W * (c * (1 + 4 * U64))))
     return replace(mlin, groups=tuple(out))
+
+
+def _variant_split(
+    lin: StreamingLinearization,
+    g: HeadGroup,
+    mg: HeadGroup,
+    mlin: StreamingLinearization,
+    models: list[tuple[float, ErrorModel]],
+) -> list[HeadGroup]:
+    r"""The groups of :func:`streaming_magnitude_split` for a group of variant heads (§11.5).
+
+    The rows as for the other heads with :math:`\rho_v` of §11.4; the QK-norms' tangent maps at
+    the computed pre-norm rows' bound :math:`\tilde u = |\hat u| + \gamma_{d+1}\bar u` in the
+    first group, and for each norm one group with its :class:`MixedNorm` (the pre-norm row's own
+    error, :math:`\gamma_{d+1}`), so that a query or key whose pre-norm row cancels no longer
+    carries :math:`\bar\rho^3\bar u\bar u^\top` at the chain magnitude.
+    """
+    var = mg.var
+    assert var is not None
+    d = lin.d
+    k = g.q.shape[-1]
+    terms = _VariantTerms(
+        S=torch.zeros(lin.batch_shape, dtype=torch.float64, device=lin.X.device),
+        pre=torch.zeros(()), logit=torch.zeros(()), alibi=torch.zeros(()),
+        spread=torch.zeros(()), big=torch.zeros(()), k=k, cap=math.inf, cap_max=math.inf,
+        q_stats=var.q_stats, k_stats=var.k_stats,
+    )  # fmt: skip
+
+    def rows_rho(unit: float) -> float:
+        return float(terms.rho_v(unit, d).amax())
+
+    coef = {"row": 0.0, "v": 0.0, "norm": 0.0}
+    for unit, model in models:
+        finite = model.eta[torch.isfinite(model.eta)]
+        if finite.numel() == 0:
+            continue
+        eps = float(model.eps_s[torch.isfinite(model.eps_s)].amax())
+        # the gate's 1 / (1 - eps_g) <= 4/3 wherever the model is in force (eta <= 1/4)
+        scale = (1 + 16 * _streaming_gamma(mlin)) * 4 / 3 / ((1 - eps) ** 2 * float(finite.amin()))
+        rel = float(terms.rel(unit, d).amax())
+        coef["row"] = max(coef["row"], rows_rho(unit) * scale)
+        coef["v"] = max(coef["v"], gamma(d + 3, unit) * scale)
+        coef["norm"] = max(coef["norm"], gamma(d + 1, unit) * (1 + rel) ** 3 * scale)
+    rho64 = rows_rho(U64)
+    uq = g.q.abs() + rho64 * mg.q
+    uk = g.kc.abs() + rho64 * mg.kc
+    uv = g.vc.abs() + gamma(d + 3) * mg.vc
+    avm = torch.zeros_like(uv)
+    for sl, ks in lin.tiles(g):
+        P, _ = lin.tile_attention(g, sl, ks)
+        avm[..., sl, :] += P @ uv[..., ks, :]
+
+    def tight_norm(
+        norm: NormRows | MixedNorm | None, stats: NormStats | None
+    ) -> tuple[NormRows | None, MixedNorm | None]:
+        if norm is None or stats is None or isinstance(norm, MixedNorm):
+            return None, None
+        has = stats.has.reshape(-1, 1, 1)
+        ut = torch.where(has, (stats.u.abs() + gamma(d + 1) * stats.ubar) * (1 + 2 * U64), 0.0)
+        return NormRows(u=ut, rho=norm.rho, w=norm.w), MixedNorm(
+            u=norm.u, u2=ut, rho=norm.rho, w=norm.w
+        )
+
+    tq, mq = tight_norm(var.q_norm, var.q_stats)
+    tk, mk = tight_norm(var.k_norm, var.k_stats)
+    tvar = replace(
+        var,
+        q_norm=var.q_norm if tq is None else tq,
+        k_norm=var.k_norm if tk is None else tk,
+    )
+    tight = replace(mg, q=uq, kc=uk, km=uk, vc=uv, vm=-avm, var=tvar)
+    out = [tight]
+    loose = [
+        ("row", replace(tight, q=mg.q)),
+        ("row", replace(tight, kc=mg.kc, km=mg.km)),
+        ("v", replace(tight, vc=mg.vc, vm=mg.vm)),
+    ]
+    if mq is not None:
+        loose.append(("norm", replace(tight, var=replace(tvar, q_norm=mq))))
+    if mk is not None:
+        loose.append(("norm", replace(tight, var=replace(tvar, k_norm=mk))))
+    for key, group in loose:
+        c = coef[key]
+        if c > 0:
+            out.append(replace(group, W=group.W * (c * (1 + 4 * U64))))
+    return out
 
 
 def _streaming_gamma(mlin: StreamingLinearization) -> float:

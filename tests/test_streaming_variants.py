@@ -186,3 +186,47 @@ def test_block_upper_bounds_the_exact_norm(family, masked):
     assert math.isfinite(float(est.upper))
     assert exact * (1 - 1e-13) <= float(est.upper)
     assert float(est.upper_prob) <= float(est.upper)
+
+
+@pytest.mark.parametrize("seed", range(48))
+@pytest.mark.parametrize("split", [False, True])
+def test_variant_error_model_bounds_the_product_against_50_digits(seed, split):
+    """|fl(J h) - J h| <= eta * (M |h|) entrywise on the adversarial variant instances, J at 50
+    digits, for the magnitude operator of §11.4 and for the split composite of §11.5 (whose
+    QK-norm tangents take the computed pre-norm rows)."""
+    import mpmath as mp
+
+    from meanfield.lipschitz._operators import parse_input
+    from tests.rigour_variants import (
+        exact_variant_jacobian,
+        make_variant_instance,
+        variant_torch_inputs,
+    )
+
+    inst = make_variant_instance(seed)
+    if inst["dtype"] == "float32":  # the models are of the float64 computation
+        return
+    x, params, weights, token_index = variant_torch_inputs(inst)
+    X, lw, pos, masked = parse_input(x, inst["masked"], params)
+    slin = linearize_streaming(
+        X, params, log_weights=lw, masked=masked, positions=pos, token_index=token_index
+    )
+    mlin = streaming_magnitude(slin)
+    model = rnd.streaming_error_model(mlin)
+    eta = float(model.eta)
+    if not math.isfinite(eta):
+        return  # no model in force: nothing to check
+    if split:
+        mlin = rnd.streaming_magnitude_split(slin, mlin, [(rnd.U64, model)])
+    geometry = inst["geometry"]
+    J = exact_variant_jacobian(inst, weights)
+    gen = torch.Generator().manual_seed(seed)
+    H = torch.randn(slin.n, slin.d, generator=gen, dtype=F64)
+    got = streaming_jvp(slin, H, geometry=geometry).flatten()
+    bound = streaming_jvp(mlin, H.abs(), geometry=geometry).flatten()
+    h = mp.matrix([mp.mpf(float(t)) for t in H.flatten()])
+    with mp.workdps(50):
+        exact = J * h
+        for i in range(len(got)):
+            err = abs(mp.mpf(float(got[i])) - exact[i])
+            assert err <= mp.mpf(eta) * mp.mpf(float(bound[i])), (inst["kind"], seed, i, split)

@@ -30,6 +30,7 @@ from ..params import AttentionParams, RotaryEmbedding
 from .linearization import NormRows, head_space_factors, rotate_some, variant_head_rows
 
 __all__ = [
+    "MixedNorm",
     "NormStats",
     "VariantData",
     "abs_rotate_some",
@@ -71,8 +72,8 @@ class VariantData:
     cap: Tensor | None = None
     alibi: Tensor | None = None
     window: Tensor | None = None
-    q_norm: NormRows | None = None
-    k_norm: NormRows | None = None
+    q_norm: NormRows | MixedNorm | None = None
+    k_norm: NormRows | MixedNorm | None = None
     magnitude: bool = False
     q_stats: NormStats | None = None
     k_stats: NormStats | None = None
@@ -115,7 +116,43 @@ class VariantData:
         return Y if self.k_norm is None else _norm_vjp(self.k_norm, Y, self.magnitude)
 
 
-def _norm_jvp(norm: NormRows, Y: Tensor, magnitude: bool) -> Tensor:
+@dataclass(frozen=True, eq=False)
+class MixedNorm:
+    r"""The magnitude of a QK-norm tangent's error from its pre-norm row (docs/rounding.md §11.5).
+
+    :math:`|w|\odot\tfrac{\bar\rho^3}{k}\big(\langle\bar u, y\rangle\tilde u +
+    \langle\tilde u, y\rangle\bar u\big)` for nonnegative ``y``: the second term of the norm's
+    Jacobian with one of its two pre-norm rows at the chain magnitude ``u`` and the other at the
+    computed row's bound ``u2``; no :math:`\rho y` term. Linear and nonnegative; :meth:`vjp` is
+    its transpose.
+    """
+
+    u: Tensor
+    u2: Tensor
+    rho: Tensor
+    w: Tensor
+
+    def jvp(self, Y: Tensor) -> Tensor:
+        """The map on rows ``Y`` (..., G, n, k)."""
+        k = self.u.shape[-1]
+        c = self.rho.pow(3) / k
+        a = (self.u * Y).sum(-1, keepdim=True)
+        b = (self.u2 * Y).sum(-1, keepdim=True)
+        return self.w * (c * (a * self.u2 + b * self.u))
+
+    def vjp(self, Y: Tensor) -> Tensor:
+        """Its transpose."""
+        k = self.u.shape[-1]
+        c = self.rho.pow(3) / k
+        wy = self.w * Y
+        a = (self.u2 * wy).sum(-1, keepdim=True)
+        b = (self.u * wy).sum(-1, keepdim=True)
+        return c * (a * self.u + b * self.u2)
+
+
+def _norm_jvp(norm: NormRows | MixedNorm, Y: Tensor, magnitude: bool) -> Tensor:
+    if isinstance(norm, MixedNorm):
+        return norm.jvp(Y)
     if not magnitude:
         return norm.jvp(Y)
     k = norm.u.shape[-1]
@@ -123,7 +160,9 @@ def _norm_jvp(norm: NormRows, Y: Tensor, magnitude: bool) -> Tensor:
     return norm.w * (norm.rho * Y + (norm.rho.pow(3) / k * dot) * norm.u)
 
 
-def _norm_vjp(norm: NormRows, Y: Tensor, magnitude: bool) -> Tensor:
+def _norm_vjp(norm: NormRows | MixedNorm, Y: Tensor, magnitude: bool) -> Tensor:
+    if isinstance(norm, MixedNorm):
+        return norm.vjp(Y)
     if not magnitude:
         return norm.vjp(Y)
     k = norm.u.shape[-1]
@@ -321,6 +360,7 @@ def magnitude_rows(
 
     has_q = [h.q_norm is not None for h in heads]
     has_k = [h.k_norm is not None for h in heads]
+    assert not isinstance(data.q_norm, MixedNorm) and not isinstance(data.k_norm, MixedNorm)
     aq, q_stats, q_mag = side(aQ, 2, data.q_norm, has_q)
     ak, k_stats, k_mag = side(aK, 3, data.k_norm, has_k)
     aq, ak = abs_rotate_some(data.ropes, aq), abs_rotate_some(data.ropes, ak)
