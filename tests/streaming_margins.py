@@ -33,3 +33,25 @@ def width_tolerance(X, params, low: float, *, masked=False, geometry="euclidean"
     rope = bool(lin.rope_heads)  # the stored path's first-order relative term (§6)
     margins = eta_st * mag_st + float(model_sd.eta) * (mag_sd + 8 * rope * low)
     return 2 * margins / low + 64 * torch.finfo(torch.float64).eps
+
+
+def assert_entrywise_bound(slin, mlin, eta: float, J, seed: int, geometry: str, tag) -> None:
+    """``|fl(J h) - J h| <= eta * (M |h|)`` entrywise for a seeded Gaussian ``h``, ``J`` at 50 digits.
+
+    ``slin`` is the streaming linearisation whose product is checked, ``mlin`` the magnitude
+    operator (§11.2, §11.4 or the split of §11.5) and ``J`` the mpmath Jacobian of the instance.
+    """
+    import mpmath as mp
+
+    from meanfield.jacobian.streaming import streaming_jvp
+
+    gen = torch.Generator().manual_seed(seed)
+    H = torch.randn(slin.n, slin.d, generator=gen, dtype=torch.float64)
+    got = streaming_jvp(slin, H, geometry=geometry).flatten()
+    bound = streaming_jvp(mlin, H.abs(), geometry=geometry).flatten()
+    h = mp.matrix([mp.mpf(float(t)) for t in H.flatten()])
+    with mp.workdps(50):
+        exact = J * h
+        for i in range(len(got)):
+            err = abs(mp.mpf(float(got[i])) - exact[i])
+            assert err <= mp.mpf(eta) * mp.mpf(float(bound[i])), (*tag, i)

@@ -84,13 +84,23 @@ def test_bounds_the_exact_norm_and_the_stored_bound(gen, case):
     assert float(bound) >= float(stored) * (1 - 1e-10)
 
 
+def _reorder_rtol(n: int, d: int, k: int) -> float:
+    """How far two evaluations of the bound in another order (tiles, batch) may be apart.
+
+    Every statistic is a sum of nonnegative computed terms along chains of length at most
+    K = 4(n + d + k) + 64, so each is within gamma_K of the exact sum of its terms, whatever the
+    order; the bound multiplies at most 16 of them (with a square root, maxima and minima, which
+    do not increase relative differences): 2 * 16 gamma_K between two evaluations.
+    """
+    return 32 * rnd.gamma(4 * (n + d + k) + 64)
+
+
 def test_tiling_changes_only_rounding(gen):
     params = _layer(gen, rope=True)
     X = torch.randn(41, 10, generator=gen, dtype=D64)
     a = _bound(X, params, masked=True, block_size=(8, 8))
     b = _bound(X, params, masked=True, block_size=(41, 41))
-    # both are the same sums in another order; their inflations are ~n u
-    assert abs(float(a) - float(b)) <= 1e-12 * float(a)
+    assert abs(float(a) - float(b)) <= _reorder_rtol(41, 10, 4) * float(a)
 
 
 def test_batched_rows_match_one_at_a_time(gen):
@@ -98,7 +108,7 @@ def test_batched_rows_match_one_at_a_time(gen):
     X = torch.randn(2, 25, 10, generator=gen, dtype=D64)
     both = _bound(X, params, masked=True)
     one = torch.stack([_bound(X[i], params, masked=True) for i in range(2)])
-    assert torch.allclose(both, one, rtol=1e-12, atol=0)
+    assert torch.allclose(both, one, rtol=_reorder_rtol(25, 10, 4), atol=0)
 
 
 def test_infinite_error_model_gives_infinity(gen):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-import mpmath as mp
 import numpy as np
 import pytest
 import torch
@@ -28,7 +27,7 @@ from meanfield.jacobian import (
 from meanfield.jacobian.streaming import streaming_magnitude
 from meanfield.lipschitz import local_lipschitz, stored_bytes
 from meanfield.lipschitz._operators import parse_input
-from tests.streaming_margins import width_tolerance
+from tests.streaming_margins import assert_entrywise_bound, width_tolerance
 from tests.test_rigour import _torch_inputs, exact_jacobian, make_instance
 
 D64 = torch.float64
@@ -69,16 +68,7 @@ def _check_entrywise(seed: int, split: bool) -> None:
     if split:
         mlin = rnd.streaming_magnitude_split(slin, mlin, [(rnd.U64, model)])
     J = exact_jacobian(inst, weights)
-    gen = torch.Generator().manual_seed(seed)
-    H = torch.randn(slin.n, slin.d, generator=gen, dtype=D64)
-    got = streaming_jvp(slin, H, geometry=geometry).flatten()
-    bound = streaming_jvp(mlin, H.abs(), geometry=geometry).flatten()
-    h = mp.matrix([mp.mpf(float(t)) for t in H.flatten()])
-    with mp.workdps(50):
-        exact = J * h
-        for i in range(len(got)):
-            err = abs(mp.mpf(float(got[i])) - exact[i])
-            assert err <= mp.mpf(eta) * mp.mpf(float(bound[i])), (inst["kind"], seed, i, split)
+    assert_entrywise_bound(slin, mlin, eta, J, seed, geometry, (inst["kind"], seed, split))
 
 
 @pytest.mark.parametrize("seed", range(40))
