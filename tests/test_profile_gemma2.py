@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from meanfield.profile import model_blocks, profile_model
+from tests.test_profile import _hf_io
 
 transformers = pytest.importorskip("transformers")
 
@@ -109,28 +110,6 @@ def _float64_steps(model, monkeypatch) -> None:
     monkeypatch.setattr(rot, "forward", rotary)
 
 
-def _layer_io(model, ids):
-    """What enters and leaves every decoder layer in one forward pass (hooks)."""
-    xs, ys, handles = {}, {}, []
-    for i, mod in enumerate(model.layers):
-
-        def pre(m, args, kwargs, i=i):
-            xs[i] = (args[0] if args else kwargs["hidden_states"])[0].detach()
-
-        def post(m, args, kwargs, out, i=i):
-            ys[i] = (out[0] if isinstance(out, tuple) else out)[0].detach()
-
-        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(mod.register_forward_hook(post, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]))
-    finally:
-        for h in handles:
-            h.remove()
-    return xs, ys
-
-
 def _ids(n: int, seed: int = 2) -> torch.Tensor:
     return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -148,7 +127,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
     model = _model(case)
     _float64_steps(model, monkeypatch)
-    xs, ys = _layer_io(model, _ids(N))
+    xs, ys = _hf_io(model, _ids(N))
     blocks = model_blocks(model)
     assert [b.layer for b in blocks] == [0, 1]
     for b in blocks:  # layer 0 sliding, layer 1 global (Gemma-2/3)
@@ -170,7 +149,7 @@ def test_gemma2_block_in_float32_with_transformers_own_steps():
     rebuilt float32 block agrees to float32 rounding (measured 2.7 and 1.7 units of float32's
     eps relative to the largest entry; a wrong norm or residual is off by O(1))."""
     model = _model("gemma2", dtype=torch.float32)
-    xs, ys = _layer_io(model, _ids(N))
+    xs, ys = _hf_io(model, _ids(N))
     eps = torch.finfo(torch.float32).eps
     for b in model_blocks(model, dtype=torch.float32):
         with torch.no_grad():
@@ -184,7 +163,7 @@ def test_gemma2_profile_brackets_hold(monkeypatch):
     _float64_steps(model, monkeypatch)
     ids = _ids(N)
     prof = profile_model(model, ids, n=N, heads=False, end_to_end=False)
-    xs, _ = _layer_io(model, ids)
+    xs, _ = _hf_io(model, ids)
     for b in model_blocks(model):
         rec = prof.record(b.layer, N)
         x = xs[b.layer]
