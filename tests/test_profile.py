@@ -374,8 +374,8 @@ _SMALL = {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1, "
     [
         # Llama's layout (its attention is read), but the block scales its residual branches
         ("GraniteConfig", {"intermediate_size": 32, "residual_multiplier": 0.5}),
-        # its attention is read (meanfield.models), its block is not
-        ("OPTConfig", {"ffn_dim": 32, "word_embed_proj_dim": 16}),
+        # OLMo: its attention is read (meanfield.models, Llama's layout), its block is not
+        ("OlmoConfig", {"intermediate_size": 32}),
     ],
 )
 def test_blocks_of_other_families_are_refused_in_one_line(config, extra):

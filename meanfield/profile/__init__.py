@@ -1,8 +1,9 @@
 r"""Whole-model profile: per-layer smoothness of a Hugging Face transformer (docs/profile.md).
 
-:func:`profile_model` walks the blocks of a BERT, GPT-2, Llama-style or Gemma (1, 2, 3) model on
-one window of tokens (or on given hidden states) and reports, for each layer and each window
-length ``n``:
+:func:`profile_model` walks the blocks of a transformer (BERT-style, DistilBERT, GPT-2, OPT,
+Llama-style, Gemma-1/2/3, Phi-3, GPT-NeoX, Falcon, BLOOM, ModernBERT, ViT/DeiT: the blocks
+:func:`model_blocks` models) on one window of tokens (or on given hidden states) and reports,
+for each layer and each window length ``n``:
 
 * the **attention sublayer**'s local Lipschitz constant :math:`\|Df(X)\|_2` with its certified
   bracket (:func:`meanfield.local_lipschitz`), at the hidden state entering the attention
@@ -254,7 +255,7 @@ def profile_model(
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        BERT, GPT-2, Llama-style or Gemma-1/2/3 (e.g. from :func:`meanfield.models.load_model`;
+        Of a family :func:`model_blocks` models (e.g. from :func:`meanfield.models.load_model`;
         the modelled blocks are listed in docs/profile.md §2).
     tokens_or_hidden : Tensor or sequence of int
         Token ids, shape (N,): each ``n`` uses the window ``ids[start : start + n]`` with

@@ -1,9 +1,11 @@
 r"""A Hugging Face transformer block as a pure torch function of its input (docs/profile.md).
 
-:func:`model_blocks` rebuilds the blocks of a BERT, GPT-2, Llama-style or Gemma model (Gemma-1,
-Gemma-2, Gemma-3 text) or of a ViT/DeiT vision encoder from its weights, cast to a chosen dtype: attention through the toolkit's
-:func:`meanfield.self_attention` with the model's own causal mask, the MLP, the norms and the
-residual connections. The tests check each block against the model's own forward pass.
+:func:`model_blocks` rebuilds the blocks of every family :mod:`meanfield.models` reads (BERT-style,
+DistilBERT, ViT/DeiT, GPT-2, OPT, Llama-style and Gemma-1/2/3, Phi-3, GPT-NeoX, Falcon, BLOOM,
+ModernBERT) from its weights, cast to a chosen dtype: attention through the toolkit's
+:func:`meanfield.self_attention` with the model's own causal mask and attention variants, the MLP,
+the norms and the residual connections. A block setting that is not modelled is a one-line
+``UnmodelledFeature``. The tests check each block against the model's own forward pass.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._typing import Arch
-from ..models._families import UnmodelledFeature
+from ..models._families import FAMILIES, UnmodelledFeature
 from ..models.capture import model_device
 from ..models.layers import HFAttention, arch_of, hf_attention, layer_modules
 
@@ -58,10 +60,11 @@ class _Norm:
     """LayerNorm (with shift) or RMSNorm (``b is None`` and ``rms``).
 
     ``unit_offset``: Gemma's RMSNorm, which stores ``w`` and scales by ``1 + w`` (transformers'
-    ``GemmaRMSNorm``: the normalised ``x`` times ``1.0 + weight``, in that order).
+    ``GemmaRMSNorm``: the normalised ``x`` times ``1.0 + weight``, in that order). ``w is None``:
+    a LayerNorm without gain or shift (OPT's ``layer_norm_elementwise_affine=False``).
     """
 
-    w: Tensor
+    w: Tensor | None
     b: Tensor | None
     eps: float
     rms: bool
@@ -69,6 +72,7 @@ class _Norm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.rms:
+            assert self.w is not None  # _norm reads the gain of every RMSNorm
             w = 1.0 + self.w if self.unit_offset else self.w
             return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * w
         return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
@@ -94,8 +98,12 @@ def _norm(
     eps: Any = getattr(module, "variance_epsilon", None)
     if eps is None:
         eps = getattr(module, "eps", 1e-5)
+    if rms and getattr(module, "weight", None) is None:
+        raise UnmodelledFeature(
+            f"an RMSNorm without a gain ({type(module).__name__}) is not modelled"
+        )
     return _Norm(
-        _copy(module.weight, dtype, device),
+        _copy_opt(getattr(module, "weight", None), dtype, device),
         None if rms else _copy_opt(getattr(module, "bias", None), dtype, device),
         float(eps),
         rms,
@@ -110,50 +118,86 @@ class TransformerBlock:
     Calling it maps the hidden states entering the block, shape (..., n, d), to those leaving
     it, in eval mode (no dropout), rotary positions ``0, ..., n-1``:
 
-    - BERT (Post-LN): :math:`a = \mathrm{LN}_1(x + \mathrm{MHSA}(x))`,
+    - BERT and DistilBERT, OPT with ``do_layer_norm_before=False`` (Post-LN):
+      :math:`a = \mathrm{LN}_1(x + \mathrm{MHSA}(x))`,
       :math:`y = \mathrm{LN}_2(a + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}a))`;
-    - GPT-2 and ViT/DeiT (Pre-LN): :math:`h = x + \mathrm{MHSA}(\mathrm{LN}_1 x)`,
+    - GPT-2, ViT/DeiT, OPT, sequential GPT-NeoX and Falcon (Pre-LN):
+      :math:`h = x + \mathrm{MHSA}(\mathrm{LN}_1 x)`,
       :math:`y = h + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}\mathrm{LN}_2 h)` (ViT/DeiT:
       ``layernorm_before``, ``layernorm_after``, ``mlp.fc1``, ``mlp.fc2``);
-    - Llama-style (Pre-RMSNorm, gated MLP): :math:`h = x + \mathrm{MHSA}(\mathrm{N}_1 x)`,
+    - BLOOM: the Pre-LN block; with ``apply_residual_connection_post_layernorm`` each residual
+      branch starts from the normalised input instead,
+      :math:`z = \mathrm{LN}_1 x`, :math:`h = z + \mathrm{MHSA}(z)`, :math:`u = \mathrm{LN}_2 h`,
+      :math:`y = u + W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}u)`;
+    - parallel GPT-NeoX (``use_parallel_residual``) and Falcon (``parallel_attn`` or
+      ``new_decoder_architecture``): :math:`y = x + \mathrm{MHSA}(\mathrm{LN}_1 x) +
+      W_{\mathrm{down}}\,\phi(W_{\mathrm{up}}\mathrm{LN}_2 x)`, with one shared norm
+      (:math:`\mathrm{LN}_2 = \mathrm{LN}_1`) unless Falcon's ``new_decoder_architecture`` has
+      ``num_ln_in_parallel_attn = 2`` (``ln_attn``, ``ln_mlp``);
+    - Llama-style and Phi-3 (Pre-RMSNorm, gated MLP): :math:`h = x + \mathrm{MHSA}(\mathrm{N}_1 x)`,
       :math:`y = h + \mathrm{MLP}(\mathrm{N}_2 h)`, with
       :math:`\mathrm{MLP}(z) = W_{\mathrm{down}}(\phi(W_{\mathrm{gate}}z)\odot
-      W_{\mathrm{up}}z)`; Gemma-1 is this block with Gemma's RMSNorm
+      W_{\mathrm{up}}z)` (Phi-3: ``gate_up_proj`` is :math:`[W_{\mathrm{gate}}; W_{\mathrm{up}}]`);
+      Gemma-1 is this block with Gemma's RMSNorm
       (:math:`\hat x\,(1 + w)`, :math:`\hat x = x/\sqrt{\mathrm{mean}(x^2)+\epsilon}`);
+    - ModernBERT: the Pre-LN block with LayerNorms without shift (``norm_bias=False``), no first
+      norm on layer 0 (``attn_norm`` is the identity there) and the gated MLP above, where ``Wi``
+      is :math:`[W_{\mathrm{gate}}; W_{\mathrm{up}}]` (transformers' ``input`` half is the
+      activated one, its ``gate`` half our :math:`W_{\mathrm{up}}`);
     - Gemma-2 and Gemma-3 (Gemma RMSNorms before and after each sublayer, gated MLP):
       :math:`h = x + \mathrm{N}^{\mathrm{post}}_1(\mathrm{MHSA}(\mathrm{N}_1 x))`,
       :math:`y = h + \mathrm{N}^{\mathrm{post}}_2(\mathrm{MLP}(\mathrm{N}_2 h))`;
 
     with :math:`\mathrm{MHSA}` the attention with its output projection and biases
     (:func:`meanfield.self_attention`; causal when the model is, with the layer's own window,
-    logit soft-cap, QK-norm and scale as :func:`meanfield.models.hf_attention` reads them) and
-    biases on every affine map that has one. Gemma's embedding scale
-    (:math:`\sqrt d`) and final logit soft-cap lie outside the blocks.
+    logit soft-cap, QK-norm, ALiBi, rotary and scale as :func:`meanfield.models.hf_attention`
+    reads them) and biases on every affine map that has one. Gemma's embedding scale
+    (:math:`\sqrt d`) and final logit soft-cap, and the norms before the first block or after
+    the last (BLOOM's ``word_embeddings_layernorm``, ModernBERT's embedding norm, final norms)
+    lie outside the blocks.
 
     Attributes
     ----------
     layer : int
-    arch : {"bert", "gpt2", "llama", "vit"}
+    arch : str
+        The family (:attr:`meanfield.models.LayerInfo.arch`): ``"bert"``, ``"distilbert"``,
+        ``"gpt2"``, ``"vit"``, ``"opt"``, ``"llama"``, ``"phi3"``, ``"gpt_neox"``, ``"falcon"``,
+        ``"bloom"`` or ``"modernbert"``.
     attention : HFAttention
         The attention sublayer (map ``"heads+WO"``).
+    norm1, norm2 : _Norm or None
+        The norms of the attention's and the MLP's inputs (Post-LN: of the residual sums);
+        ``norm1`` is ``None`` where the attention reads the block's input unnormalised
+        (ModernBERT's layer 0). One object for Falcon's shared norm.
     linears : dict of str to (W, b)
         The block's affine maps, ``W`` in (out, in) layout: ``q``, ``k``, ``v``, ``o``, ``up``,
-        ``down`` and (Llama, Gemma) ``gate``.
+        ``down`` and (gated MLPs: Llama-style, Gemma, Phi-3, ModernBERT) ``gate``; fused
+        projections are split into these.
     post_attention_norm, post_mlp_norm : _Norm or None
         The norms of the attention's and the MLP's outputs (Gemma-2 and Gemma-3:
         ``post_attention_layernorm`` and ``post_feedforward_layernorm``); ``None`` elsewhere.
+    post_ln : bool
+        Post-LN (the norms act on the residual sums).
+    parallel : bool
+        Parallel residual: attention and MLP both read the block's input.
+    residual_from_norm : bool
+        The residual branches start from the norms' outputs (BLOOM's
+        ``apply_residual_connection_post_layernorm``).
     """
 
     layer: int
     arch: str
     attention: HFAttention
-    norm1: _Norm
+    norm1: _Norm | None
     norm2: _Norm
     mlp: dict[str, _Linear]
     act: Callable[[Tensor], Tensor]
     linears: dict[str, tuple[Tensor, Tensor | None]] = field(default_factory=dict)
     post_attention_norm: _Norm | None = None
     post_mlp_norm: _Norm | None = None
+    post_ln: bool = False
+    parallel: bool = False
+    residual_from_norm: bool = False
 
     @property
     def causal(self) -> bool:
@@ -161,8 +205,8 @@ class TransformerBlock:
         return self.attention.causal
 
     def attention_input(self, x: Tensor) -> Tensor:
-        """The input of the attention sublayer: ``x`` (Post-LN) or the first norm of ``x``."""
-        return x if self.arch == "bert" else self.norm1(x)
+        """The input of the attention sublayer: ``x`` (Post-LN, no first norm) or ``norm1(x)``."""
+        return x if self.post_ln or self.norm1 is None else self.norm1(x)
 
     def _mlp(self, z: Tensor) -> Tensor:
         if "gate" in self.mlp:
@@ -171,17 +215,23 @@ class TransformerBlock:
 
     def __call__(self, x: Tensor) -> Tensor:
         """The hidden states leaving the block."""
-        if self.arch == "bert":
+        if self.post_ln:
+            assert self.norm1 is not None  # every Post-LN block has both norms
             a = self.norm1(x + self.attention(x))
             return self.norm2(a + self._mlp(a))
-        a = self.attention(self.norm1(x))
+        z = self.attention_input(x)
+        a = self.attention(z)
+        if self.parallel:
+            zm = z if self.norm2 is self.norm1 else self.norm2(x)
+            return x + (self._mlp(zm) + a)  # transformers' order: (mlp + attention) + x
         if self.post_attention_norm is not None:
             a = self.post_attention_norm(a)
-        h = x + a
-        m = self._mlp(self.norm2(h))
+        h = (z if self.residual_from_norm else x) + a
+        u = self.norm2(h)
+        m = self._mlp(u)
         if self.post_mlp_norm is not None:
             m = self.post_mlp_norm(m)
-        return h + m
+        return (u if self.residual_from_norm else h) + m
 
 
 #: The ``model_type`` s whose blocks the Llama branch of :func:`_block` models: pre-RMSNorm
@@ -197,26 +247,110 @@ _MODELLED = _LLAMA_BLOCKS | _GEMMA_BLOCKS | _SANDWICH_BLOCKS
 #: The vision encoders of the ``vit`` family whose blocks are GPT-2's Pre-LN block with
 #: ``layernorm_before`` / ``layernorm_after`` and an ``fc1`` / ``fc2`` MLP, no layer scale.
 _VIT_BLOCKS = frozenset({"vit", "deit"})
+#: The families whose blocks :func:`_block` models (for ``llama`` and ``vit`` only the model
+#: types above).
+_ARCHS = frozenset(
+    {"bert", "distilbert", "gpt2", "vit", "opt", "llama", "phi3", "gpt_neox", "falcon", "bloom"}
+    | {"modernbert"}
+)
+
+
+def _bloom_gelu(x: Tensor) -> Tensor:
+    """BLOOM's MLP activation, transformers' ``bloom_gelu_forward`` term by term.
+
+    A tanh approximation of GELU with ``sqrt(2/pi)`` rounded to 0.79788456 (not
+    :func:`torch.nn.functional.gelu`'s constant). Autograd differentiates this formula exactly;
+    transformers' own backward (``bloom_gelu_back``) is a further approximation, not used here.
+    """
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
+def _split_rows(lin: _Linear, parts: int) -> tuple[_Linear, ...]:
+    """``lin`` cut into ``parts`` equal blocks of output rows (a fused ``[A; B; ...]`` map)."""
+    Ws = lin.W.chunk(parts, dim=0)
+    bs: tuple[Tensor | None, ...] = (None,) * parts if lin.b is None else lin.b.chunk(parts)
+    return tuple(
+        _Linear(W.contiguous(), None if b is None else b.contiguous()) for W, b in zip(Ws, bs)
+    )
+
+
+def _attention_linears(
+    model: Any, arch: Arch, blk: Any, layer: int, dtype: torch.dtype, device: Any
+) -> dict[str, _Linear]:
+    """``q``, ``k``, ``v``, ``o`` of the layer as the family's adapter splits them (fused too)."""
+    spec = FAMILIES[arch].extract(model, blk, layer, dtype)
+    if spec.layout != "linear" or spec.W_O is None:  # pragma: no cover  (conv1d: GPT-2 only)
+        raise UnmodelledFeature(f"the attention weights of {arch} are not in the nn.Linear layout")
+
+    def mk(W: Tensor, b: Tensor | None) -> _Linear:
+        return _Linear(_copy(W, dtype, device), _copy_opt(b, dtype, device))
+
+    return {
+        "q": mk(spec.W_Q, spec.b_Q),
+        "k": mk(spec.W_K, spec.b_K),
+        "v": mk(spec.W_V, spec.b_V),
+        "o": mk(spec.W_O, spec.b_O),
+    }
+
+
+def _falcon_norms(
+    model: Any, blk: Any, dtype: torch.dtype, device: Any
+) -> tuple[_Norm, _Norm, bool]:
+    """Falcon's norms and residual form, as ``FalconDecoderLayer.forward`` chooses them.
+
+    ``new_decoder_architecture`` with ``num_ln_in_parallel_attn == 2``: ``ln_attn`` and
+    ``ln_mlp``, parallel; with one norm, or ``parallel_attn`` in the old architecture:
+    ``input_layernorm`` shared by both branches, parallel; otherwise sequential with
+    ``input_layernorm`` and ``post_attention_layernorm``.
+    """
+    cfg = model.config
+    new = bool(cfg.new_decoder_architecture)
+    par = bool(cfg.parallel_attn)
+    n_ln = cfg.num_ln_in_parallel_attn
+    if not ((par and n_ln in (1, 2)) if new else not (par and n_ln == 2)):
+        raise UnmodelledFeature(
+            f"Falcon with new_decoder_architecture={cfg.new_decoder_architecture}, parallel_attn="
+            f"{cfg.parallel_attn} and num_ln_in_parallel_attn={n_ln} is not modelled (the "
+            "layer's modules do not match its forward pass)"
+        )
+    if new and n_ln == 2:
+        return (
+            _norm(blk.ln_attn, dtype, device, rms=False),
+            _norm(blk.ln_mlp, dtype, device, rms=False),
+            True,
+        )
+    n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
+    if new or par:
+        return n1, n1, True
+    return n1, _norm(blk.post_attention_layernorm, dtype, device, rms=False), False
 
 
 def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
     cfg = model.config
     model_type = str(getattr(cfg, "model_type", arch))
     if (
-        arch not in ("bert", "gpt2", "llama", "vit")
+        arch not in _ARCHS
         or (arch == "llama" and model_type not in _MODELLED)
         or (arch == "vit" and model_type not in _VIT_BLOCKS)
     ):
         raise UnmodelledFeature(
             f"the transformer block of {type(model).__name__} (model_type {model_type!r}) is not "
-            "modelled by meanfield.profile: it models BERT-style, GPT-2, Llama-style, Gemma "
-            f"({', '.join(sorted(_MODELLED))}) and ViT/DeiT blocks; the attention alone is "
+            "modelled by meanfield.profile: it models BERT-style, DistilBERT, GPT-2, OPT, "
+            f"Llama-style, Gemma ({', '.join(sorted(_MODELLED))}), Phi-3, GPT-NeoX, Falcon, "
+            "BLOOM, ModernBERT and ViT/DeiT blocks; the attention alone is "
             "meanfield.models.hf_attention"
         )
     blk = layer_modules(model, arch)[layer]
+    if arch == "bloom" and int(cfg.pretraining_tp) > 1 and bool(cfg.slow_but_exact):
+        raise UnmodelledFeature(
+            f"BLOOM's slow_but_exact with pretraining_tp={cfg.pretraining_tp} is not modelled "
+            "(transformers then drops the biases of the attention's and the MLP's output maps)"
+        )
     att = hf_attention(model, layer, map="heads+WO", dtype=dtype).to(device=device)
     post1: _Norm | None = None  # the norms of the sublayers' outputs (Gemma-2/3)
     post2: _Norm | None = None
+    n1: _Norm | None
+    form: dict[str, bool] = {}
     if arch == "bert":
         s = blk.attention.self
         lin = {
@@ -232,6 +366,7 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         n1 = _norm(blk.attention.output.LayerNorm, dtype, device, rms=False)
         n2 = _norm(blk.output.LayerNorm, dtype, device, rms=False)
         act = _activation(str(cfg.hidden_act))
+        form["post_ln"] = True
     elif arch == "gpt2":
         d = att.info.d
         c = _lin(blk.attn.c_attn, dtype, device, conv1d=True)  # (3d, d)
@@ -265,7 +400,7 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         n1 = _norm(blk.layernorm_before, dtype, device, rms=False)
         n2 = _norm(blk.layernorm_after, dtype, device, rms=False)
         act = _activation(str(cfg.hidden_act))
-    else:
+    elif arch == "llama":
         gemma = model_type in _GEMMA_BLOCKS or model_type in _SANDWICH_BLOCKS
         sandwich = model_type in _SANDWICH_BLOCKS
         a = blk.self_attn
@@ -290,8 +425,56 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         else:
             n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True, unit_offset=gemma)
             act = _activation(str(getattr(cfg, "hidden_act", "silu")))
+    else:
+        lin = _attention_linears(model, arch, blk, layer, dtype, device)
+        if arch == "distilbert":  # Post-LN, BERT's block
+            mlp = {
+                "up": _lin(blk.ffn.lin1, dtype, device),
+                "down": _lin(blk.ffn.lin2, dtype, device),
+            }
+            n1 = _norm(blk.sa_layer_norm, dtype, device, rms=False)
+            n2 = _norm(blk.output_layer_norm, dtype, device, rms=False)
+            act = _activation(str(cfg.activation))
+            form["post_ln"] = True
+        elif arch == "opt":  # Pre-LN, or Post-LN without do_layer_norm_before
+            mlp = {"up": _lin(blk.fc1, dtype, device), "down": _lin(blk.fc2, dtype, device)}
+            n1 = _norm(blk.self_attn_layer_norm, dtype, device, rms=False)
+            n2 = _norm(blk.final_layer_norm, dtype, device, rms=False)
+            act = _activation(str(cfg.activation_function))
+            form["post_ln"] = not bool(blk.do_layer_norm_before)
+        elif arch == "phi3":  # Llama's block, fused gate_up_proj = [gate; up]
+            gate, up = _split_rows(_lin(blk.mlp.gate_up_proj, dtype, device), 2)
+            mlp = {"gate": gate, "up": up, "down": _lin(blk.mlp.down_proj, dtype, device)}
+            n1 = _norm(blk.input_layernorm, dtype, device, rms=True)
+            n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True)
+            act = _activation(str(cfg.hidden_act))
+        elif arch == "modernbert":  # Pre-LN, no first norm on layer 0, GeGLU Wi = [input; gate]
+            gate, up = _split_rows(_lin(blk.mlp.Wi, dtype, device), 2)
+            mlp = {"gate": gate, "up": up, "down": _lin(blk.mlp.Wo, dtype, device)}
+            identity = isinstance(blk.attn_norm, torch.nn.Identity)
+            n1 = None if identity else _norm(blk.attn_norm, dtype, device, rms=False)
+            n2 = _norm(blk.mlp_norm, dtype, device, rms=False)
+            act = _activation(str(cfg.hidden_activation))
+        else:  # gpt_neox, falcon, bloom: dense_h_to_4h, dense_4h_to_h
+            mlp = {
+                "up": _lin(blk.mlp.dense_h_to_4h, dtype, device),
+                "down": _lin(blk.mlp.dense_4h_to_h, dtype, device),
+            }
+            if arch == "gpt_neox":
+                n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
+                n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=False)
+                act = _activation(str(cfg.hidden_act))
+                form["parallel"] = bool(blk.use_parallel_residual)
+            elif arch == "falcon":
+                n1, n2, form["parallel"] = _falcon_norms(model, blk, dtype, device)
+                act = _activation(str(cfg.activation))
+            else:
+                n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
+                n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=False)
+                act = _bloom_gelu
+                form["residual_from_norm"] = bool(blk.apply_residual_connection_post_layernorm)
     linears = {k: (v.W, v.b) for k, v in {**lin, **mlp}.items()}
-    return TransformerBlock(layer, arch, att, n1, n2, mlp, act, linears, post1, post2)
+    return TransformerBlock(layer, arch, att, n1, n2, mlp, act, linears, post1, post2, **form)
 
 
 def model_blocks(
@@ -306,7 +489,9 @@ def model_blocks(
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        BERT, GPT-2, Llama-style, Gemma-1/2/3 or ViT/DeiT (bare or with a head).
+        A model of a family :mod:`meanfield.models` reads (bare or with a head): BERT-style,
+        DistilBERT, ViT/DeiT, GPT-2, OPT, Llama-style (``llama``, ``mistral``, ``qwen2``,
+        ``qwen3``), Gemma-1/2/3, Phi-3, GPT-NeoX, Falcon, BLOOM or ModernBERT.
     layers : iterable of int, optional
         Default all.
     dtype : torch.dtype, default torch.float64
@@ -316,6 +501,15 @@ def model_blocks(
     Returns
     -------
     tuple of TransformerBlock
+
+    Raises
+    ------
+    NotImplementedError
+        An ``UnmodelledFeature`` (also a ``ValueError``), in one line naming it, for a block of
+        another family or model type, a block setting that is not modelled (BLOOM's
+        ``slow_but_exact`` with ``pretraining_tp > 1``; a Falcon layer whose modules do not match
+        its forward pass), an unknown MLP activation, or an attention feature that
+        :func:`meanfield.models.hf_attention` does not model.
     """
     arch = arch_of(model)
     n_layers = len(layer_modules(model, arch))

