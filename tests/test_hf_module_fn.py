@@ -5,24 +5,31 @@ builders are those of tests/test_hf_families.py). Oracles:
 
 - the model's own forward pass: hooks capture the input of the attention module and the output
   of its output projection, and the module function on that input must reproduce it (so the
-  mask, window and positions built here are those the model builds);
+  mask, window, positions and ALiBi tensors built here are those the model builds);
 - the extracted map ``hf_attention(model, layer)``, rebuilt from the weights by meanfield's own
   code: equal to 1e-12 in float64 with transformers' float32 steps patched out (the
   ``float64_everywhere`` fixture of tests/test_hf_families.py; measured ~1e-15 there), and to
   1e-6 in float32 (a few float32 roundings, as in that file);
 - ``local_lipschitz`` on the extracted map: its certified bracket must overlap the bracket of
   ``local_lipschitz_fn`` on the module function (reverse products), and the values agree within
-  the solver tolerance.
+  the solver tolerance;
+- Falcon's ALiBi, which the extracted map refuses: at 4 heads and n = 12 the model's bfloat16
+  rounding is exact (slopes 2^-2h, products below 256), and adding the bias to the scores
+  before the logit scale and again, divided by sqrt(k), in the mask is the plain ALiBi map with
+  slopes 2 m_h / sqrt(k); that map, built by meanfield from the weights, must equal the module
+  to 1e-12 in float64 (the ALiBi branch takes its softmax in the model's dtype: no patch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 
 import pytest
 import torch
 
-from meanfield import local_lipschitz, local_lipschitz_fn
+from meanfield import MultiHeadParams, local_lipschitz, local_lipschitz_fn, self_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,6 +45,7 @@ from .test_hf_families import (  # noqa: E402
     CASES,
     D32,
     D64,
+    FALCON,
     SHAPE,
     TOKENS,
     WINDOWED,
@@ -52,13 +60,17 @@ from .test_hf_families import (  # noqa: E402
 
 SUPPORTED = [c for c, v in CASES.items() if v[6][0] in MODULE_FAMILIES]
 #: The cases the issue names, for the (slower) Lipschitz comparison.
-LIPSCHITZ = ["gpt2", "llama", "qwen3", "gemma2_sliding", "mistral", "bert", "bert_decoder"]
+LIPSCHITZ = [
+    "gpt2", "llama", "qwen3", "gemma2_sliding", "mistral", "bert", "bert_decoder",
+    "falcon_multi_query", "bloom", "modernbert_local",
+]  # fmt: skip
 
 
 def test_every_issue_case_is_supported():
     assert set(LIPSCHITZ) <= set(SUPPORTED)
-    assert set(WINDOWED) & set(SUPPORTED) == {"mistral", "qwen2", "gemma2_sliding",
-                                               "gemma3_sliding"}  # fmt: skip
+    assert set(WINDOWED) <= set(SUPPORTED)
+    # every family the extracted map knows (Falcon's four layouts, BLOOM, ModernBERT included)
+    assert set(SUPPORTED) == set(CASES)
 
 
 @pytest.mark.parametrize("case", SUPPORTED)
@@ -144,7 +156,7 @@ def test_dtype_runs_a_cast_copy():
         assert rel_err(Y, hf_attention(model, layer, dtype=D64)(X)) <= 1e-6
 
 
-@pytest.mark.parametrize("case", ["mistral", "gemma2_sliding"])
+@pytest.mark.parametrize("case", ["mistral", "gemma2_sliding", "modernbert_local"])
 def test_window_reaches_eager_attention_only_through_the_mask(case, monkeypatch):
     """The module is handed its window (config, ``sliding_window`` kwarg), but eager attention
     applies it only through the mask: a mask built without it changes the output."""
@@ -159,10 +171,97 @@ def test_window_reaches_eager_attention_only_through_the_mask(case, monkeypatch)
     assert rel_err(no_window_mask, windowed) > 1e-3
 
 
-def test_refusals_are_one_line():
+def test_modernbert_local_layer_takes_its_own_rotary_table():
+    """ModernBERT's local and global layers rotate with different bases (10^4 and 1.6 10^5): the
+    forward-pass test of the local layer (window 5 < n) can tell the tables apart."""
+    model, layer, got = run_case("modernbert_local", D64)
+    assert model.config.layer_types[layer] == "sliding_attention"
+    rot = model.base_model.rotary_emb
+    pos = torch.arange(12)[None]
+    z = torch.zeros((), dtype=D64)
+    local, glob = rot(z, pos, "sliding_attention"), rot(z, pos, "full_attention")
+    assert (local[0] - glob[0]).abs().max() > 0.1
+    with torch.no_grad():
+        assert rel_err(hf_module_fn(model, layer, 12)(got["x"]), got["heads+WO"]) <= 1e-6
+
+
+FALCON_ALIBI = dict(FALCON, alibi=True)
+
+
+def falcon_alibi(dtype):
+    model = build("FalconConfig", "FalconModel", dtype, **FALCON_ALIBI)
+    inputs = model_inputs(model, 12, dtype)
+    return model, capture(model, "h.1.self_attention", "h.1.self_attention.dense", inputs)
+
+
+@pytest.mark.parametrize("case", ["bloom", "falcon_alibi"])
+def test_alibi_reaches_the_module(case, monkeypatch):
+    """The ALiBi tensors built here (BLOOM: ``alibi``; Falcon: ``alibi`` and the mask) reproduce
+    the forward pass, and they matter: with zero slopes the output changes."""
+    if case == "bloom":
+        model, layer, got = run_case("bloom", D32)
+        owner, name = model.base_model, "build_alibi_tensor"
+    else:
+        (model, got), layer = falcon_alibi(D32), 1
+        owner, name = sys.modules[type(model).__module__], "build_alibi_tensor"
+    f = hf_module_fn(model, layer, 12)
+    with torch.no_grad():
+        Y = f(got["x"])
+    assert rel_err(Y, got["heads+WO"]) <= 1e-6
+    build_alibi = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda mask, heads, dt: 0 * build_alibi(mask, heads, dt))
+    with torch.no_grad():
+        no_alibi = hf_module_fn(model, layer, 12)(got["x"])
+    assert rel_err(no_alibi, Y) > 1e-3
+
+
+def test_falcon_alibi_is_alibi_with_doubled_slopes():
+    """Falcon's ALiBi, refused by the extracted map, runs through the module; in the exact case
+    (module docstring) it is the ALiBi map with slopes 2 m_h / sqrt(k), m_h = 2^(-2h)."""
+    model, got = falcon_alibi(D64)
+    with pytest.raises(ValueError, match="Falcon's ALiBi is not modelled"):
+        hf_attention(model, 1)
+    X = got["x"]
+    f = hf_module_fn(model, 1, 12)
+    with torch.no_grad():
+        Y = f(X)
+    assert rel_err(Y, got["heads+WO"]) <= 1e-12
+    # the same weights in a rotary Falcon, whose extracted heads are rebuilt without rotary
+    twin = build("FalconConfig", "FalconModel", D64, **FALCON)
+    twin.load_state_dict(model.state_dict())
+    p = params_from_hf(twin, 1, n=12)
+    k, heads = 8, len(p.heads)
+    slopes = [2 * 2.0 ** (-2 * (h + 1)) / math.sqrt(k) for h in range(heads)]
+    alibi = MultiHeadParams(
+        tuple(dataclasses.replace(h, rope=None, alibi_slope=m) for h, m in zip(p.heads, slopes)),
+        p.W_O,
+        p.b_O,
+    )
+    single = MultiHeadParams(
+        tuple(dataclasses.replace(h, alibi_slope=m / 2) for h, m in zip(alibi.heads, slopes)),
+        p.W_O,
+        p.b_O,
+    )
+    with torch.no_grad():
+        assert rel_err(Y, self_attention(X, alibi, masked=True)) <= 1e-12
+        assert rel_err(Y, self_attention(X, single, masked=True)) > 1e-3  # added twice
+    # the module's dense bracket contains the doubled-slope map's dense constant
+    X0 = X[0]
+    dense = local_lipschitz_fn(f, X0, method="dense")
+    exact = float(local_lipschitz(X0, alibi, masked=True, method="dense", certify=False).value)
+    assert float(dense.lower) <= exact * (1 + 1e-11) and exact <= float(dense.upper) * (1 + 1e-11)
+    assert math.isclose(float(dense.value), exact, rel_tol=1e-11)
+
+
+def test_refusals_are_one_line(monkeypatch):
     model = case_model("gpt2", D32)
+    t5 = transformers.T5EncoderModel(
+        transformers.T5Config(
+            d_model=32, d_kv=8, num_heads=4, num_layers=1, d_ff=37, vocab_size=100
+        )
+    )
     for call, match in (
-        (lambda: hf_module_fn(case_model("falcon_per_head", D32), 1, 12), "does not call Falcon"),
+        (lambda: hf_module_fn(t5, 0, 12), "unsupported model T5EncoderModel"),
         (lambda: hf_module_fn(model, 1, 0), "n must be a positive integer"),
         (lambda: hf_module_fn(model, 2, 12), "layer must be an integer"),
         (lambda: hf_module_fn(model, 1, 12)(torch.zeros(1, 5, 32)), "built for n = 12"),
@@ -170,6 +269,19 @@ def test_refusals_are_one_line():
         with pytest.raises((ValueError, NotImplementedError), match=match) as e:
             call()
         assert "\n" not in str(e.value)
+    # a family outside MODULE_FAMILIES (none is today), and a module whose forward lacks an input
+    fewer = tuple(f for f in MODULE_FAMILIES if f != "falcon")
+    monkeypatch.setattr(module_fn, "MODULE_FAMILIES", fewer)
+    with pytest.raises(NotImplementedError, match="does not call Falcon") as e:
+        hf_module_fn(case_model("falcon_per_head", D32), 1, 12)
+    assert "\n" not in str(e.value)
+    bloom = case_model("bloom", D32)
+    attn_cls = type(bloom.base_model.h[1].self_attention)
+    monkeypatch.setattr(attn_cls, "forward", lambda self, hidden_states, attention_mask=None: None)
+    with pytest.raises(NotImplementedError, match="forward takes no residual, alibi input") as e:
+        hf_module_fn(bloom, 1, 12)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
     sdpa = transformers.GPT2Model(
         transformers.GPT2Config(n_embd=32, n_head=4, n_layer=2, attn_implementation="sdpa")
     ).eval()

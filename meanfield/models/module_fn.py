@@ -4,10 +4,11 @@ r"""The model's own attention module as a map ``X -> f(X)``: the general path.
 model (``layers[b].self_attn`` and the like, found through the family adapters of
 :mod:`meanfield.models._families`) on hidden states ``X``, with every other input given
 explicitly: the additive attention mask (causal for decoders, with the layer's sliding window),
-and for rotary families the position embeddings ``(cos, sin)`` of positions ``0, ..., n-1`` from
-the model's own ``rotary_emb``. transformers 5.x attention modules apply no causal mask of their
-own (the model's forward pass builds it), and their eager attention functions take the sliding
-window only from that mask, so both must be passed.
+for rotary families the position embeddings ``(cos, sin)`` of positions ``0, ..., n-1`` from
+the model's own ``rotary_emb`` (ModernBERT: the table of the layer's type), and for BLOOM and
+ALiBi Falcon the ALiBi tensors the model's forward pass would build. transformers 5.x attention
+modules apply no causal mask of their own (the model's forward pass builds it), and their eager
+attention functions take the sliding window only from that mask, so both must be passed.
 
 Its Lipschitz constant is meant for :func:`meanfield.lipschitz.local_lipschitz_fn` with
 ``products="reverse"``: forward-mode derivatives through transformers modules are unreliable
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +34,9 @@ from .layers import check_layer, layer_info
 
 __all__ = ["MODULE_FAMILIES", "hf_module_fn"]
 
-#: Families whose attention module :func:`hf_module_fn` calls (the keyword inputs each takes
-#: are checked against the module's signature).
+#: Families whose attention module :func:`hf_module_fn` calls: every family of
+#: :mod:`meanfield.models` (the keyword inputs passed are checked against the module's
+#: ``forward`` signature).
 MODULE_FAMILIES: tuple[str, ...] = (
     "bert",
     "distilbert",
@@ -42,6 +46,9 @@ MODULE_FAMILIES: tuple[str, ...] = (
     "llama",
     "phi3",
     "gpt_neox",
+    "falcon",
+    "modernbert",
+    "bloom",
 )
 
 
@@ -65,6 +72,66 @@ def _mask(n: int, causal: bool, window: int | None, dtype: torch.dtype) -> Tenso
     return torch.where(ok, zero, low).reshape(1, 1, n, n)
 
 
+def _alibi_inputs(
+    model: Any,
+    family: str,
+    attn: Any,
+    n: int,
+    kwargs: dict[str, Any],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Callable[[int], dict[str, Any]]:
+    """The inputs of BLOOM's and Falcon's attention modules beyond mask and rotary positions.
+
+    Returns ``batch -> {name: tensor}`` for the inputs whose shape depends on the batch size
+    (their ALiBi tensors are ``(batch * heads, 1, n)``), and sets the batch-independent ones in
+    ``kwargs``. BLOOM: ``alibi`` from the model's ``build_alibi_tensor`` (all tokens present:
+    slope times key position, in ``dtype``) and ``residual = 0`` (the module returns
+    ``dense(...) + residual``). Falcon: ``alibi = None`` for rotary models (the module's switch to
+    rotary); for ALiBi models the tensor of its modeling module's ``build_alibi_tensor`` (slopes
+    rounded to bfloat16) and the mask as ``FalconModel.forward`` builds it, ALiBi over
+    ``sqrt(head_dim)`` at admissible keys (the module adds it a second time to the scores).
+    """
+    if family == "bloom":
+        build = base_model(model).build_alibi_tensor
+        heads = int(attn.num_heads)
+        kwargs["residual"] = torch.zeros((), dtype=dtype, device=device)
+
+        def bloom(batch: int) -> dict[str, Any]:
+            ones = torch.ones(batch, n, dtype=torch.long, device=device)
+            return {"alibi": build(ones, heads, dtype)}
+
+        return bloom
+    if family == "falcon" and getattr(model.config, "alibi", False):
+        build = sys.modules[type(attn).__module__].build_alibi_tensor
+        heads = int(attn.num_heads)
+        root = math.sqrt(model.config.hidden_size // heads)
+        causal = kwargs.pop("attention_mask")
+        low = torch.finfo(dtype).min
+
+        def falcon_alibi(batch: int) -> dict[str, Any]:
+            ones = torch.ones(batch, n, dtype=torch.long, device=device)
+            alibi = build(ones, heads, dtype)
+            bias = alibi.reshape(batch, heads, 1, n) / root
+            return {"alibi": alibi, "attention_mask": bias.masked_fill(causal < -1, low)}
+
+        return falcon_alibi
+    if family == "falcon":
+        kwargs["alibi"] = None
+    return lambda batch: {}
+
+
+def _check_signature(attn: Any, names: list[str]) -> None:
+    """One-line refusal when the module's ``forward`` has no parameter of one of ``names``."""
+    params = inspect.signature(type(attn).forward).parameters
+    missing = [name for name in names if name not in params]
+    if missing:
+        raise NotImplementedError(
+            f"{type(attn).__name__}.forward takes no {', '.join(missing)} input (another "
+            "transformers version?): hf_module_fn cannot pass it"
+        )
+
+
 def hf_module_fn(
     model: Any, layer: int, n: int, *, dtype: torch.dtype | None = None
 ) -> Callable[[Tensor], Tensor]:
@@ -75,11 +142,28 @@ def hf_module_fn(
     :func:`~meanfield.models.is_causal`; key ``j`` also excluded when :math:`|i - j| \ge W` for a
     layer with sliding window :math:`W`, ``LayerInfo.window``) and, for rotary families, the
     ``(cos, sin)`` of positions ``0, ..., n-1`` computed by the model's ``rotary_emb`` (with the
-    layer's type where it has several). The output is that of the output projection
-    (``o_proj``, ``c_proj``, ``dense``, ...): the ``map="heads+WO"`` convention of
-    :func:`~meanfield.models.hf_attention`. For BERT-style layers, whose ``BertSelfAttention``
+    layer's type where it has several: ModernBERT's local layers, window
+    ``local_attention // 2 + 1``, rotate with their own base). The output is that of the output
+    projection (``o_proj``, ``c_proj``, ``dense``, ``Wo``, ...): the ``map="heads+WO"`` convention
+    of :func:`~meanfield.models.hf_attention`. For BERT-style layers, whose ``BertSelfAttention``
     stops before it, the model's ``attention.output.dense`` is applied to the module's output
     (no residual, no LayerNorm).
+
+    Families with inputs of their own:
+
+    - **BLOOM** (``BloomAttention``): ``alibi`` from the model's ``build_alibi_tensor`` with every
+      token present (slope :math:`m_h` times key position, shape ``(batch * heads, 1, n)``, in
+      the module's dtype, as the forward pass builds it), the causal additive mask, and
+      ``residual = 0``: the module returns ``dense(heads) + residual``, so with a zero residual
+      ``f(X)`` is the attention output through ``dense`` with its bias, the heads+WO map. (With
+      ``slow_but_exact`` and ``pretraining_tp > 1`` the module applies ``dense`` in slices and
+      without its bias; ``f`` is then that, as the model computes it.)
+    - **Falcon**, rotary (``alibi=None`` selects the module's rotary branch) or ALiBi. ALiBi
+      Falcon is refused by the extracted map (transformers rounds the ALiBi tensor to bfloat16
+      and adds it twice); here it runs as the model runs it: ``alibi`` from the modeling module's
+      ``build_alibi_tensor`` and the mask as ``FalconModel.forward`` builds it, ALiBi divided by
+      :math:`\sqrt k` at admissible keys, the dtype's lowest value elsewhere.
+    - **ModernBERT**: bidirectional; local layers get the symmetric window in the mask.
 
     **What it guarantees.** It runs the model's real code, so every feature of the layer is
     included whether or not the extracted parameters model it (no ``UnmodelledFeature``
@@ -114,7 +198,9 @@ def hf_module_fn(
     Raises
     ------
     NotImplementedError
-        For a family outside :data:`MODULE_FAMILIES`, in one line.
+        For a model of no family, a family outside :data:`MODULE_FAMILIES` (none today), or a
+        module whose ``forward`` takes no input of a name passed here (another transformers
+        version), in one line.
     ValueError
         A model not using eager attention or in training mode, or ``n`` not a positive integer.
     """
@@ -162,12 +248,15 @@ def hf_module_fn(
         with torch.no_grad():
             cos, sin = rot(torch.zeros((), dtype=mdtype, device=device), pos, **rkw)
         kwargs["position_embeddings"] = (cos.detach(), sin.detach())
+    per_batch = _alibi_inputs(model, fam.name, attn, n, kwargs, mdtype, device)
+    _check_signature(attn, [*kwargs, *per_batch(1)])
 
     def f(X: Tensor) -> Tensor:
         if X.shape[-2] != n:
             raise ValueError(f"X has {X.shape[-2]} tokens, the function was built for n = {n}")
         lead = X.shape[:-2]
-        Y = attn(hidden_states=X.reshape(-1, n, X.shape[-1]), **kwargs)[0]
+        X3 = X.reshape(-1, n, X.shape[-1])
+        Y = attn(hidden_states=X3, **kwargs, **per_batch(X3.shape[0]))[0]
         if not out_inside:
             Y = out(Y)
         return Y.reshape(lead + Y.shape[-2:])
