@@ -23,6 +23,13 @@ What is compared, at each sequence length ``n`` and in the same run (see ``bench
 ``ref``
     A long, high-accuracy Lanczos run (residual tolerance ``--ref-tol``) that serves as the
     reference value where the dense SVD does not fit.
+``streaming`` (issue 27)
+    The default certified call on the streaming path, ``local_lipschitz(X, params, masked=True,
+    path="streaming")``: the attention tiles are recomputed from the head rows, memory
+    :math:`O(Hnd)`; the record holds ``lower``, ``upper_prob`` and the path used. It is the only
+    method of ours that reaches :math:`n = 65536` (on a GPU).
+``streaming-probe``
+    Its cost model: one streaming linearisation, one :math:`Jv` and one :math:`J^\top u`.
 ``arpack`` (``--arpack``, issue 23)
     Baseline (c): ``scipy.sparse.linalg.svds(k=1, solver="arpack")`` on a ``LinearOperator``
     whose products are ``torch.func.jvp`` (tangent) and the ``torch.func.vjp`` pullback of the
@@ -54,6 +61,14 @@ Usage::
     .venv/bin/python benchmarks/bench_jacobian.py --quick               # seconds
     .venv/bin/python benchmarks/bench_jacobian.py --n 4096 --no-workload --out benchmarks/results/n4096.json
     .venv/bin/python benchmarks/bench_jacobian.py --device cuda
+    .venv/bin/python benchmarks/bench_jacobian.py --device cuda --dtype float32 --no-workload \
+        --methods streaming,streaming-probe,power --n 1024,4096,16384,65536 --dense-n ""
+
+The autograd baseline ``power`` and the stored methods (``ours``, ``ours-nocert``, ``ref``,
+``probe-ours``) keep every head's :math:`n\times n` matrices; they are skipped, with the reason
+recorded, where :func:`stored_bytes` exceeds ``--memory-budget`` (default: half the device's
+memory on CUDA, half the machine's on the CPU). The forward-pass time that normalises the cost
+is then measured with query chunks.
     .venv/bin/python benchmarks/bench_jacobian.py --arpack --n 256,1024 --threads 1 --repeats 3
 
 Every run writes one JSON document (``--out``) with the run metadata, the machine (CPU model,
@@ -175,6 +190,39 @@ def make_inputs(n: int, batch: int | None, seed: int, dtype: str, device: str):
     return X.to(dtype=_dtype(dtype), device=device)
 
 
+#: Methods that keep every head's n x n matrices (the stored linearisation, autograd, dense).
+STORED_METHODS = ("ours", "ours-nocert", "ref", "probe-ours", "power", "power-acc", "probe-power")
+
+
+def stored_bytes(n: int, dtype: str) -> int:
+    """Working set of a method that stores the attention: about 6 ``(H, n, n)`` arrays.
+
+    The stored linearisation keeps the weights ``P`` and a few tiles of the same size per product
+    (docs/long_context.md); autograd keeps the logits, ``P`` and their cotangents. Six arrays of
+    the compute dtype is the rule used to skip a method before it runs out of memory; the peak
+    actually reached is measured and recorded.
+    """
+    itemsize = 4 if dtype == "float32" else 8
+    return 6 * N_HEADS * n * n * itemsize
+
+
+def forward_chunk(n: int, dtype: str, budget: int) -> int | None:
+    """Query-chunk size of the timed forward pass: ``None`` (unchunked) where it fits ``budget``."""
+    itemsize = 4 if dtype == "float32" else 8
+    if 3 * N_HEADS * n * n * itemsize <= budget:
+        return None
+    return max(64, int(budget // (3 * N_HEADS * n * itemsize)))
+
+
+def default_memory_budget(device: str) -> int:
+    """Half the device's memory (CUDA) or half the machine's (CPU), in bytes."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(device).total_memory // 2
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -265,6 +313,8 @@ def _estimate_doc(est, batch: bool) -> dict[str, Any]:
         "n_products": val(est.n_matvec),
         "n_iter": val(est.n_iter),
         "residual_rel": val(est.residual.double() / est.value.double().square()),
+        "upper_prob": None if est.upper_prob is None else val(est.upper_prob.double()),
+        "path": est.path,
     }
 
 
@@ -298,6 +348,26 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
         )
         _sync(dev)
         out.update(_estimate_doc(est, False))
+    elif method == "streaming":
+        est = local_lipschitz(X, params, masked=True, path="streaming", seed=spec["seed"])
+        _sync(dev)
+        out.update(_estimate_doc(est, False))
+    elif method == "streaming-probe":
+        from meanfield.jacobian import linearize_streaming, streaming_jvp, streaming_vjp
+
+        lin = linearize_streaming(X, params, masked=True)
+        _sync(dev)
+        out["linearize_seconds"] = time.perf_counter() - t0
+        V = make_inputs(n, None, spec["seed"] + 1, dt, dev)
+        t = time.perf_counter()
+        U = streaming_jvp(lin, V)
+        _sync(dev)
+        out["jvp_seconds"] = time.perf_counter() - t
+        t = time.perf_counter()
+        streaming_vjp(lin, U)
+        _sync(dev)
+        out["vjp_seconds"] = time.perf_counter() - t
+        out.update(value=math.nan, n_products=2)
     elif method in ("power", "power-acc"):
         res = power_baseline(
             f,
@@ -382,9 +452,12 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     # (for "ours" this includes the one-off, cached certification of the weight norms)
     Xw = make_inputs(4, None, spec["seed"], dt, dev)
     t_setup = time.perf_counter()
-    up = "block" if method == "ours" else "none"
-    local_lipschitz(Xw, params, masked=True, method="lanczos", tol=1e-2, upper=up)
-    power_baseline(f, Xw, max_iter=3)
+    if method.startswith("streaming"):
+        local_lipschitz(Xw, params, masked=True, path="streaming")
+    else:
+        up = "block" if method == "ours" else "none"
+        local_lipschitz(Xw, params, masked=True, method="lanczos", tol=1e-2, upper=up)
+        power_baseline(f, Xw, max_iter=3)
     t_setup = time.perf_counter() - t_setup
     repeats = max(1, int(spec.get("repeats", 1)))
     runs = []
@@ -395,8 +468,16 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     out["seconds_all"] = times
     out["seconds"] = min(times)
     out["setup_seconds"] = t_setup
-    out["forward_seconds"] = _forward_time(f, X, dev)
+    fwd_chunk = forward_chunk(n, dt, spec["memory_budget"])
+    out["forward_chunk"] = fwd_chunk
+
+    def f_chunked(Y):
+        return self_attention(Y, params, masked=True, chunk_size=fwd_chunk)
+
+    out["forward_seconds"] = _forward_time(f if fwd_chunk is None else f_chunked, X, dev)
     out["forward_equivalents"] = out["seconds"] / out["forward_seconds"]
+    if dev.startswith("cuda"):
+        out["cuda_max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return out
 
 
@@ -1057,6 +1138,12 @@ def summarise(doc: dict[str, Any]) -> None:
             if ref is not None and r is not ref:
                 r["reference"] = ref_kind
                 r["rel_error"] = abs(r["value"] - ref["value"]) / ref["value"]
+            if r.get("upper_prob") is not None and r.get("lower"):
+                r["ratio_upper_prob_lower"] = r["upper_prob"] / r["lower"]
+                if ref is not None:
+                    r["prob_bracket_holds"] = r["lower"] <= ref["value"] * (1 + 1e-12) and (
+                        ref["value"] <= r["upper_prob"]
+                    )
             if "upper" in r and "lower" in r and math.isfinite(r["upper"]):
                 r["ratio_upper_lower"] = r["upper"] / r["lower"]
                 if ref is not None:
@@ -1088,6 +1175,17 @@ def summarise(doc: dict[str, Any]) -> None:
                         "speedup": k * per_iter / at["ours-nocert"]["seconds"],
                     }
                 )
+        if "power" in at and "streaming" in at:
+            doc.setdefault("speedups_streaming", []).append(
+                {
+                    "n": n,
+                    "power_seconds": at["power"]["seconds"],
+                    "streaming_seconds": at["streaming"]["seconds"],
+                    "speedup": at["power"]["seconds"] / at["streaming"]["seconds"],
+                    "note": "streaming is the default certified call (lower and upper_prob); "
+                    "power has no certificate",
+                }
+            )
         if "power" in at and "ours-nocert" in at:
             p, o = at["power"], at["ours-nocert"]
             sp = {"n": n, "speedup_nocert": p["seconds"] / o["seconds"]}
@@ -1177,8 +1275,15 @@ def print_table(doc: dict[str, Any]) -> None:
             print(f"{r['n']:>5} {r['method']:<12} error: {r['error']}")
             continue
         err = r.get("rel_error")
-        ratio = r.get("ratio_upper_lower")
+        ratio = r.get("ratio_upper_lower") or r.get("ratio_upper_prob_lower")
         cap = " (cap)" if r.get("stopped_by_time_cap") else ""
+        if "upper_prob" in r and r.get("ratio_upper_lower") is None and ratio is not None:
+            cap += " (upper_prob)"
+        if "jvp_seconds" in r:
+            cap += (
+                f" linearise {r['linearize_seconds']:.2f} s, Jv {r['jvp_seconds']:.2f} s, "
+                f"J^T u {r['vjp_seconds']:.2f} s"
+            )
         print(
             f"{r['n']:>5} {r['method']:<12} {r['seconds']:>9.2f} {r['forward_equivalents']:>8.0f} "
             f"{r['n_products']:>8} {_fmt_mem(r.get('peak_mem_bytes')):>10} {r['value']:>12.8f} "
@@ -1192,6 +1297,11 @@ def print_table(doc: dict[str, Any]) -> None:
             f"{s['power_products_to_target']} products / {s['power_seconds_to_target']:.2f} s, "
             f"ours {s['ours_nocert_products']} / {s['ours_nocert_seconds']:.2f} s: "
             f"{s['speedup']:.2f}x"
+        )
+    for s in doc.get("speedups_streaming", []):
+        print(
+            f"n = {s['n']}: power / streaming (certified) = {s['speedup']:.2f}x "
+            f"({s['power_seconds']:.2f} s / {s['streaming_seconds']:.2f} s)"
         )
     for s in doc.get("speedups", []):
         print(
@@ -1261,6 +1371,20 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=600.0,
         help="wall-time cap of the power baseline per run (seconds)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=float,
+        default=None,
+        help="GB: skip the methods that store the attention where 6 (H, n, n) arrays exceed it "
+        "(default: half the device's memory)",
+    )
+    p.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        help="wall-time limit of each job's subprocess in seconds (default: none); a job past "
+        "it is recorded as an error and the run goes on",
     )
     p.add_argument("--workload", dest="workload", action="store_true", default=True)
     p.add_argument("--no-workload", dest="workload", action="store_false")
@@ -1341,11 +1465,17 @@ def main(argv: list[str] | None = None) -> int:
     layer = save_layer(layer_path, args.seed)
     # every job's spec: the saved layer, where it runs, and the seed and tolerances as given
     solver = ("seed", "tol", "power_tol", "power_acc_tol", "ref_tol")
+    budget = (
+        default_memory_budget(args.device)
+        if args.memory_budget is None
+        else int(args.memory_budget * 2**30)
+    )
     common = dict(
         layer=str(layer_path),
         dtype=args.dtype,
         device=args.device,
         threads=threads,
+        memory_budget=budget,
         **{k: getattr(args, k) for k in solver},
     )
     doc: dict[str, Any] = {
@@ -1422,6 +1552,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"~(n d)^3 = {(n * D_MODEL) ** 3:.1e} flops; limit n d <= {DENSE_MAX_ND}",
                 )
                 continue
+            if method in STORED_METHODS and stored_bytes(n, args.dtype) > budget:
+                skip(
+                    n,
+                    method,
+                    f"stores every head's n x n matrices: about {stored_bytes(n, args.dtype) / 2**30:.0f}"
+                    f" GiB against a budget of {budget / 2**30:.0f} GiB (--memory-budget)",
+                )
+                continue
             if method == "ref" and (n * D_MODEL <= DENSE_MAX_ND and "dense" in methods):
                 continue
             if method == "ref" and n > args.ref_max_n:
@@ -1445,7 +1583,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             spec = {**common, "method": method, "n": n, "time_cap": args.time_cap, "repeats": reps}
             t = time.perf_counter()
-            res = run_job(spec)
+            res = run_job(spec, args.job_timeout)
             res["load_average_after"] = os.getloadavg()
             print(
                 f"[{time.strftime('%H:%M:%S')}] n={n} {method}: "
