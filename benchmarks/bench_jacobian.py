@@ -318,6 +318,22 @@ def _estimate_doc(est, batch: bool) -> dict[str, Any]:
     }
 
 
+def _probe(lin, jvp, vjp, spec, n, dt, dev, t0) -> dict[str, Any]:
+    """Seconds of the linearisation ``lin`` (made since ``t0``) and of one ``jvp`` and ``vjp``."""
+    _sync(dev)
+    out: dict[str, Any] = {"linearize_seconds": time.perf_counter() - t0}
+    V = make_inputs(n, None, spec["seed"] + 1, dt, dev)
+    t = time.perf_counter()
+    U = jvp(lin, V)
+    _sync(dev)
+    out["jvp_seconds"] = time.perf_counter() - t
+    t = time.perf_counter()
+    vjp(lin, U)
+    _sync(dev)
+    out["vjp_seconds"] = time.perf_counter() - t
+    return {**out, "value": math.nan, "n_products": 2}
+
+
 def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
     """One timed call of ``method``; peak memory over the call when ``measure_memory``."""
     import torch
@@ -356,18 +372,7 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
         from meanfield.jacobian import linearize_streaming, streaming_jvp, streaming_vjp
 
         lin = linearize_streaming(X, params, masked=True)
-        _sync(dev)
-        out["linearize_seconds"] = time.perf_counter() - t0
-        V = make_inputs(n, None, spec["seed"] + 1, dt, dev)
-        t = time.perf_counter()
-        U = streaming_jvp(lin, V)
-        _sync(dev)
-        out["jvp_seconds"] = time.perf_counter() - t
-        t = time.perf_counter()
-        streaming_vjp(lin, U)
-        _sync(dev)
-        out["vjp_seconds"] = time.perf_counter() - t
-        out.update(value=math.nan, n_products=2)
+        out.update(_probe(lin, streaming_jvp, streaming_vjp, spec, n, dt, dev, t0))
     elif method in ("power", "power-acc"):
         res = power_baseline(
             f,
@@ -395,18 +400,7 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
         from meanfield.jacobian import jvp, linearize, vjp
 
         lin = linearize(X, params, masked=True, chunk_size=chunk)
-        _sync(dev)
-        out["linearize_seconds"] = time.perf_counter() - t0
-        V = make_inputs(n, None, spec["seed"] + 1, dt, dev)
-        t = time.perf_counter()
-        U = jvp(lin, V)
-        _sync(dev)
-        out["jvp_seconds"] = time.perf_counter() - t
-        t = time.perf_counter()
-        vjp(lin, U)
-        _sync(dev)
-        out["vjp_seconds"] = time.perf_counter() - t
-        out.update(value=math.nan, n_products=2)
+        out.update(_probe(lin, jvp, vjp, spec, n, dt, dev, t0))
     elif method == "probe-power":
         # cost of one baseline iteration (one jvp and one vjp through autograd)
         res = power_baseline(f, X, tol=spec["power_tol"], max_iter=1, seed=spec["seed"])
