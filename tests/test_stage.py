@@ -20,7 +20,7 @@ from experiments import (
     synthetic,
     verify_bounds,
 )
-from experiments.engine import Names, Stage, StageConfig, preset_config
+from experiments.engine import Names, Stage, StageConfig, preset_settings
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,15 @@ def test_check_accepts_what_the_command_line_parses():
     assert new.grid == (3, 5) and new.limit == 4 and TOY.grid == (2, 4)
 
 
-def test_preset_config_accepts_typed_presets():
-    cfg = preset_config({"quick": TOY}, "quick", {"tol": 1e-3}, what="toy option(s)")
-    assert cfg == TOY.options()  # the caller applies the overrides
-    with pytest.raises(ValueError, match="unknown toy option"):
-        preset_config({"quick": TOY}, "quick", {"nope": 1}, what="toy option(s)")
+def test_preset_settings_applies_typed_overrides():
+    cfg = preset_settings({"quick": TOY}, "quick", {"tol": 1e-3})
+    assert cfg == TOY.replace(tol=1e-3) and TOY.tol != 1e-3  # the preset itself is unchanged
+    with pytest.raises(ValueError, match="unknown preset 'paper'; choose from quick"):
+        preset_settings({"quick": TOY}, "paper", {})
+    with pytest.raises(ValueError, match="nope"):
+        preset_settings({"quick": TOY}, "quick", {"nope": 1})
     with pytest.raises(ValueError, match="toy: setting tol must be a number"):
-        preset_config({"quick": TOY}, "quick", {"tol": "x"})
+        preset_settings({"quick": TOY}, "quick", {"tol": "x"})
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ modules are private; from the bottom up, each imports only modules above it in t
   driver :func:`drive`, :func:`remote` (``_execution``, ``_progress``, ``_threads``,
   ``_keys``, ``_results``, ``_tasks``).
 - ``_stage``: the contract of a stage (:class:`Stage`, :class:`StageRun`, :class:`ModuleStage`,
-  :class:`Claims`), typed presets and :func:`preset_config` (``_runner``).
+  :class:`Claims`), typed presets and :func:`preset_settings` (``_runner``).
 
 The engine imports nothing else from ``experiments``: the stages are above it.
 """
@@ -91,7 +91,6 @@ from ._stage import (
     Stage,
     StageConfig,
     StageRun,
-    preset_config,
     preset_settings,
 )
 from ._tasks import Outcome, SweepJob, Task
@@ -144,7 +143,6 @@ __all__ = [
     "predict_profile",
     "predict_stage_seconds",
     "predict_wall_time",
-    "preset_config",
     "preset_settings",
     "record_float",
     "remote",

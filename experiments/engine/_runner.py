@@ -17,16 +17,15 @@ import contextlib
 import contextvars
 import logging
 import os
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._execution import SerialExecutor, calibrate, run_jobs
+from ._execution import SerialExecutor, run_jobs
 from ._keys import config_hash, point_key
 from ._progress import CostProgress
-from ._results import append_jsonl, load_json, load_jsonl, run_metadata, write_json
-from ._tasks import SweepJob, Task, default_cost
+from ._results import load_json, load_jsonl, run_metadata, write_json
+from ._tasks import SweepJob, Task
 from ._threads import torch_threads
 
 __all__ = [
@@ -334,59 +333,26 @@ class Sweep:
         ``compute(point)`` returns the measured values of one point; the record stored is
         ``{"key", "config_hash", "point", "seconds", **values}``. Alternatively ``task`` is a
         top-level function of ``{**context, **point}``. ``cost(point)`` (default
-        ``n² · d · windows``) weighs the point in the progress. A stage does not call this: it
-        yields :meth:`job` to its driver, which may run the points elsewhere.
+        ``n² · d · windows``) weighs the point in the progress. The points run through the
+        driver's :func:`~experiments.engine.run_jobs` in this process (the one writer of
+        records), so a sweep run on its own and one run by a stage write the same records. A
+        stage does not call this: it yields :meth:`job` to its driver, which may run the points
+        elsewhere.
         """
-        from tqdm.auto import tqdm
-
         points = [dict(p) for p in points]
         if compute is None:
             if task is None:
                 raise TypeError("give compute or task")
-            ctx = dict(context or {})
-
-            def compute(p: Mapping[str, Any]) -> Mapping[str, Any]:
-                return task({**ctx, **p})
-
-        cost_of = cost or default_cost
-        finished = self.records()
-        done = {r["key"] for r in finished}
-        todo = [p for p in points if point_key(self.digest, p) not in done]
-        if len(todo) < len(points):
-            log.info(
-                "%s: %d of %d points already done", self.name, len(points) - len(todo), len(points)
-            )
-        tracker = _PROGRESS.get() if todo else None
-        label = f"{self.out_dir.name}/{self.name}"
-        if tracker is not None:
-            tracker.add(label, cost=sum(cost_of(p) for p in todo), points=len(todo))
-            tracker.start_stage(label)
-            calibrate(tracker, label, finished, cost_of)
-        # a run's tracker draws the one bar; a sweep on its own draws its own
-        own_bar = progress and _PROGRESS.get() is None
-        bar = tqdm(todo, desc=desc or self.name, disable=None if own_bar else True, leave=False)
-        t_start = time.perf_counter()
-        for p in bar:
-            t0 = time.perf_counter()
-            values = dict(compute(p))
-            record = {
-                "key": point_key(self.digest, p),
-                "config_hash": self.digest,
-                "point": p,
-                "seconds": time.perf_counter() - t0,
-                **values,
-            }
-            append_jsonl(self.path, record)
-            if tracker is not None:
-                tracker.advance(label, cost=cost_of(p), seconds=record["seconds"])
-            # one line per point for logs (the bar is off when stderr is not a terminal)
-            log.debug("%s: %s done in %.1f s", self.name, p, record["seconds"])
-        if todo:
-            log.info(
-                "%s: %d point(s) computed in %.1f s",
-                self.name,
-                len(todo),
-                time.perf_counter() - t_start,
-            )
-        by_key = {r["key"]: r for r in self.records()}
-        return [by_key[point_key(self.digest, p)] for p in points]
+            fn, ctx = task, dict(context or {})
+        else:
+            fn, ctx = compute, {}
+        tracker = _PROGRESS.get()
+        own = None
+        if tracker is None:  # a run's tracker draws the one bar; a sweep on its own draws its own
+            own = tracker = CostProgress(desc=desc or self.name, enabled=bool(progress))
+        try:
+            run_jobs([SweepJob(self, points, fn, cost, ctx)], SerialExecutor(), progress=tracker)
+        finally:
+            if own is not None:
+                own.close()
+        return self.collect(points)

@@ -50,7 +50,6 @@ __all__ = [
     "StageConfig",
     "StageRun",
     "check_setting",
-    "preset_config",
     "preset_settings",
 ]
 
@@ -466,36 +465,3 @@ def preset_settings(
     if preset not in presets:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
     return presets[preset].replace(**overrides)
-
-
-def preset_config(
-    presets: Mapping[str, Any],
-    preset: str,
-    overrides: Mapping[str, Any],
-    *,
-    what: str = "override(s)",
-) -> dict[str, Any]:
-    """A deep copy of ``presets[preset]``, after checking the preset name and the override keys.
-
-    Every experiment stage resolves its settings this way; the caller then applies the overrides
-    (plain replacement or its own merge) and its own validation. A preset is either a
-    :class:`StageConfig` instance (its fields are the known keys, and each
-    override is also checked against the field's type) or a plain mapping.
-
-    Raises
-    ------
-    ValueError
-        ``unknown preset ...``, ``unknown <what> ...`` with the known names, or a setting of the
-        wrong type (naming the stage and the field).
-    """
-    if preset not in presets:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(presets)}")
-    entry = presets[preset]
-    if isinstance(entry, StageConfig):
-        entry.check(overrides)
-        return entry.options()
-    cfg = copy.deepcopy(dict(entry))
-    unknown = sorted(set(overrides) - set(cfg))
-    if unknown:
-        raise ValueError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(cfg)}")
-    return cfg
