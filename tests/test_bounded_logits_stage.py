@@ -9,6 +9,7 @@ triangle formula written out here; the exponent fit against exact power laws.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -303,7 +304,7 @@ def test_a_change_of_measurement_recomputes_and_an_older_document_is_refused(tin
 
     root, _, _ = tiny
     meta = load_json(root / "bounded_logits" / "points.meta.json")
-    assert meta["config"]["measurement_version"] == bl.MEASUREMENT_VERSION == 2
+    assert meta["config"]["measurement_version"] == bl.MEASUREMENT_VERSION == 3
     # a document of the certify=False measurement (no version field) is refused in one line
     work = tmp_path / "old"
     shutil.copytree(root, work)
@@ -314,6 +315,10 @@ def test_a_change_of_measurement_recomputes_and_an_older_document_is_refused(tin
     with pytest.raises(ValueError, match=r"measurement version 1 \(1: certify=False") as err:
         bl.load_results(work)
     assert "\n" not in str(err.value)
+    doc["measurement_version"] = 2  # the plain form's Lanczos on the stored path
+    write_json(path, doc)
+    with pytest.raises(ValueError, match=r"measurement version 2 .*2: the plain form"):
+        bl.load_results(work)
     # records of another measurement (another sweep configuration) are not reused
     jsonl = work / "bounded_logits" / "points.jsonl"
     old = [json.loads(line) for line in jsonl.read_text().splitlines()]
@@ -324,3 +329,29 @@ def test_a_change_of_measurement_recomputes_and_an_older_document_is_refused(tin
     assert bl.load_results(work)["measurement_version"] == bl.MEASUREMENT_VERSION
     fresh = [json.loads(line) for line in jsonl.read_text().splitlines()][len(old) :]
     assert len(fresh) == 2 * len(bl.INPUTS) and all("upper_prob" in r for r in fresh)
+
+
+def test_plain_krylov_points_stream_and_stay_tight_at_large_logits(tmp_path):
+    """Version 3: the plain form's Lanczos runs on the streaming path (one rounding analysis for
+    the four forms), whose bracket stays within the width at logits where the stored path's
+    model of docs/rounding.md §3 leaves ``lower = 0`` (R = 1000 on this layer)."""
+    from meanfield import local_lipschitz
+
+    bl.run(
+        tmp_path, "tiny", progress=False, forms=["plain"], radii=[100.0, 1000.0], method="lanczos"
+    )
+    jsonl = tmp_path / "bounded_logits" / "points.jsonl"
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    big = [r for r in records if r["point"]["R"] == 1000.0]
+    assert big and all(r["path"] == "streaming" and r["method"] == "lanczos" for r in records)
+    assert all(r["lower"] > 0 and r["ratio_prob"] <= 1.05 * (1 + 1e-12) for r in big)
+    # the same call on the stored path: the bracket the stage left behind
+    from experiments.bounded_logits.sweep import _Workspace
+
+    cfg = bl.resolve("tiny", {})
+    ctx = {k: getattr(cfg, k) for k in ("seed", "softcap", "window", "rms_eps", "n")}
+    ctx["layer"] = dataclasses.asdict(cfg.layer)
+    ws = _Workspace(ctx)
+    X = 1000.0 * ws.unit_input(big[0]["point"]["family"], big[0]["point"]["input"])
+    stored = local_lipschitz(X, ws.params("plain"), masked=True, method="lanczos", path="stored")
+    assert float(stored.lower) < big[0]["lower"]

@@ -38,7 +38,8 @@ def load_results(results_dir: str | Path) -> dict[str, Any]:
     got = doc.get("measurement_version", 1)
     if got != MEASUREMENT_VERSION:
         raise ValueError(
-            f"{path} holds measurement version {got} (1: certify=False, no bracket); the stage "
+            f"{path} holds measurement version {got} (1: certify=False, no bracket; 2: the plain "
+            "form's Lanczos on the stored path); the stage "
             f"now measures version {MEASUREMENT_VERSION}, {MEASUREMENT}: rerun it "
             "(meanfield reproduce --only bounded_logits)"
         )

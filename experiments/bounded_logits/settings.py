@@ -56,13 +56,19 @@ INPUTS = tuple(INPUT_LABELS)
 #: variants runs on the streaming products, which have no dense method).
 METHODS = ("auto", "dense", "lanczos")
 
-#: What a point measures, version 2: the default certified call of
-#: :func:`meanfield.local_lipschitz` (``certify=True``, the width rule
-#: ``upper_prob <= 1.05 lower`` where it applies, ``delta = 1e-6``). Version 1 (records without
-#: this field) measured ``certify=False`` on the residual rule, without a bracket.
-MEASUREMENT_VERSION = 2
+#: What a point measures, version 3: the certified call of :func:`meanfield.local_lipschitz`
+#: (``certify=True``, the width rule ``upper_prob <= 1.05 lower`` where it applies,
+#: ``delta = 1e-6``) on the streaming path for every Krylov estimate, the plain form's included
+#: (the stored path only for its dense SVD). Version 2 ran the plain form's Lanczos on the stored
+#: path, whose rounding model left ``lower = 0`` at R >= 500 on the ``paper`` layer; version 1
+#: (records without this field) measured ``certify=False`` on the residual rule, without a
+#: bracket.
+MEASUREMENT_VERSION = 3
 #: The measurement in words (the loader's refusal of an older result document).
-MEASUREMENT = "the certified bracket [lower, upper_prob] of local_lipschitz(certify=True)"
+MEASUREMENT = (
+    "the certified bracket [lower, upper_prob] of local_lipschitz(certify=True), Krylov "
+    "estimates on the streaming path"
+)
 
 
 @dataclass(frozen=True)

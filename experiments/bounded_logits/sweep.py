@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from meanfield.lipschitz import DENSE_AUTO_MAX
+
 from ..engine import (
     StageRun,
     Steps,
@@ -117,6 +119,21 @@ def _workspace(cfg: Mapping[str, Any]) -> _Workspace:
     return worker_cache(_cache_key(cfg["run"]), lambda: _Workspace(cfg))
 
 
+def _path(form: str, method: str, X: Any) -> str:
+    """The path of a point: the streaming one, except for the plain form's dense SVD.
+
+    Every Krylov estimate runs on the streaming products, so that the four forms share one
+    rounding analysis (docs/rounding.md §11), whose split magnitude operator (§11.5) keeps the
+    plain form's bracket within the width at logits of 10⁴ (R = 1000 on the ``paper`` layer),
+    where the stored path's model of §3 gives ``lower = 0``. The plain form's dense SVD with its
+    Gram certificate (``method="dense"``, or ``"auto"`` at ``n·d <=`` :data:`DENSE_AUTO_MAX`)
+    exists on the stored path only.
+    """
+    n, d = X.shape[-2], X.shape[-1]
+    dense = method == "dense" or (method == "auto" and n * d <= DENSE_AUTO_MAX)
+    return "stored" if form == "plain" and dense else "streaming"
+
+
 def bl_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     r"""One form at one radius on one input: the stage's top-level task (docs/cluster.md).
 
@@ -141,7 +158,13 @@ def bl_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         X = float(cfg["R"]) * ws.unit_input(str(cfg["family"]), int(cfg["input"]))
         t0 = time.perf_counter()
         est = local_lipschitz(
-            X, params, masked=True, method=cfg["method"], seed=int(cfg["seed"]), certify=True
+            X,
+            params,
+            masked=True,
+            method=cfg["method"],
+            seed=int(cfg["seed"]),
+            certify=True,
+            path=_path(form, str(cfg["method"]), X),
         )
         seconds = time.perf_counter() - t0
         value = float(est.value)
