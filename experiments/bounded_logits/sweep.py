@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from meanfield.lipschitz import DENSE_AUTO_MAX
 
@@ -119,7 +119,7 @@ def _workspace(cfg: Mapping[str, Any]) -> _Workspace:
     return worker_cache(_cache_key(cfg["run"]), lambda: _Workspace(cfg))
 
 
-def _path(form: str, method: str, X: Any) -> str:
+def _path(form: str, method: str, X: Any) -> Literal["stored", "streaming"]:
     """The path of a point: the streaming one, except for the plain form's dense SVD.
 
     Every Krylov estimate runs on the streaming products, so that the four forms share one
