@@ -12,6 +12,8 @@ import torch
 
 from meanfield.models import tiny_config
 
+from .hf_float64 import patch_softmax64
+
 transformers = pytest.importorskip("transformers")
 
 #: The fixtures (pytest finds them by the argument names of the tests).
@@ -137,15 +139,4 @@ def rope_f64(model, n: int):
 @pytest.fixture
 def llama_fp64_softmax(monkeypatch):
     """HF's Llama eager attention takes its softmax in float32; patch in a float64 softmax."""
-    from transformers.models.llama import modeling_llama as ml
-
-    def eager64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        k = ml.repeat_kv(key, module.num_key_value_groups)
-        v = ml.repeat_kv(value, module.num_key_value_groups)
-        w = torch.matmul(query, k.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            w = w + attention_mask
-        w = torch.softmax(w, dim=-1)
-        return torch.matmul(w, v).transpose(1, 2).contiguous(), w
-
-    monkeypatch.setattr(ml, "eager_attention_forward", eager64)
+    patch_softmax64(monkeypatch)

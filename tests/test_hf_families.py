@@ -15,7 +15,8 @@ Tolerances (relative: max abs error / max abs reference):
 - float64 models: 1e-12, with the float32 steps of transformers patched out: eager attention
   takes its softmax in float32 for most families (``softmax(..., dtype=float32)``), rotary
   embeddings compute cos/sin from float32 angles (ModernBERT also rotates q and k in float32),
-  and the QK-norms of Qwen3 and Gemma-3 normalise in float32. Measured at most ~1.3e-15.
+  and the RMSNorms (the QK-norms of Qwen3 and Gemma-3 included) normalise in float32;
+  ``tests.hf_float64.patch_float32_steps`` replaces them. Measured at most ~1.3e-15.
   Unpatched, float64 models agree only at float32
   level (~1e-7), which ``test_float64_unpatched_is_float32_level`` checks.
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from functools import partial
 
 import pytest
@@ -48,6 +48,7 @@ from meanfield.models import (  # noqa: E402
     layer_info,
     params_from_hf,
 )
+from tests.hf_float64 import patch_float32_steps  # noqa: E402
 
 D32, D64 = torch.float32, torch.float64
 N = 12
@@ -324,59 +325,6 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# float64 without transformers' float32 steps
-# ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def float64_everywhere(monkeypatch):
-    """Softmax in the input's dtype for float64 inputs, float64 cos/sin for rotary models and
-    float64 QK-norms."""
-    softmax = torch.nn.functional.softmax
-
-    def softmax64(input, dim=None, _stacklevel=3, dtype=None):
-        if input.dtype == D64:
-            dtype = None
-        return softmax(input, dim=dim, dtype=dtype)
-
-    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
-
-    def patch_model(model) -> None:
-        # QK-norm (Qwen3RMSNorm, Gemma3RMSNorm) normalises in float32: the same formula in float64
-        for name, mod in model.named_modules():
-            if name.endswith(("q_norm", "k_norm")):
-                eps = getattr(mod, "variance_epsilon", getattr(mod, "eps", None))
-                gemma = "Gemma" in type(mod).__name__
-
-                def norm(x, mod=mod, eps=eps, gemma=gemma):
-                    w = 1.0 + mod.weight if gemma else mod.weight
-                    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-                monkeypatch.setattr(mod, "forward", norm)
-        rot = getattr(model.base_model, "rotary_emb", None)
-        if rot is None:
-            return
-
-        def forward(x, position_ids, layer_type=None):
-            pre = f"{layer_type}_" if layer_type else ""
-            inv = getattr(rot, pre + "inv_freq").to(D64)
-            scale = getattr(rot, pre + "attention_scaling")
-            ang = position_ids[..., None].to(D64) * inv
-            emb = torch.cat([ang, ang], dim=-1)
-            return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
-
-        monkeypatch.setattr(rot, "forward", forward)
-        # ModernBERT also rotates q and k in float32 (q.float() * cos + ...)
-        module = sys.modules[type(model).__module__]
-        if "modernbert" in module.__name__:
-            from transformers.models.llama import modeling_llama
-
-            monkeypatch.setattr(module, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
-
-    return patch_model
-
-
-# ----------------------------------------------------------------------------------------------
 # Supported families: the map equals the model's attention
 # ----------------------------------------------------------------------------------------------
 
@@ -409,8 +357,8 @@ def test_map_equals_model_attention_float32(case, map_):
 
 @pytest.mark.parametrize("map_", ["heads", "heads+WO"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_map_equals_model_attention_float64(case, map_, float64_everywhere):
-    float64_everywhere(case_model(case, D64))
+def test_map_equals_model_attention_float64(case, map_, monkeypatch):
+    patch_float32_steps(case_model(case, D64), monkeypatch)
     model, layer, got = run_case(case, D64)
     X = got["x"]
     with torch.no_grad():

@@ -7,8 +7,8 @@ builders are those of tests/test_hf_families.py). Oracles:
   of its output projection, and the module function on that input must reproduce it (so the
   mask, window, positions and ALiBi tensors built here are those the model builds);
 - the extracted map ``hf_attention(model, layer)``, rebuilt from the weights by meanfield's own
-  code: equal to 1e-12 in float64 with transformers' float32 steps patched out (the
-  ``float64_everywhere`` fixture of tests/test_hf_families.py; measured ~1e-15 there), and to
+  code: equal to 1e-12 in float64 with transformers' float32 steps patched out
+  (``tests.hf_float64.patch_float32_steps``; measured ~1e-15 in tests/test_hf_families.py), and to
   1e-6 in float32 (a few float32 roundings, as in that file);
 - ``local_lipschitz`` on the extracted map: its certified bracket must overlap the bracket of
   ``local_lipschitz_fn`` on the module function (reverse products), and the values agree within
@@ -40,6 +40,7 @@ from meanfield.models import (  # noqa: E402
     params_from_hf,
 )
 from meanfield.models.module_fn import MODULE_FAMILIES  # noqa: E402
+from tests.hf_float64 import patch_float32_steps  # noqa: E402
 
 from .test_hf_families import (  # noqa: E402
     CASES,
@@ -52,7 +53,6 @@ from .test_hf_families import (  # noqa: E402
     build,
     capture,
     case_model,
-    float64_everywhere,  # noqa: F401  (fixture)
     model_inputs,
     rel_err,
     run_case,
@@ -87,8 +87,8 @@ def test_module_fn_equals_forward_pass_and_extracted_map_float32(case):
 
 
 @pytest.mark.parametrize("case", SUPPORTED)
-def test_module_fn_equals_extracted_map_float64(case, float64_everywhere):  # noqa: F811
-    float64_everywhere(case_model(case, D64))
+def test_module_fn_equals_extracted_map_float64(case, monkeypatch):
+    patch_float32_steps(case_model(case, D64), monkeypatch)
     model, layer, got = run_case(case, D64)
     X = got["x"]
     f = hf_module_fn(model, layer, X.shape[-2])
@@ -104,8 +104,8 @@ def test_module_fn_equals_extracted_map_float64(case, float64_everywhere):  # no
 
 
 @pytest.mark.parametrize("case", LIPSCHITZ)
-def test_module_bracket_overlaps_extracted_bracket(case, float64_everywhere):  # noqa: F811
-    float64_everywhere(case_model(case, D64))
+def test_module_bracket_overlaps_extracted_bracket(case, monkeypatch):
+    patch_float32_steps(case_model(case, D64), monkeypatch)
     model, layer, got = run_case(case, D64, n=8)
     X = got["x"][0]
     causal = CASES[case][6][1]

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from meanfield.models import tiny_config
+from meanfield.models.layers import arch_of, layer_modules
 from meanfield.profile import ModelProfile, model_blocks, profile_model
 
+from .hf_float64 import block_io
 from .models_fixtures import *  # noqa: F403  (fixtures: bert, bert_decoder, gpt2, llama, ...)
 from .models_fixtures import D64, LLAMA_TOKENS, transformers
 
@@ -32,41 +34,9 @@ def _ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, 100, (n,), generator=g)
 
 
-def _layer_modules(model):
-    base = model.base_model
-    for name in ("layers", "h"):
-        if hasattr(base, name):
-            return getattr(base, name)
-    return base.encoder.layer
-
-
-def _hf_io(model, ids):
-    """Inputs and outputs of every HF block on one window (hooks on the blocks)."""
-    xs, ys = {}, {}
-    handles = []
-    for i, mod in enumerate(_layer_modules(model)):
-
-        def pre(m, args, kwargs, i=i):
-            xs[i] = (args[0] if args else kwargs["hidden_states"])[0].detach()
-
-        def post(m, args, kwargs, out, i=i):
-            y = out[0] if isinstance(out, tuple) else out
-            ys[i] = (y[0] if y.ndim == 3 else y).detach()
-
-        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(mod.register_forward_hook(post, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]))
-    finally:
-        for h in handles:
-            h.remove()
-    return xs, ys
-
-
 def _hf_block_fn(model, layer, ids):
     """The HF block ``layer`` as a function of its input, through the model's own forward."""
-    mod = _layer_modules(model)[layer]
+    mod = layer_modules(model, arch_of(model))[layer]
 
     class Stop(Exception):
         pass
@@ -113,7 +83,7 @@ def _dense_norm(fn, X) -> float:
 def test_pure_blocks_reproduce_the_model_forward(name, request, llama_fp64_softmax):
     model = request.getfixturevalue(name)
     ids = _ids(9)
-    xs, ys = _hf_io(model, ids)
+    xs, ys, _ = block_io(model, ids)
     blocks = model_blocks(model)
     assert len(blocks) == len(xs) == 2
     # bert/gpt2: the same float64 operations in another order (~1e-14). Llama: HF's RMSNorm
@@ -138,7 +108,7 @@ def test_profile_against_dense_oracles(name, request, llama_fp64_softmax):
     prof = profile_model(model, ids, n=n, start=2)
     assert isinstance(prof, ModelProfile) and prof.ns == (n,) and prof.layers == (0, 1)
     assert prof.dtype == "float64"
-    xs, _ = _hf_io(model, ids[2 : 2 + n])
+    xs, _, _ = block_io(model, ids[2 : 2 + n])
     blocks = model_blocks(model)
     rtol = 1e-5 if name == "llama" else 1e-9
     x = xs[0]
@@ -209,7 +179,7 @@ def _rotate(z, rope):
 
 def _hf_weights(model, name, layer):
     """The HF weight matrices in (out, in) layout, read independently of meanfield.profile."""
-    blk = _layer_modules(model)[layer]
+    blk = layer_modules(model, arch_of(model))[layer]
     if name == "gpt2":
         d = blk.attn.c_attn.weight.shape[0]
         q, k, v = blk.attn.c_attn.weight.detach().split(d, dim=1)
@@ -259,7 +229,7 @@ def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64
     assert e.value <= c.product_value * (1 + 1e-9) and c.slack >= 1 - 1e-9
     # the end-to-end value: dense reverse-mode Jacobian of the model's own two blocks
     ids = _ids(n + 1, seed=3)[:n]
-    xs, _ = _hf_io(model, ids)
+    xs, _, _ = block_io(model, ids)
     f0, f1 = _hf_block_fn(model, 0, ids), _hf_block_fn(model, 1, ids)
     exact = _dense_norm(lambda x: f1(f0(x)), xs[0])
     rtol = 1e-5 if name == "llama" else 1e-9
@@ -270,7 +240,7 @@ def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64
 def test_matrix_free_path_and_hidden_state_input(gpt2):
     """n d > 1500: Lanczos through autograd products; hidden states given directly."""
     n = 26
-    xs, _ = _hf_io(gpt2, _ids(n, seed=5))
+    xs, _, _ = block_io(gpt2, _ids(n, seed=5))
     prof = profile_model(gpt2, xs[0], n=[n, 5], tol=1e-9, heads=False)
     assert prof.ns == (5, n) and prof.settings["input"] == "hidden states"
     rec = prof.record(0, n)
@@ -290,7 +260,7 @@ def test_matrix_free_path_and_hidden_state_input(gpt2):
 
 
 def test_float32_follows_the_input(gpt2):
-    x = _hf_io(gpt2, _ids(6))[0][0]
+    x = block_io(gpt2, _ids(6))[0][0]
     p64 = profile_model(gpt2, x, n=6, layers=[1], heads=False)
     p32 = profile_model(gpt2, x.float(), n=6, layers=[1], heads=False)
     assert (p64.dtype, p32.dtype) == ("float64", "float32")
@@ -362,7 +332,7 @@ def test_layers_that_are_not_consecutive_have_no_chain():
     assert prof.layers == (0, 2) and prof.chains == () and prof.dtype == "float64"
     assert not prof.settings["end_to_end"]
     # the input of layer 2 is block 1 applied to the input of layer 0 (the skipped block runs)
-    xs, _ = _hf_io(model, _ids(5))
+    xs, _, _ = block_io(model, _ids(5))
     assert prof.record(2, 5).radius == pytest.approx(float(xs[2].norm(dim=-1).max()), rel=1e-5)
 
 

@@ -3,9 +3,9 @@
 Oracles: the model's own layer in a forward pass (hooks capture what enters and leaves each
 layer, and what enters its attention module) on tiny random models built from transformers'
 config classes (nothing is downloaded), in float64 with transformers' float32 steps replaced by
-the same formulas in float64 (the eager softmax's ``dtype=float32``, the rotary tables computed
-from float32 angles, ModernBERT's float32 rotation of q and k, Phi-3's RMSNorm cast to float32),
-so that the rebuilt block must agree to rounding: 1e-12 relative to the largest entry. Every
+the same formulas in float64 by ``tests.hf_float64`` (the eager softmax's ``dtype=float32``, the
+rotary tables computed from float32 angles, ModernBERT's float32 rotation of q and k, Phi-3's
+RMSNorm cast to float32), so that the rebuilt block must agree to rounding: 1e-12 relative to the largest entry. Every
 weight is random (std 1.5/sqrt(fan-in): non-uniform attention), and so is every bias, norm gain
 and norm shift, so that a norm, bias or residual read in the wrong place is off by O(1).
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ import torch
 from meanfield.models._families import UnmodelledFeature
 from meanfield.models.layers import arch_of, attention_module, layer_modules
 from meanfield.profile import model_blocks, profile_model
+from tests.hf_float64 import block_io, patch_float32_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -145,78 +145,8 @@ def _model(case: str, vocab: int = 100, dtype: torch.dtype = D64):
     return model.eval().to(dtype)
 
 
-def _float64_steps(model, monkeypatch) -> None:
-    """transformers' float32 steps as the same formulas in float64 (module docstring)."""
-    softmax = torch.nn.functional.softmax
-
-    def softmax64(input, dim=None, _stacklevel=3, dtype=None):
-        return softmax(input, dim=dim, dtype=None if input.dtype == D64 else dtype)
-
-    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
-    for mod in model.modules():
-        if type(mod).__name__ == "Phi3RMSNorm":  # weight * (x.float() * rsqrt(...))
-
-            def norm(x, mod=mod):
-                r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + mod.variance_epsilon)
-                return mod.weight * (x * r)
-
-            monkeypatch.setattr(mod, "forward", norm)
-    rot = getattr(model.base_model, "rotary_emb", None)
-    if rot is None:
-        return
-
-    def rotary(x, position_ids, layer_type=None):
-        pre = f"{layer_type}_" if layer_type else ""
-        inv = getattr(rot, pre + "inv_freq").to(D64)
-        scale = getattr(rot, pre + "attention_scaling")
-        ang = position_ids[..., None].to(D64) * inv
-        emb = torch.cat([ang, ang], dim=-1)
-        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
-
-    monkeypatch.setattr(rot, "forward", rotary)
-    module = sys.modules[type(model).__module__]
-    if "modernbert" in module.__name__:  # rotates q and k in float32
-        from transformers.models.llama import modeling_llama
-
-        monkeypatch.setattr(module, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
-
-
 def _ids(n: int, seed: int = 2) -> torch.Tensor:
     return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _io(model, ids):
-    """What enters and leaves every layer, and what enters its attention module.
-
-    ``tests.test_profile._hf_io`` with the blocks found by the family adapter (DistilBERT's
-    ``transformer.layer``, OPT's ``decoder.layers``) and the attention module's input too.
-    """
-    arch = arch_of(model)
-    xs, ys, xa = {}, {}, {}
-    handles = []
-    for i, mod in enumerate(layer_modules(model, arch)):
-
-        def pre(m, args, kwargs, i=i, into=xs):
-            into[i] = (args[0] if args else kwargs["hidden_states"])[0].detach()
-
-        def post(m, args, kwargs, out, i=i):
-            y = out[0] if isinstance(out, tuple) else out
-            ys[i] = (y[0] if y.ndim == 3 else y).detach()
-
-        def pre_att(m, args, kwargs, i=i):
-            pre(m, args, kwargs, i=i, into=xa)
-
-        att = attention_module(model, arch, i)
-        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(mod.register_forward_hook(post, with_kwargs=True))
-        handles.append(att.register_forward_pre_hook(pre_att, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]))
-    finally:
-        for h in handles:
-            h.remove()
-    return xs, ys, xa
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -232,8 +162,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("case", list(CASES))
 def test_blocks_equal_the_model_layers(case, monkeypatch):
     model = _model(case)
-    _float64_steps(model, monkeypatch)
-    xs, ys, xa = _io(model, _ids(N))
+    patch_float32_steps(model, monkeypatch)
+    xs, ys, xa = block_io(model, _ids(N))
     blocks = model_blocks(model)
     assert [b.layer for b in blocks] == list(range(len(xs)))
     post_ln, parallel, from_norm, shared = CASES[case][3]
@@ -259,8 +189,8 @@ def test_blocks_equal_the_model_layers(case, monkeypatch):
 def test_a_misread_form_shows(case, monkeypatch):
     """The checks above can fail: the block with its residual form flipped is off by O(1)."""
     model = _model(case)
-    _float64_steps(model, monkeypatch)
-    xs, ys, _ = _io(model, _ids(N))
+    patch_float32_steps(model, monkeypatch)
+    xs, ys, _ = block_io(model, _ids(N))
     b = model_blocks(model, [1])[0]
     flip = {
         "opt": dict(post_ln=True),
@@ -310,10 +240,10 @@ def test_profile_brackets_hold(case, monkeypatch):
     Jacobian norm (reverse-mode autograd, float64 SVD) lies in the recorded bracket, at the
     attention input the block gives (after the first norm; ModernBERT's layer 0: none)."""
     model = _model(case)
-    _float64_steps(model, monkeypatch)
+    patch_float32_steps(model, monkeypatch)
     ids = _ids(N)
     prof = profile_model(model, ids, n=N, heads=False)
-    xs, _, _ = _io(model, ids)
+    xs, _, _ = block_io(model, ids)
     for b in model_blocks(model):
         rec = prof.record(b.layer, N)
         x = xs[b.layer]

@@ -2,9 +2,9 @@
 
 Oracles: the model's own decoder layer in a forward pass (hooks capture what enters and leaves
 each layer), in float64 with transformers' float32 steps (Gemma RMSNorm's cast, the eager
-softmax's ``dtype=float32``, the rotary tables) replaced by the same formulas in float64, so the
-rebuilt block must agree to rounding; and the command's own ``profile.json`` for the end-to-end
-runs (every bracket finite, the chain rule holding).
+softmax's ``dtype=float32``, the rotary tables) replaced by the same formulas in float64
+(``tests.hf_float64``), so the rebuilt block must agree to rounding; and the command's own
+``profile.json`` for the end-to-end runs (every bracket finite, the chain rule holding).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from meanfield.profile import model_blocks, profile_model
-from tests.test_profile import _hf_io
+from tests.hf_float64 import block_io, patch_float32_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,34 +82,6 @@ def _model(case: str, vocab: int = 100, dtype: torch.dtype = D64):
     return model.eval().to(dtype)
 
 
-def _float64_steps(model, monkeypatch) -> None:
-    """transformers' float32 steps as the same formulas in float64 (module docstring)."""
-    softmax = torch.nn.functional.softmax
-
-    def softmax64(input, dim=None, _stacklevel=3, dtype=None):
-        return softmax(input, dim=dim, dtype=None if input.dtype == D64 else dtype)
-
-    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
-    for mod in model.modules():
-        if type(mod).__name__.endswith("RMSNorm"):  # GemmaRMSNorm: _norm(x.float()) * (1 + w)
-
-            def norm(x, mod=mod):
-                return mod._norm(x) * (1.0 + mod.weight)
-
-            monkeypatch.setattr(mod, "forward", norm)
-    rot = model.rotary_emb
-
-    def rotary(x, position_ids, layer_type=None):
-        pre = f"{layer_type}_" if layer_type else ""
-        inv = getattr(rot, pre + "inv_freq").to(D64)
-        scale = getattr(rot, pre + "attention_scaling")
-        ang = position_ids[..., None].to(D64) * inv
-        emb = torch.cat([ang, ang], dim=-1)
-        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
-
-    monkeypatch.setattr(rot, "forward", rotary)
-
-
 def _ids(n: int, seed: int = 2) -> torch.Tensor:
     return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -126,8 +98,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("case", list(CONFIGS))
 def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
     model = _model(case)
-    _float64_steps(model, monkeypatch)
-    xs, ys = _hf_io(model, _ids(N))
+    patch_float32_steps(model, monkeypatch)
+    xs, ys, _ = block_io(model, _ids(N))
     blocks = model_blocks(model)
     assert [b.layer for b in blocks] == [0, 1]
     for b in blocks:  # layer 0 sliding, layer 1 global (Gemma-2/3)
@@ -149,7 +121,7 @@ def test_gemma2_block_in_float32_with_transformers_own_steps():
     rebuilt float32 block agrees to float32 rounding (measured 2.7 and 1.7 units of float32's
     eps relative to the largest entry; a wrong norm or residual is off by O(1))."""
     model = _model("gemma2", dtype=torch.float32)
-    xs, ys = _hf_io(model, _ids(N))
+    xs, ys, _ = block_io(model, _ids(N))
     eps = torch.finfo(torch.float32).eps
     for b in model_blocks(model, dtype=torch.float32):
         with torch.no_grad():
@@ -160,10 +132,10 @@ def test_gemma2_profile_brackets_hold(monkeypatch):
     """The profile's numbers on Gemma-2 against dense oracles: the block's Jacobian through the
     model's own layer (float64 steps), the attention bracket containing its dense norm."""
     model = _model("gemma2")
-    _float64_steps(model, monkeypatch)
+    patch_float32_steps(model, monkeypatch)
     ids = _ids(N)
     prof = profile_model(model, ids, n=N, heads=False, end_to_end=False)
-    xs, _ = _hf_io(model, ids)
+    xs, _, _ = block_io(model, ids)
     for b in model_blocks(model):
         rec = prof.record(b.layer, N)
         x = xs[b.layer]
