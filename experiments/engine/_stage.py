@@ -14,8 +14,8 @@ synthetic sweeps, mass splitting, the bound checks). Each stage module defines
 - ``summary(results_dir) -> dict`` and ``report_section(results_dir, figures_dir) -> str``;
 - ``claims(results_dir) -> Claims``: the stage's rows of the report's verdict table, and the
   notes under it;
-- ``STAGE = ModuleStage.from_module(__name__, title)``, which bundles the above, satisfies
-  :class:`Stage` and gives the module its public ``run = STAGE.run``.
+- ``STAGE = ModuleStage.from_module(__name__, title)``, which bundles the above (the
+  :class:`Stage` of the pipeline) and gives the module its public ``run = STAGE.run``.
 
 The command line (``meanfield_cli.registry``, the top layer) holds the list of stages by direct
 reference, so a type checker sees the whole contract. Settings given on the command line (``meanfield experiment
@@ -35,7 +35,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -245,68 +245,6 @@ class Claims(NamedTuple):
     notes: list[str]
 
 
-@runtime_checkable
-class Stage(Protocol):
-    """What the ``reproduce`` pipeline and ``meanfield experiment`` need from a stage."""
-
-    @property
-    def name(self) -> str:
-        """The stage's name: its results directory and its name on the command line."""
-        ...
-
-    @property
-    def title(self) -> str:
-        """The stage's title in the report."""
-        ...
-
-    @property
-    def uses_device(self) -> bool:
-        """Whether ``--device`` applies (otherwise the stage runs on the CPU only)."""
-        ...
-
-    @property
-    def presets(self) -> Mapping[str, StageConfig]:
-        """The typed settings of each preset."""
-        ...
-
-    def run(
-        self,
-        results_dir: str | Path,
-        preset: str = "quick",
-        *,
-        device: str = "cpu",
-        progress: bool = True,
-        **settings: Any,
-    ) -> list[Path]:
-        """Run (or resume) the stage into ``results_dir / name``; return the files written."""
-        ...
-
-    def summary(self, results_dir: Path) -> dict[str, Any]:
-        """A JSON-able summary of the saved results."""
-        ...
-
-    def report_section(self, results_dir: Path, figures_dir: Path) -> str:
-        """The stage's Markdown section of ``report.md``."""
-        ...
-
-    def claims(self, results_dir: Path) -> Claims:
-        """The stage's rows of the verdict table (none when its results are missing)."""
-        ...
-
-    def start(
-        self,
-        results_dir: str | Path,
-        preset: str = "quick",
-        *,
-        device: str = "cpu",
-        progress: bool = True,
-        executor: Any = None,
-        **settings: Any,
-    ) -> Steps:
-        """The stage's run as rounds, for a driver (:class:`experiments.engine.Rounds`)."""
-        ...
-
-
 @dataclass(frozen=True)
 class StageRun:
     """How one call of a stage runs: what :meth:`ModuleStage.run` hands to the module's ``execute``.
@@ -452,6 +390,11 @@ class ModuleStage:
     def claims(self, results_dir: Path) -> Claims:
         """The module's ``claims``."""
         return self.claims_fn(results_dir)
+
+
+#: A stage of the pipeline: every stage is a :class:`ModuleStage` made of its module's functions
+#: (one shape, so the contract's signatures are written once, on :class:`ModuleStage`).
+Stage = ModuleStage
 
 
 def preset_settings(
