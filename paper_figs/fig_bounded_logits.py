@@ -3,7 +3,8 @@ r"""Figure M: the local Lipschitz constant of attention against the input radius
 One panel per input construction (tied inputs; tied inputs with the query in the null space of
 head 0's query map), log axes: :math:`\|J\|_2` of one random causal attention layer at inputs of
 radius :math:`R` (the largest value over the inputs of each radius; markers on solid lines),
-measured by the default certified call of :func:`meanfield.local_lipschitz`, with its certified
+measured by the certified call of :func:`meanfield.local_lipschitz` (Lanczos on the streaming
+path), with its certified
 bracket :math:`[\text{lower}, \text{upper\_prob}]` (confidence :math:`1-\delta` over the random
 start) as a band in the form's colour (at most 5 % wide where the width rule was met, so often
 thinner than the line; the panel notes the widest bracket of each form and the forms whose

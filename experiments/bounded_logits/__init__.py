@@ -3,9 +3,10 @@ r"""Experiment stage ``bounded_logits``: the local Lipschitz constant against th
 One random causal attention layer of Qwen3-like shape (grouped key/value heads, output
 projection, no rotary embedding) in four forms sharing its weights: plain dot-product attention,
 QK-norm, soft-capped logits and a sliding window. At each radius R the stage measures
-:math:`\|J\|_2` of each form with the default certified call of
+:math:`\|J\|_2` of each form with the certified call of
 :func:`meanfield.local_lipschitz` (the value and its certified bracket ``[lower, upper_prob]``,
-confidence 1 − δ; the variants run on the streaming path, whose rounding analysis covers them)
+confidence 1 − δ; every Lanczos estimate on the streaming path, whose rounding analysis covers
+the variants)
 at two constructions of tied inputs of radius R (:func:`.layer.tied_input`), where the plain form's
 constant keeps growing like :math:`R^2` (and, with a query in the null space of a head's query
 map, the QK-norm one like :math:`R`), fits the growth exponent over the large radii, and sets each form against its

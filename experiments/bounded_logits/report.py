@@ -133,7 +133,8 @@ def _measurement_words(forms: Mapping[str, Any]) -> str:
     rules = ", ".join(sorted({r for e in forms.values() for r in e["stop_rules"]}))
     widths = ", ".join(f"{FORM_LABELS[f]} {_ratio(e['ratio_prob_max'])}" for f, e in forms.items())
     out = (
-        "‖J‖₂ from the default certified call of `meanfield.local_lipschitz` (method "
+        "‖J‖₂ from the certified call of `meanfield.local_lipschitz` (its defaults, Lanczos on the "
+        "streaming path for every form; method "
         f"{methods}; path: {paths}): each value comes with its certified bracket "
         "[lower, upper_prob], confidence 1 − δ over the random start (δ = 10⁻⁶), and Lanczos "
         "stops when upper_prob ≤ 1.05 · lower or, where the rounding margins alone are wider, on "

@@ -98,7 +98,7 @@ class BoundedLogitsSettings(StageConfig):
     At each radius of ``radii``, ``n_inputs`` inputs of ``n`` tokens of norm R of each
     construction of ``inputs`` (names of :data:`INPUTS`,
     :func:`experiments.bounded_logits.layer.tied_input`) are measured with
-    :func:`meanfield.local_lipschitz` (``method``; the default certified call: the bracket
+    :func:`meanfield.local_lipschitz` (``method``; the certified call, Lanczos on the streaming path: the bracket
     ``[lower, upper_prob]`` at confidence 1 - 1e-6, stopping when it is within a factor 1.05).
     Growth exponents are fitted over the radii ``>= large_R``. ``threads``: torch threads of
     each point (``None``: the driver's count).

@@ -2,11 +2,11 @@
 
 Each point (:func:`bl_point`) scales one input of one construction (:func:`.layer.tied_input`)
 to radius R and measures the local Lipschitz constant of one form of the random layer there
-with the default certified call of :func:`meanfield.local_lipschitz` (``certify=True``,
-``method`` of the settings, ``"auto"``: the library's choice). The plain form runs on the stored
-path (the dense SVD with its Gram certificate when n·d <= 1500, else Lanczos); the forms with a
-variant run on the streaming path, whose rounding analysis covers QK-norm, caps and windows
-(docs/rounding.md §11.4), with Lanczos. Lanczos stops on the width rule,
+with the certified call of :func:`meanfield.local_lipschitz` (``certify=True``, ``method`` of
+the settings, ``"auto"``: the library's choice). Every Lanczos estimate runs on the streaming
+path (:func:`_path`), whose rounding analysis covers QK-norm, caps and windows; only the plain
+form's dense SVD with its Gram certificate (n·d <= 1500) runs on the stored path
+(docs/rounding.md §11.4). Lanczos stops on the width rule,
 ``upper_prob <= 1.05 lower``, or, where the rounding margins alone are wider, on the residual
 rule. The point records the bracket ``lower``, ``upper_prob`` (at confidence 1 − δ over the
 random start), ``upper`` (inf where no deterministic end is formed), ``value``, the path, the
