@@ -24,11 +24,13 @@ largest entry. Inputs of other dtypes (float32 models) take transformers' own st
 
 :func:`block_io` captures, by hooks, what enters and leaves each block of a model, and what
 enters each block's attention module, in one forward pass: the oracle the rebuilt blocks are
-compared with.
+compared with. :func:`seeded_model`, :func:`randomize`, :func:`token_ids` and :func:`rel_error`
+build the small random models, their inputs and the comparison the profile tests share.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -151,3 +153,69 @@ def block_io(model: torch.nn.Module, ids: torch.Tensor) -> tuple[dict, dict, dic
         for h in handles:
             h.remove()
     return xs, ys, xa
+
+
+def seeded_model(config, model_cls=None, norm_centre: float | None = None) -> torch.nn.Module:
+    """A transformers model from ``config``, initialised under ``manual_seed(0)``, in eval mode.
+
+    Parameters
+    ----------
+    config
+        A transformers config object.
+    model_cls
+        The model class; ``None``: ``transformers.AutoModel.from_config``. The global RNG is
+        left as it was (``fork_rng``).
+    norm_centre
+        ``None``: the initialisation is kept. A number: the weights are then drawn again by
+        :func:`randomize`, the norm gains centred at ``norm_centre``.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if model_cls is None:
+            import transformers
+
+            model = transformers.AutoModel.from_config(config)
+        else:
+            model = model_cls(config)
+    if norm_centre is not None:
+        randomize(model, norm_centre=norm_centre)
+    return model.eval()
+
+
+def randomize(model: torch.nn.Module, seed: int = 1, norm_centre: float = 1.0) -> None:
+    """Draw weights of std 1.5/sqrt(fan-in), norm gains around ``norm_centre``, biases around 0.
+
+    Parameters
+    ----------
+    model
+        Randomized in place; the embeddings (``embed``, ``wte``, ``wpe`` in the
+        name) keep their initialisation.
+    seed
+        Seed of the generator drawn from, parameter by parameter in ``named_parameters`` order.
+    norm_centre
+        Where the 1-D ``weight`` parameters (the norm gains) are centred: 1 for a gain ``w``;
+        0 for Gemma's norms, whose gain is ``1 + w`` (they start at ``w = 0``). Random gains make
+        each norm of a block distinct, so that one read in the place of another shows. The
+        other 1-D parameters (biases, shifts) are centred on 0.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            low = name.lower()
+            if p.ndim == 2 and not any(s in low for s in ("embed", "wte", "wpe")):
+                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / math.sqrt(p.shape[1]))
+            elif p.ndim == 1 and name.endswith("weight"):  # the 1-D weights are norm gains
+                p.copy_(norm_centre + 0.3 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def token_ids(n: int, seed: int) -> torch.Tensor:
+    """``n`` token ids drawn uniformly from 1..99 by a generator seeded with ``seed``."""
+    return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b| / max |b|``; ``a`` and ``b`` must have the same shape and dtype."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    return float((a - b).abs().max() / b.abs().max())

