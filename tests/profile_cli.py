@@ -44,3 +44,31 @@ def cli(argv, capsys) -> tuple[int, str, str]:
     rc = main([str(a) for a in argv])
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+def assert_profile_brackets(prof, model, xs, n: int, *, chain_bound: bool = True) -> None:
+    """Every layer's recorded brackets hold around the dense constants of ``model_blocks(model)``.
+
+    For each block, at its captured input ``xs[layer]``: the block's ``[lower, bound]`` and the
+    attention's ``[lower, bound]`` contain the top singular value of the autograd Jacobian (to
+    the dense SVD's rounding, 1e-12 relative), and the attention's bound is finite (its
+    ``upper_prob`` where no deterministic end is formed); ``chain_bound``: the block's too.
+    """
+    import math
+
+    from meanfield.profile import model_blocks
+
+    for b in model_blocks(model):
+        rec = prof.record(b.layer, n)
+        x = xs[b.layer]
+        J = torch.autograd.functional.jacobian(b, x).reshape(x.numel(), x.numel())
+        exact = float(torch.linalg.svdvals(J)[0])
+        assert rec.block.lower <= exact * (1 + 1e-12) and exact <= rec.block.bound * (1 + 1e-12)
+        Xa = b.attention_input(x)
+        Ja = torch.autograd.functional.jacobian(b.attention, Xa).reshape(Xa.numel(), -1)
+        att = float(torch.linalg.svdvals(Ja)[0])
+        a = rec.attention
+        assert a.lower <= att * (1 + 1e-12) and att <= a.bound * (1 + 1e-12)
+        assert math.isfinite(a.bound)
+        if chain_bound:
+            assert math.isfinite(rec.block.bound)

@@ -18,7 +18,7 @@ import torch
 from meanfield.profile import model_blocks, profile_model
 from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_model, token_ids
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
-from tests.profile_cli import cli, save_checkpoint
+from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,18 +112,7 @@ def test_gemma2_profile_brackets_hold(monkeypatch):
     ids = token_ids(N, seed=2)
     prof = profile_model(model, ids, n=N, heads=False, end_to_end=False)
     xs, _, _ = block_io(model, ids)
-    for b in model_blocks(model):
-        rec = prof.record(b.layer, N)
-        x = xs[b.layer]
-        J = torch.autograd.functional.jacobian(b, x).reshape(x.numel(), x.numel())
-        exact = float(torch.linalg.svdvals(J)[0])
-        assert rec.block.lower <= exact * (1 + 1e-12) and exact <= rec.block.bound * (1 + 1e-12)
-        Xa = b.attention_input(x)
-        Ja = torch.autograd.functional.jacobian(b.attention, Xa).reshape(Xa.numel(), -1)
-        att = float(torch.linalg.svdvals(Ja)[0])
-        a = rec.attention
-        assert a.lower <= att * (1 + 1e-12) and att <= a.bound * (1 + 1e-12)
-        assert math.isfinite(a.bound)  # upper_prob where the deterministic end is inf
+    assert_profile_brackets(prof, model, xs, N, chain_bound=False)
 
 
 # ----------------------------------------------------------------------------------------------
