@@ -5,8 +5,12 @@ Per layer, in float64: the products of the two paths differ by at most the sum o
 error bounds (the streaming model of §11.2; the stored model of §3, with the first-order
 relative term of §6 for rotary heads); the certified brackets ``[lower, upper_prob]`` of the
 default call overlap; and their widths differ by at most the two rounding margins (both runs
-make the same Krylov steps from the same seed). The streaming model, which holds to all orders,
-is the wider one by up to ~2e-7 relative on these layers (docs/rounding.md §11.1).
+make the same Krylov steps from the same seed). With the split magnitude operator
+(docs/rounding.md §11.5) the streaming bracket, which holds to all orders, is also no wider than
+the stored one on the BERT and GPT-2 layers (narrower by 1.4–1.9e-9 relative, far above the
+values' own rounding). On the Llama layers it is wider by 2e-9: the stored margin of rotary heads
+is the first-order ``8 eta`` of docs/rounding.md §6, not a derived bound, so no order is asserted
+there.
 """
 
 from __future__ import annotations
@@ -65,3 +69,5 @@ def test_streaming_agrees_with_stored_on_every_standin_layer(name, layer, reques
         tol = width_tolerance(X, params, float(streamed.lower), masked=masked)
         ratio_sd, ratio_st = float(stored.ratio_prob), float(streamed.ratio_prob)
         assert abs(ratio_st - ratio_sd) <= tol * ratio_sd, (name, layer)
+        if not rope:  # both margins derived: the streaming bracket is no wider
+            assert ratio_st <= ratio_sd, (name, layer, ratio_st / ratio_sd - 1)
