@@ -286,3 +286,25 @@ def test_cli_profiles_a_saved_checkpoint(case, tokenizer, tmp_path, capsys):
     for entry in doc["linear"]:  # every linear map of every layer, certified
         assert {m["name"] for m in entry["maps"]} == names
         assert all(0 < m["sigma"] <= m["upper"] < math.inf for m in entry["maps"])
+
+
+@pytest.mark.parametrize(
+    "case", ["distilbert", "opt", "phi3", "gpt_neox", "falcon", "bloom", "modernbert"]
+)
+def test_cli_lipschitz_reads_a_saved_checkpoint(case, tokenizer, tmp_path, capsys):
+    """`meanfield lipschitz --model DIR` on a saved checkpoint of each family: a certified bracket
+    around the value at the input of the layer's own attention module (the map itself is checked
+    against the model in tests/test_hf_families.py)."""
+    model = _model(case, vocab=tokenizer.vocab_size, dtype=torch.float32)
+    ckpt = save_checkpoint(tmp_path / f"tiny-{case}", model, tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 4)
+    argv = ["lipschitz", "--model", ckpt, "--layer", 1, "--n", 10, "--corpus", text, "--json"]
+    rc, out, err = cli(argv + ["--windows", 1], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    module = type(attention_module(model, arch_of(model), 1)).__name__
+    assert doc["mode"] == "model" and doc["source"]["module"] == module and doc["n"] == 10
+    (row,) = doc["inputs"]
+    assert row["certified"] and 0 < row["lower"] <= row["value"] <= row["upper_prob"]
+    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + 1e-12)  # the default width

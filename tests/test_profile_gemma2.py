@@ -152,6 +152,31 @@ def test_cli_profiles_a_saved_checkpoint(family, tokenizer, tmp_path, capsys):
     assert "* upper_prob:" in stdout and "inf]" not in stdout
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen3"])
+def test_cli_lipschitz_reads_a_saved_checkpoint(family, tokenizer, tmp_path, capsys):
+    """`meanfield lipschitz --model DIR` on saved Gemma-2 (soft-cap, window), Gemma-3 (QK-norm,
+    window) and Qwen3 (QK-norm) checkpoints: the certified bracket on the streaming path, within
+    the default width, at the input of the layer's own attention module."""
+    vocab = tokenizer.vocab_size
+    if family == "qwen3":
+        cfg = transformers.Qwen3Config(**SHAPE, vocab_size=vocab, attn_implementation="eager")
+        model = seeded_model(cfg, transformers.Qwen3Model)
+    else:
+        model = _model(family, vocab=vocab)
+    ckpt = save_checkpoint(tmp_path / f"tiny-{family}", model, tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 4)
+    argv = ["lipschitz", "--model", ckpt, "--layer", 0, "--n", N, "--corpus", text, "--json"]
+    rc, out, err = cli(argv + ["--windows", 1], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["mode"] == "model" and doc["n"] == N
+    (row,) = doc["inputs"]
+    assert row["certified"] and row["path"] == "streaming"  # the variants' certified path
+    assert 0 < row["lower"] <= row["value"] <= row["upper_prob"]
+    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + 1e-12)  # the default width
+
+
 def test_cli_refuses_an_unmodelled_block_in_one_line(tokenizer, tmp_path, capsys):
     # Granite: a Llama-style layout (its attention is read) whose block scales the residual
     # branches (residual_multiplier): not a modelled block
