@@ -23,7 +23,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 } | tee "$OUT/device.txt"
 t0=$(date +%s)
-$PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_gpu_streaming.py \
+$PY -m pytest -q -p no:cacheprovider -m gpu tests/meanfield/test_gpu.py tests/meanfield/test_gpu_streaming.py \
     >"$OUT/pytest_gpu.log" 2>&1
 echo "pytest -m gpu: exit $? in $(($(date +%s) - t0)) s; $(tail -n 1 "$OUT/pytest_gpu.log")"
 t0=$(date +%s)

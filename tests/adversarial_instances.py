@@ -1,4 +1,4 @@
-"""Building blocks of the adversarial instances of tests/test_rigour.py and test_block_rounding.py.
+"""Building blocks of the adversarial instances of tests/meanfield/test_rigour.py and test_block_rounding.py.
 
 Plain numpy arrays drawn from the caller's generator in a fixed order, so an instance stays a
 deterministic function of its seed.

@@ -9,7 +9,7 @@ guarantees, never by a small fixed tolerance:
 
 * ``lower``, ``upper`` and ``upper_prob`` are certified ends of ``||J||`` at the same inputs
   (docs/rounding.md §4; ``upper_prob`` with probability at least ``1 - delta`` over the seeded
-  start, so a failure is a bug, as in tests/test_rigour.py): the brackets of the two runs overlap.
+  start, so a failure is a bug, as in tests/meanfield/test_rigour.py): the brackets of the two runs overlap.
 * ``value`` is the Ritz value ``||Ĵv||/||v||`` of the operator ``Ĵ`` the run evaluated. Its
   lower end is ``value`` less a certified bound ``m`` on the rounding of that product
   (docs/rounding.md §4.1), so ``value <= ||J|| + m``. Where a run converged on the residual rule
@@ -22,7 +22,7 @@ guarantees, never by a small fixed tolerance:
       |value_a - value_b| <= (sqrt(1 + tol) - 1) max(value) + 2 m    (both converged)
 
   ``sqrt(1 + tol) - 1 <= tol / 2``: the solver's tolerance, relative; ``m`` is the products'
-  rounding (the relative allowance of tests/test_rigour.py, "tol plus the bracket's own relative
+  rounding (the relative allowance of tests/meanfield/test_rigour.py, "tol plus the bracket's own relative
   width"). ``m`` is the smaller of the two runs' ``value - lower`` at that window, so that a value
   never enters its own allowance (:func:`margins`). A run that stopped on another rule (a
   recorded ``stop_rule`` such as ``"width"``) is held to the brackets alone, which are then what

@@ -1,6 +1,6 @@
 """Small random Hugging Face models and hooks shared by the tests of meanfield.models.
 
-Imported by tests/test_models_*.py (pytest picks up the fixtures imported into a test module):
+Imported by tests/meanfield/test_models_*.py (pytest picks up the fixtures imported into a test module):
 ``from .models_fixtures import *`` brings the fixtures listed in ``__all__``; the helpers and
 constants are imported by name where they are used.
 """

@@ -13,7 +13,7 @@ when masked). Jacobian block :math:`(i, k)` of one head, :math:`b_i = A^\top x_i
 
 and the Wasserstein operator multiplies block :math:`(i, k)` by :math:`\sqrt{a_i/a_k}`. The
 formula is checked against central differences of :func:`forward` in mpmath
-(tests/test_rigour.py, tests/test_rigour_variants_oracle.py).
+(tests/meanfield/test_rigour.py, tests/meanfield/test_rigour_variants_oracle.py).
 
 **Heads.** A head is a tuple ``(A, V, W, c, rope, variants)``; trailing entries may be left out
 (``W``: identity, ``c``, ``rope``, ``variants``: none). ``A`` is a matrix or a pair ``(Q, K)``

@@ -2,7 +2,7 @@
 
 Written from the definitions in docs/theory.md and sharing no code with theory/: a naive
 log-weighted softmax attention, the closed-form Jacobian blocks of docs/theory.md §1 (checked
-against central finite differences in tests/test_bounds_sqrt_n.py), the mean-field local
+against central finite differences in tests/theory/test_bounds_sqrt_n.py), the mean-field local
 constant of docs/theory.md §16, and the two constructions (random points in the ball, the
 eigenvector construction).
 """

@@ -8,7 +8,7 @@ soft-cap, window, grouped heads, rotary, logit scale; ``qwen3``: QK-norm, rotary
 Each instance is plain numpy data; :func:`variant_torch_inputs` builds the ``meanfield``
 inputs, :func:`exact_variant_values` the singular values of the exact Jacobian from
 tests/mpmath_oracle.py (50 digits), and :func:`check_variant_instance` runs
-:func:`meanfield.local_lipschitz` against them, as ``check_instance`` of tests/test_rigour.py
+:func:`meanfield.local_lipschitz` against them, as ``check_instance`` of tests/meanfield/test_rigour.py
 does for plain heads. A float32 instance is the float32-rounded one: every array and scalar is
 rounded to float32 before the exact value is formed.
 """
@@ -357,7 +357,7 @@ def exact_variant_values(inst: dict, weights) -> list:
 def check_variant_instance(
     inst: dict, *, methods=METHODS, path: Any = "auto", upper: Any = "auto", certify: bool = True
 ) -> None:
-    """Every method of ``methods`` on ``inst``, as ``check_instance`` of tests/test_rigour.py.
+    """Every method of ``methods`` on ``inst``, as ``check_instance`` of tests/meanfield/test_rigour.py.
 
     With ``certify=True``: ``lower <= exact <= upper``, ``lower <= upper_prob``,
     ``exact <= upper_prob``, no NaN, the width rule met when converged on it, and honest
@@ -410,7 +410,7 @@ def check_variant_instance(
             continue
         # honest convergence: sigma^2 within tol sigma^2 of some exact sigma_k^2 (residual
         # bound for J^T J) plus the rounding of the products (float32: 1e-4; float64: a
-        # conditioning-free 1e-9 as in tests/test_rigour.py), plus the certified relative
+        # conditioning-free 1e-9 as in tests/meanfield/test_rigour.py), plus the certified relative
         # width where there is one (docs/rounding.md §7)
         v = mp.mpf(val)
         slack = tol + (1e-4 if f32 else 1e-9)

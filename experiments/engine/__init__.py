@@ -4,7 +4,7 @@ This package is the engine's one door: the stages (``experiments/<stage>``), ``p
 ``meanfield_cli``, the benchmarks and the examples import from ``experiments.engine`` only. It
 exports the names they use, with the types of those functions' arguments and results. Its
 modules are private; from the bottom up, each imports only modules above it in this list
-(``tests/test_layering.py`` checks it, imports inside functions included):
+(``tests/project/test_layering.py`` checks it, imports inside functions included):
 
 - ``_results``: atomic writes, JSON / JSONL / npz / CSV readers and writers, run metadata;
   ``_threads``: the torch and BLAS thread counts of a point, the cap of a worker;

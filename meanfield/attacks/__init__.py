@@ -24,7 +24,7 @@ weighted measure in the ball :math:`B_R`.
 
 Provenance (docs/theory.md §A7): the eigenvector construction and the two-Dirac positions come
 from the authors' released code; every bound and closed form here is derived and checked
-numerically (tests/test_attacks_*.py); the phenomena (tight √n rate, unbalanced worst measures,
+numerically (tests/meanfield/test_attacks_*.py); the phenomena (tight √n rate, unbalanced worst measures,
 mass splitting) are stated in the abstract of Castin, Ablin & Peyré, "How Smooth Is Attention?",
 ICML 2024, arXiv 2312.14820 (v2; v1 for the two-Dirac and mass-splitting material).
 

@@ -14,7 +14,7 @@ Private. The searches of :mod:`meanfield.attacks` (:func:`~meanfield.attacks.wor
 Why a second dense evaluation next to :func:`meanfield.lipschitz.local_lipschitz`: the ascent
 differentiates the constant with respect to the points and log-masses of a whole batch of starts,
 which the engine (an estimator returning a bracket, detached) does not do. The reported brackets
-come from the engine (:func:`engine_bracket`), and tests/test_attacks_search.py checks that both give
+come from the engine (:func:`engine_bracket`), and tests/meanfield/test_attacks_search.py checks that both give
 the same number (docs/theory.md, "Local constants on measures").
 """
 
@@ -266,7 +266,7 @@ def measure_constant(
 
     Deliberately not :func:`meanfield.lipschitz.local_lipschitz`: the searches differentiate this
     value with respect to the points and log-masses of a batch of starts. It equals the engine's
-    dense value (tests/test_attacks_search.py), which supplies the reported brackets.
+    dense value (tests/meanfield/test_attacks_search.py), which supplies the reported brackets.
     """
     B, n, d = X.shape
 

@@ -100,7 +100,7 @@ def split_gain(k: float | np.ndarray | Tensor, s: float | np.ndarray | Tensor):
     Notes
     -----
     Provenance: the phenomenon is *stated in the paper (v1 abstract)*; the closed form is *derived
-    and checked numerically* (exact :math:`W_2` of the attack, tests/test_attacks_splitting.py).
+    and checked numerically* (exact :math:`W_2` of the attack, tests/meanfield/test_attacks_splitting.py).
     Derivation in docs/derivations/mass_splitting.md.
     """
     require_theory()

@@ -295,7 +295,7 @@ def hidden_states(
         linearly in ``n``. ``"auto"``: the model's own implementation, except that an eager
         model switches to SDPA for windows longer than :data:`EAGER_MAX_N` (1024) tokens, where
         transformers has SDPA for it. The two agree to float32 rounding, not bit for bit
-        (tests/test_long_capture.py); every capture of at most 1024 tokens keeps the bits of
+        (tests/meanfield/test_long_capture.py); every capture of at most 1024 tokens keeps the bits of
         earlier releases.
 
     Returns

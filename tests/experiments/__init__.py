@@ -1,0 +1,1 @@
+"""Tests of the experiments package: the engine and its stages, corpora, fits."""

@@ -1,0 +1,1 @@
+"""Tests of the paper_figs package: the figures."""

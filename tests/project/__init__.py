@@ -1,0 +1,2 @@
+"""Tests of the project as a whole: layering, documentation references, README, examples,
+packaging, benchmarks."""

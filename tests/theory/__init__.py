@@ -1,0 +1,1 @@
+"""Tests of theory, theory.bounds, theory.symbolic, theory.lambert."""
