@@ -96,8 +96,11 @@ def check_certified_call(kind: str, dtype: torch.dtype, masked: bool, device: st
     n, d = X64.shape
     J = dense_jacobian(X64, p64, masked=masked).reshape(-1, n * d)
     exact = float(torch.linalg.matrix_norm(J, ord=2))
-    assert float(est.lower) <= exact * (1 + 1e-13)
-    assert exact * (1 - 1e-13) <= float(est.upper_prob)
+    # the CPU float64 SVD is backward stable: its top singular value is within about N u of
+    # the exact one, relatively (N = n d columns); the device's bracket must hold around it
+    svd = J.shape[-1] * 2.0**-53
+    assert float(est.lower) <= exact * (1 + svd)
+    assert exact * (1 - svd) <= float(est.upper_prob)
 
 
 KINDS = ["factored", "rotary", "gemma2", "qwen3", "alibi"]
