@@ -33,7 +33,7 @@ from torch import Tensor
 from ._typing import Params, ProductGeometry
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, StreamingLinearization, jvp, vjp
-from .jacobian.linearization import NormRows, attend
+from .jacobian.linearization import NormRows, RopeRows, attend, rotate_some
 from .jacobian.streaming import HeadGroup, streaming_jvp, streaming_vjp
 from .jacobian.streaming_variants import MixedNorm, NormStats, norm_relative_error
 from .params import AttentionParams, MultiHeadParams, RotaryEmbedding
@@ -76,6 +76,42 @@ def _abs_rope(rope: RotaryEmbedding, Z: Tensor, idx: Tensor) -> Tensor:
     half = Z.shape[-1] // 2
     rot = torch.cat([Z[..., half:], Z[..., :half]], dim=-1)
     return (Z + rot) * abs(float(rope.attention_scaling))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _RotationMagnitude(RotaryEmbedding):
+    r"""The entrywise bound of a full rotary embedding, in the place of the embedding.
+
+    :meth:`apply` maps :math:`z\ge0` to :math:`|\alpha|(z + \mathrm{swap}(z))` at every position:
+    each rotated coordinate :math:`z_a\cos - z_b\sin` (times :math:`\alpha`) is at most
+    :math:`|\alpha|(|z_a| + |z_b|)` in absolute value, for its rotation and for the adjoint one.
+    The map is symmetric, so the magnitude operator's products run the rotary closed form
+    (:func:`meanfield.jacobian.jvp`) unchanged, with this in the place of the rotation.
+    """
+
+    def apply(self, Z: Tensor, positions: Tensor) -> Tensor:
+        return _abs_rope(self, Z, positions)
+
+
+def _rotation_rounding(top: float, ropes: list[RotaryEmbedding], u: float) -> float:
+    r"""Relative error of one computed rotation, ``4u(2 + max|p\theta|) + 4u`` (0 without one).
+
+    The cosines and sines of angles up to :math:`\max|p\theta|` (``top`` the largest token
+    position) and the scaling (docs/rounding.md §2.1), then the two products and the sum of a
+    rotated coordinate.
+    """
+    worst = -1.0
+    for rope in ropes:
+        ang = top * float(rope.inv_freq.abs().max()) if rope.inv_freq.numel() else 0.0
+        worst = max(worst, ang)
+    return 0.0 if worst < 0 else 4 * u * (2 + worst) + 4 * u
+
+
+def _top_position(token_index: Tensor | None, n: int) -> float:
+    """The largest token position of a rotation: of ``token_index``, else ``n - 1``."""
+    if token_index is not None and token_index.numel():
+        return float(token_index.abs().max())
+    return float(max(n - 1, 0))
 
 
 def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tensor, Tensor]:
@@ -228,6 +264,18 @@ def error_model(lin: AttentionLinearization, unit: float = U64) -> ErrorModel:
     depth = 4 * (lin.n + lin.d + k + dv + lin.d_out) + 32
     eta_s = _SAFETY * 2 * eps_s
     eta_r = _SAFETY * (3 * eps_r + gamma(depth, unit))
+    ropes = [h.rope for h in lin.params.heads if h.rope is not None]
+    rot = _rotation_rounding(_top_position(lin.token_index, lin.n), ropes, unit)
+    if rot > 0:
+        # rotary heads: a monomial of the products has at most two rotated factors, each within
+        # rot of its magnitude row, and the magnitude operator dominates the exact monomials to
+        # within 1 + 2 gamma_{n+4} (docs/rounding.md §3.1): eta becomes
+        # (1 + eta)(1 + rot)^2 (1 + 2 gamma_{n+4}) - 1, both parts scaled alike so that the
+        # magnitude operator's weights do not move
+        eta = eta_s + eta_r
+        grown = ((1 + eta) * (1 + rot) ** 2 * (1 + 2 * gamma(lin.n + 4, unit)) - 1) * (1 + 4 * U64)
+        f = grown / eta
+        eta_s, eta_r = eta_s * f, eta_r * f
     return ErrorModel(eta_s=eta_s, eta_r=eta_r, eps_s=eps_s, depth=depth)
 
 
@@ -267,22 +315,26 @@ def magnitude_linearization(
     uncentred (:math:`|x_l|+\sum_jP_{ij}|x_j|+2|\bar x|`) for the rounding part. The uncentred
     bound on the mean is linear in the points, so it is formed in head space,
     :math:`P(|X||K_h|^\top)` rather than :math:`|K_h|(P|X|)`: the same numbers at cost
-    :math:`O(Hn^2k)` instead of :math:`O(Hn^2d)` (docs/rounding.md §3). The mean term, which the products *subtract*,
-    is stored negated, so the same code computes :math:`|J|_{\rm mag}h\ge0` for :math:`h\ge0`.
-    Only analytic heads are kept (rotary heads are covered by the relative term of
-    :func:`lower_from_product`).
+    :math:`O(Hn^2k)` instead of :math:`O(Hn^2d)` (docs/rounding.md §3). The mean term, which the
+    products *subtract*, is stored negated, so the same code computes :math:`|J|_{\rm mag}h\ge0`
+    for :math:`h\ge0`. Rotary heads get the same rows through the entrywise bound of a rotation
+    (:func:`_rope_magnitude_rows`, docs/rounding.md §3.1); their rotations' own rounding is in
+    ``model`` (:func:`error_model`).
     """
     X = lin.X
     aX = X.abs()
-    ab = lin.x_bar.abs()  # (..., 1, d)
-    V = lin.V.abs()
-    W = lin.W.abs()
     es = model.eta_s.to(X)
     er = model.eta_r.to(X)
     tot = es + er
     ok = torch.isfinite(tot) & (tot > 0)
     ws = torch.where(ok, es / torch.where(ok, tot, 1.0), 0.5)[..., None, None, None]
     wr = torch.where(ok, er / torch.where(ok, tot, 1.0), 0.5)[..., None, None, None]
+    rope_rows = None if lin.rope_rows is None else _rope_magnitude_rows(lin, lin.rope_rows, ws, wr)
+    out = dataclasses.replace(lin, X=aX, W=lin.W.abs(), _m=None, _B=None, rope_rows=rope_rows)
+    if not lin.analytic_heads:
+        return out
+    ab = lin.x_bar.abs()  # (..., 1, d)
+    V = lin.V.abs()
     xc = (X - lin.x_bar).abs() * (1 + 2 * U64)  # >= |x_l - x_bar|
     A: Tensor | None  # |A_h| of heads without factors
     QK: tuple[Tensor, Tensor] | None
@@ -320,27 +372,56 @@ def magnitude_linearization(
     KXc = Xr[..., :k] + abr[..., :k]  # uncentred, for the logit gradients A x_l
     VXc = ws * Xcr[..., k:] + wr * (Xr[..., k:] + abr[..., k:])
     C = None if lin.C is None else lin.C.abs()
+    # the lazily formed fields m and B follow from X, P, Q, K, C, all nonnegative now;
+    # A holds |A_h| for heads without factors (factored heads' products use Q, K only)
     return dataclasses.replace(
-        lin,
-        X=aX,
-        # the lazily formed fields m and B follow from X, P, Q, K, C, all nonnegative now;
-        # A holds |A_h| for heads without factors (factored heads' products use Q, K only)
-        _m=None,
-        _B=None,
-        _A=A,
-        V=V,
-        W=W,
-        QK=QK,
-        QKV=QKV,
-        Qx=Qx,
-        KXc=KXc,
-        KMc=Ms[..., :k],
-        VXc=VXc,
-        VMc=-Ms[..., k:],
-        C=C,
-        rope_heads=(),  # rotary heads: the relative term of lower_from_product and upper_margin
-        rope_rows=None,
+        out, _A=A, V=V, QK=QK, QKV=QKV, Qx=Qx, KXc=KXc, KMc=Ms[..., :k], VXc=VXc,
+        VMc=-Ms[..., k:], C=C,
+    )  # fmt: skip
+
+
+def _rope_magnitude_rows(
+    lin: AttentionLinearization, rr: RopeRows, ws: Tensor, wr: Tensor
+) -> RopeRows:
+    r"""The rotary heads' rows of the magnitude operator (docs/rounding.md §3.1).
+
+    The rotary products (:func:`meanfield.jacobian.jvp`, docs/derivations/jacobian_products.md
+    §3b) are the closed form of the other heads with rotated rows, so their magnitude rows are
+    those of :func:`magnitude_linearization` with every rotation replaced by its entrywise bound
+    (:class:`_RotationMagnitude`): queries :math:`\alpha(|Q||x_i| + \mathrm{swap})`, keys
+    :math:`\bar k_l + \frac1n\sum_j\bar k_j` (the products centre the rotated keys by their
+    mean), tangent rows through :math:`|Q|`, :math:`|K|` and the bound, the weighted centred and
+    uncentred value rows, and the mean term negated. The stored attention matrices are kept.
+    """
+    X = lin.X
+    aX = X.abs()
+    n = lin.n
+    ropes = tuple(
+        None if r is None else _RotationMagnitude(r.inv_freq, r.attention_scaling) for r in rr.ropes
     )
+    Q, K, V = rr.Q.abs(), rr.K.abs(), rr.V.abs()
+    index = rr.index
+
+    def rot(Z: Tensor) -> Tensor:
+        return rotate_some(ropes, Z, index)
+
+    q = rot(torch.einsum("...nd,hkd->...hnk", aX, Q))
+    k = rot(torch.einsum("...nd,hkd->...hnk", aX, K))
+    # computed centring k_l - mean(k): within the magnitudes below to gamma_{n+2}, covered by eta
+    kc = k + k.mean(-2, keepdim=True) * (1 + 2 * gamma(n + 4))
+    xc = (X - lin.x_bar).abs() * (1 + 2 * U64)  # >= |x_l - x_bar|
+    Xv = torch.einsum("...nd,hvd->...hnv", aX, V)
+    Xcv = torch.einsum("...nd,hvd->...hnv", xc, V)
+    abv = torch.einsum("...nd,hvd->...hnv", lin.x_bar.abs(), V)
+    block = lin._causal_block()
+    Mv = attend(rr.P, Xv, block) * (1 + 2 * gamma(n + lin.d + 4))  # >= |V| sum_l P_il |x_l|
+    unc = Mv + abv
+    # |V(m_i - x_bar)| from the computed rows: their error is below gamma_{n+d+4} P |V||x - x_bar|
+    cen = rr.VMc.abs() + 2 * gamma(n + lin.d + 4) * attend(rr.P, Xcv, block)
+    Ms = ws * cen + wr * unc
+    return dataclasses.replace(
+        rr, q=q, kc=kc, VXc=ws * Xcv + wr * (Xv + abv), VMc=-Ms, Q=Q, K=K, V=V, ropes=ropes,
+    )  # fmt: skip
 
 
 def _mag_ops(
@@ -350,13 +431,9 @@ def _mag_ops(
     shape_out = mlin.batch_shape + (mlin.n, mlin.d_out)
 
     def mv(v: Tensor) -> Tensor:
-        if not mlin.analytic_heads:
-            return v.new_zeros(shape_out).flatten(-2)
         return jvp(mlin, v.reshape(shape_in), geometry=geometry).flatten(-2)
 
     def rmv(u: Tensor) -> Tensor:
-        if not mlin.analytic_heads:
-            return u.new_zeros(shape_in).flatten(-2)
         return vjp(mlin, u.reshape(shape_out), geometry=geometry).flatten(-2)
 
     return mv, rmv
@@ -379,8 +456,8 @@ def magnitude_norm_upper(mlin: AttentionLinearization, geometry: ProductGeometry
 def magnitude_norm(
     mlin: AttentionLinearization | None, geometry: ProductGeometry, like: Tensor
 ) -> Tensor:
-    """:func:`magnitude_norm_upper`, or zeros when there is no analytic head."""
-    if mlin is None or not mlin.analytic_heads:
+    """:func:`magnitude_norm_upper`, or zeros without a magnitude operator (no head)."""
+    if mlin is None:
         return torch.zeros(like.shape, dtype=torch.float64, device=like.device)
     return magnitude_norm_upper(mlin, geometry)
 
@@ -392,9 +469,9 @@ def magnitude_vector_norm(
 
     One product of the magnitude operator with :math:`|v|`: every term is nonnegative, so the
     computed sums carry a relative error below :math:`\gamma_K`, covered by the factor applied
-    (docs/rounding.md §4.1). ``None`` when there is no analytic head.
+    (docs/rounding.md §4.1). ``None`` without a magnitude operator.
     """
-    if mlin is None or not mlin.analytic_heads:
+    if mlin is None:
         return None
     mv, _ = _mag_ops(mlin, geometry)
     w = mv(v.abs().to(torch.float64))
@@ -406,7 +483,6 @@ def lower_from_product(
     v: Tensor,
     mag_norm: Tensor,
     model: ErrorModel,
-    rope_heads: bool,
     n_out: int,
     mag_v: Tensor | None = None,
 ) -> Tensor:
@@ -417,12 +493,10 @@ def lower_from_product(
     (docs/rounding.md §4.1), clamped at 0, where :math:`m_v` bounds
     :math:`\||J|_{\rm mag}|v|\|_2`: ``mag_v`` from :func:`magnitude_vector_norm` when given
     (the entrywise model applied to this vector), else :math:`\||J|_{\rm mag}\|_2\|v\|` with
-    ``mag_norm`` from :func:`magnitude_norm_upper`. ``n_out`` is the length of :math:`Jv`. With
-    rotary heads (no magnitude operator) the relative term :math:`8\eta s` is added (first-order
-    model only).
+    ``mag_norm`` from :func:`magnitude_norm_upper`. ``n_out`` is the length of :math:`Jv`.
     """
     nv = torch.linalg.vector_norm(v, dim=-1)
-    return lower_from_norm(s, nv, v.shape[-1], mag_norm, model, rope_heads, n_out, mag_v)
+    return lower_from_norm(s, nv, v.shape[-1], mag_norm, model, n_out, mag_v)
 
 
 def lower_from_norm(
@@ -431,7 +505,6 @@ def lower_from_norm(
     n_in: int,
     mag_norm: Tensor,
     model: ErrorModel,
-    rope_heads: bool,
     n_out: int,
     mag_v: Tensor | None = None,
 ) -> Tensor:
@@ -443,24 +516,18 @@ def lower_from_norm(
     eta = model.eta
     m_v = mag_norm * nv if mag_v is None else torch.minimum(mag_v, mag_norm * nv)
     err = eta * m_v * (1 + gN)
-    if rope_heads:
-        err = err + 8 * eta * s
     low = (s * (1 - gN) - err) / (nv * (1 + gN)) * (1 - 4 * U64)
     low = torch.where(torch.isfinite(low), low, torch.zeros_like(low))
     return low.clamp_min(0.0)
 
 
-def upper_margin(mag_norm: Tensor, model: ErrorModel, upper: Tensor, rope_heads: bool) -> Tensor:
+def upper_margin(mag_norm: Tensor, model: ErrorModel, upper: Tensor) -> Tensor:
     r"""Add the evaluation error to a bound certified for the *computed* operator.
 
     :math:`\|J\|_2\le\|\hat J\|_2+\eta\,\||J|_{\rm mag}\|_2` (docs/rounding.md §4.2), rounded
-    up; with rotary heads also :math:`8\eta` times the bound.
+    up.
     """
-    eta = model.eta
-    extra = eta * mag_norm
-    if rope_heads:
-        extra = extra + 8 * eta * upper
-    out = (upper + extra) * (1 + 4 * U64)
+    out = (upper + model.eta * mag_norm) * (1 + 4 * U64)
     return torch.where(torch.isnan(out), math.inf, out)
 
 
@@ -552,16 +619,11 @@ def unscale(x: Tensor, e: int, power: int = 1) -> Tensor:
 
 # ------------------------------------------------------------------- the streaming products
 def _rope_rounding(lin: StreamingLinearization, u: float = U64) -> float:
-    """Relative error of one computed rotation of the rotary rows: ``4u(2 + max|p theta|) + 4u``."""
-    worst = 0.0
-    idx = lin.token_index
-    top = float(idx.abs().max()) if idx is not None and idx.numel() else float(max(lin.n - 1, 0))
+    """Relative error of one computed rotation of the streaming path's rotary rows."""
+    ropes = []
     for g in lin.groups:
-        ropes = list(g.ropes or ()) + [r for r in (g.var.ropes if g.var else ()) if r is not None]
-        for rope in ropes:
-            ang = top * float(rope.inv_freq.abs().max()) if rope.inv_freq.numel() else 0.0
-            worst = max(worst, 4 * u * (2 + ang) + 4 * u)
-    return worst
+        ropes += list(g.ropes or ()) + [r for r in (g.var.ropes if g.var else ()) if r is not None]
+    return _rotation_rounding(_top_position(lin.token_index, lin.n), ropes, u)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,15 +23,11 @@ def width_tolerance(X, params, low: float, *, masked=False, geometry="euclidean"
     lin = linearize(X, params, masked=masked, **kw)
     slin = linearize_streaming(X, params, masked=masked, **kw)
     model_sd = rnd.error_model(lin)
-    mag_sd = 0.0
-    if lin.analytic_heads:
-        mlin_sd = rnd.magnitude_linearization(lin, model_sd)
-        mag_sd = float(rnd.magnitude_norm_upper(mlin_sd, geometry))
+    mag_sd = float(rnd.magnitude_norm_upper(rnd.magnitude_linearization(lin, model_sd), geometry))
     mlin = streaming_magnitude(slin)
     eta_st = float(rnd.streaming_error_model(mlin).eta)
     mag_st = float(rnd.streaming_magnitude_norm(mlin, geometry))
-    rope = bool(lin.rope_heads)  # the stored path's first-order relative term (§6)
-    margins = eta_st * mag_st + float(model_sd.eta) * (mag_sd + 8 * rope * low)
+    margins = eta_st * mag_st + float(model_sd.eta) * mag_sd
     return 2 * margins / low + 64 * torch.finfo(torch.float64).eps
 
 

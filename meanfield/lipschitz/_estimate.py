@@ -27,8 +27,8 @@ class LipschitzEstimate:
         Best estimate (dense: the top singular value; iterative: the final Ritz value).
     lower, upper : Tensor
         Certified bracket ``lower <= exact <= upper`` for the inputs as stored, rounding included
-        (docs/rounding.md §4; rotary heads and ``geometry="split"`` use the first-order relative
-        margin of docs/rounding.md §6); ``upper = +inf`` when no certificate is available
+        (docs/rounding.md §4; ``geometry="split"`` uses the first-order relative margin of
+        docs/rounding.md §6); ``upper = +inf`` when no certificate is available
         (``upper="none"``, rotary heads in the weighted Wasserstein geometry, or
         :func:`local_lipschitz_fn` without ``method="dense"``) or when the constant exceeds
         float64's range (docs/rounding.md §5). Never NaN, and ``lower <= upper``. With

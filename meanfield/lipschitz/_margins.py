@@ -48,13 +48,17 @@ class Margins:
                         f"{', '.join(head.variants)}; use path='streaming' (docs/rounding.md "
                         "§11.4) or certify=False"
                     )
+            if lin64s.rope_heads and lin64s.rope_rows is None:
+                raise ValueError(
+                    "the stored path's certified bracket models rotary heads of one width only "
+                    "(these differ); use path='streaming' or certify=False"
+                )
         self._mag_norm: Tensor | None = None
         self.mlin = None
         self.smlin = None
         if isinstance(lin64s, StreamingLinearization):
             # the streaming products: one magnitude operator, rotary rows included, and the
-            # entrywise model of docs/rounding.md §11 (no first-order relative term)
-            self.rope = False
+            # entrywise model of docs/rounding.md §11
             mlin = streaming_magnitude(lin64s)
             self.model = _rnd.streaming_error_model(mlin)
             self.solve_model = self.model
@@ -68,11 +72,9 @@ class Margins:
             self.smlin = _rnd.streaming_magnitude_split(lin64s, mlin, models)
             return
         assert not isinstance(ops.lin64, StreamingLinearization)
-        self.rope = bool(lin64s.rope_heads)
+        # rotary heads included: their rows through the bound of a rotation (docs/rounding.md §3.1)
         self.model = _rnd.error_model(ops.lin64)
-        self.mlin = (
-            _rnd.magnitude_linearization(lin64s, self.model) if lin64s.analytic_heads else None
-        )
+        self.mlin = _rnd.magnitude_linearization(lin64s, self.model)
         self.solve_model = self.model
         if ops.float32_solve:
             model32 = _rnd.error_model(ops.lin64, _U32)
@@ -103,11 +105,11 @@ class Margins:
 
     def upper(self, bound: Tensor) -> Tensor:
         """A bound on the computed operator made a bound on the exact one (docs/rounding.md §4.2)."""
-        return _rnd.upper_margin(self.mag_norm(), self.model, bound, self.rope)
+        return _rnd.upper_margin(self.mag_norm(), self.model, bound)
 
     def upper_solve(self, bound: Tensor) -> Tensor:
         """:meth:`upper` for a bound on the solver's operator (float32's model for a float32 run)."""
-        return _rnd.upper_margin(self.mag_norm(), self.solve_model, bound, self.rope)
+        return _rnd.upper_margin(self.mag_norm(), self.solve_model, bound)
 
     def lower(self, s_prod: Tensor, v: Tensor, n_out: int) -> Tensor:
         r"""Certified lower end from ``s_prod`` :math:`=\|\widehat{Jv}\|` (docs/rounding.md §4.1)."""
@@ -117,7 +119,7 @@ class Margins:
         else:
             mag_v = _rnd.magnitude_vector_norm(self.mlin, v, self.geometry)
         mag = self.mag_norm_for_lower(mag_v)
-        return _rnd.lower_from_product(s_prod, v, mag, self.model, self.rope, n_out, mag_v)
+        return _rnd.lower_from_product(s_prod, v, mag, self.model, n_out, mag_v)
 
 
 def width_rule(
@@ -125,7 +127,6 @@ def width_rule(
     margin: float,
     mag_norm: Tensor,
     model: _rnd.ErrorModel,
-    rope: bool,
     n_out: int,
     n_in: int,
     shift: int,
@@ -158,8 +159,8 @@ def width_rule(
 
     def ends(sigma: Tensor, bound: Tensor, mag: Tensor) -> tuple[Tensor, Tensor]:
         s = _rnd.unscale(sigma.to(torch.float64), shift) * shrink
-        up = _rnd.upper_margin(mag, up_model, _rnd.unscale(bound.to(torch.float64), shift), rope)
-        lo = _rnd.lower_from_norm(s, torch.ones_like(s), n_in, mag, model, rope, n_out)
+        up = _rnd.upper_margin(mag, up_model, _rnd.unscale(bound.to(torch.float64), shift))
+        lo = _rnd.lower_from_norm(s, torch.ones_like(s), n_in, mag, model, n_out)
         return up, lo
 
     def accept(sigma: Tensor, bound: Tensor) -> Tensor:

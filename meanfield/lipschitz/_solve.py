@@ -502,7 +502,6 @@ def _solve_krylov(
             margin,
             margins.mag_norm(),
             margins.model,
-            margins.rope,
             n * lin.d_out,
             n * d,
             ops.e_solve - ops.e,

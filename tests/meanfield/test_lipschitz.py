@@ -313,6 +313,25 @@ def test_rotary_heads(gen):
         local_lipschitz(X, params, geometry="split")
 
 
+def test_rotary_heads_of_two_widths(gen):
+    """The stored path's rounding model needs the rotary heads' rows stacked (one width): heads of
+    two widths are a one-line error there when certified, and the streaming path certifies them,
+    its bracket holding the dense value."""
+    d = 6
+    heads = []
+    for k in (2, 4):
+        Q, K, V = (torch.randn(k, d, generator=gen, dtype=D64) for _ in range(3))
+        rope = RotaryEmbedding(1.0 / (100.0 ** (torch.arange(0, k, 2, dtype=D64) / k)))
+        heads.append(AttentionParams(None, V[:2], Q=Q, K=K, rope=rope))
+    params = MultiHeadParams(tuple(heads))
+    X = torch.randn(7, d, generator=gen, dtype=D64)
+    with pytest.raises(ValueError, match="rotary heads of one width"):
+        local_lipschitz(X, params, masked=True, method="dense", path="stored")
+    plain = local_lipschitz(X, params, masked=True, method="dense", path="stored", certify=False)
+    streamed = local_lipschitz(X, params, masked=True, path="streaming")
+    assert bool(streamed.lower <= plain.value <= streamed.upper_prob)
+
+
 @pytest.mark.slow
 def test_lanczos_matches_exact_svd_larger(gen):
     params = random_params(gen, 12, kind="wo", H=4, d_v=6, d_out=12, scale=2.0)

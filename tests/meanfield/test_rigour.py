@@ -390,6 +390,65 @@ def test_bracket_holds_against_mpmath_sample(seed):
     check_instance(make_instance(seed))
 
 
+def check_stored_products(inst: dict) -> None:
+    r"""The stored products within the rounding model, entrywise: ``|fl(J h) - J h| <= eta M|h|``.
+
+    ``J`` is the instance's 50-digit Jacobian (Euclidean geometry), ``M`` the magnitude operator of
+    docs/rounding.md §3 (rotary rows through the bound of §3.1) and ``eta`` its coefficient, for
+    ``J h`` and ``J^T g`` with seeded Gaussian vectors. The products run in float64 on the
+    instance's values (a float32 instance is exactly representable in float64).
+    """
+    from meanfield import _rounding as rnd
+    from meanfield.jacobian import jvp, linearize, vjp
+
+    x, params, weights = _torch_inputs(inst)
+    if isinstance(x, DiracMeasure):
+        X, logw = x.points.double(), x.log_weights.double()
+    else:
+        X, logw = x.double(), None
+    params = params.to(dtype=torch.float64)
+    pos = next((rope[2] for _, rope in inst["A"] if rope is not None), None)
+    token_index = None if pos is None else torch.as_tensor(np.asarray(pos))
+    lin = linearize(X, params, masked=inst["masked"], log_weights=logw, token_index=token_index)
+    model = rnd.error_model(lin)
+    mlin = rnd.magnitude_linearization(lin, model)
+    eta = mp.mpf(float(model.eta))
+    inst_e = dict(inst, geometry="euclidean")
+    J = exact_jacobian(inst_e, weights)
+    gen = torch.Generator().manual_seed(inst["seed"])
+    n_out = J.rows
+    for _ in range(2):
+        h = torch.randn(X.shape, generator=gen, dtype=torch.float64)
+        g = torch.randn(n_out, generator=gen, dtype=torch.float64).reshape(X.shape[0], -1)
+        for got, bound, vec, mat in (
+            (jvp(lin, h), jvp(mlin, h.abs()), h, J),
+            (vjp(lin, g), vjp(mlin, g.abs()), g, J.T),
+        ):
+            v = mp.matrix([mp.mpf(float(t)) for t in vec.flatten()])
+            with mp.workdps(50):
+                exact = mat * v
+                for i, (c, b) in enumerate(zip(got.flatten().tolist(), bound.flatten().tolist())):
+                    err = abs(mp.mpf(c) - exact[i])
+                    assert err <= eta * mp.mpf(b), (inst["seed"], i, mp.nstr(err, 5), b)
+
+
+ROTARY_SAMPLE = [s for s in range(2000) if s % len(KINDS) == KINDS.index("rotary")]
+
+
+@pytest.mark.parametrize("seed", ROTARY_SAMPLE[:12])
+def test_stored_rotary_products_within_the_rounding_model(seed):
+    """The derived magnitude operator of the rotary heads (docs/rounding.md §3.1) bounds the
+    stored products' rounding entrywise, on adversarial rotary instances: large logits, near-ties,
+    token positions up to 5000, masses down to 1e-50."""
+    check_stored_products(make_instance(seed))
+
+
+@pytest.mark.slow
+def test_stored_rotary_products_within_the_rounding_model_200_instances():
+    for seed in ROTARY_SAMPLE[12:212]:
+        check_stored_products(make_instance(seed))
+
+
 @pytest.fixture
 def head_space_block(monkeypatch):
     """The block certificate without its terms in R^d (the default on layers with d > 2 d_v;
