@@ -31,8 +31,8 @@ class LocalUpperBound:
     ----------
     value : float
         The bound on :math:`\|Df(X)\|_2`: the head-weighted terms summed plus the rounding
-        margin of docs/rounding.md §8, which grows with the logits' magnitude (rotary heads:
-        a relative :math:`10^{-9}`, docs/rounding.md §6).
+        margin of docs/rounding.md §8 (§8.1 for rotary heads), which grows with the logits'
+        magnitude.
     T1, T2, T3 : float
         Head-weighted sums :math:`\sum_h\|W_hV_h\|_2\,T_k^h` of the three terms.
     """
@@ -166,7 +166,7 @@ def certified_local_upper(
     if WV_norms is not None and len(WV_norms) != len(heads):
         raise ValueError(f"WV_norms has {len(WV_norms)} entries for {len(heads)} heads")
     require_theory()  # a user's own theory.py must not stand in for ours
-    from theory.rounding import head_upper  # the one rounding model (numpy), lazily
+    from theory.rounding import RotaryRows, head_upper  # the one rounding model, lazily
 
     masked = check_flag(masked, "masked")
     X64 = X.detach().to(torch.float64)
@@ -186,15 +186,19 @@ def certified_local_upper(
             t1, t2, t3, (S, kappa2, beta2) = _head_local_terms(X64, h64, masked)
             for k, t in enumerate((t1, t2, t3)):
                 terms[k] += w * t
-            if head.rope is None:
-                # rounding margin of docs/rounding.md §8: grows with the logits' magnitude
-                c = None if h64.c is None else h64.c.cpu().numpy()
-                WVm = WV.cpu().numpy() if WV_norms is None else np.array([[w]])
-                total += head_upper(
-                    X64.cpu().numpy(), h64.A.cpu().numpy(), c, S.cpu().numpy(), WVm,
-                    t1, t2, t3, kappa2.cpu().numpy(), beta2.cpu().numpy(),
+            # rounding margin of docs/rounding.md §8 (rotary heads: §8.1): grows with the
+            # logits' magnitude
+            c = None if h64.c is None else h64.c.cpu().numpy()
+            WVm = WV.cpu().numpy() if WV_norms is None else np.array([[w]])
+            rotary = None
+            if h64.rope is not None and h64.factors is not None:  # factors checked above
+                Q, K = h64.factors
+                rotary = RotaryRows(
+                    Q.cpu().numpy(), K.cpu().numpy(), h64.rope.inv_freq.cpu().numpy(),
+                    float(h64.rope.attention_scaling), np.arange(X64.shape[0]),
                 )  # fmt: skip
-            else:
-                # rotary heads: first-order relative margin (docs/rounding.md §6)
-                total += w * (t1 + t2 + t3) * (1 + _LOCAL_BOUND_MARGIN)
+            total += head_upper(
+                X64.cpu().numpy(), h64.A.cpu().numpy(), c, S.cpu().numpy(), WVm,
+                t1, t2, t3, kappa2.cpu().numpy(), beta2.cpu().numpy(), rotary,
+            )  # fmt: skip
     return LocalUpperBound(total, *terms)

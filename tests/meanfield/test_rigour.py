@@ -529,3 +529,29 @@ def test_torch_certified_local_upper_shares_the_rounding_margin():
         # plus the torch form's deliberate factor 1 + 1e-9 on its computed ||P||_2 (in T1)
         margin = got - (res.T1 + res.T2 + res.T3)
         assert 0 < margin and abs(got - ref) <= 2 * margin + 1e-9 * res.T1
+
+
+def test_torch_certified_local_upper_rotary_margin_is_derived():
+    """Rotary heads get the derived margin of docs/rounding.md §8.1. At equal tokens the Jacobian
+    is P (x) V, so the bound's value ||V|| ||P||_2 is exact and only the margin keeps it above the
+    50-digit value. Logits of ~1e8 (tokens of size 3000), rotating coordinates of ~1e-7 of them
+    at angles of ~1 (so the rows of P are spread): the bound holds, and its margin is of the size
+    the logits' rounding implies (~1e-5 relative there, ~1e-7 at tokens of size 300)."""
+    from meanfield import certified_local_upper
+
+    rng = np.random.default_rng(23)
+    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    for size, rel in ((3000.0, "1e-4"), (300.0, "1e-6")):
+        for _ in range(6):
+            d, k, n = 3, 4, 4
+            Q, K = rng.standard_normal((k, d)), rng.standard_normal((k, d))
+            Q[[0, 2]] *= 1e-7  # the rotated pair: O(1) logits beside ~1e8 unrotated ones
+            V = rng.standard_normal((2, d))
+            freqs, scaling = [float(rng.uniform(0.5, 2.0)), 0.0], float(rng.uniform(0.5, 1.5))
+            x = rng.standard_normal((1, d))
+            X = np.repeat(x / np.linalg.norm(x) * size, n, 0)
+            emb = RotaryEmbedding(t(freqs), scaling)
+            got = certified_local_upper(t(X), AttentionParams(None, t(V), Q=t(Q), K=t(K), rope=emb))
+            heads = [((Q, K), V, None, None, (freqs, scaling, None))]
+            exact = oracle.spectral_norm(oracle.jacobian(X, heads))
+            assert exact <= mp.mpf(float(got.value)) <= exact * (1 + mp.mpf(rel)), (size, exact)
