@@ -7,8 +7,9 @@ Subpackage layout (one concept per module):
   exact optimal mass) and :func:`off_axis_two_atoms` (the general two-atom bound maximised);
 * :mod:`~meanfield.attacks.search`: :func:`worst_case_measure` and :func:`worst_case_sequence`,
   multi-start gradient ascent of the exact local constant, started from the constructions;
-* :mod:`~meanfield.attacks.splitting`: :func:`split_gain`, :func:`optimal_split_k` (formulas from
-  :mod:`theory.bounds`, imported lazily), :func:`split_constant` and :func:`mass_splitting_attack`;
+* :mod:`~meanfield.attacks.splitting`: :func:`split_constant` and :func:`mass_splitting_attack`
+  (the closed-form gain :math:`G_k` and its best :math:`k` are :func:`theory.bounds.split_gain`
+  and :func:`theory.bounds.optimal_split_k`);
 * :mod:`~meanfield.attacks.l2_lower`: lower bounds on the :math:`\infty`- and 2-norm Lipschitz
   constants of L2 attention (Kim et al.): :func:`l2_construction` (closed form),
   :func:`l2_lipschitz_lower` (search), :func:`l2_jacobian_inf_norm`,
@@ -67,9 +68,7 @@ from .splitting import (
     MassSplittingAttack,
     Perturbation,
     mass_splitting_attack,
-    optimal_split_k,
     split_constant,
-    split_gain,
 )
 
 __all__ = [
@@ -91,9 +90,7 @@ __all__ = [
     "l2_lipschitz_lower",
     "mass_splitting_attack",
     "off_axis_two_atoms",
-    "optimal_split_k",
     "split_constant",
-    "split_gain",
     "two_dirac",
     "two_dirac_measure",
     "worst_case_measure",
