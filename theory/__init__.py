@@ -20,8 +20,10 @@ d
     Token dimension.
 R (``R``)
     Radius of the ball :math:`B_R` (maximum token norm).
-gamma (``gamma``; ``s`` in the two-Dirac and splitting functions)
+gamma (``gamma``)
     Logit gap of a construction: :math:`\lambda R^2/4` (case +) or :math:`2|\lambda|R^2` (case −).
+s (``s``)
+    Exponent :math:`\lambda R^2/4` of the mass-splitting gain (``split_gain``, ``optimal_split_k``).
 lambda (``lam``)
     Rayleigh quotient :math:`u^\top Au` of a unit direction :math:`u`.
 p

@@ -19,9 +19,9 @@ Subpackage layout (one concept per module):
 
 Notation (docs/theory.md §A1): one head has score matrix :math:`A` (score
 :math:`x_i^\top Ax_j`, query :math:`i`, key :math:`j`) and value matrix :math:`V`; :math:`u` is a
-unit direction with Rayleigh quotient :math:`\lambda=u^\top Au`; :math:`\gamma` (``s`` in the
-splitting functions) is the logit gap of a construction; :math:`\mu=\sum_ia_i\delta_{x_i}` a
-weighted measure in the ball :math:`B_R`.
+unit direction with Rayleigh quotient :math:`\lambda=u^\top Au`; :math:`\gamma` (``gamma``) is the
+logit gap of a construction; :math:`\mu=\sum_ia_i\delta_{x_i}` a weighted measure in the ball
+:math:`B_R`.
 
 Provenance (docs/theory.md §A7): the eigenvector construction and the two-Dirac positions come
 from the authors' released code; every bound and closed form here is derived and checked
