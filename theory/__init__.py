@@ -20,8 +20,10 @@ d
     Token dimension.
 R (``R``)
     Radius of the ball :math:`B_R` (maximum token norm).
-gamma (``gamma``; ``s`` in the two-Dirac and splitting functions)
+gamma (``gamma``)
     Logit gap of a construction: :math:`\lambda R^2/4` (case +) or :math:`2|\lambda|R^2` (case −).
+s (``s``)
+    Exponent :math:`\lambda R^2/4` of the mass-splitting gain (``split_gain``, ``optimal_split_k``).
 lambda (``lam``)
     Rayleigh quotient :math:`u^\top Au` of a unit direction :math:`u`.
 p
@@ -57,27 +59,10 @@ import importlib
 from typing import Any
 
 from theory import bounds, lambert, regimes
-from theory.bounds import *  # noqa: F403  (every bound of theory.bounds.__all__)
-from theory.lambert import lambertw, lambertw_asymptotic, lambertw_derivative, lambertw_exp
-from theory.regimes import RadiusBracket, Regime, classify, crossover_n, peak_n, radius_bracket
 
-__all__ = [
-    "RadiusBracket",
-    "Regime",
-    "bounds",
-    "classify",
-    "crossover_n",
-    "lambert",
-    "lambertw",
-    "lambertw_asymptotic",
-    "lambertw_derivative",
-    "lambertw_exp",
-    "peak_n",
-    "radius_bracket",
-    "regimes",
-    "symbolic",  # noqa: F405  (imported lazily by __getattr__ below)
-]
-__all__ += bounds.__all__
+#: One way in: the functions are reached through their subpackage (``theory.bounds.split_gain``,
+#: ``theory.lambert.lambertw``, ``theory.regimes.classify``), never from the top level.
+__all__ = ["bounds", "lambert", "regimes", "symbolic"]
 
 
 def __getattr__(name: str) -> Any:

@@ -252,7 +252,7 @@ def figure_c_results(
 ) -> list[Path]:
     """Run the mass-splitting sweep of figure C and write ``mass_splitting.{npz,json}``.
 
-    Left panel data: ``G_k`` (:func:`meanfield.attacks.split_gain`) on a log grid of ``k`` for
+    Left panel data: ``G_k`` (:func:`theory.bounds.split_gain`) on a log grid of ``k`` for
     ``s = R^2/4`` (``lambda = 1``) and every radius, with the best integer ``k``. Right panel
     data: move-only and split-then-move ratios (exact ``W_2`` and ``W_inf``) against the budget,
     at a Dirac ``delta_{R u / 2}`` and at a three-atom measure, for the head
@@ -303,7 +303,7 @@ def _write_c(
     k_curve_max: int,
 ) -> list[Path]:
     """Figure C's files from its points, ``rows[(input, budget)]``."""
-    from meanfield.attacks import optimal_split_k, split_gain
+    from theory.bounds import optimal_split_k, split_gain
 
     radii, budgets = config["radii"], config["budgets"]
     ks = np.unique(np.round(np.logspace(0, math.log10(k_curve_max), 240))).astype(np.float64)

@@ -138,7 +138,7 @@ def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: st
         "y": res.y.cpu().numpy(),
         "h": res.h.cpu().numpy(),
         "w": res.w,
-        "s": res.s,
+        "gamma": res.gamma,
         "measure_points": res.measure.points.cpu().numpy(),
         "measure_log_weights": res.measure.log_weights.cpu().numpy(),
     }
@@ -273,7 +273,7 @@ def run_mean_field(
         arr["off_axis_x"] = np.stack([np.asarray(oa[(setting, float(R))]["x"]) for R in radii])
         arr["off_axis_y"] = np.stack([np.asarray(oa[(setting, float(R))]["y"]) for R in radii])
         arr["off_axis_w"] = np.asarray([oa[(setting, float(R))]["w"] for R in radii])
-        arr["off_axis_s"] = np.asarray([oa[(setting, float(R))]["s"] for R in radii])
+        arr["off_axis_gamma"] = np.asarray([oa[(setting, float(R))]["gamma"] for R in radii])
         arr["opt_two_dirac_bound"] = np.asarray(
             [
                 [
@@ -366,7 +366,7 @@ def _mf_findings(arr: Mapping[str, np.ndarray], radii: np.ndarray) -> dict[str, 
         "R_of_max_gain": float(radii[int(oa.argmax())]),
         "max_ratio_to_best_optimized": float(np.max(arr["off_axis_value"] / best)),
         "gap_over_gamma_star_at_largest_R": float(
-            arr["off_axis_s"][-1] / arr["at_radii_gamma_star"][-1]
+            arr["off_axis_gamma"][-1] / arr["at_radii_gamma_star"][-1]
         )
         if arr["at_radii_gamma_star"][-1] > 0
         else float("nan"),

@@ -7,8 +7,9 @@ Subpackage layout (one concept per module):
   exact optimal mass) and :func:`off_axis_two_atoms` (the general two-atom bound maximised);
 * :mod:`~meanfield.attacks.search`: :func:`worst_case_measure` and :func:`worst_case_sequence`,
   multi-start gradient ascent of the exact local constant, started from the constructions;
-* :mod:`~meanfield.attacks.splitting`: :func:`split_gain`, :func:`optimal_split_k` (formulas from
-  :mod:`theory.bounds`, imported lazily), :func:`split_constant` and :func:`mass_splitting_attack`;
+* :mod:`~meanfield.attacks.splitting`: :func:`split_constant` and :func:`mass_splitting_attack`
+  (the closed-form gain :math:`G_k` and its best :math:`k` are :func:`theory.bounds.split_gain`
+  and :func:`theory.bounds.optimal_split_k`);
 * :mod:`~meanfield.attacks.l2_lower`: lower bounds on the :math:`\infty`- and 2-norm Lipschitz
   constants of L2 attention (Kim et al.): :func:`l2_construction` (closed form),
   :func:`l2_lipschitz_lower` (search), :func:`l2_jacobian_inf_norm`,
@@ -18,9 +19,9 @@ Subpackage layout (one concept per module):
 
 Notation (docs/theory.md §A1): one head has score matrix :math:`A` (score
 :math:`x_i^\top Ax_j`, query :math:`i`, key :math:`j`) and value matrix :math:`V`; :math:`u` is a
-unit direction with Rayleigh quotient :math:`\lambda=u^\top Au`; :math:`\gamma` (``s`` in the
-splitting functions) is the logit gap of a construction; :math:`\mu=\sum_ia_i\delta_{x_i}` a
-weighted measure in the ball :math:`B_R`.
+unit direction with Rayleigh quotient :math:`\lambda=u^\top Au`; :math:`\gamma` (``gamma``) is the
+logit gap of a construction; :math:`\mu=\sum_ia_i\delta_{x_i}` a weighted measure in the ball
+:math:`B_R`.
 
 Provenance (docs/theory.md §A7): the eigenvector construction and the two-Dirac positions come
 from the authors' released code; every bound and closed form here is derived and checked
@@ -67,9 +68,7 @@ from .splitting import (
     MassSplittingAttack,
     Perturbation,
     mass_splitting_attack,
-    optimal_split_k,
     split_constant,
-    split_gain,
 )
 
 __all__ = [
@@ -91,9 +90,7 @@ __all__ = [
     "l2_lipschitz_lower",
     "mass_splitting_attack",
     "off_axis_two_atoms",
-    "optimal_split_k",
     "split_constant",
-    "split_gain",
     "two_dirac",
     "two_dirac_measure",
     "worst_case_measure",

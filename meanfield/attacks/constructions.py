@@ -603,17 +603,18 @@ class OffAxisTwoAtoms:
     Attributes
     ----------
     value : float
-        :math:`e^{s/2}\sqrt{w(1-w)}\,\|V(h+(1-w)(y^\top Ah)(x-y))\|` (``inf`` on overflow).
+        :math:`e^{\gamma/2}\sqrt{w(1-w)}\,\|V(h+(1-w)(y^\top Ah)(x-y))\|` (``inf`` on overflow).
     log_value : float
     x, y, h : Tensor, shape (d,)
         Light atom, heavy atom, unit direction moving the light atom.
     w : float
         Attention of the heavy atom to the light one.
-    s : float
-        :math:`y^\top A(x-y)`.
+    gamma : float
+        Logit gap :math:`\gamma=y^\top A(x-y)` seen by the heavy atom (on the axis, the
+        :math:`\gamma` of :func:`two_dirac`).
     measure : DiracMeasure
         :math:`(1-\varepsilon)\delta_y+\varepsilon\delta_x` with
-        :math:`\log\frac{\varepsilon}{1-\varepsilon}=\log\frac w{1-w}-s` (exact log-masses).
+        :math:`\log\frac{\varepsilon}{1-\varepsilon}=\log\frac w{1-w}-\gamma` (exact log-masses).
     axis_value : float
         Best on-axis value (the docs/theory.md §5 optimum over both cases, symmetric variant).
     history : Tensor, shape (n_starts, n_records)
@@ -626,7 +627,7 @@ class OffAxisTwoAtoms:
     y: Tensor
     h: Tensor
     w: float
-    s: float
+    gamma: float
     measure: DiracMeasure
     axis_value: float
     history: Tensor
@@ -643,12 +644,12 @@ def off_axis_two_atoms(
 ) -> OffAxisTwoAtoms:
     r"""Maximise the general two-atom lower bound over :math:`x,y\in B_R`, unit :math:`h`, :math:`w`.
 
-    .. math:: \mathrm{Lip}(F\,|\,\mathcal P(B_R))\ \ge\ e^{s/2}\sqrt{w(1-w)}\;
-              \big\|V\big(h+(1-w)\,(y^\top Ah)\,(x-y)\big)\big\|,\qquad s=y^\top A(x-y)
+    .. math:: \mathrm{Lip}(F\,|\,\mathcal P(B_R))\ \ge\ e^{\gamma/2}\sqrt{w(1-w)}\;
+              \big\|V\big(h+(1-w)\,(y^\top Ah)\,(x-y)\big)\big\|,\qquad \gamma=y^\top A(x-y)
 
     (docs/theory.md §A3): light atom :math:`x`, heavy atom :math:`y`, the light atom moved along
     :math:`h`, :math:`w\in(0,1)` the heavy atom's attention to it (any :math:`w` is reached by the
-    mass :math:`\varepsilon/(1-\varepsilon)=e^{-s}w/(1-w)`). Multi-start Adam on the logarithm,
+    mass :math:`\varepsilon/(1-\varepsilon)=e^{-\gamma}w/(1-w)`). Multi-start Adam on the logarithm,
     with :math:`x,y=R\tanh(\|z\|)z/\|z\|`, :math:`h=z_h/\|z_h\|`, :math:`w=\sigma(t)`, started from
     both on-axis optima (docs/theory.md §5) and random points; the best iterate is kept, so the
     result is never below the on-axis optimum.
@@ -719,12 +720,12 @@ def off_axis_two_atoms(
 
     def log_bound(x: Tensor, y: Tensor, hz: Tensor, t: Tensor) -> Tensor:
         h = hz / torch.linalg.vector_norm(hz, dim=-1, keepdim=True)
-        s = ((y @ A) * (x - y)).sum(-1)
+        gap = ((y @ A) * (x - y)).sum(-1)
         yAh = ((y @ A) * h).sum(-1)
         vec = h + ((1 - torch.sigmoid(t)) * yAh).unsqueeze(-1) * (x - y)
         nrm = torch.linalg.vector_norm(vec @ V.mT, dim=-1)
         return (
-            s / 2
+            gap / 2
             + 0.5 * (torch.nn.functional.logsigmoid(t) + torch.nn.functional.logsigmoid(-t))
             + torch.log(nrm)
         )
@@ -753,8 +754,8 @@ def off_axis_two_atoms(
             x, y, hz = starts_x[j], starts_y[j], starts_h[j]
             t = torch.tensor(starts_t[j], dtype=torch.float64, device=dev)
     h = hz / torch.linalg.vector_norm(hz)
-    s = float((y @ A) @ (x - y))
-    tt = float(t) - s  # logit of eps
+    gap = float((y @ A) @ (x - y))
+    tt = float(t) - gap  # logit of eps
     lw = torch.tensor([log_sigmoid(-tt), log_sigmoid(tt)], dtype=torch.float64, device=dev)
     like = params.heads[0].A
     reject_variants(params, "this construction")
@@ -766,7 +767,7 @@ def off_axis_two_atoms(
         y=y.to(like),
         h=h.to(like),
         w=float(torch.sigmoid(t)),
-        s=s,
+        gamma=gap,
         measure=mu,
         axis_value=math.exp(axis_best) if axis_best < 709 else math.inf,
         history=hist,

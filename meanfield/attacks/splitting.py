@@ -1,14 +1,15 @@
-r"""Mass splitting: the gain :math:`G_k`, the splitting constant and the finite-budget attack.
+r"""Mass splitting: the splitting constant and the finite-budget attack.
 
-* :func:`split_gain`, :func:`optimal_split_k`: the closed-form gain of the duplicate-then-move
-  attack and its best number of copies; the formulas live in :mod:`theory.bounds` (imported
-  inside the functions, so ``import meanfield`` stays light) and are only wrapped here;
 * :func:`split_constant`: the infinitesimal splitting constant :math:`L_{\mathrm{split}}`
   (docs/theory.md §A5);
 * :func:`mass_splitting_attack`: move-only against split-then-move perturbations of a measure
   under a :math:`W_2` budget, and perturbations that change the number of tokens
   (docs/theory.md §10, §A5, §A6; docs/derivations/mass_splitting.md), measured with exact
   :math:`W_2` and :math:`W_\infty` on both sides (:mod:`meanfield.distances`).
+
+The closed-form gain :math:`G_k` of the duplicate-then-move attack and its best number of copies
+are :func:`theory.bounds.split_gain` and :func:`theory.bounds.optimal_split_k` (docs/theory.md
+§10).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._theory_import import require_theory
 from .._typing import Params
 from .._validation import reject_variants
 from ..attention import attention, attention_points
@@ -50,114 +50,11 @@ __all__ = [
     "MassSplittingAttack",
     "Perturbation",
     "mass_splitting_attack",
-    "optimal_split_k",
     "split_constant",
-    "split_gain",
 ]
 
 #: Defaults of :func:`mass_splitting_attack` (``meanfield.attacks._common.SearchOptions``).
 SPLITTING_DEFAULTS = SearchOptions(n_restarts=3, steps=150, lr=0.05, seed=0)
-
-
-# =============================================================================================
-# the gain G_k: formulas in theory.bounds, wrapped for tensors
-# =============================================================================================
-def _is_tensor(*xs: object) -> Tensor | None:
-    for x in xs:
-        if isinstance(x, Tensor):
-            return x
-    return None
-
-
-def split_gain(k: float | np.ndarray | Tensor, s: float | np.ndarray | Tensor):
-    r"""Gain :math:`G_k` of the duplicate-then-move attack at a Dirac (docs/theory.md §10).
-
-    .. math::
-        \frac{W_2(F\mu,F\nu)}{W_2(\mu,\nu)}=\frac{\|V\delta\|}{\|\delta\|}\,G_k,\qquad
-        G_k=\sqrt{(k-1)w_y^2+w_z^2},\quad w_y=\frac{e^s}{k-1+e^s},\quad
-        w_z=\frac{e^{2s}}{k-1+e^{2s}},
-
-    for :math:`\mu=\delta_y`, :math:`y=\frac R2u`, :math:`k` copies of which one moves to
-    :math:`z=Ru` (:math:`\nu=(1-\frac1k)\delta_y+\frac1k\delta_z`), :math:`s=\lambda R^2/4`,
-    :math:`\lambda=u^\top Au`. The formula is :func:`theory.bounds.split_gain` (log domain, any
-    :math:`s` is safe); this function only converts tensors.
-
-    Parameters
-    ----------
-    k : float, array or Tensor
-        Number of copies :math:`k\ge1` (real values allowed for curves).
-    s : float, array or Tensor
-        Exponent :math:`s`.
-
-    Returns
-    -------
-    float, numpy.ndarray or Tensor
-        :math:`G_k`: a Tensor (no gradient) when an input is a Tensor, in its floating dtype
-        (float64 for integer tensors) and on its device; otherwise numpy float64.
-        :math:`G_1=1`, :math:`G_k\approx\sqrt k` for :math:`k\ll e^s`, peak
-        :math:`\approx e^{s/2}/2` near :math:`k-1=e^s`.
-
-    Notes
-    -----
-    Provenance: the phenomenon is *stated in the paper (v1 abstract)*; the closed form is *derived
-    and checked numerically* (exact :math:`W_2` of the attack, tests/meanfield/test_attacks_splitting.py).
-    Derivation in docs/derivations/mass_splitting.md.
-    """
-    require_theory()
-    from theory.bounds import split_gain as _gain  # lazy: import meanfield stays light
-
-    ref = _is_tensor(k, s)
-    if ref is None:
-        return _gain(k, s)
-    dtype = ref.dtype if ref.is_floating_point() else torch.float64
-
-    def np64(x: object) -> np.ndarray:
-        if isinstance(x, Tensor):
-            return x.detach().to(device="cpu", dtype=torch.float64).numpy()
-        return np.asarray(x, dtype=np.float64)
-
-    return torch.as_tensor(np.asarray(_gain(np64(k), np64(s))), dtype=dtype, device=ref.device)
-
-
-def optimal_split_k(s: float | np.ndarray) -> int | float | np.ndarray:
-    r"""Integer number of copies :math:`k\ge1` maximising :func:`split_gain` (docs/theory.md §10).
-
-    .. math:: k^*(s)=\arg\max_{k\in\{1,2,\dots\}}G_k(s).
-
-    The search is :func:`theory.bounds.optimal_split_k` (:math:`G_k` is unimodal in :math:`k`,
-    docs/derivations/mass_splitting.md); this function returns Python numbers for scalars.
-
-    Parameters
-    ----------
-    s : float or array_like
-        Exponent :math:`s`.
-
-    Returns
-    -------
-    int, float or numpy.ndarray
-        :math:`k^*`: an ``int`` for a scalar while :math:`e^s<2^{52}`; beyond, a float whose
-        neighbours have gains equal to float precision; ``inf`` once :math:`e^s` overflows
-        (:math:`s>709.78`). Arrays give float arrays. :math:`k^*=1` for :math:`s\le\frac12\log2`.
-
-    Notes
-    -----
-    :math:`k^*-1\approx e^s-16e^{-s}` for large :math:`s`. Provenance: *derived and checked
-    numerically* (brute force in the tests).
-    """
-    require_theory()
-    from theory.bounds import optimal_split_k as _opt_k  # lazy: import meanfield stays light
-
-    if np.ndim(s) > 0:
-        return np.asarray(_opt_k(np.asarray(s, dtype=float)), dtype=float)
-    s = float(s)
-    k = float(_opt_k(s))
-    if not math.isfinite(k):
-        return math.inf
-    if s <= 0.5 * math.log(2.0):
-        return 1
-    if math.exp(s) >= 2.0**52:
-        return k
-    return int(k)
 
 
 def split_constant(
@@ -435,7 +332,7 @@ def mass_splitting_attack(
     Notes
     -----
     At a Dirac :math:`\mu=\delta_y` move-only gives exactly :math:`\|V\delta\|/\|\delta\|\le\|V\|`
-    while splitting reaches :math:`\frac{\|V\delta\|}{\|\delta\|}G_k` (:func:`split_gain`); under
+    while splitting reaches :math:`\frac{\|V\delta\|}{\|\delta\|}G_k` (:func:`theory.bounds.split_gain`); under
     :math:`W_\infty` both are at most :math:`\|V\|` at a Dirac (docs/theory.md §A5). Provenance: the
     phenomenon is *stated in the paper (v1 abstract)*; the attack and its measurements are ours
     (*derived and checked numerically*).

@@ -298,7 +298,8 @@ def print_search(doc: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- split
 def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     """``attack split``: G_k table and best k, the budget attack, or the figure-C sweep."""
-    from meanfield.attacks import mass_splitting_attack, optimal_split_k, split_gain
+    from meanfield.attacks import mass_splitting_attack
+    from theory.bounds import optimal_split_k, split_gain
 
     if args.k_max < 2:
         raise ValueError(f"--k-max must be >= 2, got {args.k_max}")
@@ -329,7 +330,9 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
         ks = np.arange(1, args.k_max + 1, dtype=np.float64)
         doc["s"] = args.s
         doc["G_k"] = {int(k): float(g) for k, g in zip(ks, np.atleast_1d(split_gain(ks, args.s)))}
-        k_opt = optimal_split_k(args.s)
+        k_opt = float(optimal_split_k(args.s))
+        if math.isfinite(k_opt) and args.s < 40.0 and math.exp(args.s) < 2.0**52:
+            k_opt = int(k_opt)  # exact below 2^52: shown as an integer
         doc["k_opt"] = k_opt
         doc["G_opt"] = float(split_gain(float(k_opt), args.s)) if math.isfinite(k_opt) else None
         doc["sqrt_k"] = {int(k): math.sqrt(k) for k in ks}

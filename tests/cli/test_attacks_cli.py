@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from meanfield.attacks import optimal_split_k, split_gain
+from theory.bounds import optimal_split_k, split_gain
 
 from ..oracles_attacks import seq_norm
 
@@ -107,6 +107,7 @@ def test_cli_search_and_split(tmp_path, capsys):
     assert _main(["attack", "split", "--s", "3", "--k-max", "30", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["k_opt"] == optimal_split_k(3.0) and doc["G_k"]["1"] == 1.0
+    assert isinstance(doc["k_opt"], int)  # an exact integer is written as one
     split = "attack split --budget 0.3 --k-max 2 --restarts 1 --steps 10 --json".split()
     assert _main(split) == 0
     a = json.loads(capsys.readouterr().out)["attack"]

@@ -280,7 +280,7 @@ def test_off_axis_bound_beats_axis_and_is_a_lower_bound(rng):
     # the formula, recomputed from the returned point
     h, x, y, w = res.h, res.x, res.y, res.w
     vec = V @ (h + (1 - w) * float(y @ A @ h) * (x - y))
-    val = math.exp(res.s / 2) * math.sqrt(w * (1 - w)) * float(vec.norm())
+    val = math.exp(res.gamma / 2) * math.sqrt(w * (1 - w)) * float(vec.norm())
     assert val == pytest.approx(res.value, rel=1e-9)
     assert lw_norm(res.measure, A, V) >= res.value * (1 - 1e-9)
     with pytest.raises(ValueError, match="single-head"):

@@ -66,6 +66,17 @@ def test_split_optimal_k_brute_force():
         assert B.optimal_split_k(s) == ks[np.argmax(B.split_gain(ks, s))]
 
 
+def test_split_gain_saturation_and_optimal_k_edges():
+    s = 10.0
+    assert B.split_gain(1 + math.exp(s), s) == pytest.approx(math.exp(s / 2) / 2, rel=1e-3)
+    big = B.split_gain(np.array([2.0, 1e300]), 800.0)  # log domain: finite for any s
+    assert np.all(np.isfinite(big)) and big[0] == pytest.approx(math.sqrt(2), rel=1e-12)
+    with pytest.raises(ValueError):
+        B.split_gain(0.5, 1.0)
+    assert B.optimal_split_k(0.5 * math.log(2) - 1e-9) == 1  # k = 1 for s <= log(2) / 2
+    assert B.optimal_split_k(800.0) == math.inf  # e^s overflows
+
+
 def test_split_gain_w_infinity_has_no_gain():
     # docs/theory.md §16: under W_inf every output moves by at most max(w_y, w_z) ||V delta||.
     s = 5.0

@@ -113,8 +113,8 @@ def test_off_axis_is_a_local_constant_lower_bound(rng):
         x, y = random_ball(rng, 2, d, R)
         h = rng.normal(size=d)
         w = float(rng.uniform(0.05, 0.95))
-        s = y @ A @ (x - y)
-        log_eps = -np.logaddexp(0.0, np.log((1 - w) / w) + s)  # eps/(1-eps) = e^{-s} w/(1-w)
+        gamma = y @ A @ (x - y)
+        log_eps = -np.logaddexp(0.0, np.log((1 - w) / w) + gamma)  # eps/(1-eps) = e^-gamma w/(1-w)
         eps = np.exp(log_eps)
         if eps < 1e-12:
             continue

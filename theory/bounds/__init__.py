@@ -38,9 +38,9 @@ Conventions
 Scores are :math:`x_i^\top A x_j` (query :math:`i`, key :math:`j`). Norms of matrices are spectral
 norms: ``A_norm`` is :math:`\|A\|_2`, ``V_norm`` is :math:`\|V\|_2`, ``Vu_norm`` is
 :math:`\|Vu\|_2` for a unit direction :math:`u`. ``R`` is the radius of the ball :math:`B_R`
-(maximum token norm). ``gamma`` (called ``s`` in the two-Dirac and splitting functions) is the logit
-gap of a construction. All functions accept numpy arrays and broadcast; scalar inputs give numpy
-scalars. Quantities containing :math:`e^{\gamma}` or :math:`e^{c\|A\|R^2}` are computed in the log
+(maximum token norm). ``gamma`` is the logit gap of a construction; ``s`` is the exponent
+:math:`\lambda R^2/4` of the mass-splitting gain (``split_gain``, ``optimal_split_k``). All
+functions accept numpy arrays and broadcast; scalar inputs give numpy scalars. Quantities containing :math:`e^{\gamma}` or :math:`e^{c\|A\|R^2}` are computed in the log
 domain, and the functions that can overflow take ``log=True`` to return the natural logarithm of
 the bound instead (same type and shape).
 """

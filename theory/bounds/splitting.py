@@ -1,8 +1,7 @@
 r"""Mass splitting: gain of the duplicate-then-move attack and its optimal copy count.
 
 :func:`split_gain`, :func:`split_gain_general` and :func:`optimal_split_k` (docs/theory.md §10).
-:func:`optimal_split_k` is the one implementation of the optimal :math:`k` on the theory side;
-the torch library should call it rather than keep its own search.
+These are the only implementations: the library, the experiments and the command line call them.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def log_sup_g(g: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 def two_dirac_lower(
-    s: ArrayLike,
+    gamma: ArrayLike,
     Vu_norm: ArrayLike = 1.0,
     *,
     eps: ArrayLike | None = None,
@@ -201,15 +201,16 @@ def two_dirac_lower(
 ) -> Any:
     r"""Two-Dirac lower bound on the mean-field constant, at the optimal mass by default.
 
-    .. math:: \sup_{\varepsilon} g(\varepsilon) = e^{s/2}\sqrt{v^*(1 - v^*)}\,(1 + s\,v^*)\,\|Vu\|_2
+    .. math:: \sup_{\varepsilon} g(\varepsilon)
+              = e^{\gamma/2}\sqrt{v^*(1 - v^*)}\,(1 + \gamma v^*)\,\|Vu\|_2
 
     with :math:`v^*` from :func:`two_dirac_optimal_mass`; with ``eps`` given,
     :math:`g(\varepsilon)`.
 
     Parameters
     ----------
-    s : array_like
-        Gap :math:`s = \gamma \ge 0` (API name ``s``).
+    gamma : array_like
+        Gap :math:`\gamma \ge 0`.
     Vu_norm : array_like
         :math:`\|Vu\|_2`.
     eps : array_like, optional
@@ -224,15 +225,15 @@ def two_dirac_lower(
 
     Notes
     -----
-    docs/theory.md §5. :math:`\sup g \sim \frac{3\sqrt3}{16}\,s\,e^{s/2}\|Vu\|`
+    docs/theory.md §5. :math:`\sup g \sim \frac{3\sqrt3}{16}\,\gamma\,e^{\gamma/2}\|Vu\|`
     (:func:`two_dirac_asymptote`),
     i.e. :math:`\frac{3\sqrt3}{64}\|Vu\|\lambda R^2e^{\lambda R^2/8}` in case +. Provenance:
     *derived and
     checked numerically*; the paper's two-Dirac form ("optimal ε / Lambert W") is *unknown*.
     """
     if eps is not None:
-        return two_dirac_g(eps, s, Vu_norm, log=log)
-    g = checked_float(s, "s", min_value=0.0)
+        return two_dirac_g(eps, gamma, Vu_norm, log=log)
+    g = checked_float(gamma, "gamma", min_value=0.0)
     Vu = checked_norm(Vu_norm, "Vu_norm")
     return exp_or_log(log_sup_g(g) + quiet_log(Vu), log)
 
@@ -315,14 +316,15 @@ def off_axis_two_atom(
 ) -> Any:
     r"""General two-atom lower bound (docs/theory.md §5).
 
-    .. math:: \mathrm{Lip}(F\,|\,\mathcal P(B_R)) \ \ge\ e^{s/2}\sqrt{w(1 - w)}\;
-              \big\|V\big(h + (1 - w)\,(y^\top Ah)\,(x - y)\big)\big\|_2,\qquad s = y^\top A(x - y),
+    .. math:: \mathrm{Lip}(F\,|\,\mathcal P(B_R)) \ \ge\ e^{\gamma/2}\sqrt{w(1 - w)}\;
+              \big\|V\big(h + (1 - w)\,(y^\top Ah)\,(x - y)\big)\big\|_2,\qquad
+              \gamma = y^\top A(x - y),
 
     for a light atom at :math:`x`, a heavy atom at :math:`y` (both in :math:`B_R`), a unit direction
     :math:`h` moving the light atom, and the attention :math:`w \in (0, 1)` that the heavy atom pays
     to
     the light one (reached by the mass :math:`\varepsilon` with
-    :math:`\varepsilon/(1 - \varepsilon) = e^{-s}w/(1 - w)`).
+    :math:`\varepsilon/(1 - \varepsilon) = e^{-\gamma}w/(1 - w)`).
 
     Parameters
     ----------
@@ -349,7 +351,7 @@ def off_axis_two_atom(
     Derivation: the heavy atom's output :math:`V(wx + (1 - w)y)` moves with velocity
     :math:`wV(h + (1 - w)(y^\top Ah)(x - y))` when the light atom moves along :math:`h`; its mass
     :math:`1 - \varepsilon` against the input cost :math:`\sqrt\varepsilon` gives the factor
-    :math:`\sqrt{(1 - \varepsilon)/\varepsilon}\,w = e^{s/2}\sqrt{w(1 - w)}`. On the axis
+    :math:`\sqrt{(1 - \varepsilon)/\varepsilon}\,w = e^{\gamma/2}\sqrt{w(1 - w)}`. On the axis
     (:math:`x = Ru, y = \frac R2u, h = u`) it is :func:`two_dirac_g`. Provenance: *derived and
     checked
     numerically*; not in any source.
