@@ -117,6 +117,10 @@ def _worst_point(
     }
 
 
+#: Layout of an off-axis record (see ``run_mean_field``).
+OFF_AXIS_LAYOUT = 2
+
+
 def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: str) -> dict:
     """Maximised off-axis two-atom bound (docs/theory.md §A3) for one setting and radius."""
     from meanfield.attacks import off_axis_two_atoms
@@ -214,6 +218,9 @@ def run_mean_field(
         "lr": LR,
         "seed": seed,
         "catalog": catalog,
+        # the record's layout: 2 names the logit gap "gamma" (layout 1 called it "s"); part of
+        # the configuration, so records of another layout are recomputed on resume
+        "layout": OFF_AXIS_LAYOUT,
     }
     off = Sweep(out, "off_axis", off_cfg, seed=seed, device=device, dtype="float64")
     off_points = [{"setting": s, "R": float(R)} for s in cfg.mf.settings for R in radii]

@@ -172,6 +172,41 @@ def test_resume_recomputes_nothing(
             np.testing.assert_array_equal(old[k], new[k])
 
 
+def test_off_axis_records_of_the_old_layout_are_recomputed(
+    tiny: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    """An output directory written before the logit gap was renamed ``gamma`` (layout 1: ``s``,
+    a configuration without ``layout``) resumes: its off-axis records belong to another
+    configuration and are computed again, with the same values under the new name."""
+    from experiments.engine._keys import config_hash, point_key
+
+    root, _ = tiny
+    shutil.copytree(root / "synthetic", tmp_path / "synthetic")
+    sdir = tmp_path / "synthetic"
+    meta = load_json(sdir / "off_axis.meta.json")
+    old_cfg = {k: v for k, v in meta["config"].items() if k != "layout"}
+    assert meta["config"]["layout"] == synthetic.mean_field.OFF_AXIS_LAYOUT == 2
+    digest = config_hash(old_cfg)
+    meta.update(config=old_cfg, config_hash=digest)
+    (sdir / "off_axis.meta.json").write_text(json.dumps(meta))
+    old = load_jsonl(sdir / "off_axis.jsonl")
+    rows = []
+    for r in old:
+        r = dict(r, config_hash=digest, key=point_key(digest, r["point"]))
+        r["s"] = r.pop("gamma")
+        rows.append(json.dumps(r))
+    (sdir / "off_axis.jsonl").write_text("\n".join(rows) + "\n")
+    synthetic.run(tmp_path, "tiny", progress=False)
+    again = {
+        json.dumps(r["point"], sort_keys=True): r
+        for r in load_jsonl(sdir / "off_axis.jsonl")
+        if r["config_hash"] == config_hash(load_json(sdir / "off_axis.meta.json")["config"])
+    }
+    assert len(again) == len(old)
+    for r in old:
+        assert again[json.dumps(r["point"], sort_keys=True)]["gamma"] == r["gamma"]
+
+
 def test_report_section_links_figures(tiny: tuple[Path, list[Path]], tmp_path: Path) -> None:
     root, _ = tiny
     text = synthetic.report_section(root, tmp_path / "figures")
