@@ -10,6 +10,8 @@ import pytest
 
 from theory import bounds as B
 
+from ..tolerances import F64_CLOSED_FORM, F64_REDUCTION, F64_REWRITTEN
+
 
 def simulate_split(A, V, u, R, k):
     """Exact W2 ratio of the duplicate-then-move attack, from explicit log-weight softmaxes."""
@@ -40,9 +42,9 @@ def test_split_gain_matches_simulation(rng):
         s = lam * R**2 / 4
         for k in (1, 2, 7, 50, 1000):
             ratio, vfac = simulate_split(A, V, u, R, k)
-            assert ratio == pytest.approx(vfac * B.split_gain(k, s), rel=1e-12)
+            assert ratio == pytest.approx(vfac * B.split_gain(k, s), rel=F64_REDUCTION)
         assert B.split_gain_general(7, R / 2, R, lam) == pytest.approx(
-            B.split_gain(7, s), rel=1e-14
+            B.split_gain(7, s), rel=F64_REWRITTEN
         )
 
 
@@ -50,7 +52,7 @@ def test_split_gain_regimes():
     assert B.split_gain(1, 5.0) == 1.0
     assert np.all(B.split_gain(1, np.array([-3.0, 0.0, 40.0])) == 1.0)
     k = np.arange(1, 1001)
-    np.testing.assert_allclose(B.split_gain(k, 40.0), np.sqrt(k), rtol=1e-12)  # k << e^s
+    np.testing.assert_allclose(B.split_gain(k, 40.0), np.sqrt(k), rtol=F64_CLOSED_FORM)  # k << e^s
     for s in (10.0, 20.0, 40.0):
         kstar = B.optimal_split_k(s)
         peak = B.split_gain(kstar, s)
