@@ -26,6 +26,13 @@ from paper_figs import fig_a_lipschitz_vs_R, fig_f5_sqrt_n, fig_f6_mean_field, f
 from theory import bounds
 
 from ..oracles_jacobian import block_formula_loops, nonsymmetric
+from ..tolerances import (
+    F64_CLOSED_FORM,
+    F64_LARGE_RADIUS_REL,
+    F64_NONSYM_EIG_VECTOR,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+)
 
 FIGURES = {
     "fig_f5_sqrt_n": fig_f5_sqrt_n,
@@ -58,7 +65,7 @@ def test_construction_norm_matches_block_loops(gen: torch.Generator, n: int) -> 
     J = block_formula_loops(X, A, V)
     exact = np.linalg.norm(J, 2)
     got = float(synthetic.construction_norm(A, V, a, b, n))
-    assert got == pytest.approx(exact, rel=1e-12)
+    assert got == pytest.approx(exact, rel=F64_REDUCTION)
 
 
 def test_construction_norm_vectorised_and_validated(gen: torch.Generator) -> None:
@@ -69,7 +76,7 @@ def test_construction_norm_vectorised_and_validated(gen: torch.Generator) -> Non
     vec = synthetic.construction_norm(A, V, a, b, ns)
     assert vec.shape == (2, 2)
     one = [float(synthetic.construction_norm(A, V, a, b, int(k))) for k in ns.ravel()]
-    np.testing.assert_allclose(vec.ravel(), one, rtol=1e-14)
+    np.testing.assert_allclose(vec.ravel(), one, rtol=F64_REWRITTEN)
     with pytest.raises(ValueError, match="n must be"):
         synthetic.construction_norm(A, V, a, b, 0)
     with pytest.raises(ValueError, match="need A"):
@@ -241,7 +248,7 @@ def test_mean_field_optimizer_between_bounds(tiny: tuple[Path, list[Path]]) -> N
         assert np.all(b["opt_lower"] <= val) and np.all(val <= b["opt_upper"])
         # library two-Dirac bound (meanfield.attacks) == closed form (theory.bounds), V = I
         np.testing.assert_allclose(
-            b["opt_two_dirac_bound"], np.broadcast_to(sup, val.shape), rtol=1e-9
+            b["opt_two_dirac_bound"], np.broadcast_to(sup, val.shape), rtol=F64_NONSYM_EIG_VECTOR
         )
         # the upper bounds are not exceeded (c' = 1 is proved in docs/theory.md §17: a bug if it were)
         assert np.all(val <= b["at_radii_upper_c1"][None, :])
@@ -264,7 +271,7 @@ def test_mean_field_curves_match_theory_global_lower(tiny: tuple[Path, list[Path
     for s in (str(x) for x in a["settings"]):
         A, V = synthetic.mf_setting(s)
         ref = bounds.mean_field_lower(A, V, a["curve_R"])
-        np.testing.assert_allclose(a[f"{s}__curve_global_lower"], ref, rtol=1e-12)
+        np.testing.assert_allclose(a[f"{s}__curve_global_lower"], ref, rtol=F64_CLOSED_FORM)
 
 
 # --------------------------------------------------------------------------- physics: F7
@@ -278,7 +285,7 @@ def test_f7_converges_to_large_radius_limit(tiny: tuple[Path, list[Path]]) -> No
         np.testing.assert_array_equal(lim, v_norm * np.sqrt(d[f"{tag}_counts"].max(axis=1)))
         assert np.all(d[f"{tag}_counts"].sum(axis=1) == n)
         # at R = 1000 the attention is an exact selection: the limit is reached
-        np.testing.assert_allclose(val[:, -1], lim, rtol=1e-9)
+        np.testing.assert_allclose(val[:, -1], lim, rtol=F64_LARGE_RADIUS_REL)
         # our quantitative deviation bound holds at every radius
         err = np.abs(val - lim[:, None])
         assert np.all(err <= d[f"{tag}_deviation_bound"] * (1 + 1e-9) + 1e-12)
@@ -331,7 +338,9 @@ def test_f6_dodged_markers_are_said_and_centred(
     by_label = {ln.get_label(): ln for ln in ax0.get_lines()}
     xs = np.array([by_label[f"optimized measure, {k} atoms (measured)"].get_xdata() for k in atoms])
     assert len(atoms) > 1 and not np.allclose(xs, radii)  # dodged ...
-    np.testing.assert_allclose(np.exp(np.log(xs).mean(axis=0)), radii, rtol=1e-12)  # ... around R
+    np.testing.assert_allclose(
+        np.exp(np.log(xs).mean(axis=0)), radii, rtol=F64_CLOSED_FORM
+    )  # ... around R
     np.testing.assert_array_equal(
         by_label["off-axis two atoms, maximised (lower bound)"].get_xdata(), radii
     )

@@ -32,10 +32,10 @@ from ..oracles_bounded_logits import (
 from ..tolerances import (
     ASYMPTOTE,
     ASYMPTOTE_FAR,
+    F64_CLOSED_FORM,
     F64_FEW_ULPS,
     F64_REWRITTEN,
     F64_REWRITTEN_EXP,
-    F64_SYMBOLIC,
     F64_VS_MPMATH_COND,
     FD_REL,
 )
@@ -331,7 +331,7 @@ def test_symbolic_closed_forms_match_numeric():
     sc = sym.softcap_two_token()
     a, R, kappa = np.array([0.3, 1.0, 2.5]), np.array([0.7, 2.0, 9.0]), np.array([0.5, 2.0, 6.0])
     np.testing.assert_allclose(
-        sc.func(a, R, kappa), B.softcap_two_token_lower(a, R, kappa), rtol=F64_SYMBOLIC
+        sc.func(a, R, kappa), B.softcap_two_token_lower(a, R, kappa), rtol=F64_CLOSED_FORM
     )
     qk = sym.qk_norm_two_token()
     Q, K, e, s = (
@@ -342,7 +342,9 @@ def test_symbolic_closed_forms_match_numeric():
     )
     R2 = np.array([3.0, 40.0])
     np.testing.assert_allclose(
-        qk.func(Q, K, R2, e, s), B.qk_norm_two_token_lower(Q, K, R2, e, scale=s), rtol=F64_SYMBOLIC
+        qk.func(Q, K, R2, e, s),
+        B.qk_norm_two_token_lower(Q, K, R2, e, scale=s),
+        rtol=F64_CLOSED_FORM,
     )
     cs = sym.column_sums()
     n, Delta = np.array([1.0, 5.0, 1e4]), np.array([0.5, 3.0, 1.0])
@@ -382,7 +384,7 @@ def test_rms_normalisation_derivative_against_finite_differences(rng):
         assert np.linalg.norm(J, 2) == pytest.approx(expected, rel=FD_REL)
         assert radial <= d.func(t, kk, e)
         assert np.linalg.norm(r(z)) == pytest.approx(
-            d.lambdify("nu", (SB.t, SB.k, SB.eps))(t, kk, e), rel=F64_SYMBOLIC
+            d.lambdify("nu", (SB.t, SB.k, SB.eps))(t, kk, e), rel=F64_CLOSED_FORM
         )
     assert d.extras["sup_derivative"] == 1 / sp.sqrt(SB.eps)
 

@@ -19,9 +19,9 @@ from ..tolerances import (
     ASYMPTOTE_SLOW,
     F64_CLOSED_FORM,
     F64_LARGE_EXPONENT,
-    F64_OPTIMIZER,
     F64_REDUCTION,
     F64_REWRITTEN_EXP,
+    F64_SCALAR_SEARCH,
     F64_ZERO,
 )
 
@@ -76,7 +76,7 @@ def test_quadratic_optimum_matches_brute_force(gamma):
     brute = -res.fun
     log_sup = B.two_dirac_lower(gamma, log=True)
     assert log_sup >= brute - 1e-12
-    assert np.exp(log_sup - brute) == pytest.approx(1.0, abs=F64_OPTIMIZER)
+    assert np.exp(log_sup - brute) == pytest.approx(1.0, abs=F64_SCALAR_SEARCH)
     assert B.two_dirac_log_g(opt.log_eps, gamma) == pytest.approx(
         log_sup, rel=F64_CLOSED_FORM, abs=F64_ZERO
     )
