@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch is imported by the tensor helper only: numpy-only tes
 F64_FEW_ULPS = 1e-15
 #: A closed form against an algebraically rewritten one (log form vs direct, factored vs
 #: expanded, a docs formula vs the implementation): O(10) roundings including exp/log of O(1)
-#: arguments, tens of ulps; also the absolute residual of such an identity on O(1) values (the
+#: arguments, or one formula in two array libraries (torch vs numpy kernels), tens of ulps; also the absolute residual of such an identity on O(1) values (the
 #: norm of a unit vector, transport marginals of a small problem).
 F64_REWRITTEN = 1e-14
 #: As F64_REWRITTEN, where exp/log of arguments up to ~100 or a sum of O(100) terms amplifies the
@@ -59,10 +59,19 @@ BRACKET_MARGIN = 1e-12
 #: float64 at radius R ~ 1e2..1e3: logits ~ R^2 ~ 1e4..1e6 carry absolute errors ~1e-12..1e-10,
 #: which the softmax passes on to the attention weights (relative, or absolute on O(1) values).
 F64_LARGE_RADIUS_REL = 1e-9
-#: A closed-form or library value against the same quantity read off a dense Jacobian built by
-#: autograd through a naive re-implementation (RMS norm, softcap, QK-norm; N up to ~1e3 tokens):
-#: two independent float64 assemblies whose rounding the normalisations amplify.
-F64_VS_AUTOGRAD_JACOBIAN = 1e-10
+#: The same Jacobian-derived quantity (spectral norm, row sum, W2 ratio of a perturbation) from
+#: two independent float64 assemblies: closed form or library against autograd through a naive
+#: re-implementation (RMS norm, softcap, QK-norm), batched against the engine's dense path, a
+#: simulated split against its closed form; N up to ~1e3 tokens and the normalisations amplify.
+F64_TWO_JACOBIANS = 1e-10
+#: Our re-implementation of a transformers layer (block, attention input) against transformers'
+#: own float64 forward: different kernels for layer norm, GELU and attention, O(d) reductions
+#: through two normalisations.
+F64_VS_HF_LAYER = 1e-10
+#: A value reported by the CLI or stored in a result object (from float64 inputs, the default
+#: method and start) recomputed in-process through the public API: same algorithm, possibly
+#: another reduction order or Krylov start, converged far below this.
+F64_RERUN = 1e-10
 #: Residual of an identity of O(1) quantities (a zero-sum, a marginal of a transport plan, a
 #: normalised row, a fitted slope on exact power-law data): absolute, ~1e4 ulps of O(1) terms.
 F64_ZERO = 1e-12
@@ -74,6 +83,15 @@ F64_ONE_SUBNORMAL = 5e-324
 #: exp(x + gamma) with gamma ~ 1e9: x + gamma is rounded to gamma's ulp (1.2e-7), which exp turns
 #: into a relative error of 1.2e-7.
 F64_LARGE_EXPONENT = 1e-6
+#: A ratio of differences over a small displacement (||F(nu) - F(mu)|| / W2(nu, mu) for a
+#: move of ~1e-6): both differences lose about log10(1/|delta|) digits to cancellation.
+F64_SMALL_DIFFERENCE = 1e-9
+#: Masses 1/2 +- delta with delta down to 1e-10: their difference keeps u / delta ~ 1e-6
+#: relative accuracy.
+F64_TINY_DIFFERENCE = 1e-6
+#: A Jacobian block of an atom of mass ~e^-gamma rescaled by e^{(lw_0 - lw_1)/2}: the block is
+#: accurate to u absolutely, so relative to its size it carries ~u e^{gamma/2} (gamma <= 25).
+F64_TINY_MASS = 1e-8
 
 # ---------------------------------------------------------------------------------------------
 # 2. float64 against a high-precision or independent library reference
@@ -106,7 +124,8 @@ F64_SCALAR_SEARCH = 1e-9
 #: Rayleigh rule): conditioned by the eigenvector basis, up to ~1e5 u on random small matrices.
 F64_NONSYM_EIG = 1e-10
 #: A quantity rebuilt from eigenvectors of a nonsymmetric matrix (gamma = -2 u^T A u R^2, the
-#: real/complex split of the spectrum): eigenvectors are worse conditioned than eigenvalues.
+#: real/complex split of the spectrum), or eigenvalues of Q diag(l) Q^-1 for a random Q:
+#: eigenvectors and similarity transforms are worse conditioned than symmetric eigenvalues.
 F64_NONSYM_EIG_VECTOR = 1e-9
 #: Two least-squares solvers (np.polyfit vs the library's fit) on the same noisy data:
 #: conditioned by the log-x design matrix.
@@ -114,6 +133,13 @@ F64_LSTSQ = 1e-10
 #: As F64_LSTSQ for an intercept extrapolated over a lever arm, or a slope re-fitted from values
 #: stored by a run.
 F64_LSTSQ_LOOSE = 1e-9
+#: HiGHS solves the transport LP (the oracle of the exact solvers) to ~1e-9 relative feasibility.
+LP_HIGHS = 1e-8
+#: Plan marginals of a Sinkhorn run stopped at marginal error tol = 1e-12, checked entrywise.
+SINKHORN_MARGINAL = 1e-11
+#: Debiased Sinkhorn divergence at eps = 1e-3 against W2^2: the entropic bias O(eps log n) plus the
+#: stopping error.
+SINKHORN_BIAS = 1e-2
 #: Two float64 assemblies of the same Jacobian (the proof's block decomposition vs the engine's
 #: dense one), each followed by an SVD: entries carry factors e^theta with theta up to ~10, so
 #: small singular values of the blocks carry absolute errors of ~1e4 u relative to the norm.
@@ -169,6 +195,10 @@ ASYMPTOTE_SLOW = 2e-3
 ASYMPTOTE_CONVERGED = 1e-5
 #: A limit whose correction is O(theta) with theta ~ 1e-8 at the point used.
 ASYMPTOTE_NEGLIGIBLE = 1e-6
+#: A limit whose correction (k e^-s ~ 1e-11 for k <= 100, s = 30) is below float64 noise.
+ASYMPTOTE_REACHED = 1e-8
+#: An attack's perturbation spends its W2 budget up to the search's step resolution.
+ATTACK_BUDGET = 1e-3
 #: A value printed with 4 decimals (a report's gap) against the unrounded one.
 PRINTED_4_DECIMALS = 1e-4
 #: Values printed with 4 significant digits (``.3e``) and summed: each rounds by <= 5e-4 relative.

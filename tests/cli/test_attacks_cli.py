@@ -12,6 +12,7 @@ import torch
 from meanfield.attacks import optimal_split_k, split_gain
 
 from ..oracles_attacks import seq_norm
+from ..tolerances import F64_LANCZOS, F64_REDUCTION
 
 F64 = torch.float64
 
@@ -59,7 +60,7 @@ def test_cli_construct_json_and_files(tmp_path, capsys):
     data = load_npz(out / "construct.npz")
     assert data["X"].shape == (6, 3)
     assert seq_norm(data["X"], data["A"], data["V"]) == pytest.approx(
-        doc["exact"]["value"], rel=1e-9
+        doc["exact"]["value"], rel=F64_LANCZOS
     )
     assert load_json(out / "construct.json")["gamma"] == doc["gamma"]
 
@@ -73,7 +74,7 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
     d1 = json.loads(capsys.readouterr().out)
     assert _main(construct + [str(tmp_path / "AV.npz")] + rest) == 0
     d2 = json.loads(capsys.readouterr().out)
-    assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=1e-12)  # V = 2I
+    assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=F64_REDUCTION)  # V = 2I
     np.save(tmp_path / "obj.npy", np.array([{"A": 1}], dtype=object), allow_pickle=True)
     np.save(tmp_path / "rect.npy", np.ones((2, 3)))
     np.savez(tmp_path / "noA.npz", B=A)
