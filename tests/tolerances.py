@@ -56,6 +56,15 @@ F64_ROUND_TRIP = 1e-12
 #: A certified bracket [lower, upper] checked against a float64 dense oracle (autograd Jacobian +
 #: SVD): the oracle's own rounding of ~1e4 ulps, so a correct bracket may miss it by this much.
 BRACKET_MARGIN = 1e-12
+#: A bracket that already includes a 64 (n + d) u rounding margin against a separately computed
+#: float64 SVD: only a violation of the certificate can fail; allow 4 ulps of the SVD itself.
+BRACKET_ULPS = 1e-15
+#: The certified bound for an explicit matrix against its SVD: inflation of order m^2 u plus the
+#: Gram iteration's excess of 1e-9.
+CERT_GAP = 1e-7
+#: A closed form taking the sqrt of a difference that cancels to ~0 (the rank-one sigma_max
+#: formula at a reflection): sqrt(u) ~ 1.5e-8 relative.
+F64_SQRT_CANCELLATION = 1e-7
 #: float64 at radius R ~ 1e2..1e3: logits ~ R^2 ~ 1e4..1e6 carry absolute errors ~1e-12..1e-10,
 #: which the softmax passes on to the attention weights (relative, or absolute on O(1) values).
 F64_LARGE_RADIUS_REL = 1e-9
@@ -144,18 +153,26 @@ SINKHORN_BIAS = 1e-2
 #: dense one), each followed by an SVD: entries carry factors e^theta with theta up to ~10, so
 #: small singular values of the blocks carry absolute errors of ~1e4 u relative to the norm.
 F64_DENSE_ASSEMBLY = 1e-9
-#: Lanczos or power iteration at the library's default residual rule (||J^T J v - s^2 v|| <=
-#: 1e-10 s^2 gives |s - sigma_1| of order 1e-10 sigma_1) against a dense SVD, or an attack
-#: search's value re-evaluated by an oracle at the returned measure.
+#: Lanczos, power or Collatz-Wielandt iteration at a residual rule of 1e-10 (||J^T J v - s^2 v||
+#: <= 1e-10 s^2 gives |s - sigma_1| <= tol / 2 relative by Weyl, in practice quadratic in the
+#: residual) against a dense SVD, or an attack search's value re-evaluated by an oracle at the
+#: returned measure.
 F64_LANCZOS = 1e-9
 #: As F64_LANCZOS where the top singular value is less separated (a smaller gap slows the Ritz
-#: value's convergence), or two Lanczos runs from different starts compared with each other.
+#: value's convergence), power iteration stopped by the residual rule 1e-10 from a random start,
+#: or two Lanczos runs from different starts (random vs Kronecker) compared with each other.
 F64_LANCZOS_GAP = 1e-8
-#: Lanczos stopped at a residual 1e-6 s^2, or two different Krylov paths (compressed vs full,
-#: random vs deterministic start, streaming vs stored), compared: Weyl gives |s - sigma| <= 5e-7.
+#: Lanczos stopped at a residual 1e-6 s^2 (|s - sigma_1| <= 5e-7 sigma_1 by Weyl when it
+#: converges to the top singular value), power iteration with a relative-change rule of 1e-9
+#: (error ~1e-9 / (1 - rho^2)), or two different Krylov paths (compressed vs full, random vs
+#: structured start, streaming vs stored, Lanczos vs sqrt(eigvalsh(J J^T))) compared.
 F64_LANCZOS_COARSE = 1e-6
-#: Ritz value printed in the progress line / compared at the solver's 1e-5 stop.
-F64_LANCZOS_PRINTED = 1e-5
+#: A Ritz value after convergence at a residual tol of 1e-8: the value's error is quadratic in
+#: the residual (~tol^2 / gap), far below this.
+F64_LANCZOS_RITZ = 1e-10
+#: The last Ritz value printed in a progress line (rounded for print, possibly one step before the
+#: final check) against the final estimate.
+RITZ_PRINTED = 1e-5
 
 # ---------------------------------------------------------------------------------------------
 # 4. Finite differences (float64)
@@ -203,6 +220,8 @@ ATTACK_BUDGET = 1e-3
 PRINTED_4_DECIMALS = 1e-4
 #: Values printed with 4 significant digits (``.3e``) and summed: each rounds by <= 5e-4 relative.
 PRINTED_4_DIGITS_SUM = 1e-3
+#: A bracket's width ratio printed with 4 digits in a progress line against the unrounded one.
+PRINTED_WIDTH = 2e-3
 #: A value of O(1-10) printed with 12 decimals and parsed back.
 PRINTED_12_DECIMALS = 1e-11
 #: A matplotlib figure's tight bounding box measured twice (text extents, pixel snapping).
@@ -227,6 +246,9 @@ F32_VS_F64 = dict(rtol=2e-5, atol=2e-5)
 F64_LARGE_RADIUS = dict(rtol=F64_LARGE_RADIUS_REL, atol=F64_LARGE_RADIUS_REL)
 #: Central finite differences in float64 with h = 1e-6: truncation O(h^2) plus rounding O(u / h).
 F64_FINITE_DIFF = dict(rtol=FD_REL, atol=FD_ABS)
+#: A closed-form Jacobian (or product) against reverse-mode autograd: both float64 sums of O(n)
+#: terms of size O(1) through a longer chain, a few hundred ulps, with an absolute floor.
+F64_VS_AUTOGRAD = dict(rtol=F64_LONG_CHAIN, atol=F64_ZERO)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:
