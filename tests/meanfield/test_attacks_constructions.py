@@ -22,6 +22,7 @@ from meanfield.attacks import (
 
 from ..oracles_attacks import F64, jacobian_oracle, lw_norm, random_head, seq_norm, slope, sup_g
 from ..tolerances import (
+    EXACT_ZERO_FLOOR,
     F64_CLOSED_FORM,
     F64_LANCZOS,
     F64_LARGE_RADIUS_REL,
@@ -75,8 +76,10 @@ def test_construction_bound_below_exact_norm(rng, variant, case, n):
         p = math.exp(con.gamma) / (math.exp(con.gamma) + n - 1)
         Vu = float(torch.linalg.vector_norm(V @ con.u))
         expect = math.sqrt(n - 1) * p * (1 + (1 - p) * con.gamma) * Vu
-        assert math.isclose(con.lower_bound, expect, rel_tol=1e-12, abs_tol=1e-300)
-        assert math.isclose(con.p, p, rel_tol=1e-12)
+        assert math.isclose(
+            con.lower_bound, expect, rel_tol=F64_CLOSED_FORM, abs_tol=EXACT_ZERO_FLOOR
+        )
+        assert math.isclose(con.p, p, rel_tol=F64_CLOSED_FORM)
         # every copy sees token 1 with exactly the gap gamma
         x1, y = con.X[0].double(), con.X[1].double()
         assert math.isclose(

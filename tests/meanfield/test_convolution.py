@@ -24,6 +24,8 @@ from meanfield.convolution import (
 )
 from tests import mpmath_oracle as oracle
 
+from ..tolerances import F32_FORWARD, F64_LONG_CHAIN, F64_REDUCTION, F64_REWRITTEN_EXP
+
 
 def _kernel(co, ci, kh, kw, seed, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
@@ -65,7 +67,7 @@ def test_circular_against_dense_svd(case):
     exact = _sigma(_unrolled(K, (h, w), "circular"))
     r = conv2d_spectral_upper(K, (h, w), padding="circular", n_iter=6, exact=True)
     assert r.certified and r.grid == (h, w)
-    assert float(r.circular_exact) == pytest.approx(exact, rel=1e-11)
+    assert float(r.circular_exact) == pytest.approx(exact, rel=F64_LONG_CHAIN)
     assert float(r.upper) >= exact
     # with the SVD candidate the certificate is tight up to the rounding margins
     assert float(r.upper) <= exact * (1 + 1e-10)
@@ -100,7 +102,7 @@ def test_zero_padding_against_dense_svd(case):
         # the bound is the circular norm on the enlarged grid: check that value independently
         circ = _sigma(_unrolled(K, r.grid, "circular")) if kh % 2 and kw % 2 else None
         if circ is not None:
-            assert float(r.circular_exact) == pytest.approx(circ, rel=1e-11)
+            assert float(r.circular_exact) == pytest.approx(circ, rel=F64_LONG_CHAIN)
         assert float(r.upper) <= float(r.circular_exact) * (1 + 1e-10)
 
 
@@ -120,7 +122,7 @@ def test_zero_padded_operator_is_a_submatrix_of_the_circular_one(case):
         Yc = F.conv2d(Xp, K)  # (n_in, co, N_h, N_w)
         ho, wo = h + 2 * pad[0] - kh + 1, w + 2 * pad[1] - kw + 1
         sub = Yc[:, :, :ho, :wo].reshape(ci * h * w, -1).T
-        torch.testing.assert_close(sub, Z, rtol=0, atol=1e-12)
+        torch.testing.assert_close(sub, Z, rtol=0, atol=F64_REDUCTION)
 
 
 def test_float32_kernel_is_certified_for_the_stored_values():
@@ -135,7 +137,7 @@ def test_float32_kernel_is_certified_for_the_stored_values():
         if padding == "circular":
             assert float(r.upper) <= exact * (1 + 1e-5)
         r64 = conv2d_spectral_upper(K64, (6, 6), padding=padding, n_iter=12)
-        assert float(r.upper) == pytest.approx(float(r64.upper), rel=1e-5)
+        assert float(r.upper) == pytest.approx(float(r64.upper), rel=F32_FORWARD)
 
 
 def test_blocks_match_the_fft_and_their_error_bound_holds():
@@ -143,9 +145,11 @@ def test_blocks_match_the_fft_and_their_error_bound_holds():
     blocks, eta = conv2d_frequency_blocks(K, (6, 7))
     assert blocks.shape == (6, 7 // 2 + 1, 3, 2) and blocks.dtype == torch.complex128
     full = torch.fft.fft2(K, s=(6, 7)).permute(2, 3, 0, 1)  # same sign convention
-    torch.testing.assert_close(blocks, full[:, : 7 // 2 + 1], rtol=0, atol=1e-13)
+    torch.testing.assert_close(blocks, full[:, : 7 // 2 + 1], rtol=0, atol=F64_REWRITTEN_EXP)
     # the mirrored half: conjugate blocks
-    torch.testing.assert_close(full[1:, 4:], full[1:, 1:4].flip(0, 1).conj(), rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        full[1:, 4:], full[1:, 1:4].flip(0, 1).conj(), rtol=0, atol=F64_REWRITTEN_EXP
+    )
     # exact blocks with mpmath (40 digits) on a few frequencies: error <= eta
     mpmath.mp.dps = 40
     Kl = K.tolist()
@@ -168,7 +172,7 @@ def test_blocks_match_the_fft_and_their_error_bound_holds():
         ]
         err = float(mpmath.sqrt(sum(d**2 for r_ in D for d in r_)))  # Frobenius >= 2-norm
         assert err <= eta
-    assert eta < 1e-12 * float(K.abs().sum())
+    assert eta < F64_REDUCTION * float(K.abs().sum())
 
 
 def test_gram_iteration_complex_against_svd():
@@ -185,7 +189,7 @@ def test_gram_iteration_complex_against_svd():
         p = 2.0 ** (t + 1)
         top = sv[..., :1]
         schatten = top[..., 0] * (sv / top).pow(p).sum(-1).pow(1 / p)  # no overflow
-        torch.testing.assert_close(v, schatten, rtol=1e-12, atol=0)
+        torch.testing.assert_close(v, schatten, rtol=F64_REDUCTION, atol=0)
         assert bool((v >= s * (1 - 1e-14)).all())
         if prev is not None:
             assert bool((v <= prev * (1 + 1e-14)).all())
@@ -198,7 +202,7 @@ def test_scaling_and_zero_kernel():
     K = _kernel(3, 3, 3, 3, 13)
     a = float(conv2d_spectral_upper(K, 6, n_iter=5).upper)
     b = float(conv2d_spectral_upper(1e-3 * K, 6, n_iter=5).upper)
-    assert b == pytest.approx(1e-3 * a, rel=1e-12)
+    assert b == pytest.approx(1e-3 * a, rel=F64_REDUCTION)
     z = conv2d_spectral_upper(torch.zeros(2, 3, 3, 3, dtype=torch.float64), 5)
     assert z.certified and float(z.upper) == 0.0
 
@@ -209,7 +213,7 @@ def test_transposed_kernel_same_norm():
     Kt = K.transpose(0, 1).flip(-1, -2)
     r1 = conv2d_spectral_upper(K, 7, exact=True)
     r2 = conv2d_spectral_upper(Kt, 7, exact=True)
-    assert float(r1.circular_exact) == pytest.approx(float(r2.circular_exact), rel=1e-12)
+    assert float(r1.circular_exact) == pytest.approx(float(r2.circular_exact), rel=F64_REDUCTION)
 
 
 @pytest.mark.parametrize("padding", ["circular", "zeros"])
@@ -273,7 +277,7 @@ def test_cuda_device_follows_kernel():
         r = conv2d_spectral_upper(K.to(dtype=dt, device="cuda"), 10, n_iter=8)
         assert r.upper.device.type == "cuda" and r.per_frequency.device.type == "cuda"
         assert r.certified
-        assert float(r.upper) == pytest.approx(float(r_cpu.upper), rel=1e-5)
+        assert float(r.upper) == pytest.approx(float(r_cpu.upper), rel=F32_FORWARD)
 
 
 def test_kernel_wider_than_grid_aliases_and_half_precision():
@@ -391,7 +395,7 @@ def test_extreme_magnitudes_are_finite_certified_upper_bounds(name):
         assert mpmath.mpf(up) <= ref * (1 + tol), (exact, n_iter, up / ref)
         # the a priori block error is a positive bound, far below the norm (the old code gave
         # inf above ~1e153 and an underflowed 0 near 1e-300)
-        assert 0 < r.block_error <= 1e-11 * up
+        assert 0 < r.block_error <= F64_LONG_CHAIN * up
         assert float(r.gram) >= float(ref) * (1 - 1e-12)
     rz = conv2d_spectral_upper(K, _SIZE, padding="zeros", n_iter=8)
     assert rz.certified and math.isfinite(float(rz.upper))
@@ -425,7 +429,7 @@ def test_block_error_bound_holds_at_extreme_magnitudes(k):
     K = _times_pow2(_kernel(3, 2, 3, 3, 11), k)
     blocks, eta = conv2d_frequency_blocks(K, (6, 7))
     assert math.isfinite(eta) and eta > 0
-    assert eta <= 1e-12 * float(K.abs().sum()) + K.numel() * 2.0**-1071
+    assert eta <= F64_REDUCTION * float(K.abs().sum()) + K.numel() * 2.0**-1071
     Kl = K.tolist()
     with mpmath.workdps(40):
         worst = mpmath.mpf(0)
@@ -487,11 +491,13 @@ def test_scaled_bound_agrees_with_the_unscaled_computation(case):
             r = conv2d_spectral_upper(K, (h, w), n_iter=6, exact=exact)
             u = _unscaled_upper(K, (h, w), 6, exact, single=False)
             assert r.certified and u.ok
-            assert float(r.upper) == pytest.approx(u.upper, rel=1e-13, abs=0)
-            assert float(r.gram) == pytest.approx(float(u.gram), rel=1e-13, abs=0)
-            assert r.block_error == pytest.approx(u.eta, rel=1e-13, abs=0)
+            assert float(r.upper) == pytest.approx(u.upper, rel=F64_REWRITTEN_EXP, abs=0)
+            assert float(r.gram) == pytest.approx(float(u.gram), rel=F64_REWRITTEN_EXP, abs=0)
+            assert r.block_error == pytest.approx(u.eta, rel=F64_REWRITTEN_EXP, abs=0)
             if exact:
-                assert float(r.circular_exact) == pytest.approx(float(u.circ), rel=1e-13, abs=0)
+                assert float(r.circular_exact) == pytest.approx(
+                    float(u.circ), rel=F64_REWRITTEN_EXP, abs=0
+                )
 
 
 def test_infinite_upper_only_without_certificate():

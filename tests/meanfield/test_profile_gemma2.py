@@ -20,6 +20,8 @@ from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_mo
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
 from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
 
+from ..tolerances import F64_REDUCTION
+
 transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -83,9 +85,9 @@ def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
         with torch.no_grad():
             y = b(xs[b.layer])
         # the same float64 operations in another order: rounding only
-        assert rel_error(y, ys[b.layer]) <= 1e-12
+        assert rel_error(y, ys[b.layer]) <= F64_REDUCTION
     with torch.no_grad():  # chaining the blocks gives the next layer's input
-        assert rel_error(blocks[0](xs[0]), xs[1]) <= 1e-12
+        assert rel_error(blocks[0](xs[0]), xs[1]) <= F64_REDUCTION
     if case == "gemma2":
         # the window acts at this length: the sliding layer's attention is not the global one
         win = model.config.sliding_window
