@@ -1,12 +1,13 @@
 """Named tolerances per (dtype, oracle), each with its justification.
 
 Every tolerance of the test suite is named here once, grouped by the computation that produces
-the two compared numbers (the oracle), not by its value: two tolerances with the same value but a
-different reason carry different names. A test imports the name (``from ..tolerances import
+the two compared numbers (the oracle), not by its value: two tolerances with the same value but
+a different reason carry different names. A test imports the name (``from ..tolerances import
 F64_REWRITTEN``) and passes it as ``rel=``/``rtol=``/``atol=`` or uses it as a relative bound
-(``err <= F64_REDUCTION * scale``). u = 2^-53 ~ 1.1e-16 is the float64 unit roundoff, 2^-24 ~
-6e-8 the float32 one. Comparisons of tensors check dtype and shape before values (see
-`assert_close`).
+(``err <= F64_REDUCTION * scale``). A tolerance that is a solver's own ``tol`` argument is the
+variable passed in the call, not a name here. u = 2^-53 ~ 1.1e-16 is the float64 unit roundoff,
+u32 = 2^-24 ~ 6e-8 the float32 one. Comparisons of tensors check dtype and shape before values
+(see `assert_close`).
 """
 
 from __future__ import annotations
@@ -17,57 +18,87 @@ if TYPE_CHECKING:  # torch is imported by the tensor helper only: numpy-only tes
     import torch
 
 # ---------------------------------------------------------------------------------------------
-# 1. float64 against float64: one closed form (or one finite sum) evaluated by two routes
+# 1. float64 rounding: two evaluations of one closed form or one finite sum
 # ---------------------------------------------------------------------------------------------
-#: The same formula on both sides, evaluated in a different order or through a thin wrapper
-#: (a registry entry, a limit n -> inf, a window W = n, an object-precision path rounded back):
-#: O(1) roundings on each side, so a few ulps; also the absolute floor for O(1) entries of such
-#: an identity that may be 0.
+#: The same formula on both sides, evaluated in another order or through a thin wrapper (a
+#: registry entry, a limit n -> inf, a window W = n, a stored value recomputed, an object-precision
+#: path rounded back): O(1) roundings on each side, a few ulps; also the absolute floor for O(1)
+#: entries of such an identity that may be 0.
 F64_FEW_ULPS = 1e-15
 #: A closed form against an algebraically rewritten one (log form vs direct, factored vs
-#: expanded, a docs formula vs the implementation): O(10) roundings including exp/log of O(1)
-#: arguments, or one formula in two array libraries (torch vs numpy kernels), tens of ulps; also the absolute residual of such an identity on O(1) values (the
-#: norm of a unit vector, transport marginals of a small problem).
+#: expanded, a docs formula vs the implementation, one formula in torch and in numpy): O(10)
+#: roundings with exp/log of O(1) arguments, tens of ulps; also the absolute residual of such an
+#: identity on O(1) values (the norm of a unit vector, marginals of a small transport plan).
 F64_REWRITTEN = 1e-14
-#: As F64_REWRITTEN, where exp/log of arguments up to ~100 or a sum of O(100) terms amplifies the
+#: As F64_REWRITTEN where exp/log of arguments up to ~100 or a sum of O(100) terms amplifies the
 #: rounding (the relative error of exp(x) grows like |x| u): hundreds of ulps. Also the residual
 #: of such a sum that vanishes in exact arithmetic (an orthogonality, a cancelling entry),
 #: relative to the terms' scale.
 F64_REWRITTEN_EXP = 1e-13
 #: Two float64 implementations of a reduction over O(n d) terms: the library against a naive
 #: oracle (dense Jacobian, explicit loop, permutation/LP cost, a spectral norm via SVD, a sum over
-#: rows, a JSON round trip of such a value): different summation order, up to ~1e4 ulps.
+#: rows, a transformers module in float64), different summation order, up to ~1e4 ulps. Also the
+#: size of an a priori rounding-error bound relative to the data it bounds.
 F64_REDUCTION = 1e-12
 #: As F64_REDUCTION through longer chains of dependent operations (Jacobians assembled by
-#: autograd, FFT-based circulant norms, a sympy/Lambert-W inversion composed with the bound it
-#: inverts): the rounding of each stage is amplified by the next one's condition number.
+#: autograd, FFT-based circulant norms, a Lambert-W crossover composed with the bounds it
+#: equates): the rounding of each stage is amplified by the next one's condition number.
 F64_LONG_CHAIN = 1e-11
 #: A closed-form bound evaluated by the library against the formula written out in the test (by
-#: hand or derived by sympy and lambdified), a registry/wrapper entry of it, or a closed-form inverse (Lambert W, a quadratic root, a crossover
-#: n*) plugged back into the forward formula: exp of arguments up to ~40 and the forward map's
-#: condition number (~theta) amplify a few ulps to ~1e4 ulps.
+#: hand or derived by sympy and lambdified), or a closed-form inverse (Lambert W, a quadratic
+#: root, a crossover n*, a target radius) plugged back into the forward formula: exp of arguments
+#: up to ~40 and the forward map's condition number (~theta) amplify a few ulps to ~1e4 ulps.
 F64_CLOSED_FORM = 1e-12
+#: Absolute residual of an identity of O(1) quantities (A u = lambda u, a zero-sum, the marginal
+#: of a transport plan, a gap that must vanish): ~1e4 ulps of O(1) terms.
+F64_ZERO = 1e-12
 #: A least-squares fit (log-log slope, intercept, R^2, every bootstrap replicate) of noiseless
 #: data generated by the fitted model: the normal equations' rounding on O(10) well-spread points.
 F64_EXACT_FIT = 1e-12
 #: A float written to JSON/CSV/npz by the pipeline and read back, or recomputed from the stored
-#: arrays by the same formula (medians, fits, ratios): the serialisation keeps >= 13 digits.
+#: arrays by the same formula (medians, fits, ratios, the value with and without certification):
+#: the serialisation keeps >= 13 digits.
 F64_ROUND_TRIP = 1e-12
-#: A certified bracket [lower, upper] checked against a float64 dense oracle (autograd Jacobian +
-#: SVD): the oracle's own rounding of ~1e4 ulps, so a correct bracket may miss it by this much.
-BRACKET_MARGIN = 1e-12
-#: A bracket that already includes a 64 (n + d) u rounding margin against a separately computed
-#: float64 SVD: only a violation of the certificate can fail; allow 4 ulps of the SVD itself.
-BRACKET_ULPS = 1e-15
-#: The certified bound for an explicit matrix against its SVD: inflation of order m^2 u plus the
-#: Gram iteration's excess of 1e-9.
-CERT_GAP = 1e-7
+#: Absolute floor that admits only exact zeros among values that span down to ~1e-300 (the
+#: relative tolerance does the work).
+EXACT_ZERO_FLOOR = 1e-300
+#: One subnormal ulp: values that underflow to the subnormal range agree to the last bit.
+F64_ONE_SUBNORMAL = 5e-324
+
+# ---------------------------------------------------------------------------------------------
+# 2. float64 rounding amplified by the problem (large arguments, cancellation, conditioning)
+# ---------------------------------------------------------------------------------------------
+#: float64 at radius R ~ 1e1..1e3 or a gap gamma up to ~1e3: logits ~ 1e2..1e6 carry absolute
+#: errors ~1e-14..1e-10, which the softmax passes on to the attention weights (and to a light
+#: atom's mass e^-gamma).
+F64_LARGE_RADIUS_REL = 1e-9
+#: exp(x + gamma) with gamma ~ 1e9: x + gamma is rounded to gamma's ulp (1.2e-7), which exp turns
+#: into a relative error of 1.2e-7.
+F64_LARGE_EXPONENT = 1e-6
+#: A ratio of differences over a small displacement (||F(nu) - F(mu)|| / W2(nu, mu) for a small
+#: move): both differences lose about log10(1 / |delta|) digits to cancellation.
+F64_SMALL_DIFFERENCE = 1e-9
+#: Masses 1/2 +- delta with delta down to 1e-10: their difference keeps u / delta ~ 1e-6
+#: relative accuracy.
+F64_TINY_DIFFERENCE = 1e-6
+#: A Jacobian block of an atom of mass ~e^-gamma rescaled by e^{(lw_0 - lw_1)/2}: the block is
+#: accurate to u absolutely, so relative to its size it carries ~u e^{gamma/2} (gamma <= 25).
+F64_TINY_MASS = 1e-8
 #: A closed form taking the sqrt of a difference that cancels to ~0 (the rank-one sigma_max
 #: formula at a reflection): sqrt(u) ~ 1.5e-8 relative.
 F64_SQRT_CANCELLATION = 1e-7
-#: float64 at radius R ~ 1e2..1e3: logits ~ R^2 ~ 1e4..1e6 carry absolute errors ~1e-12..1e-10,
-#: which the softmax passes on to the attention weights (relative, or absolute on O(1) values).
-F64_LARGE_RADIUS_REL = 1e-9
+#: Eigenvalues of a nonsymmetric matrix from two LAPACK routes (eig vs eigvals, the released
+#: Rayleigh rule), or a quantity built on them: conditioned by the eigenvector basis, up to ~1e5 u
+#: on random small matrices.
+F64_NONSYM_EIG = 1e-10
+#: A quantity rebuilt from eigenvectors of a nonsymmetric matrix (gamma = -2 u^T A u R^2, the
+#: two-Dirac value of the released construction), or eigenvalues of Q diag(l) Q^-1 for a random
+#: Q: eigenvectors and similarity transforms are worse conditioned than eigenvalues.
+F64_NONSYM_EIG_VECTOR = 1e-9
+#: Two float64 assemblies of the same Jacobian (the proof's block decomposition vs the engine's
+#: dense one), each followed by an SVD: entries carry factors e^theta with theta up to ~10, so
+#: the blocks carry absolute errors of ~1e4 u relative to the norm.
+F64_DENSE_ASSEMBLY = 1e-9
 #: The same Jacobian-derived quantity (spectral norm, row sum, W2 ratio of a perturbation) from
 #: two independent float64 assemblies: closed form or library against autograd through a naive
 #: re-implementation (RMS norm, softcap, QK-norm), batched against the engine's dense path, a
@@ -81,34 +112,14 @@ F64_VS_HF_LAYER = 1e-10
 #: method and start) recomputed in-process through the public API: same algorithm, possibly
 #: another reduction order or Krylov start, converged far below this.
 F64_RERUN = 1e-10
-#: Residual of an identity of O(1) quantities (a zero-sum, a marginal of a transport plan, a
-#: normalised row, a fitted slope on exact power-law data): absolute, ~1e4 ulps of O(1) terms.
-F64_ZERO = 1e-12
-#: Absolute floor that admits only exact zeros among values that span down to ~1e-300 (the
-#: relative tolerance does the work).
-EXACT_ZERO_FLOOR = 1e-300
-#: One subnormal ulp: values that underflow to the subnormal range agree to the last bit.
-F64_ONE_SUBNORMAL = 5e-324
-#: exp(x + gamma) with gamma ~ 1e9: x + gamma is rounded to gamma's ulp (1.2e-7), which exp turns
-#: into a relative error of 1.2e-7.
-F64_LARGE_EXPONENT = 1e-6
-#: A ratio of differences over a small displacement (||F(nu) - F(mu)|| / W2(nu, mu) for a
-#: move of ~1e-6): both differences lose about log10(1/|delta|) digits to cancellation.
-F64_SMALL_DIFFERENCE = 1e-9
-#: Masses 1/2 +- delta with delta down to 1e-10: their difference keeps u / delta ~ 1e-6
-#: relative accuracy.
-F64_TINY_DIFFERENCE = 1e-6
-#: A Jacobian block of an atom of mass ~e^-gamma rescaled by e^{(lw_0 - lw_1)/2}: the block is
-#: accurate to u absolutely, so relative to its size it carries ~u e^{gamma/2} (gamma <= 25).
-F64_TINY_MASS = 1e-8
 
 # ---------------------------------------------------------------------------------------------
-# 2. float64 against a high-precision or independent library reference
+# 3. float64 against a high-precision or an independent library reference
 # ---------------------------------------------------------------------------------------------
 #: A well-conditioned scalar special function (Lambert W) against mpmath/sympy at 30-50 digits,
-#: or a JSON-stored value recomputed: the float64 result is correctly rounded up to a few ulps.
+#: or the object-precision path rounded to float64: correctly rounded up to a few ulps.
 F64_VS_MPMATH = 1e-15
-#: A closed form with exp of large arguments or a sum of near-cancelling terms against an mpmath
+#: A closed form with exp of large arguments or near-cancelling terms against an mpmath
 #: 50-digit evaluation of the same expression: float64 rounding amplified by the condition number.
 F64_VS_MPMATH_COND = 1e-13
 #: Against scipy.special.lambertw away from the branch point: scipy's own Halley iteration stops
@@ -119,25 +130,19 @@ F64_VS_SCIPY = 1e-14
 F64_VS_EXP_COMPOSED = 2e-15
 
 # ---------------------------------------------------------------------------------------------
-# 3. Iterative float64 computations (root finders, optimisers, Lanczos, Sinkhorn, fits)
+# 4. Iterative float64 computations (root finders, optimisers, transport, fits, Lanczos)
 # ---------------------------------------------------------------------------------------------
-#: A value located by an iterative scalar solver (brentq, minimize_scalar with xatol 1e-12,
-#: fixed point, a Newton refinement) or by a closed form that cancels 0/0 near a limit, compared
-#: with an independent route: the solver/cancellation error, far below this, not rounding.
+#: A value located by an iterative solver (brentq, minimize_scalar, a fixed-point inversion, the
+#: exact transport solver, Sinkhorn at tol 1e-12, a truncated series against mpmath's nsum), a
+#: root plugged back into its equation, or a closed form that cancels 0/0 near a limit, compared
+#: with an independent route: the solver's or the cancellation's error, far below this.
 F64_SOLVER = 1e-10
 #: A maximum or root located by a scalar search (scipy's bounded minimiser with xatol 1e-12,
 #: bisection to the last ulp of R) and fed back through a function whose condition number in the
 #: searched variable is up to ~1e3: the stopping rule, not rounding, sets the error.
 F64_SCALAR_SEARCH = 1e-9
-#: Eigenvalues of a nonsymmetric matrix from two LAPACK routes (eig vs eigvals, or the released
-#: Rayleigh rule): conditioned by the eigenvector basis, up to ~1e5 u on random small matrices.
-F64_NONSYM_EIG = 1e-10
-#: A quantity rebuilt from eigenvectors of a nonsymmetric matrix (gamma = -2 u^T A u R^2, the
-#: real/complex split of the spectrum), or eigenvalues of Q diag(l) Q^-1 for a random Q:
-#: eigenvectors and similarity transforms are worse conditioned than symmetric eigenvalues.
-F64_NONSYM_EIG_VECTOR = 1e-9
-#: Two least-squares solvers (np.polyfit vs the library's fit) on the same noisy data:
-#: conditioned by the log-x design matrix.
+#: Two least-squares solvers (np.polyfit vs the library's fit) on the same noisy data, or an
+#: exact-data fit through Lambert W abscissae: conditioned by the design matrix.
 F64_LSTSQ = 1e-10
 #: As F64_LSTSQ for an intercept extrapolated over a lever arm, or a slope re-fitted from values
 #: stored by a run.
@@ -146,65 +151,88 @@ F64_LSTSQ_LOOSE = 1e-9
 LP_HIGHS = 1e-8
 #: Plan marginals of a Sinkhorn run stopped at marginal error tol = 1e-12, checked entrywise.
 SINKHORN_MARGINAL = 1e-11
-#: Debiased Sinkhorn divergence at eps = 1e-3 against W2^2: the entropic bias O(eps log n) plus the
-#: stopping error.
+#: Debiased Sinkhorn divergence at eps = 1e-3 against W2^2: the entropic bias O(eps log n) plus
+#: the stopping error.
 SINKHORN_BIAS = 1e-2
-#: Two float64 assemblies of the same Jacobian (the proof's block decomposition vs the engine's
-#: dense one), each followed by an SVD: entries carry factors e^theta with theta up to ~10, so
-#: small singular values of the blocks carry absolute errors of ~1e4 u relative to the norm.
-F64_DENSE_ASSEMBLY = 1e-9
 #: Lanczos, power or Collatz-Wielandt iteration at a residual rule of 1e-10 (||J^T J v - s^2 v||
 #: <= 1e-10 s^2 gives |s - sigma_1| <= tol / 2 relative by Weyl, in practice quadratic in the
-#: residual) against a dense SVD, or an attack search's value re-evaluated by an oracle at the
-#: returned measure.
+#: residual) against a dense SVD, two implementations of the same Golub-Kahan recurrence (their
+#: rounding grows with the number of steps), or an attack search's value re-evaluated by an
+#: oracle at the returned measure.
 F64_LANCZOS = 1e-9
 #: As F64_LANCZOS where the top singular value is less separated (a smaller gap slows the Ritz
 #: value's convergence), power iteration stopped by the residual rule 1e-10 from a random start,
 #: or two Lanczos runs from different starts (random vs Kronecker) compared with each other.
 F64_LANCZOS_GAP = 1e-8
-#: Lanczos stopped at a residual 1e-6 s^2 (|s - sigma_1| <= 5e-7 sigma_1 by Weyl when it
-#: converges to the top singular value), power iteration with a relative-change rule of 1e-9
-#: (error ~1e-9 / (1 - rho^2)), or two different Krylov paths (compressed vs full, random vs
-#: structured start, streaming vs stored, Lanczos vs sqrt(eigvalsh(J J^T))) compared.
+#: Lanczos stopped at a residual 1e-6 s^2 or by the width rule (|s - sigma_1| <= 5e-7 sigma_1 by
+#: Weyl when it converges to the top singular value), power iteration with a relative-change rule
+#: of 1e-9 (error ~1e-9 / (1 - rho^2)), or two different Krylov paths (compressed vs full, random
+#: vs structured start, streaming vs stored, Lanczos vs sqrt(eigvalsh(J J^T))) compared.
 F64_LANCZOS_COARSE = 1e-6
 #: A Ritz value after convergence at a residual tol of 1e-8: the value's error is quadratic in
 #: the residual (~tol^2 / gap), far below this.
 F64_LANCZOS_RITZ = 1e-10
-#: The last Ritz value printed in a progress line (rounded for print, possibly one step before the
-#: final check) against the final estimate.
+#: The last Ritz value printed in a progress line (rounded for print, possibly one step before
+#: the final check) against the final estimate.
 RITZ_PRINTED = 1e-5
 
 # ---------------------------------------------------------------------------------------------
-# 4. Finite differences (float64)
+# 5. Certified bounds and brackets against a float64 oracle
 # ---------------------------------------------------------------------------------------------
-#: Central finite differences with h = 1e-6 on O(1) inputs: truncation O(h^2) plus rounding
-#: O(u / h) ~ 1e-10, with headroom: relative part.
+#: A proved bound (a certified bracket, a block bound, a closed-form upper or lower bound)
+#: checked against a float64 numeric oracle (dense Jacobian + SVD, a softmax sum, a brute-force
+#: maximum): the oracle's own rounding of ~1e4 ulps, so a correct bound may miss it by this much.
+BRACKET_MARGIN = 1e-12
+#: As BRACKET_MARGIN where the oracle's dense Jacobian is built at radii of a few units (logits
+#: ~10, exp amplifies) over many random trials.
+BRACKET_MARGIN_LOOSE = 1e-10
+#: A rigorously rounded (certified) bound is at most this much above the float64 bound it
+#: certifies: its inflation is a few thousand ulps times the problem size.
+CERTIFIED_INFLATION = 1e-9
+#: A bracket that already includes a 64 (n + d) u rounding margin against a separately computed
+#: float64 SVD: only a violation of the certificate can fail; allow 4 ulps of the SVD itself.
+BRACKET_ULPS = 1e-15
+#: A certified closed-form bound, inflated by its own rounding margin (a few thousand u), against
+#: the bare formula evaluated in the test.
+CERTIFIED_MARGIN = 3e-12
+#: The certified bound for an explicit matrix against its SVD: inflation of order m^2 u plus the
+#: Gram iteration's excess of 1e-9.
+CERT_GAP = 1e-7
+
+# ---------------------------------------------------------------------------------------------
+# 6. Finite differences (float64)
+# ---------------------------------------------------------------------------------------------
+#: Central finite differences with h = 1e-6 on O(1) inputs: truncation O(h^2) times third
+#: derivatives of size O(10) plus rounding O(u / h) ~ 1e-10, with headroom: relative part (also
+#: gradcheck's atol on O(1) gradients).
 FD_REL = 1e-6
 #: Absolute part of the above, for entries of size ~0.
 FD_ABS = 1e-7
-#: Central finite differences with a relative step h = 1e-6 |z| of a smooth scalar function
-#: (or an O(1) Jacobian entry with h = 1e-5): truncation h^2 ~ 1e-12, rounding u / h ~ 1e-10.
+#: Central finite differences of a smooth function with a step h = 1e-6 (or 1e-6 |z|), compared
+#: entrywise on O(1) values: truncation h^2 ~ 1e-12, rounding u / h ~ 1e-10.
 FD_SCALAR = 1e-8
 
 # ---------------------------------------------------------------------------------------------
-# 5. float32 (or mixed precision) against the float64 reference
+# 7. float32 (or mixed precision) against float64
 # ---------------------------------------------------------------------------------------------
-#: A float32 forward pass of O(n d) operations against float64: u32 ~ 6e-8 times O(100).
+#: A float32 forward pass of O(n d) operations against float64: u32 times O(100).
 F32_FORWARD = 1e-5
-#: The same float32 reduction (a mean radius of float32 hidden states) recomputed in another
-#: order: O(10) float32 ulps.
+#: The same float32 computation in another order (a mean radius of float32 hidden states, an
+#: image normalisation), or a float32 transformers module (float32 softmax inside) against our
+#: float64 map of the same inputs: O(10) float32 ulps.
 F32_ROUNDING = 1e-6
-#: A float32 spectral norm / Lanczos value / Sinkhorn cost or an end-to-end model Jacobian norm
-#: against the float64 one: float32 rounding amplified by a long chain (softmax, matmuls, solver).
+#: A float32 spectral norm, Lanczos value, Sinkhorn cost, fixed-point inversion or model
+#: Jacobian norm against the float64 one: float32 rounding amplified by a long chain (softmax,
+#: matmuls, a solver at tol 1e-4).
 F32_VALUE = 1e-4
 
 # ---------------------------------------------------------------------------------------------
-# 6. Limits, asymptotics and printed values
+# 8. Limits, asymptotics and printed values
 # ---------------------------------------------------------------------------------------------
-#: A quantity at a large but finite parameter (R = 1e3..1e4, gamma = 1e3, n = 1e6) against its
+#: A quantity at a large but finite parameter (R = 1e3..1e4, gamma = 1e3, R = 30) against its
 #: limit: the correction decays like 1/parameter and is below this at the parameters used.
 ASYMPTOTE = 1e-3
-#: As ASYMPTOTE at parameters an order of magnitude further out (R = 1e6..1e7, small gamma).
+#: As ASYMPTOTE at parameters an order of magnitude further out (R = 1e6..1e7, gamma = 1e-4).
 ASYMPTOTE_FAR = 1e-4
 #: A limit approached like log(g)/g (the two-Dirac asymptote at g = 1e3).
 ASYMPTOTE_SLOW = 2e-3
@@ -214,6 +242,12 @@ ASYMPTOTE_CONVERGED = 1e-5
 ASYMPTOTE_NEGLIGIBLE = 1e-6
 #: A limit whose correction (k e^-s ~ 1e-11 for k <= 100, s = 30) is below float64 noise.
 ASYMPTOTE_REACHED = 1e-8
+#: A maximum over random samples (a brute-force search) reaches the certified supremum within
+#: this on semidefinite inputs, where the supremum is attained.
+BRUTE_FORCE_MAX = 1e-4
+#: The maximum of a smooth function over a fine grid (the example's 1e4-point grid) is below the
+#: true maximum by at most this (quadratic in the grid step).
+GRID_MAX = 1e-6
 #: An attack's perturbation spends its W2 budget up to the search's step resolution.
 ATTACK_BUDGET = 1e-3
 #: A value printed with 4 decimals (a report's gap) against the unrounded one.
@@ -228,27 +262,27 @@ PRINTED_12_DECIMALS = 1e-11
 MATPLOTLIB_LAYOUT = 1e-6
 
 # ---------------------------------------------------------------------------------------------
-# 7. Thresholds that must be exceeded (a wrong variant, a mutation, a missing term)
+# 9. Thresholds that must be exceeded (a wrong variant, a mutation, a missing term)
 # ---------------------------------------------------------------------------------------------
-#: A wrong formula (mask dropped, transpose forgotten, bias added twice) changes the result by
-#: at least this much on the random inputs used: far above every rounding tolerance above.
+#: A wrong formula (mask dropped, transpose forgotten, bias added twice, window ignored) changes
+#: the result by at least this much on the inputs used: far above every rounding tolerance.
 DIFFERS = 1e-3
 
 # ---------------------------------------------------------------------------------------------
-# Keyword bundles for torch.testing.assert_close / `assert_close`
+# 10. Keyword bundles for torch.testing.assert_close / `assert_close`
 # ---------------------------------------------------------------------------------------------
 #: Two float64 implementations of the same finite sum of O(n) terms of size O(1): a few hundred
 #: ulps, relative and absolute (entries near 0).
 F64_EXACT = dict(rtol=F64_REDUCTION, atol=F64_REDUCTION)
-#: float32 against the float64 reference on O(1) inputs: softmax and matmuls lose ~1e-6 relative.
-F32_VS_F64 = dict(rtol=2e-5, atol=2e-5)
-#: float64 radius-100 inputs: logits are ~1e4, so absolute logit errors of ~1e4 * u propagate.
-F64_LARGE_RADIUS = dict(rtol=F64_LARGE_RADIUS_REL, atol=F64_LARGE_RADIUS_REL)
-#: Central finite differences in float64 with h = 1e-6: truncation O(h^2) plus rounding O(u / h).
-F64_FINITE_DIFF = dict(rtol=FD_REL, atol=FD_ABS)
 #: A closed-form Jacobian (or product) against reverse-mode autograd: both float64 sums of O(n)
 #: terms of size O(1) through a longer chain, a few hundred ulps, with an absolute floor.
 F64_VS_AUTOGRAD = dict(rtol=F64_LONG_CHAIN, atol=F64_ZERO)
+#: float32 against the float64 reference on O(1) inputs: softmax and matmuls lose ~1e-6 relative.
+F32_VS_F64 = dict(rtol=2e-5, atol=2e-5)
+#: float64 radius-100 inputs: logits are ~1e4, so absolute logit errors of ~1e4 u propagate.
+F64_LARGE_RADIUS = dict(rtol=F64_LARGE_RADIUS_REL, atol=F64_LARGE_RADIUS_REL)
+#: Central finite differences in float64 with h = 1e-6: truncation O(h^2) plus rounding O(u / h).
+F64_FINITE_DIFF = dict(rtol=FD_REL, atol=FD_ABS)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ..tolerances import F64_ZERO, PRINTED_4_DIGITS_SUM, PRINTED_12_DECIMALS
+from ..tolerances import F64_ZERO, GRID_MAX, PRINTED_4_DIGITS_SUM, PRINTED_12_DECIMALS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -85,7 +85,7 @@ def test_symbolic_bound(tmp_path):
         # sympy's result = the closed form
         assert derived == pytest.approx(stated, rel=PRINTED_12_DECIMALS), n
         # the maximum over a grid is below the true maximum, and close to it
-        assert derived * (1 - 1e-6) <= brute <= derived * (1 + 1e-11), n
+        assert derived * (1 - GRID_MAX) <= brute <= derived * (1 + PRINTED_12_DECIMALS), n
 
 
 def test_worst_case_measure(tmp_path):

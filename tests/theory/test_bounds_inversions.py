@@ -11,13 +11,7 @@ from scipy import optimize
 from theory import bounds as B
 from theory.lambert import lambertw
 
-from ..tolerances import (
-    F64_CLOSED_FORM,
-    F64_FEW_ULPS,
-    F64_REWRITTEN,
-    F64_REWRITTEN_EXP,
-    F64_SOLVER,
-)
+from ..tolerances import F64_CLOSED_FORM, F64_FEW_ULPS, F64_REWRITTEN, F64_REWRITTEN_EXP, F64_SOLVER
 
 
 def test_gap_for_target_inverts():
@@ -66,7 +60,7 @@ def test_radius_for_upper_matches_bisection(a, b, c, ratio):
     assert exact == pytest.approx(bisect_radius(L, a, b, c), rel=F64_SOLVER)
     cons = B.radius_for_upper(L, a, b, c, form="lambert")
     if np.isfinite(cons):
-        assert cons**2 * b >= 1 - 1e-12 and cons <= exact * (1 + 1e-12)
+        assert cons**2 * b >= 1 - F64_CLOSED_FORM and cons <= exact * (1 + F64_CLOSED_FORM)
 
 
 def test_radius_for_upper_special_cases():

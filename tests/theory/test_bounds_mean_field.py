@@ -22,7 +22,7 @@ def test_mean_field_upper_forms_and_log():
     R = np.linspace(0, 3, 31)
     sharp = B.mean_field_upper(0.7, 1.3, R)
     simple = B.mean_field_upper(0.7, 1.3, R, form="simple")
-    assert np.all(sharp <= simple * (1 + 1e-14))
+    assert np.all(sharp <= simple * (1 + F64_REWRITTEN))
     np.testing.assert_allclose(
         np.log(sharp), B.mean_field_upper(0.7, 1.3, R, log=True), rtol=F64_REWRITTEN
     )
@@ -59,7 +59,7 @@ def test_mean_field_lower_forms(rng):
     V = rng.normal(size=(2, 3))
     sym = B.mean_field_lower(A, V, R)
     assert np.all(sym <= B.mean_field_upper(spec(A), spec(V), R))
-    assert np.all(sym >= spec(V) * (1 - 1e-14))
+    assert np.all(sym >= spec(V) * (1 - F64_REWRITTEN))
 
 
 @pytest.mark.slow

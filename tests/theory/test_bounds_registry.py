@@ -20,7 +20,7 @@ from theory import bounds as B
 from theory.bounds import registry
 
 from ..oracles_bounds import jacobian, spec
-from ..tolerances import F64_CLOSED_FORM, F64_FEW_ULPS
+from ..tolerances import F64_CLOSED_FORM, F64_FEW_ULPS, F64_LARGE_RADIUS_REL
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "theory.md"
 
@@ -216,7 +216,7 @@ def test_large_radius_band_contains_the_exact_constant(rng, masked):
             V = rng.standard_normal((2, 2))
             exact = spec(jacobian(X, A, V, masked=masked))
             hi, low = up(X, A, V, masked=masked), lo(X, A, V, masked=masked)
-            assert low * (1 - 1e-9) <= exact <= hi * (1 + 1e-9)
+            assert low * (1 - F64_LARGE_RADIUS_REL) <= exact <= hi * (1 + F64_LARGE_RADIUS_REL)
             counts = B.large_radius_counts(X, A, masked=masked)
             lim = float(B.large_radius_limit(counts, np.linalg.norm(V, 2)))
             assert (hi + low) / 2 == pytest.approx(lim, rel=F64_CLOSED_FORM)

@@ -10,7 +10,7 @@ import pytest
 
 from theory import bounds as B
 
-from ..tolerances import F64_CLOSED_FORM, F64_REDUCTION, F64_REWRITTEN
+from ..tolerances import F64_CLOSED_FORM, F64_FEW_ULPS, F64_REDUCTION, F64_REWRITTEN
 
 
 def simulate_split(A, V, u, R, k):
@@ -56,7 +56,7 @@ def test_split_gain_regimes():
     for s in (10.0, 20.0, 40.0):
         kstar = B.optimal_split_k(s)
         peak = B.split_gain(kstar, s)
-        assert peak == pytest.approx(np.exp(s / 2) / 2, rel=2 * np.exp(-s / 2) + 1e-12)
+        assert peak == pytest.approx(np.exp(s / 2) / 2, rel=2 * np.exp(-s / 2) + F64_CLOSED_FORM)
         assert peak >= B.split_gain(np.array([kstar / 2, 2 * kstar]), s).max()
     assert B.split_gain(1e30, 10.0) < 1e-5  # decays for k >> e^s
     assert np.isfinite(B.split_gain(1e300, 700.0))
@@ -75,7 +75,7 @@ def test_split_gain_w_infinity_has_no_gain():
     wy = np.exp(s) / (k - 1 + np.exp(s))
     wz = np.exp(2 * s) / (k - 1 + np.exp(2 * s))
     assert np.all(np.maximum(wy, wz) <= 1.0)
-    assert np.all(B.split_gain(k, s) >= np.maximum(wy, wz) - 1e-15)
+    assert np.all(B.split_gain(k, s) >= np.maximum(wy, wz) - F64_FEW_ULPS)
 
 
 def test_split_optimal_k_is_optimal_to_float_precision_beyond_brute_force():

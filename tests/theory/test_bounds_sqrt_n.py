@@ -24,6 +24,8 @@ from ..oracles_bounds import (
 )
 from ..tolerances import (
     ASYMPTOTE_CONVERGED,
+    BRACKET_MARGIN,
+    BRACKET_MARGIN_LOOSE,
     EXACT_ZERO_FLOOR,
     F64_CLOSED_FORM,
     F64_LONG_CHAIN,
@@ -58,13 +60,15 @@ def test_sqrt_n_forms_are_ordered(a, v, R, n):
     tri = B.sqrt_n_upper(a, v, R, n, form="triangle")
     sharp = B.sqrt_n_upper(a, v, R, n, sharp=True)
     loose = B.sqrt_n_upper(a, v, R, n)
-    assert tri <= sharp * (1 + 1e-12) and sharp <= loose * (1 + 1e-12)
+    assert tri <= sharp * (1 + F64_CLOSED_FORM) and sharp <= loose * (1 + F64_CLOSED_FORM)
     for form in ("sqrt3", "sharp", "triangle"):
         C = B.sqrt_n_constant(a, v, R, n, form=form)
         assert C * np.sqrt(n) == pytest.approx(
             B.sqrt_n_upper(a, v, R, n, form=form), rel=F64_CLOSED_FORM
         )
-        assert B.sqrt_n_constant(a, v, R, form=form) >= C * (1 - 1e-12)  # n = 1 is uniform
+        assert B.sqrt_n_constant(a, v, R, form=form) >= C * (
+            1 - F64_CLOSED_FORM
+        )  # n = 1 is uniform
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -74,7 +78,7 @@ def test_sqrt_n_upper_dominates_local_constants(rng, masked):
         n, R, A, V, X = random_instance(rng, (1, 9), (0.3, 2.5), d, dv)
         local = spec(jacobian(X, A, V, masked=masked))
         tri = B.sqrt_n_upper(spec(A), spec(V), R, n, form="triangle")
-        assert local <= tri * (1 + 1e-10), (trial, local, tri)
+        assert local <= tri * (1 + BRACKET_MARGIN_LOOSE), (trial, local, tri)
 
 
 @pytest.mark.parametrize("case", ["+", "-"])
@@ -94,9 +98,9 @@ def test_sqrt_n_lower_is_exact_on_the_construction(rng, case):
         expect = B.sqrt_n_lower(gamma, n, np.linalg.norm(V @ u))
         assert np.linalg.norm(rows) == pytest.approx(expect, rel=F64_REDUCTION)
         exact = spec(J)
-        assert expect <= exact * (1 + 1e-12)
+        assert expect <= exact * (1 + BRACKET_MARGIN)
         for form in ("sqrt3", "sharp", "triangle"):
-            assert exact <= B.sqrt_n_upper(spec(A), spec(V), R, n, form=form) * (1 + 1e-12)
+            assert exact <= B.sqrt_n_upper(spec(A), spec(V), R, n, form=form) * (1 + BRACKET_MARGIN)
 
 
 def test_sqrt_n_lower_large_gamma_and_limits():
@@ -111,7 +115,7 @@ def test_sqrt_n_lower_large_gamma_and_limits():
     # while n - 1 <= e^gamma, p >= 1/2 and the bound is >= sqrt(n - 1) / 2
     gamma = 6.0
     n = np.arange(2, int(np.exp(gamma)) + 2)
-    assert np.all(B.sqrt_n_lower(gamma, n) >= 0.5 * np.sqrt(n - 1) * (1 - 1e-12))
+    assert np.all(B.sqrt_n_lower(gamma, n) >= 0.5 * np.sqrt(n - 1) * (1 - F64_CLOSED_FORM))
 
 
 @pytest.mark.parametrize("case", ["+", "-"])
@@ -142,8 +146,8 @@ def test_sequence_lower_saturates_at_sup_g():
         n = np.array([2, 10, 100, 10**4, 10**7])
         seq = B.sequence_lower(gamma, n)
         sup = B.two_dirac_lower(gamma)
-        assert np.all(np.diff(seq) >= -1e-12) and np.all(seq <= sup * (1 + 1e-12))
-        assert np.all(seq >= B.sqrt_n_lower(gamma, n) * (1 - 1e-12))
+        assert np.all(np.diff(seq) >= -F64_ZERO) and np.all(seq <= sup * (1 + F64_CLOSED_FORM))
+        assert np.all(seq >= B.sqrt_n_lower(gamma, n) * (1 - F64_CLOSED_FORM))
         assert seq[-1] == pytest.approx(sup, rel=ASYMPTOTE_CONVERGED)
         brute = max(B.two_dirac_g(k / 100, gamma) for k in range(1, 100))
         assert B.sequence_lower(gamma, 100) == pytest.approx(brute, rel=F64_REWRITTEN_EXP)
@@ -173,7 +177,7 @@ def test_masked_lower_increases_and_converges(gamma):
     limit = B.masked_sqrt_n_lower(gamma, np.inf)
     # tail of the squared sum after n terms <= (1 + gamma)^2 e^{2 gamma} / (n - 1)
     tail = (1 + gamma) ** 2 * np.exp(2 * gamma) / (n[-1] - 1)
-    assert vals[-1] <= limit <= np.sqrt(vals[-1] ** 2 + tail) * (1 + 1e-12)
+    assert vals[-1] <= limit <= np.sqrt(vals[-1] ** 2 + tail) * (1 + F64_CLOSED_FORM)
     # Saturation versus decay: past n ~ e^gamma the unmasked construction loses the effect.
     # (For small n the masked value can be the smaller one: f(p) = p(1 + (1 - p) gamma) decreases
     # in p for p > (1 + gamma) / (2 gamma), and masked rows see fewer copies.)
@@ -241,7 +245,7 @@ def test_rayleigh_extremes_variants(rng):
     if real.size:
         rel = B.rayleigh_extremes(A, variant="released")
         assert rel.lam_max == pytest.approx(real.max(), rel=F64_NONSYM_EIG)
-        assert sym.lam_max >= rel.lam_max - 1e-12 and sym.lam_min <= rel.lam_min + 1e-12
+        assert sym.lam_max >= rel.lam_max - F64_ZERO and sym.lam_min <= rel.lam_min + F64_ZERO
     with pytest.raises(ValueError, match="no real eigenvalue"):
         B.rayleigh_extremes(np.array([[0.0, -1.0], [1.0, 0.0]]), variant="released")
 
@@ -256,8 +260,8 @@ def test_multihead_rules_bound_the_multihead_jacobian(rng):
     Ws = [WO[:, h * dv : (h + 1) * dv] for h in range(H)]
     J = sum(np.kron(np.eye(n), Ws[h]) @ Js[h] for h in range(H))
     local = np.array([spec(Jh) for Jh in Js])
-    assert spec(J) <= B.multihead_upper(local, W_norms=[spec(W) for W in Ws]) * (1 + 1e-12)
-    assert spec(J) <= B.multihead_upper(local, WO_norm=spec(WO), rule="l2") * (1 + 1e-12)
+    assert spec(J) <= B.multihead_upper(local, W_norms=[spec(W) for W in Ws]) * (1 + BRACKET_MARGIN)
+    assert spec(J) <= B.multihead_upper(local, WO_norm=spec(WO), rule="l2") * (1 + BRACKET_MARGIN)
     assert B.multihead_upper(local) == pytest.approx(local.sum())
     with pytest.raises(ValueError):
         B.multihead_upper(local, rule="l2")

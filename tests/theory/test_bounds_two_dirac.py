@@ -18,7 +18,9 @@ from ..tolerances import (
     ASYMPTOTE_FAR,
     ASYMPTOTE_SLOW,
     F64_CLOSED_FORM,
+    F64_FEW_ULPS,
     F64_LARGE_EXPONENT,
+    F64_LARGE_RADIUS_REL,
     F64_REDUCTION,
     F64_REWRITTEN_EXP,
     F64_SCALAR_SEARCH,
@@ -38,7 +40,7 @@ def test_two_dirac_optimum_is_a_local_constant_lower_bound(R):
     X = np.array([R * u, -R * u])  # heavy at Ru, light at -Ru
     LW = mean_field_local(X, np.array([1 - eps, eps]), A, V)
     g = B.two_dirac_lower(gamma, np.linalg.norm(V @ u))
-    assert g <= LW * (1 + 1e-9)
+    assert g <= LW * (1 + F64_LARGE_RADIUS_REL)
     assert LW <= B.mean_field_upper(a, spec(V), R)
     assert B.mean_field_lower(A, V, R) <= B.mean_field_upper(a, spec(V), R)
 
@@ -75,7 +77,7 @@ def test_quadratic_optimum_matches_brute_force(gamma):
     )
     brute = -res.fun
     log_sup = B.two_dirac_lower(gamma, log=True)
-    assert log_sup >= brute - 1e-12
+    assert log_sup >= brute - F64_ZERO
     assert np.exp(log_sup - brute) == pytest.approx(1.0, abs=F64_SCALAR_SEARCH)
     assert B.two_dirac_log_g(opt.log_eps, gamma) == pytest.approx(
         log_sup, rel=F64_CLOSED_FORM, abs=F64_ZERO
@@ -100,7 +102,7 @@ def test_asymptote_and_half_are_below_sup_g():
     g = np.logspace(-3, np.log10(1000.0), 400)
     sup = B.two_dirac_lower(g, log=True)
     assert np.all(B.two_dirac_asymptote(g, log=True) <= sup)
-    assert np.all(B.two_dirac_half(g, log=True) <= sup + 1e-15)
+    assert np.all(B.two_dirac_half(g, log=True) <= sup + F64_FEW_ULPS)
     ratio = np.exp(B.two_dirac_asymptote(g, log=True) - sup)
     assert ratio[-1] == pytest.approx(1.0, abs=ASYMPTOTE_SLOW) and np.all(np.diff(ratio) > 0)
     assert np.isfinite(B.two_dirac_lower(1000.0))  # e^500 ~ 1e217 still fits
@@ -134,6 +136,6 @@ def test_off_axis_is_a_local_constant_lower_bound(rng):
         if eps < 1e-12:
             continue
         LW = mean_field_local(np.array([y, x]), np.array([1 - eps, eps]), A, V)
-        assert B.off_axis_two_atom(x, y, h, w, A, V) <= LW * (1 + 1e-9)
+        assert B.off_axis_two_atom(x, y, h, w, A, V) <= LW * (1 + F64_LARGE_RADIUS_REL)
     xs = random_ball(rng, 5, d, 1.0)
     assert B.off_axis_two_atom(xs, xs[::-1] * 0.5, xs + 1.0, 0.3, A, V).shape == (5,)

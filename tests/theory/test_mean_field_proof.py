@@ -25,7 +25,11 @@ from theory import bounds as B
 from ..tolerances import (
     ASYMPTOTE,
     ASYMPTOTE_NEGLIGIBLE,
+    BRACKET_MARGIN,
+    BRUTE_FORCE_MAX,
+    EXACT_ZERO_FLOOR,
     F64_DENSE_ASSEMBLY,
+    F64_FEW_ULPS,
     F64_LANCZOS,
     F64_REWRITTEN,
     F64_REWRITTEN_EXP,
@@ -36,7 +40,7 @@ RTOL = 1e-12
 
 def _le(a, b):
     """``a <= b`` up to float64 rounding of quantities of size ``|b|``."""
-    return a <= b + RTOL * abs(b) + 1e-300
+    return a <= b + RTOL * abs(b) + EXACT_ZERO_FLOOR
 
 
 def _spec(M):
@@ -350,10 +354,10 @@ def test_score_gap_constant_is_an_upper_bound_and_exact_for_semidefinite():
         A = M @ M.T if kind == 0 else (-(M @ M.T) if kind == 1 else M)
         kb = float(B.score_gap_constant(A))
         brute = _max_score_gap(A, rng)
-        assert brute <= kb * (1 + 1e-12), (A, brute, kb)
-        assert kb <= 2 * _spec(A) * (1 + 1e-15)
+        assert brute <= kb * (1 + BRACKET_MARGIN), (A, brute, kb)
+        assert kb <= 2 * _spec(A) * (1 + F64_FEW_ULPS)
         if kind in (0, 1):  # semidefinite: the certified constant is attained
-            assert brute >= kb * (1 - 1e-4), (A, brute, kb)
+            assert brute >= kb * (1 - BRUTE_FORCE_MAX), (A, brute, kb)
 
 
 def _cells(X, R, k):

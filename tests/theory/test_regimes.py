@@ -56,8 +56,8 @@ def test_classify_is_consistent(a, v, R, n):
     r = Rg.classify(a, v, R, n)
     assert r.regime == ("sqrt-n" if n < r.n_star else "mean-field")
     assert r.upper == min(r.sqrt_n_upper, r.mean_field_upper)
-    assert r.lower <= r.upper * (1 + 1e-12)
-    assert r.mean_field_lower <= r.mean_field_upper * (1 + 1e-12)
+    assert r.lower <= r.upper * (1 + F64_CLOSED_FORM)
+    assert r.mean_field_lower <= r.mean_field_upper * (1 + F64_CLOSED_FORM)
     assert r.V_norm <= r.lower
     assert r.regime in r.explain()
 
