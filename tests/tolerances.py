@@ -95,9 +95,10 @@ F64_NONSYM_EIG = 1e-10
 #: two-Dirac value of the released construction), or eigenvalues of Q diag(l) Q^-1 for a random
 #: Q: eigenvectors and similarity transforms are worse conditioned than eigenvalues.
 F64_NONSYM_EIG_VECTOR = 1e-9
-#: Two float64 assemblies of the same Jacobian (the proof's block decomposition vs the engine's
-#: dense one), each followed by an SVD: entries carry factors e^theta with theta up to ~10, so
-#: the blocks carry absolute errors of ~1e4 u relative to the norm.
+#: Two float64 assemblies of the same Jacobian, each followed by an SVD or eigvalsh(J J^T): the
+#: proof's block decomposition vs the engine's dense one (entries carry e^theta with theta up to
+#: ~10), or a model's bracket vs the test's autograd Jacobian of a naive re-implementation (768-
+#: dimensional tokens, sqrt of a Gram eigenvalue): ~1e4 u relative to the norm and more.
 F64_DENSE_ASSEMBLY = 1e-9
 #: The same Jacobian-derived quantity (spectral norm, row sum, W2 ratio of a perturbation) from
 #: two independent float64 assemblies: closed form or library against autograd through a naive
@@ -141,6 +142,12 @@ F64_SOLVER = 1e-10
 #: bisection to the last ulp of R) and fed back through a function whose condition number in the
 #: searched variable is up to ~1e3: the stopping rule, not rounding, sets the error.
 F64_SCALAR_SEARCH = 1e-9
+#: A search started at a construction (or at the best of its restarts) never ends below it: the
+#: two values are float64 evaluations of the same quantity at the same point up to rounding.
+SEARCH_START = 1e-12
+#: The 2-atom search started at the off-axis maximiser re-parametrises it (log-masses, positions
+#: projected onto the ball): its start reproduces the off-axis value up to ~1e-7.
+SEARCH_START_REPARAM = 1e-6
 #: Two least-squares solvers (np.polyfit vs the library's fit) on the same noisy data, or an
 #: exact-data fit through Lambert W abscissae: conditioned by the design matrix.
 F64_LSTSQ = 1e-10
@@ -154,6 +161,9 @@ SINKHORN_MARGINAL = 1e-11
 #: Debiased Sinkhorn divergence at eps = 1e-3 against W2^2: the entropic bias O(eps log n) plus
 #: the stopping error.
 SINKHORN_BIAS = 1e-2
+#: Sinkhorn at eps = 1e-3 stopped at its default tolerance: slack on the cost beyond the entropic
+#: bias bound eps log n.
+SINKHORN_SLACK = 1e-8
 #: Lanczos, power or Collatz-Wielandt iteration at a residual rule of 1e-10 (||J^T J v - s^2 v||
 #: <= 1e-10 s^2 gives |s - sigma_1| <= tol / 2 relative by Weyl, in practice quadratic in the
 #: residual) against a dense SVD, two implementations of the same Golub-Kahan recurrence (their
@@ -181,8 +191,12 @@ RITZ_PRINTED = 1e-5
 # ---------------------------------------------------------------------------------------------
 #: A proved bound (a certified bracket, a block bound, a closed-form upper or lower bound)
 #: checked against a float64 numeric oracle (dense Jacobian + SVD, a softmax sum, a brute-force
-#: maximum): the oracle's own rounding of ~1e4 ulps, so a correct bound may miss it by this much.
+#: maximum) or against the run's own estimate: the rounding of ~1e4 ulps of the float64 side, so a
+#: correct bound may miss it by this much.
 BRACKET_MARGIN = 1e-12
+#: Points projected onto the ball of radius R have norm R up to the rounding of the projection and
+#: of the norm.
+BALL_PROJECTION = 1e-12
 #: As BRACKET_MARGIN where the oracle's dense Jacobian is built at radii of a few units (logits
 #: ~10, exp amplifies) over many random trials.
 BRACKET_MARGIN_LOOSE = 1e-10
@@ -198,6 +212,16 @@ CERTIFIED_MARGIN = 3e-12
 #: The certified bound for an explicit matrix against its SVD: inflation of order m^2 u plus the
 #: Gram iteration's excess of 1e-9.
 CERT_GAP = 1e-7
+#: A certified Gram/Cholesky bound (convolution, weight matrix, dense local constant) against the
+#: exact norm: tight up to its rounding margins (m^2 u) and the Gram iteration's excess
+#: r^(2^-T) - 1, which decreases with the number T of iterations. With an exact SVD candidate:
+GRAM_CERT_EXACT = 1e-11
+#: ... with the SVD candidate on a small grid:
+GRAM_CERT_SVD = 1e-10
+#: ... after 10-12 Gram iterations, or the dense Gram/Cholesky certificate's upper/lower ratio:
+GRAM_CERT = 1e-9
+#: ... at the default number of iterations, or a reshape bound against sqrt(kh kw) sigma(R1):
+GRAM_CERT_DEFAULT = 1e-8
 
 # ---------------------------------------------------------------------------------------------
 # 6. Finite differences (float64)

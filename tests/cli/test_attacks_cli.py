@@ -12,7 +12,7 @@ import torch
 from meanfield.attacks import optimal_split_k, split_gain
 
 from ..oracles_attacks import seq_norm
-from ..tolerances import F64_LANCZOS, F64_REDUCTION
+from ..tolerances import BRACKET_MARGIN, F64_LANCZOS, F64_REDUCTION, SEARCH_START
 
 F64 = torch.float64
 
@@ -54,7 +54,7 @@ def test_cli_construct_json_and_files(tmp_path, capsys):
     )
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "attack construct" and doc["n"] == 6
-    assert doc["lower_bound"] <= doc["exact"]["value"] * (1 + 1e-12)
+    assert doc["lower_bound"] <= doc["exact"]["value"] * (1 + BRACKET_MARGIN)
     from experiments.engine import load_json, load_npz
 
     data = load_npz(out / "construct.npz")
@@ -101,7 +101,7 @@ def test_cli_search_and_split(tmp_path, capsys):
     out = ["--json", "--out", str(tmp_path / "s")]
     assert _main(search + "--atoms 2 --steps 10".split() + out) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["value"] >= doc["construction_value"] * (1 - 1e-12)
+    assert doc["value"] >= doc["construction_value"] * (1 - SEARCH_START)
     assert (tmp_path / "s" / "search.npz").exists() and (tmp_path / "s" / "search.json").exists()
     assert _main(search + "--sequence 4 --steps 5 --json".split()) == 0
     assert json.loads(capsys.readouterr().out)["target"] == "sequence"

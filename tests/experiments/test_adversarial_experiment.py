@@ -19,6 +19,7 @@ from experiments.engine import load_jsonl
 from meanfield import certified_local_upper
 
 from ..tolerances import (
+    BRACKET_MARGIN,
     F64_CLOSED_FORM,
     F64_EXACT_FIT,
     F64_LANCZOS_GAP,
@@ -104,7 +105,7 @@ def test_tiny_writes_schema(tiny):
                 assert key in r, key
             assert r["map"] == adv.CONFIGS[cid].map and r["masked"] == adv.CONFIGS[cid].masked
             assert r["max_token_norm"] == pytest.approx(r["R"], rel=F64_REDUCTION)
-            assert r["lower"] <= r["value"] * (1 + 1e-12)
+            assert r["lower"] <= r["value"] * (1 + BRACKET_MARGIN)
     wc = load_jsonl(out / "worst_case.jsonl")
     assert sorted(r["n"] for r in wc) == preset["worst_case"]["n_grid"]
 
@@ -163,8 +164,8 @@ def test_bracket_contains_dense_value_and_construction(tiny):
         gamma = -2 * float(u @ A @ u) * R * R
     assert r["gamma"] == pytest.approx(gamma, rel=F64_NONSYM_EIG_VECTOR)
     exact = _dense_norm(X, params, r["masked"])
-    assert r["lower"] <= exact * (1 + 1e-12)
-    assert exact <= r["upper"] * (1 + 1e-12)
+    assert r["lower"] <= exact * (1 + BRACKET_MARGIN)
+    assert exact <= r["upper"] * (1 + BRACKET_MARGIN)
     assert r["value"] == pytest.approx(exact, rel=F64_LANCZOS_GAP)
 
 

@@ -27,11 +27,18 @@ from theory import bounds
 
 from ..oracles_jacobian import block_formula_loops, nonsymmetric
 from ..tolerances import (
+    BRACKET_MARGIN,
     F64_CLOSED_FORM,
+    F64_FEW_ULPS,
+    F64_LANCZOS,
     F64_LARGE_RADIUS_REL,
     F64_NONSYM_EIG_VECTOR,
     F64_REDUCTION,
     F64_REWRITTEN,
+    F64_SCALAR_SEARCH,
+    F64_ZERO,
+    SEARCH_START,
+    SEARCH_START_REPARAM,
 )
 
 FIGURES = {
@@ -92,7 +99,9 @@ def test_construction_norm_inside_lanczos_bracket_at_large_n() -> None:
     seq = adversarial_sequence(params, 1.0, n)
     est = local_lipschitz(seq.X, params, method="lanczos", tol=1e-10)
     closed = float(synthetic.construction_norm(A, V, seq.X[0].numpy(), seq.X[1].numpy(), n))
-    assert float(est.lower) * (1 - 1e-12) <= closed <= float(est.upper) * (1 + 1e-12)
+    assert (
+        float(est.lower) * (1 - BRACKET_MARGIN) <= closed <= float(est.upper) * (1 + BRACKET_MARGIN)
+    )
 
 
 # --------------------------------------------------------------------------- contract
@@ -198,17 +207,17 @@ def test_f5_measured_between_bounds(tiny: tuple[Path, list[Path]]) -> None:
     d = _npz(root, "f5")
     closed = d["closed_grid"]
     # exact unmasked value >= the §3 lower-bound formula (and the k=1 copy bound) ...
-    assert np.all(closed >= d["lower_formula"] * (1 - 1e-12))
+    assert np.all(closed >= d["lower_formula"] * (1 - BRACKET_MARGIN))
     # ... and <= the §1 upper bound (triangle form, the smallest of the three)
     assert np.all(closed <= d["upper_triangle"])
     # the closed form lies inside the certified engine brackets at the check points
-    assert np.all(d["check_lower"] <= d["check_closed"] * (1 + 1e-12))
-    assert np.all(d["check_closed"] <= d["check_upper"] * (1 + 1e-12))
+    assert np.all(d["check_lower"] <= d["check_closed"] * (1 + BRACKET_MARGIN))
+    assert np.all(d["check_closed"] <= d["check_upper"] * (1 + BRACKET_MARGIN))
     # masked: certified bracket, above the §4 formula, below the √n bound (valid masked, §1)
     m = len(d["masked_n"])
     mv = d["masked_value"]
     assert np.all(d["masked_lower"] <= mv) and np.all(mv <= d["masked_upper"])
-    assert np.all(d["masked_upper"] >= d["masked_lower_formula"][:, :m] * (1 - 1e-12))
+    assert np.all(d["masked_upper"] >= d["masked_lower_formula"][:, :m] * (1 - BRACKET_MARGIN))
     assert np.all(d["masked_lower"] <= d["upper_triangle"][:, :m])
     # the masked lower bound increases in n towards its limit
     assert np.all(d["masked_lower_formula"][:, :m] <= d["masked_limit"][:, None])
@@ -224,7 +233,7 @@ def test_f5_peak_and_mean_field_level(tiny: tuple[Path, list[Path]]) -> None:
         assert 0 < k < closed.size - 1
         assert 0.5 <= (d["n_all"][k] - 1) / np.exp(g) <= 4.0
         # the peak is at least sup_eps g (= the lower-bound formula's continuous peak)
-        assert closed[k] >= d["sup_g"][gi] * (1 - 1e-12)
+        assert closed[k] >= d["sup_g"][gi] * (1 - BRACKET_MARGIN)
         # Lip(f | B_R^n) <= Lip(F | P(B_R)) <= the c' = 1 bound (docs/theory.md §16, §6, proof in §17)
         assert closed.max() <= d["mf_upper_c1"][gi]
 
@@ -242,8 +251,8 @@ def test_mean_field_optimizer_between_bounds(tiny: tuple[Path, list[Path]]) -> N
         val = b["opt_value"]
         sup = b["at_radii_sup_g"][None, :]
         # starts include the exact two-Dirac optimum, so the search never ends below it
-        assert np.all(val >= sup * (1 - 1e-9))
-        assert np.all(val >= b["opt_construction_value"] * (1 - 1e-12))
+        assert np.all(val >= sup * (1 - F64_LANCZOS))
+        assert np.all(val >= b["opt_construction_value"] * (1 - SEARCH_START))
         # certified bracket around the reported value
         assert np.all(b["opt_lower"] <= val) and np.all(val <= b["opt_upper"])
         # library two-Dirac bound (meanfield.attacks) == closed form (theory.bounds), V = I
@@ -255,11 +264,11 @@ def test_mean_field_optimizer_between_bounds(tiny: tuple[Path, list[Path]]) -> N
         assert np.all(val <= b["at_radii_upper_c2"][None, :])
         # the 2-atom search starts from the off-axis maximiser: never below its bound (§A3)
         two = list(b["atoms"]).index(2)
-        assert np.all(val[two] >= b["off_axis_value"] * (1 - 1e-6))
-        assert np.all(b["off_axis_value"] >= b["at_radii_sup_g"] * (1 - 1e-9))
+        assert np.all(val[two] >= b["off_axis_value"] * (1 - SEARCH_START_REPARAM))
+        assert np.all(b["off_axis_value"] >= b["at_radii_sup_g"] * (1 - F64_SCALAR_SEARCH))
         # ordering of the closed-form curves: w = 1/2 and asymptote below sup g; global lower
-        assert np.all(b["curve_half"] <= b["curve_sup_g"] * (1 + 1e-12))
-        assert np.all(b["curve_asymptote"] <= b["curve_sup_g"] * (1 + 1e-12))
+        assert np.all(b["curve_half"] <= b["curve_sup_g"] * (1 + F64_CLOSED_FORM))
+        assert np.all(b["curve_asymptote"] <= b["curve_sup_g"] * (1 + F64_CLOSED_FORM))
         np.testing.assert_allclose(
             b["curve_global_lower"], np.maximum(b["curve_trivial"], b["curve_sup_g"])
         )
@@ -281,14 +290,14 @@ def test_f7_converges_to_large_radius_limit(tiny: tuple[Path, list[Path]]) -> No
     n, v_norm = int(d["n"]), float(d["V_norm"])
     for tag in ("unmasked", "masked"):
         val, lim = d[f"{tag}_value"], d[f"{tag}_limit"]
-        assert np.all(lim <= np.sqrt(n) * v_norm * (1 + 1e-15))
+        assert np.all(lim <= np.sqrt(n) * v_norm * (1 + F64_FEW_ULPS))
         np.testing.assert_array_equal(lim, v_norm * np.sqrt(d[f"{tag}_counts"].max(axis=1)))
         assert np.all(d[f"{tag}_counts"].sum(axis=1) == n)
         # at R = 1000 the attention is an exact selection: the limit is reached
         np.testing.assert_allclose(val[:, -1], lim, rtol=F64_LARGE_RADIUS_REL)
         # our quantitative deviation bound holds at every radius
         err = np.abs(val - lim[:, None])
-        assert np.all(err <= d[f"{tag}_deviation_bound"] * (1 + 1e-9) + 1e-12)
+        assert np.all(err <= d[f"{tag}_deviation_bound"] * (1 + F64_LARGE_RADIUS_REL) + F64_ZERO)
         assert np.all(d[f"{tag}_lower"] <= val) and np.all(val <= d[f"{tag}_upper"])
 
 
