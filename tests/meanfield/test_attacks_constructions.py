@@ -22,6 +22,9 @@ from meanfield.attacks import (
 
 from ..oracles_attacks import F64, jacobian_oracle, lw_norm, random_head, seq_norm, slope, sup_g
 from ..tolerances import (
+    BALL_PROJECTION,
+    BRACKET_MARGIN,
+    BRACKET_MARGIN_LOOSE,
     EXACT_ZERO_FLOOR,
     F64_CLOSED_FORM,
     F64_LANCZOS,
@@ -33,6 +36,7 @@ from ..tolerances import (
     F64_SOLVER,
     F64_TINY_MASS,
     F64_ZERO,
+    SEARCH_START,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,7 +75,7 @@ def test_construction_bound_below_exact_norm(rng, variant, case, n):
         except ValueError:
             continue  # e.g. no real eigenvalue of the right sign
         exact = seq_norm(con.X, A, V)
-        assert con.lower_bound <= exact * (1 + 1e-12)
+        assert con.lower_bound <= exact * (1 + BRACKET_MARGIN)
         # the formula, recomputed from the returned gap and direction
         p = math.exp(con.gamma) / (math.exp(con.gamma) + n - 1)
         Vu = float(torch.linalg.vector_norm(V @ con.u))
@@ -135,7 +139,7 @@ def test_symmetric_gap_at_least_released(rng):
         except ValueError:
             continue
         sym = adversarial_sequence(A, 2.0, 5, variant="symmetric")
-        assert sym.gamma >= rel.gamma * (1 - 1e-12)
+        assert sym.gamma >= rel.gamma * (1 - F64_CLOSED_FORM)
 
 
 def test_released_variant_uses_real_eigenvectors():
@@ -196,10 +200,10 @@ def test_sqrt_n_growth_then_decay_and_masked_saturation():
         ma.append(seq_norm(con.X, A, V, masked=True))
         p = [math.exp(con.gamma) / (math.exp(con.gamma) + i - 1) for i in range(2, n + 1)]
         formula.append(math.sqrt(sum(q**2 * (1 + (1 - q) * con.gamma) ** 2 for q in p)))
-        assert con.lower_bound <= un[-1] * (1 + 1e-12)
+        assert con.lower_bound <= un[-1] * (1 + BRACKET_MARGIN)
     assert un[1] > un[2] > un[3]
     assert all(
-        f <= m * (1 + 1e-12) for f, m in zip(formula, ma)
+        f <= m * (1 + BRACKET_MARGIN) for f, m in zip(formula, ma)
     )  # masked lower bound, docs/theory.md §4
     assert ma[3] >= ma[2] * (1 - 1e-9) and ma[3] > un[3]
     # the formula increases to a finite limit (p_i ~ e^gamma / i): n = 240 is already near it
@@ -230,12 +234,13 @@ def test_sphere_construction_grows_like_sqrt_n(rng):
         lows.append(con.lower_bound)
     assert con.gamma > 2 * math.log(ns[-1])  # n << e^gamma on this grid
     assert all(
-        lo <= t * (1 + 1e-10) and t <= f * (1 + 1e-12) for lo, t, f in zip(lows, tangent, full)
+        lo <= t * (1 + BRACKET_MARGIN_LOOSE) and t <= f * (1 + BRACKET_MARGIN)
+        for lo, t, f in zip(lows, tangent, full)
     )
     assert slope(ns - 1, tangent) == pytest.approx(0.5, abs=0.1)
     # the sphere gap dominates case '-' (already on the sphere)
     minus = adversarial_sequence(A, R, 3, variant="symmetric", case="-")
-    assert con.gamma >= minus.gamma * (1 - 1e-9)
+    assert con.gamma >= minus.gamma * (1 - F64_NONSYM_EIG_VECTOR)
 
 
 # ---------------------------------------------- two Diracs, off-axis (docs/theory.md §5, §A3)
@@ -259,7 +264,7 @@ def test_two_dirac_exact_constant_and_formula(rng):
                 float(bounds.two_dirac_lower(td.gamma, Vu)), rel=F64_SOLVER
             )
         LW = lw_norm(mu, A, V)
-        assert LW >= g_ref * (1 - 1e-12)
+        assert LW >= g_ref * (1 - BRACKET_MARGIN)
         # on the axis, the heavy atom's row applied to the light atom moved along u is exactly g
         lw = mu.log_weights.numpy()
         J = jacobian_oracle(mu.points, A, V, lw)
@@ -268,7 +273,7 @@ def test_two_dirac_exact_constant_and_formula(rng):
         # the mass is optimal: g at neighbouring masses is smaller
         for f in (0.8, 1.25):
             other = two_dirac(A, R, V=V, log_eps=td.log_eps + math.log(f))
-            assert other.g <= td.g * (1 + 1e-12)
+            assert other.g <= td.g * (1 + F64_CLOSED_FORM)
 
 
 def test_two_dirac_log_masses_survive_underflow():
@@ -298,14 +303,17 @@ def test_off_axis_bound_beats_axis_and_is_a_lower_bound(rng):
     A = torch.tensor([[1.0, 0.7], [-0.2, -0.4]], dtype=F64)
     V = torch.tensor([[1.0, 0.3], [0.0, 0.8]], dtype=F64)
     res = off_axis_two_atoms(AttentionParams(A, V), 2.0, n_restarts=8, steps=200)
-    assert res.value >= res.axis_value * (1 - 1e-12)
-    assert float(res.x.norm()) <= 2.0 + 1e-12 and float(res.y.norm()) <= 2.0 + 1e-12
+    assert res.value >= res.axis_value * (1 - SEARCH_START)
+    assert (
+        float(res.x.norm()) <= 2.0 + BALL_PROJECTION
+        and float(res.y.norm()) <= 2.0 + BALL_PROJECTION
+    )
     # the formula, recomputed from the returned point
     h, x, y, w = res.h, res.x, res.y, res.w
     vec = V @ (h + (1 - w) * float(y @ A @ h) * (x - y))
     val = math.exp(res.s / 2) * math.sqrt(w * (1 - w)) * float(vec.norm())
     assert val == pytest.approx(res.value, rel=F64_LANCZOS)
-    assert lw_norm(res.measure, A, V) >= res.value * (1 - 1e-9)
+    assert lw_norm(res.measure, A, V) >= res.value * (1 - F64_LANCZOS)
     with pytest.raises(ValueError, match="single-head"):
         off_axis_two_atoms(MultiHeadParams((AttentionParams(A, V),) * 2), 1.0)
 

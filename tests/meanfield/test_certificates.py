@@ -30,7 +30,15 @@ from meanfield.lipschitz import local_lipschitz
 from meanfield.params import AttentionParams, RotaryEmbedding
 
 from ..oracles_jacobian import random_params
-from ..tolerances import F64_CLOSED_FORM, F64_LANCZOS, F64_LANCZOS_COARSE, F64_REDUCTION
+from ..tolerances import (
+    BRACKET_MARGIN,
+    BRACKET_ULPS,
+    F64_CLOSED_FORM,
+    F64_LANCZOS,
+    F64_LANCZOS_COARSE,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+)
 
 D64 = torch.float64
 
@@ -237,7 +245,7 @@ def test_certificates_bound_the_dense_norm(gen, kind, masked):
     exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=masked), 2)
     est = local_lipschitz(X, params, masked=masked, method="lanczos", prob_rtol=0.05)
     torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
-    assert bool((est.lower <= exact * (1 + 1e-15)).all())
+    assert bool((est.lower <= exact * (1 + BRACKET_ULPS)).all())
     assert bool((est.upper_prob >= exact).all())
     assert bool((est.upper_prob <= est.upper).all())
     assert bool((est.upper_prob <= 1.05 * est.lower).all())
@@ -313,7 +321,7 @@ def test_structured_block_norms_bound_every_block(gen, rope, masked):
     blocks = J.reshape(2, n, d_out, n, d).permute(0, 1, 3, 2, 4)
     exact = torch.linalg.matrix_norm(blocks, 2)  # (2, n, n)
     N = structured_block_norms(linearize(X, params, masked=masked))
-    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+    assert bool((N >= exact * (1 - F64_REWRITTEN)).all()), float((exact / N).max())
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -333,9 +341,9 @@ def test_structured_bounds_at_token_positions(gen, masked):
     exact = torch.linalg.matrix_norm(blocks, 2)
     lin = linearize(X, params, masked=masked, token_index=idx)
     N = structured_block_norms(lin)
-    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+    assert bool((N >= exact * (1 - F64_REWRITTEN)).all()), float((exact / N).max())
     whole = torch.linalg.matrix_norm(J, 2)
-    assert bool((head_structured_upper(lin) >= whole * (1 - 1e-14)).all())
+    assert bool((head_structured_upper(lin) >= whole * (1 - F64_REWRITTEN)).all())
     bare = replace(lin, rope_rows=None)
     torch.testing.assert_close(structured_block_norms(bare), N, rtol=F64_REDUCTION, atol=0)
     torch.testing.assert_close(
@@ -382,7 +390,7 @@ def test_local_lipschitz_fn_probabilistic_bound(gen):
     x = torch.randn(20, generator=gen, dtype=D64)
     exact = torch.linalg.matrix_norm(torch.func.jacrev(fn)(x), 2)
     est = local_lipschitz_fn(fn, x, method="lanczos", max_iter=12, krylov_dim=12, tol=0.0)
-    assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - 1e-12)
+    assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - BRACKET_MARGIN)
     dense = local_lipschitz_fn(fn, x, method="dense")
     assert float(dense.upper_prob) == float(dense.upper)
 
@@ -484,5 +492,5 @@ def test_unreachable_width_still_tightens_the_krylov_bound():
         krylov_dim=8, accept=never, reachable=never,
     )  # fmt: skip
     assert bool(res.converged)
-    assert float(upper) <= 1.05 * float(res.sigma) * (1 + 1e-12)
-    assert float(res.sigma) <= 3.0 * (1 + 1e-12) <= float(upper)
+    assert float(upper) <= 1.05 * float(res.sigma) * (1 + BRACKET_MARGIN)
+    assert float(res.sigma) <= 3.0 * (1 + BRACKET_MARGIN) <= float(upper)

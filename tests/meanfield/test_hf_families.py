@@ -51,6 +51,7 @@ from meanfield.models import (  # noqa: E402
 from tests.hf_float64 import patch_float32_steps  # noqa: E402
 
 from ..tolerances import (  # noqa: E402
+    BRACKET_MARGIN,
     DIFFERS,
     F32_ROUNDING,
     F64_LANCZOS_GAP,
@@ -618,9 +619,9 @@ def test_certified_bracket_holds_with_the_width(case):
     # small layers without variants take the dense method and its Gram certificate
     up = float(est.upper_prob if est.upper_prob is not None else est.upper)
     # the dense SVD's rounding (a few ulps) is far below the bracket's margins
-    assert float(est.lower) <= exact * (1 + 1e-12), case
-    assert exact * (1 - 1e-12) <= up, case
-    assert up <= 1.05 * (1 + 1e-12) * float(est.lower), case
+    assert float(est.lower) <= exact * (1 + BRACKET_MARGIN), case
+    assert exact * (1 - BRACKET_MARGIN) <= up, case
+    assert up <= 1.05 * (1 + BRACKET_MARGIN) * float(est.lower), case
 
 
 def test_other_layer_types_are_refused():

@@ -383,7 +383,7 @@ def test_jacobian_blocks_and_row_sums_of_the_proof():
             rows.append(total)
             # the softmax lemma: sum_l P_il |v_i - v_l|^2 <= phi (equality at the tight input)
             S = float((P[i] * (V[i] - V).square().sum(-1)).sum())
-            assert S <= phi * (1 + 1e-12)
+            assert S <= phi * (1 + F64_CLOSED_FORM)
         assert max(rows) <= 1 + 4 * phi
     P0 = torch.softmax(-torch.cdist(tight, tight).square(), dim=-1)[0]
     assert float((P0 * tight.square().sum(-1)).sum()) == pytest.approx(phi, rel=F64_CLOSED_FORM)

@@ -12,6 +12,7 @@ from meanfield.lipschitz.starts import _mean_attention, _top_right_vector
 from meanfield.params import AttentionParams, RotaryEmbedding
 
 from ..tolerances import (
+    BRACKET_MARGIN,
     F32_VALUE,
     F64_LANCZOS,
     F64_LANCZOS_COARSE,
@@ -86,7 +87,7 @@ def test_kronecker_start_gives_the_same_value_as_a_random_start(gen, geometry, m
     assert bool(b.converged.all())
     # a chosen start forms no Kuczynski-Wozniakowski bound; the bracket still holds
     torch.testing.assert_close(b.upper_prob, b.upper)
-    assert bool((b.lower <= a.value * (1 + 1e-12)).all() and (b.upper >= a.value).all())
+    assert bool((b.lower <= a.value * (1 + BRACKET_MARGIN)).all() and (b.upper >= a.value).all())
 
 
 def test_rotary_heads_enter_the_mean_attention(gen):

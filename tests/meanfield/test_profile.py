@@ -26,6 +26,7 @@ from ..models_fixtures import D64, LLAMA_TOKENS, transformers
 from ..profile_cli import *  # noqa: F403  (fixture: tokenizer)
 from ..profile_cli import cli, save_checkpoint
 from ..tolerances import (
+    BRACKET_MARGIN,
     F32_FORWARD,
     F32_VALUE,
     F64_LANCZOS,
@@ -33,6 +34,7 @@ from ..tolerances import (
     F64_REDUCTION,
     F64_ROUND_TRIP,
     F64_VS_HF_LAYER,
+    GRAM_CERT_DEFAULT,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -220,7 +222,7 @@ def test_gram_norms_bound_the_exact_svd(name, request):
             assert m.shape == W.shape
             assert m.sigma == pytest.approx(exact, rel=F64_REDUCTION)
             # certified: above the exact norm, and within the Gram/Cholesky rounding margin
-            assert exact <= m.upper <= exact * (1 + 1e-8)
+            assert exact <= m.upper <= exact * (1 + GRAM_CERT_DEFAULT)
 
 
 @pytest.mark.parametrize("name", ["bert_decoder", "gpt2", "llama"])
@@ -240,7 +242,7 @@ def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64
     )
     # ||D(g o f)|| <= ||Dg|| ||Df||: the certified product above the end-to-end lower end
     assert c.holds and e.lower <= c.product_bound
-    assert e.value <= c.product_value * (1 + 1e-9) and c.slack >= 1 - 1e-9
+    assert e.value <= c.product_value * (1 + F64_LANCZOS) and c.slack >= 1 - F64_LANCZOS
     # the end-to-end value: dense reverse-mode Jacobian of the model's own two blocks
     ids = token_ids(n + 1, seed=3)[:n]
     xs, _, _ = block_io(model, ids)
@@ -261,7 +263,7 @@ def test_matrix_free_path_and_hidden_state_input(gpt2):
     assert rec.block.method == "lanczos" and rec.block.converged
     exact = _dense_norm(_hf_block_fn(gpt2, 0, token_ids(n, seed=5)), xs[0])
     assert rec.block.value == pytest.approx(exact, rel=F64_LANCZOS_GAP)
-    assert rec.block.lower <= exact * (1 + 1e-12)
+    assert rec.block.lower <= exact * (1 + BRACKET_MARGIN)
     assert not math.isfinite(rec.block.upper) and rec.block.upper_prob >= exact
     a = rec.attention
     assert a.lower <= a.value <= a.upper_prob <= a.upper and a.upper_method == "block"

@@ -32,7 +32,7 @@ from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_mo
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
 from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
 
-from ..tolerances import DIFFERS, F64_REDUCTION
+from ..tolerances import BRACKET_MARGIN, DIFFERS, F64_REDUCTION
 
 transformers = pytest.importorskip("transformers")
 
@@ -309,4 +309,4 @@ def test_cli_lipschitz_reads_a_saved_checkpoint(case, tokenizer, tmp_path, capsy
     assert doc["mode"] == "model" and doc["source"]["module"] == module and doc["n"] == 10
     (row,) = doc["inputs"]
     assert row["certified"] and 0 < row["lower"] <= row["value"] <= row["upper_prob"]
-    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + 1e-12)  # the default width
+    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + BRACKET_MARGIN)  # the default width
