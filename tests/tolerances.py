@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # torch is imported by the tensor helper only: numpy-only tes
 # 1. float64 rounding: two evaluations of one closed form or one finite sum
 # ---------------------------------------------------------------------------------------------
 #: The same formula on both sides, evaluated in another order or through a thin wrapper (a
-#: registry entry, a limit n -> inf, a window W = n, a stored value recomputed, an object-precision
-#: path rounded back): O(1) roundings on each side, a few ulps; also the absolute floor for O(1)
-#: entries of such an identity that may be 0.
+#: registry entry, a limit n -> inf, a window W = n, a stored value recomputed, a defining
+#: identity such as w + log w = u): O(1) roundings on each side, a few ulps; also the absolute
+#: floor for O(1) entries of such an identity that may be 0.
 F64_FEW_ULPS = 1e-15
 #: A closed form against an algebraically rewritten one (log form vs direct, factored vs
 #: expanded, a docs formula vs the implementation, one formula in torch and in numpy): O(10)
