@@ -11,6 +11,8 @@ import torch
 
 from meanfield import AttentionParams, MultiHeadParams
 
+from .tolerances import DIFFERS
+
 D64 = torch.float64
 
 
@@ -60,7 +62,7 @@ def nonsymmetric(gen: torch.Generator, d: int, scale: float = 1.0) -> torch.Tens
     """A random score matrix that is visibly non-symmetric."""
     A = scale * torch.randn(d, d, generator=gen, dtype=D64) / d**0.5
     if d > 1:
-        assert float((A - A.mT).abs().max()) > 1e-3
+        assert float((A - A.mT).abs().max()) > DIFFERS
     return A
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from .tolerances import BRACKET_MARGIN
+
 #: The fixtures (pytest finds them by the argument names of the tests).
 __all__ = ["tokenizer"]
 
@@ -63,12 +65,14 @@ def assert_profile_brackets(prof, model, xs, n: int, *, chain_bound: bool = True
         x = xs[b.layer]
         J = torch.autograd.functional.jacobian(b, x).reshape(x.numel(), x.numel())
         exact = float(torch.linalg.svdvals(J)[0])
-        assert rec.block.lower <= exact * (1 + 1e-12) and exact <= rec.block.bound * (1 + 1e-12)
+        assert rec.block.lower <= exact * (1 + BRACKET_MARGIN) and exact <= rec.block.bound * (
+            1 + BRACKET_MARGIN
+        )
         Xa = b.attention_input(x)
         Ja = torch.autograd.functional.jacobian(b.attention, Xa).reshape(Xa.numel(), -1)
         att = float(torch.linalg.svdvals(Ja)[0])
         a = rec.attention
-        assert a.lower <= att * (1 + 1e-12) and att <= a.bound * (1 + 1e-12)
+        assert a.lower <= att * (1 + BRACKET_MARGIN) and att <= a.bound * (1 + BRACKET_MARGIN)
         assert math.isfinite(a.bound)
         if chain_bound:
             assert math.isfinite(rec.block.bound)

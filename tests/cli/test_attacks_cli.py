@@ -12,6 +12,7 @@ import torch
 from theory.bounds import optimal_split_k, split_gain
 
 from ..oracles_attacks import seq_norm
+from ..tolerances import BRACKET_MARGIN, F64_LANCZOS, F64_REDUCTION, SEARCH_START
 
 F64 = torch.float64
 
@@ -53,13 +54,13 @@ def test_cli_construct_json_and_files(tmp_path, capsys):
     )
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "attack construct" and doc["n"] == 6
-    assert doc["lower_bound"] <= doc["exact"]["value"] * (1 + 1e-12)
+    assert doc["lower_bound"] <= doc["exact"]["value"] * (1 + BRACKET_MARGIN)
     from experiments.engine import load_json, load_npz
 
     data = load_npz(out / "construct.npz")
     assert data["X"].shape == (6, 3)
     assert seq_norm(data["X"], data["A"], data["V"]) == pytest.approx(
-        doc["exact"]["value"], rel=1e-9
+        doc["exact"]["value"], rel=F64_LANCZOS
     )
     assert load_json(out / "construct.json")["gamma"] == doc["gamma"]
 
@@ -73,7 +74,7 @@ def test_cli_construct_from_files_and_errors(tmp_path, capsys):
     d1 = json.loads(capsys.readouterr().out)
     assert _main(construct + [str(tmp_path / "AV.npz")] + rest) == 0
     d2 = json.loads(capsys.readouterr().out)
-    assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=1e-12)  # V = 2I
+    assert d2["lower_bound"] == pytest.approx(2 * d1["lower_bound"], rel=F64_REDUCTION)  # V = 2I
     np.save(tmp_path / "obj.npy", np.array([{"A": 1}], dtype=object), allow_pickle=True)
     np.save(tmp_path / "rect.npy", np.ones((2, 3)))
     np.savez(tmp_path / "noA.npz", B=A)
@@ -100,7 +101,7 @@ def test_cli_search_and_split(tmp_path, capsys):
     out = ["--json", "--out", str(tmp_path / "s")]
     assert _main(search + "--atoms 2 --steps 10".split() + out) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["value"] >= doc["construction_value"] * (1 - 1e-12)
+    assert doc["value"] >= doc["construction_value"] * (1 - SEARCH_START)
     assert (tmp_path / "s" / "search.npz").exists() and (tmp_path / "s" / "search.json").exists()
     assert _main(search + "--sequence 4 --steps 5 --json".split()) == 0
     assert json.loads(capsys.readouterr().out)["target"] == "sequence"

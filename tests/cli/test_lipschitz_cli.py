@@ -16,6 +16,14 @@ from experiments.engine import load_json
 from meanfield import AttentionParams, MultiHeadParams, local_lipschitz
 from meanfield_cli.commands import lipschitz as lipschitz_cli
 
+from ..tolerances import (
+    F64_LANCZOS,
+    F64_LANCZOS_GAP,
+    F64_REDUCTION,
+    F64_ROUND_TRIP,
+    F64_TWO_JACOBIANS,
+)
+
 
 def parse(*argv: str) -> argparse.Namespace:
     """Parse ``meanfield lipschitz ARGV`` with a parser holding only this subcommand."""
@@ -72,8 +80,8 @@ def test_random_mode_matches_direct_call_and_dense_oracle():
     (row,) = doc["inputs"]
     params, _ = inputs.random_layer(3, 2, 4, torch.float64, "cpu")
     X = torch.from_numpy(inputs.random_tokens(5, 3, 2.5, 4))
-    assert math.isclose(float(X.norm(dim=-1).max()), 2.5, rel_tol=1e-12)
-    assert math.isclose(row["max_radius"], 2.5, rel_tol=1e-12)
+    assert math.isclose(float(X.norm(dim=-1).max()), 2.5, rel_tol=F64_REDUCTION)
+    assert math.isclose(row["max_radius"], 2.5, rel_tol=F64_REDUCTION)
     est = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10, seed=4)
     assert row["value"] == float(est.value) and row["upper"] == float(est.upper)
     assert row["n_matvec"] == int(est.n_matvec) and row["converged"]
@@ -83,7 +91,7 @@ def test_random_mode_matches_direct_call_and_dense_oracle():
     exact = dense_norm(
         lambda Y: naive_layer(Y, A, V, params.W_O, torch.zeros(2, 3, dtype=torch.float64), True), X
     )
-    assert row["value"] == pytest.approx(exact, rel=1e-8)
+    assert row["value"] == pytest.approx(exact, rel=F64_LANCZOS_GAP)
     assert row["lower"] <= exact <= row["upper"]
     assert row["ratio"] == pytest.approx(row["upper"] / row["lower"])
 
@@ -121,11 +129,11 @@ def test_input_file_mode_uses_the_score_convention(tmp_path, rng):
         def fn(Y):
             return naive_layer(Y, t(A), t(V), t(W_O), t(c), False)
 
-        assert row["value"] == pytest.approx(dense_norm(fn, Xb), rel=1e-10)
+        assert row["value"] == pytest.approx(dense_norm(fn, Xb), rel=F64_TWO_JACOBIANS)
         # released quantity sqrt(||J^T f(X)||), from the dense Jacobian
         J = jacrev(fn)(Xb).reshape(n * d, n * d)
         rel = float(torch.linalg.vector_norm(J.T @ fn(Xb).reshape(-1)).sqrt())
-        assert row["released_metric"] == pytest.approx(rel, rel=1e-10)
+        assert row["released_metric"] == pytest.approx(rel, rel=F64_TWO_JACOBIANS)
     saved = load_json(out)
     assert saved["inputs"] == doc["inputs"] and saved["metadata"]["seed"] == 0
     assert doc["files"] == [str(out)]
@@ -167,7 +175,7 @@ def test_no_certify_prints_the_estimate_alone(capsys):
     full = run(*argv)
     fast = run(*argv, "--no-certify")
     (r_full,), (r_fast,) = full["inputs"], fast["inputs"]
-    assert r_fast["value"] == pytest.approx(r_full["value"], rel=1e-12)
+    assert r_fast["value"] == pytest.approx(r_full["value"], rel=F64_ROUND_TRIP)
     assert r_full["certified"] and not r_fast["certified"]
     assert r_fast["lower"] == 0 and math.isinf(r_fast["upper"])
     lipschitz_cli.show(fast)
@@ -187,7 +195,7 @@ def test_kronecker_start_option_matches_the_direct_call():
     )
     assert row["value"] == float(est.value) and row["n_matvec"] == int(est.n_matvec)
     rand = run(*argv, "--tol", "1e-9", "--seed", "2")["inputs"][0]
-    assert row["value"] == pytest.approx(rand["value"], rel=1e-8)
+    assert row["value"] == pytest.approx(rand["value"], rel=F64_LANCZOS_GAP)
 
 
 @pytest.mark.parametrize(
@@ -249,5 +257,5 @@ def test_model_mode_gpt2_random_matches_direct_pipeline():
     params = params_from_hf(loaded.model, 0, map="heads+WO", dtype=torch.float64)
     for b, row in enumerate(doc["inputs"]):
         est = local_lipschitz(hs.X[b], params, masked=True)
-        assert row["value"] == pytest.approx(float(est.value), rel=1e-9)
+        assert row["value"] == pytest.approx(float(est.value), rel=F64_LANCZOS)
         assert row["lower"] <= row["value"] <= row["upper"]

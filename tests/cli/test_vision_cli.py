@@ -20,6 +20,16 @@ from meanfield.models import image_hidden_states, load_model, pixel_values, read
 from meanfield.profile import model_blocks
 from tests.profile_cli import cli
 
+from ..tolerances import (
+    F32_FORWARD,
+    F32_ROUNDING,
+    F64_DENSE_ASSEMBLY,
+    F64_LANCZOS,
+    F64_REDUCTION,
+    F64_ROUND_TRIP,
+    F64_VS_HF_LAYER,
+)
+
 transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -134,7 +144,7 @@ def test_uint8_pixels_are_normalised_with_the_given_mean_and_std(checkpoint):
     naive = np.empty((2, 3, 32, 32))
     for c in range(3):
         naive[:, c] = (raw[..., c] / 255.0 - mean[c]) / std[c]
-    np.testing.assert_allclose(got.numpy(), naive, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got.numpy(), naive, rtol=F32_ROUNDING, atol=F32_ROUNDING)
     with pytest.raises(ValueError, match="uint8 images are raw pixels"):
         pixel_values(raw, model)
 
@@ -165,11 +175,13 @@ def test_lipschitz_on_synthetic_images_brackets_the_dense_norm(checkpoint, capsy
     assert doc["n"] == N_TOKENS[kind] and doc["d"] == 32 and doc["masked"] is False
     (row,) = doc["inputs"]
     X = image_hidden_states(load_model(path).model, 1, seed=2).X[0]
-    assert row["max_radius"] == pytest.approx(float(X.norm(dim=-1).max()), rel=1e-12)
+    assert row["max_radius"] == pytest.approx(float(X.norm(dim=-1).max()), rel=F64_ROUND_TRIP)
     exact = _dense_attention_norm(path, 1, X)
     assert math.isfinite(row["lower"]) and math.isfinite(row["upper_prob"])
-    assert row["lower"] <= exact * (1 + 1e-9) and exact <= row["upper"] * (1 + 1e-9)
-    assert row["value"] == pytest.approx(exact, rel=1e-9)
+    assert row["lower"] <= exact * (1 + F64_DENSE_ASSEMBLY) and exact <= row["upper"] * (
+        1 + F64_DENSE_ASSEMBLY
+    )
+    assert row["value"] == pytest.approx(exact, rel=F64_LANCZOS)
     # the text output names the images and n
     rc, out, _ = cli(["lipschitz", "--model", path, "--layer", 1, "--seed", 2], capsys)
     assert rc == 0
@@ -192,7 +204,11 @@ def test_lipschitz_on_a_npy_file(checkpoint, tmp_path, capsys):
     for row, i in zip(doc["inputs"], (1, 2), strict=True):
         X = image_hidden_states(model, 1, imgs[i]).X[0]
         exact = _dense_attention_norm(path, 1, X)
-        assert row["lower"] <= exact * (1 + 1e-9) <= row["upper"] * (1 + 2e-9)
+        assert (
+            row["lower"]
+            <= exact * (1 + F64_DENSE_ASSEMBLY)
+            <= row["upper"] * (1 + 2 * F64_DENSE_ASSEMBLY)
+        )
     rc, out, _ = cli([*argv, "--images", last, "--json"], capsys)
     assert rc == 0
     assert [r["value"] for r in json.loads(out)["inputs"]] == [r["value"] for r in doc["inputs"]]
@@ -220,7 +236,7 @@ def test_lipschitz_reads_uint8_with_the_checkpoints_processor(checkpoint, tmp_pa
                        "--images", tmp_path / "norm.npy"], capsys)  # fmt: skip
     assert rc == 0
     a, b = json.loads(out)["inputs"][0], json.loads(out2)["inputs"][0]
-    assert a["value"] == pytest.approx(b["value"], rel=1e-5)
+    assert a["value"] == pytest.approx(b["value"], rel=F32_FORWARD)
 
 
 @pytest.mark.parametrize(
@@ -274,11 +290,13 @@ def test_vit_blocks_reproduce_the_models_forward(checkpoint):
     blocks = model_blocks(model)
     assert [b.arch for b in blocks] == ["vit", "vit"] and not blocks[0].causal
     for b in blocks:
-        torch.testing.assert_close(b(hs[b.layer]), hs[b.layer + 1], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            b(hs[b.layer]), hs[b.layer + 1], rtol=F64_VS_HF_LAYER, atol=F64_VS_HF_LAYER
+        )
         Xa = b.attention_input(hs[b.layer])
         with torch.no_grad():
             ref = model.base_model.layers[b.layer].layernorm_before(hs[b.layer])
-        torch.testing.assert_close(Xa, ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(Xa, ref, rtol=F64_REDUCTION, atol=F64_REDUCTION)
 
 
 def test_profile_runs_end_to_end(checkpoint, tmp_path, capsys):
@@ -303,7 +321,11 @@ def test_profile_runs_end_to_end(checkpoint, tmp_path, capsys):
         exact = _dense_attention_norm(path, blk.layer, Xa)
         (rec,) = [r for r in doc["records"] if r["layer"] == blk.layer]
         att = rec["attention"]
-        assert att["lower"] <= exact * (1 + 1e-9) <= att["upper"] * (1 + 2e-9)
+        assert (
+            att["lower"]
+            <= exact * (1 + F64_DENSE_ASSEMBLY)
+            <= att["upper"] * (1 + 2 * F64_DENSE_ASSEMBLY)
+        )
     # a .npy image; the printer names it and n
     np.save(tmp_path / "im.npy", _images(2, seed=9))
     argv = ["profile", path, "--out", out, "--no-progress", "--no-figure", "--layers", "1",

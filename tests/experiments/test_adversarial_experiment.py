@@ -18,6 +18,17 @@ from experiments import adversarial as adv
 from experiments.engine import load_jsonl
 from meanfield import certified_local_upper
 
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F64_CLOSED_FORM,
+    F64_EXACT_FIT,
+    F64_LANCZOS_GAP,
+    F64_NONSYM_EIG_VECTOR,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_ZERO,
+)
+
 F64 = torch.float64
 
 
@@ -93,8 +104,8 @@ def test_tiny_writes_schema(tiny):
             ):
                 assert key in r, key
             assert r["map"] == adv.CONFIGS[cid].map and r["masked"] == adv.CONFIGS[cid].masked
-            assert r["max_token_norm"] == pytest.approx(r["R"], rel=1e-12)
-            assert r["lower"] <= r["value"] * (1 + 1e-12)
+            assert r["max_token_norm"] == pytest.approx(r["R"], rel=F64_REDUCTION)
+            assert r["lower"] <= r["value"] * (1 + BRACKET_MARGIN)
     wc = load_jsonl(out / "worst_case.jsonl")
     assert sorted(r["n"] for r in wc) == preset["worst_case"]["n_grid"]
 
@@ -151,11 +162,11 @@ def test_bracket_contains_dense_value_and_construction(tiny):
         u = unit(vec[:, lam.argmin()])
         X = torch.cat([-R * u[None], R * u[None].expand(n - 1, -1)])
         gamma = -2 * float(u @ A @ u) * R * R
-    assert r["gamma"] == pytest.approx(gamma, rel=1e-9)
+    assert r["gamma"] == pytest.approx(gamma, rel=F64_NONSYM_EIG_VECTOR)
     exact = _dense_norm(X, params, r["masked"])
-    assert r["lower"] <= exact * (1 + 1e-12)
-    assert exact <= r["upper"] * (1 + 1e-12)
-    assert r["value"] == pytest.approx(exact, rel=1e-8)
+    assert r["lower"] <= exact * (1 + BRACKET_MARGIN)
+    assert exact <= r["upper"] * (1 + BRACKET_MARGIN)
+    assert r["value"] == pytest.approx(exact, rel=F64_LANCZOS_GAP)
 
 
 def test_csv_export_has_one_row_per_record(tiny):
@@ -234,8 +245,8 @@ def test_certified_bound_is_exact_for_constant_scores():
     head = AttentionParams(torch.zeros(3, 3, dtype=F64), V)
     X = torch.randn(5, 3, generator=g, dtype=F64)
     out = certified_local_upper(X, head)
-    assert out.T2 == pytest.approx(0.0, abs=1e-12) and out.T3 == pytest.approx(0.0, abs=1e-12)
-    assert out.value == pytest.approx(_dense_norm(X, head, False), rel=1e-8)
+    assert out.T2 == pytest.approx(0.0, abs=F64_ZERO) and out.T3 == pytest.approx(0.0, abs=F64_ZERO)
+    assert out.value == pytest.approx(_dense_norm(X, head, False), rel=F64_LANCZOS_GAP)
 
 
 def test_released_heuristic_is_not_a_bound():
@@ -246,7 +257,9 @@ def test_released_heuristic_is_not_a_bound():
     head = AttentionParams(A, torch.eye(2, dtype=F64))
     X = torch.tensor([[0.0, -3.0], [0.0, 1.0], [0.0, 3.0]], dtype=F64)
     heuristic = adv.released_heuristic(X, head)
-    assert heuristic == pytest.approx(math.sqrt(3), rel=1e-12)  # ||V|| sqrt(n) since R_h = 0
+    assert heuristic == pytest.approx(
+        math.sqrt(3), rel=F64_CLOSED_FORM
+    )  # ||V|| sqrt(n) since R_h = 0
     exact = _dense_norm(X, head, False)
     assert exact > heuristic
     assert exact <= certified_local_upper(X, head).value
@@ -257,9 +270,12 @@ def test_released_heuristic_is_not_a_bound():
 # ----------------------------------------------------------------------------------------------
 def test_fit_sqrt_n_is_exact_on_synthetic_data():
     n = np.array([2, 7, 12, 47, 97])
-    assert adv.fit_sqrt_n(n, 2.7 * np.sqrt(n)) == pytest.approx(2.7, rel=1e-14)
+    assert adv.fit_sqrt_n(n, 2.7 * np.sqrt(n)) == pytest.approx(2.7, rel=F64_REWRITTEN)
     c, alpha = adv.bounds.free_power_law(n, 0.3 * n**0.37)
-    assert (c, alpha) == (pytest.approx(0.3, rel=1e-12), pytest.approx(0.37, rel=1e-12))
+    assert (c, alpha) == (
+        pytest.approx(0.3, rel=F64_EXACT_FIT),
+        pytest.approx(0.37, rel=F64_EXACT_FIT),
+    )
     # least squares through the origin, not a mean of ratios: closed form on two points
     assert adv.fit_sqrt_n([1, 4], [1.0, 1.0]) == pytest.approx((1 + 2) / (1 + 4))
     with pytest.raises(ValueError):

@@ -21,6 +21,18 @@ import torch
 from experiments import bounded_logits as bl
 from experiments.engine import StageConfig, record_float
 
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F64_CLOSED_FORM,
+    F64_EXACT_FIT,
+    F64_FEW_ULPS,
+    F64_LARGE_RADIUS_REL,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+    F64_TWO_JACOBIANS,
+)
+
 
 # ----------------------------------------------------------------------- settings
 def test_settings_are_typed_and_checked():
@@ -56,8 +68,8 @@ def test_settings_are_typed_and_checked():
 
 def test_growth_exponent_of_exact_power_laws():
     R = [10.0, 20.0, 50.0, 100.0]
-    assert bl.growth_exponent(R, [3.0 * r**2 for r in R]) == pytest.approx(2.0, abs=1e-12)
-    assert bl.growth_exponent(R, [7.0] * 4) == pytest.approx(0.0, abs=1e-12)
+    assert bl.growth_exponent(R, [3.0 * r**2 for r in R]) == pytest.approx(2.0, abs=F64_EXACT_FIT)
+    assert bl.growth_exponent(R, [7.0] * 4) == pytest.approx(0.0, abs=F64_EXACT_FIT)
     assert math.isnan(bl.growth_exponent([10.0], [1.0]))
     assert math.isnan(bl.growth_exponent([10.0, 20.0], [1.0, float("nan")]))
 
@@ -68,7 +80,7 @@ def test_growth_exponent_of_exact_power_laws():
 def test_tied_input_ties_every_head_at_logit_zero(d, H, H_kv, k, family):
     w = bl.layer_weights(d, H, H_kv, k, seed=3)
     X = bl.tied_input(w, 7, n_heads=H, n_kv_heads=H_kv, seed=5, family=family).numpy()
-    assert np.allclose(np.linalg.norm(X, axis=1), 1.0, atol=1e-14)
+    assert np.allclose(np.linalg.norm(X, axis=1), 1.0, atol=F64_REWRITTEN)
     u, v = X[2], X[0]
     assert np.allclose(X[1], -v) and np.allclose(X[5], u) and np.allclose(X[6], v)
     WQ, WK = w["W_Q"].numpy(), w["W_K"].numpy()
@@ -76,11 +88,11 @@ def test_tied_input_ties_every_head_at_logit_zero(d, H, H_kv, k, family):
         g = h // (H // H_kv)
         q = WQ[h * k : (h + 1) * k] @ u
         key = WK[g * k : (g + 1) * k] @ v
-        assert abs(q @ key) <= 1e-13 * np.linalg.norm(WQ[h * k : (h + 1) * k], 2) * np.linalg.norm(
-            key
-        )
+        assert abs(q @ key) <= F64_REWRITTEN_EXP * np.linalg.norm(
+            WQ[h * k : (h + 1) * k], 2
+        ) * np.linalg.norm(key)
     if family == "null_query":
-        assert np.linalg.norm(WQ[:k] @ u) < 1e-13 * np.linalg.norm(WQ[:k], 2)
+        assert np.linalg.norm(WQ[:k] @ u) < F64_REWRITTEN_EXP * np.linalg.norm(WQ[:k], 2)
     with pytest.raises(ValueError, match="unknown input family"):
         bl.tied_input(w, 7, n_heads=H, n_kv_heads=H_kv, seed=5, family="random")
     # under QK-norm and the cap the logit of the query u on the keys ±v stays 0 at any radius
@@ -92,7 +104,7 @@ def test_tied_input_ties_every_head_at_logit_zero(d, H, H_kv, k, family):
                             rms_eps=1e-6)  # fmt: skip
         for head in p.heads:
             logits = head_logits(Xt, Xt, head)
-            assert float(logits[2, :2].abs().max()) < 1e-9
+            assert float(logits[2, :2].abs().max()) < F64_LARGE_RADIUS_REL
 
 
 # ----------------------------------------------------------------------- the tiny preset
@@ -147,11 +159,11 @@ def test_tiny_preset_runs_and_matches_an_autograd_oracle(tiny):
     }
     # the SVD's rounding: the float64 spectral norm of the assembled Jacobian is within a few
     # units of 1e-16 relative of the exact one (n d = 288), so 1e-12 relative covers it
-    rel = 1e-12
+    rel = BRACKET_MARGIN
     for r in records:
         assert set(r["point"]) == {"form", "R", "family", "input"}
         assert r["converged"]
-        assert r["R_measured"] == pytest.approx(r["point"]["R"], rel=1e-14)
+        assert r["R_measured"] == pytest.approx(r["point"]["R"], rel=F64_REWRITTEN)
         X = r["point"]["R"] * unit[r["point"]["family"]]
         J = torch.autograd.functional.jacobian(
             lambda Z, f=r["point"]["form"]: _naive_layer(Z, w, f, cfg), X
@@ -161,20 +173,22 @@ def test_tiny_preset_runs_and_matches_an_autograd_oracle(tiny):
         assert lower <= exact * (1 + rel), r["point"]
         assert exact <= upper_prob * (1 + rel), r["point"]
         assert exact <= record_float(r["upper"]) * (1 + rel), r["point"]
-        assert r["confidence"] is None or r["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)
+        assert r["confidence"] is None or r["confidence"] == pytest.approx(
+            1 - 1e-6, abs=F64_FEW_ULPS
+        )
         if r["point"]["form"] == "plain":  # the stored path: the dense SVD, Gram certificate
             assert (r["method"], r["path"], r["stop_rule"]) == ("dense", "stored", "dense")
-            assert r["value"] == pytest.approx(exact, rel=1e-10), r["point"]
+            assert r["value"] == pytest.approx(exact, rel=F64_TWO_JACOBIANS), r["point"]
             assert record_float(r["upper"]) == upper_prob
         else:  # the variants: the streaming path's certified Lanczos
             assert (r["method"], r["path"]) == ("lanczos", "streaming"), r["point"]
             assert r["stop_rule"] == "width" and r["n_matvec"] > 0
             assert record_float(r["upper"]) == math.inf
             if r["width_reachable"]:
-                assert upper_prob <= 1.05 * lower * (1 + 1e-15), r["point"]
+                assert upper_prob <= 1.05 * lower * (1 + F64_FEW_ULPS), r["point"]
     if "softcap" in bl.FORMS:
         capped = [r for r in records if r["point"]["form"] == "softcap"]
-        assert max(r["largest_logit"] for r in capped) <= cfg.softcap * (1 + 1e-12)
+        assert max(r["largest_logit"] for r in capped) <= cfg.softcap * (1 + F64_CLOSED_FORM)
 
 
 def test_tiny_results_bounds_report_and_verdict(tiny):
@@ -197,16 +211,22 @@ def test_tiny_results_bounds_report_and_verdict(tiny):
     p = bl.layer_params(w, "plain", n_heads=L.n_heads, n_kv_heads=L.n_kv_heads, softcap=1.0,
                         window=1, rms_eps=0.0)  # fmt: skip
     for h, head in enumerate(p.heads):
-        assert heads[h]["A"] == pytest.approx(float(torch.linalg.matrix_norm(head.A, 2)), rel=1e-12)
-        assert heads[h]["V"] == pytest.approx(float(torch.linalg.matrix_norm(head.V, 2)), rel=1e-12)
+        assert heads[h]["A"] == pytest.approx(
+            float(torch.linalg.matrix_norm(head.A, 2)), rel=F64_REDUCTION
+        )
+        assert heads[h]["V"] == pytest.approx(
+            float(torch.linalg.matrix_norm(head.V, 2)), rel=F64_REDUCTION
+        )
         W_h = p.head_projection(h)
-        assert heads[h]["W"] == pytest.approx(float(torch.linalg.matrix_norm(W_h, 2)), rel=1e-12)
+        assert heads[h]["W"] == pytest.approx(
+            float(torch.linalg.matrix_norm(W_h, 2)), rel=F64_REDUCTION
+        )
     for R, b, y in zip(forms["plain"]["R"], forms["plain"]["bound"], forms["plain"]["value"],
                        strict=True):  # fmt: skip
         by_hand = sum(
             h["W"] * h["V"] * (math.sqrt(n) * (1 + h["A"] * R**2) + h["A"] * R**2) for h in heads
         )
-        assert b == pytest.approx(by_hand, rel=1e-12)
+        assert b == pytest.approx(by_hand, rel=F64_CLOSED_FORM)
         assert y <= b
     assert forms["plain"]["below_bound"]
     # summary, report section and the verdict row
@@ -344,7 +364,7 @@ def test_plain_krylov_points_stream_and_stay_tight_at_large_logits(tmp_path):
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     big = [r for r in records if r["point"]["R"] == 1000.0]
     assert big and all(r["path"] == "streaming" and r["method"] == "lanczos" for r in records)
-    assert all(r["lower"] > 0 and r["ratio_prob"] <= 1.05 * (1 + 1e-12) for r in big)
+    assert all(r["lower"] > 0 and r["ratio_prob"] <= 1.05 * (1 + BRACKET_MARGIN) for r in big)
     # the same call on the stored path: the bracket the stage left behind
     from experiments.bounded_logits.sweep import _Workspace
 

@@ -9,31 +9,33 @@ import pytest
 
 from experiments.fits import PAPER_CURVES, PowerLawFit, fit_power_law, paper_curve
 
+from ..tolerances import F64_EXACT_FIT, F64_LSTSQ
+
 GRID = np.repeat(np.arange(2, 100, 2), 10).astype(float)  # the paper's 49 n x 10 windows
 
 
 @pytest.mark.parametrize(("c", "alpha"), [(14.3, 0.24), (0.445, 0.25), (3.0, -0.7), (2.0, 0.0)])
 def test_noiseless_power_law_is_recovered_exactly(c, alpha):
     fit = fit_power_law(GRID, c * GRID**alpha, n_boot=200)
-    assert fit.alpha == pytest.approx(alpha, abs=1e-12)
-    assert fit.c == pytest.approx(c, rel=1e-12)
-    assert fit.r2 == pytest.approx(1.0, abs=1e-12)
+    assert fit.alpha == pytest.approx(alpha, abs=F64_EXACT_FIT)
+    assert fit.c == pytest.approx(c, rel=F64_EXACT_FIT)
+    assert fit.r2 == pytest.approx(1.0, abs=F64_EXACT_FIT)
     # every bootstrap replicate is the same exact fit
-    assert fit.alpha_ci == pytest.approx((alpha, alpha), abs=1e-12)
-    assert fit.c_ci == pytest.approx((c, c), rel=1e-12)
+    assert fit.alpha_ci == pytest.approx((alpha, alpha), abs=F64_EXACT_FIT)
+    assert fit.c_ci == pytest.approx((c, c), rel=F64_EXACT_FIT)
     assert fit.n_points == GRID.size
-    np.testing.assert_allclose(fit(np.array([7.0])), c * 7.0**alpha, rtol=1e-12)
+    np.testing.assert_allclose(fit(np.array([7.0])), c * 7.0**alpha, rtol=F64_EXACT_FIT)
 
 
 def test_matches_numpy_polyfit(rng):
     y = 2.5 * GRID**0.3 * np.exp(0.2 * rng.standard_normal(GRID.size))
     fit = fit_power_law(GRID, y, n_boot=0)
     slope, intercept = np.polyfit(np.log(GRID), np.log(y), 1)
-    assert fit.alpha == pytest.approx(slope, rel=1e-10)
-    assert fit.c == pytest.approx(np.exp(intercept), rel=1e-10)
+    assert fit.alpha == pytest.approx(slope, rel=F64_LSTSQ)
+    assert fit.c == pytest.approx(np.exp(intercept), rel=F64_LSTSQ)
     resid = np.log(y) - np.polyval([slope, intercept], np.log(GRID))
     r2 = 1 - resid.var() / np.log(y).var()
-    assert fit.r2 == pytest.approx(r2, rel=1e-10)
+    assert fit.r2 == pytest.approx(r2, rel=F64_LSTSQ)
     assert np.isnan(fit.alpha_ci).all() and fit.n_boot == 0
 
 

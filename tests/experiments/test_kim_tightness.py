@@ -28,6 +28,22 @@ from meanfield.params import L2AttentionParams
 from theory.bounds import kim_l2_norms, kim_l2_upper
 from theory.lambert import lambertw
 
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F64_CLOSED_FORM,
+    F64_EXACT_FIT,
+    F64_FEW_ULPS,
+    F64_LANCZOS_GAP,
+    F64_LONG_CHAIN,
+    F64_LSTSQ,
+    F64_LSTSQ_LOOSE,
+    F64_REDUCTION,
+    F64_REWRITTEN_EXP,
+    F64_TWO_JACOBIANS,
+    GRID_MAX,
+    SEARCH_START,
+)
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 F64 = torch.float64
@@ -68,10 +84,10 @@ def test_inf_norm_is_the_dense_max_row_sum(seed, N, D, H):
     J = _dense_jacobian(X, params)
     sums = J.abs().sum(1)
     value, (i, b) = l2_jacobian_inf_norm(X, params)
-    assert value == pytest.approx(float(sums.max()), rel=1e-12)
-    assert float(sums.reshape(N, -1)[i, b]) == pytest.approx(value, rel=1e-12)
+    assert value == pytest.approx(float(sums.max()), rel=F64_REDUCTION)
+    assert float(sums.reshape(N, -1)[i, b]) == pytest.approx(value, rel=F64_REDUCTION)
     row0, _ = l2_jacobian_inf_norm(X, params, rows=[0])
-    assert row0 == pytest.approx(float(sums.reshape(N, -1)[0].max()), rel=1e-12)
+    assert row0 == pytest.approx(float(sums.reshape(N, -1)[0].max()), rel=F64_REDUCTION)
 
 
 @pytest.mark.parametrize("matrix_free", [False, True])
@@ -81,8 +97,8 @@ def test_spectral_norm_is_the_dense_svd(monkeypatch, matrix_free):
     ref = float(torch.linalg.matrix_norm(_dense_jacobian(X, params), ord=2))
     if matrix_free:
         monkeypatch.setattr(L, "_DENSE_MAX", 0)
-    assert l2_jacobian_spectral_norm(X, params) == pytest.approx(ref, rel=1e-8)
-    assert l2_jacobian_spectral_norm(X, params) <= ref * (1 + 1e-12)
+    assert l2_jacobian_spectral_norm(X, params) == pytest.approx(ref, rel=F64_LANCZOS_GAP)
+    assert l2_jacobian_spectral_norm(X, params) <= ref * (1 + BRACKET_MARGIN)
 
 
 def test_search_attention_equals_the_library_map():
@@ -90,8 +106,12 @@ def test_search_attention_equals_the_library_map():
     Z = torch.randn(3, 7, 8, generator=torch.Generator().manual_seed(6), dtype=F64)
     maps = L._search_maps(params)
     ref = l2_self_attention(Z, params)
-    torch.testing.assert_close(L._fast_attention(Z, maps), ref, rtol=1e-11, atol=1e-13)
-    torch.testing.assert_close(L._query_row(Z, maps), ref[:, 0], rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(
+        L._fast_attention(Z, maps), ref, rtol=F64_LONG_CHAIN, atol=F64_REWRITTEN_EXP
+    )
+    torch.testing.assert_close(
+        L._query_row(Z, maps), ref[:, 0], rtol=F64_LONG_CHAIN, atol=F64_REWRITTEN_EXP
+    )
 
 
 # ---------------------------------------------------------------------------- construction
@@ -103,9 +123,9 @@ def test_construction_value_is_the_jacobian_row(layout, N, D, H):
     J = _dense_jacobian(cs.X, params)
     d_out = J.shape[0] // N
     row = J[cs.b].abs().sum()  # output coordinate (token 0, b)
-    assert cs.value == pytest.approx(float(row), rel=1e-10)
+    assert cs.value == pytest.approx(float(row), rel=F64_TWO_JACOBIANS)
     val = l2_construction_value(params, N, cs.c, cs.u, cs.b, layout=layout)
-    assert float(val) == pytest.approx(float(row), rel=1e-10)
+    assert float(val) == pytest.approx(float(row), rel=F64_TWO_JACOBIANS)
     assert d_out == D
     if layout == "symmetric" and (N - 1) % 2 == 1:
         assert cs.n_parked == 1  # even N: one token parked out of the query's reach
@@ -120,16 +140,18 @@ def test_scalar_construction_closed_form(N):
     t_star = 1.5 + w
     u = torch.ones(1, dtype=F64)
     at_star = float(l2_construction_value(params, N, math.sqrt(t_star), u, 0))
-    assert at_star == pytest.approx(1 + 4 * w, rel=1e-12)
+    assert at_star == pytest.approx(1 + 4 * w, rel=F64_CLOSED_FORM)
     # t* is a maximum of the closed form
     for s in (0.97, 1.03):
         assert float(l2_construction_value(params, N, math.sqrt(s * t_star), u, 0)) < at_star
     cs = l2_construction(params, N)
-    assert cs.value <= at_star * (1 + 1e-12)
-    assert cs.value >= at_star * (1 - 1e-6)  # the grid of l2_construction, refined
+    assert cs.value <= at_star * (1 + F64_CLOSED_FORM)
+    assert cs.value >= at_star * (1 - GRID_MAX)  # the grid of l2_construction, refined
     # and it is the ∞-norm of the Jacobian there (token 0 is the worst row)
     rows = None if N <= 101 else [0, 1, N - 1]
-    assert l2_jacobian_inf_norm(cs.X, params, rows=rows)[0] == pytest.approx(cs.value, rel=1e-10)
+    assert l2_jacobian_inf_norm(cs.X, params, rows=rows)[0] == pytest.approx(
+        cs.value, rel=F64_TWO_JACOBIANS
+    )
 
 
 def test_scalar_construction_is_asymptotically_tight():
@@ -160,18 +182,18 @@ def test_scalar_construction_is_asymptotically_tight():
 def test_inf_lower_never_exceeds_kims_bound(params, Ns):
     for N in Ns:
         res = l2_lipschitz_lower(params, N, p="inf", n_restarts=2, steps=40, seed=1)
-        assert res.value >= res.construction_value * (1 - 1e-12)
+        assert res.value >= res.construction_value * (1 - SEARCH_START)
         assert res.value <= _upper(params, N, "inf")
-        assert l2_jacobian_inf_norm(res.X, params)[0] >= res.value * (1 - 1e-12)
+        assert l2_jacobian_inf_norm(res.X, params)[0] >= res.value * (1 - F64_REDUCTION)
 
 
 def test_two_norm_lower_and_the_two_forms_of_the_bound():
     params = _random_params(4, 4, 1)
     for N in (2, 6):
         res = l2_lipschitz_lower(params, N, p=2, n_restarts=1, steps=15, seed=0)
-        assert res.value >= res.construction_value * (1 - 1e-12)
+        assert res.value >= res.construction_value * (1 - SEARCH_START)
         ref = float(torch.linalg.matrix_norm(_dense_jacobian(res.X, params), ord=2))
-        assert res.value == pytest.approx(ref, rel=1e-8)
+        assert res.value == pytest.approx(ref, rel=F64_LANCZOS_GAP)
         assert res.value <= _upper(params, N, 2, wq_power=2)
     # the recalled p = 2 form (wq_power = 1) is linear in |W^Q| while the map is quadratic:
     # with W^Q = 3 (D = H = 1) the measured lower bound exceeds it (docs/theory.md §8, §14)
@@ -216,9 +238,11 @@ def test_stage_tiny_preset_and_rerun(tmp_path, monkeypatch):
     assert doc["violations"] == []
     assert all(lo <= up for lo, up in zip(rows["lower_inf"], rows["upper_inf"], strict=True))
     arr = load_npz(tmp_path / "kim_tightness" / "head_d4h1.npz")
-    np.testing.assert_allclose(arr["ratio_inf"], arr["upper_inf"] / arr["lower_inf"], rtol=1e-15)
+    np.testing.assert_allclose(
+        arr["ratio_inf"], arr["upper_inf"] / arr["lower_inf"], rtol=F64_FEW_ULPS
+    )
     params, _ = kt.head_params("d4h1")
-    assert arr["upper_inf"][1] == pytest.approx(_upper(params, 3, "inf"), rel=1e-12)
+    assert arr["upper_inf"][1] == pytest.approx(_upper(params, 3, "inf"), rel=F64_CLOSED_FORM)
     # a rerun computes nothing
     mtimes = {p: p.stat().st_mtime_ns for p in files}
 
@@ -270,7 +294,7 @@ def test_fit_growth_recovers_known_slopes():
     n = np.array([8, 16, 32, 64, 128, 256])
     w0 = np.asarray(lambertw((n - 1) / math.e))
     f = fit_growth(n, 4 * w0 + 1)
-    assert f["slope_w0"] == pytest.approx(4.0, rel=1e-10)
-    assert f["intercept_w0"] == pytest.approx(1.0, rel=1e-9)
-    assert fit_growth(n, 3 * n**0.5)["exponent"] == pytest.approx(0.5, rel=1e-12)
+    assert f["slope_w0"] == pytest.approx(4.0, rel=F64_LSTSQ)
+    assert f["intercept_w0"] == pytest.approx(1.0, rel=F64_LSTSQ_LOOSE)
+    assert fit_growth(n, 3 * n**0.5)["exponent"] == pytest.approx(0.5, rel=F64_EXACT_FIT)
     assert math.isnan(fit_growth([2, 3], [1.0, 2.0])["slope_w0"])

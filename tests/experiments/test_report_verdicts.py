@@ -15,6 +15,8 @@ from experiments.adversarial import SQRT_N_TOLERANCE, sqrt_n_consistent
 from experiments.engine import write_json
 from meanfield_cli import pipeline
 
+from ..tolerances import BRACKET_MARGIN, F64_CLOSED_FORM, PRINTED_4_DECIMALS
+
 
 def _row(config: str, c: float, alpha: float, pc: float = 0.445, pa: float = 0.25) -> dict:
     return {
@@ -31,7 +33,7 @@ def test_curve_difference_is_the_largest_gap_on_the_measured_n():
     # the largest gap is at an end of the grid.
     r = _row("gpt2rand-L6", 0.450, 0.241)
     ends = [abs(0.450 / 0.445 * n ** (0.241 - 0.25) - 1.0) for n in (2.0, 96.0)]
-    assert real_data.curve_difference(r) == pytest.approx(max(ends), rel=1e-12)
+    assert real_data.curve_difference(r) == pytest.approx(max(ends), rel=F64_CLOSED_FORM)
     assert real_data.curve_difference(_row("gpt2rand-L6", 0.445, 0.25)) == pytest.approx(0.0)
     assert real_data.curve_difference({**r, "paper_curve": None}) is None
 
@@ -55,7 +57,7 @@ def test_sqrt_n_constant_only_near_one_half():
 def test_number_rule_is_one_tolerance_for_every_number():
     tol = verdicts.NUMBER_TOLERANCE
     gap = verdicts.relative_gap(1.01, 0.92)  # the quick preset's random GPT-2 adversarial row
-    assert gap == pytest.approx(0.0978, abs=1e-4)
+    assert gap == pytest.approx(0.0978, abs=PRINTED_4_DECIMALS)
     assert verdicts.compare_number(gap, same_model=True) == "not reproduced"
     assert verdicts.compare_number(0.9 * tol, same_model=True) == "reproduced"
     assert verdicts.compare_number(tol, same_model=True) == "reproduced"
@@ -318,7 +320,7 @@ def test_every_row_verdict_follows_the_printed_rule(results):
     s = synthetic.summary(results)
     per = s["f5"]["per_gamma"]
     bad = sum(
-        e["max_ratio_to_upper_triangle"] > 1 or e["min_ratio_to_lower_formula"] < 1 - 1e-12
+        e["max_ratio_to_upper_triangle"] > 1 or e["min_ratio_to_lower_formula"] < 1 - BRACKET_MARGIN
         for e in per
     )
     f7 = s["f7"]

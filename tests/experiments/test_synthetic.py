@@ -26,6 +26,20 @@ from paper_figs import fig_a_lipschitz_vs_R, fig_f5_sqrt_n, fig_f6_mean_field, f
 from theory import bounds
 
 from ..oracles_jacobian import block_formula_loops, nonsymmetric
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F64_CLOSED_FORM,
+    F64_FEW_ULPS,
+    F64_LANCZOS,
+    F64_LARGE_RADIUS_REL,
+    F64_NONSYM_EIG_VECTOR,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_SCALAR_SEARCH,
+    F64_ZERO,
+    SEARCH_START,
+    SEARCH_START_REPARAM,
+)
 
 FIGURES = {
     "fig_f5_sqrt_n": fig_f5_sqrt_n,
@@ -58,7 +72,7 @@ def test_construction_norm_matches_block_loops(gen: torch.Generator, n: int) -> 
     J = block_formula_loops(X, A, V)
     exact = np.linalg.norm(J, 2)
     got = float(synthetic.construction_norm(A, V, a, b, n))
-    assert got == pytest.approx(exact, rel=1e-12)
+    assert got == pytest.approx(exact, rel=F64_REDUCTION)
 
 
 def test_construction_norm_vectorised_and_validated(gen: torch.Generator) -> None:
@@ -69,7 +83,7 @@ def test_construction_norm_vectorised_and_validated(gen: torch.Generator) -> Non
     vec = synthetic.construction_norm(A, V, a, b, ns)
     assert vec.shape == (2, 2)
     one = [float(synthetic.construction_norm(A, V, a, b, int(k))) for k in ns.ravel()]
-    np.testing.assert_allclose(vec.ravel(), one, rtol=1e-14)
+    np.testing.assert_allclose(vec.ravel(), one, rtol=F64_REWRITTEN)
     with pytest.raises(ValueError, match="n must be"):
         synthetic.construction_norm(A, V, a, b, 0)
     with pytest.raises(ValueError, match="need A"):
@@ -85,7 +99,9 @@ def test_construction_norm_inside_lanczos_bracket_at_large_n() -> None:
     seq = adversarial_sequence(params, 1.0, n)
     est = local_lipschitz(seq.X, params, method="lanczos", tol=1e-10)
     closed = float(synthetic.construction_norm(A, V, seq.X[0].numpy(), seq.X[1].numpy(), n))
-    assert float(est.lower) * (1 - 1e-12) <= closed <= float(est.upper) * (1 + 1e-12)
+    assert (
+        float(est.lower) * (1 - BRACKET_MARGIN) <= closed <= float(est.upper) * (1 + BRACKET_MARGIN)
+    )
 
 
 # --------------------------------------------------------------------------- contract
@@ -226,17 +242,17 @@ def test_f5_measured_between_bounds(tiny: tuple[Path, list[Path]]) -> None:
     d = _npz(root, "f5")
     closed = d["closed_grid"]
     # exact unmasked value >= the §3 lower-bound formula (and the k=1 copy bound) ...
-    assert np.all(closed >= d["lower_formula"] * (1 - 1e-12))
+    assert np.all(closed >= d["lower_formula"] * (1 - BRACKET_MARGIN))
     # ... and <= the §1 upper bound (triangle form, the smallest of the three)
     assert np.all(closed <= d["upper_triangle"])
     # the closed form lies inside the certified engine brackets at the check points
-    assert np.all(d["check_lower"] <= d["check_closed"] * (1 + 1e-12))
-    assert np.all(d["check_closed"] <= d["check_upper"] * (1 + 1e-12))
+    assert np.all(d["check_lower"] <= d["check_closed"] * (1 + BRACKET_MARGIN))
+    assert np.all(d["check_closed"] <= d["check_upper"] * (1 + BRACKET_MARGIN))
     # masked: certified bracket, above the §4 formula, below the √n bound (valid masked, §1)
     m = len(d["masked_n"])
     mv = d["masked_value"]
     assert np.all(d["masked_lower"] <= mv) and np.all(mv <= d["masked_upper"])
-    assert np.all(d["masked_upper"] >= d["masked_lower_formula"][:, :m] * (1 - 1e-12))
+    assert np.all(d["masked_upper"] >= d["masked_lower_formula"][:, :m] * (1 - BRACKET_MARGIN))
     assert np.all(d["masked_lower"] <= d["upper_triangle"][:, :m])
     # the masked lower bound increases in n towards its limit
     assert np.all(d["masked_lower_formula"][:, :m] <= d["masked_limit"][:, None])
@@ -252,7 +268,7 @@ def test_f5_peak_and_mean_field_level(tiny: tuple[Path, list[Path]]) -> None:
         assert 0 < k < closed.size - 1
         assert 0.5 <= (d["n_all"][k] - 1) / np.exp(g) <= 4.0
         # the peak is at least sup_eps g (= the lower-bound formula's continuous peak)
-        assert closed[k] >= d["sup_g"][gi] * (1 - 1e-12)
+        assert closed[k] >= d["sup_g"][gi] * (1 - BRACKET_MARGIN)
         # Lip(f | B_R^n) <= Lip(F | P(B_R)) <= the c' = 1 bound (docs/theory.md §16, §6, proof in §17)
         assert closed.max() <= d["mf_upper_c1"][gi]
 
@@ -270,24 +286,24 @@ def test_mean_field_optimizer_between_bounds(tiny: tuple[Path, list[Path]]) -> N
         val = b["opt_value"]
         sup = b["at_radii_sup_g"][None, :]
         # starts include the exact two-Dirac optimum, so the search never ends below it
-        assert np.all(val >= sup * (1 - 1e-9))
-        assert np.all(val >= b["opt_construction_value"] * (1 - 1e-12))
+        assert np.all(val >= sup * (1 - F64_LANCZOS))
+        assert np.all(val >= b["opt_construction_value"] * (1 - SEARCH_START))
         # certified bracket around the reported value
         assert np.all(b["opt_lower"] <= val) and np.all(val <= b["opt_upper"])
         # library two-Dirac bound (meanfield.attacks) == closed form (theory.bounds), V = I
         np.testing.assert_allclose(
-            b["opt_two_dirac_bound"], np.broadcast_to(sup, val.shape), rtol=1e-9
+            b["opt_two_dirac_bound"], np.broadcast_to(sup, val.shape), rtol=F64_NONSYM_EIG_VECTOR
         )
         # the upper bounds are not exceeded (c' = 1 is proved in docs/theory.md §17: a bug if it were)
         assert np.all(val <= b["at_radii_upper_c1"][None, :])
         assert np.all(val <= b["at_radii_upper_c2"][None, :])
         # the 2-atom search starts from the off-axis maximiser: never below its bound (§A3)
         two = list(b["atoms"]).index(2)
-        assert np.all(val[two] >= b["off_axis_value"] * (1 - 1e-6))
-        assert np.all(b["off_axis_value"] >= b["at_radii_sup_g"] * (1 - 1e-9))
+        assert np.all(val[two] >= b["off_axis_value"] * (1 - SEARCH_START_REPARAM))
+        assert np.all(b["off_axis_value"] >= b["at_radii_sup_g"] * (1 - F64_SCALAR_SEARCH))
         # ordering of the closed-form curves: w = 1/2 and asymptote below sup g; global lower
-        assert np.all(b["curve_half"] <= b["curve_sup_g"] * (1 + 1e-12))
-        assert np.all(b["curve_asymptote"] <= b["curve_sup_g"] * (1 + 1e-12))
+        assert np.all(b["curve_half"] <= b["curve_sup_g"] * (1 + F64_CLOSED_FORM))
+        assert np.all(b["curve_asymptote"] <= b["curve_sup_g"] * (1 + F64_CLOSED_FORM))
         np.testing.assert_allclose(
             b["curve_global_lower"], np.maximum(b["curve_trivial"], b["curve_sup_g"])
         )
@@ -299,7 +315,7 @@ def test_mean_field_curves_match_theory_global_lower(tiny: tuple[Path, list[Path
     for s in (str(x) for x in a["settings"]):
         A, V = synthetic.mf_setting(s)
         ref = bounds.mean_field_lower(A, V, a["curve_R"])
-        np.testing.assert_allclose(a[f"{s}__curve_global_lower"], ref, rtol=1e-12)
+        np.testing.assert_allclose(a[f"{s}__curve_global_lower"], ref, rtol=F64_CLOSED_FORM)
 
 
 # --------------------------------------------------------------------------- physics: F7
@@ -309,14 +325,14 @@ def test_f7_converges_to_large_radius_limit(tiny: tuple[Path, list[Path]]) -> No
     n, v_norm = int(d["n"]), float(d["V_norm"])
     for tag in ("unmasked", "masked"):
         val, lim = d[f"{tag}_value"], d[f"{tag}_limit"]
-        assert np.all(lim <= np.sqrt(n) * v_norm * (1 + 1e-15))
+        assert np.all(lim <= np.sqrt(n) * v_norm * (1 + F64_FEW_ULPS))
         np.testing.assert_array_equal(lim, v_norm * np.sqrt(d[f"{tag}_counts"].max(axis=1)))
         assert np.all(d[f"{tag}_counts"].sum(axis=1) == n)
         # at R = 1000 the attention is an exact selection: the limit is reached
-        np.testing.assert_allclose(val[:, -1], lim, rtol=1e-9)
+        np.testing.assert_allclose(val[:, -1], lim, rtol=F64_LARGE_RADIUS_REL)
         # our quantitative deviation bound holds at every radius
         err = np.abs(val - lim[:, None])
-        assert np.all(err <= d[f"{tag}_deviation_bound"] * (1 + 1e-9) + 1e-12)
+        assert np.all(err <= d[f"{tag}_deviation_bound"] * (1 + F64_LARGE_RADIUS_REL) + F64_ZERO)
         assert np.all(d[f"{tag}_lower"] <= val) and np.all(val <= d[f"{tag}_upper"])
 
 
@@ -366,7 +382,9 @@ def test_f6_dodged_markers_are_said_and_centred(
     by_label = {ln.get_label(): ln for ln in ax0.get_lines()}
     xs = np.array([by_label[f"optimized measure, {k} atoms (measured)"].get_xdata() for k in atoms])
     assert len(atoms) > 1 and not np.allclose(xs, radii)  # dodged ...
-    np.testing.assert_allclose(np.exp(np.log(xs).mean(axis=0)), radii, rtol=1e-12)  # ... around R
+    np.testing.assert_allclose(
+        np.exp(np.log(xs).mean(axis=0)), radii, rtol=F64_CLOSED_FORM
+    )  # ... around R
     np.testing.assert_array_equal(
         by_label["off-axis two atoms, maximised (lower bound)"].get_xdata(), radii
     )

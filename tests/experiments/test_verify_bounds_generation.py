@@ -12,6 +12,8 @@ import pytest
 from experiments import verify_bounds as vb
 from experiments.verify_bounds.generation import _construction_ctx
 
+from ..tolerances import F64_REDUCTION, F64_ZERO
+
 
 def test_instances_are_reproducible():
     a = vb.make_targets(7, 11, "two_dirac")
@@ -35,5 +37,5 @@ def test_construction_gap_from_the_input_matches_the_attack(rng):
         )
         X = con.X.numpy()
         ctx = _construction_ctx(X, X[0], X[1], A, V)
-        assert ctx["gamma"] == pytest.approx(con.gamma, rel=1e-12, abs=1e-12)
-        assert ctx["Vu_norm"] == pytest.approx(np.linalg.norm(V @ con.u.numpy()), rel=1e-12)
+        assert ctx["gamma"] == pytest.approx(con.gamma, rel=F64_REDUCTION, abs=F64_ZERO)
+        assert ctx["Vu_norm"] == pytest.approx(np.linalg.norm(V @ con.u.numpy()), rel=F64_REDUCTION)

@@ -17,6 +17,8 @@ from experiments import verify_bounds as vb  # noqa: E402
 from experiments.engine import load_json  # noqa: E402
 from paper_figs import fig_theory_bounds as fig  # noqa: E402
 
+from ..tolerances import F64_SCALAR_SEARCH
+
 
 def _check_files(paths, out_dir):
     assert sorted(p.name for p in paths) == [f"{fig.STEM}.pdf", f"{fig.STEM}.png"]
@@ -134,7 +136,7 @@ def test_radius_for_n_inverts_the_crossover():
 
     r = fig._radius_for_n(16, 1.0)
     assert float(regimes.crossover_n(fig.A_NORM, fig.V_NORM, r, c=1.0)) == pytest.approx(
-        16, rel=1e-9
+        16, rel=F64_SCALAR_SEARCH
     )
 
 

@@ -21,6 +21,23 @@ from meanfield.attacks import (
 )
 
 from ..oracles_attacks import F64, jacobian_oracle, lw_norm, random_head, seq_norm, slope, sup_g
+from ..tolerances import (
+    BALL_PROJECTION,
+    BRACKET_MARGIN,
+    BRACKET_MARGIN_LOOSE,
+    EXACT_ZERO_FLOOR,
+    F64_CLOSED_FORM,
+    F64_LANCZOS,
+    F64_LARGE_RADIUS_REL,
+    F64_NONSYM_EIG,
+    F64_NONSYM_EIG_VECTOR,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_SOLVER,
+    F64_TINY_MASS,
+    F64_ZERO,
+    SEARCH_START,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,7 +56,7 @@ def test_jacobian_oracle_matches_jacrev(rng):
             lambda Y, m=masked: attention_points(Y, AttentionParams(A, V), log_weights=lw, masked=m)
         )(X)
         np.testing.assert_allclose(
-            J.reshape(8, 12).numpy(), jacobian_oracle(X, A, V, lw, masked), atol=1e-12
+            J.reshape(8, 12).numpy(), jacobian_oracle(X, A, V, lw, masked), atol=F64_REDUCTION
         )
 
 
@@ -58,17 +75,21 @@ def test_construction_bound_below_exact_norm(rng, variant, case, n):
         except ValueError:
             continue  # e.g. no real eigenvalue of the right sign
         exact = seq_norm(con.X, A, V)
-        assert con.lower_bound <= exact * (1 + 1e-12)
+        assert con.lower_bound <= exact * (1 + BRACKET_MARGIN)
         # the formula, recomputed from the returned gap and direction
         p = math.exp(con.gamma) / (math.exp(con.gamma) + n - 1)
         Vu = float(torch.linalg.vector_norm(V @ con.u))
         expect = math.sqrt(n - 1) * p * (1 + (1 - p) * con.gamma) * Vu
-        assert math.isclose(con.lower_bound, expect, rel_tol=1e-12, abs_tol=1e-300)
-        assert math.isclose(con.p, p, rel_tol=1e-12)
+        assert math.isclose(
+            con.lower_bound, expect, rel_tol=F64_CLOSED_FORM, abs_tol=EXACT_ZERO_FLOOR
+        )
+        assert math.isclose(con.p, p, rel_tol=F64_CLOSED_FORM)
         # every copy sees token 1 with exactly the gap gamma
         x1, y = con.X[0].double(), con.X[1].double()
-        assert math.isclose(float(y @ A @ (x1 - y)), con.gamma, rel_tol=1e-10, abs_tol=1e-12)
-        assert float(con.X.norm(dim=-1).max()) == pytest.approx(R, rel=1e-12)
+        assert math.isclose(
+            float(y @ A @ (x1 - y)), con.gamma, rel_tol=F64_NONSYM_EIG, abs_tol=F64_ZERO
+        )
+        assert float(con.X.norm(dim=-1).max()) == pytest.approx(R, rel=F64_REDUCTION)
 
 
 def test_construction_matches_theory_bounds(rng):
@@ -94,7 +115,7 @@ def test_minus8_rule_picks_the_larger_gap(rng):
                     gaps[c] = adversarial_sequence(A, 1.3, 4, variant=variant, case=c).gamma
                 except ValueError:
                     pass
-            assert auto.gamma == pytest.approx(max(gaps.values()), rel=1e-12)
+            assert auto.gamma == pytest.approx(max(gaps.values()), rel=F64_REDUCTION)
             assert auto.case == max(gaps, key=gaps.get)
 
 
@@ -105,7 +126,9 @@ def test_minus8_rule_threshold():
         A = Q @ torch.diag(torch.tensor([lam_max, -1.0], dtype=F64)) @ torch.linalg.inv(Q)
         con = adversarial_sequence(A, 1.0, 3, variant="released")
         assert con.case == expect
-        assert con.lam == pytest.approx(lam_max if expect == "+" else -1.0, rel=1e-9)
+        assert con.lam == pytest.approx(
+            lam_max if expect == "+" else -1.0, rel=F64_NONSYM_EIG_VECTOR
+        )
 
 
 def test_symmetric_gap_at_least_released(rng):
@@ -116,7 +139,7 @@ def test_symmetric_gap_at_least_released(rng):
         except ValueError:
             continue
         sym = adversarial_sequence(A, 2.0, 5, variant="symmetric")
-        assert sym.gamma >= rel.gamma * (1 - 1e-12)
+        assert sym.gamma >= rel.gamma * (1 - F64_CLOSED_FORM)
 
 
 def test_released_variant_uses_real_eigenvectors():
@@ -124,9 +147,9 @@ def test_released_variant_uses_real_eigenvectors():
     A = torch.tensor([[0.0, -3.0, 0.0], [3.0, 0.0, 0.0], [0.5, 0.2, -2.0]], dtype=F64)
     con = adversarial_sequence(A, 1.0, 3, variant="released", eigvecs="score")
     assert con.case == "-" and con.lam == pytest.approx(-2.0)
-    assert torch.allclose(A @ con.u, -2.0 * con.u, atol=1e-12)
+    assert torch.allclose(A @ con.u, -2.0 * con.u, atol=F64_ZERO)
     code = adversarial_sequence(A, 1.0, 3, variant="released", eigvecs="code")
-    assert torch.allclose(A.mT @ code.u, -2.0 * code.u, atol=1e-12)  # A_code = A^T (released)
+    assert torch.allclose(A.mT @ code.u, -2.0 * code.u, atol=F64_ZERO)  # A_code = A^T (released)
     assert code.gamma == pytest.approx(con.gamma)
     with pytest.raises(ValueError, match="no real eigenvalue"):
         adversarial_sequence(torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=F64), 1.0, 3)
@@ -177,10 +200,10 @@ def test_sqrt_n_growth_then_decay_and_masked_saturation():
         ma.append(seq_norm(con.X, A, V, masked=True))
         p = [math.exp(con.gamma) / (math.exp(con.gamma) + i - 1) for i in range(2, n + 1)]
         formula.append(math.sqrt(sum(q**2 * (1 + (1 - q) * con.gamma) ** 2 for q in p)))
-        assert con.lower_bound <= un[-1] * (1 + 1e-12)
+        assert con.lower_bound <= un[-1] * (1 + BRACKET_MARGIN)
     assert un[1] > un[2] > un[3]
     assert all(
-        f <= m * (1 + 1e-12) for f, m in zip(formula, ma)
+        f <= m * (1 + BRACKET_MARGIN) for f, m in zip(formula, ma)
     )  # masked lower bound, docs/theory.md §4
     assert ma[3] >= ma[2] * (1 - 1e-9) and ma[3] > un[3]
     # the formula increases to a finite limit (p_i ~ e^gamma / i): n = 240 is already near it
@@ -197,7 +220,9 @@ def test_sphere_construction_grows_like_sqrt_n(rng):
     full, tangent, lows = [], [], []
     for n in ns:
         con = adversarial_sequence(A, R, int(n), sphere=True, V=V)
-        assert torch.allclose(con.X.norm(dim=-1), torch.full((int(n),), R, dtype=F64), rtol=1e-12)
+        assert torch.allclose(
+            con.X.norm(dim=-1), torch.full((int(n),), R, dtype=F64), rtol=F64_REDUCTION
+        )
         J = jacobian_oracle(con.X, A, V)
         # restrict every token's perturbation to the tangent space of its sphere
         P = np.zeros((J.shape[1], J.shape[1]))
@@ -209,12 +234,13 @@ def test_sphere_construction_grows_like_sqrt_n(rng):
         lows.append(con.lower_bound)
     assert con.gamma > 2 * math.log(ns[-1])  # n << e^gamma on this grid
     assert all(
-        lo <= t * (1 + 1e-10) and t <= f * (1 + 1e-12) for lo, t, f in zip(lows, tangent, full)
+        lo <= t * (1 + BRACKET_MARGIN_LOOSE) and t <= f * (1 + BRACKET_MARGIN)
+        for lo, t, f in zip(lows, tangent, full)
     )
     assert slope(ns - 1, tangent) == pytest.approx(0.5, abs=0.1)
     # the sphere gap dominates case '-' (already on the sphere)
     minus = adversarial_sequence(A, R, 3, variant="symmetric", case="-")
-    assert con.gamma >= minus.gamma * (1 - 1e-9)
+    assert con.gamma >= minus.gamma * (1 - F64_NONSYM_EIG_VECTOR)
 
 
 # ---------------------------------------------- two Diracs, off-axis (docs/theory.md §5, §A3)
@@ -232,20 +258,22 @@ def test_two_dirac_exact_constant_and_formula(rng):
         assert mu.n == 2 and td.g is not None
         Vu = float(torch.linalg.vector_norm(V @ td.u))
         g_ref = sup_g(td.gamma, Vu)
-        assert td.g == pytest.approx(g_ref, rel=1e-10)
+        assert td.g == pytest.approx(g_ref, rel=F64_SOLVER)
         if bounds is not None:
-            assert td.g == pytest.approx(float(bounds.two_dirac_lower(td.gamma, Vu)), rel=1e-10)
+            assert td.g == pytest.approx(
+                float(bounds.two_dirac_lower(td.gamma, Vu)), rel=F64_SOLVER
+            )
         LW = lw_norm(mu, A, V)
-        assert LW >= g_ref * (1 - 1e-12)
+        assert LW >= g_ref * (1 - BRACKET_MARGIN)
         # on the axis, the heavy atom's row applied to the light atom moved along u is exactly g
         lw = mu.log_weights.numpy()
         J = jacobian_oracle(mu.points, A, V, lw)
         blk = math.exp(0.5 * (lw[0] - lw[1])) * J[0:2, 2:4] @ td.u.numpy()
-        assert np.linalg.norm(blk) == pytest.approx(td.g, rel=1e-8)
+        assert np.linalg.norm(blk) == pytest.approx(td.g, rel=F64_TINY_MASS)
         # the mass is optimal: g at neighbouring masses is smaller
         for f in (0.8, 1.25):
             other = two_dirac(A, R, V=V, log_eps=td.log_eps + math.log(f))
-            assert other.g <= td.g * (1 + 1e-12)
+            assert other.g <= td.g * (1 + F64_CLOSED_FORM)
 
 
 def test_two_dirac_log_masses_survive_underflow():
@@ -257,32 +285,35 @@ def test_two_dirac_log_masses_survive_underflow():
     assert torch.isfinite(lw).all()
     # eps* e^gamma -> 1/3: log eps* = log(w/v) - gamma (up to e^-gamma)
     v = (3 * 1000 - 2 + math.sqrt(9e6 + 4e3 + 4)) / 8000
-    assert float(lw[1]) == pytest.approx(math.log((1 - v) / v) - 1000.0, rel=1e-14)
+    assert float(lw[1]) == pytest.approx(math.log((1 - v) / v) - 1000.0, rel=F64_REWRITTEN)
     assert float(td.measure.weights[1]) == 0.0  # below float64: only the log-mass survives
     # the attention of the heavy atom to the light one is w* (log-domain attention)
     Y = attention(td.measure, AttentionParams(A, torch.ones(1, 1, dtype=F64))).points
     w = float(
         (Y[0, 0] - td.measure.points[0, 0]) / (td.measure.points[1, 0] - td.measure.points[0, 0])
     )
-    assert w == pytest.approx(1 - v, rel=1e-9)
+    assert w == pytest.approx(1 - v, rel=F64_LARGE_RADIUS_REL)
     # a given tiny mass is kept exactly
     mu = two_dirac_measure(A, 2.0, eps=1e-300)
-    assert float(mu.log_weights[1]) == pytest.approx(math.log(1e-300), rel=1e-14)
-    assert float(mu.weights[1]) == pytest.approx(1e-300, rel=1e-12)
+    assert float(mu.log_weights[1]) == pytest.approx(math.log(1e-300), rel=F64_REWRITTEN)
+    assert float(mu.weights[1]) == pytest.approx(1e-300, rel=F64_CLOSED_FORM)
 
 
 def test_off_axis_bound_beats_axis_and_is_a_lower_bound(rng):
     A = torch.tensor([[1.0, 0.7], [-0.2, -0.4]], dtype=F64)
     V = torch.tensor([[1.0, 0.3], [0.0, 0.8]], dtype=F64)
     res = off_axis_two_atoms(AttentionParams(A, V), 2.0, n_restarts=8, steps=200)
-    assert res.value >= res.axis_value * (1 - 1e-12)
-    assert float(res.x.norm()) <= 2.0 + 1e-12 and float(res.y.norm()) <= 2.0 + 1e-12
+    assert res.value >= res.axis_value * (1 - SEARCH_START)
+    assert (
+        float(res.x.norm()) <= 2.0 + BALL_PROJECTION
+        and float(res.y.norm()) <= 2.0 + BALL_PROJECTION
+    )
     # the formula, recomputed from the returned point
     h, x, y, w = res.h, res.x, res.y, res.w
     vec = V @ (h + (1 - w) * float(y @ A @ h) * (x - y))
     val = math.exp(res.gamma / 2) * math.sqrt(w * (1 - w)) * float(vec.norm())
-    assert val == pytest.approx(res.value, rel=1e-9)
-    assert lw_norm(res.measure, A, V) >= res.value * (1 - 1e-9)
+    assert val == pytest.approx(res.value, rel=F64_LANCZOS)
+    assert lw_norm(res.measure, A, V) >= res.value * (1 - F64_LANCZOS)
     with pytest.raises(ValueError, match="single-head"):
         off_axis_two_atoms(MultiHeadParams((AttentionParams(A, V),) * 2), 1.0)
 

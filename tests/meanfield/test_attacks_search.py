@@ -15,6 +15,13 @@ from meanfield.attacks import (
 )
 
 from ..oracles_attacks import F64, lw_norm, random_head, seq_norm
+from ..tolerances import (
+    BALL_PROJECTION,
+    BRACKET_MARGIN,
+    F64_LANCZOS,
+    F64_TWO_JACOBIANS,
+    SEARCH_START,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,9 +30,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _check_search(res, points: torch.Tensor, exact: float, R: float) -> None:
     """What every search result keeps: at least its constructions' value, the value the oracle
     gives at its own points (``exact``), and every point inside the ball of radius ``R``."""
-    assert res.value >= res.construction_value * (1 - 1e-12)
-    assert res.value == pytest.approx(exact, rel=1e-9)
-    assert torch.all(points.norm(dim=-1) <= R * (1 + 1e-12))
+    assert res.value >= res.construction_value * (1 - SEARCH_START)
+    assert res.value == pytest.approx(exact, rel=F64_LANCZOS)
+    assert torch.all(points.norm(dim=-1) <= R * (1 + BALL_PROJECTION))
 
 
 def test_worst_case_measure_never_below_construction_and_exact(rng):
@@ -33,13 +40,13 @@ def test_worst_case_measure_never_below_construction_and_exact(rng):
     params = AttentionParams(A, V)
     res = worst_case_measure(params, 2.0, 3, n_restarts=4, steps=60)
     _check_search(res, res.measure.points, lw_norm(res.measure, A, V), 2.0)
-    assert res.value >= res.two_dirac_bound * (1 - 1e-12)
-    assert res.lower <= res.value * (1 + 1e-9) and res.value <= res.upper * (1 + 1e-9)
+    assert res.value >= res.two_dirac_bound * (1 - SEARCH_START)
+    assert res.lower <= res.value * (1 + F64_LANCZOS) and res.value <= res.upper * (1 + F64_LANCZOS)
     assert res.history.shape[0] == len(res.labels) == res.restart_values.numel()
-    assert float(res.restart_values.max()) == pytest.approx(res.value, rel=1e-9)
+    assert float(res.restart_values.max()) == pytest.approx(res.value, rel=F64_LANCZOS)
     # steps=0: the constructions alone
     res0 = worst_case_measure(params, 2.0, 3, n_restarts=1, steps=0)
-    assert res0.value >= res0.construction_value * (1 - 1e-12)
+    assert res0.value >= res0.construction_value * (1 - SEARCH_START)
 
 
 def test_worst_case_measure_paper_picture():
@@ -49,7 +56,7 @@ def test_worst_case_measure_paper_picture():
     log10 = res.measure.log_weights / math.log(10.0)
     assert float(log10.max() - log10.min()) > 10
     assert res.value > 1.3 * res.two_dirac_bound  # chains beat two atoms by a constant factor
-    assert res.value == pytest.approx(lw_norm(res.measure, [[1.0]], [[1.0]]), rel=1e-9)
+    assert res.value == pytest.approx(lw_norm(res.measure, [[1.0]], [[1.0]]), rel=F64_LANCZOS)
 
 
 def test_worst_case_measure_masked_sphere_split(rng):
@@ -57,13 +64,13 @@ def test_worst_case_measure_masked_sphere_split(rng):
     params = AttentionParams(A, V)
     m = worst_case_measure(params, 1.5, 3, n_restarts=2, steps=30, masked=True)
     assert m.measure.is_causal
-    assert m.value == pytest.approx(lw_norm(m.measure, A, V, masked=True), rel=1e-9)
+    assert m.value == pytest.approx(lw_norm(m.measure, A, V, masked=True), rel=F64_LANCZOS)
     s = worst_case_measure(params, 1.5, 3, n_restarts=2, steps=30, sphere=True)
     assert torch.allclose(s.measure.points.norm(dim=-1), torch.full((3,), 1.5, dtype=F64))
     sp = worst_case_measure(params, 1.5, 3, n_restarts=2, steps=30, geometry="split")
-    assert sp.value >= lw_norm(sp.measure, A, V) * (1 - 1e-12)
+    assert sp.value >= lw_norm(sp.measure, A, V) * (1 - BRACKET_MARGIN)
     assert sp.value == pytest.approx(
-        float(split_constant(sp.measure, params, method="jacrev")), rel=1e-9
+        float(split_constant(sp.measure, params, method="jacrev")), rel=F64_LANCZOS
     )
     with pytest.raises(ValueError):
         worst_case_measure(params, 1.5, 0)
@@ -74,8 +81,8 @@ def test_worst_case_sequence(rng):
     params = AttentionParams(A, V)
     res = worst_case_sequence(params, 1.5, 5, n_restarts=3, steps=40)
     _check_search(res, res.X, seq_norm(res.X, A, V), 1.5)
-    assert res.construction_value >= res.construction_bound * (1 - 1e-12)
-    assert res.lower <= res.value * (1 + 1e-9) <= res.upper * (1 + 2e-9)
+    assert res.construction_value >= res.construction_bound * (1 - BRACKET_MARGIN)
+    assert res.lower <= res.value * (1 + F64_LANCZOS) <= res.upper * (1 + 2 * F64_LANCZOS)
 
 
 @pytest.mark.slow
@@ -83,8 +90,8 @@ def test_search_improves_on_two_diracs_across_radii():
     params = AttentionParams(torch.tensor([[1.0]], dtype=F64), torch.tensor([[1.0]], dtype=F64))
     for R in (1.0, 2.0, 4.0, 6.0, 8.0):
         res = worst_case_measure(params, R, 3, n_restarts=16, steps=300)
-        assert res.value >= res.two_dirac_bound * (1 - 1e-12)
-        assert res.value == pytest.approx(lw_norm(res.measure, [[1.0]], [[1.0]]), rel=1e-9)
+        assert res.value >= res.two_dirac_bound * (1 - SEARCH_START)
+        assert res.value == pytest.approx(lw_norm(res.measure, [[1.0]], [[1.0]]), rel=F64_LANCZOS)
 
 
 # ----------------------------------------------------------------------------- options, API
@@ -155,8 +162,10 @@ def test_search_objective_equals_the_engine(rng, geometry, masked):
         measure_constant(X[None], la[None], mh, geometry=geometry, masked=masked, positions=pos)[0]
     )
     est = local_lipschitz(mu, mh, geometry=geometry, masked=masked, method="dense")
-    assert ours == pytest.approx(float(est.value), rel=1e-10)
-    assert float(est.lower) <= ours * (1 + 1e-10) and ours <= float(est.upper) * (1 + 1e-10)
+    assert ours == pytest.approx(float(est.value), rel=F64_TWO_JACOBIANS)
+    assert float(est.lower) <= ours * (1 + F64_TWO_JACOBIANS) and ours <= float(est.upper) * (
+        1 + F64_TWO_JACOBIANS
+    )
 
 
 def test_certify_propagates_errors_other_than_unsupported(rng, monkeypatch):
@@ -192,4 +201,4 @@ def test_sequence_objective_equals_the_engine(rng, masked):
     X = torch.tensor(rng.standard_normal((4, 3)))
     ours = float(sequence_constant(X[None], mh, masked=masked)[0])
     est = local_lipschitz(X, mh, masked=masked, method="dense")
-    assert ours == pytest.approx(float(est.value), rel=1e-10)
+    assert ours == pytest.approx(float(est.value), rel=F64_TWO_JACOBIANS)

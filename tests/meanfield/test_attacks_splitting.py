@@ -14,6 +14,18 @@ from meanfield.distances import wasserstein, wasserstein_inf
 from theory.bounds import split_gain
 
 from ..oracles_attacks import F64, lw_norm, random_head
+from ..tolerances import (
+    ATTACK_BUDGET,
+    BALL_PROJECTION,
+    BRACKET_MARGIN,
+    F64_CLOSED_FORM,
+    F64_LANCZOS,
+    F64_REDUCTION,
+    F64_RERUN,
+    F64_SMALL_DIFFERENCE,
+    F64_SOLVER,
+    F64_TWO_JACOBIANS,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -34,7 +46,7 @@ def test_split_gain_equals_exact_w2_ratio_of_the_attack(k, R):
     )
     d = z - y
     expect = float((V @ d).norm() / d.norm()) * float(split_gain(k, lam * R * R / 4))
-    assert ratio == pytest.approx(expect, rel=1e-10)
+    assert ratio == pytest.approx(expect, rel=F64_TWO_JACOBIANS)
 
 
 def test_split_constant(rng):
@@ -42,7 +54,7 @@ def test_split_constant(rng):
     params = AttentionParams(A, V)
     mu = DiracMeasure(torch.tensor([[0.4, -0.7]], dtype=F64))
     assert float(split_constant(mu, params, method="jacrev")) == pytest.approx(
-        float(torch.linalg.matrix_norm(V, ord=2)), rel=1e-12
+        float(torch.linalg.matrix_norm(V, ord=2)), rel=F64_REDUCTION
     )
     X = torch.tensor(rng.standard_normal((3, 2)))
     mu3 = DiracMeasure(X, torch.tensor([0.6, 0.3, 0.1], dtype=F64))
@@ -57,12 +69,12 @@ def test_split_constant(rng):
         m = P[i] @ X.numpy()
         C = sum(P[i, j] * np.outer(X[j].numpy() - m, X[j].numpy() - m) for j in range(3))
         selfs.append(np.linalg.norm(V.numpy() @ C @ A.numpy().T, 2))
-    assert ls == pytest.approx(max(lw_norm(mu3, A, V), max(selfs)), rel=1e-10)
+    assert ls == pytest.approx(max(lw_norm(mu3, A, V), max(selfs)), rel=F64_TWO_JACOBIANS)
     try:
         import meanfield.lipschitz  # noqa: F401
     except ImportError:
         return
-    assert float(split_constant(mu3, params, method="engine")) == pytest.approx(ls, rel=1e-9)
+    assert float(split_constant(mu3, params, method="engine")) == pytest.approx(ls, rel=F64_LANCZOS)
 
 
 def _recompute(pert, mu, params):
@@ -86,19 +98,21 @@ def test_mass_splitting_attack_at_a_dirac():
     perts = [res.move, res.split, res.insert, *res.split_by_k]
     for q in perts:
         w2, wi = _recompute(q, mu, params)
-        assert q.ratio_w2 == pytest.approx(w2, rel=1e-10)
-        assert q.ratio_winf == pytest.approx(wi, rel=1e-10)
-        assert q.input_w2 <= q.cost_bound * (1 + 1e-9)
-        assert q.ratio_winf <= V_norm * (1 + 1e-9)  # docs/theory.md §A5, at a Dirac
-        assert torch.all(q.nu.points.norm(dim=-1) <= R * (1 + 1e-12))
+        assert q.ratio_w2 == pytest.approx(w2, rel=F64_RERUN)
+        assert q.ratio_winf == pytest.approx(wi, rel=F64_RERUN)
+        assert q.input_w2 <= q.cost_bound * (1 + F64_SMALL_DIFFERENCE)
+        assert q.ratio_winf <= V_norm * (1 + F64_SMALL_DIFFERENCE)  # docs/theory.md §A5, at a Dirac
+        assert torch.all(q.nu.points.norm(dim=-1) <= R * (1 + BALL_PROJECTION))
     # moving the whole Dirac: exactly ||V delta|| / ||delta|| <= ||V||
     delta = res.move.nu.points[0] - mu.points[0]
-    assert res.move.ratio_w2 == pytest.approx(float((V @ delta).norm() / delta.norm()), rel=1e-9)
+    assert res.move.ratio_w2 == pytest.approx(
+        float((V @ delta).norm() / delta.norm()), rel=F64_SMALL_DIFFERENCE
+    )
     assert res.split.ratio_w2 > 1.5 * res.move.ratio_w2 and res.gain > 1.5
     assert res.gain_winf < 1.5
-    assert res.split.input_w2 == pytest.approx(0.3, rel=1e-3)
+    assert res.split.input_w2 == pytest.approx(0.3, rel=ATTACK_BUDGET)
     # inserting a token into a Dirac: the docs/theory.md §A6 plan is exact (one source atom)
-    assert res.insert.input_w2 == pytest.approx(res.insert.cost_bound, rel=1e-10)
+    assert res.insert.input_w2 == pytest.approx(res.insert.cost_bound, rel=F64_SOLVER)
     assert math.isnan(res.duplicate[0].ratio_w2)  # duplicating the only atom changes nothing
 
 
@@ -114,7 +128,7 @@ def test_winf_ratio_at_a_dirac_is_at_most_V_norm(rng):
         ratio = float(wasserstein_inf(attention(nu, params), attention(mu, params))) / float(
             wasserstein_inf(nu, mu)
         )
-        assert ratio <= float(torch.linalg.matrix_norm(V, ord=2)) * (1 + 1e-12)
+        assert ratio <= float(torch.linalg.matrix_norm(V, ord=2)) * (1 + BRACKET_MARGIN)
 
 
 def test_mass_splitting_attack_few_atoms_and_token_costs(rng):
@@ -127,14 +141,14 @@ def test_mass_splitting_attack_few_atoms_and_token_costs(rng):
     )
     for q in (res.move, res.split, res.insert, *res.duplicate):
         w2, wi = _recompute(q, mu, params)
-        assert q.ratio_w2 == pytest.approx(w2, rel=1e-10)
-        assert q.ratio_winf == pytest.approx(wi, rel=1e-10)
-        assert q.input_w2 <= q.cost_bound * (1 + 1e-10)
+        assert q.ratio_w2 == pytest.approx(w2, rel=F64_RERUN)
+        assert q.ratio_winf == pytest.approx(wi, rel=F64_RERUN)
+        assert q.input_w2 <= q.cost_bound * (1 + F64_SOLVER)
     # duplicating token i of n = 2 tokens: W2^2 = sum_j ||x_j - x_i||^2 / (n (n + 1)) exactly
     for i, q in enumerate(res.duplicate):
         bound = math.sqrt(float((X - X[i]).square().sum()) / 6)
-        assert q.cost_bound == pytest.approx(bound, rel=1e-12)
-        assert q.input_w2 == pytest.approx(bound, rel=1e-10)
+        assert q.cost_bound == pytest.approx(bound, rel=F64_CLOSED_FORM)
+        assert q.input_w2 == pytest.approx(bound, rel=F64_SOLVER)
         assert q.nu.n == 3 and float(q.nu.weights[-1]) == pytest.approx(1 / 3)
 
 
@@ -143,10 +157,10 @@ def test_token_plan_is_only_an_upper_bound():
     X = torch.tensor([[0.0], [1.0], [2.0]], dtype=F64)
     mu = DiracMeasure(X)
     dup = DiracMeasure(torch.cat([X, X[:1]]), torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=F64))
-    assert float(wasserstein(mu, dup)) ** 2 == pytest.approx(0.25, rel=1e-10)  # plan: 5/12
+    assert float(wasserstein(mu, dup)) ** 2 == pytest.approx(0.25, rel=F64_SOLVER)  # plan: 5/12
     mu2 = DiracMeasure(X[:2])
     ins = DiracMeasure(X, torch.full((3,), 1 / 3, dtype=F64))
-    assert float(wasserstein(mu2, ins)) ** 2 == pytest.approx(0.5, rel=1e-10)  # plan: 5/6
+    assert float(wasserstein(mu2, ins)) ** 2 == pytest.approx(0.5, rel=F64_SOLVER)  # plan: 5/6
 
 
 def test_attack_input_validation(rng):

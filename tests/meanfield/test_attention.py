@@ -26,7 +26,14 @@ from meanfield.lipschitz import local_lipschitz
 
 from ..oracles import causal_index, naive_head
 from ..strategies import head_data, weighted_measure_data
-from ..tolerances import F32_VS_F64, F64_EXACT, F64_LARGE_RADIUS, assert_close
+from ..tolerances import (
+    F32_VS_F64,
+    F64_CLOSED_FORM,
+    F64_EXACT,
+    F64_FEW_ULPS,
+    F64_LARGE_RADIUS,
+    assert_close,
+)
 
 D64 = torch.float64
 
@@ -279,7 +286,7 @@ def test_tiny_masses_capture_attention_without_underflow():
     V = torch.eye(1, dtype=D64)
     g = attention_map(mu, AttentionParams(A, V), torch.tensor([[1.0]], dtype=D64))
     expected = 1 / (1 + np.exp(np.log(1 - 1e-300) - (700 + np.log(1e-300))))
-    assert abs(float(g) - expected) < 1e-12
+    assert abs(float(g) - expected) < F64_CLOSED_FORM
 
 
 def test_attention_weights_are_row_stochastic(gen):
@@ -361,7 +368,7 @@ def test_factored_params_change_dtype_both_ways(gen):
     p64 = p32.to(torch.float64)
     assert p64.heads[0].A.dtype == torch.float64
     torch.testing.assert_close(
-        p64.heads[0].A, p64.heads[0].Q.T @ p64.heads[0].K, rtol=0, atol=1e-15
+        p64.heads[0].A, p64.heads[0].Q.T @ p64.heads[0].K, rtol=0, atol=F64_FEW_ULPS
     )
 
 

@@ -18,7 +18,15 @@ from meanfield.attention import attention_weights, head_logits, self_attention
 from meanfield.jacobian import dense_jacobian, jvp, linearize, vjp
 from meanfield.measures import DiracMeasure
 from meanfield.params import AttentionParams, MultiHeadParams, RMSNorm, RotaryEmbedding
-from tests.tolerances import F32_VS_F64, F64_EXACT, F64_FINITE_DIFF, assert_close
+from tests.tolerances import (
+    BRACKET_MARGIN,
+    F32_VS_F64,
+    F64_EXACT,
+    F64_FINITE_DIFF,
+    F64_LANCZOS,
+    F64_REWRITTEN_EXP,
+    assert_close,
+)
 
 F64 = torch.float64
 
@@ -277,7 +285,7 @@ def test_qk_norm_bounds_logits_independently_of_scale() -> None:
     for radius in (1.0, 1e3, 1e6):
         X = radius * _rand(5, 6, gen=gen)
         logits = head_logits(X, X, head)
-        assert float(logits.abs().max()) <= float(bound) * (1 + 1e-12)
+        assert float(logits.abs().max()) <= float(bound) * (1 + BRACKET_MARGIN)
         assert bool(torch.isfinite(self_attention(X, head)).all())
 
 
@@ -395,14 +403,14 @@ def test_local_lipschitz_on_a_variant_head_is_the_dense_norm() -> None:
     exact = float(torch.linalg.matrix_norm(J, ord=2))
     assert cert.path == "streaming"
     # the dense SVD's own rounding (a few ulps) is far below the bracket's margins
-    assert float(cert.lower) <= exact * (1 + 1e-13)
-    assert exact * (1 - 1e-13) <= float(cert.upper_prob)
+    assert float(cert.lower) <= exact * (1 + F64_REWRITTEN_EXP)
+    assert exact * (1 - F64_REWRITTEN_EXP) <= float(cert.upper_prob)
     with pytest.raises(ValueError, match="stored path's certified bracket does not model QK-norm"):
         meanfield.local_lipschitz(X, head, masked=True, path="stored")
     big = _rand(40, 6, gen=gen)  # matrix-free products (power iteration) on the fallback
     est = meanfield.local_lipschitz(big, head, masked=True, certify=False, method="power")
     J = dense_jacobian(big, head, masked=True)
-    assert float(est.value) <= float(torch.linalg.matrix_norm(J, ord=2)) * (1 + 1e-9)
+    assert float(est.value) <= float(torch.linalg.matrix_norm(J, ord=2)) * (1 + F64_LANCZOS)
 
 
 # ------------------------------------------------------------------ guards

@@ -30,6 +30,15 @@ from meanfield.lipschitz import local_lipschitz
 from meanfield.params import AttentionParams, RotaryEmbedding
 
 from ..oracles_jacobian import random_params
+from ..tolerances import (
+    BRACKET_MARGIN,
+    BRACKET_ULPS,
+    F64_CLOSED_FORM,
+    F64_LANCZOS,
+    F64_LANCZOS_COARSE,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+)
 
 D64 = torch.float64
 
@@ -49,7 +58,7 @@ def test_kw_epsilon_solves_the_failure_bound():
         eps = kw_epsilon(N, k, delta)
         assert 0 < eps < 1
         bound = 1.648 * math.sqrt(N) * math.exp(-math.sqrt(eps) * (2 * k - 1))
-        assert bound == pytest.approx(delta, rel=1e-12)
+        assert bound == pytest.approx(delta, rel=F64_CLOSED_FORM)
     assert kw_epsilon(10**6, 1, 0.1) == math.inf  # one step certifies nothing
     assert kw_epsilon(10**6, 3, 1e-6) == math.inf  # vacuous: epsilon would exceed 1
     assert kw_factor(10**6, 3, 1e-6) == math.inf
@@ -67,7 +76,7 @@ def test_union_over_stopping_steps_spends_delta_once():
     factor at step k is the plain factor at delta_k, larger than the plain one at delta."""
     delta = 1e-6
     partial = math.fsum(kw_delta(delta, k) for k in range(1, 100001))
-    assert partial == pytest.approx(delta * (1 - 1 / 100001), rel=1e-12)
+    assert partial == pytest.approx(delta * (1 - 1 / 100001), rel=F64_CLOSED_FORM)
     assert partial <= delta
     for N, k in [(196608, 40), (1000, 12)]:
         assert kw_union_factor(N, k, delta) == kw_factor(N, k, delta / (k * (k + 1)))
@@ -104,7 +113,7 @@ def test_golub_kahan_certified_charges_delta_k_at_its_stopping_step(monkeypatch)
     assert k == kw_steps(N, delta / 2, rtol)
     _, _, S = _gk(s, x0, k)
     torch.testing.assert_close(
-        up, S[:, 0] * kw_factor(N, k, delta / 2 / (k * (k + 1))), rtol=1e-9, atol=0
+        up, S[:, 0] * kw_factor(N, k, delta / 2 / (k * (k + 1))), rtol=F64_LANCZOS, atol=0
     )
     assert kw_factor(N, k - 1, delta / 2) <= 1 + rtol  # no union: one step fewer would do
     assert float(up) >= 1.0  # and it holds (norm 1)
@@ -220,7 +229,9 @@ def test_golub_kahan_certified_stops_when_tight():
     x0 = torch.randn(2, 300, generator=g, dtype=D64)
     res, up, k1 = _certified_on_diagonal(s, x0, delta=1e-6, rtol=0.01, max_iter=300, krylov_dim=8)
     assert bool(res.converged.all())
-    torch.testing.assert_close(res.sigma, torch.full((2,), 2.0, dtype=D64), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        res.sigma, torch.full((2,), 2.0, dtype=D64), rtol=F64_LANCZOS_COARSE, atol=0
+    )
     assert bool((up >= 2.0).all()) and bool((up <= 2.0 * 1.01).all())
     assert bool((k1 < kw_steps(300, 0.5e-6, 0.01)).all())  # the gap made it cheaper than KW
 
@@ -233,8 +244,8 @@ def test_certificates_bound_the_dense_norm(gen, kind, masked):
     X = torch.randn(3, 9, 5, generator=gen, dtype=D64)
     exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=masked), 2)
     est = local_lipschitz(X, params, masked=masked, method="lanczos", prob_rtol=0.05)
-    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
-    assert bool((est.lower <= exact * (1 + 1e-15)).all())
+    torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
+    assert bool((est.lower <= exact * (1 + BRACKET_ULPS)).all())
     assert bool((est.upper_prob >= exact).all())
     assert bool((est.upper_prob <= est.upper).all())
     assert bool((est.upper_prob <= 1.05 * est.lower).all())
@@ -250,7 +261,7 @@ def test_rotary_heads_certified(gen, masked, scaling):
     X = torch.randn(2, 8, 6, generator=gen, dtype=D64)
     exact = torch.linalg.matrix_norm(dense_jacobian(X, params, masked=masked), 2)
     est = local_lipschitz(X, params, masked=masked, method="lanczos", prob_rtol=0.05)
-    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
+    torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
     assert bool(torch.isfinite(est.upper).all())
     assert bool((est.upper >= exact).all()), (est.upper, exact)
     assert bool((est.upper_prob >= exact).all())
@@ -310,7 +321,7 @@ def test_structured_block_norms_bound_every_block(gen, rope, masked):
     blocks = J.reshape(2, n, d_out, n, d).permute(0, 1, 3, 2, 4)
     exact = torch.linalg.matrix_norm(blocks, 2)  # (2, n, n)
     N = structured_block_norms(linearize(X, params, masked=masked))
-    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+    assert bool((N >= exact * (1 - F64_REWRITTEN)).all()), float((exact / N).max())
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -330,13 +341,13 @@ def test_structured_bounds_at_token_positions(gen, masked):
     exact = torch.linalg.matrix_norm(blocks, 2)
     lin = linearize(X, params, masked=masked, token_index=idx)
     N = structured_block_norms(lin)
-    assert bool((N >= exact * (1 - 1e-14)).all()), float((exact / N).max())
+    assert bool((N >= exact * (1 - F64_REWRITTEN)).all()), float((exact / N).max())
     whole = torch.linalg.matrix_norm(J, 2)
-    assert bool((head_structured_upper(lin) >= whole * (1 - 1e-14)).all())
+    assert bool((head_structured_upper(lin) >= whole * (1 - F64_REWRITTEN)).all())
     bare = replace(lin, rope_rows=None)
-    torch.testing.assert_close(structured_block_norms(bare), N, rtol=1e-12, atol=0)
+    torch.testing.assert_close(structured_block_norms(bare), N, rtol=F64_REDUCTION, atol=0)
     torch.testing.assert_close(
-        head_structured_upper(bare), head_structured_upper(lin), rtol=1e-12, atol=0
+        head_structured_upper(bare), head_structured_upper(lin), rtol=F64_REDUCTION, atol=0
     )
 
 
@@ -363,7 +374,7 @@ def test_weighted_measures(gen, geometry):
     mu = DiracMeasure(X, w)
     exact = _exact(X, params, lw=mu.log_weights, geometry=geometry)
     est = local_lipschitz(mu, params, geometry=geometry, method="lanczos", prob_rtol=0.05)
-    torch.testing.assert_close(est.value, exact, rtol=1e-6, atol=0)
+    torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
     assert bool((est.upper_prob >= exact).all())
     assert bool((est.upper_prob <= est.upper).all())
 
@@ -379,7 +390,7 @@ def test_local_lipschitz_fn_probabilistic_bound(gen):
     x = torch.randn(20, generator=gen, dtype=D64)
     exact = torch.linalg.matrix_norm(torch.func.jacrev(fn)(x), 2)
     est = local_lipschitz_fn(fn, x, method="lanczos", max_iter=12, krylov_dim=12, tol=0.0)
-    assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - 1e-12)
+    assert float(est.upper_prob) >= float(exact) >= float(est.lower) * (1 - BRACKET_MARGIN)
     dense = local_lipschitz_fn(fn, x, method="dense")
     assert float(dense.upper_prob) == float(dense.upper)
 
@@ -481,5 +492,5 @@ def test_unreachable_width_still_tightens_the_krylov_bound():
         krylov_dim=8, accept=never, reachable=never,
     )  # fmt: skip
     assert bool(res.converged)
-    assert float(upper) <= 1.05 * float(res.sigma) * (1 + 1e-12)
-    assert float(res.sigma) <= 3.0 * (1 + 1e-12) <= float(upper)
+    assert float(upper) <= 1.05 * float(res.sigma) * (1 + BRACKET_MARGIN)
+    assert float(res.sigma) <= 3.0 * (1 + BRACKET_MARGIN) <= float(upper)

@@ -24,6 +24,20 @@ from meanfield.convolution import (
 )
 from tests import mpmath_oracle as oracle
 
+from ..tolerances import (
+    BRACKET_MARGIN,
+    DIFFERS,
+    F32_FORWARD,
+    F64_LONG_CHAIN,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+    GRAM_CERT,
+    GRAM_CERT_DEFAULT,
+    GRAM_CERT_EXACT,
+    GRAM_CERT_SVD,
+)
+
 
 def _kernel(co, ci, kh, kw, seed, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
@@ -65,10 +79,10 @@ def test_circular_against_dense_svd(case):
     exact = _sigma(_unrolled(K, (h, w), "circular"))
     r = conv2d_spectral_upper(K, (h, w), padding="circular", n_iter=6, exact=True)
     assert r.certified and r.grid == (h, w)
-    assert float(r.circular_exact) == pytest.approx(exact, rel=1e-11)
+    assert float(r.circular_exact) == pytest.approx(exact, rel=F64_LONG_CHAIN)
     assert float(r.upper) >= exact
     # with the SVD candidate the certificate is tight up to the rounding margins
-    assert float(r.upper) <= exact * (1 + 1e-10)
+    assert float(r.upper) <= exact * (1 + GRAM_CERT_SVD)
     # Gram alone (no SVD): a certified bound, above the exact value
     g = conv2d_spectral_upper(K, (h, w), padding="circular", n_iter=3)
     assert g.certified and float(g.upper) >= exact
@@ -83,9 +97,9 @@ def test_circular_gram_converges_to_exact(case):
     ups = [float(conv2d_spectral_upper(K, (h, w), n_iter=t).upper) for t in (0, 1, 2, 3, 5, 8, 12)]
     assert all(u >= exact for u in ups)
     # Schatten 2^(T+1) norms decrease with T (up to the ~1e-13 rounding margins)
-    assert all(b <= a * (1 + 1e-12) for a, b in zip(ups, ups[1:]))
-    assert ups[0] > exact * (1 + 1e-3)  # T = 0 (Frobenius) is loose on these layers
-    assert ups[-1] <= exact * (1 + 1e-9)
+    assert all(b <= a * (1 + F64_REDUCTION) for a, b in zip(ups, ups[1:]))
+    assert ups[0] > exact * (1 + DIFFERS)  # T = 0 (Frobenius) is loose on these layers
+    assert ups[-1] <= exact * (1 + GRAM_CERT)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -100,8 +114,8 @@ def test_zero_padding_against_dense_svd(case):
         # the bound is the circular norm on the enlarged grid: check that value independently
         circ = _sigma(_unrolled(K, r.grid, "circular")) if kh % 2 and kw % 2 else None
         if circ is not None:
-            assert float(r.circular_exact) == pytest.approx(circ, rel=1e-11)
-        assert float(r.upper) <= float(r.circular_exact) * (1 + 1e-10)
+            assert float(r.circular_exact) == pytest.approx(circ, rel=F64_LONG_CHAIN)
+        assert float(r.upper) <= float(r.circular_exact) * (1 + GRAM_CERT_SVD)
 
 
 @pytest.mark.parametrize("case", CASES[:4])
@@ -120,7 +134,7 @@ def test_zero_padded_operator_is_a_submatrix_of_the_circular_one(case):
         Yc = F.conv2d(Xp, K)  # (n_in, co, N_h, N_w)
         ho, wo = h + 2 * pad[0] - kh + 1, w + 2 * pad[1] - kw + 1
         sub = Yc[:, :, :ho, :wo].reshape(ci * h * w, -1).T
-        torch.testing.assert_close(sub, Z, rtol=0, atol=1e-12)
+        torch.testing.assert_close(sub, Z, rtol=0, atol=F64_REDUCTION)
 
 
 def test_float32_kernel_is_certified_for_the_stored_values():
@@ -133,9 +147,9 @@ def test_float32_kernel_is_certified_for_the_stored_values():
         assert r.per_frequency.dtype == torch.float32
         assert float(r.upper) >= exact
         if padding == "circular":
-            assert float(r.upper) <= exact * (1 + 1e-5)
+            assert float(r.upper) <= exact * (1 + F32_FORWARD)
         r64 = conv2d_spectral_upper(K64, (6, 6), padding=padding, n_iter=12)
-        assert float(r.upper) == pytest.approx(float(r64.upper), rel=1e-5)
+        assert float(r.upper) == pytest.approx(float(r64.upper), rel=F32_FORWARD)
 
 
 def test_blocks_match_the_fft_and_their_error_bound_holds():
@@ -143,9 +157,11 @@ def test_blocks_match_the_fft_and_their_error_bound_holds():
     blocks, eta = conv2d_frequency_blocks(K, (6, 7))
     assert blocks.shape == (6, 7 // 2 + 1, 3, 2) and blocks.dtype == torch.complex128
     full = torch.fft.fft2(K, s=(6, 7)).permute(2, 3, 0, 1)  # same sign convention
-    torch.testing.assert_close(blocks, full[:, : 7 // 2 + 1], rtol=0, atol=1e-13)
+    torch.testing.assert_close(blocks, full[:, : 7 // 2 + 1], rtol=0, atol=F64_REWRITTEN_EXP)
     # the mirrored half: conjugate blocks
-    torch.testing.assert_close(full[1:, 4:], full[1:, 1:4].flip(0, 1).conj(), rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        full[1:, 4:], full[1:, 1:4].flip(0, 1).conj(), rtol=0, atol=F64_REWRITTEN_EXP
+    )
     # exact blocks with mpmath (40 digits) on a few frequencies: error <= eta
     mpmath.mp.dps = 40
     Kl = K.tolist()
@@ -168,7 +184,7 @@ def test_blocks_match_the_fft_and_their_error_bound_holds():
         ]
         err = float(mpmath.sqrt(sum(d**2 for r_ in D for d in r_)))  # Frobenius >= 2-norm
         assert err <= eta
-    assert eta < 1e-12 * float(K.abs().sum())
+    assert eta < F64_REDUCTION * float(K.abs().sum())
 
 
 def test_gram_iteration_complex_against_svd():
@@ -185,10 +201,10 @@ def test_gram_iteration_complex_against_svd():
         p = 2.0 ** (t + 1)
         top = sv[..., :1]
         schatten = top[..., 0] * (sv / top).pow(p).sum(-1).pow(1 / p)  # no overflow
-        torch.testing.assert_close(v, schatten, rtol=1e-12, atol=0)
-        assert bool((v >= s * (1 - 1e-14)).all())
+        torch.testing.assert_close(v, schatten, rtol=F64_REDUCTION, atol=0)
+        assert bool((v >= s * (1 - F64_REWRITTEN)).all())
         if prev is not None:
-            assert bool((v <= prev * (1 + 1e-14)).all())
+            assert bool((v <= prev * (1 + F64_REWRITTEN)).all())
         prev = v
     # wide matrices are transposed (conjugate) to the smaller side: same value
     torch.testing.assert_close(gram_iteration_complex(Z.mH, 4), gram_iteration_complex(Z, 4))
@@ -198,7 +214,7 @@ def test_scaling_and_zero_kernel():
     K = _kernel(3, 3, 3, 3, 13)
     a = float(conv2d_spectral_upper(K, 6, n_iter=5).upper)
     b = float(conv2d_spectral_upper(1e-3 * K, 6, n_iter=5).upper)
-    assert b == pytest.approx(1e-3 * a, rel=1e-12)
+    assert b == pytest.approx(1e-3 * a, rel=F64_REDUCTION)
     z = conv2d_spectral_upper(torch.zeros(2, 3, 3, 3, dtype=torch.float64), 5)
     assert z.certified and float(z.upper) == 0.0
 
@@ -209,7 +225,7 @@ def test_transposed_kernel_same_norm():
     Kt = K.transpose(0, 1).flip(-1, -2)
     r1 = conv2d_spectral_upper(K, 7, exact=True)
     r2 = conv2d_spectral_upper(Kt, 7, exact=True)
-    assert float(r1.circular_exact) == pytest.approx(float(r2.circular_exact), rel=1e-12)
+    assert float(r1.circular_exact) == pytest.approx(float(r2.circular_exact), rel=F64_REDUCTION)
 
 
 @pytest.mark.parametrize("padding", ["circular", "zeros"])
@@ -230,7 +246,7 @@ def test_module_dispatch():
     lin = torch.nn.Linear(7, 5).double()
     u = float(module_spectral_upper(lin))
     s = _sigma(lin.weight.detach())
-    assert s <= u <= s * (1 + 1e-8)
+    assert s <= u <= s * (1 + GRAM_CERT_DEFAULT)
     conv = torch.nn.Conv2d(3, 4, 3, padding=1).double()
     Kc = conv.weight.detach()
     uz = float(module_spectral_upper(conv, (6, 6), n_iter=8))
@@ -238,7 +254,7 @@ def test_module_dispatch():
     circ = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular").double()
     uc = float(module_spectral_upper(circ, 6, n_iter=12))
     ec = _sigma(_unrolled(circ.weight.detach(), (6, 6), "circular"))
-    assert ec <= uc <= ec * (1 + 1e-8)
+    assert ec <= uc <= ec * (1 + GRAM_CERT_DEFAULT)
     with pytest.raises(NotImplementedError, match="stride"):
         module_spectral_upper(torch.nn.Conv2d(3, 4, 3, stride=2), 8)
     with pytest.raises(ValueError, match="input_size"):
@@ -273,19 +289,19 @@ def test_cuda_device_follows_kernel():
         r = conv2d_spectral_upper(K.to(dtype=dt, device="cuda"), 10, n_iter=8)
         assert r.upper.device.type == "cuda" and r.per_frequency.device.type == "cuda"
         assert r.certified
-        assert float(r.upper) == pytest.approx(float(r_cpu.upper), rel=1e-5)
+        assert float(r.upper) == pytest.approx(float(r_cpu.upper), rel=F32_FORWARD)
 
 
 def test_kernel_wider_than_grid_aliases_and_half_precision():
     K = _kernel(2, 3, 5, 5, 29)
     exact = _sigma(_unrolled(K, (3, 3), "circular"))  # 5x5 taps on a 3x3 torus
     r = conv2d_spectral_upper(K, 3, n_iter=10)
-    assert r.certified and exact <= float(r.upper) <= exact * (1 + 1e-9)
+    assert r.certified and exact <= float(r.upper) <= exact * (1 + GRAM_CERT)
     Kb = K.to(torch.bfloat16)
     rb = conv2d_spectral_upper(Kb, 6, n_iter=8)
     eb = _sigma(_unrolled(Kb.to(torch.float64), (6, 6), "circular"))
     assert rb.certified and rb.per_frequency.dtype == torch.bfloat16
-    assert eb <= float(rb.upper) <= eb * (1 + 1e-5)
+    assert eb <= float(rb.upper) <= eb * (1 + F32_FORWARD)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -309,7 +325,7 @@ def test_reshaped_kernel_bound_holds_for_every_padding_and_stride(case):
             for c in range(ci):
                 for b in range(kw):
                     R1[o * kh + a, c * kw + b] = K[o, c, a, b]
-    assert ub <= math.sqrt(kh * kw) * _sigma(R1) * (1 + 1e-8)
+    assert ub <= math.sqrt(kh * kw) * _sigma(R1) * (1 + GRAM_CERT_DEFAULT)
     # looser than the circular Gram bound on large grids (sampled symbol <= reshaped bound)
     assert ub >= float(conv2d_spectral_upper(K, 16, exact=True).circular_exact)
 
@@ -391,8 +407,8 @@ def test_extreme_magnitudes_are_finite_certified_upper_bounds(name):
         assert mpmath.mpf(up) <= ref * (1 + tol), (exact, n_iter, up / ref)
         # the a priori block error is a positive bound, far below the norm (the old code gave
         # inf above ~1e153 and an underflowed 0 near 1e-300)
-        assert 0 < r.block_error <= 1e-11 * up
-        assert float(r.gram) >= float(ref) * (1 - 1e-12)
+        assert 0 < r.block_error <= F64_LONG_CHAIN * up
+        assert float(r.gram) >= float(ref) * (1 - BRACKET_MARGIN)
     rz = conv2d_spectral_upper(K, _SIZE, padding="zeros", n_iter=8)
     assert rz.certified and math.isfinite(float(rz.upper))
     assert mpmath.mpf(float(rz.upper)) >= ref_zeros
@@ -415,7 +431,7 @@ def test_norm_1e153_layer_whose_error_bound_overflowed():
         r = conv2d_spectral_upper(K, 7, exact=exact, n_iter=8)
         assert r.certified and math.isfinite(float(r.upper))
         ratio = float(r.upper) / 2.0**k / sigma0
-        assert 1 <= ratio <= (1 + 1e-11 if exact else 1.01), ratio
+        assert 1 <= ratio <= (1 + GRAM_CERT_EXACT if exact else 1.01), ratio
 
 
 @pytest.mark.parametrize("k", [1000, -1000, -1040])
@@ -425,7 +441,7 @@ def test_block_error_bound_holds_at_extreme_magnitudes(k):
     K = _times_pow2(_kernel(3, 2, 3, 3, 11), k)
     blocks, eta = conv2d_frequency_blocks(K, (6, 7))
     assert math.isfinite(eta) and eta > 0
-    assert eta <= 1e-12 * float(K.abs().sum()) + K.numel() * 2.0**-1071
+    assert eta <= F64_REDUCTION * float(K.abs().sum()) + K.numel() * 2.0**-1071
     Kl = K.tolist()
     with mpmath.workdps(40):
         worst = mpmath.mpf(0)
@@ -487,11 +503,13 @@ def test_scaled_bound_agrees_with_the_unscaled_computation(case):
             r = conv2d_spectral_upper(K, (h, w), n_iter=6, exact=exact)
             u = _unscaled_upper(K, (h, w), 6, exact, single=False)
             assert r.certified and u.ok
-            assert float(r.upper) == pytest.approx(u.upper, rel=1e-13, abs=0)
-            assert float(r.gram) == pytest.approx(float(u.gram), rel=1e-13, abs=0)
-            assert r.block_error == pytest.approx(u.eta, rel=1e-13, abs=0)
+            assert float(r.upper) == pytest.approx(u.upper, rel=F64_REWRITTEN_EXP, abs=0)
+            assert float(r.gram) == pytest.approx(float(u.gram), rel=F64_REWRITTEN_EXP, abs=0)
+            assert r.block_error == pytest.approx(u.eta, rel=F64_REWRITTEN_EXP, abs=0)
             if exact:
-                assert float(r.circular_exact) == pytest.approx(float(u.circ), rel=1e-13, abs=0)
+                assert float(r.circular_exact) == pytest.approx(
+                    float(u.circ), rel=F64_REWRITTEN_EXP, abs=0
+                )
 
 
 def test_infinite_upper_only_without_certificate():
@@ -507,7 +525,7 @@ def test_infinite_upper_only_without_certificate():
         assert r.certified and math.isfinite(up), (k, up, r.certified)
         if bool((_times_pow2(K, -k) == K0).all()):  # no entry rounded into the subnormals
             true = math.ldexp(sigma0, k)
-            assert true * (1 - 1e-12) <= up <= true * 1.01, (k, up / true)
+            assert true * (1 - BRACKET_MARGIN) <= up <= true * 1.01, (k, up / true)
     # a layer of norm 9e308: nothing finite can be certified
     big = conv2d_spectral_upper(torch.full((1, 1, 3, 3), 1e308, dtype=torch.float64), 4)
     assert not big.certified and float(big.upper) == math.inf
@@ -520,4 +538,4 @@ def test_float32_kernel_at_the_top_of_its_range():
     assert bool(torch.isfinite(K32).all())
     ref = _sigma(_unrolled(K32.to(torch.float64), (6, 6), "circular"))
     r = conv2d_spectral_upper(K32, 6, n_iter=10)
-    assert r.certified and ref <= float(r.upper) <= ref * (1 + 1e-5)
+    assert r.certified and ref <= float(r.upper) <= ref * (1 + F32_FORWARD)

@@ -50,6 +50,14 @@ from meanfield.models import (  # noqa: E402
 )
 from tests.hf_float64 import patch_float32_steps  # noqa: E402
 
+from ..tolerances import (  # noqa: E402
+    BRACKET_MARGIN,
+    DIFFERS,
+    F32_ROUNDING,
+    F64_LANCZOS_GAP,
+    F64_REDUCTION,
+)
+
 D32, D64 = torch.float32, torch.float64
 N = 12
 SHAPE = dict(
@@ -348,7 +356,7 @@ def test_map_equals_model_attention_float32(case, map_):
     att = hf_attention(model, layer, map=map_, n=X.shape[-2])
     with torch.no_grad():
         Y = att(X)
-    assert rel_err(Y, got[map_]) <= 1e-6
+    assert rel_err(Y, got[map_]) <= F32_ROUNDING
     # the same through the public pure map and the parameters
     params = params_from_hf(model, layer, map=map_, n=X.shape[-2])
     with torch.no_grad():
@@ -363,7 +371,7 @@ def test_map_equals_model_attention_float64(case, map_, monkeypatch):
     X = got["x"]
     with torch.no_grad():
         Y = hf_attention(model, layer, map=map_, n=X.shape[-2])(X)
-    assert rel_err(Y, got[map_]) <= 1e-12
+    assert rel_err(Y, got[map_]) <= F64_REDUCTION
 
 
 @pytest.mark.parametrize("case", ["llama", "opt", "vit", "modernbert_global"])
@@ -372,7 +380,7 @@ def test_float64_unpatched_is_float32_level(case):
     model, layer, got = run_case(case, D64)
     with torch.no_grad():
         Y = hf_attention(model, layer, n=got["x"].shape[-2])(got["x"])
-    assert rel_err(Y, got["heads+WO"]) <= 1e-6
+    assert rel_err(Y, got["heads+WO"]) <= F32_ROUNDING
 
 
 def test_distilbert_block_equals_sa_layer_norm():
@@ -397,7 +405,7 @@ def test_distilbert_block_equals_sa_layer_norm():
     att = hf_attention(model, 1, map="block")
     assert att.info.module.endswith("sa_layer_norm")
     with torch.no_grad():
-        assert rel_err(att(got["x"]), got["y"]) <= 1e-12
+        assert rel_err(att(got["x"]), got["y"]) <= F64_REDUCTION
 
 
 def test_fused_layouts_slice_heads():
@@ -439,9 +447,9 @@ def test_window_is_modelled_and_matters(case):
         tuple(dataclasses.replace(h, window=None) for h in params.heads), params.W_O, params.b_O
     )
     with torch.no_grad():
-        assert rel_err(att(got["x"]), got["heads+WO"]) <= 1e-6  # float32 softmax inside
+        assert rel_err(att(got["x"]), got["heads+WO"]) <= F32_ROUNDING  # float32 softmax inside
         full = self_attention(got["x"], no_window, masked=att.causal)
-    assert rel_err(full, got["heads+WO"]) > 1e-3
+    assert rel_err(full, got["heads+WO"]) > DIFFERS
 
 
 def test_gemma2_softcap_and_scale_are_modelled_and_matter():
@@ -455,7 +463,7 @@ def test_gemma2_softcap_and_scale_are_modelled_and_matter():
     )
     with torch.no_grad():
         full = self_attention(got["x"], uncapped, masked=True)
-    assert rel_err(full, got["heads+WO"]) > 1e-3
+    assert rel_err(full, got["heads+WO"]) > DIFFERS
 
 
 def test_qk_norm_weights():
@@ -585,7 +593,7 @@ def test_dense_and_matrix_free_lipschitz_agree(case):
     dense = local_lipschitz(X, params, masked=True, method="dense", certify=False)
     free = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10, certify=False)
     assert float(dense.value) > 0
-    assert math.isclose(float(dense.value), float(free.value), rel_tol=1e-8)
+    assert math.isclose(float(dense.value), float(free.value), rel_tol=F64_LANCZOS_GAP)
     # the certified bracket of variant layers is streamed (docs/rounding.md §11.4): the dense
     # method is the stored path's, so asking for both is one line naming the variants
     with pytest.raises(ValueError, match="runs on the streaming products") as e:
@@ -611,9 +619,9 @@ def test_certified_bracket_holds_with_the_width(case):
     # small layers without variants take the dense method and its Gram certificate
     up = float(est.upper_prob if est.upper_prob is not None else est.upper)
     # the dense SVD's rounding (a few ulps) is far below the bracket's margins
-    assert float(est.lower) <= exact * (1 + 1e-12), case
-    assert exact * (1 - 1e-12) <= up, case
-    assert up <= 1.05 * (1 + 1e-12) * float(est.lower), case
+    assert float(est.lower) <= exact * (1 + BRACKET_MARGIN), case
+    assert exact * (1 - BRACKET_MARGIN) <= up, case
+    assert up <= 1.05 * (1 + BRACKET_MARGIN) * float(est.lower), case
 
 
 def test_other_layer_types_are_refused():

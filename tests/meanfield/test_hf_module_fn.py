@@ -42,6 +42,13 @@ from meanfield.models import (  # noqa: E402
 from meanfield.models.module_fn import MODULE_FAMILIES  # noqa: E402
 from tests.hf_float64 import patch_float32_steps  # noqa: E402
 
+from ..tolerances import (  # noqa: E402
+    DIFFERS,
+    F32_ROUNDING,
+    F64_LONG_CHAIN,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+)
 from .test_hf_families import (  # noqa: E402
     CASES,
     D32,
@@ -82,8 +89,8 @@ def test_module_fn_equals_forward_pass_and_extracted_map_float32(case):
         Y = f(X)
         Z = hf_attention(model, layer, n=X.shape[-2])(X)
     # the same module, the same inputs as in the forward pass: the same operations
-    assert rel_err(Y, got["heads+WO"]) <= 1e-6
-    assert rel_err(Y, Z) <= 1e-6
+    assert rel_err(Y, got["heads+WO"]) <= F32_ROUNDING
+    assert rel_err(Y, Z) <= F32_ROUNDING
 
 
 @pytest.mark.parametrize("case", SUPPORTED)
@@ -96,11 +103,11 @@ def test_module_fn_equals_extracted_map_float64(case, monkeypatch):
         Y = f(X)
         Z = hf_attention(model, layer, n=X.shape[-2])(X)
     assert Y.dtype == D64 and Y.shape == X.shape
-    assert rel_err(Y, got["heads+WO"]) <= 1e-12
-    assert rel_err(Y, Z) <= 1e-12
+    assert rel_err(Y, got["heads+WO"]) <= F64_REDUCTION
+    assert rel_err(Y, Z) <= F64_REDUCTION
     # one sample without the batch dimension: the same map
     with torch.no_grad():
-        assert rel_err(f(X[1]), Y[1]) <= 1e-14
+        assert rel_err(f(X[1]), Y[1]) <= F64_REWRITTEN
 
 
 @pytest.mark.parametrize("case", LIPSCHITZ)
@@ -124,7 +131,7 @@ def test_module_bracket_overlaps_extracted_bracket(case, monkeypatch):
     assert bool(free.converged)
     assert math.isclose(float(free.value), float(dense.value), rel_tol=10 * tol)
     exact = float(local_lipschitz(X, params, masked=causal, method="dense", certify=False).value)
-    assert math.isclose(float(dense.value), exact, rel_tol=1e-11)
+    assert math.isclose(float(dense.value), exact, rel_tol=F64_LONG_CHAIN)
 
 
 def test_an_unmodelled_feature_runs_through_the_module():
@@ -138,7 +145,7 @@ def test_an_unmodelled_feature_runs_through_the_module():
     )
     f = hf_module_fn(model, 1, 12)
     with torch.no_grad():
-        assert rel_err(f(got["x"]), got["heads+WO"]) <= 1e-6
+        assert rel_err(f(got["x"]), got["heads+WO"]) <= F32_ROUNDING
     est = local_lipschitz_fn(f, got["x"][0], method="lanczos", products="reverse", tol=1e-5)
     assert bool(est.converged) and float(est.value) > 0
 
@@ -153,7 +160,7 @@ def test_dtype_runs_a_cast_copy():
     assert all(p.dtype == D32 for p in model.parameters())  # the model is unchanged
     # float32 softmax inside the module: float32-level agreement with the float64 extracted map
     with torch.no_grad():
-        assert rel_err(Y, hf_attention(model, layer, dtype=D64)(X)) <= 1e-6
+        assert rel_err(Y, hf_attention(model, layer, dtype=D64)(X)) <= F32_ROUNDING
 
 
 @pytest.mark.parametrize("case", ["mistral", "gemma2_sliding", "modernbert_local"])
@@ -167,8 +174,8 @@ def test_window_reaches_eager_attention_only_through_the_mask(case, monkeypatch)
         mask = module_fn._mask
         monkeypatch.setattr(module_fn, "_mask", lambda n, c, w, dt: mask(n, c, None, dt))
         no_window_mask = hf_module_fn(model, layer, 12)(got["x"])
-    assert rel_err(windowed, got["heads+WO"]) <= 1e-6
-    assert rel_err(no_window_mask, windowed) > 1e-3
+    assert rel_err(windowed, got["heads+WO"]) <= F32_ROUNDING
+    assert rel_err(no_window_mask, windowed) > DIFFERS
 
 
 def test_modernbert_local_layer_takes_its_own_rotary_table():
@@ -182,7 +189,7 @@ def test_modernbert_local_layer_takes_its_own_rotary_table():
     local, glob = rot(z, pos, "sliding_attention"), rot(z, pos, "full_attention")
     assert (local[0] - glob[0]).abs().max() > 0.1
     with torch.no_grad():
-        assert rel_err(hf_module_fn(model, layer, 12)(got["x"]), got["heads+WO"]) <= 1e-6
+        assert rel_err(hf_module_fn(model, layer, 12)(got["x"]), got["heads+WO"]) <= F32_ROUNDING
 
 
 FALCON_ALIBI = dict(FALCON, alibi=True)
@@ -207,12 +214,12 @@ def test_alibi_reaches_the_module(case, monkeypatch):
     f = hf_module_fn(model, layer, 12)
     with torch.no_grad():
         Y = f(got["x"])
-    assert rel_err(Y, got["heads+WO"]) <= 1e-6
+    assert rel_err(Y, got["heads+WO"]) <= F32_ROUNDING
     build_alibi = getattr(owner, name)
     monkeypatch.setattr(owner, name, lambda mask, heads, dt: 0 * build_alibi(mask, heads, dt))
     with torch.no_grad():
         no_alibi = hf_module_fn(model, layer, 12)(got["x"])
-    assert rel_err(no_alibi, Y) > 1e-3
+    assert rel_err(no_alibi, Y) > DIFFERS
 
 
 def test_falcon_alibi_is_alibi_with_doubled_slopes():
@@ -225,7 +232,7 @@ def test_falcon_alibi_is_alibi_with_doubled_slopes():
     f = hf_module_fn(model, 1, 12)
     with torch.no_grad():
         Y = f(X)
-    assert rel_err(Y, got["heads+WO"]) <= 1e-12
+    assert rel_err(Y, got["heads+WO"]) <= F64_REDUCTION
     # the same weights in a rotary Falcon, whose extracted heads are rebuilt without rotary
     twin = build("FalconConfig", "FalconModel", D64, **FALCON)
     twin.load_state_dict(model.state_dict())
@@ -243,14 +250,16 @@ def test_falcon_alibi_is_alibi_with_doubled_slopes():
         p.b_O,
     )
     with torch.no_grad():
-        assert rel_err(Y, self_attention(X, alibi, masked=True)) <= 1e-12
-        assert rel_err(Y, self_attention(X, single, masked=True)) > 1e-3  # added twice
+        assert rel_err(Y, self_attention(X, alibi, masked=True)) <= F64_REDUCTION
+        assert rel_err(Y, self_attention(X, single, masked=True)) > DIFFERS  # added twice
     # the module's dense bracket contains the doubled-slope map's dense constant
     X0 = X[0]
     dense = local_lipschitz_fn(f, X0, method="dense")
     exact = float(local_lipschitz(X0, alibi, masked=True, method="dense", certify=False).value)
-    assert float(dense.lower) <= exact * (1 + 1e-11) and exact <= float(dense.upper) * (1 + 1e-11)
-    assert math.isclose(float(dense.value), exact, rel_tol=1e-11)
+    assert float(dense.lower) <= exact * (1 + F64_LONG_CHAIN) and exact <= float(dense.upper) * (
+        1 + F64_LONG_CHAIN
+    )
+    assert math.isclose(float(dense.value), exact, rel_tol=F64_LONG_CHAIN)
 
 
 def test_refusals_are_one_line(monkeypatch):

@@ -38,6 +38,19 @@ from meanfield.invertible import (
 )
 from meanfield_cli.main import main
 
+from ..tolerances import (
+    CERTIFIED_MARGIN,
+    DIFFERS,
+    F32_VALUE,
+    F64_CLOSED_FORM,
+    F64_LONG_CHAIN,
+    F64_REWRITTEN,
+    F64_ROUND_TRIP,
+    F64_SOLVER,
+    F64_TWO_JACOBIANS,
+    F64_ZERO,
+)
+
 F64 = torch.float64
 
 
@@ -75,7 +88,7 @@ def test_l2_bound_is_the_closed_form(D, H, W_O, n):
     o = np.linalg.norm(p.W_O.numpy(), 2) if W_O else 1.0
     phi = lambertw((n - 1) / math.e).real
     naive = math.sqrt(n / k) * (1 + 4 * phi) * math.sqrt(sum(a**4 * b**2 for a, b in zip(q, v))) * o
-    assert l2_lipschitz_upper(p, n) == pytest.approx(naive, rel=1e-11)
+    assert l2_lipschitz_upper(p, n) == pytest.approx(naive, rel=F64_LONG_CHAIN)
     assert l2_lipschitz_upper(p, n) >= naive  # the rounding margin only adds
 
 
@@ -88,7 +101,7 @@ def test_certified_scale_bounds_the_dense_jacobian_everywhere(D, H, W_O, n, wq):
     p = l2_params(7, D, H, W_O=W_O, wq=wq)
     c = 0.9
     block = ResidualAttention(p, contractive_scale(p, n, target=c))
-    assert certified_lipschitz(block, n).bound == pytest.approx(c, rel=1e-14)
+    assert certified_lipschitz(block, n).bound == pytest.approx(c, rel=F64_REWRITTEN)
     worst = 0.0
     for seed in range(6):
         for R in (0.1, 1.0, 3.0, 30.0):
@@ -145,7 +158,7 @@ def test_l2_inversion_recovers_the_input(R, target):
         # Banach a posteriori: ||x_k - x*|| <= r_k / (1 - c), plus the evaluation error
         err = float(torch.linalg.vector_norm(res.x - x_true))
         assert err <= (float(res.residuals[-1]) + 2 * res.eta) / (1 - c)
-        assert err <= 1e-10 * max(1.0, float(torch.linalg.vector_norm(y)))
+        assert err <= F64_SOLVER * max(1.0, float(torch.linalg.vector_norm(y)))
         # the observed contraction respects the certified constant (Banach's inequality)
         assert res.check is not None and res.check.holds
         assert res.check.n_informative >= 2
@@ -172,7 +185,7 @@ def test_float32_follows_the_input():
     x_true = inputs_at(0, n, D, 2.0).float()
     res = invert_fixed_point(block(x_true), block)
     assert res.x.dtype == torch.float32 and res.converged
-    assert float(torch.linalg.vector_norm(res.x - x_true)) < 1e-4
+    assert float(torch.linalg.vector_norm(res.x - x_true)) < F32_VALUE
 
 
 # ----------------------------------------------------------------------------- dot product
@@ -211,7 +224,8 @@ def test_dp_ball_bound_is_the_triangle_form_and_holds_on_its_ball():
     theta = A_n * R0**2
     expected = V_n * (math.sqrt(n) * (1 + theta) + theta)
     got = dot_product_lipschitz_upper(p, n, R0)
-    assert got == pytest.approx(expected, rel=3e-12) and got >= expected  # + rounding margin
+    # the bound adds its rounding margin
+    assert got == pytest.approx(expected, rel=CERTIFIED_MARGIN) and got >= expected
     block = ResidualAttention(p, contractive_scale(p, n, target=0.5, radius=R0))
     for seed in range(4):
         X = inputs_at(seed, n, 4, R0)
@@ -235,9 +249,9 @@ def test_dp_inversion_fails_at_large_radius(seed, R):
         # (the path to a wrong preimage may contract at every step: the check of the observed
         # ratios watches the path only, not injectivity)
         # a second preimage: x' != x* with x' + g(x') = y (the block is not injective)
-        assert err > 1e-3
+        assert err > DIFFERS
         fwd = float(torch.linalg.vector_norm(block(res.x) - y))
-        assert fwd <= 1e-10 * max(1.0, float(torch.linalg.vector_norm(y)))
+        assert fwd <= F64_SOLVER * max(1.0, float(torch.linalg.vector_norm(y)))
     else:
         assert float(res.residuals[-50:].min()) > 1e-6
         assert res.check is not None and not res.check.holds  # observed ratios exceed c
@@ -260,7 +274,7 @@ def test_dp_inversion_recovers_inside_the_certified_ball():
     x_true = dot_product_tie_input(p, 0.5, n).X
     res = invert_fixed_point(block(x_true), block, lipschitz=0.5)
     assert res.converged
-    assert float(torch.linalg.vector_norm(res.x - x_true)) < 1e-10
+    assert float(torch.linalg.vector_norm(res.x - x_true)) < F64_SOLVER
 
 
 def test_bad_arguments():
@@ -325,7 +339,7 @@ def test_cli_json_matches_a_direct_call(capsys):
     direct = stage.invert_case(0, [1.0, 16.0], max_iter=120)
     assert [r["outcome"] for r in doc["rows"]] == [r["outcome"] for r in direct["rows"]]
     for a, b in zip(doc["rows"], direct["rows"]):
-        assert a["local_lipschitz"] == pytest.approx(b["local_lipschitz"], rel=1e-12)
+        assert a["local_lipschitz"] == pytest.approx(b["local_lipschitz"], rel=F64_ROUND_TRIP)
         assert a["n_iter"] == b["n_iter"]
     assert doc["rows"][0]["outcome"] == "recovered"  # L2 at R = 1
 
@@ -362,12 +376,14 @@ def test_jacobian_blocks_and_row_sums_of_the_proof():
                     block = P[i, i] * eye + 2 * C
                 else:
                     block = P[i, l] * (eye + 2 * torch.outer(V[l] - m[i], V[i] - V[l]))
-                torch.testing.assert_close(J[i, :, l, :], block, rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(
+                    J[i, :, l, :], block, rtol=F64_TWO_JACOBIANS, atol=F64_ZERO
+                )
                 total += float(torch.linalg.matrix_norm(block, ord=2))
             rows.append(total)
             # the softmax lemma: sum_l P_il |v_i - v_l|^2 <= phi (equality at the tight input)
             S = float((P[i] * (V[i] - V).square().sum(-1)).sum())
-            assert S <= phi * (1 + 1e-12)
+            assert S <= phi * (1 + F64_CLOSED_FORM)
         assert max(rows) <= 1 + 4 * phi
     P0 = torch.softmax(-torch.cdist(tight, tight).square(), dim=-1)[0]
-    assert float((P0 * tight.square().sum(-1)).sum()) == pytest.approx(phi, rel=1e-12)
+    assert float((P0 * tight.square().sum(-1)).sum()) == pytest.approx(phi, rel=F64_CLOSED_FORM)

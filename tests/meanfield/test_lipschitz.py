@@ -19,21 +19,21 @@ from meanfield.params import AttentionParams, RotaryEmbedding
 
 from ..certified_records import Guarantees, compare_records, estimate_record
 from ..oracles_jacobian import random_log_weights, random_params
+from ..tolerances import (
+    BRACKET_MARGIN,
+    BRACKET_ULPS,
+    CERTIFIED_INFLATION,
+    DIFFERS,
+    F32_FORWARD,
+    F32_VALUE,
+    F64_LANCZOS,
+    F64_LANCZOS_COARSE,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    GRAM_CERT,
+)
 
 D64 = torch.float64
-
-# Lanczos stopped at ||J^T J v - s^2 v|| <= 1e-6 s^2 gives |s - sigma_1| <= 5e-7 sigma_1 (Weyl)
-# when it converges to the top singular value; the spec asks for 1e-6.
-TOL_VALUE = 1e-6
-# Power iteration with a relative-change rule of 1e-9: the error is ~1e-9 / (1 - rho^2) on these
-# small problems (rho = sigma_2 / sigma_1); the value agrees with Lanczos to 1e-6.
-TOL_POWER = 1e-6
-# Bracket versus a separately computed float64 SVD: the bracket includes a 64(n+d)u margin, so
-# only a violation of the certificate can fail this; allow 4 ulps of the SVD itself.
-TOL_BRACKET = 1e-15
-# float32 inputs: products in float32 lose ~1e-6 relative; Lanczos tol 1e-4 on J^T J gives
-# ~5e-5 on the value.
-TOL_F32 = 1e-4
 
 KINDS = ["single", "concat", "wo"]
 
@@ -62,8 +62,8 @@ def _exact_mu(mu: DiracMeasure, params, masked: bool, geometry: str) -> torch.Te
 
 
 def _check_bracket(est: LipschitzEstimate, exact: torch.Tensor) -> None:
-    assert bool((est.lower <= exact * (1 + TOL_BRACKET)).all()), (est.lower, exact)
-    assert bool((est.upper >= exact * (1 - TOL_BRACKET)).all()), (est.upper, exact)
+    assert bool((est.lower <= exact * (1 + BRACKET_ULPS)).all()), (est.lower, exact)
+    assert bool((est.upper >= exact * (1 - BRACKET_ULPS)).all()), (est.upper, exact)
 
 
 def _measure(gen, B, n, d, *, causal=False, spread=3.0):
@@ -88,10 +88,10 @@ def test_lanczos_matches_exact_svd(gen, kind, geometry, masked):
     assert est.value.shape == (B,) and est.value.dtype == D64
     assert est.method == "lanczos" and est.geometry == geometry and est.upper_method == "block"
     assert bool(est.converged.all())
-    torch.testing.assert_close(est.value, exact, rtol=TOL_VALUE, atol=0)
+    torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
     _check_bracket(est, exact)
     dense = local_lipschitz(mu, params, geometry=geometry, method="dense")
-    torch.testing.assert_close(dense.value, exact, rtol=1e-12, atol=0)
+    torch.testing.assert_close(dense.value, exact, rtol=F64_REDUCTION, atol=0)
     _check_bracket(dense, exact)
 
 
@@ -101,8 +101,8 @@ def test_power_and_lanczos_agree(gen):
     lz = local_lipschitz(X, params, method="lanczos", tol=1e-10)
     pw = local_lipschitz(X, params, method="power", tol=1e-9, max_iter=20000)
     assert bool(pw.converged.all())
-    torch.testing.assert_close(pw.value, lz.value, rtol=TOL_POWER, atol=0)
-    assert bool((pw.lower <= lz.value * (1 + TOL_BRACKET)).all())
+    torch.testing.assert_close(pw.value, lz.value, rtol=F64_LANCZOS_COARSE, atol=0)
+    assert bool((pw.lower <= lz.value * (1 + BRACKET_ULPS)).all())
 
 
 def _bracket_ratios(gen, method: str, n_instances: int = 50):
@@ -125,7 +125,7 @@ def test_bracket_dense_gram_50_instances(gen):
     """Dense method, Gram/Cholesky certificate: measured median upper/lower = 1 + 4e-13."""
     ratios = _bracket_ratios(gen, "dense")
     assert ratios.numel() == 50
-    assert float(ratios.max()) < 1 + 1e-9
+    assert float(ratios.max()) < 1 + GRAM_CERT
 
 
 def test_bracket_block_norm_50_instances(gen):
@@ -149,7 +149,7 @@ def test_local_lipschitz_fn_on_attention_points_equals_local_lipschitz(gen):
         ref = local_lipschitz(X, params, masked=masked, method="dense")
         for method in ("dense", "lanczos"):
             est = local_lipschitz_fn(fn, X, batch_dims=1, method=method)
-            torch.testing.assert_close(est.value, ref.value, rtol=TOL_VALUE, atol=0)
+            torch.testing.assert_close(est.value, ref.value, rtol=F64_LANCZOS_COARSE, atol=0)
             _check_bracket(est, ref.value)
         free = local_lipschitz_fn(fn, X, batch_dims=1, method="lanczos")
         assert bool(torch.isinf(free.upper).all())
@@ -171,12 +171,12 @@ def test_released_metric_is_sqrt_norm_of_Jt_f_not_the_spectral_norm(gen):
     f = fn(X).reshape(-1)
     expected = (J.mT @ f).norm().sqrt()
     got = released_metric(fn, X)
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(got, expected, rtol=F64_REDUCTION, atol=0)
     true = torch.linalg.matrix_norm(J, 2)
-    assert abs(float(got) - float(true)) > 1e-3 * float(true)
+    assert abs(float(got) - float(true)) > DIFFERS * float(true)
     batched = released_metric(fn, torch.stack([X, 2 * X]), batch_dims=1)
     assert batched.shape == (2,)
-    torch.testing.assert_close(batched[0], expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(batched[0], expected, rtol=F64_REDUCTION, atol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -186,11 +186,11 @@ def test_wasserstein_with_uniform_weights_equals_euclidean(gen, kind):
     mu = DiracMeasure(X)
     e = local_lipschitz(X, params, method="lanczos")
     w = local_lipschitz(mu, params, geometry="wasserstein", method="lanczos")
-    torch.testing.assert_close(w.value, e.value, rtol=TOL_VALUE, atol=0)
+    torch.testing.assert_close(w.value, e.value, rtol=F64_LANCZOS_COARSE, atol=0)
     w_explicit = DiracMeasure(X, torch.full((2, 7), 1 / 7, dtype=D64))
     wd = local_lipschitz(w_explicit, params, geometry="wasserstein", method="dense")
     ed = local_lipschitz(X, params, method="dense")
-    torch.testing.assert_close(wd.value, ed.value, rtol=1e-12, atol=0)
+    torch.testing.assert_close(wd.value, ed.value, rtol=F64_REDUCTION, atol=0)
 
 
 @pytest.mark.parametrize("geometry", ["euclidean", "wasserstein", "split"])
@@ -201,7 +201,7 @@ def test_permutation_invariance(gen, geometry):
     mu_p = DiracMeasure(mu.points[:, perm], mu.weights[:, perm])
     a = local_lipschitz(mu, params, geometry=geometry, method="dense")
     b = local_lipschitz(mu_p, params, geometry=geometry, method="dense")
-    torch.testing.assert_close(a.value, b.value, rtol=1e-12, atol=0)
+    torch.testing.assert_close(a.value, b.value, rtol=F64_REDUCTION, atol=0)
 
 
 def test_split_dominates_wasserstein(gen):
@@ -211,7 +211,9 @@ def test_split_dominates_wasserstein(gen):
     s = local_lipschitz(mu, params, geometry="split", method="dense")
     assert bool((s.value >= w.value).all())
     assert s.self_value is not None and w.self_value is None
-    torch.testing.assert_close(s.value, torch.maximum(w.value, s.self_value), rtol=1e-14, atol=0)
+    torch.testing.assert_close(
+        s.value, torch.maximum(w.value, s.self_value), rtol=F64_REWRITTEN, atol=0
+    )
 
 
 def test_batched_equals_per_sample(gen):
@@ -228,7 +230,7 @@ def test_batched_equals_per_sample(gen):
             estimate_record(batched, b), estimate_record(single), Guarantees(tol=1e-6), f"[{b}]"
         )
         # Collatz–Wielandt stops once every batch member is within 1e-10 of its Rayleigh bound
-        torch.testing.assert_close(batched.upper[b], single.upper, rtol=1e-9, atol=0)
+        torch.testing.assert_close(batched.upper[b], single.upper, rtol=F64_LANCZOS, atol=0)
 
 
 def test_float32_within_looser_tolerance(gen):
@@ -246,7 +248,7 @@ def test_float32_within_looser_tolerance(gen):
     for method in ("dense", "lanczos"):
         est = local_lipschitz(X32, params32, method=method, tol=1e-4)
         assert est.value.dtype == torch.float32 and est.lower.dtype == torch.float32
-        torch.testing.assert_close(est.value.double(), exact, rtol=TOL_F32, atol=0)
+        torch.testing.assert_close(est.value.double(), exact, rtol=F32_VALUE, atol=0)
         assert bool((est.lower.double() <= exact).all())
         assert bool((est.upper.double() >= exact).all())
 
@@ -257,7 +259,7 @@ def test_causal_measure_equals_masked_sequence(gen):
     mu = DiracMeasure.from_sequence(X, causal=True)
     seq = local_lipschitz(X, params, masked=True, method="dense")
     meas = local_lipschitz(mu, params, geometry="wasserstein", method="dense")
-    torch.testing.assert_close(meas.value, seq.value, rtol=1e-12, atol=0)
+    torch.testing.assert_close(meas.value, seq.value, rtol=F64_REDUCTION, atol=0)
     unmasked = local_lipschitz(mu, params, masked=False, method="dense")
     assert float((unmasked.value - seq.value).abs().max()) > 1e-6
     with pytest.raises(ValueError, match="position-tagged"):
@@ -280,7 +282,7 @@ def test_auto_method_and_options(gen):
     assert block.upper_method == "block" and float(block.upper) >= float(block.value)
     bad = local_lipschitz(large, params, max_iter=2, tol=1e-12)
     assert not bool(bad.converged)
-    assert float(bad.lower) <= float(est.value) * (1 + TOL_BRACKET)
+    assert float(bad.lower) <= float(est.value) * (1 + BRACKET_ULPS)
 
 
 def test_large_radius_is_stable(gen):
@@ -290,7 +292,7 @@ def test_large_radius_is_stable(gen):
     est = local_lipschitz(X, params, method="lanczos")
     exact = _exact(X, params)
     assert bool(torch.isfinite(est.value).all())
-    torch.testing.assert_close(est.value, exact, rtol=TOL_VALUE, atol=0)
+    torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
     _check_bracket(est, exact)
 
 
@@ -305,7 +307,7 @@ def test_rotary_heads(gen):
     X = torch.randn(2, 7, d, generator=gen, dtype=D64)
     dense = local_lipschitz(X, params, masked=True, method="dense")
     lz = local_lipschitz(X, params, masked=True, method="lanczos")
-    torch.testing.assert_close(lz.value, dense.value, rtol=TOL_VALUE, atol=0)
+    torch.testing.assert_close(lz.value, dense.value, rtol=F64_LANCZOS_COARSE, atol=0)
     # rotary heads are certified matrix-free by the per-head structured bound
     assert bool(torch.isfinite(lz.upper).all()) and bool(torch.isfinite(dense.upper).all())
     assert bool((lz.upper >= dense.value).all())
@@ -344,7 +346,7 @@ def test_lanczos_matches_exact_svd_larger(gen):
             if geometry == "wasserstein"
             else _exact(mu.points, params, lw=mu.log_weights, geometry="split")
         )
-        torch.testing.assert_close(est.value, ex, rtol=TOL_VALUE, atol=0)
+        torch.testing.assert_close(est.value, ex, rtol=F64_LANCZOS_COARSE, atol=0)
         _check_bracket(est, ex)
 
 
@@ -380,16 +382,16 @@ def test_certified_local_upper_matches_numpy_and_dominates_dense(gen, kind, mask
         got = certified_local_upper(X, params, masked=masked)
         ref = reference(X.numpy(), _numpy_heads(params), masked=masked)
         # equal up to the torch form's relative 1e-9 on its computed ||P|| (both carry one margin)
-        assert ref * (1 - 1e-12) <= got.value <= ref * (1 + 2.5e-9)
+        assert ref * (1 - BRACKET_MARGIN) <= got.value <= ref * (1 + 2.5 * CERTIFIED_INFLATION)
         # the rounding margin (docs/rounding.md §8) is positive and, at moderate logits, small
         raw = got.T1 + got.T2 + got.T3
-        assert raw < got.value <= raw * (1 + 1e-9)
+        assert raw < got.value <= raw * (1 + CERTIFIED_INFLATION)
         J = dense_jacobian(X, params, masked=masked).reshape(-1, n * d)
         assert float(torch.linalg.matrix_norm(J, ord=2)) <= got.value
         # float32 inputs give the same float64 evaluation
         p32 = params.to(dtype=torch.float32)
         low = certified_local_upper(X.float(), p32, masked=masked).value
-        assert low == pytest.approx(got.value, rel=1e-5)
+        assert low == pytest.approx(got.value, rel=F32_FORWARD)
 
 
 def test_certified_local_upper_rejects_bad_input(gen):
@@ -437,14 +439,14 @@ def test_certify_false_is_the_same_estimate_without_a_bracket(gen, dtype, method
     # solver's power-of-two scale is read from float32 magnitudes instead of float64 ones,
     # which can only move the result by rounding)
     assert torch.equal(fast.n_matvec, full.n_matvec) and torch.equal(fast.converged, full.converged)
-    rtol = 1e-12 if dtype == D64 else 1e-5
+    rtol = F64_REDUCTION if dtype == D64 else F32_FORWARD
     torch.testing.assert_close(fast.value, full.value, rtol=rtol, atol=0)
     assert fast.value.dtype == dtype and fast.lower.dtype == dtype
     # the trivial bracket, never a false one
     assert bool((fast.lower == 0).all()) and bool(torch.isinf(fast.upper).all())
     assert fast.upper_prob is None and fast.confidence is None and fast.upper_method == "none"
     exact = _exact(X.double(), params.to(dtype=D64), masked=masked)
-    torch.testing.assert_close(fast.value.double(), exact, rtol=1e-4, atol=0)
+    torch.testing.assert_close(fast.value.double(), exact, rtol=F32_VALUE, atol=0)
 
 
 @pytest.mark.parametrize("geometry", ["euclidean", "wasserstein", "split"])
@@ -455,8 +457,8 @@ def test_certify_false_on_measures_dense_and_split(gen, geometry):
     for method in ("dense", "lanczos"):
         full = local_lipschitz(mu, params, geometry=geometry, method=method)
         fast = local_lipschitz(mu, params, geometry=geometry, method=method, certify=False)
-        torch.testing.assert_close(fast.value, full.value, rtol=1e-12, atol=0)
-        torch.testing.assert_close(fast.value, exact, rtol=TOL_VALUE, atol=0)
+        torch.testing.assert_close(fast.value, full.value, rtol=F64_REDUCTION, atol=0)
+        torch.testing.assert_close(fast.value, exact, rtol=F64_LANCZOS_COARSE, atol=0)
         assert bool((fast.lower == 0).all()) and bool(torch.isinf(fast.upper).all())
         assert fast.upper_prob is None
 
@@ -477,7 +479,7 @@ def test_certify_false_float32_outside_the_float32_scale_goes_through_float64(ge
     full = local_lipschitz(X, params, method="lanczos", tol=1e-4, upper="none")
     fast = local_lipschitz(X, params, method="lanczos", tol=1e-4, certify=False)
     assert bool(torch.isfinite(fast.value)) and float(fast.value) > 2.0**100
-    torch.testing.assert_close(fast.value, full.value, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast.value, full.value, rtol=F64_LANCZOS_COARSE, atol=0)
 
 
 def test_certify_false_rejects_certificates(gen):

@@ -11,6 +11,17 @@ from meanfield.lipschitz import kronecker_start, local_lipschitz
 from meanfield.lipschitz.starts import _mean_attention, _top_right_vector
 from meanfield.params import AttentionParams, RotaryEmbedding
 
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F32_VALUE,
+    F64_LANCZOS,
+    F64_LANCZOS_COARSE,
+    F64_LANCZOS_GAP,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_ZERO,
+)
+
 D64 = torch.float64
 
 
@@ -50,15 +61,15 @@ def test_value_path_alone_is_exactly_kronecker_and_one_step_finds_it(gen):
     exact = torch.linalg.matrix_norm(P, 2) * torch.linalg.matrix_norm(M, 2)
     est = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10, start="kronecker")
     rand = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10)
-    torch.testing.assert_close(est.value, exact, rtol=1e-9, atol=0)
-    torch.testing.assert_close(rand.value, exact, rtol=1e-9, atol=0)
+    torch.testing.assert_close(est.value, exact, rtol=F64_LANCZOS, atol=0)
+    torch.testing.assert_close(rand.value, exact, rtol=F64_LANCZOS, atol=0)
     assert int(est.n_matvec) < int(rand.n_matvec)
     lin = linearize(X, params, masked=True)
     x0 = kronecker_start(lin, generator=torch.Generator().manual_seed(0))
     g = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0), dtype=D64)
     s = x0 - g / g.norm()  # the structured part
     v1 = torch.outer(_top_right_vector(P), _top_right_vector(M))
-    assert float((s * v1).sum().abs()) > 1 - 1e-9 and abs(float(s.norm()) - 1) < 1e-12
+    assert float((s * v1).sum().abs()) > 1 - 1e-9 and abs(float(s.norm()) - 1) < F64_ZERO
 
 
 @pytest.mark.parametrize("geometry", ["euclidean", "wasserstein"])
@@ -72,11 +83,11 @@ def test_kronecker_start_gives_the_same_value_as_a_random_start(gen, geometry, m
     kw = dict(geometry=geometry, method="lanczos", tol=1e-10, max_iter=2000)
     a = local_lipschitz(mu, params, **kw)
     b = local_lipschitz(mu, params, start="kronecker", **kw)
-    torch.testing.assert_close(b.value, a.value, rtol=1e-8, atol=0)
+    torch.testing.assert_close(b.value, a.value, rtol=F64_LANCZOS_GAP, atol=0)
     assert bool(b.converged.all())
     # a chosen start forms no Kuczynski-Wozniakowski bound; the bracket still holds
     torch.testing.assert_close(b.upper_prob, b.upper)
-    assert bool((b.lower <= a.value * (1 + 1e-12)).all() and (b.upper >= a.value).all())
+    assert bool((b.lower <= a.value * (1 + BRACKET_MARGIN)).all() and (b.upper >= a.value).all())
 
 
 def test_rotary_heads_enter_the_mean_attention(gen):
@@ -93,10 +104,12 @@ def test_rotary_heads_enter_the_mean_attention(gen):
         kk = h.rope.apply(X @ h.K.mT, idx)
         logits = (q @ kk.mT).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
         mean += torch.softmax(logits, dim=-1) / H
-    torch.testing.assert_close(_mean_attention(lin, False), mean, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        _mean_attention(lin, False), mean, rtol=F64_REDUCTION, atol=F64_REWRITTEN
+    )
     a = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10)
     b = local_lipschitz(X, params, masked=True, method="lanczos", tol=1e-10, start="kronecker")
-    torch.testing.assert_close(b.value, a.value, rtol=1e-8, atol=0)
+    torch.testing.assert_close(b.value, a.value, rtol=F64_LANCZOS_GAP, atol=0)
 
 
 def test_kronecker_start_float32_seeded_and_checked(gen):
@@ -108,7 +121,7 @@ def test_kronecker_start_float32_seeded_and_checked(gen):
     assert a.shape == X.shape and a.dtype == torch.float32 and torch.equal(a, b)
     est = local_lipschitz(X, params, method="lanczos", tol=1e-4, start="kronecker", certify=False)
     ref = local_lipschitz(X.double(), params.to(dtype=D64), method="lanczos", tol=1e-10)
-    torch.testing.assert_close(est.value.double(), ref.value, rtol=1e-4, atol=0)
+    torch.testing.assert_close(est.value.double(), ref.value, rtol=F32_VALUE, atol=0)
     with pytest.raises(ValueError, match="'kronecker'"):
         local_lipschitz(X, params, method="lanczos", start="warm")
     with pytest.raises(ValueError, match="prob_rtol"):
@@ -129,7 +142,7 @@ def test_kronecker_start_at_the_extremes_of_float64(method):
     a = local_lipschitz(mu, p, **kw)
     b = local_lipschitz(mu, p, start="kronecker", **kw)
     assert bool(torch.isfinite(b.value)) and bool(b.converged)
-    torch.testing.assert_close(b.value, a.value, rtol=1e-6, atol=0)
+    torch.testing.assert_close(b.value, a.value, rtol=F64_LANCZOS_COARSE, atol=0)
     assert float(b.lower) <= float(a.upper) and float(a.lower) <= float(b.upper)
     X = torch.tensor([[0.3, -0.2], [1.1, 0.4], [-0.7, 0.9]], dtype=D64)
     A = torch.tensor([[0.5, -0.3], [0.2, 0.8]], dtype=D64)
@@ -140,7 +153,7 @@ def test_kronecker_start_at_the_extremes_of_float64(method):
             X, AttentionParams(A, V), method=method, tol=1e-10, max_iter=3000, start="kronecker"
         )
         assert bool(torch.isfinite(b.value)) and float(b.value) > 0
-        torch.testing.assert_close(b.value, a.value, rtol=1e-8, atol=0)
+        torch.testing.assert_close(b.value, a.value, rtol=F64_LANCZOS_GAP, atol=0)
 
 
 def test_top_right_vector_of_a_non_finite_or_zero_matrix_is_zero():

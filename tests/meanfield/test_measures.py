@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from meanfield import DiracMeasure
 
 from ..strategies import weighted_measure_data
+from ..tolerances import F64_FEW_ULPS, F64_REDUCTION, F64_ZERO
 
 
 def test_default_weights_are_uniform_in_points_dtype():
@@ -85,7 +86,7 @@ def test_split_then_merge_is_identity(data):
     i = int(torch.argmax(a))
     s = mu.split(i, 3)
     assert s.n == mu.n + 2
-    assert math.isclose(float(s.weights.sum()), 1.0, rel_tol=0, abs_tol=1e-12)
+    assert math.isclose(float(s.weights.sum()), 1.0, rel_tol=0, abs_tol=F64_ZERO)
     # the copies are coincident and carry a third of the mass each
     assert torch.equal(s.points[i], s.points[i + 2])
     torch.testing.assert_close(s.weights[i : i + 3], a[i].expand(3) / 3)
@@ -128,7 +129,7 @@ def test_push_forward_radius_and_mean():
     X = torch.tensor([[3.0, 4.0], [0.0, 1.0]], dtype=torch.float64)
     mu = DiracMeasure(X, torch.tensor([0.25, 0.75], dtype=torch.float64))
     assert float(mu.radius()) == 5.0
-    assert math.isclose(float(mu.rms_radius()), math.sqrt(0.25 * 25 + 0.75), rel_tol=1e-15)
+    assert math.isclose(float(mu.rms_radius()), math.sqrt(0.25 * 25 + 0.75), rel_tol=F64_FEW_ULPS)
     assert torch.allclose(mu.mean(), torch.tensor([0.75, 1.75], dtype=torch.float64))
     nu = mu.push_forward(lambda P: 2 * P)
     assert torch.equal(nu.points, 2 * X) and torch.equal(nu.weights, mu.weights)
@@ -159,7 +160,7 @@ def test_from_log_weights_keeps_masses_below_the_float_range():
     mu = DiracMeasure.from_log_weights(X, log_a)
     assert mu.weights[1] == 0 and mu.weights[2] == 0
     torch.testing.assert_close(
-        mu.log_weights, log_a - torch.logsumexp(log_a, 0), rtol=0, atol=1e-12
+        mu.log_weights, log_a - torch.logsumexp(log_a, 0), rtol=0, atol=F64_REDUCTION
     )
     with pytest.raises(ValueError, match="NaN"):
         DiracMeasure.from_log_weights(X, torch.tensor([0.0, float("nan"), 0.0]))

@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 import torch
 
-from ..tolerances import F64_EXACT, assert_close
+from ..tolerances import F32_VALUE, F64_EXACT, assert_close
 
 transformers = pytest.importorskip("transformers")
 
@@ -179,7 +179,9 @@ def test_smollm2_full_forward_capture(smollm2):
         h1.remove()
         h2.remove()
     f = hf_attention(smollm2.model, 15, dtype=D64)
-    torch.testing.assert_close(f(got["x"].to(D64)), got["y"].to(D64), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        f(got["x"].to(D64)), got["y"].to(D64), rtol=F32_VALUE, atol=F32_VALUE
+    )
 
 
 # ----------------------------------------------------------------------------------------------

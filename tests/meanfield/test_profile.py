@@ -25,6 +25,17 @@ from ..models_fixtures import *  # noqa: F403  (fixtures: bert, bert_decoder, gp
 from ..models_fixtures import D64, LLAMA_TOKENS, transformers
 from ..profile_cli import *  # noqa: F403  (fixture: tokenizer)
 from ..profile_cli import cli, save_checkpoint
+from ..tolerances import (
+    BRACKET_MARGIN,
+    F32_FORWARD,
+    F32_VALUE,
+    F64_LANCZOS,
+    F64_LANCZOS_GAP,
+    F64_REDUCTION,
+    F64_ROUND_TRIP,
+    F64_VS_HF_LAYER,
+    GRAM_CERT_DEFAULT,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -85,7 +96,11 @@ def test_pure_blocks_reproduce_the_model_forward(name, request, llama_fp64_softm
     assert len(blocks) == len(xs) == 2
     # bert/gpt2: the same float64 operations in another order (~1e-14). Llama: HF's RMSNorm
     # casts to float32 and its rotary cos/sin are float32, so ~1e-7 relative differences.
-    tol = dict(rtol=1e-5, atol=1e-5) if name == "llama" else dict(rtol=1e-10, atol=1e-10)
+    tol = (
+        dict(rtol=F32_FORWARD, atol=F32_FORWARD)
+        if name == "llama"
+        else dict(rtol=F64_VS_HF_LAYER, atol=F64_VS_HF_LAYER)
+    )
     for b in blocks:
         torch.testing.assert_close(b(xs[b.layer]), ys[b.layer], **tol)
     # chaining the pure blocks reproduces the next block's input
@@ -121,12 +136,12 @@ def test_profile_against_dense_oracles(name, request, llama_fp64_softmax):
         a = rec.attention
         att_exact = _dense_norm(_naive_attention(blk), Xa)
         assert a.lower <= att_exact <= a.upper
-        assert a.value == pytest.approx(att_exact, rel=1e-9)
+        assert a.value == pytest.approx(att_exact, rel=F64_LANCZOS)
         # per head, through its own output slice
         for h in range(len(blk.attention.params.heads)):
             e = _dense_norm(_naive_attention(blk, head=h), Xa)
             assert a.head_lowers[h] <= e <= a.head_uppers[h]
-        assert rec.radius == pytest.approx(float(x.norm(dim=-1).max()), rel=1e-12)
+        assert rec.radius == pytest.approx(float(x.norm(dim=-1).max()), rel=F64_REDUCTION)
         x = blk(x)
 
 
@@ -205,9 +220,9 @@ def test_gram_norms_bound_the_exact_svd(name, request):
             W = ref[m.name].numpy()
             exact = float(np.linalg.svd(W, compute_uv=False)[0])
             assert m.shape == W.shape
-            assert m.sigma == pytest.approx(exact, rel=1e-12)
+            assert m.sigma == pytest.approx(exact, rel=F64_REDUCTION)
             # certified: above the exact norm, and within the Gram/Cholesky rounding margin
-            assert exact <= m.upper <= exact * (1 + 1e-8)
+            assert exact <= m.upper <= exact * (1 + GRAM_CERT_DEFAULT)
 
 
 @pytest.mark.parametrize("name", ["bert_decoder", "gpt2", "llama"])
@@ -219,11 +234,15 @@ def test_chain_rule_product_bounds_the_end_to_end_norm(name, request, llama_fp64
     e = c.end_to_end
     assert c.layers == (0, 1) and c.bound_kind == "certified" and c.confidence == 1.0
     recs = [prof.record(layer, n) for layer in c.layers]
-    assert c.product_value == pytest.approx(math.prod(r.block.value for r in recs), rel=1e-12)
-    assert c.product_bound == pytest.approx(math.prod(r.block.upper for r in recs), rel=1e-12)
+    assert c.product_value == pytest.approx(
+        math.prod(r.block.value for r in recs), rel=F64_REDUCTION
+    )
+    assert c.product_bound == pytest.approx(
+        math.prod(r.block.upper for r in recs), rel=F64_REDUCTION
+    )
     # ||D(g o f)|| <= ||Dg|| ||Df||: the certified product above the end-to-end lower end
     assert c.holds and e.lower <= c.product_bound
-    assert e.value <= c.product_value * (1 + 1e-9) and c.slack >= 1 - 1e-9
+    assert e.value <= c.product_value * (1 + F64_LANCZOS) and c.slack >= 1 - F64_LANCZOS
     # the end-to-end value: dense reverse-mode Jacobian of the model's own two blocks
     ids = token_ids(n + 1, seed=3)[:n]
     xs, _, _ = block_io(model, ids)
@@ -243,14 +262,14 @@ def test_matrix_free_path_and_hidden_state_input(gpt2):
     rec = prof.record(0, n)
     assert rec.block.method == "lanczos" and rec.block.converged
     exact = _dense_norm(_hf_block_fn(gpt2, 0, token_ids(n, seed=5)), xs[0])
-    assert rec.block.value == pytest.approx(exact, rel=1e-8)
-    assert rec.block.lower <= exact * (1 + 1e-12)
+    assert rec.block.value == pytest.approx(exact, rel=F64_LANCZOS_GAP)
+    assert rec.block.lower <= exact * (1 + BRACKET_MARGIN)
     assert not math.isfinite(rec.block.upper) and rec.block.upper_prob >= exact
     a = rec.attention
     assert a.lower <= a.value <= a.upper_prob <= a.upper and a.upper_method == "block"
     # n = 5 uses the first 5 rows; for a causal model they are the window of 5 tokens
     exact5 = _dense_norm(_hf_block_fn(gpt2, 0, token_ids(n, seed=5)[:5]), xs[0][:5])
-    assert prof.record(0, 5).block.value == pytest.approx(exact5, rel=1e-9)
+    assert prof.record(0, 5).block.value == pytest.approx(exact5, rel=F64_LANCZOS)
     (c5, c26) = prof.chains
     assert c26.holds and c26.bound_kind == "probabilistic" and 0.99 < c26.confidence < 1
     assert c5.bound_kind == "certified"
@@ -261,7 +280,9 @@ def test_float32_follows_the_input(gpt2):
     p64 = profile_model(gpt2, x, n=6, layers=[1], heads=False)
     p32 = profile_model(gpt2, x.float(), n=6, layers=[1], heads=False)
     assert (p64.dtype, p32.dtype) == ("float64", "float32")
-    assert p32.record(1, 6).block.value == pytest.approx(p64.record(1, 6).block.value, rel=1e-4)
+    assert p32.record(1, 6).block.value == pytest.approx(
+        p64.record(1, 6).block.value, rel=F32_VALUE
+    )
     assert p64.chains and p64.chains[0].layers == (1,)
 
 
@@ -301,7 +322,7 @@ def test_schema_layers_and_progress(llama):
     )
     # one layer: the chain is that block itself
     (c,) = profile_model(llama, token_ids(4, seed=0), n=4, layers=[1], heads=False).chains
-    assert c.product_value == pytest.approx(c.end_to_end.value, rel=1e-9)
+    assert c.product_value == pytest.approx(c.end_to_end.value, rel=F64_LANCZOS)
     with pytest.raises(ValueError, match="out of range"):
         profile_model(llama, token_ids(4, seed=0), n=4, layers=[2])
 
@@ -335,7 +356,9 @@ def test_layers_that_are_not_consecutive_have_no_chain():
     assert not prof.settings["end_to_end"]
     # the input of layer 2 is block 1 applied to the input of layer 0 (the skipped block runs)
     xs, _, _ = block_io(model, token_ids(5, seed=0))
-    assert prof.record(2, 5).radius == pytest.approx(float(xs[2].norm(dim=-1).max()), rel=1e-5)
+    assert prof.record(2, 5).radius == pytest.approx(
+        float(xs[2].norm(dim=-1).max()), rel=F32_FORWARD
+    )
 
 
 _SMALL = {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 64}
@@ -410,8 +433,8 @@ def test_cli_json_smoke(tiny_checkpoint, tmp_path, capsys):
     prof = profile_model(lm.model, ids, n=[4, 8], start=1)
     for r in doc["records"]:
         ref = prof.record(r["layer"], r["n"])
-        assert r["block"]["value"] == pytest.approx(ref.block.value, rel=1e-12)
-        assert r["attention"]["upper"] == pytest.approx(ref.attention.upper, rel=1e-12)
+        assert r["block"]["value"] == pytest.approx(ref.block.value, rel=F64_ROUND_TRIP)
+        assert r["attention"]["upper"] == pytest.approx(ref.attention.upper, rel=F64_ROUND_TRIP)
     assert all(c["holds"] for c in doc["chains"])
     # the human-readable printer
     rc, stdout, _ = cli([a for a in argv if a != "--json"] + ["--no-figure"], capsys)

@@ -32,6 +32,8 @@ from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_mo
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
 from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
 
+from ..tolerances import BRACKET_MARGIN, DIFFERS, F64_REDUCTION
+
 transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -147,11 +149,11 @@ def test_blocks_equal_the_model_layers(case, monkeypatch):
             y = b(xs[b.layer])
             x_att = b.attention_input(xs[b.layer])
         # the same float64 operations, some in another order: rounding only
-        assert rel_error(y, ys[b.layer]) <= 1e-12
+        assert rel_error(y, ys[b.layer]) <= F64_REDUCTION
         # what the profile brackets is what enters the model's attention module
-        assert rel_error(x_att, xa[b.layer]) <= 1e-12
+        assert rel_error(x_att, xa[b.layer]) <= F64_REDUCTION
     with torch.no_grad():  # chaining the blocks gives the next layer's input
-        assert rel_error(blocks[0](xs[0]), xs[1]) <= 1e-12
+        assert rel_error(blocks[0](xs[0]), xs[1]) <= F64_REDUCTION
     if case.startswith("modernbert"):  # no first norm on layer 0: the attention reads x itself
         assert blocks[0].norm1 is None and blocks[1].norm1 is not None
         assert torch.equal(xa[0], xs[0])
@@ -174,7 +176,7 @@ def test_a_misread_form_shows(case, monkeypatch):
         "modernbert": dict(norm1=None),
     }[case]
     with torch.no_grad():
-        assert rel_error(dataclasses.replace(b, **flip)(xs[1]), ys[1]) > 1e-3
+        assert rel_error(dataclasses.replace(b, **flip)(xs[1]), ys[1]) > DIFFERS
 
 
 @pytest.mark.parametrize(
@@ -307,4 +309,4 @@ def test_cli_lipschitz_reads_a_saved_checkpoint(case, tokenizer, tmp_path, capsy
     assert doc["mode"] == "model" and doc["source"]["module"] == module and doc["n"] == 10
     (row,) = doc["inputs"]
     assert row["certified"] and 0 < row["lower"] <= row["value"] <= row["upper_prob"]
-    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + 1e-12)  # the default width
+    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + BRACKET_MARGIN)  # the default width

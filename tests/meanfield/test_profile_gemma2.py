@@ -20,6 +20,8 @@ from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_mo
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
 from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
 
+from ..tolerances import BRACKET_MARGIN, F64_REDUCTION
+
 transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -83,9 +85,9 @@ def test_gemma_blocks_equal_the_model_layers(case, monkeypatch):
         with torch.no_grad():
             y = b(xs[b.layer])
         # the same float64 operations in another order: rounding only
-        assert rel_error(y, ys[b.layer]) <= 1e-12
+        assert rel_error(y, ys[b.layer]) <= F64_REDUCTION
     with torch.no_grad():  # chaining the blocks gives the next layer's input
-        assert rel_error(blocks[0](xs[0]), xs[1]) <= 1e-12
+        assert rel_error(blocks[0](xs[0]), xs[1]) <= F64_REDUCTION
     if case == "gemma2":
         # the window acts at this length: the sliding layer's attention is not the global one
         win = model.config.sliding_window
@@ -174,7 +176,7 @@ def test_cli_lipschitz_reads_a_saved_checkpoint(family, tokenizer, tmp_path, cap
     (row,) = doc["inputs"]
     assert row["certified"] and row["path"] == "streaming"  # the variants' certified path
     assert 0 < row["lower"] <= row["value"] <= row["upper_prob"]
-    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + 1e-12)  # the default width
+    assert row["upper_prob"] <= 1.05 * row["lower"] * (1 + BRACKET_MARGIN)  # the default width
 
 
 def test_cli_refuses_an_unmodelled_block_in_one_line(tokenizer, tmp_path, capsys):

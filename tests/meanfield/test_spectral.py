@@ -19,18 +19,20 @@ from meanfield._spectral import (
     top_singular_value,
 )
 
-D64 = torch.float64
+from ..tolerances import (
+    CERT_GAP,
+    F64_LANCZOS,
+    F64_LANCZOS_GAP,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+    F64_SMALL_DIFFERENCE,
+    F64_SQRT_CANCELLATION,
+    F64_TINY_DIFFERENCE,
+    GRAM_CERT_DEFAULT,
+)
 
-# float64 rounding of Gram products and of the final 2^-T root: a few hundred ulps.
-TOL_ROUND = 1e-12
-# Lanczos with tol = 1e-10 on J^T J: the singular value error is <= tol/2 relative (Weyl), and
-# in practice quadratic in the residual.
-TOL_LANCZOS = 1e-9
-# Power iteration stopped by the residual rule ||J^T J v - s^2 v|| <= 1e-10 s^2: s^2 is within
-# 1e-10 s^2 of an eigenvalue of J^T J (the top one from a random start), so s within ~1e-10.
-TOL_POWER = 1e-8
-# The certified bound for an explicit matrix: inflation of order m^2 u plus Gram excess 1e-9.
-TOL_CERT_GAP = 1e-7
+D64 = torch.float64
 
 
 def _ops(M: torch.Tensor):
@@ -59,10 +61,10 @@ def test_gram_monotone_and_bracketed(gen, shape):
     sigma1 = torch.linalg.matrix_norm(W, 2)
     r = min(shape[-2:])
     assert seq.shape == (T + 1,) + tuple(shape[:-2]) and seq.dtype == D64
-    assert bool((seq[1:] <= seq[:-1] * (1 + TOL_ROUND)).all())
+    assert bool((seq[1:] <= seq[:-1] * (1 + F64_REDUCTION)).all())
     for t in range(T + 1):
-        assert bool((seq[t] >= sigma1 * (1 - TOL_ROUND)).all())
-        assert bool((seq[t] <= sigma1 * r ** (2.0 ** -(t + 1)) * (1 + TOL_ROUND)).all())
+        assert bool((seq[t] >= sigma1 * (1 - F64_REDUCTION)).all())
+        assert bool((seq[t] <= sigma1 * r ** (2.0 ** -(t + 1)) * (1 + F64_REDUCTION)).all())
     torch.testing.assert_close(gram_iteration(W, T), seq[-1], rtol=0, atol=0)
 
 
@@ -72,7 +74,7 @@ def test_gram_equals_schatten_norm(gen):
     for t in range(5):
         p = 2.0 ** (t + 1)
         expected = s.pow(p).sum().pow(1 / p)
-        torch.testing.assert_close(gram_sequence(W, t)[-1], expected, rtol=1e-12, atol=0)
+        torch.testing.assert_close(gram_sequence(W, t)[-1], expected, rtol=F64_REDUCTION, atol=0)
 
 
 def test_gram_rank_bound_is_attained_for_flat_spectrum(gen):
@@ -83,7 +85,7 @@ def test_gram_rank_bound_is_attained_for_flat_spectrum(gen):
         torch.testing.assert_close(
             gram_sequence(W, t)[-1],
             torch.tensor(3.0 * r ** (2.0 ** -(t + 1)), dtype=D64),
-            rtol=1e-12,
+            rtol=F64_REDUCTION,
             atol=0,
         )
 
@@ -92,7 +94,7 @@ def test_gram_handles_huge_and_zero_matrices(gen):
     W = 1e200 * torch.randn(5, 5, generator=gen, dtype=D64)
     val = gram_iteration(W, 12)
     assert math.isfinite(float(val))
-    assert float(val) >= float(torch.linalg.matrix_norm(W, 2)) * (1 - TOL_ROUND)
+    assert float(val) >= float(torch.linalg.matrix_norm(W, 2)) * (1 - F64_REDUCTION)
     assert float(gram_iteration(torch.zeros(3, 4, dtype=D64), 5)) == 0.0
 
 
@@ -112,9 +114,9 @@ def test_spectral_norm_upper_is_tight_and_certified(gen, spectrum):
     W = _with_spectrum(gen, 9, 7, spectrum)
     s1 = max(spectrum)
     up = spectral_norm_upper(W)
-    assert s1 <= float(up) <= s1 * (1 + TOL_CERT_GAP)
+    assert s1 <= float(up) <= s1 * (1 + CERT_GAP)
     up_c = spectral_norm_upper(W, candidate=torch.linalg.matrix_norm(W, 2), max_iter=0)
-    assert s1 <= float(up_c) <= s1 * (1 + TOL_CERT_GAP)
+    assert s1 <= float(up_c) <= s1 * (1 + CERT_GAP)
 
 
 def test_spectral_norm_upper_rejects_a_wrong_candidate(gen):
@@ -141,7 +143,7 @@ def test_collatz_wielandt_bounds_nonnegative_matrices(gen):
         assert bool((cw <= cw0).all())
     positive = cases[0]
     ratio = collatz_wielandt_bound(positive, 200) / torch.linalg.matrix_norm(positive, 2)
-    assert float(ratio.max()) < 1 + 1e-8
+    assert float(ratio.max()) < 1 + GRAM_CERT_DEFAULT
 
 
 def test_collatz_wielandt_rejects_negative_entries():
@@ -155,7 +157,10 @@ def test_rank_one_closed_form_against_svd(gen, d):
     b = torch.randn(50, d, generator=gen, dtype=D64)
     M = torch.eye(d, dtype=D64) + a.unsqueeze(-1) * b.unsqueeze(-2)
     torch.testing.assert_close(
-        rank_one_sigma_max(a, b), torch.linalg.matrix_norm(M, 2), rtol=1e-12, atol=1e-12
+        rank_one_sigma_max(a, b),
+        torch.linalg.matrix_norm(M, 2),
+        rtol=F64_REDUCTION,
+        atol=F64_REDUCTION,
     )
 
 
@@ -163,13 +168,16 @@ def test_rank_one_closed_form_special_cases():
     u = torch.tensor([0.6, 0.8], dtype=D64)
     # reflection I - 2uu^T: every singular value is 1
     torch.testing.assert_close(
-        rank_one_sigma_max(-2 * u, u), torch.tensor(1.0, dtype=D64), rtol=1e-7, atol=0
+        rank_one_sigma_max(-2 * u, u),
+        torch.tensor(1.0, dtype=D64),
+        rtol=F64_SQRT_CANCELLATION,
+        atol=0,
     )
     # orthogonal a, b: sigma_max = (1 + s^2/2 + s sqrt(1 + s^2/4))^(1/2) with s = |a||b|
     a, b = torch.tensor([2.0, 0.0], dtype=D64), torch.tensor([0.0, 1.5], dtype=D64)
     s = 3.0
     expected = math.sqrt(1 + s**2 / 2 + s * math.sqrt(1 + s**2 / 4))
-    assert abs(float(rank_one_sigma_max(a, b)) - expected) < 1e-13
+    assert abs(float(rank_one_sigma_max(a, b)) - expected) < F64_REWRITTEN_EXP
     assert (
         float(rank_one_sigma_max(torch.tensor([-3.0], dtype=D64), torch.tensor([1.0], dtype=D64)))
         == 2.0
@@ -180,15 +188,16 @@ def test_lanczos_matches_svd_batched(gen):
     M = torch.randn(4, 30, 20, generator=gen, dtype=D64)
     exact = torch.linalg.matrix_norm(M, 2)
     x0 = torch.randn(4, 20, generator=gen, dtype=D64)
-    res = lanczos_svd(*_ops(M), x0, tol=1e-10)
+    tol = 1e-10  # the residual rule, checked below
+    res = lanczos_svd(*_ops(M), x0, tol=tol)
     assert res.sigma.shape == (4,) and res.vector.shape == (4, 20)
     assert bool(res.converged.all())
-    torch.testing.assert_close(res.sigma, exact, rtol=TOL_LANCZOS, atol=0)
-    assert bool((res.sigma <= exact * (1 + TOL_ROUND)).all())  # a lower bound
-    assert bool((res.residual <= 1e-10 * res.sigma.square()).all())
+    torch.testing.assert_close(res.sigma, exact, rtol=F64_LANCZOS, atol=0)
+    assert bool((res.sigma <= exact * (1 + F64_REDUCTION)).all())  # a lower bound
+    assert bool((res.residual <= tol * res.sigma.square()).all())
     # the residual reported is the explicit one for the returned vector
     Jv = (M @ res.vector.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(Jv.norm(dim=-1), res.sigma, rtol=1e-14, atol=0)
+    torch.testing.assert_close(Jv.norm(dim=-1), res.sigma, rtol=F64_REWRITTEN, atol=0)
     assert bool((res.n_matvec == 2 * res.n_iter + 2).all())  # no restart: 2 per step, 2 checks
 
 
@@ -198,14 +207,14 @@ def test_lanczos_restarts_and_degenerate_top(gen):
         *_ops(M), torch.randn(40, generator=gen, dtype=D64), tol=1e-10, krylov_dim=4, max_iter=2000
     )
     assert bool(res.converged)
-    assert abs(float(res.sigma) - 3.0) < 1e-9
+    assert abs(float(res.sigma) - 3.0) < F64_LANCZOS
 
 
 def test_lanczos_reports_non_convergence(gen):
     M = _with_spectrum(gen, 50, 50, [1.0 - 0.01 * k for k in range(50)])
     res = lanczos_svd(*_ops(M), torch.randn(50, generator=gen, dtype=D64), tol=1e-12, max_iter=2)
     assert not bool(res.converged)
-    assert float(res.sigma) <= 1.0 + TOL_ROUND
+    assert float(res.sigma) <= 1.0 + F64_REDUCTION
 
 
 def test_zero_operator():
@@ -223,8 +232,10 @@ def test_power_iteration_matches_svd_and_lanczos(gen):
     pw = power_iteration(*_ops(M), x0, tol=1e-10, max_iter=5000)
     lz = lanczos_svd(*_ops(M), x0, tol=1e-10)
     assert bool(pw.converged.all())
-    torch.testing.assert_close(pw.sigma, torch.full((3,), 4.0, dtype=D64), rtol=TOL_POWER, atol=0)
-    torch.testing.assert_close(pw.sigma, lz.sigma, rtol=TOL_POWER, atol=0)
+    torch.testing.assert_close(
+        pw.sigma, torch.full((3,), 4.0, dtype=D64), rtol=F64_LANCZOS_GAP, atol=0
+    )
+    torch.testing.assert_close(pw.sigma, lz.sigma, rtol=F64_LANCZOS_GAP, atol=0)
     assert bool((pw.n_iter > lz.n_iter).all())  # Lanczos needs fewer iterations
     assert pw.history.shape[1:] == (3,)
 
@@ -249,16 +260,19 @@ def test_power_iteration_converged_means_residual_rule(gen):
             v = res.vector
             Jv = M @ v
             explicit = torch.linalg.vector_norm(M.mT @ Jv - Jv.square().sum() * v)
-            assert bool(res.converged) == bool(explicit <= tol * res.sigma**2 * (1 + 1e-9))
+            assert bool(res.converged) == bool(
+                explicit <= tol * res.sigma**2 * (1 + F64_SMALL_DIFFERENCE)
+            )
             if bool(res.converged):  # sigma^2 near *some* eigenvalue of M^T M
                 gaps = (torch.tensor(s, dtype=D64).square() - res.sigma**2).abs()
-                assert float(gaps.min()) <= tol * float(res.sigma) ** 2 * (1 + 1e-6)
+                assert float(gaps.min()) <= tol * float(res.sigma) ** 2 * (1 + F64_TINY_DIFFERENCE)
     # equal mix of the two top directions: the estimate stalls (relative change far below tol,
     # where the released rule stopped) while the residual stays ~1e-5: not converged
-    short = power_iteration(*_ops(M), Vh[0] + Vh[1], tol=1e-7, max_iter=50)
+    short_tol = 1e-7
+    short = power_iteration(*_ops(M), Vh[0] + Vh[1], tol=short_tol, max_iter=50)
     hist = short.history
     assert hist.shape[0] == 50
-    assert float((hist[-1] - hist[-2]).abs()) <= 1e-7 * float(hist[-1])
+    assert float((hist[-1] - hist[-2]).abs()) <= short_tol * float(hist[-1])
     assert not bool(short.converged)
 
 
@@ -269,4 +283,4 @@ def test_lanczos_non_finite_products_do_not_raise(gen):
     x0 = torch.randn(2, 6, generator=gen, dtype=D64)
     res = lanczos_svd(*_ops(M), x0, tol=1e-10)
     assert bool(res.converged[0]) and not bool(res.converged[1])
-    assert abs(float(res.sigma[0]) - 2.0) < 1e-9
+    assert abs(float(res.sigma[0]) - 2.0) < F64_LANCZOS

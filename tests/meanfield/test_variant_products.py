@@ -23,8 +23,9 @@ from meanfield.jacobian import dense_jacobian, jvp, linearize, vjp
 from meanfield.jacobian import products as products_mod
 from meanfield.params import AttentionParams, MultiHeadParams, RMSNorm, RotaryEmbedding
 
+from ..tolerances import F32_VALUE, F64_LANCZOS_GAP, F64_REDUCTION
+
 F64 = torch.float64
-RTOL = 1e-12
 
 
 def _rand(*shape: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
@@ -111,8 +112,8 @@ def _check(X, params, *, weighted=False, gen, **kw):
         X, params, H, G, weighted=weighted,
         **{k: v for k, v in kw.items() if k != "chunk_size"},
     )  # fmt: skip
-    assert _rel(jh, ajh) <= RTOL
-    assert _rel(jtg, ajtg) <= RTOL
+    assert _rel(jh, ajh) <= F64_REDUCTION
+    assert _rel(jtg, ajtg) <= F64_REDUCTION
     return lin
 
 
@@ -232,8 +233,8 @@ def test_mixed_heads_in_one_layer() -> None:
         lin = linearize(X, params, masked=masked, log_weights=lw)
         for geometry, weighted in (("euclidean", False), ("wasserstein", True)):
             ajh, ajtg = _autograd(X, params, H, G, weighted=weighted, masked=masked, log_weights=lw)
-            assert _rel(jvp(lin, H, geometry=geometry), ajh) <= RTOL
-            assert _rel(vjp(lin, G, geometry=geometry), ajtg) <= RTOL
+            assert _rel(jvp(lin, H, geometry=geometry), ajh) <= F64_REDUCTION
+            assert _rel(vjp(lin, G, geometry=geometry), ajtg) <= F64_REDUCTION
 
 
 def test_adjointness() -> None:
@@ -246,7 +247,7 @@ def test_adjointness() -> None:
     for geometry in ("euclidean", "wasserstein"):
         lhs = (jvp(lin, H, geometry=geometry) * G).sum()
         rhs = (H * vjp(lin, G, geometry=geometry)).sum()
-        assert abs(float(lhs - rhs)) <= RTOL * float(lhs.abs() + rhs.abs())
+        assert abs(float(lhs - rhs)) <= F64_REDUCTION * float(lhs.abs() + rhs.abs())
 
 
 # ------------------------------------------------------------------ extreme inputs
@@ -305,8 +306,8 @@ def test_fallback_still_agrees_when_rows_are_dropped() -> None:
     lin = linearize(X, params, masked=True)
     auto = replace(lin, rope_rows=None)
     H, G = _rand(2, 8, 8, gen=gen), _rand(2, 8, 8, gen=gen)
-    assert _rel(jvp(lin, H), jvp(auto, H)) <= RTOL
-    assert _rel(vjp(lin, G), vjp(auto, G)) <= RTOL
+    assert _rel(jvp(lin, H), jvp(auto, H)) <= F64_REDUCTION
+    assert _rel(vjp(lin, G), vjp(auto, G)) <= F64_REDUCTION
 
 
 def test_float32_close_to_float64() -> None:
@@ -318,8 +319,8 @@ def test_float32_close_to_float64() -> None:
     lin32 = linearize(X.float(), params.to(dtype=torch.float32), masked=True)
     j64, j32 = jvp(lin64, H), jvp(lin32, H.float())
     assert j32.dtype == torch.float32
-    assert _rel(j32.double(), j64) < 1e-4
-    assert _rel(vjp(lin32, G.float()).double(), vjp(lin64, G)) < 1e-4
+    assert _rel(j32.double(), j64) < F32_VALUE
+    assert _rel(vjp(lin32, G.float()).double(), vjp(lin64, G)) < F32_VALUE
 
 
 # ------------------------------------------------------------------ Lipschitz estimate
@@ -341,7 +342,7 @@ def test_local_lipschitz_uncertified_runs_on_the_closed_form(
     est = meanfield.local_lipschitz(
         X, params, masked=True, certify=False, method="lanczos", tol=1e-10
     )
-    assert math.isclose(float(est.value), ref, rel_tol=1e-8)
+    assert math.isclose(float(est.value), ref, rel_tol=F64_LANCZOS_GAP)
 
 
 # ------------------------------------------------------------------ Hugging Face adapters
@@ -390,5 +391,5 @@ def test_hf_layers_closed_form_equals_fallback(case: str) -> None:
         assert lin.rope_rows.q_norm is not None and lin.rope_rows.k_norm is not None
     auto = replace(lin, rope_rows=None)  # the torch.func fallback
     H, G = _rand(2, n, 32, gen=g), _rand(2, n, lin.d_out, gen=g)
-    assert _rel(jvp(lin, H), jvp(auto, H)) <= RTOL
-    assert _rel(vjp(lin, G), vjp(auto, G)) <= RTOL
+    assert _rel(jvp(lin, H), jvp(auto, H)) <= F64_REDUCTION
+    assert _rel(vjp(lin, G), vjp(auto, G)) <= F64_REDUCTION

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ..tolerances import F64_ZERO, GRID_MAX, PRINTED_4_DIGITS_SUM, PRINTED_12_DECIMALS
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
@@ -66,7 +68,7 @@ def test_measure_attention(tmp_path):
     (w2,) = _num(r"W2\(mu, F\(mu\)\) = NUM", out)
     assert w2 > 0
     gaps = [float(g) for g in re.findall(r"max \|F\(m\(X\)\) - f\(X\)\| = " + NUM, out)]
-    assert len(gaps) == 2 and max(gaps) < 1e-12  # F(m(X)) = m(f(X)), unmasked and masked
+    assert len(gaps) == 2 and max(gaps) < F64_ZERO  # F(m(X)) = m(f(X)), unmasked and masked
     (value,) = _num(r"Lip\(F at mu, W2\) = NUM", out)
     lower, upper = _num(r"certified bracket \[NUM, NUM\]", out)
     assert 0 < lower <= value <= upper < float("inf")
@@ -80,9 +82,10 @@ def test_symbolic_bound(tmp_path):
     rows = re.findall(rf"N = \s*(\d+): derived {NUM}\s+grid max {NUM}\s+theory.bounds {NUM}", out)
     assert len(rows) == 4, out
     for n, derived, brute, stated in ((int(r[0]), *map(float, r[1:])) for r in rows):
-        assert derived == pytest.approx(stated, rel=1e-11), n  # sympy's result = the closed form
+        # sympy's result = the closed form
+        assert derived == pytest.approx(stated, rel=PRINTED_12_DECIMALS), n
         # the maximum over a grid is below the true maximum, and close to it
-        assert derived * (1 - 1e-6) <= brute <= derived * (1 + 1e-11), n
+        assert derived * (1 - GRID_MAX) <= brute <= derived * (1 + PRINTED_12_DECIMALS), n
 
 
 def test_worst_case_measure(tmp_path):
@@ -92,7 +95,7 @@ def test_worst_case_measure(tmp_path):
     value, lower, upper = _num(r"worst case found: NUM, certified bracket \[NUM, NUM\]", out)
     (proved,) = _num(r"proved upper bound over all measures in B_R: NUM", out)
     masses = [float(m) for m in re.findall(r"with mass " + NUM, out)]
-    assert len(masses) == 2 and sum(masses) == pytest.approx(1, abs=1e-3)
+    assert len(masses) == 2 and sum(masses) == pytest.approx(1, abs=PRINTED_4_DIGITS_SUM)
     assert 0 < g <= at_two_dirac * (1 + 1e-9)  # g is a directional rate at that measure
     assert lower <= value <= upper
     assert at_two_dirac <= value * (1 + 1e-9)  # the search starts from the construction

@@ -29,6 +29,17 @@ from ..oracles_bounded_logits import (
     random_head,
     wasserstein_local,
 )
+from ..tolerances import (
+    ASYMPTOTE,
+    ASYMPTOTE_FAR,
+    CERTIFIED_INFLATION,
+    F64_CLOSED_FORM,
+    F64_FEW_ULPS,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+    F64_VS_MPMATH_COND,
+    FD_REL,
+)
 
 #: float64 rounding of a spectral norm and of the bound's own evaluation (a few hundred ulps of
 #: O(n d) terms); the local bound is attained (equal tokens, n = 1), so equality up to rounding
@@ -146,7 +157,7 @@ def test_local_bound_is_certified_local_for_plain_logits(rng):
         for masked in (False, True):
             ours = B.bounded_logits_local_upper(X, V, A, masked=masked)
             cert = B.certified_local_upper(X, [(A, V)], masked=masked)
-            assert ours <= cert <= ours * (1 + 1e-9)
+            assert ours <= cert <= ours * (1 + CERTIFIED_INFLATION)
 
 
 def test_local_bound_is_attained_at_equal_tokens_mpmath():
@@ -189,10 +200,12 @@ def test_plain_limits():
             ours = B.softcap_sqrt_n_upper(a, v, R, n, np.inf)
             tri = B.sqrt_n_upper(a, v, R, n, form="triangle")
             assert np.all(ours <= tri * (1 + ROUND))
-            np.testing.assert_allclose(B.window_sqrt_n_upper(a, v, R, n, n), tri, rtol=1e-15)
+            np.testing.assert_allclose(B.window_sqrt_n_upper(a, v, R, n, n), tri, rtol=F64_FEW_ULPS)
         mf = B.softcap_mean_field_upper(a, v, R, np.inf)
         theta = a * R**2
-        np.testing.assert_allclose(mf, v * (np.exp(theta) * (1 + theta) + theta), rtol=1e-14)
+        np.testing.assert_allclose(
+            mf, v * (np.exp(theta) * (1 + theta) + theta), rtol=F64_REWRITTEN
+        )
         assert np.all(mf <= B.mean_field_upper(a, v, R, form="refined") * (1 + ROUND))
 
 
@@ -201,13 +214,15 @@ def test_bounded_in_n_and_growth_in_R():
     n = np.array([1.0, 10.0, 1e3, 1e6, np.inf])
     sc = B.softcap_sqrt_n_upper(1.0, 1.0, 2.0, n, 1.5)
     assert np.all(np.diff(sc) >= 0) and np.isfinite(sc[-1])
-    np.testing.assert_allclose(sc[-1], B.softcap_mean_field_upper(1.0, 1.0, 2.0, 1.5), rtol=1e-15)
+    np.testing.assert_allclose(
+        sc[-1], B.softcap_mean_field_upper(1.0, 1.0, 2.0, 1.5), rtol=F64_FEW_ULPS
+    )
     R = np.array([1e3, 1e4])
     for masked in (False, True):
         s = B.softcap_sqrt_n_upper(0.5, 1.0, R, 64, 2.0, masked=masked)
         q = B.qk_norm_sqrt_n_upper(1.0, 1.0, 1.0, R, 64, 1e-4, 8, scale=0.35, masked=masked)
-        assert np.log(s[1] / s[0]) / np.log(10) == pytest.approx(2.0, abs=1e-3)
-        assert np.log(q[1] / q[0]) / np.log(10) == pytest.approx(1.0, abs=1e-3)
+        assert np.log(s[1] / s[0]) / np.log(10) == pytest.approx(2.0, abs=ASYMPTOTE)
+        assert np.log(q[1] / q[0]) / np.log(10) == pytest.approx(1.0, abs=ASYMPTOTE)
     # causal: finite for every n through Hardy's inequality
     assert np.isfinite(B.softcap_sqrt_n_upper(1.0, 1.0, 2.0, np.inf, 1.5, masked=True))
 
@@ -258,7 +273,7 @@ def test_softcap_two_token_is_the_exact_jacobian_norm(a, kappa):
     slope = SB.softcap_two_token().lambdify("slope", (SB.kappa,))(kappa)
     big = np.array([1e4, 1e5])
     val = B.softcap_two_token_lower(a, big, kappa, V) / (V * a * big**2)
-    np.testing.assert_allclose(val, slope, rtol=1e-3)
+    np.testing.assert_allclose(val, slope, rtol=ASYMPTOTE)
 
 
 @pytest.mark.parametrize(("Q", "K", "scale"), [(1.3, 0.8, 0.9), (0.5, 2.0, 0.25), (2.0, 2.0, 3.0)])
@@ -285,11 +300,11 @@ def test_qk_norm_two_token_is_the_exact_jacobian_norm(Q, K, scale):
     for eps in (1e-4, 1e-2):
         R = np.array([1e6, 1e7])
         val = B.qk_norm_two_token_lower(Q, K, R, eps, scale=scale) / R
-        np.testing.assert_allclose(val, slope(Q, K, eps, scale), rtol=1e-4)
+        np.testing.assert_allclose(val, slope(Q, K, eps, scale), rtol=ASYMPTOTE_FAR)
     ratio = B.qk_norm_two_token_lower(Q, K, 1e7, 1e-6, scale=scale) / B.qk_norm_two_token_lower(
         Q, K, 1e7, 1e-4, scale=scale
     )
-    assert ratio == pytest.approx(10.0, rel=1e-3)
+    assert ratio == pytest.approx(10.0, rel=ASYMPTOTE)
 
 
 def test_counterexamples_against_mpmath():
@@ -302,10 +317,10 @@ def test_counterexamples_against_mpmath():
             for a, kappa in ((0.7, 2.0), (2.0, 0.3)):
                 truth = sc_mp(mp.mpf(a), mp.mpf(R), mp.mpf(kappa))
                 got = B.softcap_two_token_lower(a, R, kappa)
-                assert abs(got - truth) <= 1e-13 * truth
+                assert abs(got - truth) <= F64_VS_MPMATH_COND * truth
             truth = qk_mp(*(mp.mpf(v) for v in (1.3, 0.8, R, 1e-3, 0.9)))
             got = B.qk_norm_two_token_lower(1.3, 0.8, R, 1e-3, scale=0.9)
-            assert abs(got - truth) <= 1e-13 * truth
+            assert abs(got - truth) <= F64_VS_MPMATH_COND * truth
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +332,7 @@ def test_symbolic_closed_forms_match_numeric():
     sc = sym.softcap_two_token()
     a, R, kappa = np.array([0.3, 1.0, 2.5]), np.array([0.7, 2.0, 9.0]), np.array([0.5, 2.0, 6.0])
     np.testing.assert_allclose(
-        sc.func(a, R, kappa), B.softcap_two_token_lower(a, R, kappa), rtol=1e-12
+        sc.func(a, R, kappa), B.softcap_two_token_lower(a, R, kappa), rtol=F64_CLOSED_FORM
     )
     qk = sym.qk_norm_two_token()
     Q, K, e, s = (
@@ -328,7 +343,9 @@ def test_symbolic_closed_forms_match_numeric():
     )
     R2 = np.array([3.0, 40.0])
     np.testing.assert_allclose(
-        qk.func(Q, K, R2, e, s), B.qk_norm_two_token_lower(Q, K, R2, e, scale=s), rtol=1e-12
+        qk.func(Q, K, R2, e, s),
+        B.qk_norm_two_token_lower(Q, K, R2, e, scale=s),
+        rtol=F64_CLOSED_FORM,
     )
     cs = sym.column_sums()
     n, Delta = np.array([1.0, 5.0, 1e4]), np.array([0.5, 3.0, 1.0])
@@ -336,16 +353,18 @@ def test_symbolic_closed_forms_match_numeric():
     np.testing.assert_allclose(
         B.bounded_logits_upper(1.0, 0.0, n, Delta / 2, 0.0, 0.0),
         np.sqrt(cs.func(n, Delta)),
-        rtol=1e-14,
+        rtol=F64_REWRITTEN,
     )
     lim = float(cs.extras["limit"].subs(SB.Delta, 3.0))
     assert float(B.bounded_logits_upper(1.0, 0.0, np.inf, 1.5, 0.0, 0.0)) ** 2 == pytest.approx(
-        lim, rel=1e-14
+        lim, rel=F64_REWRITTEN
     )
     causal = cs.lambdify("causal_integral", (SB.n, SB.Delta))
     got = B.bounded_logits_upper(1.0, 0.0, n, Delta / 2, 0.0, 0.0, masked=True) ** 2
     np.testing.assert_allclose(
-        got, np.minimum(np.minimum(n, 1 + causal(n, Delta)), 4 * np.exp(2 * Delta)), rtol=1e-13
+        got,
+        np.minimum(np.minimum(n, 1 + causal(n, Delta)), 4 * np.exp(2 * Delta)),
+        rtol=F64_REWRITTEN_EXP,
     )
 
 
@@ -363,10 +382,10 @@ def test_rms_normalisation_derivative_against_finite_differences(rng):
         # k >= 2: ||DN|| = 1/r (tangential); k = 1 has only the radial eigenvalue eps/r^3 <= 1/r
         radial = d.lambdify("radial", (SB.t, SB.k, SB.eps))(t, kk, e)
         expected = d.func(t, kk, e) if kk >= 2 else radial
-        assert np.linalg.norm(J, 2) == pytest.approx(expected, rel=1e-6)
+        assert np.linalg.norm(J, 2) == pytest.approx(expected, rel=FD_REL)
         assert radial <= d.func(t, kk, e)
         assert np.linalg.norm(r(z)) == pytest.approx(
-            d.lambdify("nu", (SB.t, SB.k, SB.eps))(t, kk, e), rel=1e-12
+            d.lambdify("nu", (SB.t, SB.k, SB.eps))(t, kk, e), rel=F64_CLOSED_FORM
         )
     assert d.extras["sup_derivative"] == 1 / sp.sqrt(SB.eps)
 
@@ -400,7 +419,7 @@ def test_window_counts():
     for n, W in ((10, 3), (3, 10), (100, 1)):
         for masked, c in ((True, min(n, W)), (False, min(n, 2 * W - 1))):
             got = B.window_sqrt_n_upper(a, v, R, n, W, masked=masked)
-            assert got == pytest.approx(v * (math.sqrt(c) * (1 + theta) + theta), rel=1e-15)
+            assert got == pytest.approx(v * (math.sqrt(c) * (1 + theta) + theta), rel=F64_FEW_ULPS)
     assert B.window_sqrt_n_upper(a, v, R, np.inf, 4, masked=True) == B.window_sqrt_n_upper(
         a, v, R, 4, 4, masked=True
     )

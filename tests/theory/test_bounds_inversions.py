@@ -11,12 +11,16 @@ from scipy import optimize
 from theory import bounds as B
 from theory.lambert import lambertw
 
+from ..tolerances import F64_CLOSED_FORM, F64_FEW_ULPS, F64_REWRITTEN, F64_REWRITTEN_EXP, F64_SOLVER
+
 
 def test_gap_for_target_inverts():
     L = np.array([0.0, 1e-3, 1.0, 50.0, 1e300])
     g = B.gap_for_target(L)
     assert g[0] == 0.0
-    np.testing.assert_allclose(np.log(g[1:]) + g[1:] / 2, np.log(L[1:]), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(
+        np.log(g[1:]) + g[1:] / 2, np.log(L[1:]), rtol=F64_REWRITTEN, atol=F64_FEW_ULPS
+    )
 
 
 @pytest.mark.parametrize("lam", [0.7, -0.4])
@@ -27,15 +31,17 @@ def test_radius_for_target_inverts_each_form(lam):
     R_a = B.radius_for_target(L, lam, Vu, form="asymptote")
     R_h = B.radius_for_target(L, lam, Vu, form="half")
     R_e = B.radius_for_target(L, lam, Vu, form="exact")
-    np.testing.assert_allclose(B.two_dirac_asymptote(per_R2 * R_a**2, Vu), L, rtol=1e-12)
-    np.testing.assert_allclose(B.two_dirac_half(per_R2 * R_h**2, Vu), L, rtol=1e-12)
-    np.testing.assert_allclose(B.two_dirac_lower(per_R2 * R_e**2, Vu), L, rtol=1e-12)
+    np.testing.assert_allclose(B.two_dirac_asymptote(per_R2 * R_a**2, Vu), L, rtol=F64_CLOSED_FORM)
+    np.testing.assert_allclose(B.two_dirac_half(per_R2 * R_h**2, Vu), L, rtol=F64_CLOSED_FORM)
+    np.testing.assert_allclose(B.two_dirac_lower(per_R2 * R_e**2, Vu), L, rtol=F64_CLOSED_FORM)
     assert np.all(R_e <= R_a) and np.all(R_e <= R_h)
     assert B.radius_for_target(0.5, lam, Vu, form="exact") == 0.0
     assert B.radius_for_target(0.5, lam, Vu, form="half") == 0.0
     if lam > 0:  # docs/theory.md §9 closed form, C = 3 sqrt(3)/64 ||Vu||
         C = 3 * np.sqrt(3) / 64 * Vu
-        np.testing.assert_allclose(R_a, np.sqrt(8 / lam * lambertw(L / (8 * C))), rtol=1e-13)
+        np.testing.assert_allclose(
+            R_a, np.sqrt(8 / lam * lambertw(L / (8 * C))), rtol=F64_REWRITTEN_EXP
+        )
 
 
 def bisect_radius(L, a, b, c):
@@ -51,10 +57,10 @@ def bisect_radius(L, a, b, c):
 def test_radius_for_upper_matches_bisection(a, b, c, ratio):
     L = a * ratio
     exact = B.radius_for_upper(L, a, b, c)
-    assert exact == pytest.approx(bisect_radius(L, a, b, c), rel=1e-10)
+    assert exact == pytest.approx(bisect_radius(L, a, b, c), rel=F64_SOLVER)
     cons = B.radius_for_upper(L, a, b, c, form="lambert")
     if np.isfinite(cons):
-        assert cons**2 * b >= 1 - 1e-12 and cons <= exact * (1 + 1e-12)
+        assert cons**2 * b >= 1 - F64_CLOSED_FORM and cons <= exact * (1 + F64_CLOSED_FORM)
 
 
 def test_radius_for_upper_special_cases():
@@ -66,4 +72,6 @@ def test_radius_for_upper_special_cases():
     assert np.isnan(B.radius_for_upper(1.5, 1.0, 3.0, 1.0, form="lambert"))  # R^2 < 1/b there
     # simple mean-field form: a = ||V||, b = 3 ||A||, c = c' ||A||
     R = B.radius_for_upper(50.0, 1.2, 3 * 0.8, 0.8)
-    assert B.mean_field_upper(0.8, 1.2, R, form="simple") == pytest.approx(50.0, rel=1e-12)
+    assert B.mean_field_upper(0.8, 1.2, R, form="simple") == pytest.approx(
+        50.0, rel=F64_CLOSED_FORM
+    )

@@ -12,6 +12,7 @@ from ..oracles_bounds import (
     random_ball,
     spec,
 )
+from ..tolerances import F64_LARGE_RADIUS_REL, F64_ZERO
 
 
 def test_large_radius_counts_and_limit_forms():
@@ -38,7 +39,7 @@ def test_local_constant_converges_to_hard_max_limit(rng, masked):
         local = spec(jacobian(XR, A, V, masked=masked))
         gap = B.selection_gap(XR, A, masked=masked)
         dev = B.large_radius_deviation(gap, n, spec(A), spec(V), np.max(np.linalg.norm(XR, axis=1)))
-        assert abs(local - limit) <= dev * (1 + 1e-9) + 1e-12
+        assert abs(local - limit) <= dev * (1 + F64_LARGE_RADIUS_REL) + F64_ZERO
         devs.append(abs(local - limit))
     assert devs[-1] < 1e-8
     assert limit <= np.sqrt(n) * spec(V)

@@ -11,12 +11,13 @@ from ..oracles_bounds import (
     jacobian,
     spec,
 )
+from ..tolerances import F64_REWRITTEN
 
 
 def test_released_quantity_formula_and_counterexample():
     val = B.released_data_dependent([1.0, 2.0], [0.5, 0.1], 2.0, 10)
     expect = 1.0 * np.sqrt(0.25 * 4 * 11 + 10) + 2.0 * np.sqrt(0.01 * 4 * 11 + 10)
-    assert val == pytest.approx(expect, rel=1e-14)
+    assert val == pytest.approx(expect, rel=F64_REWRITTEN)
     # docs/theory.md §2: A = e1 e2^T, tokens on the e2 axis: R_h = max ||A^T x_i|| = 0.
     A = np.array([[0.0, 1.0], [0.0, 0.0]])
     V = np.eye(2)

@@ -15,18 +15,23 @@ from ..oracles_bounds import (
     random_instance,
     spec,
 )
+from ..tolerances import F64_REWRITTEN
 
 
 def test_mean_field_upper_forms_and_log():
     R = np.linspace(0, 3, 31)
     sharp = B.mean_field_upper(0.7, 1.3, R)
     simple = B.mean_field_upper(0.7, 1.3, R, form="simple")
-    assert np.all(sharp <= simple * (1 + 1e-14))
-    np.testing.assert_allclose(np.log(sharp), B.mean_field_upper(0.7, 1.3, R, log=True), rtol=1e-14)
+    assert np.all(sharp <= simple * (1 + F64_REWRITTEN))
+    np.testing.assert_allclose(
+        np.log(sharp), B.mean_field_upper(0.7, 1.3, R, log=True), rtol=F64_REWRITTEN
+    )
     assert np.all(B.mean_field_upper(0.7, 1.3, R, c=2.0) >= sharp)
     assert np.isfinite(B.mean_field_upper(1.0, 1.0, 100.0, log=True))
     theta = 0.7 * R**2
-    np.testing.assert_allclose(sharp, 1.3 * (theta + (1 + 2 * theta) * np.exp(theta)), rtol=1e-14)
+    np.testing.assert_allclose(
+        sharp, 1.3 * (theta + (1 + 2 * theta) * np.exp(theta)), rtol=F64_REWRITTEN
+    )
 
 
 def test_mean_field_upper_dominates_local_w2_constants(rng):
@@ -49,12 +54,12 @@ def test_mean_field_lower_forms(rng):
     assert np.all(lo >= 1.0)
     assert lo[0] == 1.0  # small radius: the trivial bound wins
     expect = max(1.0, B.two_dirac_lower(9 / 4), B.two_dirac_lower(2 * 0.3 * 9))
-    assert lo[2] == pytest.approx(expect, rel=1e-14)
+    assert lo[2] == pytest.approx(expect, rel=F64_REWRITTEN)
     A = rng.normal(size=(3, 3))
     V = rng.normal(size=(2, 3))
     sym = B.mean_field_lower(A, V, R)
     assert np.all(sym <= B.mean_field_upper(spec(A), spec(V), R))
-    assert np.all(sym >= spec(V) * (1 - 1e-14))
+    assert np.all(sym >= spec(V) * (1 - F64_REWRITTEN))
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from theory import bounds as B
 from theory.bounds import registry
 
 from ..oracles_bounds import jacobian, spec
+from ..tolerances import F64_CLOSED_FORM, F64_FEW_ULPS, F64_LARGE_RADIUS_REL
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "theory.md"
 
@@ -199,7 +200,7 @@ def test_masked_hardy_record_matches_its_closed_form(a, v, R):
     theta = a * R**2
     expected = v * (theta + 2.0 * (1.0 + 2.0 * theta) * math.exp(theta))
     got = registry.get("mean_field_upper[c'=1,masked,Hardy]")(a, v, R)
-    assert got == pytest.approx(expected, rel=1e-12)
+    assert got == pytest.approx(expected, rel=F64_CLOSED_FORM)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -215,10 +216,10 @@ def test_large_radius_band_contains_the_exact_constant(rng, masked):
             V = rng.standard_normal((2, 2))
             exact = spec(jacobian(X, A, V, masked=masked))
             hi, low = up(X, A, V, masked=masked), lo(X, A, V, masked=masked)
-            assert low * (1 - 1e-9) <= exact <= hi * (1 + 1e-9)
+            assert low * (1 - F64_LARGE_RADIUS_REL) <= exact <= hi * (1 + F64_LARGE_RADIUS_REL)
             counts = B.large_radius_counts(X, A, masked=masked)
             lim = float(B.large_radius_limit(counts, np.linalg.norm(V, 2)))
-            assert (hi + low) / 2 == pytest.approx(lim, rel=1e-12)
+            assert (hi + low) / 2 == pytest.approx(lim, rel=F64_CLOSED_FORM)
 
 
 def test_sections_exist_in_the_docs():
@@ -279,4 +280,6 @@ def test_meanfield_bound_equals_the_function_on_the_grid(command, cli_json):
         *(np.asarray(v, dtype=float) for v in doc["inputs"].values()), indexing="ij"
     )
     expected = np.asarray(getattr(B, rec.function)(*grids, **doc["options"]), dtype=float)
-    np.testing.assert_allclose(np.asarray(doc["value"], dtype=float), expected, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(
+        np.asarray(doc["value"], dtype=float), expected, rtol=F64_FEW_ULPS, atol=0
+    )

@@ -10,6 +10,8 @@ import pytest
 
 from theory import bounds as B
 
+from ..tolerances import ASYMPTOTE, F64_CLOSED_FORM, F64_FEW_ULPS, F64_REDUCTION, F64_REWRITTEN
+
 
 def simulate_split(A, V, u, R, k):
     """Exact W2 ratio of the duplicate-then-move attack, from explicit log-weight softmaxes."""
@@ -40,9 +42,9 @@ def test_split_gain_matches_simulation(rng):
         s = lam * R**2 / 4
         for k in (1, 2, 7, 50, 1000):
             ratio, vfac = simulate_split(A, V, u, R, k)
-            assert ratio == pytest.approx(vfac * B.split_gain(k, s), rel=1e-12)
+            assert ratio == pytest.approx(vfac * B.split_gain(k, s), rel=F64_REDUCTION)
         assert B.split_gain_general(7, R / 2, R, lam) == pytest.approx(
-            B.split_gain(7, s), rel=1e-14
+            B.split_gain(7, s), rel=F64_REWRITTEN
         )
 
 
@@ -50,11 +52,11 @@ def test_split_gain_regimes():
     assert B.split_gain(1, 5.0) == 1.0
     assert np.all(B.split_gain(1, np.array([-3.0, 0.0, 40.0])) == 1.0)
     k = np.arange(1, 1001)
-    np.testing.assert_allclose(B.split_gain(k, 40.0), np.sqrt(k), rtol=1e-12)  # k << e^s
+    np.testing.assert_allclose(B.split_gain(k, 40.0), np.sqrt(k), rtol=F64_CLOSED_FORM)  # k << e^s
     for s in (10.0, 20.0, 40.0):
         kstar = B.optimal_split_k(s)
         peak = B.split_gain(kstar, s)
-        assert peak == pytest.approx(np.exp(s / 2) / 2, rel=2 * np.exp(-s / 2) + 1e-12)
+        assert peak == pytest.approx(np.exp(s / 2) / 2, rel=2 * np.exp(-s / 2) + F64_CLOSED_FORM)
         assert peak >= B.split_gain(np.array([kstar / 2, 2 * kstar]), s).max()
     assert B.split_gain(1e30, 10.0) < 1e-5  # decays for k >> e^s
     assert np.isfinite(B.split_gain(1e300, 700.0))
@@ -68,9 +70,9 @@ def test_split_optimal_k_brute_force():
 
 def test_split_gain_saturation_and_optimal_k_edges():
     s = 10.0
-    assert B.split_gain(1 + math.exp(s), s) == pytest.approx(math.exp(s / 2) / 2, rel=1e-3)
+    assert B.split_gain(1 + math.exp(s), s) == pytest.approx(math.exp(s / 2) / 2, rel=ASYMPTOTE)
     big = B.split_gain(np.array([2.0, 1e300]), 800.0)  # log domain: finite for any s
-    assert np.all(np.isfinite(big)) and big[0] == pytest.approx(math.sqrt(2), rel=1e-12)
+    assert np.all(np.isfinite(big)) and big[0] == pytest.approx(math.sqrt(2), rel=F64_CLOSED_FORM)
     with pytest.raises(ValueError):
         B.split_gain(0.5, 1.0)
     assert B.optimal_split_k(0.5 * math.log(2) - 1e-9) == 1  # k = 1 for s <= log(2) / 2
@@ -84,7 +86,7 @@ def test_split_gain_w_infinity_has_no_gain():
     wy = np.exp(s) / (k - 1 + np.exp(s))
     wz = np.exp(2 * s) / (k - 1 + np.exp(2 * s))
     assert np.all(np.maximum(wy, wz) <= 1.0)
-    assert np.all(B.split_gain(k, s) >= np.maximum(wy, wz) - 1e-15)
+    assert np.all(B.split_gain(k, s) >= np.maximum(wy, wz) - F64_FEW_ULPS)
 
 
 def test_split_optimal_k_is_optimal_to_float_precision_beyond_brute_force():

@@ -22,6 +22,21 @@ from ..oracles_bounds import (
     random_instance,
     spec,
 )
+from ..tolerances import (
+    ASYMPTOTE_CONVERGED,
+    BRACKET_MARGIN,
+    BRACKET_MARGIN_LOOSE,
+    EXACT_ZERO_FLOOR,
+    F64_CLOSED_FORM,
+    F64_LONG_CHAIN,
+    F64_NONSYM_EIG,
+    F64_REDUCTION,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+    F64_SOLVER,
+    F64_ZERO,
+    FD_SCALAR,
+)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -33,7 +48,7 @@ def test_oracle_jacobian_matches_finite_differences(rng, masked):
     log_a = np.log(rng.dirichlet(np.ones(n)))
     J = jacobian(X, A, V, log_a, masked)
     fd = fd_jacobian(lambda Y: attention(Y, A, V, log_a, masked), X)
-    np.testing.assert_allclose(J, fd, atol=1e-8)
+    np.testing.assert_allclose(J, fd, atol=FD_SCALAR)
 
 
 norms = st.floats(min_value=0.0, max_value=5.0)
@@ -45,11 +60,15 @@ def test_sqrt_n_forms_are_ordered(a, v, R, n):
     tri = B.sqrt_n_upper(a, v, R, n, form="triangle")
     sharp = B.sqrt_n_upper(a, v, R, n, sharp=True)
     loose = B.sqrt_n_upper(a, v, R, n)
-    assert tri <= sharp * (1 + 1e-12) and sharp <= loose * (1 + 1e-12)
+    assert tri <= sharp * (1 + F64_CLOSED_FORM) and sharp <= loose * (1 + F64_CLOSED_FORM)
     for form in ("sqrt3", "sharp", "triangle"):
         C = B.sqrt_n_constant(a, v, R, n, form=form)
-        assert C * np.sqrt(n) == pytest.approx(B.sqrt_n_upper(a, v, R, n, form=form), rel=1e-12)
-        assert B.sqrt_n_constant(a, v, R, form=form) >= C * (1 - 1e-12)  # n = 1 is uniform
+        assert C * np.sqrt(n) == pytest.approx(
+            B.sqrt_n_upper(a, v, R, n, form=form), rel=F64_CLOSED_FORM
+        )
+        assert B.sqrt_n_constant(a, v, R, form=form) >= C * (
+            1 - F64_CLOSED_FORM
+        )  # n = 1 is uniform
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -59,7 +78,7 @@ def test_sqrt_n_upper_dominates_local_constants(rng, masked):
         n, R, A, V, X = random_instance(rng, (1, 9), (0.3, 2.5), d, dv)
         local = spec(jacobian(X, A, V, masked=masked))
         tri = B.sqrt_n_upper(spec(A), spec(V), R, n, form="triangle")
-        assert local <= tri * (1 + 1e-10), (trial, local, tri)
+        assert local <= tri * (1 + BRACKET_MARGIN_LOOSE), (trial, local, tri)
 
 
 @pytest.mark.parametrize("case", ["+", "-"])
@@ -77,24 +96,26 @@ def test_sqrt_n_lower_is_exact_on_the_construction(rng, case):
         H[:d] = u
         rows = (J @ H).reshape(n, dv)[1:]
         expect = B.sqrt_n_lower(gamma, n, np.linalg.norm(V @ u))
-        assert np.linalg.norm(rows) == pytest.approx(expect, rel=1e-12)
+        assert np.linalg.norm(rows) == pytest.approx(expect, rel=F64_REDUCTION)
         exact = spec(J)
-        assert expect <= exact * (1 + 1e-12)
+        assert expect <= exact * (1 + BRACKET_MARGIN)
         for form in ("sqrt3", "sharp", "triangle"):
-            assert exact <= B.sqrt_n_upper(spec(A), spec(V), R, n, form=form) * (1 + 1e-12)
+            assert exact <= B.sqrt_n_upper(spec(A), spec(V), R, n, form=form) * (1 + BRACKET_MARGIN)
 
 
 def test_sqrt_n_lower_large_gamma_and_limits():
-    assert B.sqrt_n_lower(1000.0, 1e6) == pytest.approx(np.sqrt(1e6 - 1), rel=1e-12)
+    assert B.sqrt_n_lower(1000.0, 1e6) == pytest.approx(np.sqrt(1e6 - 1), rel=F64_CLOSED_FORM)
     assert B.sqrt_n_lower(3.0, 1) == 0.0
     n = np.arange(2, 400)
     vals = B.sqrt_n_lower(2.0, n)
     p = np.exp(2.0) / (np.exp(2.0) + n - 1)
-    np.testing.assert_allclose(vals, np.sqrt(n - 1) * p * (1 + (1 - p) * 2.0), rtol=1e-13)
+    np.testing.assert_allclose(
+        vals, np.sqrt(n - 1) * p * (1 + (1 - p) * 2.0), rtol=F64_REWRITTEN_EXP
+    )
     # while n - 1 <= e^gamma, p >= 1/2 and the bound is >= sqrt(n - 1) / 2
     gamma = 6.0
     n = np.arange(2, int(np.exp(gamma)) + 2)
-    assert np.all(B.sqrt_n_lower(gamma, n) >= 0.5 * np.sqrt(n - 1) * (1 - 1e-12))
+    assert np.all(B.sqrt_n_lower(gamma, n) >= 0.5 * np.sqrt(n - 1) * (1 - F64_CLOSED_FORM))
 
 
 @pytest.mark.parametrize("case", ["+", "-"])
@@ -116,8 +137,8 @@ def test_sequence_lower_k_copies(rng, case):
         H[:k] = u / np.sqrt(k)
         rows = (J @ H.ravel()).reshape(n, dv)[k:]
         vals.append(np.linalg.norm(rows))
-        assert vals[-1] == pytest.approx(B.two_dirac_g(k / n, gamma, Vu), rel=1e-11)
-    assert B.sequence_lower(gamma, n, Vu) == pytest.approx(max(vals), rel=1e-12)
+        assert vals[-1] == pytest.approx(B.two_dirac_g(k / n, gamma, Vu), rel=F64_LONG_CHAIN)
+    assert B.sequence_lower(gamma, n, Vu) == pytest.approx(max(vals), rel=F64_REDUCTION)
 
 
 def test_sequence_lower_saturates_at_sup_g():
@@ -125,11 +146,11 @@ def test_sequence_lower_saturates_at_sup_g():
         n = np.array([2, 10, 100, 10**4, 10**7])
         seq = B.sequence_lower(gamma, n)
         sup = B.two_dirac_lower(gamma)
-        assert np.all(np.diff(seq) >= -1e-12) and np.all(seq <= sup * (1 + 1e-12))
-        assert np.all(seq >= B.sqrt_n_lower(gamma, n) * (1 - 1e-12))
-        assert seq[-1] == pytest.approx(sup, rel=1e-5)
+        assert np.all(np.diff(seq) >= -F64_ZERO) and np.all(seq <= sup * (1 + F64_CLOSED_FORM))
+        assert np.all(seq >= B.sqrt_n_lower(gamma, n) * (1 - F64_CLOSED_FORM))
+        assert seq[-1] == pytest.approx(sup, rel=ASYMPTOTE_CONVERGED)
         brute = max(B.two_dirac_g(k / 100, gamma) for k in range(1, 100))
-        assert B.sequence_lower(gamma, 100) == pytest.approx(brute, rel=1e-13)
+        assert B.sequence_lower(gamma, 100) == pytest.approx(brute, rel=F64_REWRITTEN_EXP)
 
 
 def test_masked_lower_matches_causal_jacobian(rng):
@@ -145,7 +166,7 @@ def test_masked_lower_matches_causal_jacobian(rng):
         H[:d] = u
         rows = (J @ H).reshape(n, dv)[1:]
         expect = B.masked_sqrt_n_lower(gamma, n, np.linalg.norm(V @ u))
-        assert np.linalg.norm(rows) == pytest.approx(expect, rel=1e-12)
+        assert np.linalg.norm(rows) == pytest.approx(expect, rel=F64_REDUCTION)
 
 
 @pytest.mark.parametrize("gamma", [0.0, 1.0, 4.0, 9.0])
@@ -156,7 +177,7 @@ def test_masked_lower_increases_and_converges(gamma):
     limit = B.masked_sqrt_n_lower(gamma, np.inf)
     # tail of the squared sum after n terms <= (1 + gamma)^2 e^{2 gamma} / (n - 1)
     tail = (1 + gamma) ** 2 * np.exp(2 * gamma) / (n[-1] - 1)
-    assert vals[-1] <= limit <= np.sqrt(vals[-1] ** 2 + tail) * (1 + 1e-12)
+    assert vals[-1] <= limit <= np.sqrt(vals[-1] ** 2 + tail) * (1 + F64_CLOSED_FORM)
     # Saturation versus decay: past n ~ e^gamma the unmasked construction loses the effect.
     # (For small n the masked value can be the smaller one: f(p) = p(1 + (1 - p) gamma) decreases
     # in p for p > (1 + gamma) / (2 gamma), and masked rows see fewer copies.)
@@ -174,7 +195,7 @@ def test_masked_limit_against_direct_mpmath_sum(gamma):
             return (p * (1 + (1 - p) * gamma)) ** 2
 
         ref = mpmath.sqrt(mpmath.nsum(term, [1, mpmath.inf]))
-    assert B.masked_sqrt_n_lower(gamma, np.inf) == pytest.approx(float(ref), rel=1e-10)
+    assert B.masked_sqrt_n_lower(gamma, np.inf) == pytest.approx(float(ref), rel=F64_SOLVER)
 
 
 @pytest.mark.parametrize("gamma", [0.5, 3.0, 12.0, 29.9, 30.1, 45.0, 300.0])
@@ -190,7 +211,7 @@ def test_masked_limit_against_mpmath_hurwitz(gamma):
             + g**2 * E**4 * mpmath.zeta(4, E + 1)
         )
         ref = mpmath.sqrt(S)
-    assert B.masked_sqrt_n_lower(gamma, np.inf) == pytest.approx(float(ref), rel=1e-12)
+    assert B.masked_sqrt_n_lower(gamma, np.inf) == pytest.approx(float(ref), rel=F64_CLOSED_FORM)
 
 
 @settings(max_examples=200, deadline=None)
@@ -199,9 +220,9 @@ def test_construction_gap_rules_agree(l1, l2, R):
     lmax, lmin = max(l1, l2), min(l1, l2)
     rel = B.construction_gap(lmax, lmin, R, rule="released")
     best = B.construction_gap(lmax, lmin, R, rule="best")
-    assert rel.gamma == pytest.approx(best.gamma, rel=1e-14, abs=1e-300)
+    assert rel.gamma == pytest.approx(best.gamma, rel=F64_REWRITTEN, abs=EXACT_ZERO_FLOOR)
     assert best.gamma >= 0
-    assert best.gamma == pytest.approx(max(lmax * R**2 / 4, -2 * lmin * R**2), rel=1e-14)
+    assert best.gamma == pytest.approx(max(lmax * R**2 / 4, -2 * lmin * R**2), rel=F64_REWRITTEN)
     if lmax * R**2 / 4 != -2 * lmin * R**2:  # the rules differ only on ties (after rounding)
         assert rel.case == best.case
 
@@ -218,13 +239,13 @@ def test_rayleigh_extremes_variants(rng):
     A = rng.normal(size=(4, 4))
     sym = B.rayleigh_extremes(A)
     for u, lam in ((sym.u_max, sym.lam_max), (sym.u_min, sym.lam_min)):
-        assert u @ A @ u == pytest.approx(lam, rel=1e-12)
+        assert u @ A @ u == pytest.approx(lam, rel=F64_REDUCTION)
     lam_all = np.linalg.eigvals(A)
-    real = lam_all[np.abs(lam_all.imag) < 1e-12].real
+    real = lam_all[np.abs(lam_all.imag) < F64_ZERO].real
     if real.size:
         rel = B.rayleigh_extremes(A, variant="released")
-        assert rel.lam_max == pytest.approx(real.max(), rel=1e-10)
-        assert sym.lam_max >= rel.lam_max - 1e-12 and sym.lam_min <= rel.lam_min + 1e-12
+        assert rel.lam_max == pytest.approx(real.max(), rel=F64_NONSYM_EIG)
+        assert sym.lam_max >= rel.lam_max - F64_ZERO and sym.lam_min <= rel.lam_min + F64_ZERO
     with pytest.raises(ValueError, match="no real eigenvalue"):
         B.rayleigh_extremes(np.array([[0.0, -1.0], [1.0, 0.0]]), variant="released")
 
@@ -239,8 +260,8 @@ def test_multihead_rules_bound_the_multihead_jacobian(rng):
     Ws = [WO[:, h * dv : (h + 1) * dv] for h in range(H)]
     J = sum(np.kron(np.eye(n), Ws[h]) @ Js[h] for h in range(H))
     local = np.array([spec(Jh) for Jh in Js])
-    assert spec(J) <= B.multihead_upper(local, W_norms=[spec(W) for W in Ws]) * (1 + 1e-12)
-    assert spec(J) <= B.multihead_upper(local, WO_norm=spec(WO), rule="l2") * (1 + 1e-12)
+    assert spec(J) <= B.multihead_upper(local, W_norms=[spec(W) for W in Ws]) * (1 + BRACKET_MARGIN)
+    assert spec(J) <= B.multihead_upper(local, WO_norm=spec(WO), rule="l2") * (1 + BRACKET_MARGIN)
     assert B.multihead_upper(local) == pytest.approx(local.sum())
     with pytest.raises(ValueError):
         B.multihead_upper(local, rule="l2")

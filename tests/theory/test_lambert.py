@@ -18,6 +18,17 @@ from theory.lambert import (
     lambertw_exp,
 )
 
+from ..tolerances import (
+    F64_FEW_ULPS,
+    F64_ONE_SUBNORMAL,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+    F64_VS_EXP_COMPOSED,
+    F64_VS_MPMATH,
+    F64_VS_SCIPY,
+    FD_SCALAR,
+)
+
 EPS = np.finfo(float).eps
 BRANCH = -np.exp(-1.0)
 
@@ -73,7 +84,7 @@ def test_w_exp_w_is_z(branch):
         else np.concatenate([near_branch_grid(), [0.5, 3.0, 1e5]])
     )
     w = lambertw(zs, branch)
-    np.testing.assert_allclose(w * np.exp(w), zs, rtol=1e-14)
+    np.testing.assert_allclose(w * np.exp(w), zs, rtol=F64_REWRITTEN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,13 +100,15 @@ def test_matches_mpmath_including_branch_point(branch):
         zs = zs[zs < 0]
     ours = lambertw(zs, branch)
     ref = np.array([mp_reference(z, branch) for z in zs])
-    np.testing.assert_allclose(ours, ref, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(ours, ref, rtol=F64_VS_MPMATH, atol=0)
 
 
 @pytest.mark.parametrize("branch", [0, -1])
 def test_matches_scipy_away_from_branch_point(branch):
     zs = np.linspace(BRANCH + 0.01, -1e-3, 50) if branch == -1 else np.logspace(-5, 200, 50)
-    np.testing.assert_allclose(lambertw(zs, branch), special.lambertw(zs, branch).real, rtol=1e-14)
+    np.testing.assert_allclose(
+        lambertw(zs, branch), special.lambertw(zs, branch).real, rtol=F64_VS_SCIPY
+    )
 
 
 def test_beats_scipy_near_branch_point():
@@ -109,7 +122,7 @@ def test_beats_scipy_near_branch_point():
 @pytest.mark.parametrize(("z", "branch"), [(-0.2, 0), (-0.2, -1), (2.5, 0), (1e-9, 0), (-1e-9, -1)])
 def test_matches_sympy(z, branch):
     ref = float(sp.N(sp.LambertW(sp.Float(z, 40), branch), 30))
-    assert lambertw(z, branch) == pytest.approx(ref, rel=1e-15)
+    assert lambertw(z, branch) == pytest.approx(ref, rel=F64_VS_MPMATH)
 
 
 def test_high_precision_path():
@@ -122,9 +135,9 @@ def test_high_precision_path():
         assert abs(w - mpmath.lambertw(z)) < mpmath.mpf(10) ** -38
     arr = lambertw(np.array([0.5, -0.2]), precision=30)
     assert arr.dtype == object and arr.shape == (2,)
-    assert float(arr[0]) == pytest.approx(lambertw(0.5), rel=1e-15)
+    assert float(arr[0]) == pytest.approx(lambertw(0.5), rel=F64_VS_MPMATH)
     wm1 = lambertw("-0.1", -1, precision=30)
-    assert float(wm1) == pytest.approx(lambertw(-0.1, -1), rel=1e-15)
+    assert float(wm1) == pytest.approx(lambertw(-0.1, -1), rel=F64_VS_MPMATH)
 
 
 def test_high_precision_branch_point_and_errors():
@@ -158,9 +171,11 @@ def test_derivative_matches_finite_differences(branch):
     zs = np.array([-0.3, -0.2, -0.05]) if branch == -1 else np.array([-0.3, -0.1, 0.3, 2.0, 50.0])
     h = 1e-6 * np.abs(zs)
     fd = (lambertw(zs + h, branch) - lambertw(zs - h, branch)) / (2 * h)
-    np.testing.assert_allclose(lambertw_derivative(zs, branch), fd, rtol=1e-8)
+    np.testing.assert_allclose(lambertw_derivative(zs, branch), fd, rtol=FD_SCALAR)
     w = lambertw(zs, branch)
-    np.testing.assert_allclose(lambertw_derivative(zs, branch), w / (zs * (1 + w)), rtol=1e-13)
+    np.testing.assert_allclose(
+        lambertw_derivative(zs, branch), w / (zs * (1 + w)), rtol=F64_REWRITTEN_EXP
+    )
 
 
 def test_derivative_special_points():
@@ -242,7 +257,7 @@ def test_lambertw_exp_matches_mpmath():
     sub = np.array([-740.0, -745.0, -800.0])
     with mpmath.workdps(50):
         ref_sub = np.array([float(mpmath.lambertw(mpmath.exp(mpmath.mpf(x)))) for x in sub])
-    np.testing.assert_allclose(lambertw_exp(sub), ref_sub, rtol=0, atol=5e-324)
+    np.testing.assert_allclose(lambertw_exp(sub), ref_sub, rtol=0, atol=F64_ONE_SUBNORMAL)
     assert lambertw_exp(-np.inf) == 0.0 and lambertw_exp(np.inf) == np.inf
     with pytest.raises(ValueError, match="NaN"):
         lambertw_exp(np.array([0.0, np.nan]))
@@ -250,10 +265,10 @@ def test_lambertw_exp_matches_mpmath():
 
 def test_lambertw_exp_matches_direct_and_extends_it():
     u = np.linspace(-30, 700, 200)
-    np.testing.assert_allclose(lambertw_exp(u), lambertw(np.exp(u)), rtol=2e-15)
+    np.testing.assert_allclose(lambertw_exp(u), lambertw(np.exp(u)), rtol=F64_VS_EXP_COMPOSED)
     big = np.array([710.0, 1e4, 1e100])
     w = lambertw_exp(big)
-    np.testing.assert_allclose(w + np.log(w), big, rtol=1e-15)
+    np.testing.assert_allclose(w + np.log(w), big, rtol=F64_FEW_ULPS)
 
 
 def test_asymptotic_expansion_converges():

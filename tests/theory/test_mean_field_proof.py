@@ -22,12 +22,25 @@ from meanfield import AttentionParams, DiracMeasure, local_lipschitz
 from meanfield.attacks import two_dirac_measure, worst_case_measure
 from theory import bounds as B
 
+from ..tolerances import (
+    ASYMPTOTE,
+    ASYMPTOTE_NEGLIGIBLE,
+    BRACKET_MARGIN,
+    BRUTE_FORCE_MAX,
+    EXACT_ZERO_FLOOR,
+    F64_DENSE_ASSEMBLY,
+    F64_FEW_ULPS,
+    F64_LANCZOS,
+    F64_REWRITTEN,
+    F64_REWRITTEN_EXP,
+)
+
 RTOL = 1e-12
 
 
 def _le(a, b):
     """``a <= b`` up to float64 rounding of quantities of size ``|b|``."""
-    return a <= b + RTOL * abs(b) + 1e-300
+    return a <= b + RTOL * abs(b) + EXACT_ZERO_FLOOR
 
 
 def _spec(M):
@@ -97,7 +110,7 @@ def _check_proof(X, log_a, A, V, *, R=None, engine=True):
     L_proof = _spec(o["full"])
     if engine:
         lo, val, up = _engine(X, log_a, A, V)
-        assert abs(L_proof - val) <= 1e-9 * val, (L_proof, val)
+        assert abs(L_proof - val) <= F64_DENSE_ASSEMBLY * val, (L_proof, val)
         assert lo <= val <= up
     # Step 1: self term, ||C_i A^T|| <= ||A|| ||C_i|| <= ||A|| R^2
     for i in range(n):
@@ -123,7 +136,7 @@ def _check_proof(X, log_a, A, V, *, R=None, engine=True):
     cols = (sa @ o["Kn"]) / sa
     assert _le(Kn_norm, float(np.sqrt(rows.max() * cols.max())))
     # Step 5: rows, sum_j P_ij = 1, sum_j P_ij ||x_j - m_i|| <= sqrt(tr C_i) <= R
-    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-13)
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=F64_REWRITTEN_EXP)
     mean_dist = np.sum(P * dist, axis=1)
     trC = np.trace(C, axis1=1, axis2=2)
     assert np.all(_le(mean_dist, np.sqrt(trC)))
@@ -237,7 +250,7 @@ def test_proof_steps_searched_worst_measures():
         )
         X = res.measure.points.numpy()
         out = _check_proof(X, res.measure.log_weights.numpy(), A.numpy(), V.numpy(), R=R)
-        assert out["L"] == pytest.approx(res.value, rel=1e-9)
+        assert out["L"] == pytest.approx(res.value, rel=F64_LANCZOS)
 
 
 def test_refined_form_values():
@@ -246,9 +259,11 @@ def test_refined_form_values():
     theta = 0.6 * R**2
     ref = B.mean_field_upper(0.6, 1.7, R, form="refined")
     expect = 1.7 * (theta + np.sqrt((1 + theta) * (1 + 2 * theta)) * np.exp(theta))
-    np.testing.assert_allclose(ref, expect, rtol=1e-13)
+    np.testing.assert_allclose(ref, expect, rtol=F64_REWRITTEN_EXP)
     np.testing.assert_allclose(
-        np.log(ref), B.mean_field_upper(0.6, 1.7, R, form="refined", log=True), rtol=1e-13
+        np.log(ref),
+        B.mean_field_upper(0.6, 1.7, R, form="refined", log=True),
+        rtol=F64_REWRITTEN_EXP,
     )
     sharp = B.mean_field_upper(0.6, 1.7, R)
     assert np.all(ref <= sharp)
@@ -257,7 +272,7 @@ def test_refined_form_values():
     big = B.mean_field_upper(1.0, 1.0, 30.0, log=True) - B.mean_field_upper(
         1.0, 1.0, 30.0, form="refined", log=True
     )
-    assert big == pytest.approx(0.5 * np.log(2.0), abs=1e-3)
+    assert big == pytest.approx(0.5 * np.log(2.0), abs=ASYMPTOTE)
 
 
 def test_masked_steps_and_hardy_bound():
@@ -274,7 +289,7 @@ def test_masked_steps_and_hardy_bound():
         o = _proof_objects(X, log_a, A, V, masked=True)
         a = o["a"]
         _, val, _ = _engine(X, log_a, A, V, positions=np.arange(n) / n)
-        assert abs(_spec(o["full"]) - val) <= 1e-9 * val
+        assert abs(_spec(o["full"]) - val) <= F64_DENSE_ASSEMBLY * val
         cum = np.cumsum(a)  # A_i, mass of the keys a query at position i sees
         # P_ij / a_j <= e^{2 theta} / A_i, hence N_ij <= (1 + 2 theta) e^{2 theta} H_ij
         log_ratio = o["log_P"] - o["log_a"][None, :]
@@ -295,7 +310,7 @@ def test_masked_steps_and_hardy_bound():
     o = _proof_objects(X, np.full(n, -np.log(n)), np.eye(1), np.eye(1), masked=True)
     sa = np.exp(0.5 * o["log_a"])
     col0 = float((sa @ o["Kn"])[0] / sa[0])
-    assert col0 == pytest.approx(sum(1 / k for k in range(1, n + 1)), rel=1e-6)
+    assert col0 == pytest.approx(sum(1 / k for k in range(1, n + 1)), rel=ASYMPTOTE_NEGLIGIBLE)
     assert col0 > 3.0
 
 
@@ -330,8 +345,8 @@ def test_score_gap_constant_is_an_upper_bound_and_exact_for_semidefinite():
     rng = np.random.default_rng(41)
     for a in (0.3, 1.0, 2.5):
         for d in (1, 3):
-            assert B.score_gap_constant(a * np.eye(d)) == pytest.approx(a / 4, rel=1e-14)
-            assert B.score_gap_constant(-a * np.eye(d)) == pytest.approx(2 * a, rel=1e-14)
+            assert B.score_gap_constant(a * np.eye(d)) == pytest.approx(a / 4, rel=F64_REWRITTEN)
+            assert B.score_gap_constant(-a * np.eye(d)) == pytest.approx(2 * a, rel=F64_REWRITTEN)
     for trial in range(12):
         d = int(rng.integers(1, 4))
         M = rng.normal(size=(d, d))
@@ -339,10 +354,10 @@ def test_score_gap_constant_is_an_upper_bound_and_exact_for_semidefinite():
         A = M @ M.T if kind == 0 else (-(M @ M.T) if kind == 1 else M)
         kb = float(B.score_gap_constant(A))
         brute = _max_score_gap(A, rng)
-        assert brute <= kb * (1 + 1e-12), (A, brute, kb)
-        assert kb <= 2 * _spec(A) * (1 + 1e-15)
+        assert brute <= kb * (1 + BRACKET_MARGIN), (A, brute, kb)
+        assert kb <= 2 * _spec(A) * (1 + F64_FEW_ULPS)
         if kind in (0, 1):  # semidefinite: the certified constant is attained
-            assert brute >= kb * (1 - 1e-4), (A, brute, kb)
+            assert brute >= kb * (1 - BRUTE_FORCE_MAX), (A, brute, kb)
 
 
 def _cells(X, R, k):
@@ -409,7 +424,7 @@ def test_cells_bound_at_searched_worst_measures_positive_definite():
         )
         X = res.measure.points.numpy()
         L, bound = _check_cells(X, res.measure.log_weights.numpy(), np.eye(1), np.eye(1), R)
-        assert L == pytest.approx(res.value, rel=1e-9)
+        assert L == pytest.approx(res.value, rel=F64_LANCZOS)
         # the e^theta forms are exponentially looser than the cells bound here
         refined = float(B.mean_field_upper(1.0, 1.0, R, form="refined"))
         if R == 5.0:
@@ -424,5 +439,5 @@ def test_cells_bound_exponent():
     assert np.all(np.diff(up) < 0) and up[-1] < 0.125 + 0.01 and up[-1] > 0.125
     up_neg = B.mean_field_upper_cells(-np.eye(2), np.eye(2), R, log=True)
     np.testing.assert_allclose(
-        up_neg, B.mean_field_upper(1.0, 1.0, R, form="refined", log=True), rtol=1e-14
+        up_neg, B.mean_field_upper(1.0, 1.0, R, form="refined", log=True), rtol=F64_REWRITTEN
     )

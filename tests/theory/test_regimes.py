@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from theory import bounds as B
 from theory import regimes as Rg
 
+from ..tolerances import F64_CLOSED_FORM, F64_LONG_CHAIN
+
 
 @pytest.mark.parametrize("form", ["sqrt3", "sharp", "triangle"])
 @pytest.mark.parametrize("mf_form", ["sharp", "simple"])
@@ -23,10 +25,10 @@ def test_crossover_equalises_the_bounds(form, mf_form):
         np.testing.assert_allclose(
             B.sqrt_n_upper(a, 2.0, R[ok], n_star[ok], form=form),
             B.mean_field_upper(a, 2.0, R[ok], c=c, form=mf_form),
-            rtol=1e-11,
+            rtol=F64_LONG_CHAIN,
         )
         log_n = Rg.crossover_n(a, 2.0, R, c=c, form=form, mf_form=mf_form, log=True)
-        np.testing.assert_allclose(np.exp(log_n), n_star, rtol=1e-12)
+        np.testing.assert_allclose(np.exp(log_n), n_star, rtol=F64_CLOSED_FORM)
 
 
 def test_crossover_growth_rate():
@@ -54,8 +56,8 @@ def test_classify_is_consistent(a, v, R, n):
     r = Rg.classify(a, v, R, n)
     assert r.regime == ("sqrt-n" if n < r.n_star else "mean-field")
     assert r.upper == min(r.sqrt_n_upper, r.mean_field_upper)
-    assert r.lower <= r.upper * (1 + 1e-12)
-    assert r.mean_field_lower <= r.mean_field_upper * (1 + 1e-12)
+    assert r.lower <= r.upper * (1 + F64_CLOSED_FORM)
+    assert r.mean_field_lower <= r.mean_field_upper * (1 + F64_CLOSED_FORM)
     assert r.V_norm <= r.lower
     assert r.regime in r.explain()
 
@@ -104,9 +106,9 @@ def test_radius_bracket(L, c):
     a, v = 0.8, 1.2
     br = Rg.radius_bracket(L, a, v, c=c)
     assert 0 < br.R_certified <= br.R_violated
-    assert B.mean_field_upper(a, v, br.R_certified, c=c) == pytest.approx(L, rel=1e-12)
+    assert B.mean_field_upper(a, v, br.R_certified, c=c) == pytest.approx(L, rel=F64_CLOSED_FORM)
     gamma = 2 * a * br.R_violated**2  # worst case lam = -||A||
-    assert B.two_dirac_lower(gamma, v) == pytest.approx(L, rel=1e-12)
+    assert B.two_dirac_lower(gamma, v) == pytest.approx(L, rel=F64_CLOSED_FORM)
     assert "undetermined" in br.explain()
 
 

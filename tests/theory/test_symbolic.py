@@ -14,6 +14,8 @@ from theory import regimes
 from theory import symbolic as sym
 from theory.lambert import lambertw_asymptotic
 
+from ..tolerances import F64_CLOSED_FORM, F64_LONG_CHAIN, F64_SOLVER, F64_ZERO
+
 RTOL = 1e-12
 
 
@@ -82,7 +84,7 @@ def test_two_dirac_quadratic_and_optimum():
     assert d.extras["v_limit_inf"] == sp.Rational(3, 4)
     assert d.extras["eps_e_gamma_limit"] == sp.Rational(1, 3)
     gam = np.logspace(-2, 2.5, 40)  # the closed form has 0/0 at gamma = 0 and cancels below 2/3
-    close(d.func(gam), B.two_dirac_optimal_mass(gam).v, rtol=1e-10)
+    close(d.func(gam), B.two_dirac_optimal_mass(gam).v, rtol=F64_SOLVER)
     big = gam[gam >= 1]
     close(d.func(big), B.two_dirac_optimal_mass(big).v)
     sup = d.lambdify("sup_g", (g, S.Vu_norm))
@@ -121,7 +123,7 @@ def test_masked_partial_fractions():
     assert sp.expand(d.extras["large_E"] - (1 + S.gamma + S.gamma**2 / 3)) == 0
     gam = 40.0
     approx = np.sqrt(np.exp(gam) * (1 + gam + gam**2 / 3))
-    assert B.masked_sqrt_n_lower(gam, np.inf) == pytest.approx(approx, rel=1e-12)
+    assert B.masked_sqrt_n_lower(gam, np.inf) == pytest.approx(approx, rel=F64_CLOSED_FORM)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,14 +160,18 @@ def test_crossover_closed_forms(form, mf_form):
     a, v, R, _ = GRID
     for c in (1.0, 2.0):
         n_star = d.func(a, v, R, c)
-        close(n_star, regimes.crossover_n(a, v, R, c=c, form=form, mf_form=mf_form), rtol=1e-11)
+        close(
+            n_star,
+            regimes.crossover_n(a, v, R, c=c, form=form, mf_form=mf_form),
+            rtol=F64_LONG_CHAIN,
+        )
         # at n* (when >= 1; else the mean-field bound wins for every n), the two bounds agree
         ok = n_star >= 1
         assert ok.any()
         close(
             B.sqrt_n_upper(a[ok], v[ok], R[ok], n_star[ok], form=form),
             B.mean_field_upper(a[ok], v[ok], R[ok], c=c, form=mf_form),
-            rtol=1e-10,
+            rtol=F64_SOLVER,
         )
 
 
@@ -175,7 +181,7 @@ def test_numeric_fallback_of_the_solver():
     expr, func, how = sym._core.solve_or_numeric(sp.cos(x) + x - M, x, (M,), (0.0, 100.0))
     assert expr is None and how == "numeric root"
     roots = func(np.array([2.0, 10.0]))
-    np.testing.assert_allclose(np.cos(roots) + roots, [2.0, 10.0], atol=1e-12)
+    np.testing.assert_allclose(np.cos(roots) + roots, [2.0, 10.0], atol=F64_ZERO)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +209,7 @@ def test_half_form_inversion():
     Vu = 1.4
     L = np.logspace(np.log10(Vu / 2) + 0.01, 200, 30)  # 2 L / ||Vu|| > 1
     for lam in (0.3, 2.0):
-        close(d.func(L, lam, Vu), B.radius_for_target(L, lam, Vu, form="half"), rtol=1e-11)
+        close(d.func(L, lam, Vu), B.radius_for_target(L, lam, Vu, form="half"), rtol=F64_LONG_CHAIN)
 
 
 def test_radius_for_upper():
