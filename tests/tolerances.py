@@ -7,7 +7,9 @@ F64_REWRITTEN``) and passes it as ``rel=``/``rtol=``/``atol=`` or uses it as a r
 (``err <= F64_REDUCTION * scale``). A tolerance that is a solver's own ``tol`` argument is the
 variable passed in the call, not a name here. u = 2^-53 ~ 1.1e-16 is the float64 unit roundoff,
 u32 = 2^-24 ~ 6e-8 the float32 one. Comparisons of tensors check dtype and shape before values
-(see `assert_close`).
+(see `assert_close`). The thresholds against 50-digit mpmath references (section 11) are
+decimal strings, passed as ``mp.mpf(NAME)``: they stay exact decimals, and this module imports
+no mpmath.
 """
 
 from __future__ import annotations
@@ -185,6 +187,16 @@ F64_LANCZOS_COARSE = 1e-6
 #: A Ritz value after convergence at a residual tol of 1e-8: the value's error is quadratic in
 #: the residual (~tol^2 / gap), far below this.
 F64_LANCZOS_RITZ = 1e-10
+#: The library's residual rule (residual <= tol sigma^2) re-evaluated on the reported residual
+#: and value: the library tests it in its own power-of-two units, so the two sides round
+#: differently near equality, by a few ulps, far below this.
+RESIDUAL_RULE_RECHECK = 1e-9
+#: Honest convergence: a value converged on the residual rule at tol has sigma^2 within
+#: tol sigma^2 of some exact sigma_k^2 (residual bound for the symmetric J^T J); beyond tol, the
+#: residual is that of the computed products J^T J v, whose rounding adds this in float64 ...
+CONVERGED_GAP_F64 = 1e-9
+#: ... and this in float32 (u32 through the chain of products).
+CONVERGED_GAP_F32 = 1e-4
 #: The last Ritz value printed in a progress line (rounded for print, possibly one step before
 #: the final check) against the final estimate.
 RITZ_PRINTED = 1e-5
@@ -201,8 +213,13 @@ BRACKET_MARGIN = 1e-12
 #: ~10, exp amplifies) over many random trials.
 BRACKET_MARGIN_LOOSE = 1e-10
 #: A rigorously rounded (certified) bound is at most this much above the float64 bound it
-#: certifies: its inflation is a few thousand ulps times the problem size.
+#: certifies: its inflation is a few thousand ulps times the problem size. Also how close to the
+#: exact (50-digit) block norm the certified block bound of a one-dimensional head comes, where
+#: the bound is tight up to its rounding terms.
 CERTIFIED_INFLATION = 1e-9
+#: The dense certified bracket at logits ~1e5 (tokens at |x| = 300): its rounding margins grow
+#: like u times the logits' size through the softmax, so upper / lower - 1 stays below this.
+BRACKET_WIDTH_LARGE_LOGITS = 1e-6
 #: A bracket that already includes a 64 (n + d) u rounding margin against a separately computed
 #: float64 SVD: only a violation of the certificate can fail; allow 4 ulps of the SVD itself.
 BRACKET_ULPS = 1e-15
@@ -307,6 +324,33 @@ F32_VS_F64 = dict(rtol=2e-5, atol=2e-5)
 F64_LARGE_RADIUS = dict(rtol=F64_LARGE_RADIUS_REL, atol=F64_LARGE_RADIUS_REL)
 #: Central finite differences in float64 with h = 1e-6: truncation O(h^2) plus rounding O(u / h).
 F64_FINITE_DIFF = dict(rtol=FD_REL, atol=FD_ABS)
+
+# ---------------------------------------------------------------------------------------------
+# 11. 50-digit references (mpmath): decimal strings, used as ``mp.mpf(NAME)``
+# ---------------------------------------------------------------------------------------------
+#: The oracle's 50-digit value of an O(1) constant against its quotation to 17 significant
+#: digits (rounding <= 5e-17 relative), absolute.
+MP_QUOTED_17_DIGITS = "1e-15"
+#: The oracle's closed-form Jacobian against its own central differences (50 digits at the
+#: default step h = 1e-20, or 90 digits at h = 1e-35 for steep variants): truncation ~h^2 f'''
+#: and cancellation ~10^-dps / h stay far below this, absolute on O(1) entries or relative to
+#: the Jacobian's norm.
+MP_CENTRAL_DIFF = "1e-25"
+#: An identity of two 50-digit evaluations (the Wasserstein block scaling sqrt(a_i / a_k)): a
+#: few ulps at 50 digits, relative.
+MP50_FEW_ULPS = "1e-45"
+#: certified_local_upper at equal tokens (the bound's value ||V|| ||P||_2 is exact there) above
+#: the 50-digit value: its margin grows like u |x|^2 ||A|| (logit rounding), ~1e-10 relative at
+#: |x| ~ 50.
+MP_MARGIN_EQUAL_TOKENS = "1e-9"
+#: The derived rotary margin at equal tokens above the 50-digit value, at logits ~1e8 (tokens of
+#: size 3000; the logits' rounding implies ~1e-5 relative) ...
+MP_ROTARY_MARGIN_LOGITS_1E8 = "1e-4"
+#: ... and at logits ~1e6 (tokens of size 300; ~1e-7 relative).
+MP_ROTARY_MARGIN_LOGITS_1E6 = "1e-6"
+#: A float32 run's bracket against the 50-digit value of the float64 instance: rounding the
+#: inputs to float32 moves the exact value by O(10) u32.
+MP_F32_INPUTS = "1e-6"
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:

@@ -17,10 +17,26 @@ import pytest
 import torch
 
 from meanfield.lipschitz import local_lipschitz
+from meanfield.lipschitz.local_bound import _LOCAL_BOUND_MARGIN
 from meanfield.measures import DiracMeasure
 from meanfield.params import AttentionParams, MultiHeadParams, RotaryEmbedding
 from tests import mpmath_oracle as oracle
 from tests.adversarial_instances import near_ties, spread_masses
+from tests.tolerances import (
+    BRACKET_MARGIN,
+    BRACKET_WIDTH_LARGE_LOGITS,
+    CONVERGED_GAP_F32,
+    CONVERGED_GAP_F64,
+    F64_LANCZOS,
+    F64_LANCZOS_COARSE,
+    MP_CENTRAL_DIFF,
+    MP_F32_INPUTS,
+    MP_MARGIN_EQUAL_TOKENS,
+    MP_QUOTED_17_DIGITS,
+    MP_ROTARY_MARGIN_LOGITS_1E6,
+    MP_ROTARY_MARGIN_LOGITS_1E8,
+    RESIDUAL_RULE_RECHECK,
+)
 
 METHODS = ("dense", "lanczos", "power")
 KINDS = ("logits", "ties", "masses", "two_diracs", "big_v", "long", "float32", "heads", "rotary")
@@ -244,7 +260,7 @@ def check_instance(inst: dict, methods=METHODS, path: str = "auto", upper: str =
             # residual is that of the computed operator, whose distance to the exact one the
             # bracket bounds: its relative width is allowed too (docs/rounding.md §7)
             val = mp.mpf(float(est.value))
-            slack = tol + (1e-4 if inst["dtype"] == "float32" else 1e-9)
+            slack = tol + (CONVERGED_GAP_F32 if inst["dtype"] == "float32" else CONVERGED_GAP_F64)
             slack += 2 * max(0.0, (float(est.value) - lo) / float(est.value))
             gap = min(abs(val**2 - s**2) for s in svals)
             assert gap <= slack * val**2, tag + f" converged to {val} (gap {mp.nstr(gap, 5)})"
@@ -260,10 +276,10 @@ def test_large_logits_masked_d1_lower_below_exact():
     exact = mp.mpf("1.8977409799443472")  # 50-digit reference quoted to 17 digits
     est = local_lipschitz(X, p, masked=True, method="dense")
     assert float(est.lower) <= exact <= float(est.upper)
-    assert float(est.upper) / float(est.lower) - 1 < 1e-6  # still tight
+    assert float(est.upper) / float(est.lower) - 1 < BRACKET_WIDTH_LARGE_LOGITS  # still tight
     # and the oracle agrees with the quoted value
     J = oracle.jacobian(X.numpy(), [(p.A.numpy(), p.V.numpy())], masked=True)
-    assert abs(oracle.spectral_norm(J) - exact) < mp.mpf("1e-15")
+    assert abs(oracle.spectral_norm(J) - exact) < mp.mpf(MP_QUOTED_17_DIGITS)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -303,8 +319,8 @@ def test_constants_up_to_float64_max_and_beyond(method):
             if method == "dense":
                 assert math.isfinite(up)
             ref = local_lipschitz(X, AttentionParams(A, V / scale), method="dense")
-            assert lo / scale <= float(ref.upper) * (1 + 1e-12)
-            assert lo / scale >= float(ref.lower) * (1 - 1e-9)
+            assert lo / scale <= float(ref.upper) * (1 + BRACKET_MARGIN)
+            assert lo / scale >= float(ref.lower) * (1 - F64_LANCZOS)
         else:  # the constant may exceed float64's range: a finite lower, never NaN
             assert math.isfinite(lo)
 
@@ -331,8 +347,10 @@ def test_power_iteration_never_reports_false_convergence():
         assert float(est.lower) <= float(dense.upper)
         if bool(est.converged):
             # residual rule: sigma^2 within tol of an eigenvalue of J^T J; here the top one
-            assert float(est.value) == pytest.approx(float(dense.value), rel=1e-6)
-        assert bool(est.converged) == bool(est.residual <= 1e-6 * est.value**2 * (1 + 1e-9))
+            assert float(est.value) == pytest.approx(float(dense.value), rel=F64_LANCZOS_COARSE)
+        # the default residual tol 1e-6 (an input of the solver)
+        rule = est.residual <= 1e-6 * est.value**2 * (1 + RESIDUAL_RULE_RECHECK)
+        assert bool(est.converged) == bool(rule)
     # with the budget the released rule needed (25 steps) it is not yet converged
     short = local_lipschitz(mu, p, geometry="wasserstein", method="power", max_iter=25)
     assert float(short.value) < 0.99 * float(dense.value) and not bool(short.converged)
@@ -354,7 +372,7 @@ def test_theory_certified_local_upper_has_a_rounding_margin():
         got = certified_local_upper(X, [(A, V)])
         exact_v = oracle.spectral_norm(oracle.jacobian(X, [(A, V)]))
         # the margin grows like u |x|^2 |A| (logit rounding): ~1e-10 relative at |x| ~ 50
-        assert exact_v <= mp.mpf(got) <= exact_v * (1 + mp.mpf("1e-9"))
+        assert exact_v <= mp.mpf(got) <= exact_v * (1 + mp.mpf(MP_MARGIN_EQUAL_TOKENS))
 
 
 def test_oracle_formula_matches_central_differences():
@@ -369,7 +387,7 @@ def test_oracle_formula_matches_central_differences():
         J = oracle.jacobian(X, heads, weights=w, masked=masked)
         F = oracle.central_difference_jacobian(X, heads, weights=w, masked=masked)
         with mp.workdps(oracle.DPS):  # the default 15 digits would round the difference
-            assert mp.mnorm(J - F, 1) < mp.mpf("1e-25")
+            assert mp.mnorm(J - F, 1) < mp.mpf(MP_CENTRAL_DIFF)
     # a rotary head (factors, two frequency pairs, scaling, gapped token positions)
     QK = (rng.standard_normal((4, 2)), rng.standard_normal((4, 2)))
     rope = ([1.0, 0.1], 0.9, [2, 7, 9])
@@ -378,7 +396,7 @@ def test_oracle_formula_matches_central_differences():
         J = oracle.jacobian(X, heads, weights=w, masked=masked)
         F = oracle.central_difference_jacobian(X, heads, weights=w, masked=masked)
         with mp.workdps(oracle.DPS):
-            assert mp.mnorm(J - F, 1) < mp.mpf("1e-25")
+            assert mp.mnorm(J - F, 1) < mp.mpf(MP_CENTRAL_DIFF)
 
 
 # -------------------------------------------------------------------------- the generator
@@ -497,7 +515,8 @@ def test_probabilistic_certificate_on_a_rescaled_operator(scale):
             method="lanczos", prob_rtol=0.05,
         )  # fmt: skip
         lo, pu = float(est.lower), float(est.upper_prob)
-        tol = mp.mpf("1e-6") if dtype == torch.float32 else 0  # the inputs' own float32 rounding
+        # the inputs' own float32 rounding
+        tol = mp.mpf(MP_F32_INPUTS) if dtype == torch.float32 else 0
         assert mp.mpf(lo) <= exact * (1 + tol) and exact * (1 - tol) <= mp.mpf(pu)
         assert pu <= 1.06 * lo
 
@@ -528,7 +547,7 @@ def test_torch_certified_local_upper_shares_the_rounding_margin():
         # cancel); each margin covers its own rounding, so they differ by at most two margins,
         # plus the torch form's deliberate factor 1 + 1e-9 on its computed ||P||_2 (in T1)
         margin = got - (res.T1 + res.T2 + res.T3)
-        assert 0 < margin and abs(got - ref) <= 2 * margin + 1e-9 * res.T1
+        assert 0 < margin and abs(got - ref) <= 2 * margin + _LOCAL_BOUND_MARGIN * res.T1
 
 
 def test_torch_certified_local_upper_rotary_margin_is_derived():
@@ -541,7 +560,7 @@ def test_torch_certified_local_upper_rotary_margin_is_derived():
 
     rng = np.random.default_rng(23)
     t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
-    for size, rel in ((3000.0, "1e-4"), (300.0, "1e-6")):
+    for size, rel in ((3000.0, MP_ROTARY_MARGIN_LOGITS_1E8), (300.0, MP_ROTARY_MARGIN_LOGITS_1E6)):
         for _ in range(6):
             d, k, n = 3, 4, 4
             Q, K = rng.standard_normal((k, d)), rng.standard_normal((k, d))

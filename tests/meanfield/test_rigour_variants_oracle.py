@@ -32,6 +32,7 @@ from tests.rigour_variants import (
     variant_params,
     variant_torch_inputs,
 )
+from tests.tolerances import MP50_FEW_ULPS, MP_CENTRAL_DIFF
 
 U64 = 2.0**-53
 SAMPLE = list(range(40))  # five instances of each kind
@@ -153,7 +154,7 @@ def _check_central_differences(inst: dict) -> None:
     F = oracle.central_difference_jacobian(inst["X"], heads, h="1e-35", dps=90, **kw)
     with mp.workdps(oracle.DPS):
         err = mp.mnorm(J - F, 1)
-        assert err <= mp.mpf("1e-25") * max(1, mp.mnorm(J, 1)), (
+        assert err <= mp.mpf(MP_CENTRAL_DIFF) * max(1, mp.mnorm(J, 1)), (
             f"{inst['kind']} seed={inst['seed']}: {mp.nstr(err, 5)}"
         )
 
@@ -192,13 +193,13 @@ def test_oracle_jacobian_matches_central_differences_handmade():
         J = oracle.jacobian(X, heads, **kw)
         F = oracle.central_difference_jacobian(X, heads, h="1e-35", dps=90, **kw)
         with mp.workdps(oracle.DPS):
-            assert mp.mnorm(J - F, 1) < mp.mpf("1e-25") * mp.mnorm(J, 1)
+            assert mp.mnorm(J - F, 1) < mp.mpf(MP_CENTRAL_DIFF) * mp.mnorm(J, 1)
     # the Wasserstein operator scales block (i, k) by sqrt(a_i / a_k)
     Jw = oracle.jacobian(X, heads, weights=w, token_index=tau, geometry="wasserstein")
     J = oracle.jacobian(X, heads, weights=w, token_index=tau)
     with mp.workdps(oracle.DPS):
         r = mp.sqrt(mp.mpf(0.1) / mp.mpf(0.4))  # block (0, 1), d = 3
-        assert J[0, 5] != 0 and abs(Jw[0, 5] - J[0, 5] * r) < mp.mpf("1e-45") * abs(J[0, 5])
+        assert J[0, 5] != 0 and abs(Jw[0, 5] - J[0, 5] * r) < mp.mpf(MP50_FEW_ULPS) * abs(J[0, 5])
 
 
 # ------------------------------------------------------------ (d) the uncertified estimate
