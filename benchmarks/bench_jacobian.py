@@ -726,7 +726,7 @@ PROFILED = (
     "certify_solution",
     "error_model",
     "magnitude_linearization",
-    "magnitude_norm",
+    "magnitude_norm_upper",
     "magnitude_vector_norm",
     "golub_kahan_certified",
     "lanczos_polynomial_upper",

@@ -44,7 +44,6 @@ __all__ = [
     "gamma",
     "lower_from_product",
     "magnitude_linearization",
-    "magnitude_norm",
     "magnitude_norm_upper",
     "magnitude_vector_norm",
     "scale_exponent",
@@ -453,26 +452,15 @@ def magnitude_norm_upper(mlin: AttentionLinearization, geometry: ProductGeometry
     return bound * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
 
 
-def magnitude_norm(
-    mlin: AttentionLinearization | None, geometry: ProductGeometry, like: Tensor
-) -> Tensor:
-    """:func:`magnitude_norm_upper`, or zeros without a magnitude operator (no head)."""
-    if mlin is None:
-        return torch.zeros(like.shape, dtype=torch.float64, device=like.device)
-    return magnitude_norm_upper(mlin, geometry)
-
-
 def magnitude_vector_norm(
-    mlin: AttentionLinearization | None, v: Tensor, geometry: ProductGeometry
-) -> Tensor | None:
+    mlin: AttentionLinearization, v: Tensor, geometry: ProductGeometry
+) -> Tensor:
     r"""Upper bound on :math:`\||J|_{\rm mag}|v|\|_2` for one vector per batch element.
 
     One product of the magnitude operator with :math:`|v|`: every term is nonnegative, so the
     computed sums carry a relative error below :math:`\gamma_K`, covered by the factor applied
-    (docs/rounding.md §4.1). ``None`` without a magnitude operator.
+    (docs/rounding.md §4.1).
     """
-    if mlin is None:
-        return None
     mv, _ = _mag_ops(mlin, geometry)
     w = mv(v.abs().to(torch.float64))
     return torch.linalg.vector_norm(w, dim=-1) * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .. import _rounding as _rnd
 from .._typing import ProductGeometry
-from ..jacobian import StreamingLinearization
+from ..jacobian import AttentionLinearization, StreamingLinearization
 from ..jacobian.streaming import streaming_magnitude
 from ._operators import Operators
 
@@ -54,7 +54,7 @@ class Margins:
                     "(these differ); use path='streaming' or certify=False"
                 )
         self._mag_norm: Tensor | None = None
-        self.mlin = None
+        self.mlin: AttentionLinearization | None = None  # the stored path's magnitude operator
         self.smlin = None
         if isinstance(lin64s, StreamingLinearization):
             # the streaming products: one magnitude operator, rotary rows included, and the
@@ -86,17 +86,18 @@ class Margins:
             if self.smlin is not None:
                 self._mag_norm = _rnd.streaming_magnitude_norm(self.smlin, self.geometry)
             else:
-                self._mag_norm = _rnd.magnitude_norm(self.mlin, self.geometry, self.model.eta)
+                assert self.mlin is not None  # one of the two is always built
+                self._mag_norm = _rnd.magnitude_norm_upper(self.mlin, self.geometry)
         return self._mag_norm
 
-    def mag_norm_for_lower(self, mag_v: Tensor | None) -> Tensor:
-        """The magnitude norm the lower end uses beside ``mag_v``.
+    def mag_norm_for_lower(self) -> Tensor:
+        """The magnitude norm the lower end uses beside the product with ``|v|``.
 
-        The norm where it is already formed or no ``mag_v`` is available, else ``inf`` (the lower
-        end then uses ``mag_v`` alone).
+        The norm where it is already formed, else ``inf`` (the lower end then uses that product
+        alone, one product instead of the norm's two).
         """
-        if mag_v is None or self._mag_norm is not None:
-            return self.mag_norm()
+        if self._mag_norm is not None:
+            return self._mag_norm
         return torch.full_like(self.model.eta, math.inf)
 
     def self_margin(self, em: float) -> float:
@@ -113,12 +114,12 @@ class Margins:
 
     def lower(self, s_prod: Tensor, v: Tensor, n_out: int) -> Tensor:
         r"""Certified lower end from ``s_prod`` :math:`=\|\widehat{Jv}\|` (docs/rounding.md §4.1)."""
-        mag_v: Tensor | None
         if self.smlin is not None:
             mag_v = _rnd.streaming_magnitude_vector_norm(self.smlin, v, self.geometry)
         else:
+            assert self.mlin is not None
             mag_v = _rnd.magnitude_vector_norm(self.mlin, v, self.geometry)
-        mag = self.mag_norm_for_lower(mag_v)
+        mag = self.mag_norm_for_lower()
         return _rnd.lower_from_product(s_prod, v, mag, self.model, n_out, mag_v)
 
 
