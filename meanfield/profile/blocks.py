@@ -274,6 +274,11 @@ def _split_rows(lin: _Linear, parts: int) -> tuple[_Linear, ...]:
     )
 
 
+def _qkvo_linears(attn: Any, dtype: torch.dtype, device: Any) -> dict[str, _Linear]:
+    """``q``, ``k``, ``v``, ``o`` of an attention module with separate ``q_proj`` … ``o_proj``."""
+    return {key: _lin(getattr(attn, f"{key}_proj"), dtype, device) for key in ("q", "k", "v", "o")}
+
+
 def _attention_linears(
     model: Any, arch: Arch, blk: Any, layer: int, dtype: torch.dtype, device: Any
 ) -> dict[str, _Linear]:
@@ -387,12 +392,7 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         act = _activation(str(cfg.activation_function))
     elif arch == "vit":
         a = blk.attention
-        lin = {
-            "q": _lin(a.q_proj, dtype, device),
-            "k": _lin(a.k_proj, dtype, device),
-            "v": _lin(a.v_proj, dtype, device),
-            "o": _lin(a.o_proj, dtype, device),
-        }
+        lin = _qkvo_linears(a, dtype, device)
         mlp = {
             "up": _lin(blk.mlp.fc1, dtype, device),
             "down": _lin(blk.mlp.fc2, dtype, device),
@@ -404,12 +404,7 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         gemma = model_type in _GEMMA_BLOCKS or model_type in _SANDWICH_BLOCKS
         sandwich = model_type in _SANDWICH_BLOCKS
         a = blk.self_attn
-        lin = {
-            "q": _lin(a.q_proj, dtype, device),
-            "k": _lin(a.k_proj, dtype, device),
-            "v": _lin(a.v_proj, dtype, device),
-            "o": _lin(a.o_proj, dtype, device),
-        }
+        lin = _qkvo_linears(a, dtype, device)
         m = blk.mlp
         mlp = {
             "gate": _lin(m.gate_proj, dtype, device),
