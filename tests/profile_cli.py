@@ -48,6 +48,24 @@ def cli(argv, capsys) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
+def profile_checkpoint(model, tokenizer, tmp_path, name: str, n: int, capsys) -> tuple[dict, str]:
+    """``meanfield profile`` on ``model`` saved as ``tmp_path/name``, a short text, windows of ``n``.
+
+    Runs without progress or figure, checks the exit status, and returns the ``profile.json``
+    document and what the command printed.
+    """
+    import json
+
+    ckpt = save_checkpoint(tmp_path / name, model, tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 4)
+    out = tmp_path / "out"
+    argv = ["profile", ckpt, "--text", text, "--n", n, "--out", out, "--no-progress", "--no-figure"]
+    rc, stdout, stderr = cli(argv, capsys)
+    assert rc == 0, stderr
+    return json.loads((out / "profile.json").read_text()), stdout
+
+
 def assert_profile_brackets(prof, model, xs, n: int, *, chain_bound: bool = True) -> None:
     """Every layer's recorded brackets hold around the dense constants of ``model_blocks(model)``.
 

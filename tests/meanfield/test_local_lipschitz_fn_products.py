@@ -78,10 +78,13 @@ def test_reverse_estimate_equals_forward_estimate(build, method):
 def test_reverse_on_batched_samples():
     f, X = _attention_map(torch.Generator().manual_seed(5))
     Xb = torch.stack([X, 0.5 * X, -X])
-    est = local_lipschitz_fn(f, Xb, batch_dims=1, method="lanczos", products="reverse", tol=1e-10)
+    tol = 1e-10
+    est = local_lipschitz_fn(f, Xb, batch_dims=1, method="lanczos", products="reverse", tol=tol)
     for b in range(3):
         one = float(local_lipschitz_fn(f, Xb[b], method="dense").value)
-        assert math.isclose(float(est.value[b]), one, rel_tol=F64_LANCZOS)
+        # a batch of three against one dense SVD: within the residual rule's tolerance (10 tol,
+        # as in the forward/reverse comparison above), not bit for bit
+        assert math.isclose(float(est.value[b]), one, rel_tol=10 * tol)
 
 
 class _Softplus(torch.autograd.Function):

@@ -30,7 +30,7 @@ from meanfield.models.layers import arch_of, attention_module, layer_modules
 from meanfield.profile import model_blocks, profile_model
 from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_model, token_ids
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
-from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
+from tests.profile_cli import assert_profile_brackets, cli, profile_checkpoint, save_checkpoint
 
 from ..tolerances import BRACKET_MARGIN, DIFFERS, F64_REDUCTION
 
@@ -266,14 +266,7 @@ def test_unmodelled_settings_are_refused_in_one_line(case, setting, words):
 @pytest.mark.parametrize("case", ["distilbert", "falcon", "modernbert"])
 def test_cli_profiles_a_saved_checkpoint(case, tokenizer, tmp_path, capsys):
     model = _model(case, vocab=tokenizer.vocab_size, dtype=torch.float32)
-    ckpt = save_checkpoint(tmp_path / f"tiny-{case}", model, tokenizer)
-    text = tmp_path / "text.txt"
-    text.write_text("In the beginning God created the heaven and the earth. " * 4)
-    out = tmp_path / "out"
-    argv = ["profile", str(ckpt), "--text", str(text), "--n", "10", "--out", str(out)]
-    rc, _, stderr = cli(argv + ["--no-progress", "--no-figure"], capsys)
-    assert rc == 0, stderr
-    doc = json.loads((out / "profile.json").read_text())
+    doc, _ = profile_checkpoint(model, tokenizer, tmp_path, f"tiny-{case}", 10, capsys)
     n_layers = len(layer_modules(model, arch_of(model)))
     assert doc["layers"] == list(range(n_layers)) and doc["ns"] == [10]
     assert len(doc["records"]) == n_layers

@@ -18,7 +18,7 @@ import torch
 from meanfield.profile import model_blocks, profile_model
 from tests.hf_float64 import block_io, patch_float32_steps, rel_error, seeded_model, token_ids
 from tests.profile_cli import *  # noqa: F403  (fixture: tokenizer)
-from tests.profile_cli import assert_profile_brackets, cli, save_checkpoint
+from tests.profile_cli import assert_profile_brackets, cli, profile_checkpoint, save_checkpoint
 
 from ..tolerances import BRACKET_MARGIN, F64_REDUCTION
 
@@ -130,14 +130,7 @@ def test_cli_profiles_a_saved_checkpoint(family, tokenizer, tmp_path, capsys):
         model = seeded_model(cfg, transformers.Qwen3Model)
     else:
         model = _model("gemma2", vocab=vocab)
-    ckpt = save_checkpoint(tmp_path / f"tiny-{family}", model, tokenizer)
-    text = tmp_path / "text.txt"
-    text.write_text("In the beginning God created the heaven and the earth. " * 4)
-    out = tmp_path / "out"
-    argv = ["profile", str(ckpt), "--text", str(text), "--n", "8", "--out", str(out)]
-    rc, stdout, stderr = cli(argv + ["--no-progress", "--no-figure"], capsys)
-    assert rc == 0, stderr
-    doc = json.loads((out / "profile.json").read_text())
+    doc, stdout = profile_checkpoint(model, tokenizer, tmp_path, f"tiny-{family}", 8, capsys)
     assert doc["kind"] == "profile" and doc["layers"] == [0, 1] and doc["ns"] == [8]
     assert len(doc["records"]) == 2
     for r in doc["records"]:
