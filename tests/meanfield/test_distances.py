@@ -235,9 +235,10 @@ def test_duplicate_atom_is_the_same_measure():
     mu = to_measure(x, a)
     for i, k in [(0, 2), (2, 3), (3, 5)]:
         split = mu.split(i, k)
-        assert float(wasserstein(split, mu)) == pytest.approx(0.0, abs=F64_REDUCTION)
+        # W_2 = sqrt(cost): the cost is good to a float64 sum, the distance to its square root
+        assert float(wasserstein(split, mu)) ** 2 == pytest.approx(0.0, abs=F64_REDUCTION)
         assert float(wasserstein_inf(split, mu)) == 0.0
-        assert float(wasserstein(split.merge(), mu)) == pytest.approx(0.0, abs=F64_REDUCTION)
+        assert float(wasserstein(split.merge(), mu)) ** 2 == pytest.approx(0.0, abs=F64_REDUCTION)
     # duplicating every atom of a uniform cloud leaves the measure unchanged
     X = torch.as_tensor(x)
     assert float(wasserstein(DiracMeasure(torch.cat([X, X])), DiracMeasure(X))) == 0.0
@@ -426,11 +427,19 @@ def test_property_permutation_invariance_and_order(m1, m2, rnd):
     perm = list(range(len(a)))
     rnd.shuffle(perm)
     mu_perm = to_measure(x[perm], a[perm])
-    w2 = float(wasserstein(mu, nu))
-    assert float(wasserstein(mu_perm, nu)) == pytest.approx(w2, abs=F64_SOLVER)
+    # The network simplex's plan carries rounding of the masses (an off-support entry of ~1e-17
+    # is common), so the transport cost c = W_p^p is good to a float64 sum of products of size
+    # max cost; W_2 = sqrt(c) is then only good to sqrt(tol) near 0 (3.7e-9 seen for mu = nu).
+    # Compare costs, which are linear in the plan.
+    tol = F64_REDUCTION * (1 + float(cost_matrix(x, y, 2).max()))
+    c2 = float(wasserstein(mu, nu)) ** 2
+    assert float(wasserstein(mu_perm, nu)) ** 2 == pytest.approx(c2, abs=tol)
     winf = float(wasserstein_inf(mu, nu))
     assert float(wasserstein_inf(mu_perm, nu)) == pytest.approx(winf, abs=F64_REDUCTION)
-    assert winf >= w2 - F64_SOLVER >= float(wasserstein(mu, nu, p=1)) - 2 * F64_SOLVER
+    # W_inf >= W_2 >= W_1, squared: each side's own error enters before the square
+    w1 = float(wasserstein(mu, nu, p=1))
+    assert winf**2 >= c2 - tol
+    assert c2 >= max(w1 - tol, 0.0) ** 2 - tol
 
 
 # ------------------------------------------------------------------------------- conditional
