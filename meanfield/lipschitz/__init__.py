@@ -27,7 +27,9 @@ The products run on one of two paths (``path=``): the stored one keeps every hea
 :math:`n\times n` attention matrices; the streaming one keeps only head rows and row
 log-normalisers and recomputes the attention tile by tile, in memory linear in :math:`n`, with
 its own rounding analysis for ``lower`` and ``upper_prob`` (docs/rounding.md §11).
-:func:`stored_bytes` is the fixed count by which ``path="auto"`` chooses.
+:func:`stored_bytes` is the fixed count by which ``path="auto"`` chooses; where the stored
+margins then put the requested width out of reach (large logits), ``"auto"`` also runs the
+streaming call and keeps the narrower bracket.
 
 Both ends include the rounding margin of docs/rounding.md: the error of the attention matrix grows
 with the magnitude of the logits (its §2), and is propagated through a nonnegative magnitude

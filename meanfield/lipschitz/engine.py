@@ -17,6 +17,7 @@ options at the input, make the operators (precisions and power-of-two scales), s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Literal
 
@@ -40,7 +41,7 @@ from ._options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from ._options import DEFAULT_PROB_RTOL as DEFAULT_PROB_RTOL
 from ._options import DEFAULT_TOL as DEFAULT_TOL
 from ._options import DENSE_AUTO_MAX as DENSE_AUTO_MAX
-from ._options import CertificateOptions, EstimateOptions, SolverOptions
+from ._options import CertificateOptions, EstimateOptions, Plan, SolverOptions
 from ._options import stored_bytes as stored_bytes
 from ._solve import solve
 
@@ -152,8 +153,12 @@ def local_lipschitz(
         or Kronecker start. ``"auto"``: the stored path when its matrices fit
         ``memory_budget`` by the fixed count :func:`~meanfield.lipschitz.stored_bytes` (never
         the memory free at the moment) or when the call asks for one of those, else
-        streaming. The result records
-        the path in ``path``.
+        streaming. Where the stored call's rounding margins make the requested width
+        unreachable (``width_reachable`` false, as at large logits, where the streaming
+        margins are much the finer: docs/rounding.md §11.1) and the call has no option only
+        the stored path has, ``"auto"`` also runs the streaming call, with the stored call's
+        ``upper`` method, and returns the estimate whose ``upper_prob / lower`` is the
+        smaller (the stored one on a tie). The result records the path in ``path``.
     memory_budget : int, default 2**30
         Bytes the stored matrices may take before ``path="auto"`` streams.
 
@@ -209,6 +214,34 @@ def local_lipschitz(
         needs_stored=options.needs_stored,
         variants=tuple(dict.fromkeys(v for h in params.heads for v in h.variants)),
     )
+    inputs = (X, params, log_weights, positions, is_masked, token_index, chunk_size)
+    estimate, plan = _estimate_on(chosen, options, inputs)
+    if _width_out_of_reach(options, estimate):
+        # "auto" at large logits: the streaming margins (docs/rounding.md §11.1) are the finer
+        cert = options.certificate
+        streaming = dataclasses.replace(
+            options,
+            solver=dataclasses.replace(options.solver, path="streaming"),
+            certificate=dataclasses.replace(cert, upper=plan.upper)
+            if cert.upper == "auto"
+            else cert,
+        )
+        other, _ = _estimate_on("streaming", streaming, inputs)
+        if _widest(other) < _widest(estimate):
+            estimate = other
+    return estimate
+
+
+_Inputs = tuple[
+    Tensor, Params, "Tensor | None", "Tensor | None", bool, "Tensor | None", "int | None"
+]
+
+
+def _estimate_on(
+    chosen: Literal["stored", "streaming"], options: EstimateOptions, inputs: _Inputs
+) -> tuple[LipschitzEstimate, Plan]:
+    """Linearise on the path ``chosen``, resolve the options there, solve, then certify."""
+    X, params, log_weights, positions, is_masked, token_index, chunk_size = inputs
     lin: AttentionLinearization | StreamingLinearization
     if chosen == "streaming":
         block = None
@@ -237,4 +270,25 @@ def local_lipschitz(
     ops = prepare(lin, plan)  # float64 copy, power-of-two scales, the solver's operator
     margins = Margins(ops, plan.op_geometry) if plan.certify else None
     solution = solve(ops, plan, margins)
-    return certify_solution(ops, plan, margins, solution)
+    return certify_solution(ops, plan, margins, solution), plan
+
+
+def _width_out_of_reach(options: EstimateOptions, estimate: LipschitzEstimate) -> bool:
+    """Whether ``path="auto"`` kept the stored path and its margins made the width unreachable.
+
+    Only where the streaming path can run the same call (no option only the stored path has).
+    """
+    reachable = estimate.width_reachable
+    return (
+        options.solver.path == "auto"
+        and estimate.path == "stored"
+        and not options.needs_stored
+        and reachable is not None
+        and not bool(reachable.all())
+    )
+
+
+def _widest(estimate: LipschitzEstimate) -> float:
+    """The largest ``upper_prob / lower`` over the batch (``inf`` where ``lower`` is 0)."""
+    assert estimate.upper_prob is not None  # a width was asked for, so upper_prob was formed
+    return float((estimate.upper_prob / estimate.lower).max())

@@ -190,6 +190,33 @@ def test_auto_path_follows_the_fixed_memory_rule(gen):
     )
 
 
+@pytest.mark.parametrize("radius", [100.0, 300.0])
+def test_auto_path_streams_where_the_stored_margins_miss_the_width(gen, radius):
+    """At large logits the stored rounding margins are the wider (docs/rounding.md §11.1): where
+    they make the width unreachable, "auto" runs the streaming call too and keeps the narrower
+    bracket, with the block end the stored call had. R = 100: only the streaming bracket reaches
+    1.05; R = 300: neither does, and the stored lower end is 0."""
+    params = _layer(gen)
+    X = radius * torch.randn(160, 12, generator=gen, dtype=D64)
+    stored = local_lipschitz(X, params, masked=True, path="stored")
+    assert stored.width_reachable is not None and not bool(stored.width_reachable)  # premise
+    auto = local_lipschitz(X, params, masked=True)
+    streamed = local_lipschitz(X, params, masked=True, path="streaming", upper="block")
+    assert auto.path == "streaming" and auto.upper_method == "block"
+    for name in ("value", "lower", "upper", "upper_prob", "n_iter", "width_reachable"):
+        assert torch.equal(getattr(auto, name), getattr(streamed, name)), name  # the same call
+    assert float(auto.ratio_prob) < float(stored.ratio_prob)
+    assert _overlap(stored, auto) and float(auto.lower) <= float(stored.upper)
+    if radius == 100.0:
+        assert bool(auto.width_reachable) and float(auto.ratio_prob) <= 1.05 * (1 + BRACKET_MARGIN)
+    # where the stored bracket reaches the width, "auto" is the stored call, unchanged
+    small = X / radius
+    kept = local_lipschitz(small, params, masked=True)
+    again = local_lipschitz(small, params, masked=True, path="stored")
+    assert kept.path == "stored" and bool(kept.width_reachable)
+    assert torch.equal(kept.lower, again.lower) and torch.equal(kept.upper_prob, again.upper_prob)
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
