@@ -195,12 +195,14 @@ def _linear_norms(block: TransformerBlock) -> tuple[LinearNorm, ...]:
 def _chain(
     n: int, layers: tuple[int, ...], recs: list[LayerRecord], e2e: BlockRecord
 ) -> ChainRecord:
-    log_value = sum(math.log(r.block.value) if r.block.value > 0 else -math.inf for r in recs)
-    log_bound = sum(math.log(r.block.bound) if r.block.bound > 0 else -math.inf for r in recs)
+    def product(xs: Iterable[float]) -> float:  # in logs, inf past exp's range
+        log = sum(math.log(x) if x > 0 else -math.inf for x in xs)
+        return math.exp(log) if log < 709 else math.inf
+
+    product_value = product(r.block.value for r in recs)
+    product_bound = product(r.block.bound for r in recs)
     prob = any(not math.isfinite(r.block.upper) for r in recs)
     fail = sum(1.0 - r.block.confidence for r in recs)
-    product_value = math.exp(log_value) if log_value < 709 else math.inf
-    product_bound = math.exp(log_bound) if log_bound < 709 else math.inf
     slack = product_value / e2e.value if e2e.value > 0 else math.inf
     return ChainRecord(
         n=n,
@@ -215,7 +217,7 @@ def _chain(
     )
 
 
-def _cost(n: int, d: int, d_ff: int, n_heads: int, heads: bool) -> float:
+def _cost(n: int, d: int, d_ff: int, heads: bool) -> float:
     attn = n * n * d * (2 if heads else 1) + n * d * d
     return float(attn + 3 * n * d * d_ff)
 
@@ -358,7 +360,7 @@ def profile_model(
     run_e2e = bool(end_to_end) and consecutive
 
     d_ff = blocks[0].linears["up"][0].shape[0]
-    costs = [_cost(v, info.d, d_ff, info.n_heads, heads) for v in ns]
+    costs = [_cost(v, info.d, d_ff, heads) for v in ns]
     plan = [(f"n={v} layer {layer}", c) for v, c in zip(ns, costs) for layer in idx]
     if run_e2e:
         plan += [(f"n={v} end-to-end", c * len(idx)) for v, c in zip(ns, costs)]
