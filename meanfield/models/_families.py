@@ -388,55 +388,47 @@ def _bias(lin: Any) -> Tensor | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _bert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
-    a = blk.attention.self
-    H, k = int(a.num_attention_heads), int(a.attention_head_size)
-    w = _separate(
-        dtype, (a.query, a.key, a.value, blk.attention.output.dense),
-        n_heads=H, n_kv_heads=H, head_dim=k, scale=_scale(a, k),
-    )  # fmt: skip
-    return LayerSpec(**w, variants=_config_variants(model, a, layer))
+def _separate(
+    attn: Any, qkvo: tuple, dtype: torch.dtype | None, H: int, k: int, Hkv: int | None = None
+) -> dict[str, Any]:
+    """Weights of separate q, k, v, o projections (the modules ``qkvo``) of ``attn``.
 
-
-def _scale(attn: Any, head_dim: int) -> float:
-    """The module's logit scale ``scaling`` (default ``head_dim ** -0.5``)."""
-    return float(getattr(attn, "scaling", head_dim**-0.5))
-
-
-def _separate(dtype: torch.dtype | None, qkvo: tuple[Any, ...], **h: Any) -> dict[str, Any]:
-    """Weights of separate q, k, v, o projections (the modules ``qkvo``)."""
+    ``H`` query heads (``Hkv`` key/value heads, default ``H``) of width ``k``; the logit scale is
+    the module's ``scaling`` (default ``k ** -0.5``).
+    """
     w = {f"W_{x}": detached(m.weight, dtype) for x, m in zip("QKVO", qkvo)}
     b = {f"b_{x}": detached(_bias(m), dtype) for x, m in zip("QKVO", qkvo)}
-    return dict(**w, **b, d=int(qkvo[0].in_features), **h)
+    return dict(
+        **w, **b, d=int(qkvo[0].in_features), n_heads=H, n_kv_heads=H if Hkv is None else Hkv,
+        head_dim=k, scale=float(getattr(attn, "scaling", k**-0.5)),
+    )  # fmt: skip
+
+
+def _bert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
+    a = blk.attention.self
+    qkvo = (a.query, a.key, a.value, blk.attention.output.dense)
+    w = _separate(a, qkvo, dtype, int(a.num_attention_heads), int(a.attention_head_size))
+    return LayerSpec(**w, variants=_config_variants(model, a, layer))
 
 
 def _distilbert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.attention
-    k = int(a.attention_head_size)
-    w = _separate(
-        dtype, (a.q_lin, a.k_lin, a.v_lin, a.out_lin),
-        n_heads=int(a.n_heads), n_kv_heads=int(a.n_heads), head_dim=k, scale=_scale(a, k),
-    )  # fmt: skip
+    qkvo = (a.q_lin, a.k_lin, a.v_lin, a.out_lin)
+    w = _separate(a, qkvo, dtype, int(a.n_heads), int(a.attention_head_size))
     return LayerSpec(**w, variants=_config_variants(model, a, layer))
 
 
 def _vit(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.attention
-    H, k = int(a.num_attention_heads), int(a.head_dim)
-    w = _separate(
-        dtype, (a.q_proj, a.k_proj, a.v_proj, a.o_proj),
-        n_heads=H, n_kv_heads=H, head_dim=k, scale=_scale(a, k),
-    )  # fmt: skip
+    qkvo = (a.q_proj, a.k_proj, a.v_proj, a.o_proj)
+    w = _separate(a, qkvo, dtype, int(a.num_attention_heads), int(a.head_dim))
     return LayerSpec(**w, variants=_config_variants(model, a, layer))
 
 
 def _opt(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.self_attn
-    H, k = int(a.num_heads), int(a.head_dim)
-    w = _separate(
-        dtype, (a.q_proj, a.k_proj, a.v_proj, a.out_proj),
-        n_heads=H, n_kv_heads=H, head_dim=k, scale=_scale(a, k),
-    )  # fmt: skip
+    qkvo = (a.q_proj, a.k_proj, a.v_proj, a.out_proj)
+    w = _separate(a, qkvo, dtype, int(a.num_heads), int(a.head_dim))
     variants = _config_variants(model, a, layer)
     window = _window(model, a, layer, variants)
     return LayerSpec(**w, window=window, variants=variants)
@@ -469,12 +461,8 @@ def _llama(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> Layer
     a = blk.self_attn
     cfg = model.config
     H = int(cfg.num_attention_heads)
-    k = int(a.head_dim)
-    w = _separate(
-        dtype, (a.q_proj, a.k_proj, a.v_proj, a.o_proj),
-        n_heads=H, n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or H), head_dim=k,
-        scale=_scale(a, k),
-    )  # fmt: skip
+    Hkv = int(getattr(cfg, "num_key_value_heads", None) or H)
+    w = _separate(a, (a.q_proj, a.k_proj, a.v_proj, a.o_proj), dtype, H, int(a.head_dim), Hkv)
     return _rotary_spec(model, a, layer, dtype, **w)
 
 
