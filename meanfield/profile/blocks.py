@@ -297,9 +297,7 @@ def _attention_linears(
     }
 
 
-def _falcon_norms(
-    model: Any, blk: Any, dtype: torch.dtype, device: Any
-) -> tuple[_Norm, _Norm, bool]:
+def _falcon_norms(model: Any, blk: Any, ln: Callable[[Any], _Norm]) -> tuple[_Norm, _Norm, bool]:
     """Falcon's norms and residual form, as ``FalconDecoderLayer.forward`` chooses them.
 
     ``new_decoder_architecture`` with ``num_ln_in_parallel_attn == 2``: ``ln_attn`` and
@@ -318,15 +316,11 @@ def _falcon_norms(
             "layer's modules do not match its forward pass)"
         )
     if new and n_ln == 2:
-        return (
-            _norm(blk.ln_attn, dtype, device, rms=False),
-            _norm(blk.ln_mlp, dtype, device, rms=False),
-            True,
-        )
-    n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
+        return ln(blk.ln_attn), ln(blk.ln_mlp), True
+    n1 = ln(blk.input_layernorm)
     if new or par:
         return n1, n1, True
-    return n1, _norm(blk.post_attention_layernorm, dtype, device, rms=False), False
+    return n1, ln(blk.post_attention_layernorm), False
 
 
 def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
@@ -437,7 +431,7 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         else:  # gpt_neox, falcon, bloom: dense_h_to_4h, dense_4h_to_h
             mlp = up_down(blk.mlp.dense_h_to_4h, blk.mlp.dense_4h_to_h)
             if arch == "falcon":
-                n1, n2, form["parallel"] = _falcon_norms(model, blk, dtype, device)
+                n1, n2, form["parallel"] = _falcon_norms(model, blk, ln)
                 act = _activation(str(cfg.activation))
             else:
                 n1, n2 = ln(blk.input_layernorm), ln(blk.post_attention_layernorm)
