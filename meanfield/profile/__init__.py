@@ -195,14 +195,12 @@ def _linear_norms(block: TransformerBlock) -> tuple[LinearNorm, ...]:
 def _chain(
     n: int, layers: tuple[int, ...], recs: list[LayerRecord], e2e: BlockRecord
 ) -> ChainRecord:
-    def product(xs: Iterable[float]) -> float:  # in logs, inf past exp's range
-        log = sum(math.log(x) if x > 0 else -math.inf for x in xs)
-        return math.exp(log) if log < 709 else math.inf
-
-    product_value = product(r.block.value for r in recs)
-    product_bound = product(r.block.bound for r in recs)
+    log_value = sum(math.log(r.block.value) if r.block.value > 0 else -math.inf for r in recs)
+    log_bound = sum(math.log(r.block.bound) if r.block.bound > 0 else -math.inf for r in recs)
     prob = any(not math.isfinite(r.block.upper) for r in recs)
     fail = sum(1.0 - r.block.confidence for r in recs)
+    product_value = math.exp(log_value) if log_value < 709 else math.inf
+    product_bound = math.exp(log_bound) if log_bound < 709 else math.inf
     slack = product_value / e2e.value if e2e.value > 0 else math.inf
     return ChainRecord(
         n=n,
