@@ -256,7 +256,7 @@ def refuse_unmodelled(spec: LayerSpec, where: str) -> None:
 
 def _rope(
     model: Any, layer: int, head_dim: int, dtype: torch.dtype | None, variants: dict[str, Any]
-) -> RotaryEmbedding | None:
+) -> RotaryEmbedding:
     """The model's own rotary embedding of layer ``layer``; records unmodelled rope variants."""
     cfg = model.config
     rot = base_model(model).rotary_emb
@@ -370,7 +370,7 @@ def _rotary_spec(
     """A :class:`LayerSpec` of a rotary family from weights in the ``nn.Linear`` layout."""
     variants = _config_variants(model, attn, layer)
     rope = _rope(model, layer, w["head_dim"], dtype, variants)
-    if rope is not None and not _rotate_half_layout(model, attn, layer, rope):
+    if not _rotate_half_layout(model, attn, layer, rope):
         variants["rotary_layout"] = type(attn).__module__.rsplit(".", 1)[-1]
     if w["b_Q"] is not None or w["b_K"] is not None:
         variants["qk_bias_rotary"] = True
