@@ -20,6 +20,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal, overload
 
 import torch
@@ -160,8 +161,8 @@ def _layer_type(cfg: Any, layer: int) -> str | None:
     return lt
 
 
-def _window(model: Any, attn: Any, layer: int) -> int | None:
-    r"""The layer's sliding window :math:`W` (``None``: no window).
+def _window(model: Any, attn: Any, layer: int, variants: dict[str, Any]) -> int | None:
+    r"""The layer's sliding window :math:`W` (``None``: no window), recorded in ``variants``.
 
     Key ``j`` is admissible for query ``i`` when :math:`|i - j| < W` (``AttentionParams.window``).
 
@@ -178,7 +179,10 @@ def _window(model: Any, attn: Any, layer: int) -> int | None:
         w = None
     else:
         w = _get(cfg, "sliding_window")
-    return None if w is None else int(w)
+    if w is None:
+        return None
+    variants["sliding_window"] = int(w)
+    return int(w)
 
 
 def _config_variants(model: Any, attn: Any, layer: int) -> dict[str, Any]:
@@ -252,7 +256,7 @@ def refuse_unmodelled(spec: LayerSpec, where: str) -> None:
 
 def _rope(
     model: Any, layer: int, head_dim: int, dtype: torch.dtype | None, variants: dict[str, Any]
-) -> RotaryEmbedding | None:
+) -> RotaryEmbedding:
     """The model's own rotary embedding of layer ``layer``; records unmodelled rope variants."""
     cfg = model.config
     rot = base_model(model).rotary_emb
@@ -366,14 +370,12 @@ def _rotary_spec(
     """A :class:`LayerSpec` of a rotary family from weights in the ``nn.Linear`` layout."""
     variants = _config_variants(model, attn, layer)
     rope = _rope(model, layer, w["head_dim"], dtype, variants)
-    if rope is not None and not _rotate_half_layout(model, attn, layer, rope):
+    if not _rotate_half_layout(model, attn, layer, rope):
         variants["rotary_layout"] = type(attn).__module__.rsplit(".", 1)[-1]
     if w["b_Q"] is not None or w["b_K"] is not None:
         variants["qk_bias_rotary"] = True
     q_norm, k_norm = _qk_norms(attn, w["head_dim"], dtype, variants)
-    window = _window(model, attn, layer)
-    if window is not None:
-        variants["sliding_window"] = window
+    window = _window(model, attn, layer, variants)
     return LayerSpec(**w, rope=rope, window=window, variants=variants, q_norm=q_norm, k_norm=k_norm)
 
 
@@ -386,78 +388,49 @@ def _bias(lin: Any) -> Tensor | None:
 # ----------------------------------------------------------------------------------------------
 
 
+def _separate(
+    attn: Any, qkvo: tuple, dtype: torch.dtype | None, H: int, k: int, Hkv: int | None = None
+) -> dict[str, Any]:
+    """Weights of separate q, k, v, o projections (the modules ``qkvo``) of ``attn``.
+
+    ``H`` query heads (``Hkv`` key/value heads, default ``H``) of width ``k``; the logit scale is
+    the module's ``scaling`` (default ``k ** -0.5``).
+    """
+    w = {f"W_{x}": detached(m.weight, dtype) for x, m in zip("QKVO", qkvo)}
+    b = {f"b_{x}": detached(_bias(m), dtype) for x, m in zip("QKVO", qkvo)}
+    return dict(
+        **w, **b, d=int(qkvo[0].in_features), n_heads=H, n_kv_heads=H if Hkv is None else Hkv,
+        head_dim=k, scale=float(getattr(attn, "scaling", k**-0.5)),
+    )  # fmt: skip
+
+
 def _bert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.attention.self
-    dense = blk.attention.output.dense
-    k = int(a.attention_head_size)
-    return LayerSpec(
-        detached(a.query.weight, dtype),
-        detached(a.key.weight, dtype),
-        detached(a.value.weight, dtype),
-        detached(dense.weight, dtype),
-        detached(a.query.bias, dtype),
-        detached(a.key.bias, dtype),
-        detached(a.value.bias, dtype),
-        detached(dense.bias, dtype),
-        n_heads=int(a.num_attention_heads),
-        n_kv_heads=int(a.num_attention_heads),
-        head_dim=k,
-        d=int(a.query.in_features),
-        scale=float(getattr(a, "scaling", k**-0.5)),
-        variants=_config_variants(model, a, layer),
-    )
-
-
-def _separate(
-    model: Any, attn: Any, layer: int, dtype: torch.dtype | None, names: tuple[str, ...], **h: Any
-) -> dict[str, Any]:
-    q, k, v, o = (getattr(attn, n) for n in names)
-    return dict(
-        W_Q=detached(q.weight, dtype),
-        W_K=detached(k.weight, dtype),
-        W_V=detached(v.weight, dtype),
-        W_O=detached(o.weight, dtype),
-        b_Q=detached(_bias(q), dtype),
-        b_K=detached(_bias(k), dtype),
-        b_V=detached(_bias(v), dtype),
-        b_O=detached(_bias(o), dtype),
-        d=int(q.in_features),
-        **h,
-    )
+    qkvo = (a.query, a.key, a.value, blk.attention.output.dense)
+    w = _separate(a, qkvo, dtype, int(a.num_attention_heads), int(a.attention_head_size))
+    return LayerSpec(**w, variants=_config_variants(model, a, layer))
 
 
 def _distilbert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.attention
-    k = int(a.attention_head_size)
-    w = _separate(
-        model, a, layer, dtype, ("q_lin", "k_lin", "v_lin", "out_lin"),
-        n_heads=int(a.n_heads), n_kv_heads=int(a.n_heads), head_dim=k,
-        scale=float(getattr(a, "scaling", k**-0.5)),
-    )  # fmt: skip
+    qkvo = (a.q_lin, a.k_lin, a.v_lin, a.out_lin)
+    w = _separate(a, qkvo, dtype, int(a.n_heads), int(a.attention_head_size))
     return LayerSpec(**w, variants=_config_variants(model, a, layer))
 
 
 def _vit(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.attention
-    H, k = int(a.num_attention_heads), int(a.head_dim)
-    w = _separate(
-        model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "o_proj"),
-        n_heads=H, n_kv_heads=H, head_dim=k, scale=float(getattr(a, "scaling", k**-0.5)),
-    )  # fmt: skip
+    qkvo = (a.q_proj, a.k_proj, a.v_proj, a.o_proj)
+    w = _separate(a, qkvo, dtype, int(a.num_attention_heads), int(a.head_dim))
     return LayerSpec(**w, variants=_config_variants(model, a, layer))
 
 
 def _opt(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerSpec:
     a = blk.self_attn
-    H, k = int(a.num_heads), int(a.head_dim)
-    w = _separate(
-        model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "out_proj"),
-        n_heads=H, n_kv_heads=H, head_dim=k, scale=float(getattr(a, "scaling", k**-0.5)),
-    )  # fmt: skip
+    qkvo = (a.q_proj, a.k_proj, a.v_proj, a.out_proj)
+    w = _separate(a, qkvo, dtype, int(a.num_heads), int(a.head_dim))
     variants = _config_variants(model, a, layer)
-    window = _window(model, a, layer)
-    if window is not None:
-        variants["sliding_window"] = window
+    window = _window(model, a, layer, variants)
     return LayerSpec(**w, window=window, variants=variants)
 
 
@@ -488,18 +461,12 @@ def _llama(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> Layer
     a = blk.self_attn
     cfg = model.config
     H = int(cfg.num_attention_heads)
-    k = int(a.head_dim)
-    w = _separate(
-        model, a, layer, dtype, ("q_proj", "k_proj", "v_proj", "o_proj"),
-        n_heads=H, n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or H), head_dim=k,
-        scale=float(getattr(a, "scaling", k**-0.5)),
-    )  # fmt: skip
+    Hkv = int(getattr(cfg, "num_key_value_heads", None) or H)
+    w = _separate(a, (a.q_proj, a.k_proj, a.v_proj, a.o_proj), dtype, H, int(a.head_dim), Hkv)
     return _rotary_spec(model, a, layer, dtype, **w)
 
 
 def _fused(
-    model: Any,
-    attn: Any,
     qkv: Any,
     o: Any,
     dtype: torch.dtype | None,
@@ -547,7 +514,7 @@ def _phi3(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> LayerS
     cfg = model.config
     H, Hkv, k = int(cfg.num_attention_heads), int(a.num_key_value_heads), int(a.head_dim)
     w = _fused(
-        model, a, a.qkv_proj, a.o_proj, dtype, _split_blocks((H * k, Hkv * k, Hkv * k)),
+        a.qkv_proj, a.o_proj, dtype, _split_blocks((H * k, Hkv * k, Hkv * k)),
         n_heads=H, n_kv_heads=Hkv, head_dim=k, scale=float(a.scaling),
     )  # fmt: skip
     return _rotary_spec(model, a, layer, dtype, **w)
@@ -557,7 +524,7 @@ def _gpt_neox(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> La
     a = blk.attention
     H, k = int(model.config.num_attention_heads), int(a.head_size)
     w = _fused(
-        model, a, a.query_key_value, a.dense, dtype, _split_grouped(H, 1, k),
+        a.query_key_value, a.dense, dtype, _split_grouped(H, 1, k),
         n_heads=H, n_kv_heads=H, head_dim=k, scale=float(a.scaling),
     )  # fmt: skip
     return _rotary_spec(model, a, layer, dtype, **w)
@@ -576,7 +543,7 @@ def _falcon(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> Laye
         Hkv = H
         split = _split_grouped(H, 1, k)
     w = _fused(
-        model, a, a.query_key_value, a.dense, dtype, split,
+        a.query_key_value, a.dense, dtype, split,
         n_heads=H, n_kv_heads=Hkv, head_dim=k, scale=float(a.inv_norm_factor),
     )  # fmt: skip
     if getattr(model.config, "alibi", False):
@@ -590,7 +557,7 @@ def _modernbert(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> 
     a = blk.attn
     H, k = int(model.config.num_attention_heads), int(a.head_dim)
     w = _fused(
-        model, a, a.Wqkv, a.Wo, dtype, _split_blocks((H * k, H * k, H * k)),
+        a.Wqkv, a.Wo, dtype, _split_blocks((H * k, H * k, H * k)),
         n_heads=H, n_kv_heads=H, head_dim=k, scale=k**-0.5,
     )  # fmt: skip
     return _rotary_spec(model, a, layer, dtype, **w)
@@ -605,7 +572,7 @@ def _bloom(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> Layer
     a = blk.self_attention
     H, k = int(a.num_heads), int(a.head_dim)
     w = _fused(
-        model, a, a.query_key_value, a.dense, dtype, _split_grouped(H, 1, k),
+        a.query_key_value, a.dense, dtype, _split_grouped(H, 1, k),
         n_heads=H, n_kv_heads=H, head_dim=k, scale=float(a.inv_norm_factor),
     )  # fmt: skip
     if float(getattr(a, "beta", 1.0)) != 1.0:
@@ -622,91 +589,62 @@ def _bloom(model: Any, blk: Any, layer: int, dtype: torch.dtype | None) -> Layer
 # The families and their structural detection
 # ----------------------------------------------------------------------------------------------
 
-FAMILIES: dict[str, Family] = {
-    "bert": Family(
-        "bert", "BERT-style encoder", lambda b: b.encoder.layer, lambda blk: blk.attention.self,
-        lambda blk: blk.attention.output.dense, _bert, rotary=False, norm="layernorm",
-        ln_placement="post", weight_layout="linear", default_causal=False,
-        module_path="encoder.layer[{b}].attention.self",
-        out_path="encoder.layer[{b}].attention.output.dense", capture_block=True,
-        block_norm=lambda blk: blk.attention.output.LayerNorm, token_types=True,
-    ),
-    "distilbert": Family(
-        "distilbert", "DistilBERT", lambda b: b.transformer.layer, lambda blk: blk.attention,
-        lambda blk: blk.attention.out_lin, _distilbert, rotary=False, norm="layernorm",
-        ln_placement="post", weight_layout="linear", default_causal=False,
-        module_path="transformer.layer[{b}].attention",
-        out_path="transformer.layer[{b}].attention.out_lin",
-        block_norm=lambda blk: blk.sa_layer_norm,
-    ),
-    "vit": Family(
-        "vit", "ViT/DeiT vision encoder", lambda b: b.layers, lambda blk: blk.attention,
-        lambda blk: blk.attention.o_proj, _vit, rotary=False, norm="layernorm",
-        ln_placement="pre", weight_layout="linear", default_causal=False,
-        module_path="layers[{b}].attention", out_path="layers[{b}].attention.o_proj",
-        reads="pixel_values",
-    ),
-    "gpt2": Family(
-        "gpt2", "GPT-2", lambda b: b.h, lambda blk: blk.attn, lambda blk: blk.attn.c_proj, _gpt2,
-        rotary=False, norm="layernorm", ln_placement="pre", weight_layout="conv1d",
-        default_causal=True, module_path="h[{b}].attn", out_path="h[{b}].attn.c_proj",
-        token_types=True,
-    ),
-    "opt": Family(
-        "opt", "OPT", lambda b: b.decoder.layers, lambda blk: blk.self_attn,
-        lambda blk: blk.self_attn.out_proj, _opt, rotary=False, norm="layernorm",
-        ln_placement="pre", weight_layout="linear", default_causal=True,
-        module_path="decoder.layers[{b}].self_attn",
-        out_path="decoder.layers[{b}].self_attn.out_proj",
-    ),
-    "llama": Family(
-        "llama", "Llama-style decoder", lambda b: b.layers, lambda blk: blk.self_attn,
-        lambda blk: blk.self_attn.o_proj, _llama, rotary=True, norm="rmsnorm",
-        ln_placement="pre", weight_layout="linear", default_causal=True,
-        module_path="layers[{b}].self_attn", out_path="layers[{b}].self_attn.o_proj",
-    ),
-    "phi3": Family(
-        "phi3", "Phi-3", lambda b: b.layers, lambda blk: blk.self_attn,
-        lambda blk: blk.self_attn.o_proj, _phi3, rotary=True, norm="rmsnorm",
-        ln_placement="pre", weight_layout="linear", default_causal=True,
-        module_path="layers[{b}].self_attn", out_path="layers[{b}].self_attn.o_proj",
-    ),
-    "gpt_neox": Family(
-        "gpt_neox", "GPT-NeoX", lambda b: b.layers, lambda blk: blk.attention,
-        lambda blk: blk.attention.dense, _gpt_neox, rotary=True, norm="layernorm",
-        ln_placement="pre", weight_layout="linear", default_causal=True,
-        module_path="layers[{b}].attention", out_path="layers[{b}].attention.dense",
-    ),
-    "falcon": Family(
-        "falcon", "Falcon", lambda b: b.h, lambda blk: blk.self_attention,
-        lambda blk: blk.self_attention.dense, _falcon, rotary=True, norm="layernorm",
-        ln_placement="pre", weight_layout="linear", default_causal=True,
-        module_path="h[{b}].self_attention", out_path="h[{b}].self_attention.dense",
-    ),
-    "modernbert": Family(
-        "modernbert", "ModernBERT", lambda b: b.layers, lambda blk: blk.attn,
-        lambda blk: blk.attn.Wo, _modernbert, rotary=True, norm="layernorm",
-        ln_placement="pre", weight_layout="linear", default_causal=False,
-        module_path="layers[{b}].attn", out_path="layers[{b}].attn.Wo",
-    ),
-    "bloom": Family(
-        "bloom", "BLOOM", lambda b: b.h, lambda blk: blk.self_attention,
-        lambda blk: blk.self_attention.dense, _bloom, rotary=False, norm="layernorm",
-        ln_placement="pre", weight_layout="linear", default_causal=True,
-        module_path="h[{b}].self_attention", out_path="h[{b}].self_attention.dense",
-    ),
-}  # fmt: skip
+
+def _family(
+    name: Arch,
+    label: str,
+    blocks: str,
+    attention: str,
+    out: str,
+    extract: Callable[[Any, Any, int, torch.dtype | None], LayerSpec],
+    *,
+    rotary: bool,
+    causal: bool,
+    norm: str = "layernorm",
+    ln_placement: str = "pre",
+    weight_layout: str = "linear",
+    block_norm: str | None = None,
+    **kw: Any,
+) -> Family:
+    """A :class:`Family` with modules at attribute paths (``out``, ``block_norm``: in a block)."""
+    at = f"{blocks}[{{b}}]."
+    return Family(
+        name, label, attrgetter(blocks), attrgetter(attention), attrgetter(out), extract,
+        rotary=rotary, norm=norm, ln_placement=ln_placement, weight_layout=weight_layout,
+        default_causal=causal, module_path=at + attention, out_path=at + out,
+        block_norm=None if block_norm is None else attrgetter(block_norm), **kw,
+    )  # fmt: skip
 
 
-def _first(obj: Any, *names: str) -> Any:
-    for n in names:
-        v = getattr(obj, n, None)
-        if v is not None:
-            return v
-    return None
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    _family("bert", "BERT-style encoder", "encoder.layer", "attention.self",
+            "attention.output.dense", _bert, rotary=False, causal=False, ln_placement="post",
+            capture_block=True, block_norm="attention.output.LayerNorm", token_types=True),
+    _family("distilbert", "DistilBERT", "transformer.layer", "attention", "attention.out_lin",
+            _distilbert, rotary=False, causal=False, ln_placement="post",
+            block_norm="sa_layer_norm"),
+    _family("vit", "ViT/DeiT vision encoder", "layers", "attention", "attention.o_proj", _vit,
+            rotary=False, causal=False, reads="pixel_values"),
+    _family("gpt2", "GPT-2", "h", "attn", "attn.c_proj", _gpt2, rotary=False, causal=True,
+            weight_layout="conv1d", token_types=True),
+    _family("opt", "OPT", "decoder.layers", "self_attn", "self_attn.out_proj", _opt,
+            rotary=False, causal=True),
+    _family("llama", "Llama-style decoder", "layers", "self_attn", "self_attn.o_proj", _llama,
+            rotary=True, causal=True, norm="rmsnorm"),
+    _family("phi3", "Phi-3", "layers", "self_attn", "self_attn.o_proj", _phi3, rotary=True,
+            causal=True, norm="rmsnorm"),
+    _family("gpt_neox", "GPT-NeoX", "layers", "attention", "attention.dense", _gpt_neox,
+            rotary=True, causal=True),
+    _family("falcon", "Falcon", "h", "self_attention", "self_attention.dense", _falcon,
+            rotary=True, causal=True),
+    _family("modernbert", "ModernBERT", "layers", "attn", "attn.Wo", _modernbert, rotary=True,
+            causal=False),
+    _family("bloom", "BLOOM", "h", "self_attention", "self_attention.dense", _bloom,
+            rotary=False, causal=True),
+)}  # fmt: skip
 
 
-def _blocks0(base: Any) -> tuple[Any, Any] | None:
+def _block0(base: Any) -> Any:
     for path in (
         ("encoder", "layer"),
         ("transformer", "layer"),
@@ -721,7 +659,7 @@ def _blocks0(base: Any) -> tuple[Any, Any] | None:
                 break
         if obj is not None:
             try:
-                return obj, obj[0]
+                return obj[0]
             except (TypeError, IndexError, KeyError):
                 continue
     return None
@@ -730,12 +668,10 @@ def _blocks0(base: Any) -> tuple[Any, Any] | None:
 def detect(model: Any) -> Family:
     """The :class:`Family` of ``model``, from its module structure."""
     base = base_model(model)
-    found = _blocks0(base)
-    if found is not None:
-        _, blk = found
-        name = _detect_block(base, blk)
-        if name is not None:
-            return FAMILIES[name]
+    blk = _block0(base)
+    name = None if blk is None else _detect_block(base, blk)
+    if name is not None:
+        return FAMILIES[name]
     raise NotImplementedError(
         f"unsupported model {type(model).__name__}: meanfield.models handles {SUPPORTED}"
     )
@@ -751,7 +687,7 @@ def _detect_block(base: Any, blk: Any) -> str | None:
         return "gpt_neox"
     if att is not None and hasattr(att, "q_proj") and hasattr(att, "o_proj"):
         return None if hasattr(base, "rotary_emb") else "vit"
-    attn = _first(blk, "attn")
+    attn = getattr(blk, "attn", None)
     if attn is not None and hasattr(attn, "c_attn"):
         return "gpt2"
     if attn is not None and hasattr(attn, "Wqkv") and hasattr(base, "rotary_emb"):

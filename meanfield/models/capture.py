@@ -119,8 +119,8 @@ class _Captured(Exception):
     """Raised by the capture hook to stop the forward pass early."""
 
 
-def _capture_module(model: Any, arch: Arch, layer: int) -> Any:
-    if FAMILIES[arch].capture_block:
+def _capture_module(model: Any, arch: Arch, layer: int, block: bool = False) -> Any:
+    if block or FAMILIES[arch].capture_block:
         return layer_modules(model, arch)[layer]
     return attention_module(model, arch, layer)
 
@@ -130,16 +130,6 @@ def model_device(model: Any) -> torch.device:
         return next(model.parameters()).device
     except StopIteration:
         return torch.device("cpu")
-
-
-def _forward_capture(
-    model: Any,
-    arch: Arch,
-    layer: int,
-    ids: Tensor,
-    token_types: bool,
-) -> Tensor:
-    return module_input(model, _capture_module(model, arch, layer), ids, token_types, layer)
 
 
 def _own_attention(model: Any) -> str:
@@ -202,6 +192,15 @@ def module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer:
     A pre-hook records them and stops the forward pass there; the model runs in eval mode without
     gradients and is restored to its training mode afterwards.
     """
+    ids = ids.to(model_device(model))
+    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
+    if token_types:
+        kwargs["token_type_ids"] = torch.zeros_like(ids)
+    return _input_of(model, module, layer, input_ids=ids, **kwargs)
+
+
+def _input_of(model: Any, module: Any, layer: int, **inputs: Any) -> Tensor:
+    """The hidden states entering ``module`` when the base model reads ``inputs`` (stopped there)."""
     base = base_model(model)
     captured: list[Tensor] = []
 
@@ -210,23 +209,27 @@ def module_input(model: Any, module: Any, ids: Tensor, token_types: bool, layer:
         captured.append(x.detach())
         raise _Captured
 
-    dev = model_device(model)
-    ids = ids.to(dev)
-    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "use_cache": False}
-    if token_types:
-        kwargs["token_type_ids"] = torch.zeros_like(ids)
     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
     was_training = base.training
     try:
         base.eval()
         with torch.no_grad(), contextlib.suppress(_Captured):
-            base(input_ids=ids, **kwargs)
+            base(**inputs)
     finally:
         handle.remove()
         base.train(was_training)
     if not captured:
         raise RuntimeError(f"the forward pass never reached layer {layer}")
     return captured[0]
+
+
+def _token_ids(tokenizer: Any, text: str | Sequence[int] | Tensor) -> Tensor:
+    """The token ids of ``text`` (tokenized when a string), as a Tensor."""
+    if isinstance(text, str):
+        if tokenizer is None:
+            raise ValueError("a tokenizer is needed to tokenize a string")
+        return torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
+    return text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
 
 
 def hidden_states(
@@ -319,12 +322,7 @@ def hidden_states(
             f"{type(model).__name__} reads {fam.reads}, not token ids: use "
             "meanfield.models.image_hidden_states (images or synthetic images)"
         )
-    if isinstance(text, str):
-        if tokenizer is None:
-            raise ValueError("a tokenizer is needed to tokenize a string")
-        ids = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
-    else:
-        ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
+    ids = _token_ids(tokenizer, text)
     max_pos = max_positions(model, arch)
     if max_pos is not None and int(n) > max_pos:
         raise ValueError(
@@ -343,8 +341,9 @@ def hidden_states(
     bs = win.n_windows if batch_size is None else max(1, int(batch_size))
     impl = _resolve_attention(model, attention, n)
     with _attention_implementation(model, impl):
+        module = _capture_module(model, arch, layer)
         parts = [
-            _forward_capture(model, arch, layer, win.token_ids[i : i + bs], token_types)
+            module_input(model, module, win.token_ids[i : i + bs], token_types, layer)
             for i in range(0, win.n_windows, bs)
         ]
     X = torch.cat(parts, dim=0)
@@ -391,11 +390,7 @@ def hidden_states_grid(
     tuple of HiddenStates
         One per grid value.
     """
-    if isinstance(text, str):
-        if tokenizer is None:
-            raise ValueError("a tokenizer is needed to tokenize a string")
-        text = torch.tensor(encode_text(tokenizer, text), dtype=torch.long)
-    ids = text if isinstance(text, Tensor) else torch.as_tensor(list(text), dtype=torch.long)
+    ids = _token_ids(tokenizer, text)
     grid = [int(n) for n in n_grid]
     need = int(start) + tokens_needed(grid, n_windows)
     if need > ids.numel():
@@ -473,11 +468,6 @@ def image_geometry(model: Any) -> tuple[int, int, int, int, int]:
     return int(getattr(cfg, "num_channels", 3)), h, w, ph, pw
 
 
-def _expected_shapes(model: Any) -> str:
-    c, h, w, _, _ = image_geometry(model)
-    return f"(N, {c}, {h}, {w}), (N, {h}, {w}, {c}), ({c}, {h}, {w}) or ({h}, {w}, {c})"
-
-
 def pixel_values(
     images: Any,
     model: Any,
@@ -523,14 +513,11 @@ def pixel_values(
     shape = tuple(int(s) for s in arr.shape)
     if arr.ndim == 3:
         arr = arr[None]
-    if arr.ndim != 4 or arr.shape[0] < 1:
-        raise ValueError(f"{name}: expected shape {_expected_shapes(model)}, got {shape}")
-    if tuple(arr.shape[1:]) == (c, h, w):
-        pass
-    elif tuple(arr.shape[1:]) == (h, w, c):
+    if arr.ndim != 4 or arr.shape[0] < 1 or tuple(arr.shape[1:]) not in ((c, h, w), (h, w, c)):
+        expected = f"(N, {c}, {h}, {w}), (N, {h}, {w}, {c}), ({c}, {h}, {w}) or ({h}, {w}, {c})"
+        raise ValueError(f"{name}: expected shape {expected}, got {shape}")
+    if tuple(arr.shape[1:]) != (c, h, w):
         arr = arr.transpose(0, 3, 1, 2)
-    else:
-        raise ValueError(f"{name}: expected shape {_expected_shapes(model)}, got {shape}")
     if arr.dtype == np.uint8:
         if image_mean is None or image_std is None:
             raise ValueError(
@@ -580,38 +567,12 @@ def module_input_pixels(model: Any, module: Any, pixels: Tensor, layer: int) -> 
     As :func:`module_input` for ``pixel_values`` of shape (N, C, H, W): no mask (a vision
     encoder attends to every token), eval mode, the forward pass stopped at the module.
     """
-    base = base_model(model)
-    captured: list[Tensor] = []
-
-    def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-        x = args[0] if args else kwargs["hidden_states"]
-        captured.append(x.detach())
-        raise _Captured
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    was_training = base.training
-    try:
-        base.eval()
-        with torch.no_grad(), contextlib.suppress(_Captured):
-            base(pixel_values=pixels.to(model_device(model)))
-    finally:
-        handle.remove()
-        base.train(was_training)
-    if not captured:
-        raise RuntimeError(f"the forward pass never reached layer {layer}")
-    return captured[0]
+    return _input_of(model, module, layer, pixel_values=pixels.to(model_device(model)))
 
 
 def reads_images(model: Any) -> bool:
     """Whether ``model`` is a vision encoder (ViT/DeiT) that reads ``pixel_values``, not token ids."""
     return FAMILIES[arch_of(model)].reads == "pixel_values"
-
-
-def _check_vision(model: Any, arch: Arch) -> None:
-    if FAMILIES[arch].reads != "pixel_values":
-        raise ValueError(
-            f"{type(model).__name__} reads token ids, not images: use hidden_states with a text"
-        )
 
 
 def image_hidden_states(
@@ -670,7 +631,10 @@ def image_hidden_states(
         index range beyond them.
     """
     arch = arch_of(model)
-    _check_vision(model, arch)
+    if FAMILIES[arch].reads != "pixel_values":
+        raise ValueError(
+            f"{type(model).__name__} reads token ids, not images: use hidden_states with a text"
+        )
     layer = check_layer(model, arch, layer)
     if isinstance(n_images, bool) or int(n_images) < 1:
         raise ValueError(f"n_images must be a positive integer, got {n_images!r}")
@@ -691,8 +655,7 @@ def image_hidden_states(
         pixels = pixels[int(index) : int(index) + int(n_images)]
         what = name
         indices = tuple(range(int(index), int(index) + int(n_images)))
-    module = layer_modules(model, arch)[layer] if block else attention_module(model, arch, layer)
-    X = module_input_pixels(model, module, pixels, layer)
+    X = module_input_pixels(model, _capture_module(model, arch, layer, block), pixels, layer)
     X = X.to(device=device if device is not None else X.device, dtype=dtype or X.dtype)
     _, h, w, ph, pw = image_geometry(model)
     n = int(X.shape[1])

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import math
 import operator
 import types
@@ -75,8 +74,6 @@ __all__ = [
     "params_from_hf",
     "released_head_A",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: Former name of :data:`meanfield._typing.HeadMap`.
 _MAPS = ("heads", "heads+WO", "block")
@@ -107,13 +104,9 @@ def require_gguf() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _family(model: Any) -> _fam.Family:
-    return _fam.detect(model)
-
-
 def arch_of(model: Any) -> Arch:
     """The family name of ``model`` (``LayerInfo.arch``), detected from its module structure."""
-    return _family(model).name
+    return _fam.detect(model).name
 
 
 def layer_modules(model: Any, arch: Arch) -> Any:
@@ -166,7 +159,7 @@ def is_causal(model: Any) -> bool:
     -------
     bool
     """
-    fam = _family(model)
+    fam = _fam.detect(model)
     if fam.name == "bert":
         return bool(getattr(model.config, "is_decoder", False))
     return fam.default_causal
@@ -274,7 +267,7 @@ def _extract(
     model: Any, layer: int, map: str, dtype: torch.dtype | None
 ) -> tuple[_fam.Family, _fam.LayerSpec, LayerInfo]:
     """Family, extracted weights and metadata of one layer (variants recorded, not yet refused)."""
-    fam = _family(model)
+    fam = _fam.detect(model)
     layer = check_layer(model, fam.name, layer)
     _check_map(fam.name, map)
     cfg = model.config

@@ -37,19 +37,7 @@ __all__ = ["MODULE_FAMILIES", "hf_module_fn"]
 #: Families whose attention module :func:`hf_module_fn` calls: every family of
 #: :mod:`meanfield.models` (the keyword inputs passed are checked against the module's
 #: ``forward`` signature).
-MODULE_FAMILIES: tuple[str, ...] = (
-    "bert",
-    "distilbert",
-    "vit",
-    "gpt2",
-    "opt",
-    "llama",
-    "phi3",
-    "gpt_neox",
-    "falcon",
-    "modernbert",
-    "bloom",
-)
+MODULE_FAMILIES: tuple[str, ...] = tuple(_fam.FAMILIES)
 
 
 def _mask(n: int, causal: bool, window: int | None, dtype: torch.dtype) -> Tensor | None:

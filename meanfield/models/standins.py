@@ -14,7 +14,6 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import logging
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,8 +43,6 @@ __all__ = [
     "random_gpt2",
     "tiny_config",
 ]
-
-logger = logging.getLogger(__name__)
 
 MINILM_LABEL = (
     "all-MiniLM-L6-v2 (BERT architecture; contrastively fine-tuned MiniLM, not bert-base-uncased)"
@@ -288,13 +285,6 @@ def load_smollm2() -> LoadedModel:
     )
 
 
-@contextlib.contextmanager
-def _seeded(seed: int):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        yield
-
-
 def no_tokenizer_message(label: str) -> str:
     """The one-line error of a model without an offline tokenizer, naming the fix."""
     return (
@@ -445,7 +435,8 @@ def _random_model(
     arch: str, cfg: Any, seed: int, hub_name: str, label: str, stands_in_for: str
 ) -> LoadedModel:
     """``{arch}Model(cfg)`` with seeded random init in eval mode, its offline tokenizer, provenance."""
-    with _seeded(seed):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
         model = getattr(import_transformers(), f"{arch}Model")(cfg)
     model.eval()
     tok, tok_src = _offline_tokenizer(hub_name)
@@ -466,6 +457,15 @@ def _random_model(
     )
 
 
+#: How BERT and Llama configs spell the shape arguments of :func:`tiny_config`.
+_HIDDEN_SIZE_FIELDS = {
+    "d": "hidden_size",
+    "heads": "num_attention_heads",
+    "layers": "num_hidden_layers",
+    "intermediate": "intermediate_size",
+    "vocab": "vocab_size",
+    "positions": "max_position_embeddings",
+}
 #: How each architecture's config spells the shape arguments of :func:`tiny_config`.
 _CONFIG_FIELDS: dict[str, tuple[str, dict[str, str]]] = {
     "gpt2": (
@@ -479,29 +479,8 @@ _CONFIG_FIELDS: dict[str, tuple[str, dict[str, str]]] = {
             "positions": "n_positions",
         },
     ),
-    "bert": (
-        "BertConfig",
-        {
-            "d": "hidden_size",
-            "heads": "num_attention_heads",
-            "layers": "num_hidden_layers",
-            "intermediate": "intermediate_size",
-            "vocab": "vocab_size",
-            "positions": "max_position_embeddings",
-        },
-    ),
-    "llama": (
-        "LlamaConfig",
-        {
-            "d": "hidden_size",
-            "heads": "num_attention_heads",
-            "kv_heads": "num_key_value_heads",
-            "layers": "num_hidden_layers",
-            "intermediate": "intermediate_size",
-            "vocab": "vocab_size",
-            "positions": "max_position_embeddings",
-        },
-    ),
+    "bert": ("BertConfig", _HIDDEN_SIZE_FIELDS),
+    "llama": ("LlamaConfig", {**_HIDDEN_SIZE_FIELDS, "kv_heads": "num_key_value_heads"}),
 }
 
 

@@ -215,7 +215,7 @@ def _chain(
     )
 
 
-def _cost(n: int, d: int, d_ff: int, n_heads: int, heads: bool) -> float:
+def _cost(n: int, d: int, d_ff: int, heads: bool) -> float:
     attn = n * n * d * (2 if heads else 1) + n * d * d
     return float(attn + 3 * n * d * d_ff)
 
@@ -358,7 +358,7 @@ def profile_model(
     run_e2e = bool(end_to_end) and consecutive
 
     d_ff = blocks[0].linears["up"][0].shape[0]
-    costs = [_cost(v, info.d, d_ff, info.n_heads, heads) for v in ns]
+    costs = [_cost(v, info.d, d_ff, heads) for v in ns]
     plan = [(f"n={v} layer {layer}", c) for v, c in zip(ns, costs) for layer in idx]
     if run_e2e:
         plan += [(f"n={v} end-to-end", c * len(idx)) for v, c in zip(ns, costs)]

@@ -287,20 +287,17 @@ def _attention_linears(
     if spec.layout != "linear" or spec.W_O is None:  # pragma: no cover  (conv1d: GPT-2 only)
         raise UnmodelledFeature(f"the attention weights of {arch} are not in the nn.Linear layout")
 
-    def mk(W: Tensor, b: Tensor | None) -> _Linear:
-        return _Linear(_copy(W, dtype, device), _copy_opt(b, dtype, device))
-
     return {
-        "q": mk(spec.W_Q, spec.b_Q),
-        "k": mk(spec.W_K, spec.b_K),
-        "v": mk(spec.W_V, spec.b_V),
-        "o": mk(spec.W_O, spec.b_O),
+        key: _Linear(_copy(W, dtype, device), _copy_opt(b, dtype, device))
+        for key, W, b in zip(
+            "qkvo",
+            (spec.W_Q, spec.W_K, spec.W_V, spec.W_O),
+            (spec.b_Q, spec.b_K, spec.b_V, spec.b_O),
+        )
     }
 
 
-def _falcon_norms(
-    model: Any, blk: Any, dtype: torch.dtype, device: Any
-) -> tuple[_Norm, _Norm, bool]:
+def _falcon_norms(model: Any, blk: Any, ln: Callable[[Any], _Norm]) -> tuple[_Norm, _Norm, bool]:
     """Falcon's norms and residual form, as ``FalconDecoderLayer.forward`` chooses them.
 
     ``new_decoder_architecture`` with ``num_ln_in_parallel_attn == 2``: ``ln_attn`` and
@@ -319,15 +316,11 @@ def _falcon_norms(
             "layer's modules do not match its forward pass)"
         )
     if new and n_ln == 2:
-        return (
-            _norm(blk.ln_attn, dtype, device, rms=False),
-            _norm(blk.ln_mlp, dtype, device, rms=False),
-            True,
-        )
-    n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
+        return ln(blk.ln_attn), ln(blk.ln_mlp), True
+    n1 = ln(blk.input_layernorm)
     if new or par:
         return n1, n1, True
-    return n1, _norm(blk.post_attention_layernorm, dtype, device, rms=False), False
+    return n1, ln(blk.post_attention_layernorm), False
 
 
 def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) -> TransformerBlock:
@@ -356,118 +349,98 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
     post2: _Norm | None = None
     n1: _Norm | None
     form: dict[str, bool] = {}
+
+    def L(module: Any, conv1d: bool = False) -> _Linear:
+        return _lin(module, dtype, device, conv1d=conv1d)
+
+    def ln(module: Any) -> _Norm:
+        return _norm(module, dtype, device, rms=False)
+
+    def rms(module: Any, unit_offset: bool = False) -> _Norm:
+        return _norm(module, dtype, device, rms=True, unit_offset=unit_offset)
+
+    def up_down(up: Any, down: Any, conv1d: bool = False) -> dict[str, _Linear]:
+        return {"up": L(up, conv1d), "down": L(down, conv1d)}
+
     if arch == "bert":
         s = blk.attention.self
-        lin = {
-            "q": _lin(s.query, dtype, device),
-            "k": _lin(s.key, dtype, device),
-            "v": _lin(s.value, dtype, device),
-            "o": _lin(blk.attention.output.dense, dtype, device),
-        }
-        mlp = {
-            "up": _lin(blk.intermediate.dense, dtype, device),
-            "down": _lin(blk.output.dense, dtype, device),
-        }
-        n1 = _norm(blk.attention.output.LayerNorm, dtype, device, rms=False)
-        n2 = _norm(blk.output.LayerNorm, dtype, device, rms=False)
+        qkvo = (s.query, s.key, s.value, blk.attention.output.dense)
+        lin = {key: L(m) for key, m in zip("qkvo", qkvo)}
+        mlp = up_down(blk.intermediate.dense, blk.output.dense)
+        n1, n2 = ln(blk.attention.output.LayerNorm), ln(blk.output.LayerNorm)
         act = _activation(str(cfg.hidden_act))
         form["post_ln"] = True
     elif arch == "gpt2":
         d = att.info.d
-        c = _lin(blk.attn.c_attn, dtype, device, conv1d=True)  # (3d, d)
+        c = L(blk.attn.c_attn, conv1d=True)  # (3d, d)
         Wq, Wk, Wv = c.W.split(d, dim=0)
         bq, bk, bv = (None, None, None) if c.b is None else c.b.split(d)
         lin = {
             "q": _Linear(Wq, bq),
             "k": _Linear(Wk, bk),
             "v": _Linear(Wv, bv),
-            "o": _lin(blk.attn.c_proj, dtype, device, conv1d=True),
+            "o": L(blk.attn.c_proj, conv1d=True),
         }
-        mlp = {
-            "up": _lin(blk.mlp.c_fc, dtype, device, conv1d=True),
-            "down": _lin(blk.mlp.c_proj, dtype, device, conv1d=True),
-        }
-        n1 = _norm(blk.ln_1, dtype, device, rms=False)
-        n2 = _norm(blk.ln_2, dtype, device, rms=False)
+        mlp = up_down(blk.mlp.c_fc, blk.mlp.c_proj, conv1d=True)
+        n1, n2 = ln(blk.ln_1), ln(blk.ln_2)
         act = _activation(str(cfg.activation_function))
     elif arch == "vit":
-        a = blk.attention
-        lin = _qkvo_linears(a, dtype, device)
-        mlp = {
-            "up": _lin(blk.mlp.fc1, dtype, device),
-            "down": _lin(blk.mlp.fc2, dtype, device),
-        }
-        n1 = _norm(blk.layernorm_before, dtype, device, rms=False)
-        n2 = _norm(blk.layernorm_after, dtype, device, rms=False)
+        lin = _qkvo_linears(blk.attention, dtype, device)
+        mlp = up_down(blk.mlp.fc1, blk.mlp.fc2)
+        n1, n2 = ln(blk.layernorm_before), ln(blk.layernorm_after)
         act = _activation(str(cfg.hidden_act))
     elif arch == "llama":
         gemma = model_type in _GEMMA_BLOCKS or model_type in _SANDWICH_BLOCKS
         sandwich = model_type in _SANDWICH_BLOCKS
-        a = blk.self_attn
-        lin = _qkvo_linears(a, dtype, device)
+        lin = _qkvo_linears(blk.self_attn, dtype, device)
         m = blk.mlp
-        mlp = {
-            "gate": _lin(m.gate_proj, dtype, device),
-            "up": _lin(m.up_proj, dtype, device),
-            "down": _lin(m.down_proj, dtype, device),
-        }
-        n1 = _norm(blk.input_layernorm, dtype, device, rms=True, unit_offset=gemma)
+        mlp = {"gate": L(m.gate_proj), **up_down(m.up_proj, m.down_proj)}
+        n1 = rms(blk.input_layernorm, unit_offset=gemma)
         if sandwich:
-            post1 = _norm(blk.post_attention_layernorm, dtype, device, rms=True, unit_offset=True)
-            n2 = _norm(blk.pre_feedforward_layernorm, dtype, device, rms=True, unit_offset=True)
-            post2 = _norm(blk.post_feedforward_layernorm, dtype, device, rms=True, unit_offset=True)
+            post1 = rms(blk.post_attention_layernorm, unit_offset=True)
+            n2 = rms(blk.pre_feedforward_layernorm, unit_offset=True)
+            post2 = rms(blk.post_feedforward_layernorm, unit_offset=True)
             act = _activation(str(cfg.hidden_activation))
         else:
-            n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True, unit_offset=gemma)
+            n2 = rms(blk.post_attention_layernorm, unit_offset=gemma)
             act = _activation(str(getattr(cfg, "hidden_act", "silu")))
     else:
         lin = _attention_linears(model, arch, blk, layer, dtype, device)
         if arch == "distilbert":  # Post-LN, BERT's block
-            mlp = {
-                "up": _lin(blk.ffn.lin1, dtype, device),
-                "down": _lin(blk.ffn.lin2, dtype, device),
-            }
-            n1 = _norm(blk.sa_layer_norm, dtype, device, rms=False)
-            n2 = _norm(blk.output_layer_norm, dtype, device, rms=False)
+            mlp = up_down(blk.ffn.lin1, blk.ffn.lin2)
+            n1, n2 = ln(blk.sa_layer_norm), ln(blk.output_layer_norm)
             act = _activation(str(cfg.activation))
             form["post_ln"] = True
         elif arch == "opt":  # Pre-LN, or Post-LN without do_layer_norm_before
-            mlp = {"up": _lin(blk.fc1, dtype, device), "down": _lin(blk.fc2, dtype, device)}
-            n1 = _norm(blk.self_attn_layer_norm, dtype, device, rms=False)
-            n2 = _norm(blk.final_layer_norm, dtype, device, rms=False)
+            mlp = up_down(blk.fc1, blk.fc2)
+            n1, n2 = ln(blk.self_attn_layer_norm), ln(blk.final_layer_norm)
             act = _activation(str(cfg.activation_function))
             form["post_ln"] = not bool(blk.do_layer_norm_before)
         elif arch == "phi3":  # Llama's block, fused gate_up_proj = [gate; up]
-            gate, up = _split_rows(_lin(blk.mlp.gate_up_proj, dtype, device), 2)
-            mlp = {"gate": gate, "up": up, "down": _lin(blk.mlp.down_proj, dtype, device)}
-            n1 = _norm(blk.input_layernorm, dtype, device, rms=True)
-            n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=True)
+            gate, up = _split_rows(L(blk.mlp.gate_up_proj), 2)
+            mlp = {"gate": gate, "up": up, "down": L(blk.mlp.down_proj)}
+            n1, n2 = rms(blk.input_layernorm), rms(blk.post_attention_layernorm)
             act = _activation(str(cfg.hidden_act))
         elif arch == "modernbert":  # Pre-LN, no first norm on layer 0, GeGLU Wi = [input; gate]
-            gate, up = _split_rows(_lin(blk.mlp.Wi, dtype, device), 2)
-            mlp = {"gate": gate, "up": up, "down": _lin(blk.mlp.Wo, dtype, device)}
+            gate, up = _split_rows(L(blk.mlp.Wi), 2)
+            mlp = {"gate": gate, "up": up, "down": L(blk.mlp.Wo)}
             identity = isinstance(blk.attn_norm, torch.nn.Identity)
-            n1 = None if identity else _norm(blk.attn_norm, dtype, device, rms=False)
-            n2 = _norm(blk.mlp_norm, dtype, device, rms=False)
+            n1 = None if identity else ln(blk.attn_norm)
+            n2 = ln(blk.mlp_norm)
             act = _activation(str(cfg.hidden_activation))
         else:  # gpt_neox, falcon, bloom: dense_h_to_4h, dense_4h_to_h
-            mlp = {
-                "up": _lin(blk.mlp.dense_h_to_4h, dtype, device),
-                "down": _lin(blk.mlp.dense_4h_to_h, dtype, device),
-            }
-            if arch == "gpt_neox":
-                n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
-                n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=False)
-                act = _activation(str(cfg.hidden_act))
-                form["parallel"] = bool(blk.use_parallel_residual)
-            elif arch == "falcon":
-                n1, n2, form["parallel"] = _falcon_norms(model, blk, dtype, device)
+            mlp = up_down(blk.mlp.dense_h_to_4h, blk.mlp.dense_4h_to_h)
+            if arch == "falcon":
+                n1, n2, form["parallel"] = _falcon_norms(model, blk, ln)
                 act = _activation(str(cfg.activation))
             else:
-                n1 = _norm(blk.input_layernorm, dtype, device, rms=False)
-                n2 = _norm(blk.post_attention_layernorm, dtype, device, rms=False)
-                act = _bloom_gelu
-                form["residual_from_norm"] = bool(blk.apply_residual_connection_post_layernorm)
+                n1, n2 = ln(blk.input_layernorm), ln(blk.post_attention_layernorm)
+                if arch == "gpt_neox":
+                    act = _activation(str(cfg.hidden_act))
+                    form["parallel"] = bool(blk.use_parallel_residual)
+                else:
+                    act = _bloom_gelu
+                    form["residual_from_norm"] = bool(blk.apply_residual_connection_post_layernorm)
     linears = {k: (v.W, v.b) for k, v in {**lin, **mlp}.items()}
     return TransformerBlock(layer, arch, att, n1, n2, mlp, act, linears, post1, post2, **form)
 
