@@ -72,7 +72,7 @@ def _timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def run(models, ns, dtype_name, delta, prob_rtol, tol, save=None):
+def run(models, ns, dtype_name, delta, prob_rtol, tol):
     import torch
 
     from meanfield._spectral import collatz_wielandt_bound
@@ -128,8 +128,6 @@ def run(models, ns, dtype_name, delta, prob_rtol, tol, save=None):
             row.update(ratio_sblock=float(sb) / lower, cost_sblock=(t_s + t_cw) / t_est)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if save is not None:
-                save(rows)
     return rows
 
 

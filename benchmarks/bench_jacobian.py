@@ -230,6 +230,34 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _timed(device: str, fn, *args, **kwargs) -> tuple[float, Any]:
+    """Seconds of ``fn(*args, **kwargs)`` between two device syncs, and its result."""
+    _sync(device)
+    t0 = time.perf_counter()
+    res = fn(*args, **kwargs)
+    _sync(device)
+    return time.perf_counter() - t0, res
+
+
+def _rounds(dtypes: list[str], repeats: int, methods):
+    """The alternated, rotated rounds of the side-by-side and ARPACK modes.
+
+    Each of ``repeats`` rounds visits the dtypes (their order alternating between rounds) and runs
+    the ``(name, fn)`` pairs of ``methods`` for each (their order rotating by one per round);
+    ``fn(dt)`` returns ``(seconds, result)``. Yields ``(round, dtype, row)``, ``row`` mapping each
+    name to its result with ``"seconds"`` set.
+    """
+    for r in range(max(1, repeats)):
+        for dt in dtypes if r % 2 == 0 else dtypes[::-1]:
+            k = r % len(methods)
+            row: dict[str, Any] = {}
+            for name, fn in methods[k:] + methods[:k]:
+                sec, res = fn(dt)
+                res["seconds"] = sec
+                row[name] = res
+            yield r, dt, row
+
+
 def power_baseline(
     f, X, *, tol: float = 1e-4, max_iter: int = 1000, seed: int = 0, time_cap: float | None = None
 ) -> dict[str, Any]:
@@ -301,19 +329,17 @@ def _forward_time(f, X, device: str, repeats: int = 7) -> float:
     return min(times)
 
 
-def _estimate_doc(est, batch: bool) -> dict[str, Any]:
-    def val(t):
-        return t.tolist() if batch else t.item()
-
+def _estimate_doc(est) -> dict[str, Any]:
+    """The fields of one estimate (not a batch) as plain numbers."""
     return {
-        "value": val(est.value.double()),
-        "lower": val(est.lower.double()),
-        "upper": val(est.upper.double()),
-        "converged": val(est.converged),
-        "n_products": val(est.n_matvec),
-        "n_iter": val(est.n_iter),
-        "residual_rel": val(est.residual.double() / est.value.double().square()),
-        "upper_prob": None if est.upper_prob is None else val(est.upper_prob.double()),
+        "value": est.value.double().item(),
+        "lower": est.lower.double().item(),
+        "upper": est.upper.double().item(),
+        "converged": est.converged.item(),
+        "n_products": est.n_matvec.item(),
+        "n_iter": est.n_iter.item(),
+        "residual_rel": (est.residual.double() / est.value.double().square()).item(),
+        "upper_prob": None if est.upper_prob is None else est.upper_prob.double().item(),
         "path": est.path,
     }
 
@@ -363,11 +389,11 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
             seed=spec["seed"],
         )
         _sync(dev)
-        out.update(_estimate_doc(est, False))
+        out.update(_estimate_doc(est))
     elif method == "streaming":
         est = local_lipschitz(X, params, masked=True, path="streaming", seed=spec["seed"])
         _sync(dev)
-        out.update(_estimate_doc(est, False))
+        out.update(_estimate_doc(est))
     elif method == "streaming-probe":
         from meanfield.jacobian import linearize_streaming, streaming_jvp, streaming_vjp
 
@@ -437,10 +463,7 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     dev, dt, n, method = spec["device"], spec["dtype"], spec["n"], spec["method"]
     params = load_layer(spec["layer"], dt, dev)
     X = make_inputs(n, None, spec["seed"], dt, dev)
-
-    def f(Y):
-        return self_attention(Y, params, masked=True)
-
+    f = functools.partial(self_attention, params=params, masked=True)
     chunk = CHUNK
     # warm-up on a tiny input (kernel selection, lazy imports) outside the measurement
     # (for "ours" this includes the one-off, cached certification of the weight norms)
@@ -464,11 +487,7 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     out["setup_seconds"] = t_setup
     fwd_chunk = forward_chunk(n, dt, spec["memory_budget"])
     out["forward_chunk"] = fwd_chunk
-
-    def f_chunked(Y):
-        return self_attention(Y, params, masked=True, chunk_size=fwd_chunk)
-
-    out["forward_seconds"] = _forward_time(f if fwd_chunk is None else f_chunked, X, dev)
+    out["forward_seconds"] = _forward_time(functools.partial(f, chunk_size=fwd_chunk), X, dev)
     out["forward_equivalents"] = out["seconds"] / out["forward_seconds"]
     if dev.startswith("cuda"):
         out["cuda_max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -487,10 +506,7 @@ def _run_workload(spec: dict[str, Any]) -> dict[str, Any]:
     params = load_layer(spec["layer"], dt, dev)
     B = spec["sequences"]
     inputs = {n: make_inputs(n, B, spec["seed"], dt, dev) for n in spec["ns"]}
-
-    def f(Y):
-        return self_attention(Y, params, masked=True)
-
+    f = functools.partial(self_attention, params=params, masked=True)
     kw = dict(
         masked=True, method="lanczos", tol=spec["tol"], upper=spec["upper"], seed=spec["seed"]
     )
@@ -553,7 +569,7 @@ def _layer_inputs_and_reference(spec: dict[str, Any]):
     params = {dt: load_layer(spec["layer"], dt, dev) for dt in dtypes}
     X64 = make_inputs(n, None, spec["seed"], "float64", dev)
     X = {dt: X64.to(_dtype(dt)) for dt in dtypes}
-    fns = {dt: (lambda Y, _p=params[dt]: self_attention(Y, _p, masked=True)) for dt in dtypes}
+    fns = {dt: functools.partial(self_attention, params=params[dt], masked=True) for dt in dtypes}
     p64 = params.get("float64") or load_layer(spec["layer"], "float64", dev)
     t = time.perf_counter()
     ref = local_lipschitz(
@@ -600,9 +616,9 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": "side-by-side", "n": n, "reference": reference}
 
     def ours(dt, certify=True, start=None):
-        _sync(dev)
-        t0 = time.perf_counter()
-        est = local_lipschitz(
+        sec, est = _timed(
+            dev,
+            local_lipschitz,
             X[dt],
             params[dt],
             masked=True,
@@ -614,8 +630,6 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
             certify=certify,
             start=start,
         )
-        _sync(dev)
-        sec = time.perf_counter() - t0
         return sec, {
             "value": float(est.value),
             "lower": float(est.lower),
@@ -625,13 +639,15 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
     def base(dt):
-        _sync(dev)
-        t0 = time.perf_counter()
-        res = power_baseline(
-            fns[dt], X[dt], tol=spec["power_tol"], seed=spec["seed"], time_cap=spec.get("time_cap")
+        sec, res = _timed(
+            dev,
+            power_baseline,
+            fns[dt],
+            X[dt],
+            tol=spec["power_tol"],
+            seed=spec["seed"],
+            time_cap=spec.get("time_cap"),
         )
-        _sync(dev)
-        sec = time.perf_counter() - t0
         res.pop("history")
         return sec, res
 
@@ -641,75 +657,53 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     per: dict[str, Any] = {}
     for dt in dtypes:
         per[dt] = {"forward_seconds": _forward_time(fns[dt], X[dt], dev), "rounds": []}
-    for r in range(max(1, int(spec.get("repeats", 3)))):
-        order = dtypes if r % 2 == 0 else dtypes[::-1]
-        for dt in order:
-            # ours with its certified lower end, the estimate alone (certify=False) from the
-            # random and from the Kronecker start, the baseline; the order rotates by round
-            methods = [
-                ("ours", ours),
-                ("estimate", functools.partial(ours, certify=False)),
-                ("estimate_kron", functools.partial(ours, certify=False, start="kronecker")),
-                ("power", base),
-            ]
-            methods = methods[r % 4 :] + methods[: r % 4]
-            row: dict[str, Any] = {}
-            for name, fn in methods:
-                sec, res = fn(dt)
-                res["seconds"] = sec
-                res["rel_error"] = (res["value"] - ref_value) / ref_value
-                row[name] = res
-            row["ratio"] = row["power"]["seconds"] / row["ours"]["seconds"]
-            row["ratio_estimate"] = row["power"]["seconds"] / row["estimate"]["seconds"]
-            row["ratio_estimate_kron"] = row["power"]["seconds"] / row["estimate_kron"]["seconds"]
-            per[dt]["rounds"].append(row)
-            print(
-                f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
-                f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
-                f"estimate alone {row['estimate']['seconds']:.3f} s, from the Kronecker start "
-                f"{row['estimate_kron']['seconds']:.3f} s ({row['estimate_kron']['n_products']} "
-                f"products, err {row['estimate_kron']['rel_error']:.1e}), "
-                f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
-                f"err {row['power']['rel_error']:.1e}), ratios {row['ratio']:.2f}, "
-                f"{row['ratio_estimate']:.2f}, {row['ratio_estimate_kron']:.2f}",
-                file=sys.stderr,
-                flush=True,
-            )
-    for dt in dtypes:
-        rounds = per[dt]["rounds"]
-        ratios = [row["ratio"] for row in rounds]
-        fw = per[dt]["forward_seconds"]
-        t_ours = min(row["ours"]["seconds"] for row in rounds)
-        t_pow = min(row["power"]["seconds"] for row in rounds)
-        t_est = min(row["estimate"]["seconds"] for row in rounds)
-        ratios_est = [row["ratio_estimate"] for row in rounds]
-        t_kron = min(row["estimate_kron"]["seconds"] for row in rounds)
-        ratios_kron = [row["ratio_estimate_kron"] for row in rounds]
-        per[dt].update(
-            estimate_kron_ratio_median=statistics.median(ratios_kron),
-            estimate_kron_ratio_min=min(ratios_kron),
-            estimate_kron_seconds_min=t_kron,
-            estimate_kron_forward_equivalents=t_kron / fw,
-            estimate_kron_products=sorted({row["estimate_kron"]["n_products"] for row in rounds}),
-            estimate_kron_max_abs_rel_error=max(
-                abs(row["estimate_kron"]["rel_error"]) for row in rounds
-            ),
-            estimate_ratio_median=statistics.median(ratios_est),
-            estimate_ratio_min=min(ratios_est),
-            estimate_seconds_min=t_est,
-            estimate_forward_equivalents=t_est / fw,
-            ratio_median=statistics.median(ratios),
-            ratio_min=min(ratios),
-            ratio_of_minima=t_pow / t_ours,
-            ours_seconds_min=t_ours,
-            power_seconds_min=t_pow,
-            ours_forward_equivalents=t_ours / fw,
-            power_forward_equivalents=t_pow / fw,
-            ours_products=sorted({row["ours"]["n_products"] for row in rounds}),
-            power_products=sorted({row["power"]["n_products"] for row in rounds}),
-            ours_max_abs_rel_error=max(abs(row["ours"]["rel_error"]) for row in rounds),
-            power_max_abs_rel_error=max(abs(row["power"]["rel_error"]) for row in rounds),
+    # ours with its certified lower end, the estimate alone (certify=False) from the
+    # random and from the Kronecker start, the baseline; the order rotates by round
+    methods = [
+        ("ours", ours),
+        ("estimate", functools.partial(ours, certify=False)),
+        ("estimate_kron", functools.partial(ours, certify=False, start="kronecker")),
+        ("power", base),
+    ]
+    # each estimate's key in a round's row for the baseline's time over its own
+    ratio_keys = {
+        "ours": "ratio",
+        "estimate": "ratio_estimate",
+        "estimate_kron": "ratio_estimate_kron",
+    }
+    for r, dt, row in _rounds(dtypes, int(spec.get("repeats", 3)), methods):
+        for res in row.values():
+            res["rel_error"] = (res["value"] - ref_value) / ref_value
+        for name, key in ratio_keys.items():
+            row[key] = row["power"]["seconds"] / row[name]["seconds"]
+        per[dt]["rounds"].append(row)
+        print(
+            f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
+            f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
+            f"estimate alone {row['estimate']['seconds']:.3f} s, from the Kronecker start "
+            f"{row['estimate_kron']['seconds']:.3f} s ({row['estimate_kron']['n_products']} "
+            f"products, err {row['estimate_kron']['rel_error']:.1e}), "
+            f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
+            f"err {row['power']['rel_error']:.1e}), ratios {row['ratio']:.2f}, "
+            f"{row['ratio_estimate']:.2f}, {row['ratio_estimate_kron']:.2f}",
+            file=sys.stderr,
+            flush=True,
         )
+    for dt in dtypes:
+        rounds, fw, doc = per[dt]["rounds"], per[dt]["forward_seconds"], per[dt]
+        t = {m: min(row[m]["seconds"] for row in rounds) for m, _ in methods}
+        for m, key in ratio_keys.items():  # ours' keys have no prefix
+            prefix = "" if m == "ours" else f"{m}_"
+            ratios = [row[key] for row in rounds]
+            doc[f"{prefix}ratio_median"] = statistics.median(ratios)
+            doc[f"{prefix}ratio_min"] = min(ratios)
+        doc["ratio_of_minima"] = t["power"] / t["ours"]
+        for m, _ in methods:
+            doc[f"{m}_seconds_min"] = t[m]
+            doc[f"{m}_forward_equivalents"] = t[m] / fw
+            if m != "estimate":  # the estimate from the random start: its times only
+                doc[f"{m}_products"] = sorted({row[m]["n_products"] for row in rounds})
+                doc[f"{m}_max_abs_rel_error"] = max(abs(row[m]["rel_error"]) for row in rounds)
     out["dtypes"] = per
     return out
 
@@ -717,26 +711,11 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
 #: Tolerances tried for the ARPACK baseline, loosest first (issue 23).
 ARPACK_TOLS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 1e-7, 1e-8)
 #: Functions whose cumulative time the profile of one default call reports (issue 23).
-PROFILED = (
-    "local_lipschitz",
-    "linearize",
-    "to_float64",
-    "relinearize",
-    "solve",
-    "certify_solution",
-    "error_model",
-    "magnitude_linearization",
-    "magnitude_norm_upper",
-    "magnitude_vector_norm",
-    "golub_kahan_certified",
-    "lanczos_polynomial_upper",
-    "probabilistic_upper",
-    "width_rule",
-    "float64_residual_ok",
-    "block_upper",
-    "block_norm_bounds",
-    "jvp",
-    "vjp",
+PROFILED = tuple(
+    "local_lipschitz linearize to_float64 relinearize solve certify_solution error_model "
+    "magnitude_linearization magnitude_norm_upper magnitude_vector_norm golub_kahan_certified "
+    "lanczos_polynomial_upper probabilistic_upper width_rule float64_residual_ok block_upper "
+    "block_norm_bounds jvp vjp".split()
 )
 
 
@@ -864,11 +843,7 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         return abs(v - ref_value) / ref_value
 
     def ours(dt):
-        _sync(dev)
-        t0 = time.perf_counter()
-        est = local_lipschitz(X[dt], params[dt], masked=True, method="lanczos")
-        _sync(dev)
-        sec = time.perf_counter() - t0
+        sec, est = _timed(dev, local_lipschitz, X[dt], params[dt], masked=True, method="lanczos")
         return sec, {
             "value": float(est.value),
             "lower": float(est.lower),
@@ -883,13 +858,17 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
     def arp(dt, tol, vectors=False):
-        _sync(dev)
-        t0 = time.perf_counter()
-        res = arpack_baseline(
-            fns[dt], X[dt], tol=tol, seed=seed, vectors=vectors, maxiter=spec.get("arpack_maxiter")
+        sec, res = _timed(
+            dev,
+            arpack_baseline,
+            fns[dt],
+            X[dt],
+            tol=tol,
+            seed=seed,
+            vectors=vectors,
+            maxiter=spec.get("arpack_maxiter"),
         )
-        _sync(dev)
-        res["seconds"] = time.perf_counter() - t0
+        res["seconds"] = sec
         res["rel_error"] = rel(res["value"])
         res["tol"] = tol
         res["vectors"] = vectors
@@ -930,33 +909,25 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         if chosen is None:  # not reached: the loosest tol of its most accurate runs
             per[dt]["arpack_tol"] = min(sweep, key=lambda r: r["rel_error"])["tol"]
         per[dt]["arpack_sweep_run"] = next(x for x in sweep if x["tol"] == per[dt]["arpack_tol"])
-    for r in range(max(1, int(spec.get("repeats", 3)))):
-        order = dtypes if r % 2 == 0 else dtypes[::-1]
-        for dt in order:
-            tol = per[dt]["arpack_tol"]
-            methods = [
-                ("default", ours),
-                ("arpack", functools.partial(arp, tol=tol)),
-                ("arpack_vh", functools.partial(arp, tol=tol, vectors="vh")),
-            ]
-            methods = methods[r % 3 :] + methods[: r % 3]
-            row: dict[str, Any] = {}
-            for name, fn in methods:
-                sec, res = fn(dt)
-                res["seconds"] = sec
-                row[name] = res
-            row["ratio"] = row["arpack"]["seconds"] / row["default"]["seconds"]
-            per[dt]["rounds"].append(row)
-            print(
-                f"  n={n} {dt} round {r}: default {row['default']['seconds']:.3f} s "
-                f"({row['default']['n_products']} products, err {row['default']['rel_error']:.1e}, "
-                f"upper_prob/lower {row['default']['ratio_prob']:.3f}), arpack tol {tol:g} "
-                f"{row['arpack']['seconds']:.3f} s ({row['arpack']['n_products']} products, err "
-                f"{row['arpack']['rel_error']:.1e}), vh {row['arpack_vh']['seconds']:.3f} s, "
-                f"ratio {row['ratio']:.2f}",
-                file=sys.stderr,
-                flush=True,
-            )
+    methods = [
+        ("default", ours),
+        ("arpack", lambda dt: arp(dt, per[dt]["arpack_tol"])),
+        ("arpack_vh", lambda dt: arp(dt, per[dt]["arpack_tol"], vectors="vh")),
+    ]
+    for r, dt, row in _rounds(dtypes, int(spec.get("repeats", 3)), methods):
+        tol = per[dt]["arpack_tol"]
+        row["ratio"] = row["arpack"]["seconds"] / row["default"]["seconds"]
+        per[dt]["rounds"].append(row)
+        print(
+            f"  n={n} {dt} round {r}: default {row['default']['seconds']:.3f} s "
+            f"({row['default']['n_products']} products, err {row['default']['rel_error']:.1e}, "
+            f"upper_prob/lower {row['default']['ratio_prob']:.3f}), arpack tol {tol:g} "
+            f"{row['arpack']['seconds']:.3f} s ({row['arpack']['n_products']} products, err "
+            f"{row['arpack']['rel_error']:.1e}), vh {row['arpack_vh']['seconds']:.3f} s, "
+            f"ratio {row['ratio']:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
     for dt in dtypes:
         rounds = per[dt]["rounds"]
         # minima over the rounds and the first runs (the first default call, the sweep's run)
@@ -993,15 +964,8 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    kind = spec.get("kind")
-    if kind == "workload":
-        doc = _run_workload(spec)
-    elif kind == "side-by-side":
-        doc = _run_side_by_side(spec)
-    elif kind == "arpack":
-        doc = _run_arpack(spec)
-    else:
-        doc = _run_single(spec)
+    kinds = {"workload": _run_workload, "side-by-side": _run_side_by_side, "arpack": _run_arpack}
+    doc = kinds.get(spec.get("kind"), _run_single)(spec)
     sys.stdout.write("@@RESULT " + json.dumps(doc) + "\n")
     sys.stdout.flush()
 
@@ -1020,7 +984,7 @@ def _cpu_model() -> str:
 def _machine(device: str, threads: int) -> dict[str, Any]:
     import torch
 
-    doc = {
+    return {
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": threads,
@@ -1030,7 +994,6 @@ def _machine(device: str, threads: int) -> dict[str, Any]:
         ),
         "cuda": torch.cuda.get_device_name() if device.startswith("cuda") else None,
     }
-    return doc
 
 
 def save_layer(path: Path, seed: int) -> dict[str, Any]:
@@ -1107,16 +1070,24 @@ def run_job(
 
 def _ints(text: str) -> list[int]:
     try:
-        out = [int(t) for t in text.split(",") if t.strip()]
+        return [int(t) for t in text.split(",") if t.strip()]
     except ValueError as err:
         raise SystemExit(
             f"bench_jacobian: error: expected comma-separated integers, got {text!r}"
         ) from err
-    return out
 
 
 def _fmt_mem(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**20:.0f} MiB"
+
+
+def _bracket(
+    r: dict[str, Any], ref: dict[str, Any] | None, up: str, ratio: str, holds: str
+) -> None:
+    """``r[ratio]``: ``r[up]`` over ``r["lower"]``; ``r[holds]``: whether they enclose ``ref``."""
+    r[ratio] = r[up] / r["lower"]
+    if ref is not None:
+        r[holds] = r["lower"] <= ref["value"] * (1 + 1e-12) and ref["value"] <= r[up]
 
 
 def summarise(doc: dict[str, Any]) -> None:
@@ -1133,17 +1104,9 @@ def summarise(doc: dict[str, Any]) -> None:
                 r["reference"] = ref_kind
                 r["rel_error"] = abs(r["value"] - ref["value"]) / ref["value"]
             if r.get("upper_prob") is not None and r.get("lower"):
-                r["ratio_upper_prob_lower"] = r["upper_prob"] / r["lower"]
-                if ref is not None:
-                    r["prob_bracket_holds"] = r["lower"] <= ref["value"] * (1 + 1e-12) and (
-                        ref["value"] <= r["upper_prob"]
-                    )
+                _bracket(r, ref, "upper_prob", "ratio_upper_prob_lower", "prob_bracket_holds")
             if "upper" in r and "lower" in r and math.isfinite(r["upper"]):
-                r["ratio_upper_lower"] = r["upper"] / r["lower"]
-                if ref is not None:
-                    r["bracket_holds"] = r["lower"] <= ref["value"] * (1 + 1e-12) and (
-                        ref["value"] <= r["upper"]
-                    )
+                _bracket(r, ref, "upper", "ratio_upper_lower", "bracket_holds")
         pa = at.get("power-acc")
         if pa is not None and ref is not None:
             target = doc["config"]["target"]
@@ -1193,9 +1156,6 @@ def summarise(doc: dict[str, Any]) -> None:
 
 def print_side_by_side(res: dict[str, Any]) -> None:
     """One line per dtype of a side-by-side job."""
-    if "error" in res:
-        print(f"n={res.get('n')}: error {res['error']}")
-        return
     ref = res["reference"]["value"]
     for dt, r in res["dtypes"].items():
         print(
@@ -1223,9 +1183,6 @@ def print_side_by_side(res: dict[str, Any]) -> None:
 
 def print_arpack(res: dict[str, Any]) -> None:
     """Issue 23: one line per dtype, then the profile of the default call where it was run."""
-    if "error" in res:
-        print(f"n={res.get('n')}: error {res['error']}")
-        return
     print(f"n={res['n']}: reference {res['reference']['value']:.10f}")
     for dt, r in res["dtypes"].items():
         reached = "" if r["arpack_reached"] else " (NOT reached: its most accurate tol)"
@@ -1494,83 +1451,60 @@ def main(argv: list[str] | None = None) -> int:
         doc["machine"]["load_average_end"] = os.getloadavg()
         write_json(out, doc)
 
-    if args.arpack:
-        doc["arpack"] = []
+    if args.arpack or args.side_by_side:  # one job per n, its document under doc[key]
+        kind = "arpack" if args.arpack else "side-by-side"
+        key = kind.replace("-", "_")
+        doc[key] = []
         for n in ns:
-            spec = {
-                **common,
-                "kind": "arpack",
-                "n": n,
-                "repeats": args.repeats if n <= args.repeat_max_n else 1,
-                "blas_threads": threads,
-                "arpack_maxiter": args.arpack_maxiter,
-                "profile_max_n": args.profile_max_n,
-            }
-            res = run_job(spec, stream_stderr=True)
-            doc["arpack"].append(res)
+            spec = {**common, "kind": kind, "n": n}
+            if args.arpack:
+                spec.update(
+                    repeats=args.repeats if n <= args.repeat_max_n else 1,
+                    blas_threads=threads,
+                    arpack_maxiter=args.arpack_maxiter,
+                    profile_max_n=args.profile_max_n,
+                )
+            else:
+                spec.update(repeats=args.repeats, time_cap=args.time_cap)
+            res = run_job(spec, stream_stderr=args.arpack)
+            doc[key].append(res)
             save()
-            print_arpack(res)
+            if "error" in res:
+                print(f"n={res.get('n')}: error {res['error']}")
+            else:
+                (print_arpack if args.arpack else print_side_by_side)(res)
         save()
         print(f"wrote {out}")
         return 0
-
-    if args.side_by_side:
-        doc["side_by_side"] = []
-        for n in ns:
-            spec = {
-                **common,
-                "kind": "side-by-side",
-                "n": n,
-                "repeats": args.repeats,
-                "time_cap": args.time_cap,
-            }
-            res = run_job(spec)
-            doc["side_by_side"].append(res)
-            save()
-            print_side_by_side(res)
-        save()
-        print(f"wrote {out}")
-        return 0
-
-    def skip(n: int, method: str, reason: str) -> None:
-        doc["skipped"].append({"n": n, "method": method, "reason": reason})
 
     for n in sorted(set(ns) | set(dense_ns)):
         for method in methods:
+            reason = None
             if method == "dense" and n * D_MODEL > DENSE_MAX_ND:
-                skip(
-                    n,
-                    method,
+                reason = (
                     f"J has (n d)^2 = {(n * D_MODEL) ** 2:.2e} entries "
                     f"({(n * D_MODEL) ** 2 * 8 / 2**30:.0f} GiB in float64) and its SVD costs "
-                    f"~(n d)^3 = {(n * D_MODEL) ** 3:.1e} flops; limit n d <= {DENSE_MAX_ND}",
+                    f"~(n d)^3 = {(n * D_MODEL) ** 3:.1e} flops; limit n d <= {DENSE_MAX_ND}"
                 )
-                continue
-            if method in STORED_METHODS and stored_bytes(n, args.dtype) > budget:
-                skip(
-                    n,
-                    method,
+            elif method in STORED_METHODS and stored_bytes(n, args.dtype) > budget:
+                reason = (
                     f"stores every head's n x n matrices: about {stored_bytes(n, args.dtype) / 2**30:.0f}"
-                    f" GiB against a budget of {budget / 2**30:.0f} GiB (--memory-budget)",
+                    f" GiB against a budget of {budget / 2**30:.0f} GiB (--memory-budget)"
                 )
+            elif method == "ref" and (n * D_MODEL <= DENSE_MAX_ND and "dense" in methods):
                 continue
-            if method == "ref" and (n * D_MODEL <= DENSE_MAX_ND and "dense" in methods):
-                continue
-            if method == "ref" and n > args.ref_max_n:
-                skip(
-                    n,
-                    method,
+            elif method == "ref" and n > args.ref_max_n:
+                reason = (
                     f"no high-accuracy reference above n = {args.ref_max_n} (time); the accuracy "
-                    "of ours is then bounded by its own residual",
+                    "of ours is then bounded by its own residual"
                 )
-                continue
-            if method == "ours" and n > args.cert_max_n:
-                skip(
-                    n,
-                    method,
+            elif method == "ours" and n > args.cert_max_n:
+                reason = (
                     f"block certificate not run above n = {args.cert_max_n}: it holds several "
-                    f"float64 (H, n, n) arrays ({N_HEADS * n * n * 8 / 2**30:.1f} GiB each)",
+                    f"float64 (H, n, n) arrays ({N_HEADS * n * n * 8 / 2**30:.1f} GiB each)"
                 )
+            if reason is not None:
+                doc["skipped"].append({"n": n, "method": method, "reason": reason})
                 continue
             reps = (
                 args.repeats if (n <= args.repeat_max_n and method not in ("dense", "ref")) else 1
@@ -1643,13 +1577,13 @@ def main(argv: list[str] | None = None) -> int:
             return r["seconds"] if r.get("complete") else r.get("extrapolated_seconds")
 
         sp = {}
-        b = total("ours-batched")
-        for m in ("power-single", "ours-single"):
-            t = total(m)
-            if b and t:
-                sp[f"{m} / ours-batched"] = t / b
-        if total("power-single") and total("ours-single"):
-            sp["power-single / ours-single"] = total("power-single") / total("ours-single")
+        for a, b in (
+            ("power-single", "ours-batched"),
+            ("ours-single", "ours-batched"),
+            ("power-single", "ours-single"),
+        ):
+            if total(a) and total(b):
+                sp[f"{a} / {b}"] = total(a) / total(b)
         vals = {m: ms[m]["values"] for m in ms if "error" not in ms[m]}
         # each one-by-one run against the batched one, over the lengths it completed
         for m, key in (

@@ -53,19 +53,9 @@ def _work(reps: int, n: int, d: int, heads: int) -> float:
 def _run(copies: int, args: argparse.Namespace) -> list[float]:
     """Start ``copies`` processes together; each one's seconds per repetition."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        "--reps",
-        str(args.reps),
-        "--n",
-        str(args.n),
-        "--d",
-        str(args.d),
-        "--heads",
-        str(args.heads),
-    ]
+    cmd = [sys.executable, __file__, "--child"]
+    for name in ("reps", "n", "d", "heads"):
+        cmd += [f"--{name}", str(getattr(args, name))]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(copies)
     ]

@@ -26,8 +26,7 @@ from experiments.engine import default_file_mode  # noqa: E402
 if TYPE_CHECKING:  # matplotlib >= 3.10 names the rc keys; annotations only
     from matplotlib.typing import RcKeyType
 
-ONE_COLUMN = 3.25  # inches
-TWO_COLUMNS = 6.75
+TWO_COLUMNS = 6.75  # inches
 PALETTE = {
     "input": "0.45",
     "unmasked": "#1f4e9c",  # dark blue, as the paper's fitted curves

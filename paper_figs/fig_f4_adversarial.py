@@ -109,7 +109,7 @@ SQRT_FIT_LABEL = r"$Cn^{1/2}$ (least-squares fit)"
 FREE_FIT_LABEL = r"$cn^{\alpha}$ (free fit, where $\alpha$ is far from 1/2)"
 
 
-def _panel(ax, cid: str, entry: dict) -> None:
+def _panel(ax, entry: dict) -> None:
     info, recs = entry["info"], entry["records"]
     settings, conf = info["settings"], info["config"]
     ok = [r for r in recs if r.get("status") == "ok"]
@@ -203,8 +203,8 @@ def _global_bound(rows) -> tuple:
     return _column(rows, "global_bound_triangle"), r"global $\sqrt{n}$ bound", style
 
 
-def _worst_panel(ax, wc: dict) -> None:
-    recs = wc["records"]
+def _worst_panel(ax, entry: dict) -> None:
+    recs = entry["records"]
     n, y = _column(recs, "n"), _column(recs, "value")
     grid = np.geomspace(n.min(), n.max(), 200)
     ax.plot(n, y, "D", ms=3, color=WORST, label=r"worst case found, $\|Df(X)\|_2$")
@@ -228,8 +228,8 @@ def _worst_panel(ax, wc: dict) -> None:
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
-    R = wc["info"]["settings"]["R"]
-    ax.set_title(f"worst-case search: {wc['info']['label']}, R = {R:g}", fontsize=7)
+    R = entry["info"]["settings"]["R"]
+    ax.set_title(f"worst-case search: {entry['info']['label']}, R = {R:g}", fontsize=7)
 
 
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -245,9 +245,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     from experiments.adversarial import load_results
 
     data = load_results(Path(results_dir))
-    panels = [("config", cid, e) for cid, e in data["configs"].items()]
+    panels = [(_panel, e) for e in data["configs"].values()]
     if data["worst_case"] is not None and data["worst_case"]["records"]:
-        panels.append(("worst", "worst_case", data["worst_case"]))
+        panels.append((_worst_panel, data["worst_case"]))
     ncols = 2 if len(panels) > 1 else 1
     nrows = math.ceil(len(panels) / ncols)
     with style():
@@ -257,11 +257,8 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             figsize=(TWO_COLUMNS, 2.45 * nrows + (0.3 if len(panels) % ncols else 0.9)),
             squeeze=False,
         )
-        for ax, (kind, cid, entry) in zip(axes.flat, panels):
-            if kind == "config":
-                _panel(ax, cid, entry)
-            else:
-                _worst_panel(ax, entry)
+        for ax, (draw_panel, entry) in zip(axes.flat, panels):
+            draw_panel(ax, entry)
         spare = list(axes.flat)[len(panels) :]
         for ax in spare:
             ax.axis("off")
