@@ -36,7 +36,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ._cost_model import LOADS, ExecutionTimes, import_modules
@@ -65,6 +65,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DIST_EXTRA_HINT = "install the optional extra: pip install 'meanfield[dist]'"
+#: The thread counts that the BLAS and OpenMP pools of a worker are sized from at its start.
+_POOL_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _one_line(err: BaseException) -> str:
@@ -284,12 +286,7 @@ class DaskExecutor:
             # product, and each new allocation then faults its pages in again: a 2-worker run
             # spent 41 % of its CPU time in the kernel (docs/cluster.md, "Cost model").
             # The same rule as the threads: the workers get the driver's own setting.
-            for key in (
-                "OMP_NUM_THREADS",
-                "MKL_NUM_THREADS",
-                "OPENBLAS_NUM_THREADS",
-                "MALLOC_TRIM_THRESHOLD_",
-            ):
+            for key in (*_POOL_THREADS, "MALLOC_TRIM_THRESHOLD_"):
                 if key in os.environ:
                     spawn_env[key] = os.environ[key]
                 else:
@@ -299,8 +296,7 @@ class DaskExecutor:
             if cap is not None:
                 self.max_threads = int(cap)
                 worker_env[MAX_THREADS_ENV] = str(self.max_threads)
-                for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-                    spawn_env[key] = str(self.max_threads)
+                spawn_env.update(dict.fromkeys(_POOL_THREADS, str(self.max_threads)))
             with dask.config.set(
                 {
                     "distributed.scheduler.allowed-failures": int(allowed_failures),
@@ -559,8 +555,7 @@ def run_jobs(
         if task.key.startswith("batch:"):
             members = where[task.key]
             config = {"members": [m.config for m in members]}
-            cost = sum(m.cost for m in members)
-            tasks[i] = Task(key=task.key, fn=task.fn, config=config, cost=cost, group=task.group)
+            tasks[i] = replace(task, config=config, cost=sum(m.cost for m in members))
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
