@@ -20,6 +20,7 @@ corpus is experiment data, not library code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sqlite3
@@ -99,8 +100,9 @@ def _kjv_database() -> str:
     return str(KJV().datapath)
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def _kjv() -> contextlib.closing[sqlite3.Connection]:
+    """The KJV database, read-only; a ``with`` block closes it."""
+    return contextlib.closing(sqlite3.connect(f"file:{_kjv_database()}?mode=ro", uri=True))
 
 
 def kjv_books() -> tuple[tuple[int, int, str], ...]:
@@ -111,13 +113,10 @@ def kjv_books() -> tuple[tuple[int, int, str], ...]:
     tuple of (int, int, str)
         Genesis is ``(1, 1, "Genesis")``, Revelation ``(2, 27, "Revelation")``.
     """
-    con = _connect(_kjv_database())
-    try:
+    with _kjv() as con:
         rows = con.execute(
             "SELECT TestamentID, BookID, ShortName FROM Books ORDER BY TestamentID, BookID"
         ).fetchall()
-    finally:
-        con.close()
     return tuple((int(t), int(b), str(s)) for t, b, s in rows)
 
 
@@ -201,11 +200,8 @@ def kjv_text(books: int | str | Sequence[str | tuple[int, int]] | None = None) -
         Starts with "In the beginning God created" when Genesis comes first.
     """
     chosen = _resolve_books(books)
-    con = _connect(_kjv_database())
-    try:
+    with _kjv() as con:
         return "\n\n".join(_book_text(con, t, b) for t, b, _ in chosen)
-    finally:
-        con.close()
 
 
 def pydoc_topics_text() -> str:
@@ -324,21 +320,17 @@ def corpus_token_ids(
     corpus : Corpus
         The corpus actually tokenized (its ``parts`` list the KJV books used).
     """
-    if isinstance(name, Corpus):
-        return torch.tensor(encode_text(tokenizer, name.text), dtype=torch.long), name
-    if str(name) != "kjv" or min_tokens is None:
-        c = corpus(name)
+    if isinstance(name, Corpus) or str(name) != "kjv" or min_tokens is None:
+        c = name if isinstance(name, Corpus) else corpus(name)
         return torch.tensor(encode_text(tokenizer, c.text), dtype=torch.long), c
     catalogue = kjv_books()
-    con = _connect(_kjv_database())
-    try:  # estimate the number of books from per-book counts, then check on the joined text
+    # estimate the number of books from per-book counts, then check on the joined text
+    with _kjv() as con:
         total, k = 0, 0
         while k < len(catalogue) and total < min_tokens:
             t, b, _ = catalogue[k]
             total += len(encode_text(tokenizer, _book_text(con, t, b)))
             k += 1
-    finally:
-        con.close()
     k = max(k, 1)
     while True:
         c = corpus("kjv", books=k)

@@ -80,15 +80,11 @@ def run(config: DemoConfig) -> dict[str, Any]:
     # Local Lipschitz constants of F at mu: W_2 geometry (unmasked) and the conditional distance
     # W_c (masked, positions fixed), each as a certified bracket (docs/theory.md §16).
     unmasked_mu = DiracMeasure(mu.points, mu.weights)
-    lipschitz = {}
+    lipschitz: dict[str, dict[str, Any]] = {}
     for name, measure in (("F", unmasked_mu), ("Fm", mu)):
         est = local_lipschitz(measure, head, geometry="wasserstein")
-        lipschitz[name] = {
-            "value": float(est.value),
-            "lower": float(est.lower),
-            "upper": float(est.upper),
-            "method": est.method,
-        }
+        lipschitz[name] = {k: float(getattr(est, k)) for k in ("value", "lower", "upper")}
+        lipschitz[name]["method"] = est.method
     out = Path(config.out)
     save_npz(
         out / "demo.npz",

@@ -70,10 +70,7 @@ class PowerLawFit:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-able dictionary (tuples become lists)."""
-        d = asdict(self)
-        d["alpha_ci"] = list(self.alpha_ci)
-        d["c_ci"] = list(self.c_ci)
-        return d
+        return {**asdict(self), "alpha_ci": list(self.alpha_ci), "c_ci": list(self.c_ci)}
 
 
 def _ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -72,8 +72,7 @@ def load_inputs(path: str | Path) -> np.ndarray:
     path = Path(path)
     if path.suffix != ".npy":
         raise ValueError(f"tokens must be a .npy file, got {path.name}")
-    X = _np_load(path)
-    return _array({"X": X}, "X", path.name, (2, 3))
+    return _array({"X": _np_load(path)}, "X", path.name, (2, 3))
 
 
 def load_matrices(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:

@@ -36,7 +36,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Generator, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ._cost_model import LOADS, ExecutionTimes, import_modules
@@ -65,6 +65,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DIST_EXTRA_HINT = "install the optional extra: pip install 'meanfield[dist]'"
+#: The thread counts that the BLAS and OpenMP pools of a worker are sized from at its start.
+_POOL_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _one_line(err: BaseException) -> str:
@@ -92,31 +94,27 @@ def call_task(
         old = torch.get_num_threads()
         torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
     t0, loads = time.perf_counter(), LOADS["seconds"]
+    result: dict[str, Any]
     try:
-        value = dict(fn(dict(config)))
+        result = {"status": "ok", "value": dict(fn(dict(config)))}
     except Exception as err:  # noqa: BLE001 - any failure of the point is reported to the driver
-        return {
-            "status": "error",
-            "seconds": time.perf_counter() - t0,
-            "load_seconds": LOADS["seconds"] - loads,
-            "error": _one_line(err),
-            "traceback": traceback.format_exc(),
-            "worker": f"pid {os.getpid()}",
-        }
+        result = {"status": "error", "error": _one_line(err), "traceback": traceback.format_exc()}
     finally:
         if old is not None and torch is not None:  # old was read from torch, so torch is loaded
             torch.set_num_threads(old)
     return {
-        "status": "ok",
-        "value": value,
+        **result,
         "seconds": time.perf_counter() - t0,
         "load_seconds": LOADS["seconds"] - loads,
         "worker": f"pid {os.getpid()}",
     }
 
 
-def _outcome(task: Task, raw: Mapping[str, Any]) -> Outcome:
-    return Outcome(task=task, **raw)
+def _outcome(task: Task, raw: Mapping[str, Any], times: ExecutionTimes) -> Outcome:
+    """The outcome of ``task`` from what :func:`call_task` returned, counted in ``times``."""
+    outcome = Outcome(task=task, **raw)
+    times.add(outcome)
+    return outcome
 
 
 # ---- per-process cache --------------------------------------------------------------------
@@ -185,9 +183,7 @@ class SerialExecutor:
         ordered = order_by_cost(tasks)
         self.submitted = [t.key for t in ordered]
         for task in ordered:
-            outcome = _outcome(task, call_task(task.fn, task.config, self.threads))
-            self.times.add(outcome)
-            yield outcome
+            yield _outcome(task, call_task(task.fn, task.config, self.threads), self.times)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -290,12 +286,7 @@ class DaskExecutor:
             # product, and each new allocation then faults its pages in again: a 2-worker run
             # spent 41 % of its CPU time in the kernel (docs/cluster.md, "Cost model").
             # The same rule as the threads: the workers get the driver's own setting.
-            for key in (
-                "OMP_NUM_THREADS",
-                "MKL_NUM_THREADS",
-                "OPENBLAS_NUM_THREADS",
-                "MALLOC_TRIM_THRESHOLD_",
-            ):
+            for key in (*_POOL_THREADS, "MALLOC_TRIM_THRESHOLD_"):
                 if key in os.environ:
                     spawn_env[key] = os.environ[key]
                 else:
@@ -305,8 +296,7 @@ class DaskExecutor:
             if cap is not None:
                 self.max_threads = int(cap)
                 worker_env[MAX_THREADS_ENV] = str(self.max_threads)
-                for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-                    spawn_env[key] = str(self.max_threads)
+                spawn_env.update(dict.fromkeys(_POOL_THREADS, str(self.max_threads)))
             with dask.config.set(
                 {
                     "distributed.scheduler.allowed-failures": int(allowed_failures),
@@ -365,9 +355,7 @@ class DaskExecutor:
                 except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
                     yield Outcome(task=task, status="lost", error=_one_line(err))
                 else:
-                    outcome = _outcome(task, raw)
-                    self.times.add(outcome)
-                    yield outcome
+                    yield _outcome(task, raw, self.times)
                 fut.release()
         finally:
             if pending:  # the driver stopped early: do not leave work running for nobody
@@ -409,9 +397,7 @@ class DaskExecutor:
             return Outcome(task=task, status="lost", error=_one_line(err))
         finally:
             fut.release()
-        outcome = _outcome(task, raw)
-        self.times.add(outcome)
-        return outcome
+        return _outcome(task, raw, self.times)
 
     def close(self) -> None:
         """Close the client and, when this executor started it, the local cluster."""
@@ -517,10 +503,8 @@ def run_jobs(
     if len(set(paths)) != len(paths):
         raise ValueError(f"sweeps must be distinct, got {paths}")
     names = [job.sweep.name for job in jobs]
-    if len(set(names)) != len(names):  # the same name in two stages: tell them apart
-        labels = {id(job): f"{job.sweep.out_dir.name}/{job.sweep.name}" for job in jobs}
-    else:
-        labels = {id(job): job.sweep.name for job in jobs}
+    twice = len(set(names)) != len(names)  # the same name in two stages: tell them apart
+    labels = {id(job): f"{job.sweep.out_dir.name}/" * twice + job.sweep.name for job in jobs}
     executor = executor if executor is not None else SerialExecutor()
     summary = RunSummary()
     t_start = time.perf_counter()
@@ -571,13 +555,12 @@ def run_jobs(
         if task.key.startswith("batch:"):
             members = where[task.key]
             config = {"members": [m.config for m in members]}
-            cost = sum(m.cost for m in members)
-            tasks[i] = Task(key=task.key, fn=task.fn, config=config, cost=cost, group=task.group)
+            tasks[i] = replace(task, config=config, cost=sum(m.cost for m in members))
     if summary.skipped:
         log.info("%d point(s) already done", summary.skipped)
     with contextlib.closing(executor.map_unordered(tasks)) as outcomes:
         for outcome in outcomes:
-            _take(outcome, where[outcome.task.key], summary, progress, on_error, append_jsonl)
+            _take(outcome, where[outcome.task.key], summary, progress, on_error)
     summary.seconds = time.perf_counter() - t_start
     return summary
 
@@ -621,7 +604,6 @@ def _take(
     summary: RunSummary,
     progress: Any,
     on_error: str,
-    append_jsonl: Callable[..., None],
 ) -> None:
     """Append the records of one outcome, one per point it computed (or note its failure).
 

@@ -140,9 +140,7 @@ def _is_stale(
     gone once ``age`` exceeds ``stale_after`` (never when ``stale_after`` is ``None``).
     """
     if info.get("host") != socket.gethostname():
-        if stale_after is not None and age > stale_after:
-            return True
-        return None
+        return True if stale_after is not None and age > stale_after else None
     boot = _boot_id()
     if boot is not None and info.get("boot_id") not in (None, boot):
         return True  # rebooted since: no process of that boot survives
@@ -352,7 +350,7 @@ class OutDirLock:
         if current is not None and current.get("token") == self.info["token"]:
             self.path.unlink(missing_ok=True)
         self.info = None
-        _unregister_atexit(self)
+        _OBJECTS.pop(id(self), None)  # no longer released at exit
 
     def __enter__(self) -> OutDirLock:
         return self.acquire()
@@ -376,10 +374,6 @@ def _register_atexit(lock: OutDirLock) -> None:
 
         atexit.register(_release_all)
         _ATEXIT_ON = True
-
-
-def _unregister_atexit(lock: OutDirLock) -> None:
-    _OBJECTS.pop(id(lock), None)
 
 
 def _release_all() -> None:

@@ -175,7 +175,6 @@ class CostProgress:
         self.t0 = clock()
         self._computed_cost = 0.0  # finished in this run (the rate's numerator)
         self._computed_seconds = 0.0  # measured seconds of the points finished in this run
-        self._skipped_cost = 0.0
         self._last_line_t = self.t0
         self._last_line_pct = 0
         self._bar = None
@@ -279,7 +278,6 @@ class CostProgress:
         st.done_points += int(points)
         st.skipped_cost += float(cost)
         st.skipped_points += int(points)
-        self._skipped_cost += float(cost)
         self._after_update(st, float(cost))
 
     def advance(
@@ -290,9 +288,8 @@ class CostProgress:
         ``seconds`` is the points' own measured time (on whatever worker ran them): it
         calibrates the stage's time model (:meth:`calibrate`).
         """
+        self.start_stage(stage)
         st = self.stages[stage]
-        if st.started is None:
-            st.started = self.clock()
         st.done_cost += float(cost)
         st.done_points += int(points)
         self._computed_cost += float(cost)
@@ -387,9 +384,7 @@ class CostProgress:
         ]
         if not any(t > 0 for t, _, _ in parts):  # nothing timed: in cost
             parts = [(st.cost, st.done_cost, st.skipped_cost) for st in sts]
-        total = sum(t for t, _, _ in parts)
-        done = sum(d for _, d, _ in parts)
-        skipped = sum(s for _, _, s in parts)
+        total, done, skipped = (sum(part[i] for part in parts) for i in range(3))
         own = ph.predicted * (1.0 - skipped / total) if total > 0 else ph.predicted
         if ph.finished:
             return own, own
@@ -412,13 +407,16 @@ class CostProgress:
         With phases, the share of their predicted seconds; else the share of the predicted
         seconds when stages have timings (:attr:`timed`), else of the total cost.
         """
-        if self.phases:
-            done, total = self.phase_seconds()
-        elif self.timed:
-            done, total = self.predicted_seconds()
-        else:
-            done, total = self.done_cost, self.total_cost
+        done, total = self._done_total()
         return 1.0 if total <= 0 else min(1.0, done / total)
+
+    def _done_total(self) -> tuple[float, float]:
+        """``(done, total)``: phase seconds with phases, predicted seconds when timed, else cost."""
+        if self.phases:
+            return self.phase_seconds()
+        if self.timed:
+            return self.predicted_seconds()
+        return self.done_cost, self.total_cost
 
     def elapsed(self) -> float:
         """Seconds since this tracker was made."""
@@ -544,12 +542,7 @@ class CostProgress:
         """The bar's total, position and text: predicted seconds when timed, else cost."""
         if self._bar is None:
             return
-        if self.phases:
-            done, total = self.phase_seconds()
-        elif self.timed:
-            done, total = self.predicted_seconds()
-        else:
-            done, total = self.done_cost, self.total_cost
+        done, total = self._done_total()
         self._bar.total = max(total, 1e-12)
         self._bar.n = min(done, total)
         self._bar.bar_format = self._bar_format(self._bar_text())
@@ -558,21 +551,20 @@ class CostProgress:
     def _start_output(self) -> None:
         """Phases were just planned: the bar, or a first line, at once."""
         if self.tty:
-            self._ensure_bar()
-            self._sync_bar()
+            self._refresh()
             return
         now = self.clock()
         self._last_line_t = now
         self._last_line_pct = math.floor(100 * self.fraction())
         self._write(self.status_line())
 
-    def _refresh(self) -> None:
-        """After a phase begins or ends: redraw the bar, or a line if one is due."""
+    def _refresh(self, now: float | None = None) -> None:
+        """After an update: redraw the bar, or a line if one is due (``now``: the clock's)."""
         if self.tty:
             self._ensure_bar()
             self._sync_bar()
             return
-        self._maybe_line(self.clock())
+        self._maybe_line(self.clock() if now is None else now)
 
     def _maybe_line(self, now: float) -> None:
         if self._to_come > 0 and not self.phases:  # no meaningful percent: one line per interval
@@ -597,11 +589,7 @@ class CostProgress:
                 f"{self.desc}: stage {st.name} done, {st.points} points{resumed} in "
                 f"{format_seconds(st.seconds)}"
             )
-        if self.tty:
-            self._ensure_bar()
-            self._sync_bar()
-            return
-        self._maybe_line(now)
+        self._refresh(now)
 
     def close(self) -> None:
         """Write the final line (and close the bar); idempotent."""
@@ -628,13 +616,5 @@ class CostProgress:
 
     def stage_summary(self) -> Mapping[str, Mapping[str, float]]:
         """Per stage: cost, points, done points and seconds (for reports)."""
-        return {
-            name: {
-                "cost": st.cost,
-                "points": st.points,
-                "done_points": st.done_points,
-                "skipped_points": st.skipped_points,
-                "seconds": st.seconds,
-            }
-            for name, st in self.stages.items()
-        }
+        keys = ("cost", "points", "done_points", "skipped_points", "seconds")
+        return {name: {k: getattr(st, k) for k in keys} for name, st in self.stages.items()}

@@ -7,6 +7,7 @@ leaves a half-written file. No pickle anywhere: arrays go to ``.npz`` (loaded wi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as _dt
 import io
@@ -49,15 +50,11 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def default_file_mode() -> int:
     """Mode of a new regular file under the current umask (``mkstemp`` would give 0o600)."""
-    return 0o666 & ~_umask()
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -157,7 +154,11 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
     """Atomically write compressed arrays (``None`` values are skipped; object arrays refused)."""
-    converted = {k: np.asarray(_to_numpy(v)) for k, v in arrays.items() if v is not None}
+    converted = {
+        k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)  # torch tensors
+        for k, v in arrays.items()
+        if v is not None
+    }
     for k, v in converted.items():
         if v.dtype == object:
             raise ValueError(f"array {k!r} has dtype object, which would need pickle")
@@ -167,12 +168,6 @@ def save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
     members: dict[str, Any] = converted
     np.savez_compressed(buf, **members)
     return atomic_write_bytes(path, buf.getvalue())
-
-
-def _to_numpy(v: Any) -> Any:
-    if hasattr(v, "detach"):
-        return v.detach().cpu().numpy()
-    return v
 
 
 #: What reading a damaged ``.npy``/``.npz`` raises (a bad zip, a truncated or corrupt member).
@@ -287,17 +282,6 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _version_of(module: str) -> str | None:
-    """The installed version of ``module``'s distribution, without importing it (None if absent)."""
-    from importlib import metadata
-
-    dist = {"ot": "POT"}.get(module, module)
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def run_metadata(
     *,
     seed: int | None = None,
@@ -306,6 +290,8 @@ def run_metadata(
     config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Provenance recorded in every result: versions, device, dtype, git commit, seed, time."""
+    from importlib import metadata
+
     import torch  # local: paper_figs reads results without importing torch
 
     versions = {
@@ -313,15 +299,9 @@ def run_metadata(
         "numpy": np.__version__,
         "torch": torch.__version__,
     }
-    for name, module in (
-        ("scipy", "scipy"),
-        ("sympy", "sympy"),
-        ("pot", "ot"),
-        ("transformers", "transformers"),
-    ):
-        version = _version_of(module)
-        if version is not None:
-            versions[name] = version
+    for name in ("scipy", "sympy", "pot", "transformers"):  # installed versions, not imported
+        with contextlib.suppress(metadata.PackageNotFoundError):  # absent: not recorded
+            versions[name] = metadata.version({"pot": "POT"}.get(name, name))
     import meanfield
 
     versions["meanfield"] = meanfield.__version__

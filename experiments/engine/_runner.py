@@ -81,7 +81,6 @@ class Rounds:
 
     def __init__(self, steps: Steps) -> None:
         self._steps = steps
-        self._started = False
         self.jobs: list[SweepJob] = []
         self.files: list[Path] = []
 
@@ -94,11 +93,10 @@ class Rounds:
         """
         while True:
             try:
-                jobs = self._steps.send(None) if self._started else next(self._steps)
+                jobs = self._steps.send(None)  # send(None) is next(), the first time too
             except StopIteration as stop:
                 self.jobs, self.files = [], [Path(p) for p in (stop.value or [])]
                 return False
-            self._started = True
             self.jobs = list(jobs)
             if any(job.sweep.unfinished(job.points) for job in self.jobs):
                 return True
@@ -118,19 +116,19 @@ def joint_rounds(*parts: Generator[Round, None, T]) -> Generator[Round, None, li
     results: list[Any] = [None] * len(parts)
     pending: dict[int, Round] = {}
 
-    def step(i: int, first: bool) -> None:
+    def step(i: int) -> None:
         try:
-            pending[i] = next(parts[i]) if first else parts[i].send(None)
+            pending[i] = parts[i].send(None)  # send(None) is next(), the first time too
         except StopIteration as stop:
             results[i] = stop.value
             pending.pop(i, None)
 
     for i in range(len(parts)):
-        step(i, True)
+        step(i)
     while pending:
         yield [job for i in sorted(pending) for job in pending[i]]
         for i in sorted(pending):
-            step(i, False)
+            step(i)
     return results
 
 
@@ -143,14 +141,12 @@ def threaded_rounds(
     while the driver computes a round on the points' own counts: no thread setting is held
     across a ``yield``, where a driver on Dask runs the other stages' passes.
     """
-    first = True
     while True:
         with torch_threads(threads):
             try:
-                jobs = next(steps) if first else steps.send(None)
+                jobs = steps.send(None)  # send(None) is next(), the first time too
             except StopIteration as stop:
                 return stop.value
-        first = False
         yield jobs
 
 
@@ -162,19 +158,26 @@ def drive(steps: Steps, executor: Any = None, *, progress: Any = None) -> list[P
     ``progress`` is true. A point that raises stops the run with
     ``experiments.engine.PointError``.
     """
-    tracker = progress if isinstance(progress, CostProgress) else _PROGRESS.get()
-    own = None
-    if tracker is None:
-        own = tracker = CostProgress(desc="points", enabled=bool(progress))
+    given = progress if isinstance(progress, CostProgress) else None
     rounds = Rounds(steps)
-    try:
-        while rounds.advance():
-            run_jobs(rounds.jobs, executor or SerialExecutor(), progress=tracker)
-    finally:
-        rounds.close()
-        if own is not None:
-            own.close()
+    with _tracking(given, "points", bool(progress)) as tracker:
+        try:
+            while rounds.advance():
+                run_jobs(rounds.jobs, executor or SerialExecutor(), progress=tracker)
+        finally:
+            rounds.close()
     return rounds.files
+
+
+@contextlib.contextmanager
+def _tracking(tracker: Any, desc: str, enabled: bool) -> Iterator[Any]:
+    """``tracker``, else the one of :func:`reporting`, else a new one, closed at the end."""
+    tracker = tracker if tracker is not None else _PROGRESS.get()
+    if tracker is not None:
+        yield tracker
+        return
+    with CostProgress(desc=desc, enabled=enabled) as own:
+        yield own
 
 
 def remote(
@@ -346,13 +349,7 @@ class Sweep:
             fn, ctx = task, dict(context or {})
         else:
             fn, ctx = compute, {}
-        tracker = _PROGRESS.get()
-        own = None
-        if tracker is None:  # a run's tracker draws the one bar; a sweep on its own draws its own
-            own = tracker = CostProgress(desc=desc or self.name, enabled=bool(progress))
-        try:
+        # a run's tracker draws the one bar; a sweep on its own draws its own
+        with _tracking(None, desc or self.name, bool(progress)) as tracker:
             run_jobs([SweepJob(self, points, fn, cost, ctx)], SerialExecutor(), progress=tracker)
-        finally:
-            if own is not None:
-                own.close()
         return self.collect(points)

@@ -96,14 +96,9 @@ def _matches(value: Any, tp: Any) -> bool:
         return any(_matches(value, a) for a in args)
     if tp is type(None) or tp is None:
         return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-    if tp is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-    if tp is str:
-        return isinstance(value, str)
+    if tp is int or tp is float:  # numbers, not booleans (bool and str: a type, below)
+        kind = numbers.Integral if tp is int else numbers.Real
+        return isinstance(value, kind) and not isinstance(value, (bool, np.bool_))
     if origin in (tuple, list, typing.Sequence, cabc.Sequence):
         if not _is_sequence(value):
             return False
@@ -293,9 +288,10 @@ class ModuleStage:
     presets: Mapping[str, StageConfig]
     resolve_fn: Callable[[str, Mapping[str, Any]], Any]
     execute_fn: Callable[[Any, Path, StageRun], Steps]
-    summary_fn: Callable[[Path], dict[str, Any]]
-    report_fn: Callable[[Path, Path], str]
-    claims_fn: Callable[[Path], Claims]
+    # the module's own summary, report_section and claims functions, called as methods
+    summary: Callable[[Path], dict[str, Any]]
+    report_section: Callable[[Path, Path], str]
+    claims: Callable[[Path], Claims]
     uses_device: bool = True
 
     @classmethod
@@ -378,18 +374,6 @@ class ModuleStage:
         """
         steps = self.start(results_dir, preset, device=device, progress=progress, **settings)
         return drive(steps, progress=bool(progress))
-
-    def summary(self, results_dir: Path) -> dict[str, Any]:
-        """The module's ``summary``."""
-        return self.summary_fn(results_dir)
-
-    def report_section(self, results_dir: Path, figures_dir: Path) -> str:
-        """The module's ``report_section``."""
-        return self.report_fn(results_dir, figures_dir)
-
-    def claims(self, results_dir: Path) -> Claims:
-        """The module's ``claims``."""
-        return self.claims_fn(results_dir)
 
 
 #: A stage of the pipeline: every stage is a :class:`ModuleStage` made of its module's functions

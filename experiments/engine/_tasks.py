@@ -66,9 +66,7 @@ class Task:
 
 def order_by_cost(tasks: Iterable[Task]) -> list[Task]:
     """Tasks by decreasing cost; equal costs keep their given order."""
-    indexed = list(enumerate(tasks))
-    indexed.sort(key=lambda it: (-it[1].effective_cost, it[0]))
-    return [t for _, t in indexed]
+    return sorted(tasks, key=lambda t: -t.effective_cost)  # a stable sort
 
 
 @dataclass(frozen=True)
