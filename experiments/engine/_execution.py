@@ -503,8 +503,11 @@ def run_jobs(
     if len(set(paths)) != len(paths):
         raise ValueError(f"sweeps must be distinct, got {paths}")
     names = [job.sweep.name for job in jobs]
-    twice = len(set(names)) != len(names)  # the same name in two stages: tell them apart
-    labels = {id(job): f"{job.sweep.out_dir.name}/" * twice + job.sweep.name for job in jobs}
+    stage_too = len(set(names)) != len(names)  # the same name in two stages: tell them apart
+    labels = {
+        id(job): f"{job.sweep.out_dir.name}/{job.sweep.name}" if stage_too else job.sweep.name
+        for job in jobs
+    }
     executor = executor if executor is not None else SerialExecutor()
     summary = RunSummary()
     t_start = time.perf_counter()
