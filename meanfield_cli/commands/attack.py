@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from experiments.engine import load_json, run_metadata, save_npz, torch_threads, write_json
+from experiments.engine import load_json, save_npz, torch_threads
 from experiments.inputs import load_matrices, random_layer
 from experiments.mass_splitting import (
     attack_doc,
@@ -39,7 +39,7 @@ from experiments.mass_splitting import (
     measure_doc,
 )
 
-from ..options import add_common, check_out_dir, print_written
+from ..options import add_common, check_out_dir, print_written, write_record
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -83,20 +83,29 @@ def _exact_norm(X: Any, params: Any, *, masked: bool) -> dict[str, Any]:
     }
 
 
-def _floats(text: str, name: str) -> list[float]:
+def _positives(text: str, name: str) -> list[float]:
     try:
         vals = [float(t) for t in text.split(",") if t.strip()]
     except ValueError as err:
         raise ValueError(f"{name} must be a comma-separated list of numbers, got {text!r}") from err
     if not vals:
         raise ValueError(f"{name} is empty")
-    return vals
+    return [_positive(v, name) for v in vals]
 
 
 def _positive(value: float, name: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number, got {value}")
     return value
+
+
+def _sweep(args: argparse.Namespace, kind: str, run: Any, **settings: Any) -> dict[str, Any]:
+    """A figure's sweep ``run(out, **settings)`` into ``--out``: its saved summary, as ``kind``."""
+    files = run(Path(args.out or "attack_out"), **settings)
+    saved = load_json(files[1])
+    saved["kind"] = kind
+    saved["files"] = [str(f) for f in files]
+    return saved
 
 
 # --------------------------------------------------------------------------- construct
@@ -187,21 +196,17 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     if args.out or args.figure_b:
         check_out_dir(args.out or "attack_out", "--out" if args.out else "output directory")
     if args.figure_b:
-        radii = [_positive(r, "--radii") for r in _floats(args.radii, "--radii")]
-        out = Path(args.out or "attack_out")
-        files = figure_b_results(
-            out,
-            radii=radii,
+        return _sweep(
+            args,
+            "attack search --figure-b",
+            figure_b_results,
+            radii=_positives(args.radii, "--radii"),
             n_atoms=args.atoms,
             n_restarts=args.restarts,
             steps=args.steps,
             seed=args.seed,
             progress=progress,
         )
-        saved = load_json(files[1])
-        saved["kind"] = "attack search --figure-b"
-        saved["files"] = [str(f) for f in files]
-        return saved
     _positive(args.R, "--R")
     if args.atoms < 1:
         raise ValueError(f"--atoms must be a positive integer, got {args.atoms}")
@@ -306,23 +311,18 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     if args.out or args.figure_c:
         check_out_dir(args.out or "attack_out", "--out" if args.out else "output directory")
     if args.figure_c:
-        out = Path(args.out or "attack_out")
-        radii = [_positive(r, "--radii") for r in _floats(args.radii, "--radii")]
-        budgets = [_positive(b, "--budgets") for b in _floats(args.budgets, "--budgets")]
-        files = figure_c_results(
-            out,
-            radii=radii,
-            budgets=budgets,
+        return _sweep(
+            args,
+            "attack split --figure-c",
+            figure_c_results,
+            radii=_positives(args.radii, "--radii"),
+            budgets=_positives(args.budgets, "--budgets"),
             R_attack=args.R,
             k_max=args.k_max,
             n_restarts=args.restarts,
             steps=args.steps,
             seed=args.seed,
         )
-        saved = load_json(files[1])
-        saved["kind"] = "attack split --figure-c"
-        saved["files"] = [str(f) for f in files]
-        return saved
     doc: dict[str, Any] = {"kind": "attack split"}
     if args.s is not None:
         if not math.isfinite(args.s):
@@ -347,16 +347,13 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
             from meanfield.attacks import adversarial_sequence
 
             params, source = _params(args)
-            con = (
-                adversarial_sequence(params, args.R, 2, variant="symmetric", case="+")
-                if _has_positive(params)
-                else None
-            )
-            if con is None:
+            A = params.A.to(torch.float64)
+            if not torch.linalg.eigvalsh(0.5 * (A + A.mT))[-1] > 0:
                 raise ValueError(
                     "the split attack starts from a Dirac at (R/2) u with u^T A u > 0; "
                     "this A has no positive direction"
                 )
+            con = adversarial_sequence(params, args.R, 2, variant="symmetric", case="+")
             mu = DiracMeasure(con.X[1:2].to(torch.float64))
         else:
             params, inputs = attack_inputs(args.R)
@@ -383,13 +380,6 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         _save_outputs(args, doc, "split")
     return doc
-
-
-def _has_positive(params: Any) -> bool:
-    import torch
-
-    A = params.A.to(torch.float64)
-    return bool(torch.linalg.eigvalsh(0.5 * (A + A.mT))[-1] > 0)
 
 
 def print_split(doc: dict[str, Any]) -> None:
@@ -424,13 +414,8 @@ def _save_outputs(args: argparse.Namespace, doc: dict[str, Any], stem: str, **ar
     """
     out = Path(args.out)
     files = [save_npz(out / f"{stem}.npz", **arrays)] if arrays else []
-    metadata = run_metadata(seed=args.seed, device="cpu", dtype="float64", config=_config(args))
-    files.append(write_json(out / f"{stem}.json", {**doc, "metadata": metadata}))
+    files.append(write_record(out / f"{stem}.json", doc, args))
     doc["files"] = [str(f) for f in files]
-
-
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
 
 
 _SEED_CONSTRUCT = "seed of --random-d and of the sphere variant's directions (default 0)"

@@ -70,7 +70,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from experiments.engine import run_metadata, write_json
 from experiments.inputs import load_inputs, load_params_npz, random_layer, random_tokens
 
 from ..options import (
@@ -80,6 +79,7 @@ from ..options import (
     check_device,
     check_out_file,
     print_written,
+    write_record,
 )
 
 __all__ = ["handle", "register", "show"]
@@ -620,10 +620,7 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
         "all_converged": all(r["converged"] for r in rows),
     }
     if args.out:
-        config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
-        meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
-        path = write_json(args.out, {**doc, "metadata": meta})
-        doc["files"] = [str(path)]
+        doc["files"] = [str(write_record(args.out, doc, args))]
     return doc
 
 

@@ -41,6 +41,7 @@ from ..options import (
     check_device,
     check_out_dir,
     print_written,
+    write_record,
 )
 from .lipschitz import (
     BUILT_IN_MODELS,
@@ -176,7 +177,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from experiments.corpora import corpus_token_ids
-    from experiments.engine import CostProgress, run_metadata, write_json
+    from experiments.engine import CostProgress
     from meanfield.models import reads_images
     from meanfield.profile import profile_model
 
@@ -291,10 +292,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     else:
         doc.update(text=corp.label, n_text_tokens=int(ids.numel()))
     out = Path(args.out)
-    config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
-    meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
-    path = write_json(out / "profile.json", {**doc, "metadata": meta})
-    files = [str(path)]
+    files = [str(write_record(out / "profile.json", doc, args))]
     if not args.no_figure:
         from paper_figs import fig_profile
 
