@@ -226,13 +226,18 @@ def _check_text_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--start must be >= 0, got {args.start}")
 
 
-#: The options of text windows, refused for a vision encoder: (attribute, option).
-_TEXT_OPTIONS = (("corpus", "--corpus"), ("n", "--n"), ("start", "--start"))
+#: The options of text windows, refused for a vision encoder.
+_TEXT_OPTIONS = ("--corpus", "--n", "--start")
+
+
+def _given(args: argparse.Namespace, options: Any) -> list[str]:
+    """The ``options`` (``--image-index``, ...) given on the command line, i.e. not ``None``."""
+    return [opt for opt in options if getattr(args, opt[2:].replace("-", "_"), None) is not None]
 
 
 def refuse_text_options(args: argparse.Namespace, label: str, options: Any) -> None:
     """A one-line error when a text option was given for a vision encoder ``label``."""
-    given = [opt for attr, opt in options if getattr(args, attr, None) is not None]
+    given = _given(args, options)
     if given:
         raise UsageError(
             f"{' '.join(given)}: {label} is a vision encoder and reads images, not text; give "
@@ -242,11 +247,7 @@ def refuse_text_options(args: argparse.Namespace, label: str, options: Any) -> N
 
 def refuse_image_options(args: argparse.Namespace, label: str) -> None:
     """A one-line error when an image option was given for a model that reads token ids."""
-    given = [
-        opt
-        for attr, opt in (("images", "--images"), ("image_index", "--image-index"))
-        if getattr(args, attr, None) is not None
-    ]
+    given = _given(args, ("--images", "--image-index"))
     if given:
         raise UsageError(
             f"{' '.join(given)}: {label} reads token ids; the image options apply to vision "
@@ -692,6 +693,18 @@ def show(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- parser
+def add_image_options(p: Any, synthetic: str, index_help: str) -> None:
+    """Add ``--images`` (default: ``synthetic``) and ``--image-index`` (``index_help``)."""
+    p.add_argument(
+        "--images",
+        metavar="FILE.npy",
+        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
+        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
+        f"preprocessor_config.json (default: {synthetic}, seeded Gaussian pixels)",
+    )
+    p.add_argument("--image-index", type=int, help=index_help)
+
+
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``lipschitz``."""
     p = sub.add_parser(
@@ -734,21 +747,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     m.add_argument(
         "--start", type=int, default=None, help="token offset of the first window (default 0)"
     )
-    m.add_argument(
-        "--images",
-        default=None,
-        metavar="FILE.npy",
-        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
-        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
-        "preprocessor_config.json (default: synthetic images, seeded Gaussian pixels)",
-    )
-    m.add_argument(
-        "--image-index",
-        dest="image_index",
-        type=int,
-        default=None,
-        help="first image of --images (default 0)",
-    )
+    add_image_options(m, "synthetic images", "first image of --images (default 0)")
     m.add_argument(
         "--map",
         choices=("heads", "heads+WO", "block"),

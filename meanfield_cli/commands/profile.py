@@ -45,6 +45,7 @@ from ..options import (
 )
 from .lipschitz import (
     BUILT_IN_MODELS,
+    add_image_options,
     capture_images,
     check_model_name,
     refuse_image_options,
@@ -150,8 +151,8 @@ def _load_seconds(args: argparse.Namespace) -> float:
 #: The window lengths when ``--n`` is not given (text models).
 _DEFAULT_NS = [128]
 
-#: The text options, refused for a vision encoder: (attribute, option).
-_TEXT_OPTIONS = (("text", "--text"), ("n", "--n"), ("start", "--start"))
+#: The text options, refused for a vision encoder.
+_TEXT_OPTIONS = ("--text", "--n", "--start")
 
 
 def _predict(
@@ -429,21 +430,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="layers to profile, e.g. 0 1 2 or 0-5 (default all; the chain rule needs a range)",
     )
     p.add_argument("--start", type=int, default=None, help="token offset of the window (default 0)")
-    p.add_argument(
-        "--images",
-        default=None,
-        metavar="FILE.npy",
-        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
-        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
-        "preprocessor_config.json (default: one synthetic image, seeded Gaussian pixels)",
-    )
-    p.add_argument(
-        "--image-index",
-        dest="image_index",
-        type=int,
-        default=None,
-        help="the image of --images to profile (default 0)",
-    )
+    add_image_options(p, "one synthetic image", "the image of --images to profile (default 0)")
     p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
     p.add_argument(
         "--dtype",
