@@ -426,13 +426,11 @@ def _source(p: argparse.ArgumentParser, *, required: bool) -> None:
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument(
         "--A-file",
-        dest="A_file",
         metavar="FILE",
         help="score matrix A (.npy), or arrays A and optional V (.npz); never unpickled",
     )
     g.add_argument(
         "--random-d",
-        dest="random_d",
         type=int,
         metavar="D",
         help="draw a random non-symmetric A (d x d, entries N(0, 1/d)) with V = I, from --seed",
@@ -479,7 +477,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     c.add_argument("--sphere", action="store_true", help="all tokens on the sphere of radius R")
     c.add_argument("--masked", action="store_true", help="measure the causal map's constant")
-    c.add_argument("--out", default=None, help="directory for construct.npz and construct.json")
+    c.add_argument("--out", help="directory for construct.npz and construct.json")
     c.set_defaults(handler=cmd_construct, printer=print_construct)
 
     s = cmds.add_parser(
@@ -498,7 +496,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument(
         "--sequence",
         type=int,
-        default=None,
         metavar="N",
         help="search sequences of N tokens (Euclidean constant) instead of measures",
     )
@@ -524,7 +521,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument(
         "--radii", default="1,2,4,6", help="radii of the figure-B sweep (default 1,2,4,6)"
     )
-    s.add_argument("--out", default=None, help="output directory")
+    s.add_argument("--out", help="output directory")
     s.set_defaults(handler=cmd_search, printer=print_search)
 
     t = cmds.add_parser(
@@ -537,9 +534,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_common(t, seed=_SEED_SEARCH)
     _source(t, required=False)
-    t.add_argument("--s", type=float, default=None, help="exponent s = lambda R^2 / 4 of G_k")
-    t.add_argument("--k-max", dest="k_max", type=int, default=6, help="largest k (default 6)")
-    t.add_argument("--budget", type=float, default=None, help="W2 budget of the attack")
+    t.add_argument("--s", type=float, help="exponent s = lambda R^2 / 4 of G_k")
+    t.add_argument("--k-max", type=int, default=6, help="largest k (default 6)")
+    t.add_argument("--budget", type=float, help="W2 budget of the attack")
     t.add_argument("--R", type=float, default=4.0, help="radius of the ball (default 4)")
     t.add_argument("--restarts", type=int, default=3, help="starts per attack (default 3)")
     t.add_argument("--steps", type=int, default=150, help="Adam steps per start (default 150)")
@@ -548,6 +545,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     t.add_argument(
         "--budgets", default="0.05,0.1,0.2,0.5,1", help="budgets of the figure-C attacks"
     )
-    t.add_argument("--out", default=None, help="output directory")
+    t.add_argument("--out", help="output directory")
     t.set_defaults(handler=cmd_split, printer=print_split)
     return p

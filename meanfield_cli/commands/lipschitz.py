@@ -727,26 +727,18 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="NAME|PATH",
         help="minilm, smollm2, gpt2-random, bert-random, or a local checkpoint",
     )
-    src.add_argument(
-        "--random-d",
-        dest="random_d",
-        type=int,
-        metavar="D",
-        help="random synthetic layer of width D",
-    )
+    src.add_argument("--random-d", type=int, metavar="D", help="random synthetic layer of width D")
     src.add_argument("--input", metavar="X.npy", help="tokens (n, d) or (B, n, d) from a .npy file")
     m = p.add_argument_group("model mode")
     m.add_argument("--layer", type=int, default=0, help="layer index (default 0)")
-    m.add_argument("--corpus", default=None, help="kjv, pydoc or a text file (default kjv)")
+    m.add_argument("--corpus", help="kjv, pydoc or a text file (default kjv)")
     m.add_argument(
         "--windows",
         type=int,
         default=1,
         help="number of windows (vision encoders: of images; default 1)",
     )
-    m.add_argument(
-        "--start", type=int, default=None, help="token offset of the first window (default 0)"
-    )
+    m.add_argument("--start", type=int, help="token offset of the first window (default 0)")
     add_image_options(m, "synthetic images", "first image of --images (default 0)")
     m.add_argument(
         "--map",
@@ -755,11 +747,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="differentiated map (default heads+WO; block: BERT residual + LayerNorm)",
     )
     m.add_argument(
-        "--n-layer",
-        dest="n_layer",
-        type=int,
-        default=None,
-        help="layers of gpt2-random (fewer is faster; default 12)",
+        "--n-layer", type=int, help="layers of gpt2-random (fewer is faster; default 12)"
     )
     r = p.add_argument_group("random mode")
     r.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
@@ -769,13 +757,11 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--n",
         type=int,
-        default=None,
         help="tokens per window / sequence (not for vision encoders: 1 + patches there)",
     )
     mask = p.add_mutually_exclusive_group()
     mask.add_argument(
         "--masked",
-        dest="masked",
         action="store_true",
         default=None,
         help="causal attention (default: the model's own mask; unmasked otherwise)",
@@ -803,14 +789,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--tol",
         type=float,
-        default=None,
         help="stop on the residual rule ||J^T J v - s^2 v|| <= tol s^2 instead (default: stop "
         "once the probabilistic bracket is within --prob-rtol; 1e-6 where there is none)",
     )
     p.add_argument(
         "--prob-rtol",
         type=float,
-        default=None,
         help="stop once upper_prob <= (1 + prob-rtol) * lower, the bracket that holds with "
         "probability 1 - 1e-6 over the random start (default 0.05 where the estimate has one)",
     )
@@ -846,14 +830,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="also print the released estimator's quantity sqrt(||J^T f(X)||)",
     )
+    p.add_argument("--out", metavar="FILE.json", help="write the result with run metadata")
     p.add_argument(
-        "--out", default=None, metavar="FILE.json", help="write the result with run metadata"
-    )
-    p.add_argument(
-        "--log",
-        default=None,
-        metavar="FILE",
-        help="also append the progress lines, with timestamps, to FILE",
+        "--log", metavar="FILE", help="also append the progress lines, with timestamps, to FILE"
     )
     p.set_defaults(handler=handle, printer=show)
     return p

@@ -410,26 +410,21 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help=f"{', '.join(BUILT_IN_MODELS)}, or a local checkpoint directory",
     )
     p.add_argument(
-        "--text",
-        default=None,
-        metavar="FILE_OR_CORPUS",
-        help="kjv, pydoc or a text file (default kjv)",
+        "--text", metavar="FILE_OR_CORPUS", help="kjv, pydoc or a text file (default kjv)"
     )
     p.add_argument(
         "--n",
         type=int,
         nargs="+",
-        default=None,
         help="window lengths (default 128; not for vision encoders, whose n is 1 + patches)",
     )
     p.add_argument(
         "--layers",
         nargs="+",
-        default=None,
         metavar="L",
         help="layers to profile, e.g. 0 1 2 or 0-5 (default all; the chain rule needs a range)",
     )
-    p.add_argument("--start", type=int, default=None, help="token offset of the window (default 0)")
+    p.add_argument("--start", type=int, help="token offset of the window (default 0)")
     add_image_options(p, "one synthetic image", "the image of --images to profile (default 0)")
     p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
     p.add_argument(
@@ -456,11 +451,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-figure", action="store_true", help="write profile.json only")
     p.add_argument(
-        "--n-layer",
-        dest="n_layer",
-        type=int,
-        default=None,
-        help="layers of gpt2-random (fewer is faster; default 12)",
+        "--n-layer", type=int, help="layers of gpt2-random (fewer is faster; default 12)"
     )
     add_device(p)
     p.set_defaults(handler=handle, printer=show)

@@ -80,8 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"number of instances (default {PRESETS['quick'].n_instances})",
     )
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
-    p.add_argument("--kinds", default=None, help=f"comma-separated subset of: {', '.join(KINDS)}")
-    p.add_argument("--out", default=None, help="write the JSON report to this file")
+    p.add_argument("--kinds", help=f"comma-separated subset of: {', '.join(KINDS)}")
+    p.add_argument("--out", help="write the JSON report to this file")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--no-progress", action="store_true", help="disable the progress bar")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
