@@ -494,6 +494,7 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     path_kw = _path_kwargs(local_lipschitz, args.path)
     fn = None
+    masked = bool(args.masked)
     if args.model is not None:
         X, params, source, fn = _model_inputs(args, dtype)
         mode = "model"
@@ -513,7 +514,6 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
         )
         source = {**source, "tokens": "Gaussian, rescaled to max norm R", "R": args.R}
         mode = "random"
-        masked = bool(args.masked)
     else:
         if args.params is None:
             raise ValueError(
@@ -528,7 +528,6 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
         X = torch.tensor(Xn, dtype=dtype, device=args.device)
         source = {**source, "input": str(args.input)}
         mode = "input"
-        masked = bool(args.masked)
     batch = X.reshape(-1, X.shape[-2], X.shape[-1])
     if fn is not None and args.geometry != "euclidean":
         raise ValueError(
@@ -574,18 +573,15 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
             "" if path is None else f" ({path} products)",
         )
         lower, upper = float(est.lower), float(est.upper)
+        up = None if est.upper_prob is None else float(est.upper_prob)
         row = {
             "index": i,
             "value": float(est.value),
             "lower": lower,
             "upper": upper,
             "ratio": upper / lower if lower > 0 else math.inf,
-            "upper_prob": None if est.upper_prob is None else float(est.upper_prob),
-            "ratio_prob": (
-                None
-                if est.upper_prob is None
-                else (float(est.upper_prob) / lower if lower > 0 else math.inf)
-            ),
+            "upper_prob": up,
+            "ratio_prob": None if up is None else (up / lower if lower > 0 else math.inf),
             "confidence": est.confidence,
             "stop_rule": getattr(est, "stop_rule", "residual"),
             "converged": bool(est.converged),

@@ -11,14 +11,9 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from ..options import CommandFailed, check_out_file, plain_text
+from ..options import CommandFailed, check_out_file
 
 __all__ = ["register"]
-
-#: The command's description (shown by ``--help`` without the reST markup).
-DESCRIPTION = (
-    "Verification harness: every bound of :mod:`theory.bounds` against the certified engine."
-)
 
 
 def _cmd(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify-bounds",
         help="check every bound of theory.bounds against certified local constants",
-        description=plain_text(DESCRIPTION),
+        description="Verification harness: every bound of theory.bounds against the certified "
+        "engine.",
     )
     p.add_argument(
         "--instances",
