@@ -87,8 +87,6 @@ __all__ = ["handle", "register", "show"]
 #: The models ``--model`` knows by name (anything else is a directory or a cached hub name).
 BUILT_IN_MODELS = ("minilm", "smollm2", "gpt2-random", "bert-random")
 
-_DTYPES = ("float64", "float32")
-
 #: The Jacobian products ``--path`` chooses (``path=`` of :func:`meanfield.local_lipschitz`).
 _PATHS = ("auto", "stored", "streaming")
 
@@ -796,7 +794,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dtype",
-        choices=_DTYPES,
+        choices=("float64", "float32"),
         default="float64",
         help="precision of the layer, the tokens and the estimate (default float64)",
     )

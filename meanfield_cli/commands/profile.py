@@ -54,8 +54,6 @@ from .lipschitz import (
 
 __all__ = ["handle", "register", "show"]
 
-_DTYPES = ("float64", "float32")
-
 
 def parse_layers(specs: list[str] | None) -> list[int] | None:
     """``["0", "3-5"]`` -> ``[0, 3, 4, 5]`` (``None`` stays ``None``: every layer)."""
@@ -429,7 +427,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
     p.add_argument(
         "--dtype",
-        choices=_DTYPES,
+        choices=("float64", "float32"),
         default="float64",
         help="precision of the blocks and every estimate (default float64)",
     )
