@@ -29,6 +29,7 @@ __all__ = [
     "plain_math",
     "plain_text",
     "print_written",
+    "write_record",
 ]
 
 
@@ -251,3 +252,17 @@ def print_written(doc: Mapping[str, Any]) -> None:
     """The last lines of a command's text output: ``  wrote PATH`` for each file it wrote."""
     for f in doc.get("files", []):
         print(f"  wrote {f}")
+
+
+def write_record(path: str | os.PathLike, doc: Mapping[str, Any], args: argparse.Namespace) -> Path:
+    """Write ``doc`` to the JSON file ``path`` with the run metadata (the options in ``args``).
+
+    The metadata's device and dtype are ``--device`` and ``--dtype``, else ``cpu`` and
+    ``float64`` (a command without them computes in float64 on the CPU).
+    """
+    from experiments.engine import run_metadata, write_json
+
+    config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
+    device, dtype = getattr(args, "device", "cpu"), getattr(args, "dtype", "float64")
+    meta = run_metadata(seed=args.seed, device=device, dtype=dtype, config=config)
+    return write_json(path, {**doc, "metadata": meta})

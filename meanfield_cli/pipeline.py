@@ -111,7 +111,7 @@ def draw_all(
             entry["error"] = " ".join(str(err).split())
         except Exception as err:  # noqa: BLE001 - one failing figure must not stop the others
             entry["status"] = "failed"
-            entry["error"] = f"{type(err).__name__}: {' '.join(str(err).split())}"
+            entry["error"] = _one_line(err)
             log.warning("figure %s failed: %s", fig.id, entry["error"])
         status[fig.id] = entry
         if progress is not None:
@@ -196,10 +196,6 @@ def run_stages(
             **dict(settings.get(stage.name, {})),
         )
 
-    def call(stage: Any) -> list[Path]:
-        t_first.setdefault(stage.name, time.perf_counter())
-        return drive(start(stage, None), progress=tracker)
-
     def finish(stage: Any, files: list[Path] | None, err: BaseException | str | None) -> None:
         entry: dict[str, Any] = {"title": stage.title}
         if err is None:
@@ -221,10 +217,9 @@ def run_stages(
                     phase = stage.name if stage.name in tracker.phases else None
                     if phase is not None:
                         tracker.begin(phase)
+                    t_first.setdefault(stage.name, time.perf_counter())
                     try:
-                        files = call(stage)
-                    except KeyboardInterrupt:
-                        raise
+                        files = drive(start(stage, None), progress=tracker)
                     except Exception as err:  # noqa: BLE001 - one failing stage must not stop the others
                         if not catch:
                             raise
@@ -247,8 +242,6 @@ def run_stages(
                         t_first.setdefault(stage.name, time.perf_counter())
                         steps = rounds[stage.name] = Rounds(start(stage, executor))
                     more = steps.advance()
-                except KeyboardInterrupt:
-                    raise
                 except Exception as err:  # noqa: BLE001 - as above
                     if not catch:
                         raise

@@ -67,19 +67,14 @@ STAGES: tuple[Stage, ...] = (
 )
 
 
-def select_stages(
-    only: Iterable[str] | None,
-    stages: Iterable[Stage] | None = None,
-    *,
-    preset: str | None = None,
-) -> list[Stage]:
+def select_stages(only: Iterable[str] | None, *, preset: str | None = None) -> list[Stage]:
     """The stages named in ``only`` (all when ``None``); UsageError on an unknown name.
 
     With ``preset``, only the stages that have that preset: a stage without it (the
     ``long_context`` stage has no ``quick`` or ``paper`` preset, the others no ``long``) is
     skipped when ``only`` is ``None``, and a UsageError when ``only`` names it.
     """
-    known = list(STAGES if stages is None else stages)
+    known = list(STAGES)
     if only is None:
         return [s for s in known if preset is None or preset in s.presets]
     wanted = [s.strip() for s in only if s.strip()]
@@ -164,11 +159,9 @@ FIGURES: tuple[Figure, ...] = (
 )
 
 
-def select_figures(
-    only: Iterable[str] | None, figures: Iterable[Figure] | None = None
-) -> list[Figure]:
+def select_figures(only: Iterable[str] | None) -> list[Figure]:
     """The figures with the ids in ``only`` (all when ``None``); UsageError on an unknown id."""
-    known = list(FIGURES if figures is None else figures)
+    known = list(FIGURES)
     if only is None:
         return known
     wanted = [s.strip() for s in only if s.strip()]

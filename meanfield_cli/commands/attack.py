@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from experiments.engine import load_json, run_metadata, save_npz, torch_threads, write_json
+from experiments.engine import load_json, save_npz, torch_threads
 from experiments.inputs import load_matrices, random_layer
 from experiments.mass_splitting import (
     attack_doc,
@@ -39,7 +39,7 @@ from experiments.mass_splitting import (
     measure_doc,
 )
 
-from ..options import add_common, check_out_dir, print_written
+from ..options import add_common, check_out_dir, print_written, write_record
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -83,20 +83,29 @@ def _exact_norm(X: Any, params: Any, *, masked: bool) -> dict[str, Any]:
     }
 
 
-def _floats(text: str, name: str) -> list[float]:
+def _positives(text: str, name: str) -> list[float]:
     try:
         vals = [float(t) for t in text.split(",") if t.strip()]
     except ValueError as err:
         raise ValueError(f"{name} must be a comma-separated list of numbers, got {text!r}") from err
     if not vals:
         raise ValueError(f"{name} is empty")
-    return vals
+    return [_positive(v, name) for v in vals]
 
 
 def _positive(value: float, name: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number, got {value}")
     return value
+
+
+def _sweep(args: argparse.Namespace, kind: str, run: Any, **settings: Any) -> dict[str, Any]:
+    """A figure's sweep ``run(out, **settings)`` into ``--out``: its saved summary, as ``kind``."""
+    files = run(Path(args.out or "attack_out"), **settings)
+    saved = load_json(files[1])
+    saved["kind"] = kind
+    saved["files"] = [str(f) for f in files]
+    return saved
 
 
 # --------------------------------------------------------------------------- construct
@@ -187,21 +196,17 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     if args.out or args.figure_b:
         check_out_dir(args.out or "attack_out", "--out" if args.out else "output directory")
     if args.figure_b:
-        radii = [_positive(r, "--radii") for r in _floats(args.radii, "--radii")]
-        out = Path(args.out or "attack_out")
-        files = figure_b_results(
-            out,
-            radii=radii,
+        return _sweep(
+            args,
+            "attack search --figure-b",
+            figure_b_results,
+            radii=_positives(args.radii, "--radii"),
             n_atoms=args.atoms,
             n_restarts=args.restarts,
             steps=args.steps,
             seed=args.seed,
             progress=progress,
         )
-        saved = load_json(files[1])
-        saved["kind"] = "attack search --figure-b"
-        saved["files"] = [str(f) for f in files]
-        return saved
     _positive(args.R, "--R")
     if args.atoms < 1:
         raise ValueError(f"--atoms must be a positive integer, got {args.atoms}")
@@ -306,23 +311,18 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     if args.out or args.figure_c:
         check_out_dir(args.out or "attack_out", "--out" if args.out else "output directory")
     if args.figure_c:
-        out = Path(args.out or "attack_out")
-        radii = [_positive(r, "--radii") for r in _floats(args.radii, "--radii")]
-        budgets = [_positive(b, "--budgets") for b in _floats(args.budgets, "--budgets")]
-        files = figure_c_results(
-            out,
-            radii=radii,
-            budgets=budgets,
+        return _sweep(
+            args,
+            "attack split --figure-c",
+            figure_c_results,
+            radii=_positives(args.radii, "--radii"),
+            budgets=_positives(args.budgets, "--budgets"),
             R_attack=args.R,
             k_max=args.k_max,
             n_restarts=args.restarts,
             steps=args.steps,
             seed=args.seed,
         )
-        saved = load_json(files[1])
-        saved["kind"] = "attack split --figure-c"
-        saved["files"] = [str(f) for f in files]
-        return saved
     doc: dict[str, Any] = {"kind": "attack split"}
     if args.s is not None:
         if not math.isfinite(args.s):
@@ -347,16 +347,13 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
             from meanfield.attacks import adversarial_sequence
 
             params, source = _params(args)
-            con = (
-                adversarial_sequence(params, args.R, 2, variant="symmetric", case="+")
-                if _has_positive(params)
-                else None
-            )
-            if con is None:
+            A = params.A.to(torch.float64)
+            if not torch.linalg.eigvalsh(0.5 * (A + A.mT))[-1] > 0:
                 raise ValueError(
                     "the split attack starts from a Dirac at (R/2) u with u^T A u > 0; "
                     "this A has no positive direction"
                 )
+            con = adversarial_sequence(params, args.R, 2, variant="symmetric", case="+")
             mu = DiracMeasure(con.X[1:2].to(torch.float64))
         else:
             params, inputs = attack_inputs(args.R)
@@ -383,13 +380,6 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         _save_outputs(args, doc, "split")
     return doc
-
-
-def _has_positive(params: Any) -> bool:
-    import torch
-
-    A = params.A.to(torch.float64)
-    return bool(torch.linalg.eigvalsh(0.5 * (A + A.mT))[-1] > 0)
 
 
 def print_split(doc: dict[str, Any]) -> None:
@@ -424,13 +414,8 @@ def _save_outputs(args: argparse.Namespace, doc: dict[str, Any], stem: str, **ar
     """
     out = Path(args.out)
     files = [save_npz(out / f"{stem}.npz", **arrays)] if arrays else []
-    metadata = run_metadata(seed=args.seed, device="cpu", dtype="float64", config=_config(args))
-    files.append(write_json(out / f"{stem}.json", {**doc, "metadata": metadata}))
+    files.append(write_record(out / f"{stem}.json", doc, args))
     doc["files"] = [str(f) for f in files]
-
-
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
 
 
 _SEED_CONSTRUCT = "seed of --random-d and of the sphere variant's directions (default 0)"
@@ -441,13 +426,11 @@ def _source(p: argparse.ArgumentParser, *, required: bool) -> None:
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument(
         "--A-file",
-        dest="A_file",
         metavar="FILE",
         help="score matrix A (.npy), or arrays A and optional V (.npz); never unpickled",
     )
     g.add_argument(
         "--random-d",
-        dest="random_d",
         type=int,
         metavar="D",
         help="draw a random non-symmetric A (d x d, entries N(0, 1/d)) with V = I, from --seed",
@@ -494,7 +477,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     c.add_argument("--sphere", action="store_true", help="all tokens on the sphere of radius R")
     c.add_argument("--masked", action="store_true", help="measure the causal map's constant")
-    c.add_argument("--out", default=None, help="directory for construct.npz and construct.json")
+    c.add_argument("--out", help="directory for construct.npz and construct.json")
     c.set_defaults(handler=cmd_construct, printer=print_construct)
 
     s = cmds.add_parser(
@@ -513,7 +496,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument(
         "--sequence",
         type=int,
-        default=None,
         metavar="N",
         help="search sequences of N tokens (Euclidean constant) instead of measures",
     )
@@ -539,7 +521,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument(
         "--radii", default="1,2,4,6", help="radii of the figure-B sweep (default 1,2,4,6)"
     )
-    s.add_argument("--out", default=None, help="output directory")
+    s.add_argument("--out", help="output directory")
     s.set_defaults(handler=cmd_search, printer=print_search)
 
     t = cmds.add_parser(
@@ -552,9 +534,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_common(t, seed=_SEED_SEARCH)
     _source(t, required=False)
-    t.add_argument("--s", type=float, default=None, help="exponent s = lambda R^2 / 4 of G_k")
-    t.add_argument("--k-max", dest="k_max", type=int, default=6, help="largest k (default 6)")
-    t.add_argument("--budget", type=float, default=None, help="W2 budget of the attack")
+    t.add_argument("--s", type=float, help="exponent s = lambda R^2 / 4 of G_k")
+    t.add_argument("--k-max", type=int, default=6, help="largest k (default 6)")
+    t.add_argument("--budget", type=float, help="W2 budget of the attack")
     t.add_argument("--R", type=float, default=4.0, help="radius of the ball (default 4)")
     t.add_argument("--restarts", type=int, default=3, help="starts per attack (default 3)")
     t.add_argument("--steps", type=int, default=150, help="Adam steps per start (default 150)")
@@ -563,6 +545,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     t.add_argument(
         "--budgets", default="0.05,0.1,0.2,0.5,1", help="budgets of the figure-C attacks"
     )
-    t.add_argument("--out", default=None, help="output directory")
+    t.add_argument("--out", help="output directory")
     t.set_defaults(handler=cmd_split, printer=print_split)
     return p

@@ -176,14 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "name", choices=sorted(BOUNDS), metavar="NAME", help="bound name (see the list above)"
     )
     for opt in sorted({a for spec in BOUNDS.values() for a in spec.args}):
-        p.add_argument(
-            f"--{opt.replace('_', '-')}",
-            dest=opt,
-            default=None,
-            help=_OPTION_HELP.get(opt, opt),
-        )
-    p.add_argument("--form", default=None, help="variant of the bound (see its docstring)")
-    p.add_argument(
-        "--c", type=float, default=None, help="exponent coefficient c' of the mean-field bound"
-    )
+        p.add_argument(f"--{opt.replace('_', '-')}", dest=opt, help=_OPTION_HELP.get(opt, opt))
+    p.add_argument("--form", help="variant of the bound (see its docstring)")
+    p.add_argument("--c", type=float, help="exponent coefficient c' of the mean-field bound")
     p.set_defaults(handler=handle, printer=show)

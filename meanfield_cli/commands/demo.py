@@ -24,7 +24,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     config = demo.DemoConfig(seed=args.seed, n=args.n, R=args.R, dtype=args.dtype, out=args.out)
     check_out_dir(args.out)
     doc = demo.run(config)
-    files = [str(p) for p in (f"{args.out}/demo.npz", f"{args.out}/demo.json")]
+    files = [f"{args.out}/demo.npz", f"{args.out}/demo.json"]
     if not args.no_plot:
         from paper_figs import fig_demo
 

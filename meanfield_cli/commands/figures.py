@@ -66,6 +66,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="reproduce_out/results",
         help="results root (default reproduce_out/results)",
     )
-    p.add_argument("--out", default=None, help="figure directory (default: next to the results)")
-    p.add_argument("--only", default=None, help="comma-separated figure ids, e.g. F1,F4,B")
+    p.add_argument("--out", help="figure directory (default: next to the results)")
+    p.add_argument("--only", help="comma-separated figure ids, e.g. F1,F4,B")
     p.set_defaults(handler=handle, printer=show)

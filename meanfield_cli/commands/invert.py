@@ -110,7 +110,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--ref-radius",
-        dest="ref_radius",
         type=float,
         default=1.0,
         help="radius of the ball on which the dot-product bound holds (default 1)",

@@ -70,7 +70,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from experiments.engine import run_metadata, write_json
 from experiments.inputs import load_inputs, load_params_npz, random_layer, random_tokens
 
 from ..options import (
@@ -80,14 +79,13 @@ from ..options import (
     check_device,
     check_out_file,
     print_written,
+    write_record,
 )
 
 __all__ = ["handle", "register", "show"]
 
 #: The models ``--model`` knows by name (anything else is a directory or a cached hub name).
 BUILT_IN_MODELS = ("minilm", "smollm2", "gpt2-random", "bert-random")
-
-_DTYPES = ("float64", "float32")
 
 #: The Jacobian products ``--path`` chooses (``path=`` of :func:`meanfield.local_lipschitz`).
 _PATHS = ("auto", "stored", "streaming")
@@ -226,13 +224,18 @@ def _check_text_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--start must be >= 0, got {args.start}")
 
 
-#: The options of text windows, refused for a vision encoder: (attribute, option).
-_TEXT_OPTIONS = (("corpus", "--corpus"), ("n", "--n"), ("start", "--start"))
+#: The options of text windows, refused for a vision encoder.
+_TEXT_OPTIONS = ("--corpus", "--n", "--start")
+
+
+def _given(args: argparse.Namespace, options: Any) -> list[str]:
+    """The ``options`` (``--image-index``, ...) given on the command line, i.e. not ``None``."""
+    return [opt for opt in options if getattr(args, opt[2:].replace("-", "_"), None) is not None]
 
 
 def refuse_text_options(args: argparse.Namespace, label: str, options: Any) -> None:
     """A one-line error when a text option was given for a vision encoder ``label``."""
-    given = [opt for attr, opt in options if getattr(args, attr, None) is not None]
+    given = _given(args, options)
     if given:
         raise UsageError(
             f"{' '.join(given)}: {label} is a vision encoder and reads images, not text; give "
@@ -242,11 +245,7 @@ def refuse_text_options(args: argparse.Namespace, label: str, options: Any) -> N
 
 def refuse_image_options(args: argparse.Namespace, label: str) -> None:
     """A one-line error when an image option was given for a model that reads token ids."""
-    given = [
-        opt
-        for attr, opt in (("images", "--images"), ("image_index", "--image-index"))
-        if getattr(args, attr, None) is not None
-    ]
+    given = _given(args, ("--images", "--image-index"))
     if given:
         raise UsageError(
             f"{' '.join(given)}: {label} reads token ids; the image options apply to vision "
@@ -493,6 +492,7 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     path_kw = _path_kwargs(local_lipschitz, args.path)
     fn = None
+    masked = bool(args.masked)
     if args.model is not None:
         X, params, source, fn = _model_inputs(args, dtype)
         mode = "model"
@@ -512,7 +512,6 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
         )
         source = {**source, "tokens": "Gaussian, rescaled to max norm R", "R": args.R}
         mode = "random"
-        masked = bool(args.masked)
     else:
         if args.params is None:
             raise ValueError(
@@ -527,7 +526,6 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
         X = torch.tensor(Xn, dtype=dtype, device=args.device)
         source = {**source, "input": str(args.input)}
         mode = "input"
-        masked = bool(args.masked)
     batch = X.reshape(-1, X.shape[-2], X.shape[-1])
     if fn is not None and args.geometry != "euclidean":
         raise ValueError(
@@ -573,18 +571,15 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
             "" if path is None else f" ({path} products)",
         )
         lower, upper = float(est.lower), float(est.upper)
+        up = None if est.upper_prob is None else float(est.upper_prob)
         row = {
             "index": i,
             "value": float(est.value),
             "lower": lower,
             "upper": upper,
             "ratio": upper / lower if lower > 0 else math.inf,
-            "upper_prob": None if est.upper_prob is None else float(est.upper_prob),
-            "ratio_prob": (
-                None
-                if est.upper_prob is None
-                else (float(est.upper_prob) / lower if lower > 0 else math.inf)
-            ),
+            "upper_prob": up,
+            "ratio_prob": None if up is None else (up / lower if lower > 0 else math.inf),
             "confidence": est.confidence,
             "stop_rule": getattr(est, "stop_rule", "residual"),
             "converged": bool(est.converged),
@@ -620,10 +615,7 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
         "all_converged": all(r["converged"] for r in rows),
     }
     if args.out:
-        config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
-        meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
-        path = write_json(args.out, {**doc, "metadata": meta})
-        doc["files"] = [str(path)]
+        doc["files"] = [str(write_record(args.out, doc, args))]
     return doc
 
 
@@ -695,6 +687,18 @@ def show(doc: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- parser
+def add_image_options(p: Any, synthetic: str, index_help: str) -> None:
+    """Add ``--images`` (default: ``synthetic``) and ``--image-index`` (``index_help``)."""
+    p.add_argument(
+        "--images",
+        metavar="FILE.npy",
+        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
+        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
+        f"preprocessor_config.json (default: {synthetic}, seeded Gaussian pixels)",
+    )
+    p.add_argument("--image-index", type=int, help=index_help)
+
+
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``lipschitz``."""
     p = sub.add_parser(
@@ -717,41 +721,19 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="NAME|PATH",
         help="minilm, smollm2, gpt2-random, bert-random, or a local checkpoint",
     )
-    src.add_argument(
-        "--random-d",
-        dest="random_d",
-        type=int,
-        metavar="D",
-        help="random synthetic layer of width D",
-    )
+    src.add_argument("--random-d", type=int, metavar="D", help="random synthetic layer of width D")
     src.add_argument("--input", metavar="X.npy", help="tokens (n, d) or (B, n, d) from a .npy file")
     m = p.add_argument_group("model mode")
     m.add_argument("--layer", type=int, default=0, help="layer index (default 0)")
-    m.add_argument("--corpus", default=None, help="kjv, pydoc or a text file (default kjv)")
+    m.add_argument("--corpus", help="kjv, pydoc or a text file (default kjv)")
     m.add_argument(
         "--windows",
         type=int,
         default=1,
         help="number of windows (vision encoders: of images; default 1)",
     )
-    m.add_argument(
-        "--start", type=int, default=None, help="token offset of the first window (default 0)"
-    )
-    m.add_argument(
-        "--images",
-        default=None,
-        metavar="FILE.npy",
-        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
-        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
-        "preprocessor_config.json (default: synthetic images, seeded Gaussian pixels)",
-    )
-    m.add_argument(
-        "--image-index",
-        dest="image_index",
-        type=int,
-        default=None,
-        help="first image of --images (default 0)",
-    )
+    m.add_argument("--start", type=int, help="token offset of the first window (default 0)")
+    add_image_options(m, "synthetic images", "first image of --images (default 0)")
     m.add_argument(
         "--map",
         choices=("heads", "heads+WO", "block"),
@@ -759,11 +741,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="differentiated map (default heads+WO; block: BERT residual + LayerNorm)",
     )
     m.add_argument(
-        "--n-layer",
-        dest="n_layer",
-        type=int,
-        default=None,
-        help="layers of gpt2-random (fewer is faster; default 12)",
+        "--n-layer", type=int, help="layers of gpt2-random (fewer is faster; default 12)"
     )
     r = p.add_argument_group("random mode")
     r.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
@@ -773,13 +751,11 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--n",
         type=int,
-        default=None,
         help="tokens per window / sequence (not for vision encoders: 1 + patches there)",
     )
     mask = p.add_mutually_exclusive_group()
     mask.add_argument(
         "--masked",
-        dest="masked",
         action="store_true",
         default=None,
         help="causal attention (default: the model's own mask; unmasked otherwise)",
@@ -807,20 +783,18 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--tol",
         type=float,
-        default=None,
         help="stop on the residual rule ||J^T J v - s^2 v|| <= tol s^2 instead (default: stop "
         "once the probabilistic bracket is within --prob-rtol; 1e-6 where there is none)",
     )
     p.add_argument(
         "--prob-rtol",
         type=float,
-        default=None,
         help="stop once upper_prob <= (1 + prob-rtol) * lower, the bracket that holds with "
         "probability 1 - 1e-6 over the random start (default 0.05 where the estimate has one)",
     )
     p.add_argument(
         "--dtype",
-        choices=_DTYPES,
+        choices=("float64", "float32"),
         default="float64",
         help="precision of the layer, the tokens and the estimate (default float64)",
     )
@@ -850,14 +824,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="also print the released estimator's quantity sqrt(||J^T f(X)||)",
     )
+    p.add_argument("--out", metavar="FILE.json", help="write the result with run metadata")
     p.add_argument(
-        "--out", default=None, metavar="FILE.json", help="write the result with run metadata"
-    )
-    p.add_argument(
-        "--log",
-        default=None,
-        metavar="FILE",
-        help="also append the progress lines, with timestamps, to FILE",
+        "--log", metavar="FILE", help="also append the progress lines, with timestamps, to FILE"
     )
     p.set_defaults(handler=handle, printer=show)
     return p

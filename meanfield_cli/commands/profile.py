@@ -41,9 +41,11 @@ from ..options import (
     check_device,
     check_out_dir,
     print_written,
+    write_record,
 )
 from .lipschitz import (
     BUILT_IN_MODELS,
+    add_image_options,
     capture_images,
     check_model_name,
     refuse_image_options,
@@ -51,8 +53,6 @@ from .lipschitz import (
 )
 
 __all__ = ["handle", "register", "show"]
-
-_DTYPES = ("float64", "float32")
 
 
 def parse_layers(specs: list[str] | None) -> list[int] | None:
@@ -149,8 +149,8 @@ def _load_seconds(args: argparse.Namespace) -> float:
 #: The window lengths when ``--n`` is not given (text models).
 _DEFAULT_NS = [128]
 
-#: The text options, refused for a vision encoder: (attribute, option).
-_TEXT_OPTIONS = (("text", "--text"), ("n", "--n"), ("start", "--start"))
+#: The text options, refused for a vision encoder.
+_TEXT_OPTIONS = ("--text", "--n", "--start")
 
 
 def _predict(
@@ -176,7 +176,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from experiments.corpora import corpus_token_ids
-    from experiments.engine import CostProgress, run_metadata, write_json
+    from experiments.engine import CostProgress
     from meanfield.models import reads_images
     from meanfield.profile import profile_model
 
@@ -291,10 +291,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     else:
         doc.update(text=corp.label, n_text_tokens=int(ids.numel()))
     out = Path(args.out)
-    config = {k: v for k, v in vars(args).items() if k not in ("handler", "printer")}
-    meta = run_metadata(seed=args.seed, device=args.device, dtype=args.dtype, config=config)
-    path = write_json(out / "profile.json", {**doc, "metadata": meta})
-    files = [str(path)]
+    files = [str(write_record(out / "profile.json", doc, args))]
     if not args.no_figure:
         from paper_figs import fig_profile
 
@@ -411,45 +408,26 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help=f"{', '.join(BUILT_IN_MODELS)}, or a local checkpoint directory",
     )
     p.add_argument(
-        "--text",
-        default=None,
-        metavar="FILE_OR_CORPUS",
-        help="kjv, pydoc or a text file (default kjv)",
+        "--text", metavar="FILE_OR_CORPUS", help="kjv, pydoc or a text file (default kjv)"
     )
     p.add_argument(
         "--n",
         type=int,
         nargs="+",
-        default=None,
         help="window lengths (default 128; not for vision encoders, whose n is 1 + patches)",
     )
     p.add_argument(
         "--layers",
         nargs="+",
-        default=None,
         metavar="L",
         help="layers to profile, e.g. 0 1 2 or 0-5 (default all; the chain rule needs a range)",
     )
-    p.add_argument("--start", type=int, default=None, help="token offset of the window (default 0)")
-    p.add_argument(
-        "--images",
-        default=None,
-        metavar="FILE.npy",
-        help="vision encoders (ViT, DeiT): images (N, C, H, W) or (N, H, W, C), float pixel "
-        "values already normalised, or uint8 raw pixels normalised with the checkpoint's "
-        "preprocessor_config.json (default: one synthetic image, seeded Gaussian pixels)",
-    )
-    p.add_argument(
-        "--image-index",
-        dest="image_index",
-        type=int,
-        default=None,
-        help="the image of --images to profile (default 0)",
-    )
+    p.add_argument("--start", type=int, help="token offset of the window (default 0)")
+    add_image_options(p, "one synthetic image", "the image of --images to profile (default 0)")
     p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
     p.add_argument(
         "--dtype",
-        choices=_DTYPES,
+        choices=("float64", "float32"),
         default="float64",
         help="precision of the blocks and every estimate (default float64)",
     )
@@ -471,11 +449,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-figure", action="store_true", help="write profile.json only")
     p.add_argument(
-        "--n-layer",
-        dest="n_layer",
-        type=int,
-        default=None,
-        help="layers of gpt2-random (fewer is faster; default 12)",
+        "--n-layer", type=int, help="layers of gpt2-random (fewer is faster; default 12)"
     )
     add_device(p)
     p.set_defaults(handler=handle, printer=show)

@@ -19,14 +19,12 @@ def add_execution(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        default=None,
         metavar="N",
         help="run the points on N local Dask worker processes (needs the extra "
         "meanfield[dist]; default: serially in this process)",
     )
     p.add_argument(
         "--scheduler",
-        default=None,
         metavar="ADDRESS",
         help="run the points on the Dask cluster whose scheduler is at ADDRESS, "
         "e.g. tcp://node1:8786 (docs/cluster.md)",
@@ -122,7 +120,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out", default="reproduce_out", help="output directory (default reproduce_out)"
     )
     add_device(p)
-    p.add_argument("--only", default=None, help="comma-separated stages to run")
+    p.add_argument("--only", help="comma-separated stages to run")
     p.add_argument("--no-figures", action="store_true", help="run the experiments only")
     add_execution(p)
     p.set_defaults(handler=handle, printer=show)

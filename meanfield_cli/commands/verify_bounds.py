@@ -11,14 +11,9 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from ..options import CommandFailed, check_out_file, plain_text
+from ..options import CommandFailed, check_out_file
 
 __all__ = ["register"]
-
-#: The command's description (shown by ``--help`` without the reST markup).
-DESCRIPTION = (
-    "Verification harness: every bound of :mod:`theory.bounds` against the certified engine."
-)
 
 
 def _cmd(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify-bounds",
         help="check every bound of theory.bounds against certified local constants",
-        description=plain_text(DESCRIPTION),
+        description="Verification harness: every bound of theory.bounds against the certified "
+        "engine.",
     )
     p.add_argument(
         "--instances",
@@ -80,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"number of instances (default {PRESETS['quick'].n_instances})",
     )
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
-    p.add_argument("--kinds", default=None, help=f"comma-separated subset of: {', '.join(KINDS)}")
-    p.add_argument("--out", default=None, help="write the JSON report to this file")
+    p.add_argument("--kinds", help=f"comma-separated subset of: {', '.join(KINDS)}")
+    p.add_argument("--out", help="write the JSON report to this file")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--no-progress", action="store_true", help="disable the progress bar")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
