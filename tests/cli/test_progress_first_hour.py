@@ -307,7 +307,7 @@ def test_profile_cost_model_matches_the_profile_and_the_built_in_shapes() -> Non
 
     for n, d, d_ff in [(16, 576, 1536), (7, 32, 48), (128, 768, 3072)]:
         for heads in (True, False):
-            assert cost_model.profile_step_cost(n, d, d_ff, heads) == _cost(n, d, d_ff, 4, heads)
+            assert cost_model.profile_step_cost(n, d, d_ff, heads) == _cost(n, d, d_ff, heads)
     assert cmd._config_shapes(transformers.GPT2Config()) == cmd._BUILT_IN_SHAPES["gpt2-random"]
     assert cmd._config_shapes(transformers.BertConfig()) == cmd._BUILT_IN_SHAPES["bert-random"]
     pred = cost_model.predict_profile(layers=range(30), ns=[16, 32], d=576, d_ff=1536)
