@@ -364,15 +364,10 @@ def adversarial_sequence(
         gamma = R * R * phi
         x1, y = R * a, R * b
         p = math.exp(log_sigmoid(gamma - log_m))
-        M = torch.eye(d, dtype=torch.float64, device=A64.device) + (1 - p) * torch.outer(
-            x1 - y, A64.mT @ y
-        )
-        PT = torch.eye(d, dtype=torch.float64, device=A64.device) - torch.outer(a, a)
-        Vm = (
-            as_float64(V_mat)
-            if V_mat is not None
-            else torch.eye(d, dtype=torch.float64, device=A64.device)
-        )
+        eye = torch.eye(d, dtype=torch.float64, device=A64.device)
+        M = eye + (1 - p) * torch.outer(x1 - y, A64.mT @ y)
+        PT = eye - torch.outer(a, a)
+        Vm = as_float64(V_mat) if V_mat is not None else eye
         _, sv, Vh = torch.linalg.svd(Vm @ M @ PT)
         direction = Vh[0]
         lower = math.sqrt(n - 1) * p * float(sv[0]) if V_mat is not None else None
@@ -543,9 +538,7 @@ def two_dirac(
             raise ValueError(f"eps must lie in (0, 1), got {e}")
         le, l1m = math.log(e), math.log1p(-e)
     else:
-        v = optimal_direction_v(gamma)
-        t = math.log((1.0 - v) / v) - gamma  # logit of eps*
-        le, l1m = log_sigmoid(t), log_sigmoid(-t)
+        le, l1m = optimal_log_masses(gamma)  # log-sigmoids of the logit of eps*
     x1, x0 = two_positions(case_out, dirn.u, R)
     pts = torch.stack([x0, x1]).to(dtype=A_mat.dtype, device=A_mat.device)
     lw = torch.tensor([l1m, le], dtype=torch.float64, device=A_mat.device)
@@ -676,12 +669,7 @@ def off_axis_two_atoms(
     better. Provenance: *derived and checked numerically*; not in any source.
     """
     opts, gen = resolve_options(
-        OFF_AXIS_DEFAULTS,
-        "off_axis_two_atoms",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
+        OFF_AXIS_DEFAULTS, "off_axis_two_atoms", n_restarts, steps, lr, seed
     )
     steps, lr = opts.steps, opts.lr
     R = check_radius(R)

@@ -532,10 +532,7 @@ def l2_lipschitz_lower(
     N = int(N)
     if N < 2:
         raise ValueError(f"need N >= 2 tokens, got {N}")
-    opts, gen = resolve_options(
-        _DEFAULTS, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
-        lr=lr, seed=seed,
-    )  # fmt: skip
+    opts, gen = resolve_options(_DEFAULTS, "l2_lipschitz_lower", n_restarts, steps, lr, seed)
     p64 = params_float64(params)
     cons = [l2_construction(p64, N, layout="common")]
     if N >= 3:

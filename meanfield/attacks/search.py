@@ -35,7 +35,6 @@ from ._common import (
     check_radius,
     engine_bracket,
     from_ball,
-    log_sigmoid,
     measure_constant,
     measure_from_log_weights,
     params_float64,
@@ -47,7 +46,6 @@ from ._common import (
 )
 from .constructions import (
     adversarial_sequence,
-    optimal_direction_v,
     optimal_log_masses,
     score_gap,
     sphere_direction,
@@ -316,24 +314,16 @@ def worst_case_measure(
     *derived and checked numerically*.
     """
     n = int(n)
-    opts, gen = resolve_options(
-        MEASURE_DEFAULTS,
-        "worst_case_measure",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
-    )
+    opts, gen = resolve_options(MEASURE_DEFAULTS, "worst_case_measure", n_restarts, steps, lr, seed)
     n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
-    masked = bool(masked) if masked is not None else False
+    masked = bool(masked)  # None: unmasked
     R = check_radius(R)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     if geometry not in ("wasserstein", "split"):
         raise ValueError(f"geometry must be 'wasserstein' or 'split', got {geometry!r}")
     p64 = params_float64(params)
-    d = p64.d
-    dev = p64.device
+    d, dev = p64.d, p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
 
     pts: list[Tensor] = []
@@ -369,10 +359,11 @@ def worst_case_measure(
     def log_masses(Lg: Tensor) -> Tensor:
         return torch.log_softmax(Lg, -1).clamp_min(LOG_MASS_FLOOR)
 
+    def constant(X: Tensor, L: Tensor) -> Tensor:
+        return measure_constant(X, L, p64, geometry=geometry, masked=masked, positions=positions)
+
     def objective(Z: Tensor, Lg: Tensor) -> Tensor:
-        return measure_constant(
-            to_points(Z), log_masses(Lg), p64, geometry=geometry, masked=masked, positions=positions
-        )
+        return constant(to_points(Z), log_masses(Lg))
 
     lr_m = lr * max(1.0, gap / 4.0) if lr_mass is None else float(lr_mass)
     best, best_p, hist, rec = ascend_restarts(
@@ -386,9 +377,7 @@ def worst_case_measure(
         with torch.no_grad():
             Xc = torch.stack(pts[:n_cons])
             Lc = log_masses(torch.stack(lws[:n_cons]))
-            vc = measure_constant(
-                Xc, Lc, p64, geometry=geometry, masked=masked, positions=positions
-            )
+            vc = constant(Xc, Lc)
         j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
         cons_value = float(vc[j])
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
@@ -398,16 +387,7 @@ def worst_case_measure(
         Lb[:n_cons][improve] = Lc[improve]
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
     with torch.no_grad():
-        value = float(
-            measure_constant(
-                Xb[k : k + 1],
-                Lb[k : k + 1],
-                p64,
-                geometry=geometry,
-                masked=masked,
-                positions=positions,
-            )[0]
-        )
+        value = float(constant(Xb[k : k + 1], Lb[k : k + 1])[0])
     like = params.heads[0].A
     reject_variants(params, "this attack")
     mu = measure_from_log_weights(
@@ -415,18 +395,14 @@ def worst_case_measure(
         Lb[k].detach().to(like.dtype),
         None if positions is None else positions.to(like),
     )
-    if certify:
-        lower, upper, how = engine_bracket(mu, params, geometry, masked, value)
-    else:
-        lower, upper, how = value, value, "dense SVD"
+    lower, upper, how = engine_bracket(mu, params, geometry, masked, value, certify)
     bound = None
     if not masked and not sphere and len(params.heads) == 1 and n >= 2:
         A1, V1 = single_head_matrices(p64, "two_dirac")
         try:
-            td = two_dirac(A1, R, V=V1)
-            bound = td.g
+            bound = two_dirac(A1, R, V=V1).g
         except ValueError:
-            bound = None
+            pass
     return WorstCaseMeasure(
         measure=mu,
         value=value,
@@ -508,9 +484,8 @@ def _sequence_starts(
                 bound = max(bound or 0.0, con.lower_bound)
             if not sphere and n > 2:
                 # best k-copy variant: k tokens at the light position, n - k at the heavy one
-                v = optimal_direction_v(con.gamma)
-                t = math.log((1 - v) / v) - con.gamma
-                k = min(max(round(n * math.exp(log_sigmoid(t))), 1), n - 1)
+                log_eps, _ = optimal_log_masses(con.gamma)
+                k = min(max(round(n * math.exp(log_eps)), 1), n - 1)
                 if k > 1:
                     Xk = as_float64(con.X).clone()
                     Xk[:k] = Xk[0]
@@ -575,15 +550,10 @@ def worst_case_sequence(
     :math:`k`-copy start are ours (*derived and checked numerically*).
     """
     opts, gen = resolve_options(
-        SEQUENCE_DEFAULTS,
-        "worst_case_sequence",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
+        SEQUENCE_DEFAULTS, "worst_case_sequence", n_restarts, steps, lr, seed
     )
     n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
-    masked = bool(masked) if masked is not None else False
+    masked = bool(masked)  # None: unmasked
     R = check_radius(R)
     n = int(n)
     if n < 1:
@@ -631,10 +601,7 @@ def worst_case_sequence(
     like = params.heads[0].A
     reject_variants(params, "this attack")
     Xout = Xb[k].to(like)
-    if certify:
-        lower, upper, how = engine_bracket(Xout, params, "euclidean", masked, value)
-    else:
-        lower, upper, how = value, value, "dense SVD"
+    lower, upper, how = engine_bracket(Xout, params, "euclidean", masked, value, certify)
     return WorstCaseSequence(
         X=Xout,
         value=value,
