@@ -42,6 +42,7 @@ __all__ = [
     "power_iteration",
     "rank_one_sigma_max",
     "rank_one_sigma_max_from_stats",
+    "reorthogonalize",
     "spectral_norm_upper",
     "top_singular_value",
 ]
@@ -236,7 +237,7 @@ def power_iteration(
     )
 
 
-def _reorthogonalize(r: Tensor, basis: Tensor) -> Tensor:
+def reorthogonalize(r: Tensor, basis: Tensor) -> Tensor:
     """Remove from ``r`` (*batch, N) its components along the rows of ``basis`` (*batch, k, N)."""
     for _ in range(2):  # classical Gram-Schmidt, twice is enough
         coef = (basis @ r.unsqueeze(-1)).squeeze(-1)
@@ -317,7 +318,7 @@ def lanczos_svd(
         alphas, betas = [alpha], []
         for k in range(1, krylov_dim + 1):
             r = rmatvec(Ub[..., k - 1, :]) - alphas[-1].unsqueeze(-1) * Vb[..., k - 1, :]
-            r = _reorthogonalize(r, Vb[..., :k, :])
+            r = reorthogonalize(r, Vb[..., :k, :])
             beta = _norm(r)
             betas.append(beta)
             n_mv = n_mv + (~done).to(torch.int64)
@@ -353,7 +354,7 @@ def lanczos_svd(
                 break
             Vb[..., k, :] = _safe_div(r, torch.where(beta > tiny, beta, torch.zeros_like(beta)))
             p = matvec(Vb[..., k, :]) - beta.unsqueeze(-1) * Ub[..., k - 1, :]
-            p = _reorthogonalize(p, Ub[..., :k, :])
+            p = reorthogonalize(p, Ub[..., :k, :])
             n_mv = n_mv + (~done).to(torch.int64)
             alpha = _norm(p)
             alphas.append(alpha)
@@ -417,6 +418,18 @@ def _smaller_side(W: Tensor) -> Tensor:
     return W.mT if W.shape[-1] > W.shape[-2] else W
 
 
+def _gram_step(G: Tensor, ell: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Squaring step ``t`` of the rescaled Gram matrix ``G`` (log-scale ``ell``): (G, ell, bound)."""
+    f = _fro(G)
+    safe = torch.where(f > 0, f, torch.ones_like(f))
+    G = G / safe[..., None, None]
+    ell = 2 * (ell + torch.log(safe))
+    G = G.mT @ G
+    scale = 2.0**-t
+    val = _fro(G).pow(scale) * torch.exp(scale * ell)
+    return G, ell, torch.where(f > 0, val, torch.zeros_like(val))
+
+
 def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
     r"""All Gram-iteration estimates :math:`\hat\sigma_0,\dots,\hat\sigma_T` (docs/theory.md §B5).
 
@@ -445,14 +458,8 @@ def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
     ell = torch.zeros(G.shape[:-2], dtype=torch.float64, device=G.device)
     out = [_fro(G)]
     for t in range(1, n_iter + 1):
-        f = _fro(G)
-        safe = torch.where(f > 0, f, torch.ones_like(f))
-        G = G / safe[..., None, None]
-        ell = 2 * (ell + torch.log(safe))
-        G = G.mT @ G
-        scale = 2.0**-t
-        val = _fro(G).pow(scale) * torch.exp(scale * ell)
-        out.append(torch.where(f > 0, val, torch.zeros_like(val)))
+        G, ell, val = _gram_step(G, ell, t)
+        out.append(val)
     return torch.stack(out)
 
 
@@ -580,14 +587,7 @@ def spectral_norm_upper(
     for t in range(1, int(max_iter) + 1):
         if ref is not None and bool((gram <= ref * (1 + rtol)).all()):
             break
-        f = _fro(G)
-        safe = torch.where(f > 0, f, torch.ones_like(f))
-        G = G / safe[..., None, None]
-        ell = 2 * (ell + torch.log(safe))
-        G = G.mT @ G
-        scale = 2.0**-t
-        val = _fro(G).pow(scale) * torch.exp(scale * ell)
-        val = torch.where(f > 0, val, torch.zeros_like(val))
+        G, ell, val = _gram_step(G, ell, t)
         dec = (gram - val) / torch.where(gram > 0, gram, torch.ones_like(gram))
         gram = torch.minimum(gram, val)
         if bool((dec <= rtol).all()):

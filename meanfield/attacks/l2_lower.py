@@ -226,9 +226,7 @@ def _split(N: int, layout: Layout, lam: Tensor) -> tuple[int, int, int]:
     number, one token is parked far out along ``u`` (cost >= 800 in every head) when every head
     sees ``u`` (``lam`` = the :math:`u^\top A_hu`, all positive); otherwise it joins the origin.
     """
-    if layout == "common":
-        return 1, N - 1, 0
-    if (N - 1) % 2 == 0:
+    if layout == "common" or (N - 1) % 2 == 0:
         return 1, N - 1, 0
     if bool((lam > 1e-12 * lam.abs().max()).all()):
         return 1, N - 2, 1
