@@ -148,6 +148,11 @@ def _check_p(p: float) -> float:
     return float(p)
 
 
+def _check_max_iter(max_iter: int) -> None:
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+
+
 def _mass_tol(mu: DiracMeasure, nu: DiracMeasure) -> float:
     """Masses are known to a few rounding errors of the coarser input dtype (as in measures.py)."""
     eps = max(torch.finfo(mu.dtype).eps, torch.finfo(nu.dtype).eps)
@@ -320,8 +325,7 @@ def optimal_transport(
     p = _check_p(p)
     if on_failure not in ("raise", "warn"):
         raise ValueError(f"on_failure must be 'raise' or 'warn', got {on_failure!r}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    _check_max_iter(max_iter)
     a, b = _simplex(_np64(mu.weights)), _simplex(_np64(nu.weights))
     M = _distances_np(_np64(mu.points), _np64(nu.points), p)
     plan, converged, method = _solve_plan(a, b, M, max_iter=max_iter, on_failure=on_failure)
@@ -410,8 +414,7 @@ def wasserstein_inf(mu: DiracMeasure, nu: DiracMeasure, *, max_iter: int = 1_000
     Positions of causal measures are ignored.
     """
     check_measure_pair(mu, nu, "wasserstein_inf")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    _check_max_iter(max_iter)
     a_all, b_all = _simplex(_np64(mu.weights)), _simplex(_np64(nu.weights))
     rows, cols = np.flatnonzero(a_all > 0), np.flatnonzero(b_all > 0)
     a, b = _simplex(a_all[rows]), _simplex(b_all[cols])
@@ -513,8 +516,7 @@ def conditional_wasserstein(
             "conditional_wasserstein needs causal measures (positions set), got "
             f"mu causal={mu.is_causal}, nu causal={nu.is_causal}"
         )
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    _check_max_iter(max_iter)
     if position_atol is None:
         position_atol = 4.0 * max(torch.finfo(mu.dtype).eps, torch.finfo(nu.dtype).eps)
     elif not position_atol >= 0:
@@ -745,8 +747,7 @@ def sinkhorn_wasserstein(
     p = _check_p(p)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a positive finite number, got {eps}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    _check_max_iter(max_iter)
     dtype = torch.promote_types(mu.dtype, nu.dtype)
     if tol is None:
         tol = 1e-9 if dtype == torch.float64 else 1e-5

@@ -149,13 +149,6 @@ def fix_sign(v: Tensor) -> Tensor:
     return v if v[v.abs().argmax()] >= 0 else -v
 
 
-def measure_from_log_weights(
-    points: Tensor, log_weights: Tensor, positions: Tensor | None = None
-) -> DiracMeasure:
-    """See :meth:`DiracMeasure.from_log_weights` (exact log-masses below the float range)."""
-    return DiracMeasure.from_log_weights(points, log_weights, positions)
-
-
 def to_ball(Z: Tensor, R: float) -> Tensor:
     r"""Points :math:`R\tanh(\|z\|)z/\|z\|` of the open ball (smooth at 0)."""
     r = torch.sqrt(Z.square().sum(-1, keepdim=True) + 1e-200)

@@ -35,7 +35,6 @@ from ._common import (
     fix_sign,
     from_ball,
     log_sigmoid,
-    measure_from_log_weights,
     resolve_options,
     single_head_matrices,
     to_ball,
@@ -542,7 +541,7 @@ def two_dirac(
     x1, x0 = two_positions(case_out, dirn.u, R)
     pts = torch.stack([x0, x1]).to(dtype=A_mat.dtype, device=A_mat.device)
     lw = torch.tensor([l1m, le], dtype=torch.float64, device=A_mat.device)
-    mu = measure_from_log_weights(pts, lw.to(A_mat.dtype))
+    mu = DiracMeasure.from_log_weights(pts, lw.to(A_mat.dtype))
     lg, w = _log_g(gamma, le, l1m)
     g = None
     if V_mat is not None:
@@ -673,11 +672,8 @@ def off_axis_two_atoms(
     )
     steps, lr = opts.steps, opts.lr
     R = check_radius(R)
-    A, V = (
-        t.detach().to(torch.float64) for t in single_head_matrices(params, "off_axis_two_atoms")
-    )
-    d = A.shape[0]
-    dev = A.device
+    A, V = (as_float64(t) for t in single_head_matrices(params, "off_axis_two_atoms"))
+    d, dev = A.shape[0], A.device
 
     # on-axis starts
     starts_x, starts_y, starts_h, starts_t = [], [], [], []
@@ -747,7 +743,7 @@ def off_axis_two_atoms(
     lw = torch.tensor([log_sigmoid(-tt), log_sigmoid(tt)], dtype=torch.float64, device=dev)
     like = params.heads[0].A
     reject_variants(params, "this construction")
-    mu = measure_from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
+    mu = DiracMeasure.from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
     return OffAxisTwoAtoms(
         value=math.exp(lv) if lv < 709 else math.inf,
         log_value=lv,

@@ -36,7 +36,6 @@ from ._common import (
     engine_bracket,
     from_ball,
     measure_constant,
-    measure_from_log_weights,
     params_float64,
     resolve_options,
     sequence_constant,
@@ -177,14 +176,8 @@ def _construction_starts(
                 cands.append(("balanced +", 0.0, [-R * u, cb * R * u], [0.0, -lr2 * cb * (1 + cb)]))
                 if n >= 3:
                     cc = 0.5
-                    cands.append(
-                        (
-                            "chain +",
-                            0.0,
-                            [-R * u, cc * R * u, R * u],
-                            [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc],
-                        )
-                    )
+                    chain_lw = [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc]
+                    cands.append(("chain +", 0.0, [-R * u, cc * R * u, R * u], chain_lw))
         for name, gamma, xs, ls in cands:
             if len(xs) > n:
                 continue
@@ -195,6 +188,11 @@ def _construction_starts(
             lws.append(lw)
             labels.append(name + suffix)
     return pts, lws, labels, best_gap
+
+
+def _to_points(Z: Tensor, R: float, sphere: bool) -> Tensor:
+    """Points of the search variables ``Z``: on the sphere of radius ``R``, or in the open ball."""
+    return to_sphere(Z, R) if sphere else to_ball(Z, R)
 
 
 def _random_starts(
@@ -353,9 +351,6 @@ def worst_case_measure(
         raise ValueError("no start: use n_restarts >= 1 or an init measure")
     Z0 = X0 / R if sphere else from_ball(X0, R)
 
-    def to_points(Z: Tensor) -> Tensor:
-        return to_sphere(Z, R) if sphere else to_ball(Z, R)
-
     def log_masses(Lg: Tensor) -> Tensor:
         return torch.log_softmax(Lg, -1).clamp_min(LOG_MASS_FLOOR)
 
@@ -363,14 +358,14 @@ def worst_case_measure(
         return measure_constant(X, L, p64, geometry=geometry, masked=masked, positions=positions)
 
     def objective(Z: Tensor, Lg: Tensor) -> Tensor:
-        return constant(to_points(Z), log_masses(Lg))
+        return constant(_to_points(Z, R, sphere), log_masses(Lg))
 
     lr_m = lr * max(1.0, gap / 4.0) if lr_mass is None else float(lr_mass)
     best, best_p, hist, rec = ascend_restarts(
         objective, [Z0, L0], [lr, lr_m], int(steps), progress=progress, desc="worst_case_measure"
     )
     best_vals = best.exp()
-    Xb, Lb = to_points(best_p[0]), log_masses(best_p[1])
+    Xb, Lb = _to_points(best_p[0], R, sphere), log_masses(best_p[1])
     # exact construction candidates (not pulled inside the ball)
     cons_value = -math.inf
     if n_cons:
@@ -390,7 +385,7 @@ def worst_case_measure(
         value = float(constant(Xb[k : k + 1], Lb[k : k + 1])[0])
     like = params.heads[0].A
     reject_variants(params, "this attack")
-    mu = measure_from_log_weights(
+    mu = DiracMeasure.from_log_weights(
         Xb[k].detach().to(like),
         Lb[k].detach().to(like.dtype),
         None if positions is None else positions.to(like),
@@ -575,17 +570,14 @@ def worst_case_sequence(
         raise ValueError("no start: use n_restarts >= 1 or an init sequence")
     Z0 = X0 / R if sphere else from_ball(X0, R)
 
-    def to_points(Z: Tensor) -> Tensor:
-        return to_sphere(Z, R) if sphere else to_ball(Z, R)
-
     def objective(Z: Tensor) -> Tensor:
-        return sequence_constant(to_points(Z), p64, masked=masked)
+        return sequence_constant(_to_points(Z, R, sphere), p64, masked=masked)
 
     best, best_p, hist, rec = ascend_restarts(
         objective, [Z0], [lr], int(steps), progress=progress, desc="worst_case_sequence"
     )
     best_vals = best.exp()
-    Xb = to_points(best_p[0]).detach().clone()
+    Xb = _to_points(best_p[0], R, sphere).detach().clone()
     cons_value = -math.inf
     if n_cons:
         with torch.no_grad():

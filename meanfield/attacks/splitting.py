@@ -38,7 +38,6 @@ from ._common import (
     check_radius,
     from_ball,
     measure_constant,
-    measure_from_log_weights,
     params_float64,
     resolve_options,
     run_single,
@@ -228,9 +227,7 @@ class MassSplittingAttack:
     gain_winf: float
 
 
-def _project_ball(X: Tensor, R: float | None) -> Tensor:
-    if R is None:
-        return X
+def _project_ball(X: Tensor, R: float) -> Tensor:
     r = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
     return X * torch.where(r > R, R / r.clamp_min(1e-300), torch.ones_like(r))
 
@@ -349,8 +346,7 @@ def mass_splitting_attack(
         raise ValueError("mu must lie in the ball of radius R")
     if not R_ > 0:
         raise ValueError("mu is a Dirac at the origin: pass the radius R of the ball")
-    R_proj = R_
-    mu64 = measure_from_log_weights(X, la)
+    mu64 = DiracMeasure.from_log_weights(X, la)
     with torch.no_grad():
         Y0 = attention_points(X, p64, log_weights=la)
     like = params.heads[0].A
@@ -362,13 +358,13 @@ def mass_splitting_attack(
 
     def emit(kind: str, Xn: Tensor, lan: Tensor, bound: float, **extra) -> Perturbation:
         """The perturbation measured exactly in float64, ``nu`` in the dtype of ``params``."""
-        nu64 = measure_from_log_weights(Xn.detach(), lan.detach())
+        nu64 = DiracMeasure.from_log_weights(Xn.detach(), lan.detach())
         Fmu, Fnu = attention(mu64, p64), attention(nu64, p64)
         iw, ow = float(wasserstein(nu64, mu64)), float(wasserstein(Fnu, Fmu))
         ii, oi = float(wasserstein_inf(nu64, mu64)), float(wasserstein_inf(Fnu, Fmu))
         return Perturbation(
             kind=kind,
-            nu=measure_from_log_weights(Xn.detach().to(like), lan.detach().to(like.dtype)),
+            nu=DiracMeasure.from_log_weights(Xn.detach().to(like), lan.detach().to(like.dtype)),
             input_w2=iw,
             output_w2=ow,
             ratio_w2=ow / iw if iw > 0 else math.nan,
@@ -395,7 +391,7 @@ def mass_splitting_attack(
     move_inits = move_inits[: max(1, n_restarts)]
 
     def move_obj(g: Tensor) -> Tensor:
-        Xn = _project_ball(X + _budget_moves(g, la, budget), R_proj)
+        Xn = _project_ball(X + _budget_moves(g, la, budget), R_)
         return out_w2(Xn, la) / budget
 
     best_move_v, best_move_g = -math.inf, None
@@ -405,7 +401,7 @@ def mass_splitting_attack(
             best_move_v, best_move_g = v, g
     if best_move_g is None:
         raise ValueError("mass_splitting_attack: no move start reached a finite ratio")
-    Xm = _project_ball(X + _budget_moves(best_move_g, la, budget), R_proj).detach()
+    Xm = _project_ball(X + _budget_moves(best_move_g, la, budget), R_).detach()
     move = emit("move", Xm, la, budget)
 
     # ------------------------------------------------------------------ split-then-move
@@ -426,7 +422,7 @@ def mass_splitting_attack(
 
             def split_obj(f: Tensor, g: Tensor, Xk: Tensor = Xk, i: int = i) -> Tensor:
                 lan = _split_log_weights(la, i, f)[1]
-                Xn = _project_ball(Xk + _budget_moves(g, lan, budget), R_proj)
+                Xn = _project_ball(Xk + _budget_moves(g, lan, budget), R_)
                 return out_w2(Xn, lan) / budget
 
             for r in range(max(1, n_restarts)):
@@ -453,7 +449,7 @@ def mass_splitting_attack(
         _, f, g, i_s = best_by_k[k]
         frac, lan = _split_log_weights(la, i_s, f)
         Xs = _project_ball(
-            as_float64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_proj
+            as_float64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_
         )
         split_by_k.append(
             emit(
