@@ -35,6 +35,7 @@ __all__ = [
     "SpectralResult",
     "certify_upper",
     "collatz_wielandt_bound",
+    "fro_norm",
     "gram_iteration",
     "gram_sequence",
     "lanczos_svd",
@@ -406,8 +407,11 @@ def top_singular_value(
 
 
 # ---------------------------------------------------------------------------- Gram iteration
-def _fro(G: Tensor) -> Tensor:
-    """Frobenius norm over the last two axes without overflow (scaled by the largest entry)."""
+def fro_norm(G: Tensor) -> Tensor:
+    """Frobenius norm over the last two axes without overflow (scaled by the largest entry).
+
+    Real for real or complex ``G``.
+    """
     a = G.abs().amax((-2, -1))
     safe = torch.where(a > 0, a, torch.ones_like(a))
     return torch.linalg.matrix_norm(G / safe[..., None, None]) * a
@@ -420,13 +424,13 @@ def _smaller_side(W: Tensor) -> Tensor:
 
 def _gram_step(G: Tensor, ell: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
     """Squaring step ``t`` of the rescaled Gram matrix ``G`` (log-scale ``ell``): (G, ell, bound)."""
-    f = _fro(G)
+    f = fro_norm(G)
     safe = torch.where(f > 0, f, torch.ones_like(f))
     G = G / safe[..., None, None]
     ell = 2 * (ell + torch.log(safe))
     G = G.mT @ G
     scale = 2.0**-t
-    val = _fro(G).pow(scale) * torch.exp(scale * ell)
+    val = fro_norm(G).pow(scale) * torch.exp(scale * ell)
     return G, ell, torch.where(f > 0, val, torch.zeros_like(val))
 
 
@@ -456,7 +460,7 @@ def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
         raise ValueError(f"n_iter must be >= 0, got {n_iter}")
     G = _smaller_side(W.to(torch.float64))
     ell = torch.zeros(G.shape[:-2], dtype=torch.float64, device=G.device)
-    out = [_fro(G)]
+    out = [fro_norm(G)]
     for t in range(1, n_iter + 1):
         G, ell, val = _gram_step(G, ell, t)
         out.append(val)
@@ -582,7 +586,7 @@ def spectral_norm_upper(
     m = W64.shape[-1]
     G = W64
     ell = torch.zeros(G.shape[:-2], dtype=torch.float64, device=G.device)
-    gram = _fro(G)
+    gram = fro_norm(G)
     ref = None if candidate is None else candidate.to(torch.float64)
     for t in range(1, int(max_iter) + 1):
         if ref is not None and bool((gram <= ref * (1 + rtol)).all()):
