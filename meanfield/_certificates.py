@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._spectral import SpectralResult, lanczos_svd
+from ._spectral import SpectralResult, lanczos_svd, reorthogonalize
 
 Operator = Callable[[Tensor], Tensor]
 
@@ -237,12 +237,6 @@ def golub_kahan_certified(
     tiny = torch.finfo(dt).tiny
     f64 = torch.float64
 
-    def reorth(r: Tensor, basis: Tensor) -> Tensor:
-        for _ in range(2):
-            coef = (basis @ r.unsqueeze(-1)).squeeze(-1)
-            r = r - (coef.unsqueeze(-2) @ basis).squeeze(-2)
-        return r
-
     def safe_div(x: Tensor, s: Tensor) -> Tensor:
         s = s.unsqueeze(-1)
         return torch.where(s > tiny, x / torch.where(s > tiny, s, torch.ones_like(s)), 0 * x)
@@ -265,7 +259,7 @@ def golub_kahan_certified(
     history = []
     for k in range(1, cap + 1):
         r = rmatvec(Ub[..., k - 1, :]) - alphas[-1].unsqueeze(-1) * Vb[..., k - 1, :]
-        r = reorth(r, Vb[..., :k, :])
+        r = reorthogonalize(r, Vb[..., :k, :])
         beta = torch.linalg.vector_norm(r, dim=-1)
         betas.append(beta)
         active = ~done
@@ -308,7 +302,7 @@ def golub_kahan_certified(
             break
         Vb[..., k, :] = safe_div(r, beta)
         p = matvec(Vb[..., k, :]) - beta.unsqueeze(-1) * Ub[..., k - 1, :]
-        p = reorth(p, Ub[..., :k, :])
+        p = reorthogonalize(p, Ub[..., :k, :])
         n_mv = n_mv + (~done).to(torch.int64)
         alpha = torch.linalg.vector_norm(p, dim=-1)
         alphas.append(alpha)

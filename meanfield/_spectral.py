@@ -35,6 +35,7 @@ __all__ = [
     "SpectralResult",
     "certify_upper",
     "collatz_wielandt_bound",
+    "fro_norm",
     "gram_iteration",
     "gram_sequence",
     "lanczos_svd",
@@ -42,6 +43,7 @@ __all__ = [
     "power_iteration",
     "rank_one_sigma_max",
     "rank_one_sigma_max_from_stats",
+    "reorthogonalize",
     "spectral_norm_upper",
     "top_singular_value",
 ]
@@ -236,7 +238,7 @@ def power_iteration(
     )
 
 
-def _reorthogonalize(r: Tensor, basis: Tensor) -> Tensor:
+def reorthogonalize(r: Tensor, basis: Tensor) -> Tensor:
     """Remove from ``r`` (*batch, N) its components along the rows of ``basis`` (*batch, k, N)."""
     for _ in range(2):  # classical Gram-Schmidt, twice is enough
         coef = (basis @ r.unsqueeze(-1)).squeeze(-1)
@@ -317,7 +319,7 @@ def lanczos_svd(
         alphas, betas = [alpha], []
         for k in range(1, krylov_dim + 1):
             r = rmatvec(Ub[..., k - 1, :]) - alphas[-1].unsqueeze(-1) * Vb[..., k - 1, :]
-            r = _reorthogonalize(r, Vb[..., :k, :])
+            r = reorthogonalize(r, Vb[..., :k, :])
             beta = _norm(r)
             betas.append(beta)
             n_mv = n_mv + (~done).to(torch.int64)
@@ -353,7 +355,7 @@ def lanczos_svd(
                 break
             Vb[..., k, :] = _safe_div(r, torch.where(beta > tiny, beta, torch.zeros_like(beta)))
             p = matvec(Vb[..., k, :]) - beta.unsqueeze(-1) * Ub[..., k - 1, :]
-            p = _reorthogonalize(p, Ub[..., :k, :])
+            p = reorthogonalize(p, Ub[..., :k, :])
             n_mv = n_mv + (~done).to(torch.int64)
             alpha = _norm(p)
             alphas.append(alpha)
@@ -405,8 +407,11 @@ def top_singular_value(
 
 
 # ---------------------------------------------------------------------------- Gram iteration
-def _fro(G: Tensor) -> Tensor:
-    """Frobenius norm over the last two axes without overflow (scaled by the largest entry)."""
+def fro_norm(G: Tensor) -> Tensor:
+    """Frobenius norm over the last two axes without overflow (scaled by the largest entry).
+
+    Real for real or complex ``G``.
+    """
     a = G.abs().amax((-2, -1))
     safe = torch.where(a > 0, a, torch.ones_like(a))
     return torch.linalg.matrix_norm(G / safe[..., None, None]) * a
@@ -415,6 +420,18 @@ def _fro(G: Tensor) -> Tensor:
 def _smaller_side(W: Tensor) -> Tensor:
     """``W`` (…, p, q) transposed if needed so that ``W^T W`` is (…, min, min)."""
     return W.mT if W.shape[-1] > W.shape[-2] else W
+
+
+def _gram_step(G: Tensor, ell: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Squaring step ``t`` of the rescaled Gram matrix ``G`` (log-scale ``ell``): (G, ell, bound)."""
+    f = fro_norm(G)
+    safe = torch.where(f > 0, f, torch.ones_like(f))
+    G = G / safe[..., None, None]
+    ell = 2 * (ell + torch.log(safe))
+    G = G.mT @ G
+    scale = 2.0**-t
+    val = fro_norm(G).pow(scale) * torch.exp(scale * ell)
+    return G, ell, torch.where(f > 0, val, torch.zeros_like(val))
 
 
 def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
@@ -443,16 +460,10 @@ def gram_sequence(W: Tensor, n_iter: int) -> Tensor:
         raise ValueError(f"n_iter must be >= 0, got {n_iter}")
     G = _smaller_side(W.to(torch.float64))
     ell = torch.zeros(G.shape[:-2], dtype=torch.float64, device=G.device)
-    out = [_fro(G)]
+    out = [fro_norm(G)]
     for t in range(1, n_iter + 1):
-        f = _fro(G)
-        safe = torch.where(f > 0, f, torch.ones_like(f))
-        G = G / safe[..., None, None]
-        ell = 2 * (ell + torch.log(safe))
-        G = G.mT @ G
-        scale = 2.0**-t
-        val = _fro(G).pow(scale) * torch.exp(scale * ell)
-        out.append(torch.where(f > 0, val, torch.zeros_like(val)))
+        G, ell, val = _gram_step(G, ell, t)
+        out.append(val)
     return torch.stack(out)
 
 
@@ -575,19 +586,12 @@ def spectral_norm_upper(
     m = W64.shape[-1]
     G = W64
     ell = torch.zeros(G.shape[:-2], dtype=torch.float64, device=G.device)
-    gram = _fro(G)
+    gram = fro_norm(G)
     ref = None if candidate is None else candidate.to(torch.float64)
     for t in range(1, int(max_iter) + 1):
         if ref is not None and bool((gram <= ref * (1 + rtol)).all()):
             break
-        f = _fro(G)
-        safe = torch.where(f > 0, f, torch.ones_like(f))
-        G = G / safe[..., None, None]
-        ell = 2 * (ell + torch.log(safe))
-        G = G.mT @ G
-        scale = 2.0**-t
-        val = _fro(G).pow(scale) * torch.exp(scale * ell)
-        val = torch.where(f > 0, val, torch.zeros_like(val))
+        G, ell, val = _gram_step(G, ell, t)
         dec = (gram - val) / torch.where(gram > 0, gram, torch.ones_like(gram))
         gram = torch.minimum(gram, val)
         if bool((dec <= rtol).all()):

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._spectral import U64, certify_upper, gamma_k, spectral_norm_upper
+from ._spectral import U64, certify_upper, fro_norm, gamma_k, spectral_norm_upper
 
 __all__ = [
     "ConvSpectralResult",
@@ -277,13 +277,6 @@ def conv2d_frequency_blocks(kernel: Tensor, grid: int | tuple[int, int]) -> tupl
     return blocks, eta
 
 
-def _fro(G: Tensor) -> Tensor:
-    """Frobenius norm over the last two axes, real result, scaled against overflow."""
-    a = G.abs().amax((-2, -1))
-    safe = torch.where(a > 0, a, torch.ones_like(a))
-    return torch.linalg.matrix_norm(G / safe[..., None, None]) * a
-
-
 def gram_iteration_complex(Z: Tensor, n_iter: int) -> Tensor:
     r"""Batched Gram iteration :math:`\hat\sigma_T\ge\|Z\|_2` for real or complex matrices.
 
@@ -308,15 +301,15 @@ def gram_iteration_complex(Z: Tensor, n_iter: int) -> Tensor:
     G = Z.mH if Z.shape[-1] > Z.shape[-2] else Z
     real = G.real.dtype if G.is_complex() else G.dtype
     ell = torch.zeros(G.shape[:-2], dtype=real, device=G.device)
-    zero = _fro(G) == 0
+    zero = fro_norm(G) == 0
     for _ in range(int(n_iter)):
-        f = _fro(G)
+        f = fro_norm(G)
         safe = torch.where(f > 0, f, torch.ones_like(f))
         G = G / safe[..., None, None].to(G.dtype)
         ell = 2 * (ell + torch.log(safe))
         G = G.mH @ G
     scale = 2.0 ** -int(n_iter)
-    val = _fro(G).pow(scale) * torch.exp(scale * ell)
+    val = fro_norm(G).pow(scale) * torch.exp(scale * ell)
     return torch.where(zero, torch.zeros_like(val), val)
 
 
@@ -468,7 +461,7 @@ def _unscaled_upper(
         circ = torch.linalg.matrix_norm(blocks, ord=2).max()
         base = min(base, float(circ))
     if base == 0.0:  # a zero candidate is only certified for zero blocks; else use Frobenius
-        base = float(_fro(blocks).max())
+        base = float(fro_norm(blocks).max())
     m = min(blocks.shape[-2:])
     start = 8 * gamma_k(2 * m + 1) * 2 * m + 16 * U64
     if single:

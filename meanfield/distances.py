@@ -138,10 +138,6 @@ class SinkhornResult:
 # ---------------------------------------------------------------------------------------------
 # validation and numpy helpers
 # ---------------------------------------------------------------------------------------------
-def _check_pair(mu: object, nu: object, what: str) -> None:
-    check_measure_pair(mu, nu, what)
-
-
 def _check_p(p: float) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float)):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
@@ -152,9 +148,9 @@ def _check_p(p: float) -> float:
     return float(p)
 
 
-def _check_on_failure(on_failure: str) -> None:
-    if on_failure not in ("raise", "warn"):
-        raise ValueError(f"on_failure must be 'raise' or 'warn', got {on_failure!r}")
+def _check_max_iter(max_iter: int) -> None:
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
 
 
 def _mass_tol(mu: DiracMeasure, nu: DiracMeasure) -> float:
@@ -325,11 +321,11 @@ def optimal_transport(
     carries gradients to the points (valid where the optimal plan is unique; the gradient at
     distance 0 is set to 0). The plan has no gradient.
     """
-    _check_pair(mu, nu, "optimal_transport")
+    check_measure_pair(mu, nu, "optimal_transport")
     p = _check_p(p)
-    _check_on_failure(on_failure)
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    if on_failure not in ("raise", "warn"):
+        raise ValueError(f"on_failure must be 'raise' or 'warn', got {on_failure!r}")
+    _check_max_iter(max_iter)
     a, b = _simplex(_np64(mu.weights)), _simplex(_np64(nu.weights))
     M = _distances_np(_np64(mu.points), _np64(nu.points), p)
     plan, converged, method = _solve_plan(a, b, M, max_iter=max_iter, on_failure=on_failure)
@@ -417,9 +413,8 @@ def wasserstein_inf(mu: DiracMeasure, nu: DiracMeasure, *, max_iter: int = 1_000
     :math:`O(nm\log(nm))` plus :math:`O(\log(nm))` transport solves: meant for small problems.
     Positions of causal measures are ignored.
     """
-    _check_pair(mu, nu, "wasserstein_inf")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    check_measure_pair(mu, nu, "wasserstein_inf")
+    _check_max_iter(max_iter)
     a_all, b_all = _simplex(_np64(mu.weights)), _simplex(_np64(nu.weights))
     rows, cols = np.flatnonzero(a_all > 0), np.flatnonzero(b_all > 0)
     a, b = _simplex(a_all[rows]), _simplex(b_all[cols])
@@ -515,14 +510,13 @@ def conditional_wasserstein(
     coarser dtype; positions of zero mass on both sides are skipped. Each position is an independent
     transport problem solved as in :func:`optimal_transport` with :math:`p=2`.
     """
-    _check_pair(mu, nu, "conditional_wasserstein")
+    check_measure_pair(mu, nu, "conditional_wasserstein")
     if mu.positions is None or nu.positions is None:
         raise ValueError(
             "conditional_wasserstein needs causal measures (positions set), got "
             f"mu causal={mu.is_causal}, nu causal={nu.is_causal}"
         )
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    _check_max_iter(max_iter)
     if position_atol is None:
         position_atol = 4.0 * max(torch.finfo(mu.dtype).eps, torch.finfo(nu.dtype).eps)
     elif not position_atol >= 0:
@@ -749,12 +743,11 @@ def sinkhorn_wasserstein(
     entropic plan; use float64). The computation runs under ``torch.no_grad``: the
     result carries no gradient. The full (n, m) cost matrix is formed (no chunking).
     """
-    _check_pair(mu, nu, "sinkhorn_wasserstein")
+    check_measure_pair(mu, nu, "sinkhorn_wasserstein")
     p = _check_p(p)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a positive finite number, got {eps}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter}")
+    _check_max_iter(max_iter)
     dtype = torch.promote_types(mu.dtype, nu.dtype)
     if tol is None:
         tol = 1e-9 if dtype == torch.float64 else 1e-5

@@ -25,6 +25,18 @@ def _sum_tolerance(n: int, dtype: torch.dtype) -> float:
     return 8.0 * max(n, 16) * torch.finfo(dtype).eps
 
 
+def _per_atom(values: Tensor, name: str, points: Tensor) -> Tensor:
+    """``values`` (weights or positions) as a finite float tensor of shape ``points.shape[:-1]``."""
+    values = as_float_tensor(values, name, like=points)
+    if values.shape != points.shape[:-1]:
+        raise ValueError(
+            f"{name} must have shape {tuple(points.shape[:-1])} to match points "
+            f"{tuple(points.shape)}, got {tuple(values.shape)}"
+        )
+    check_finite(values, name)
+    return values
+
+
 @dataclass(frozen=True, eq=False)
 class DiracMeasure:
     r"""A (batch of) weighted atomic probability measure(s) :math:`\sum_j a_j\delta_{x_j}`.
@@ -77,13 +89,7 @@ class DiracMeasure:
                 points.shape[:-1], 1.0 / n, dtype=points.dtype, device=points.device
             )
         else:
-            weights = as_float_tensor(self.weights, "weights", like=points)
-            if weights.shape != points.shape[:-1]:
-                raise ValueError(
-                    f"weights must have shape {tuple(points.shape[:-1])} to match points "
-                    f"{tuple(points.shape)}, got {tuple(weights.shape)}"
-                )
-            check_finite(weights, "weights")
+            weights = _per_atom(self.weights, "weights", points)
             if bool((weights < 0).any()):
                 raise ValueError(
                     f"weights must be non-negative, got a minimum of {weights.min().item():.3g}"
@@ -102,13 +108,7 @@ class DiracMeasure:
 
         positions = self.positions
         if positions is not None:
-            positions = as_float_tensor(positions, "positions", like=points)
-            if positions.shape != points.shape[:-1]:
-                raise ValueError(
-                    f"positions must have shape {tuple(points.shape[:-1])} to match points "
-                    f"{tuple(points.shape)}, got {tuple(positions.shape)}"
-                )
-            check_finite(positions, "positions")
+            positions = _per_atom(positions, "positions", points)
             if bool(((positions < 0) | (positions > 1)).any()):
                 raise ValueError("positions must lie in [0, 1]")
 

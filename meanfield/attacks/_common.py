@@ -20,11 +20,11 @@ the same number (docs/theory.md, "Local constants on measures").
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -92,17 +92,20 @@ class ResolvedOptions:
 
 
 def resolve_options(
-    defaults: SearchOptions, what: str, **given: float | int | None
+    defaults: SearchOptions,
+    what: str,
+    n_restarts: int | None,
+    steps: int | None,
+    lr: float | None,
+    seed: int | None,
 ) -> tuple[ResolvedOptions, torch.Generator]:
-    """The options of a search: its defaults, replaced by the keywords given (``None``: default).
+    """The options of a search: its defaults, replaced by the values given (``None``: default).
 
     Returns the complete options, checked (a one-line ValueError naming ``what`` and the field),
     and the generator of the random starts (a CPU generator seeded with ``seed``).
     """
-    merged = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(SearchOptions)}
-    for k, v in given.items():
-        if v is not None:
-            merged[k] = v
+    given: dict[str, Any] = {"n_restarts": n_restarts, "steps": steps, "lr": lr, "seed": seed}
+    merged = {k: getattr(defaults, k) if v is None else v for k, v in given.items()}
     opts = SearchOptions(**merged)
     if opts.n_restarts is None or opts.steps is None or opts.lr is None or opts.seed is None:
         raise ValueError(f"{what}: the defaults {defaults} leave an option unset")
@@ -144,13 +147,6 @@ def fix_sign(v: Tensor) -> Tensor:
     """Unit vector with its largest-magnitude entry positive (a deterministic sign)."""
     v = v / torch.linalg.vector_norm(v)
     return v if v[v.abs().argmax()] >= 0 else -v
-
-
-def measure_from_log_weights(
-    points: Tensor, log_weights: Tensor, positions: Tensor | None = None
-) -> DiracMeasure:
-    """See :meth:`DiracMeasure.from_log_weights` (exact log-masses below the float range)."""
-    return DiracMeasure.from_log_weights(points, log_weights, positions)
 
 
 def to_ball(Z: Tensor, R: float) -> Tensor:
@@ -308,14 +304,21 @@ def sequence_constant(X: Tensor, params: Params, *, masked: bool) -> Tensor:
 
 
 def engine_bracket(
-    x: Tensor | DiracMeasure, params: Params, geometry: Geometry, masked: bool, value: float
+    x: Tensor | DiracMeasure,
+    params: Params,
+    geometry: Geometry,
+    masked: bool,
+    value: float,
+    certify: bool,
 ) -> tuple[float, float, str]:
     """Certified bracket of the engine (:func:`meanfield.lipschitz.local_lipschitz`, dense).
 
-    Only a configuration the engine declares unsupported (``NotImplementedError``: ``"split"``
-    with rotary heads) falls back to the dense value of the search, with a warning; any other
-    error propagates.
+    ``certify=False`` skips the engine: the bracket is the dense value of the search. Only a
+    configuration the engine declares unsupported (``NotImplementedError``: ``"split"`` with
+    rotary heads) falls back to that value too, with a warning; any other error propagates.
     """
+    if not certify:
+        return value, value, "dense SVD"
     try:
         est = local_lipschitz(x, params, geometry=geometry, masked=masked, method="dense")
     except NotImplementedError as err:

@@ -35,7 +35,6 @@ from ._common import (
     fix_sign,
     from_ball,
     log_sigmoid,
-    measure_from_log_weights,
     resolve_options,
     single_head_matrices,
     to_ball,
@@ -364,15 +363,10 @@ def adversarial_sequence(
         gamma = R * R * phi
         x1, y = R * a, R * b
         p = math.exp(log_sigmoid(gamma - log_m))
-        M = torch.eye(d, dtype=torch.float64, device=A64.device) + (1 - p) * torch.outer(
-            x1 - y, A64.mT @ y
-        )
-        PT = torch.eye(d, dtype=torch.float64, device=A64.device) - torch.outer(a, a)
-        Vm = (
-            as_float64(V_mat)
-            if V_mat is not None
-            else torch.eye(d, dtype=torch.float64, device=A64.device)
-        )
+        eye = torch.eye(d, dtype=torch.float64, device=A64.device)
+        M = eye + (1 - p) * torch.outer(x1 - y, A64.mT @ y)
+        PT = eye - torch.outer(a, a)
+        Vm = as_float64(V_mat) if V_mat is not None else eye
         _, sv, Vh = torch.linalg.svd(Vm @ M @ PT)
         direction = Vh[0]
         lower = math.sqrt(n - 1) * p * float(sv[0]) if V_mat is not None else None
@@ -543,13 +537,11 @@ def two_dirac(
             raise ValueError(f"eps must lie in (0, 1), got {e}")
         le, l1m = math.log(e), math.log1p(-e)
     else:
-        v = optimal_direction_v(gamma)
-        t = math.log((1.0 - v) / v) - gamma  # logit of eps*
-        le, l1m = log_sigmoid(t), log_sigmoid(-t)
+        le, l1m = optimal_log_masses(gamma)  # log-sigmoids of the logit of eps*
     x1, x0 = two_positions(case_out, dirn.u, R)
     pts = torch.stack([x0, x1]).to(dtype=A_mat.dtype, device=A_mat.device)
     lw = torch.tensor([l1m, le], dtype=torch.float64, device=A_mat.device)
-    mu = measure_from_log_weights(pts, lw.to(A_mat.dtype))
+    mu = DiracMeasure.from_log_weights(pts, lw.to(A_mat.dtype))
     lg, w = _log_g(gamma, le, l1m)
     g = None
     if V_mat is not None:
@@ -676,20 +668,12 @@ def off_axis_two_atoms(
     better. Provenance: *derived and checked numerically*; not in any source.
     """
     opts, gen = resolve_options(
-        OFF_AXIS_DEFAULTS,
-        "off_axis_two_atoms",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
+        OFF_AXIS_DEFAULTS, "off_axis_two_atoms", n_restarts, steps, lr, seed
     )
     steps, lr = opts.steps, opts.lr
     R = check_radius(R)
-    A, V = (
-        t.detach().to(torch.float64) for t in single_head_matrices(params, "off_axis_two_atoms")
-    )
-    d = A.shape[0]
-    dev = A.device
+    A, V = (as_float64(t) for t in single_head_matrices(params, "off_axis_two_atoms"))
+    d, dev = A.shape[0], A.device
 
     # on-axis starts
     starts_x, starts_y, starts_h, starts_t = [], [], [], []
@@ -759,7 +743,7 @@ def off_axis_two_atoms(
     lw = torch.tensor([log_sigmoid(-tt), log_sigmoid(tt)], dtype=torch.float64, device=dev)
     like = params.heads[0].A
     reject_variants(params, "this construction")
-    mu = measure_from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
+    mu = DiracMeasure.from_log_weights(torch.stack([y, x]).to(like), lw.to(like.dtype))
     return OffAxisTwoAtoms(
         value=math.exp(lv) if lv < 709 else math.inf,
         log_value=lv,

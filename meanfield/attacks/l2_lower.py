@@ -226,9 +226,7 @@ def _split(N: int, layout: Layout, lam: Tensor) -> tuple[int, int, int]:
     number, one token is parked far out along ``u`` (cost >= 800 in every head) when every head
     sees ``u`` (``lam`` = the :math:`u^\top A_hu`, all positive); otherwise it joins the origin.
     """
-    if layout == "common":
-        return 1, N - 1, 0
-    if (N - 1) % 2 == 0:
+    if layout == "common" or (N - 1) % 2 == 0:
         return 1, N - 1, 0
     if bool((lam > 1e-12 * lam.abs().max()).all()):
         return 1, N - 2, 1
@@ -532,10 +530,7 @@ def l2_lipschitz_lower(
     N = int(N)
     if N < 2:
         raise ValueError(f"need N >= 2 tokens, got {N}")
-    opts, gen = resolve_options(
-        _DEFAULTS, "l2_lipschitz_lower", n_restarts=n_restarts, steps=steps,
-        lr=lr, seed=seed,
-    )  # fmt: skip
+    opts, gen = resolve_options(_DEFAULTS, "l2_lipschitz_lower", n_restarts, steps, lr, seed)
     p64 = params_float64(params)
     cons = [l2_construction(p64, N, layout="common")]
     if N >= 3:

@@ -35,9 +35,7 @@ from ._common import (
     check_radius,
     engine_bracket,
     from_ball,
-    log_sigmoid,
     measure_constant,
-    measure_from_log_weights,
     params_float64,
     resolve_options,
     sequence_constant,
@@ -47,7 +45,6 @@ from ._common import (
 )
 from .constructions import (
     adversarial_sequence,
-    optimal_direction_v,
     optimal_log_masses,
     score_gap,
     sphere_direction,
@@ -179,14 +176,8 @@ def _construction_starts(
                 cands.append(("balanced +", 0.0, [-R * u, cb * R * u], [0.0, -lr2 * cb * (1 + cb)]))
                 if n >= 3:
                     cc = 0.5
-                    cands.append(
-                        (
-                            "chain +",
-                            0.0,
-                            [-R * u, cc * R * u, R * u],
-                            [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc],
-                        )
-                    )
+                    chain_lw = [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc]
+                    cands.append(("chain +", 0.0, [-R * u, cc * R * u, R * u], chain_lw))
         for name, gamma, xs, ls in cands:
             if len(xs) > n:
                 continue
@@ -197,6 +188,11 @@ def _construction_starts(
             lws.append(lw)
             labels.append(name + suffix)
     return pts, lws, labels, best_gap
+
+
+def _to_points(Z: Tensor, R: float, sphere: bool) -> Tensor:
+    """Points of the search variables ``Z``: on the sphere of radius ``R``, or in the open ball."""
+    return to_sphere(Z, R) if sphere else to_ball(Z, R)
 
 
 def _random_starts(
@@ -316,24 +312,16 @@ def worst_case_measure(
     *derived and checked numerically*.
     """
     n = int(n)
-    opts, gen = resolve_options(
-        MEASURE_DEFAULTS,
-        "worst_case_measure",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
-    )
+    opts, gen = resolve_options(MEASURE_DEFAULTS, "worst_case_measure", n_restarts, steps, lr, seed)
     n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
-    masked = bool(masked) if masked is not None else False
+    masked = bool(masked)  # None: unmasked
     R = check_radius(R)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     if geometry not in ("wasserstein", "split"):
         raise ValueError(f"geometry must be 'wasserstein' or 'split', got {geometry!r}")
     p64 = params_float64(params)
-    d = p64.d
-    dev = p64.device
+    d, dev = p64.d, p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
 
     pts: list[Tensor] = []
@@ -363,32 +351,28 @@ def worst_case_measure(
         raise ValueError("no start: use n_restarts >= 1 or an init measure")
     Z0 = X0 / R if sphere else from_ball(X0, R)
 
-    def to_points(Z: Tensor) -> Tensor:
-        return to_sphere(Z, R) if sphere else to_ball(Z, R)
-
     def log_masses(Lg: Tensor) -> Tensor:
         return torch.log_softmax(Lg, -1).clamp_min(LOG_MASS_FLOOR)
 
+    def constant(X: Tensor, L: Tensor) -> Tensor:
+        return measure_constant(X, L, p64, geometry=geometry, masked=masked, positions=positions)
+
     def objective(Z: Tensor, Lg: Tensor) -> Tensor:
-        return measure_constant(
-            to_points(Z), log_masses(Lg), p64, geometry=geometry, masked=masked, positions=positions
-        )
+        return constant(_to_points(Z, R, sphere), log_masses(Lg))
 
     lr_m = lr * max(1.0, gap / 4.0) if lr_mass is None else float(lr_mass)
     best, best_p, hist, rec = ascend_restarts(
         objective, [Z0, L0], [lr, lr_m], int(steps), progress=progress, desc="worst_case_measure"
     )
     best_vals = best.exp()
-    Xb, Lb = to_points(best_p[0]), log_masses(best_p[1])
+    Xb, Lb = _to_points(best_p[0], R, sphere), log_masses(best_p[1])
     # exact construction candidates (not pulled inside the ball)
     cons_value = -math.inf
     if n_cons:
         with torch.no_grad():
             Xc = torch.stack(pts[:n_cons])
             Lc = log_masses(torch.stack(lws[:n_cons]))
-            vc = measure_constant(
-                Xc, Lc, p64, geometry=geometry, masked=masked, positions=positions
-            )
+            vc = constant(Xc, Lc)
         j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
         cons_value = float(vc[j])
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
@@ -398,35 +382,22 @@ def worst_case_measure(
         Lb[:n_cons][improve] = Lc[improve]
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
     with torch.no_grad():
-        value = float(
-            measure_constant(
-                Xb[k : k + 1],
-                Lb[k : k + 1],
-                p64,
-                geometry=geometry,
-                masked=masked,
-                positions=positions,
-            )[0]
-        )
+        value = float(constant(Xb[k : k + 1], Lb[k : k + 1])[0])
     like = params.heads[0].A
     reject_variants(params, "this attack")
-    mu = measure_from_log_weights(
+    mu = DiracMeasure.from_log_weights(
         Xb[k].detach().to(like),
         Lb[k].detach().to(like.dtype),
         None if positions is None else positions.to(like),
     )
-    if certify:
-        lower, upper, how = engine_bracket(mu, params, geometry, masked, value)
-    else:
-        lower, upper, how = value, value, "dense SVD"
+    lower, upper, how = engine_bracket(mu, params, geometry, masked, value, certify)
     bound = None
     if not masked and not sphere and len(params.heads) == 1 and n >= 2:
         A1, V1 = single_head_matrices(p64, "two_dirac")
         try:
-            td = two_dirac(A1, R, V=V1)
-            bound = td.g
+            bound = two_dirac(A1, R, V=V1).g
         except ValueError:
-            bound = None
+            pass
     return WorstCaseMeasure(
         measure=mu,
         value=value,
@@ -508,9 +479,8 @@ def _sequence_starts(
                 bound = max(bound or 0.0, con.lower_bound)
             if not sphere and n > 2:
                 # best k-copy variant: k tokens at the light position, n - k at the heavy one
-                v = optimal_direction_v(con.gamma)
-                t = math.log((1 - v) / v) - con.gamma
-                k = min(max(round(n * math.exp(log_sigmoid(t))), 1), n - 1)
+                log_eps, _ = optimal_log_masses(con.gamma)
+                k = min(max(round(n * math.exp(log_eps)), 1), n - 1)
                 if k > 1:
                     Xk = as_float64(con.X).clone()
                     Xk[:k] = Xk[0]
@@ -575,15 +545,10 @@ def worst_case_sequence(
     :math:`k`-copy start are ours (*derived and checked numerically*).
     """
     opts, gen = resolve_options(
-        SEQUENCE_DEFAULTS,
-        "worst_case_sequence",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
+        SEQUENCE_DEFAULTS, "worst_case_sequence", n_restarts, steps, lr, seed
     )
     n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
-    masked = bool(masked) if masked is not None else False
+    masked = bool(masked)  # None: unmasked
     R = check_radius(R)
     n = int(n)
     if n < 1:
@@ -605,17 +570,14 @@ def worst_case_sequence(
         raise ValueError("no start: use n_restarts >= 1 or an init sequence")
     Z0 = X0 / R if sphere else from_ball(X0, R)
 
-    def to_points(Z: Tensor) -> Tensor:
-        return to_sphere(Z, R) if sphere else to_ball(Z, R)
-
     def objective(Z: Tensor) -> Tensor:
-        return sequence_constant(to_points(Z), p64, masked=masked)
+        return sequence_constant(_to_points(Z, R, sphere), p64, masked=masked)
 
     best, best_p, hist, rec = ascend_restarts(
         objective, [Z0], [lr], int(steps), progress=progress, desc="worst_case_sequence"
     )
     best_vals = best.exp()
-    Xb = to_points(best_p[0]).detach().clone()
+    Xb = _to_points(best_p[0], R, sphere).detach().clone()
     cons_value = -math.inf
     if n_cons:
         with torch.no_grad():
@@ -631,10 +593,7 @@ def worst_case_sequence(
     like = params.heads[0].A
     reject_variants(params, "this attack")
     Xout = Xb[k].to(like)
-    if certify:
-        lower, upper, how = engine_bracket(Xout, params, "euclidean", masked, value)
-    else:
-        lower, upper, how = value, value, "dense SVD"
+    lower, upper, how = engine_bracket(Xout, params, "euclidean", masked, value, certify)
     return WorstCaseSequence(
         X=Xout,
         value=value,

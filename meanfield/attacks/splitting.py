@@ -14,7 +14,6 @@ are :func:`theory.bounds.split_gain` and :func:`theory.bounds.optimal_split_k` (
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
@@ -39,7 +38,6 @@ from ._common import (
     check_radius,
     from_ball,
     measure_constant,
-    measure_from_log_weights,
     params_float64,
     resolve_options,
     run_single,
@@ -129,7 +127,7 @@ def _w2sq(Y: Tensor, a: Tensor, Z: Tensor, b: Tensor) -> Tensor:
     Deliberately not :func:`meanfield.distances.wasserstein`: the attack ascends the mass fractions
     of the split copies, which needs this gradient in the masses; the library's distance carries
     gradients to the points only. Every number the attack *reports* is measured with
-    :func:`~meanfield.distances.wasserstein` (:func:`_measure_perturbation`).
+    :func:`~meanfield.distances.wasserstein` (``emit`` in :func:`mass_splitting_attack`).
     """
     import ot
 
@@ -229,31 +227,15 @@ class MassSplittingAttack:
     gain_winf: float
 
 
-def _measure_perturbation(
-    kind: str, mu: DiracMeasure, nu: DiracMeasure, params: Params, cost_bound: float, **extra
-) -> Perturbation:
-    Fmu, Fnu = attention(mu, params), attention(nu, params)
-    iw, ow = float(wasserstein(nu, mu)), float(wasserstein(Fnu, Fmu))
-    ii, oi = float(wasserstein_inf(nu, mu)), float(wasserstein_inf(Fnu, Fmu))
-    return Perturbation(
-        kind=kind,
-        nu=nu,
-        input_w2=iw,
-        output_w2=ow,
-        ratio_w2=ow / iw if iw > 0 else math.nan,
-        input_winf=ii,
-        output_winf=oi,
-        ratio_winf=oi / ii if ii > 0 else math.nan,
-        cost_bound=cost_bound,
-        **extra,
-    )
-
-
-def _project_ball(X: Tensor, R: float | None) -> Tensor:
-    if R is None:
-        return X
+def _project_ball(X: Tensor, R: float) -> Tensor:
     r = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
     return X * torch.where(r > R, R / r.clamp_min(1e-300), torch.ones_like(r))
+
+
+def _split_log_weights(la: Tensor, i: int, f: Tensor) -> tuple[Tensor, Tensor]:
+    """Log-fractions ``log_softmax(f)`` (floored) of atom ``i``'s copies, and the split log-masses."""
+    frac = torch.log_softmax(f, 0).clamp_min(LOG_MASS_FLOOR)
+    return frac, torch.cat([la[:i], la[i] + frac, la[i + 1 :]])
 
 
 def _budget_moves(g: Tensor, la: Tensor, budget: float) -> Tensor:
@@ -338,12 +320,7 @@ def mass_splitting_attack(
     (*derived and checked numerically*).
     """
     opts, gen = resolve_options(
-        SPLITTING_DEFAULTS,
-        "mass_splitting_attack",
-        n_restarts=n_restarts,
-        steps=steps,
-        lr=lr,
-        seed=seed,
+        SPLITTING_DEFAULTS, "mass_splitting_attack", n_restarts, steps, lr, seed
     )
     n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
     if not isinstance(mu, DiracMeasure) or mu.points.ndim != 2:
@@ -369,8 +346,7 @@ def mass_splitting_attack(
         raise ValueError("mu must lie in the ball of radius R")
     if not R_ > 0:
         raise ValueError("mu is a Dirac at the origin: pass the radius R of the ball")
-    R_proj = R_
-    mu64 = measure_from_log_weights(X, la)
+    mu64 = DiracMeasure.from_log_weights(X, la)
     with torch.no_grad():
         Y0 = attention_points(X, p64, log_weights=la)
     like = params.heads[0].A
@@ -381,10 +357,23 @@ def mass_splitting_attack(
         return torch.sqrt(_w2sq(Yn, lan.exp(), Y0, a).clamp_min(0.0))
 
     def emit(kind: str, Xn: Tensor, lan: Tensor, bound: float, **extra) -> Perturbation:
-        nu64 = measure_from_log_weights(Xn.detach(), lan.detach())
-        q = _measure_perturbation(kind, mu64, nu64, p64, bound, **extra)
-        nu = measure_from_log_weights(Xn.detach().to(like), lan.detach().to(like.dtype))
-        return dataclasses.replace(q, nu=nu)
+        """The perturbation measured exactly in float64, ``nu`` in the dtype of ``params``."""
+        nu64 = DiracMeasure.from_log_weights(Xn.detach(), lan.detach())
+        Fmu, Fnu = attention(mu64, p64), attention(nu64, p64)
+        iw, ow = float(wasserstein(nu64, mu64)), float(wasserstein(Fnu, Fmu))
+        ii, oi = float(wasserstein_inf(nu64, mu64)), float(wasserstein_inf(Fnu, Fmu))
+        return Perturbation(
+            kind=kind,
+            nu=DiracMeasure.from_log_weights(Xn.detach().to(like), lan.detach().to(like.dtype)),
+            input_w2=iw,
+            output_w2=ow,
+            ratio_w2=ow / iw if iw > 0 else math.nan,
+            input_winf=ii,
+            output_winf=oi,
+            ratio_winf=oi / ii if ii > 0 else math.nan,
+            cost_bound=bound,
+            **extra,
+        )
 
     # ------------------------------------------------------------------ move-only
     with torch.no_grad():
@@ -402,7 +391,7 @@ def mass_splitting_attack(
     move_inits = move_inits[: max(1, n_restarts)]
 
     def move_obj(g: Tensor) -> Tensor:
-        Xn = _project_ball(X + _budget_moves(g, la, budget), R_proj)
+        Xn = _project_ball(X + _budget_moves(g, la, budget), R_)
         return out_w2(Xn, la) / budget
 
     best_move_v, best_move_g = -math.inf, None
@@ -412,7 +401,7 @@ def mass_splitting_attack(
             best_move_v, best_move_g = v, g
     if best_move_g is None:
         raise ValueError("mass_splitting_attack: no move start reached a finite ratio")
-    Xm = _project_ball(X + _budget_moves(best_move_g, la, budget), R_proj).detach()
+    Xm = _project_ball(X + _budget_moves(best_move_g, la, budget), R_).detach()
     move = emit("move", Xm, la, budget)
 
     # ------------------------------------------------------------------ split-then-move
@@ -430,15 +419,10 @@ def mass_splitting_attack(
                 dirs.append(v_ / torch.linalg.vector_norm(v_))
         for k in ks:
             Xk = as_float64(mu64.split(i, k).points)
-            base_lw = torch.cat([la[:i], la[i + 1 :]])
 
-            def split_lw(f: Tensor, i: int = i, base_lw: Tensor = base_lw) -> Tensor:
-                frac = torch.log_softmax(f, 0).clamp_min(LOG_MASS_FLOOR)
-                return torch.cat([base_lw[:i], la[i] + frac, base_lw[i:]])
-
-            def split_obj(f: Tensor, g: Tensor, Xk: Tensor = Xk, split_lw=split_lw) -> Tensor:
-                lan = split_lw(f)
-                Xn = _project_ball(Xk + _budget_moves(g, lan, budget), R_proj)
+            def split_obj(f: Tensor, g: Tensor, Xk: Tensor = Xk, i: int = i) -> Tensor:
+                lan = _split_log_weights(la, i, f)[1]
+                Xn = _project_ball(Xk + _budget_moves(g, lan, budget), R_)
                 return out_w2(Xn, lan) / budget
 
             for r in range(max(1, n_restarts)):
@@ -463,11 +447,9 @@ def mass_splitting_attack(
     split_by_k = []
     for k in ks:
         _, f, g, i_s = best_by_k[k]
-        base_lw = torch.cat([la[:i_s], la[i_s + 1 :]])
-        frac = torch.log_softmax(f, 0).clamp_min(LOG_MASS_FLOOR)
-        lan = torch.cat([base_lw[:i_s], la[i_s] + frac, base_lw[i_s:]])
+        frac, lan = _split_log_weights(la, i_s, f)
         Xs = _project_ball(
-            as_float64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_proj
+            as_float64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_
         )
         split_by_k.append(
             emit(
@@ -485,21 +467,19 @@ def mass_splitting_attack(
     # ------------------------------------------------------------------ token count changes
     t = 1.0 / (n + 1)
     lt, l1t = math.log(t), math.log1p(-t)
+    lwi = torch.cat([la + l1t, torch.tensor([lt], dtype=torch.float64, device=dev)])
     dup = []
     for i in range(n):
         Xd = torch.cat([X, X[i : i + 1]])
-        lwd = torch.cat([la + l1t, torch.tensor([lt], dtype=torch.float64, device=dev)])
         bound = math.sqrt(t * float((a * (X - X[i]).square().sum(-1)).sum()))
-        dup.append(emit("duplicate", Xd, lwd, bound, atom=i))
-    lwi = torch.cat([la + l1t, torch.tensor([lt], dtype=torch.float64, device=dev)])
-    mu_w = a
+        dup.append(emit("duplicate", Xd, lwi, bound, atom=i))
 
     def ins_obj(zz: Tensor) -> Tensor:
         z = to_ball(zz, R_)
         Xi = torch.cat([X, z.unsqueeze(0)])
         Yi = attention_points(Xi, p64, log_weights=lwi)
-        out = _w2sq(Yi, lwi.exp(), Y0, mu_w)
-        inp = _w2sq(Xi, lwi.exp(), X, mu_w)
+        out = _w2sq(Yi, lwi.exp(), Y0, a)
+        inp = _w2sq(Xi, lwi.exp(), X, a)
         return torch.sqrt(out.clamp_min(0.0)) / torch.sqrt(inp.clamp_min(1e-300))
 
     zs = [R_ * dv for dv in _candidate_directions(p64, X)]
