@@ -428,8 +428,5 @@ def radius_bracket(
     lam_ = -float(A_norm) if lam is None else float(lam)
     vu = float(V_norm if Vu_norm is None else Vu_norm)
     R_cert = _mean_field_radius(float(L), float(A_norm), float(V_norm), float(c))
-    if L < V_norm:
-        R_viol = 0.0
-    else:
-        R_viol = float(bounds.radius_for_target(L, lam_, vu, form="exact"))
+    R_viol = 0.0 if L < V_norm else float(bounds.radius_for_target(L, lam_, vu, form="exact"))
     return RadiusBracket(L=float(L), R_certified=R_cert, R_violated=R_viol, c=float(c))
