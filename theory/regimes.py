@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory import bounds
-from theory.bounds._common import as_result, norm_theta
+from theory.bounds._common import as_result, exp_or_log, norm_theta
 
 __all__ = [
     "RadiusBracket",
@@ -110,10 +110,7 @@ def crossover_n(
         log_num = 2.0 * log_M - np.log(3.0)
         log_num = log_num + np.log1p(-np.exp(np.minimum(2.0 * log_theta - log_num, 0.0)))
         log_n = log_num - np.log(denom)
-    if log:
-        return as_result(log_n)
-    with np.errstate(over="ignore"):
-        return as_result(np.exp(log_n))
+    return exp_or_log(log_n, log)
 
 
 def peak_n(gamma: ArrayLike) -> Any:
