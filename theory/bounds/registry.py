@@ -404,17 +404,15 @@ BOUNDS: tuple[Bound, ...] = (
         note="derived; not in any source", verified=True,
     ),
     # ---- large radius
-    Bound(
-        "large_radius[limit+deviation]", "large_radius_limit", "upper", _T, _DER + " (ours)",
-        _S7, ("X", "A", "V"), "hard-max limit plus the deviation bound", options=("masked",),
-        note="limit with the deviation bound of theory.bounds (ours, derived)", verified=True,
-        compose=_large_radius_band(+1),
-    ),
-    Bound(
-        "large_radius[limit-deviation]", "large_radius_limit", "lower", _T, _DER + " (ours)",
-        _S7, ("X", "A", "V"), "hard-max limit minus the deviation bound", options=("masked",),
-        note="limit with the deviation bound of theory.bounds (ours, derived)", verified=True,
-        compose=_large_radius_band(-1),
+    *(
+        Bound(
+            f"large_radius[limit{op}deviation]", "large_radius_limit",
+            "upper" if sign > 0 else "lower", _T, _DER + " (ours)", _S7, ("X", "A", "V"),
+            f"hard-max limit {word} the deviation bound", options=("masked",),
+            note="limit with the deviation bound of theory.bounds (ours, derived)", verified=True,
+            compose=_large_radius_band(sign),
+        )
+        for op, word, sign in (("+", "plus", +1), ("-", "minus", -1))
     ),
     Bound(
         "large_radius_limit", "large_radius_limit", "limit", "reported", _DER, _S7,
