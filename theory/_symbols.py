@@ -13,10 +13,8 @@ import sympy as sp
 __all__ = [
     "A_norm",
     "C",
-    "H",
     "L",
     "LATEX_NAMES",
-    "M",
     "N",
     "R",
     "V_norm",
@@ -24,14 +22,12 @@ __all__ = [
     "a",
     "b",
     "c",
-    "d",
     "eps",
     "gamma",
     "k",
     "lam",
     "m",
     "n",
-    "p",
     "q",
     "s",
     "t",
@@ -45,11 +41,8 @@ __all__ = [
 # Counts.
 n = sp.Symbol("n", positive=True, integer=True)  # tokens
 N = sp.Symbol("N", positive=True, integer=True)  # tokens, Kim et al. notation (docs/theory.md §8)
-d = sp.Symbol("d", positive=True, integer=True)  # model width
 # copies (docs/theory.md §10) / head width (docs/conventions.md §1)
 k = sp.Symbol("k", positive=True, integer=True)
-H = sp.Symbol("H", positive=True, integer=True)  # heads
-M = sp.Symbol("M", positive=True)  # N - 1, the number of other tokens (docs/theory.md §8)
 m = sp.Symbol("m", positive=True)  # k - 1 or n - 1 as a continuous variable
 
 # Norms and geometry.
@@ -63,7 +56,6 @@ lam = sp.Symbol("lambda", positive=True)  # lambda = u^T A u > 0 (case +)
 # Constructions.
 gamma = sp.Symbol("gamma", positive=True)  # logit gap
 s = sp.Symbol("s", positive=True)  # gap in the two-Dirac / splitting API
-p = sp.Symbol("p", positive=True)  # attention paid to the distinguished token
 eps = sp.Symbol("epsilon", positive=True)  # light mass
 w = sp.Symbol("w", positive=True)  # attention of the heavy atom to the light one
 v = sp.Symbol("v", positive=True)  # v = 1 - w

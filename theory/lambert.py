@@ -117,6 +117,12 @@ def _validate_branch(branch: int) -> None:
         raise ValueError(f"branch must be 0 or -1, got {branch!r}")
 
 
+def _atleast_1d(x: ArrayLike) -> tuple[NDArray[np.float64], bool]:
+    """``x`` as a float64 array of at least one dimension, and whether it was a scalar."""
+    arr = np.asarray(x, dtype=np.float64)
+    return np.atleast_1d(arr), arr.ndim == 0
+
+
 def _finish(out: NDArray[np.float64], scalar: bool) -> Any:
     return np.float64(out.reshape(-1)[0]) if scalar else out
 
@@ -158,9 +164,7 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
     _validate_branch(branch)
     if precision is not None:
         return _lambertw_mp(z, branch, precision)
-    z_arr = np.asarray(z, dtype=np.float64)
-    scalar = z_arr.ndim == 0
-    z_arr = np.atleast_1d(z_arr)
+    z_arr, scalar = _atleast_1d(z)
     if np.isnan(z_arr).any():
         raise ValueError("lambertw: z contains NaN")
     if (z_arr == -np.inf).any():
@@ -259,9 +263,7 @@ def lambertw_derivative(z: ArrayLike, branch: int = 0) -> Any:
     docs/theory.md §11 (*standard*). The second form, from :math:`W/z = e^{-W}`, has no 0/0 at
     :math:`z = 0`.
     """
-    w = np.asarray(lambertw(z, branch), dtype=np.float64)
-    scalar = w.ndim == 0
-    w = np.atleast_1d(w)
+    w, scalar = _atleast_1d(lambertw(z, branch))
     denom = 1.0 + w
     with np.errstate(divide="ignore", over="ignore"):
         out = np.exp(-w) / denom
@@ -302,9 +304,7 @@ def lambertw_asymptotic(z: ArrayLike, branch: int = 0, *, terms: int = 2) -> Any
     _validate_branch(branch)
     if terms not in (1, 2, 3):
         raise ValueError(f"terms must be 1, 2 or 3, got {terms!r}")
-    z_arr = np.asarray(z, dtype=np.float64)
-    scalar = z_arr.ndim == 0
-    z_arr = np.atleast_1d(z_arr)
+    z_arr, scalar = _atleast_1d(z)
     if branch == 0:
         if not (z_arr > np.e).all():
             raise ValueError("lambertw_asymptotic: branch 0 needs z > e")
@@ -349,9 +349,7 @@ def lambertw_exp(u: ArrayLike) -> Any:
     :math:`u = -50`), it is :func:`lambertw` of :math:`e^u` (within an ulp; :math:`e^u` does not
     overflow there). ``u = -inf`` gives 0 and ``u = +inf`` gives ``+inf``.
     """
-    u_arr = np.asarray(u, dtype=np.float64)
-    scalar = u_arr.ndim == 0
-    u_arr = np.atleast_1d(u_arr)
+    u_arr, scalar = _atleast_1d(u)
     if np.isnan(u_arr).any():
         raise ValueError("lambertw_exp: u contains NaN")
     out = np.empty_like(u_arr)

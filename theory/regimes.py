@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory import bounds
-from theory.bounds._common import as_result, norm_theta
+from theory.bounds._common import as_result, exp_or_log, norm_theta
 
 __all__ = [
     "RadiusBracket",
@@ -110,10 +110,7 @@ def crossover_n(
         log_num = 2.0 * log_M - np.log(3.0)
         log_num = log_num + np.log1p(-np.exp(np.minimum(2.0 * log_theta - log_num, 0.0)))
         log_n = log_num - np.log(denom)
-    if log:
-        return as_result(log_n)
-    with np.errstate(over="ignore"):
-        return as_result(np.exp(log_n))
+    return exp_or_log(log_n, log)
 
 
 def peak_n(gamma: ArrayLike) -> Any:
@@ -428,8 +425,5 @@ def radius_bracket(
     lam_ = -float(A_norm) if lam is None else float(lam)
     vu = float(V_norm if Vu_norm is None else Vu_norm)
     R_cert = _mean_field_radius(float(L), float(A_norm), float(V_norm), float(c))
-    if L < V_norm:
-        R_viol = 0.0
-    else:
-        R_viol = float(bounds.radius_for_target(L, lam_, vu, form="exact"))
+    R_viol = 0.0 if L < V_norm else float(bounds.radius_for_target(L, lam_, vu, form="exact"))
     return RadiusBracket(L=float(L), R_certified=R_cert, R_violated=R_viol, c=float(c))

@@ -160,5 +160,3 @@ __all__ = [
     "two_dirac_optimal_mass",
     "window_sqrt_n_upper",
 ]
-
-PAPER = "Castin, Ablin & Peyré, How Smooth Is Attention?, ICML 2024, arXiv:2312.14820v2"

@@ -38,11 +38,9 @@ def checked_float(
     return arr
 
 
-def checked_count(
-    x: ArrayLike, name: str, *, min_value: int = 1, allow_inf: bool = False
-) -> NDArray:
-    """Validate a token or copy count (integer-valued, >= min_value; +inf if allowed)."""
-    arr = checked_float(x, name, min_value=min_value, allow_inf=allow_inf)
+def checked_count(x: ArrayLike, name: str, *, allow_inf: bool = False) -> NDArray:
+    """Validate a token or copy count (integer-valued, >= 1; +inf if allowed)."""
+    arr = checked_float(x, name, min_value=1, allow_inf=allow_inf)
     finite = np.isfinite(arr)
     if (arr[finite] != np.round(arr[finite])).any():
         raise ValueError(f"{name} must be integer-valued")

@@ -52,9 +52,7 @@ def large_radius_limit(
     *derived and checked numerically*; whether the paper states a limit or a threshold is *unknown*.
     """
     checked_choice(kind, "kind", ("counts", "argmax"))
-    c = np.asarray(counts)
-    if c.ndim == 0:
-        c = c[None]
+    c = np.atleast_1d(np.asarray(counts))
     if not np.issubdtype(c.dtype, np.integer):
         cf = checked_float(c, "counts")
         if (cf != np.round(cf)).any():

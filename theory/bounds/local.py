@@ -18,6 +18,7 @@ from theory.bounds._common import (
     checked_float,
     checked_norm,
 )
+from theory.rounding import head_upper  # rounding margin, docs/rounding.md §8
 
 # ---------------------------------------------------------------------------------------------
 # the released data-dependent quantity
@@ -143,7 +144,5 @@ def certified_local_upper(
         t2 = math.sqrt(max(float(np.max(P.T @ (kappa2 * beta2))), 0.0))
         t3 = float(np.max(np.linalg.norm(C @ A.T, ord=2, axis=(1, 2))))
         WV = V if W is None else np.asarray(W, dtype=np.float64) @ V
-        from theory.rounding import head_upper  # rounding margin, docs/rounding.md §8
-
         total += head_upper(X_, A, c, S, WV, t1, t2, t3, kappa2, beta2)
     return total

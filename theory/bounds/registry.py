@@ -47,11 +47,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
+
+from theory.bounds._common import checked_choice
 
 __all__ = [
     "BOUNDS",
@@ -140,10 +142,8 @@ class Bound:
     compose: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.side not in SIDES:
-            raise ValueError(f"side must be one of {SIDES}, got {self.side!r}")
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        checked_choice(self.side, "side", SIDES)
+        checked_choice(self.status, "status", STATUSES)
         object.__setattr__(self, "fixed", MappingProxyType(dict(self.fixed)))
 
     @property
@@ -211,9 +211,7 @@ _C: Status = "candidate"
 _DER = "derived and checked numerically"
 _S1, _S2, _S3, _S4 = (f"docs/theory.md §{i}" for i in (1, 2, 3, 4))
 _S5, _S6, _S7, _S8 = (f"docs/theory.md §{i}" for i in (5, 6, 7, 8))
-_S9, _S10, _S16 = "docs/theory.md §9", "docs/theory.md §10", "docs/theory.md §16"
-_S17 = "docs/theory.md §17"
-_S18 = "docs/theory.md §18"
+_S9, _S10, _S16, _S17, _S18 = (f"docs/theory.md §{i}" for i in (9, 10, 16, 17, 18))
 _BL = _DER + " (ours; docs/derivations/bounded_logits.md)"
 _QK = ("Q_norm", "K_norm")
 _QK_OPTIONS = ("scale", "weight_max")
@@ -406,17 +404,15 @@ BOUNDS: tuple[Bound, ...] = (
         note="derived; not in any source", verified=True,
     ),
     # ---- large radius
-    Bound(
-        "large_radius[limit+deviation]", "large_radius_limit", "upper", _T, _DER + " (ours)",
-        _S7, ("X", "A", "V"), "hard-max limit plus the deviation bound", options=("masked",),
-        note="limit with the deviation bound of theory.bounds (ours, derived)", verified=True,
-        compose=_large_radius_band(+1),
-    ),
-    Bound(
-        "large_radius[limit-deviation]", "large_radius_limit", "lower", _T, _DER + " (ours)",
-        _S7, ("X", "A", "V"), "hard-max limit minus the deviation bound", options=("masked",),
-        note="limit with the deviation bound of theory.bounds (ours, derived)", verified=True,
-        compose=_large_radius_band(-1),
+    *(
+        Bound(
+            f"large_radius[limit{op}deviation]", "large_radius_limit",
+            "upper" if sign > 0 else "lower", _T, _DER + " (ours)", _S7, ("X", "A", "V"),
+            f"hard-max limit {word} the deviation bound", options=("masked",),
+            note="limit with the deviation bound of theory.bounds (ours, derived)", verified=True,
+            compose=_large_radius_band(sign),
+        )
+        for op, word, sign in (("+", "plus", +1), ("-", "minus", -1))
     ),
     Bound(
         "large_radius_limit", "large_radius_limit", "limit", "reported", _DER, _S7,
@@ -603,8 +599,6 @@ def cli_bounds() -> dict[str, Bound]:
     those four attributes, ``options`` restricted to the command's (``cli_options``) and ``help``
     ending with the docs section.
     """
-    from dataclasses import replace
-
     return {
         b.cli: replace(b, help=f"{b.help} ({b.section})", options=b.cli_options)
         for b in BOUNDS

@@ -521,29 +521,25 @@ def masked_sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0
 
 def _masked_log_limit_sq(g: NDArray[np.float64]) -> NDArray[np.float64]:
     """Log of the n -> inf limit of the masked sum (see masked_sqrt_n_lower)."""
+
+    def log_sum(gg: NDArray[np.float64], a: dict[int, NDArray[np.float64]]) -> NDArray[np.float64]:
+        # a[s] = E^(s-1) zeta(s, E + 1), E = e^gamma
+        return gg + np.log((1 + gg) ** 2 * a[2] - 2 * gg * (1 + gg) * a[3] + gg**2 * a[4])
+
     out = np.empty_like(g)
     small = g <= 30.0
     if small.any():
         gs = g[small]
         E = np.exp(gs)
-        zeta_terms = {s: E ** (s - 1) * special.zeta(s, E + 1.0) for s in (2, 3, 4)}
-        S = (
-            (1 + gs) ** 2 * zeta_terms[2]
-            - 2 * gs * (1 + gs) * zeta_terms[3]
-            + gs**2 * zeta_terms[4]
-        )
-        out[small] = gs + np.log(S)
+        out[small] = log_sum(gs, {s: E ** (s - 1) * special.zeta(s, E + 1.0) for s in (2, 3, 4)})
     big = ~small
     if big.any():
         gb = g[big]
         inv_q = np.exp(-gb) / (1.0 + np.exp(-gb))  # 1 / (E + 1)
         r = 1.0 / (1.0 + np.exp(-gb))  # E / (E + 1)
-
-        def a(s: int) -> NDArray[np.float64]:
-            # Euler–Maclaurin: zeta(s, q) = q^(1-s)/(s-1) + q^(-s)/2 + s q^(-s-1)/12 + O(q^(-s-3)).
-            lead = r ** (s - 1)
-            return lead * (1.0 / (s - 1) + inv_q / 2.0 + s * inv_q**2 / 12.0)
-
-        S = (1 + gb) ** 2 * a(2) - 2 * gb * (1 + gb) * a(3) + gb**2 * a(4)
-        out[big] = gb + np.log(S)
+        # Euler–Maclaurin: zeta(s, q) = q^(1-s)/(s-1) + q^(-s)/2 + s q^(-s-1)/12 + O(q^(-s-3)).
+        a = {
+            s: r ** (s - 1) * (1.0 / (s - 1) + inv_q / 2.0 + s * inv_q**2 / 12.0) for s in (2, 3, 4)
+        }
+        out[big] = log_sum(gb, a)
     return out

@@ -74,10 +74,6 @@ def _numeric(expr: sp.Expr, args: tuple[sp.Symbol, ...]) -> Callable[..., Any]:
     return func
 
 
-def _latex(expr: sp.Expr) -> str:
-    return sp.latex(expr, symbol_names=S.LATEX_NAMES)
-
-
 def make_derivation(
     name: str,
     expr: sp.Expr,
@@ -88,7 +84,7 @@ def make_derivation(
     return Derivation(
         name=name,
         expr=expr,
-        latex=_latex(expr),
+        latex=sp.latex(expr, symbol_names=S.LATEX_NAMES),
         func=_numeric(expr, tuple(args)),
         args=tuple(args),
         steps=tuple(steps),
@@ -119,6 +115,14 @@ def exp_lambertw(expr: sp.Expr) -> sp.Expr:
         return e
 
     return expr.replace(has_w_term, repl)
+
+
+def unique_solution(equation: sp.Expr, var: sp.Symbol, what: str) -> sp.Expr:
+    """The one solution of ``equation = 0`` for ``var`` (raise, naming ``what``, if not one)."""
+    sols = sp.solve(equation, var)
+    if len(sols) != 1:
+        raise RuntimeError(f"{what}: {sols}")
+    return sols[0]
 
 
 def stationary_points(expr: sp.Expr, var: sp.Symbol) -> tuple[sp.Expr, list[sp.Expr]]:

@@ -8,7 +8,7 @@ import sympy as sp
 
 from theory import _symbols as S
 
-from ._core import Derivation, check_equal, make_derivation
+from ._core import Derivation, check_equal, make_derivation, unique_solution
 from .two_dirac import two_dirac_asymptotic
 
 
@@ -21,15 +21,13 @@ def gap_for_target() -> Derivation:
     Derivation
         ``expr``; ``func(L)``.
     """
-    sols = sp.solve(S.gamma * sp.exp(S.gamma / 2) - S.L, S.gamma)
-    if len(sols) != 1:
-        raise RuntimeError(f"gap_for_target: {sols}")
-    check_equal(sols[0], 2 * sp.LambertW(S.L / 2), "gap_for_target")
+    gamma = unique_solution(S.gamma * sp.exp(S.gamma / 2) - S.L, S.gamma, "gap_for_target")
+    check_equal(gamma, 2 * sp.LambertW(S.L / 2), "gap_for_target")
     return make_derivation(
         "gap for a target value",
-        sols[0],
+        gamma,
         (S.L,),
-        (f"sympy.solve(gamma e^(gamma/2) = L): gamma = {sols[0]}.",),
+        (f"sympy.solve(gamma e^(gamma/2) = L): gamma = {gamma}.",),
     )
 
 
@@ -58,10 +56,7 @@ def radius_for_target() -> Derivation:
     generic = S.C * S.lam * S.R**2 * sp.exp(S.lam * S.R**2 / 8)
     in_x = sp.simplify(generic.subs(S.R, sp.sqrt(8 * S.x / S.lam)))
     check_equal(in_x, 8 * S.C * S.x * sp.exp(S.x), "8 C x e^x")
-    sols = sp.solve(in_x - S.L, S.x)
-    if len(sols) != 1:
-        raise RuntimeError(f"radius_for_target: {sols}")
-    x_sol = sols[0]
+    x_sol = unique_solution(in_x - S.L, S.x, "radius_for_target")
     check_equal(x_sol, sp.LambertW(S.L / (8 * S.C)), "x = W(L/(8C))")
     R_expr = sp.sqrt(8 * x_sol / S.lam).subs(S.C, C_val)
     steps = (
@@ -91,10 +86,7 @@ def half_form_inversion() -> Derivation:
     """
     half = S.Vu_norm / 2 * (1 + S.gamma / 2) * sp.exp(S.gamma / 2)
     in_x = sp.expand(half.subs(S.gamma, 2 * S.x))
-    sols = sp.solve(in_x - S.L, S.x)
-    if len(sols) != 1:
-        raise RuntimeError(f"half_form_inversion: {sols}")
-    x_sol = sols[0]
+    x_sol = unique_solution(in_x - S.L, S.x, "half_form_inversion")
     check_equal(x_sol, sp.LambertW(2 * sp.E * S.L / S.Vu_norm) - 1, "half-form x")
     R_expr = sp.sqrt(8 * x_sol / S.lam)
     steps = (
@@ -123,25 +115,23 @@ def radius_for_upper() -> Derivation:
         ``conservative`` (:math:`\sqrt{W_0(cL/(2ab))/c}`, valid when :math:`R^2 \ge 1/b`).
     """
     t = S.y  # t = R^2
-    sols = sp.solve(S.a * (1 + S.b * t) * sp.exp(S.c * t) - S.L, t)
-    if len(sols) != 1:
-        raise RuntimeError(f"radius_for_upper: {sols}")
+    exact = unique_solution(S.a * (1 + S.b * t) * sp.exp(S.c * t) - S.L, t, "radius_for_upper")
     stated = sp.LambertW(S.c * S.L * sp.exp(S.c / S.b) / (S.a * S.b)) / S.c - 1 / S.b
-    check_equal(sols[0], stated, "exact radius")
-    cons = sp.solve(2 * S.a * S.b * t * sp.exp(S.c * t) - S.L, t)
-    if len(cons) != 1:
-        raise RuntimeError(f"radius_for_upper (conservative): {cons}")
-    check_equal(cons[0], sp.LambertW(S.c * S.L / (2 * S.a * S.b)) / S.c, "conservative radius")
+    check_equal(exact, stated, "exact radius")
+    cons = unique_solution(
+        2 * S.a * S.b * t * sp.exp(S.c * t) - S.L, t, "radius_for_upper (conservative)"
+    )
+    check_equal(cons, sp.LambertW(S.c * S.L / (2 * S.a * S.b)) / S.c, "conservative radius")
     steps = (
-        f"sympy.solve(a (1 + b t) e^(c t) = L, t): t = {sols[0]} (t = R^2).",
-        f"For t >= 1/b, 1 + b t <= 2 b t; solving 2 a b t e^(c t) = L gives t = {cons[0]}.",
+        f"sympy.solve(a (1 + b t) e^(c t) = L, t): t = {exact} (t = R^2).",
+        f"For t >= 1/b, 1 + b t <= 2 b t; solving 2 a b t e^(c t) = L gives t = {cons}.",
     )
     return make_derivation(
         "radius for an upper-bound form",
-        sp.sqrt(sols[0]),
+        sp.sqrt(exact),
         (S.L, S.a, S.b, S.c),
         steps,
-        {"conservative": sp.sqrt(cons[0])},
+        {"conservative": sp.sqrt(cons)},
     )
 
 

@@ -136,11 +136,9 @@ def sqrt_n_mean_field_crossover(
     expr, num_func, how = solve_or_numeric(equation, S.n, (S.theta, S.V_norm, S.c), (1.0, 1e300))
     steps = (f"Solve {sq} = {mf} for n.", f"Result by {how}: {expr}.")
     if expr is None:
-        func = num_func
         expr_out = sp.Symbol("n_star")
     else:
         expr_out = sp.simplify(expr.subs(S.theta, S.A_norm * S.R**2))
-        func = None
     d = make_derivation(
         f"sqrt(n) / mean-field crossover ({form}, {mf_form})",
         expr_out,
@@ -148,7 +146,7 @@ def sqrt_n_mean_field_crossover(
         steps,
         {"equation": equation},
     )
-    if func is not None:
+    if expr is None:
 
         def wrapped(A_norm: Any, V_norm: Any, R: Any, c: Any) -> Any:
             return num_func(np.asarray(A_norm) * np.asarray(R) ** 2, V_norm, c)
