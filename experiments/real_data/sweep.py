@@ -171,14 +171,9 @@ def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
     members = list(cfg["members"])
     first = members[0]
     config, opts = first["config"], first["opts"]
-    for m in members[1:]:
-        if (m["config"], m["n"], m["run"], m["device"]) != (
-            config,
-            first["n"],
-            first["run"],
-            first["device"],
-        ):
-            raise ValueError("real_points: members of one batch must share configuration and n")
+    shared = (config, first["n"], first["run"], first["device"])
+    if any((m["config"], m["n"], m["run"], m["device"]) != shared for m in members[1:]):
+        raise ValueError("real_points: members of one batch must share configuration and n")
     with torch_threads(first["threads"]):
         ws = _workspace(first["run"], opts["seed"], opts["dtype"], first["device"])
         windows = []
