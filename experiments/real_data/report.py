@@ -22,6 +22,21 @@ def _f(v: Any) -> float:
     return float(v) if v is not None else math.nan  # "inf" strings and None (nan) from JSON
 
 
+#: Per-window columns of :func:`load_sweeps` (``arrays``), also the columns of ``windows.csv``.
+_WINDOW_COLUMNS = (
+    "n",
+    "start",
+    "lower",
+    "value",
+    "upper",
+    "upper_prob",
+    "released",
+    "mean_radius",
+    "max_radius",
+    "converged",
+)
+
+
 def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
     """Saved sweeps of ``results_dir / "real_data"``: manifest entries with their records.
 
@@ -63,21 +78,7 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
         if not recs:
             continue
         recs.sort(key=lambda r: r["n"])
-        cols: dict[str, list] = {
-            k: []
-            for k in (
-                "n",
-                "value",
-                "lower",
-                "upper",
-                "upper_prob",
-                "released",
-                "mean_radius",
-                "max_radius",
-                "converged",
-                "start",
-            )
-        }
+        cols: dict[str, list] = {k: [] for k in _WINDOW_COLUMNS}
         # records written before upper_prob was recorded: the deterministic end stands in for it
         has_prob = all("upper_prob" in r and r.get("confidence") is not None for r in recs)
         for r in recs:
@@ -287,21 +288,6 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-#: Columns of ``windows.csv`` taken from the per-window arrays of :func:`load_sweeps`.
-_WINDOW_COLUMNS = (
-    "n",
-    "start",
-    "lower",
-    "value",
-    "upper",
-    "upper_prob",
-    "released",
-    "mean_radius",
-    "max_radius",
-    "converged",
-)
 
 
 def export_csv(results_dir: Path) -> list[Path]:
