@@ -159,10 +159,6 @@ def _display_label(entry: Mapping[str, Any]) -> str:
     return f"{_short_model(entry)} L{entry['config']['layer']}, {_map_desc(entry, layer=False)}"
 
 
-def _paper_corpus(entry: Mapping[str, Any]) -> str | None:
-    return CORPUS_STANDS_IN.get(entry["corpus"])
-
-
 def summary(results_dir: Path) -> dict[str, Any]:
     """Fitted exponents per sweep, beside the paper's printed curve (reads saved results only).
 
@@ -228,7 +224,7 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         finite = np.isfinite(ratio)
         prob_ratio = a["upper_prob"] / a["lower"]
         prob_finite = np.isfinite(prob_ratio)
-        paper_corpus = _paper_corpus(s)
+        paper_corpus = CORPUS_STANDS_IN.get(s["corpus"])
         curve = (
             PAPER_CURVES.get(f"{s['paper_configuration']} {paper_corpus}")
             if s.get("paper_configuration") and paper_corpus

@@ -22,6 +22,8 @@ from ..engine import (
     load_json,
     loading,
     point_key,
+    torch_threads,
+    worker_cache,
     write_json,
 )
 from .report import export_csv
@@ -93,8 +95,6 @@ def _workspace(run: str, seed: int, dtype: str, device: str) -> _Workspace:
     """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
     import torch
 
-    from ..engine import worker_cache
-
     return worker_cache(
         ("real_data", run, int(seed), dtype, device),
         lambda: _Workspace(int(seed), getattr(torch, dtype), device, {}),
@@ -113,8 +113,6 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``threads``, or the driver's own count when that is ``None``), so that a Dask worker, started
     with one thread, computes the same floats as the serial run.
     """
-    from ..engine import torch_threads
-
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
@@ -128,8 +126,6 @@ def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     Loads them into the run's workspace of the process it runs in, where the points find them.
     """
-    from ..engine import torch_threads
-
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
@@ -165,8 +161,6 @@ def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
     estimator's tolerance, not bit for bit: the batch runs with other starting vectors.
     """
     import torch
-
-    from ..engine import torch_threads
 
     members = list(cfg["members"])
     first = members[0]
