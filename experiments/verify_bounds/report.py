@@ -16,9 +16,12 @@ from .checks import BOUND_RTOL, BoundSpec, bound_holds, bound_margin, theta_buck
 from .generation import make_targets
 from .settings import NAME
 
-#: Entries of a target's context copied into an instance's data (where present).
-_INSTANCE_KEYS = ("X", "points", "log_weights", "positions", "WQ", "WV", "gamma", "Vu_norm")
-_INSTANCE_KEYS += ("log_eps", "k", "x", "y", "h", "w", "limit", "deviation", "margin")
+#: Entries of a target's context copied into an instance's data (where present): the inputs and
+#: weights, then the parameters of the constructions.
+_INSTANCE_KEYS = (
+    *("X", "points", "log_weights", "positions", "WQ", "WV"),
+    *("gamma", "Vu_norm", "log_eps", "k", "x", "y", "h", "w", "limit", "deviation", "margin"),
+)
 
 
 def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[str, Any]:
