@@ -21,7 +21,6 @@ from ..engine import (
     forget_worker_cache,
     load_json,
     loading,
-    point_key,
     torch_threads,
     worker_cache,
     write_json,
@@ -52,6 +51,10 @@ class _Workspace:
         self.ids: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.maps: dict[str, Any] = {}
         self.need: dict[tuple[str, str], int] = {}
+
+    def require(self, key: str, corpus: str, tokens: int) -> None:
+        """Ask for at least ``tokens`` tokens of ``corpus`` for model ``key`` (the most asked wins)."""
+        self.need[(key, corpus)] = max(self.need.get((key, corpus), 0), int(tokens))
 
     def model(self, key: str) -> Any:
         if key not in self.models:
@@ -116,8 +119,7 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
-        key = (config.model, corpus)
-        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        ws.require(config.model, corpus, cfg["need"])
         return _estimate(config, ws, corpus, cfg, opts)
 
 
@@ -129,8 +131,7 @@ def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
-        key = (config.model, corpus)
-        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        ws.require(config.model, corpus, cfg["need"])
         lm = ws.model(config.model)
         _, corp = ws.token_ids(config.model, corpus)
         return dict(
@@ -172,8 +173,7 @@ def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
         ws = _workspace(first["run"], opts["seed"], opts["dtype"], first["device"])
         windows = []
         for m in members:
-            key = (config.model, m["corpus"])
-            ws.need[key] = max(ws.need.get(key, 0), int(m["need"]))
+            ws.require(config.model, m["corpus"], m["need"])
             windows.append(_windows(config, ws, m["corpus"], m, opts))
         X = torch.cat([hs.X for hs, _ in windows])
         br = _bracket(config, ws.attention(config), X, opts, per_call=X.shape[0])
@@ -370,9 +370,7 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
                     grids.append(("long", list(cfg.long_grid)))
                 for gname, grid in grids:
                     plan.append((config, corpus, gname, grid))
-                    need = cfg.n_windows * sum(grid)
-                    key = (config.model, corpus)
-                    ws.need[key] = max(ws.need.get(key, 0), need)
+                    ws.require(config.model, corpus, cfg.n_windows * sum(grid))
         batch = cfg.batch_windows
         if batch is None:  # batched on a GPU; one point per call on the CPU (docs/cluster.md)
             batch = str(device).startswith("cuda")
@@ -413,7 +411,7 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
             )
             manifest["sweeps"][name] = entry
             write_json(manifest_path, manifest)
-            if len(sweep.done() & {_key(sweep, p) for p in points}) < len(points):
+            if sweep.unfinished(points):
                 context = {
                     "config": config,
                     "corpus": corpus,
@@ -454,7 +452,3 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
 def _batch_key(cfg: Mapping[str, Any]) -> tuple[Any, ...]:
     """Points computed in one call: same configuration, n, run, device and threads."""
     return (cfg["config"].id, int(cfg["n"]), cfg["run"], cfg["device"], cfg["threads"])
-
-
-def _key(sweep: Sweep, point: Mapping[str, Any]) -> str:
-    return point_key(sweep.digest, point)
