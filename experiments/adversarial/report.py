@@ -37,30 +37,25 @@ def load_results(results_dir: Path) -> dict[str, Any]:
     out = Path(results_dir) / NAME
     found: dict[str, Any] = {}
     for cid in CONFIGS:
-        info_path = out / f"{cid}.json"
-        if not info_path.exists():
-            continue
-        info = load_json(info_path)
-        recs = [
-            r
-            for r in load_jsonl(out / f"{cid}.jsonl")
-            if r.get("config_hash") == info["config_hash"]
-        ]
-        found[cid] = {"info": info, "records": recs}
+        if (out / f"{cid}.json").exists():
+            info, recs = _latest(out, cid)
+            found[cid] = {"info": info, "records": recs}
     wc = None
     if (out / "worst_case.json").exists():
-        info = load_json(out / "worst_case.json")
-        recs = [
-            r
-            for r in load_jsonl(out / "worst_case.jsonl")
-            if r.get("config_hash") == info["config_hash"]
-        ]
+        info, recs = _latest(out, "worst_case")
         wc = {"info": info, "records": sorted(recs, key=lambda r: r["n"])}
     if not found and wc is None:
         raise FileNotFoundError(
             f"no adversarial results in {out}; run `meanfield reproduce --only adversarial`"
         )
     return {"configs": found, "worst_case": wc}
+
+
+def _latest(out: Path, stem: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``<stem>.json`` and the records of ``<stem>.jsonl`` that carry its ``config_hash``."""
+    info = load_json(out / f"{stem}.json")
+    recs = load_jsonl(out / f"{stem}.jsonl")
+    return info, [r for r in recs if r.get("config_hash") == info["config_hash"]]
 
 
 def _series(records: list[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
@@ -89,11 +84,7 @@ def summary(results_dir: Path) -> dict[str, Any]:
             "paper_layer": c["paper_layer"],
             "model": info["label"],
             "model_key": info["settings"]["model"],
-            "layer": info["settings"]["layer"],
-            "head": info["settings"]["head"],
-            "R": info["settings"]["R"],
-            "map": info["settings"]["map"],
-            "masked": info["settings"]["masked"],
+            **{k: info["settings"][k] for k in ("layer", "head", "R", "map", "masked")},
             "paper_C": c["paper_C"],
             "construction_exact": info["construction_exact"],
             "n_records": len(recs),

@@ -164,56 +164,41 @@ class AdversarialSettings(StageConfig):
     torch_threads: int | None
 
 
+_TINY = AdversarialSettings(
+    configs=("gpt2_rand", "bert_enc"),
+    models={"gpt2_rand": "gpt2-random-tiny", "bert_enc": "bert-random-tiny"},
+    layers={"gpt2_rand": 1, "bert_enc": 0},
+    heads={},
+    radii={},
+    n_grid=(2, 5, 12),
+    variants=tuple(VARIANTS),
+    worst_case={**_WORST_CASE_DEFAULT, "n_grid": [2, 4], "n_restarts": 1, "steps": 20},
+    tol=1e-6,
+    max_iter=None,
+    torch_threads=1,
+)
+_QUICK = replace(
+    _TINY,
+    models={},
+    layers={},
+    n_grid=(2, 12, 27, 52, 97),
+    worst_case={**_WORST_CASE_DEFAULT, "n_grid": [2, 4, 8, 16], "n_restarts": 2, "steps": 60},
+)
 #: Presets. Measured wall times (2 cores shared with other jobs, load average 5-6, so inflated):
 #: tiny about 4 s; quick 49 s (25 s CPU) including the model loads; paper 2 min 29 s (2 min 4 s
 #: CPU) for the four configurations (160 points, SmolLM2 load included) and the worst-case search.
+#: Each preset is written as what it changes in the one before it.
 PRESETS: Mapping[str, AdversarialSettings] = {
     # tests: tiny random GPT-2 and BERT configs (d = 32), seconds
-    "tiny": AdversarialSettings(
-        configs=("gpt2_rand", "bert_enc"),
-        models={"gpt2_rand": "gpt2-random-tiny", "bert_enc": "bert-random-tiny"},
-        layers={"gpt2_rand": 1, "bert_enc": 0},
-        heads={},
-        radii={},
-        n_grid=(2, 5, 12),
-        variants=tuple(VARIANTS),
-        worst_case={**_WORST_CASE_DEFAULT, "n_grid": [2, 4], "n_restarts": 1, "steps": 20},
-        tol=1e-6,
-        max_iter=None,
-        torch_threads=1,
-    ),
+    "tiny": _TINY,
     # the paper's random GPT-2 and the MiniLM stand-in of BERT-enc on five lengths
-    "quick": AdversarialSettings(
-        configs=("gpt2_rand", "bert_enc"),
-        models={},
-        layers={},
-        heads={},
-        radii={},
-        n_grid=(2, 12, 27, 52, 97),
-        variants=tuple(VARIANTS),
-        worst_case={
-            **_WORST_CASE_DEFAULT,
-            "n_grid": [2, 4, 8, 16],
-            "n_restarts": 2,
-            "steps": 60,
-        },
-        tol=1e-6,
-        max_iter=None,
-        torch_threads=1,
-    ),
+    "quick": _QUICK,
     # the four configurations on the paper's grid, and the worst-case search
-    "paper": AdversarialSettings(
+    "paper": replace(
+        _QUICK,
         configs=tuple(CONFIGS),
-        models={},
-        layers={},
-        heads={},
-        radii={},
         n_grid=tuple(PAPER_N_GRID),
-        variants=tuple(VARIANTS),
         worst_case=dict(_WORST_CASE_DEFAULT),
-        tol=1e-6,
-        max_iter=None,
-        torch_threads=1,
     ),
 }
 

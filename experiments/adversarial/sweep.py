@@ -18,8 +18,11 @@ from ..engine import (
     Steps,
     Sweep,
     SweepJob,
+    forget_worker_cache,
     load_json,
+    loading,
     torch_threads,
+    worker_cache,
     write_csv,
     write_json,
 )
@@ -96,8 +99,6 @@ class _Workspace:
         self.heads: dict[tuple[str, str], dict[str, Any]] = {}
 
     def model(self, key: str, seed: int) -> Any:
-        from ..engine import loading
-
         if (key, seed) not in self.models:
             with loading():
                 self.models[(key, seed)] = load_model_cached(key, seed)
@@ -108,8 +109,6 @@ class _Workspace:
         import torch
 
         from meanfield.models import hf_attention
-
-        from ..engine import loading
 
         if (c.id, device) not in self.heads:
             loaded = self.model(settings["model"], c.seed)
@@ -137,8 +136,6 @@ class _Workspace:
 
 def _workspace(run: str) -> _Workspace:
     """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
-    from ..engine import worker_cache
-
     return worker_cache(("adversarial", run), _Workspace)
 
 
@@ -149,8 +146,6 @@ def adv_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     (the torch threads of the serial run, so that every process computes the same floats) and
     ``run`` (names the per-process workspace that loads each model once).
     """
-    from ..engine import torch_threads
-
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"])
         head = ws.head(cfg["config"], cfg["settings"], cfg["device"])
@@ -162,8 +157,6 @@ def adv_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     Loads them into the run's workspace of the process it runs in, where the points find them.
     """
-    from ..engine import torch_threads
-
     with torch_threads(cfg["threads"]):
         head = _workspace(cfg["run"]).head(cfg["config"], cfg["settings"], cfg["device"])
         loaded, att = head["loaded"], head["att"]
@@ -328,8 +321,6 @@ def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     from meanfield.attacks import adversarial_sequence, worst_case_sequence
     from theory.bounds import sqrt_n_lower, sqrt_n_upper
 
-    from ..engine import torch_threads
-
     wc = cfg["wc"]
     with torch_threads(cfg["threads"]):
         head = _synthetic_head(wc)
@@ -348,6 +339,7 @@ def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
         )
         seq = adversarial_sequence(head, R, n, variant="symmetric")
         Vu = float(torch.linalg.vector_norm(head.V @ seq.u))
+        triangle = float(sqrt_n_upper(A_norm, V_norm, R, n, form="triangle"))
         return {
             "n": n,
             "value": res.value,
@@ -358,10 +350,8 @@ def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "construction_formula": float(sqrt_n_lower(seq.gamma, n, Vu)),
             "gamma": seq.gamma,
             "global_bound": float(sqrt_n_upper(A_norm, V_norm, R, n)),
-            "global_bound_triangle": float(sqrt_n_upper(A_norm, V_norm, R, n, form="triangle")),
-            "bounds_hold": bool(
-                res.lower <= float(sqrt_n_upper(A_norm, V_norm, R, n, form="triangle"))
-            ),
+            "global_bound_triangle": triangle,
+            "bounds_hold": bool(res.lower <= triangle),
         }
 
 
@@ -409,8 +399,6 @@ def execute(cfg: AdversarialSettings, out: Path, run: StageRun) -> Steps:
     export.
     """
     import torch
-
-    from ..engine import forget_worker_cache
 
     files: list[Path] = []
     jobs: list[SweepJob] = []

@@ -206,19 +206,16 @@ def _sweep(cfg: InvertibleSettings) -> tuple[dict[str, np.ndarray], dict[str, An
         "radii": np.asarray(radii, dtype=np.float64),
         "seeds": np.asarray(cfg.seeds, dtype=np.int64),
     }
+    shape = (len(cfg.seeds), len(radii))
     for m in MAPS:
         arrays[f"{m}_residuals"] = np.stack(res[m])  # (seeds, radii, max_iter)
         arrays[f"{m}_scale"] = np.asarray(scales[m])
         fields = ("local_lipschitz", "spectral_radius", "preimage_error", "rate", "max_ratio")
         for f in (*fields, "y_norm"):
             vals = [r[f] for r in all_rows if r["map"] == m]
-            arrays[f"{m}_{f}"] = np.asarray(vals, dtype=np.float64).reshape(
-                len(cfg.seeds), len(radii)
-            )
+            arrays[f"{m}_{f}"] = np.asarray(vals, dtype=np.float64).reshape(shape)
         codes = [OUTCOMES.index(r["outcome"]) for r in all_rows if r["map"] == m]
-        arrays[f"{m}_outcome"] = np.asarray(codes, dtype=np.int64).reshape(
-            len(cfg.seeds), len(radii)
-        )
+        arrays[f"{m}_outcome"] = np.asarray(codes, dtype=np.int64).reshape(shape)
     arrays["target"] = np.float64(cfg.target)
     arrays["ref_radius"] = np.float64(cfg.ref_radius)
     arrays["tol"] = np.float64(cfg.tol)

@@ -181,15 +181,14 @@ def head_results(
     ``rows`` maps N to the values :func:`kim_point` returned (the records of the stage's
     queued points); the N missing from it are computed here.
     """
-    context = _point_context(
-        name,
-        seed,
-        p2_max_n=p2_max_n,
-        n_restarts=n_restarts,
-        steps=steps,
-        p2_restarts=p2_restarts,
-        p2_steps=p2_steps,
-    )
+    search = {
+        "p2_max_n": p2_max_n,
+        "n_restarts": n_restarts,
+        "steps": steps,
+        "p2_restarts": p2_restarts,
+        "p2_steps": p2_steps,
+    }
+    context = _point_context(name, seed, **search)
     rows = dict(rows or {})
     for N in n_values:
         if int(N) not in rows:
@@ -221,14 +220,7 @@ def head_results(
         for N, u, lo in zip(n, arrays[key], arrays[low], strict=True)
         if np.isfinite(lo) and lo > u
     ]
-    config = {
-        "n_values": [int(v) for v in n_values],
-        "p2_max_n": p2_max_n,
-        "n_restarts": n_restarts,
-        "steps": steps,
-        "p2_restarts": p2_restarts,
-        "p2_steps": p2_steps,
-    }
+    config = {"n_values": [int(v) for v in n_values], **search}
     doc = {
         "kind": "kim_tightness",
         "head": name,
@@ -268,11 +260,8 @@ def execute(cfg: KimTightnessSettings, out: Path, run: StageRun) -> Steps:
     heads = (cfg.heads,) if isinstance(cfg.heads, str) else tuple(cfg.heads)
     n_values = [int(v) for v in cfg.n_values]
     search = {
-        "p2_max_n": int(cfg.p2_max_n),
-        "n_restarts": int(cfg.n_restarts),
-        "steps": int(cfg.steps),
-        "p2_restarts": int(cfg.p2_restarts),
-        "p2_steps": int(cfg.p2_steps),
+        k: int(getattr(cfg, k))
+        for k in ("p2_max_n", "n_restarts", "steps", "p2_restarts", "p2_steps")
     }
     kwargs = {"n_values": n_values, **search}  # what a finished head records as its settings
     files: list[Path] = []

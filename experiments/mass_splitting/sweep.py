@@ -98,10 +98,14 @@ def _num(x: Any) -> Any:
     return record_float(x) if x is None or isinstance(x, str) else x
 
 
-def _assemble_b(
-    radii: Sequence[float], n_atoms: int, rows: Mapping[tuple[str, float], Mapping[str, Any]]
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Figure B's arrays and summary from its points, ``rows[(setting, R)]``."""
+def _write_b(
+    out: Path,
+    config: Mapping[str, Any],
+    rows: Mapping[tuple[str, float], Mapping[str, Any]],
+    seed: int,
+) -> list[Path]:
+    """Figure B's files from its points, ``rows[(setting, R)]``."""
+    radii, n_atoms = config["radii"], config["n_atoms"]
     arrays: dict[str, np.ndarray] = {"radii": np.asarray(radii, dtype=np.float64)}
     summary: dict[str, Any] = {"radii": list(radii), "n_atoms": n_atoms, "settings": {}}
     for key, (A_list, label) in FIG_B_SETTINGS.items():
@@ -123,34 +127,6 @@ def _assemble_b(
             "two_dirac_bound": tds,
             "construction_value": cons,
         }
-    return arrays, summary
-
-
-def _worst_measures_sweep(
-    radii: Sequence[float],
-    *,
-    n_atoms: int,
-    n_restarts: int,
-    steps: int,
-    seed: int,
-    progress: bool = False,
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    cfg = {"n_atoms": n_atoms, "n_restarts": n_restarts, "steps": steps, "seed": seed}
-    rows = {
-        (key, R): worst_measure_point({**cfg, "setting": key, "R": R, "progress": progress})
-        for key in FIG_B_SETTINGS
-        for R in radii
-    }
-    return _assemble_b(radii, n_atoms, rows)
-
-
-def _write_b(
-    out: Path,
-    arrays: Mapping[str, Any],
-    summary: Mapping[str, Any],
-    config: Mapping[str, Any],
-    seed: int,
-) -> list[Path]:
     doc = {
         "kind": "worst_measures",
         **summary,
@@ -178,16 +154,14 @@ def figure_b_results(
     ``n_atoms`` atoms (:func:`meanfield.attacks.worst_case_measure`), its value, the closed-form
     two-Dirac bound and the best construction value.
     """
-    arrays, summary = _worst_measures_sweep(
-        radii,
-        n_atoms=n_atoms,
-        n_restarts=n_restarts,
-        steps=steps,
-        seed=seed,
-        progress=progress,
-    )
+    cfg = {"n_atoms": n_atoms, "n_restarts": n_restarts, "steps": steps, "seed": seed}
+    rows = {
+        (key, R): worst_measure_point({**cfg, "setting": key, "R": R, "progress": progress})
+        for key in FIG_B_SETTINGS
+        for R in radii
+    }
     config = {"radii": list(radii), "n_atoms": n_atoms, "n_restarts": n_restarts, "steps": steps}
-    return _write_b(Path(out_dir), arrays, summary, config, seed)
+    return _write_b(Path(out_dir), config, rows, seed)
 
 
 def attack_inputs(R: float) -> tuple[Any, dict[str, Any]]:
@@ -407,9 +381,8 @@ def execute(cfg: MassSplittingSettings, out: Path, run: StageRun) -> Steps:
         recs = sweep.collect(points)
         if key == "figure_b":
             rows = {(r["point"]["setting"], r["point"]["R"]): r for r in recs}
-            arrays, summ = _assemble_b(kwargs["radii"], kwargs["n_atoms"], rows)
             meta = {k: kwargs[k] for k in ("radii", "n_atoms", "n_restarts", "steps")}
-            files += _write_b(out, arrays, summ, meta, seed)
+            files += _write_b(out, meta, rows, seed)
         else:
             rows = {(r["point"]["input"], r["point"]["budget"]): r for r in recs}
             keys = ("radii", "budgets", "R_attack", "k_max", "n_restarts", "steps")
@@ -429,12 +402,7 @@ def _sweep(out: Path, group: FigureBSettings | FigureCSettings, seed: int) -> tu
         task = worst_measure_point
     else:
         key = "figure_c"
-        context = {
-            "R_attack": group.R_attack,
-            "k_max": group.k_max,
-            "n_restarts": group.n_restarts,
-            "steps": group.steps,
-        }
+        context = {k: getattr(group, k) for k in ("R_attack", "k_max", "n_restarts", "steps")}
         points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in group.budgets]
         task = mass_splitting_point
     context["seed"] = seed

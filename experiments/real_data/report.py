@@ -22,6 +22,21 @@ def _f(v: Any) -> float:
     return float(v) if v is not None else math.nan  # "inf" strings and None (nan) from JSON
 
 
+#: Per-window columns of :func:`load_sweeps` (``arrays``), also the columns of ``windows.csv``.
+_WINDOW_COLUMNS = (
+    "n",
+    "start",
+    "lower",
+    "value",
+    "upper",
+    "upper_prob",
+    "released",
+    "mean_radius",
+    "max_radius",
+    "converged",
+)
+
+
 def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
     """Saved sweeps of ``results_dir / "real_data"``: manifest entries with their records.
 
@@ -63,21 +78,7 @@ def load_sweeps(results_dir: Path) -> list[dict[str, Any]]:
         if not recs:
             continue
         recs.sort(key=lambda r: r["n"])
-        cols: dict[str, list] = {
-            k: []
-            for k in (
-                "n",
-                "value",
-                "lower",
-                "upper",
-                "upper_prob",
-                "released",
-                "mean_radius",
-                "max_radius",
-                "converged",
-                "start",
-            )
-        }
+        cols: dict[str, list] = {k: [] for k in _WINDOW_COLUMNS}
         # records written before upper_prob was recorded: the deterministic end stands in for it
         has_prob = all("upper_prob" in r and r.get("confidence") is not None for r in recs)
         for r in recs:
@@ -158,10 +159,6 @@ def _display_label(entry: Mapping[str, Any]) -> str:
     return f"{_short_model(entry)} L{entry['config']['layer']}, {_map_desc(entry, layer=False)}"
 
 
-def _paper_corpus(entry: Mapping[str, Any]) -> str | None:
-    return CORPUS_STANDS_IN.get(entry["corpus"])
-
-
 def summary(results_dir: Path) -> dict[str, Any]:
     """Fitted exponents per sweep, beside the paper's printed curve (reads saved results only).
 
@@ -227,7 +224,7 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         finite = np.isfinite(ratio)
         prob_ratio = a["upper_prob"] / a["lower"]
         prob_finite = np.isfinite(prob_ratio)
-        paper_corpus = _paper_corpus(s)
+        paper_corpus = CORPUS_STANDS_IN.get(s["corpus"])
         curve = (
             PAPER_CURVES.get(f"{s['paper_configuration']} {paper_corpus}")
             if s.get("paper_configuration") and paper_corpus
@@ -287,21 +284,6 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-#: Columns of ``windows.csv`` taken from the per-window arrays of :func:`load_sweeps`.
-_WINDOW_COLUMNS = (
-    "n",
-    "start",
-    "lower",
-    "value",
-    "upper",
-    "upper_prob",
-    "released",
-    "mean_radius",
-    "max_radius",
-    "converged",
-)
 
 
 def export_csv(results_dir: Path) -> list[Path]:

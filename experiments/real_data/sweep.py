@@ -21,7 +21,8 @@ from ..engine import (
     forget_worker_cache,
     load_json,
     loading,
-    point_key,
+    torch_threads,
+    worker_cache,
     write_json,
 )
 from .report import export_csv
@@ -50,6 +51,10 @@ class _Workspace:
         self.ids: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.maps: dict[str, Any] = {}
         self.need: dict[tuple[str, str], int] = {}
+
+    def require(self, key: str, corpus: str, tokens: int) -> None:
+        """Ask for at least ``tokens`` tokens of ``corpus`` for model ``key`` (the most asked wins)."""
+        self.need[(key, corpus)] = max(self.need.get((key, corpus), 0), int(tokens))
 
     def model(self, key: str) -> Any:
         if key not in self.models:
@@ -93,8 +98,6 @@ def _workspace(run: str, seed: int, dtype: str, device: str) -> _Workspace:
     """The workspace of the run ``run`` in this process (shared by the driver and its tasks)."""
     import torch
 
-    from ..engine import worker_cache
-
     return worker_cache(
         ("real_data", run, int(seed), dtype, device),
         lambda: _Workspace(int(seed), getattr(torch, dtype), device, {}),
@@ -113,13 +116,10 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``threads``, or the driver's own count when that is ``None``), so that a Dask worker, started
     with one thread, computes the same floats as the serial run.
     """
-    from ..engine import torch_threads
-
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
-        key = (config.model, corpus)
-        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        ws.require(config.model, corpus, cfg["need"])
         return _estimate(config, ws, corpus, cfg, opts)
 
 
@@ -128,13 +128,10 @@ def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     Loads them into the run's workspace of the process it runs in, where the points find them.
     """
-    from ..engine import torch_threads
-
     config, corpus, opts = cfg["config"], cfg["corpus"], cfg["opts"]
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
-        key = (config.model, corpus)
-        ws.need[key] = max(ws.need.get(key, 0), int(cfg["need"]))
+        ws.require(config.model, corpus, cfg["need"])
         lm = ws.model(config.model)
         _, corp = ws.token_ids(config.model, corpus)
         return dict(
@@ -166,25 +163,17 @@ def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from ..engine import torch_threads
-
     members = list(cfg["members"])
     first = members[0]
     config, opts = first["config"], first["opts"]
-    for m in members[1:]:
-        if (m["config"], m["n"], m["run"], m["device"]) != (
-            config,
-            first["n"],
-            first["run"],
-            first["device"],
-        ):
-            raise ValueError("real_points: members of one batch must share configuration and n")
+    shared = (config, first["n"], first["run"], first["device"])
+    if any((m["config"], m["n"], m["run"], m["device"]) != shared for m in members[1:]):
+        raise ValueError("real_points: members of one batch must share configuration and n")
     with torch_threads(first["threads"]):
         ws = _workspace(first["run"], opts["seed"], opts["dtype"], first["device"])
         windows = []
         for m in members:
-            key = (config.model, m["corpus"])
-            ws.need[key] = max(ws.need.get(key, 0), int(m["need"]))
+            ws.require(config.model, m["corpus"], m["need"])
             windows.append(_windows(config, ws, m["corpus"], m, opts))
         X = torch.cat([hs.X for hs, _ in windows])
         br = _bracket(config, ws.attention(config), X, opts, per_call=X.shape[0])
@@ -381,9 +370,7 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
                     grids.append(("long", list(cfg.long_grid)))
                 for gname, grid in grids:
                     plan.append((config, corpus, gname, grid))
-                    need = cfg.n_windows * sum(grid)
-                    key = (config.model, corpus)
-                    ws.need[key] = max(ws.need.get(key, 0), need)
+                    ws.require(config.model, corpus, cfg.n_windows * sum(grid))
         batch = cfg.batch_windows
         if batch is None:  # batched on a GPU; one point per call on the CPU (docs/cluster.md)
             batch = str(device).startswith("cuda")
@@ -424,7 +411,7 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
             )
             manifest["sweeps"][name] = entry
             write_json(manifest_path, manifest)
-            if len(sweep.done() & {_key(sweep, p) for p in points}) < len(points):
+            if sweep.unfinished(points):
                 context = {
                     "config": config,
                     "corpus": corpus,
@@ -465,7 +452,3 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
 def _batch_key(cfg: Mapping[str, Any]) -> tuple[Any, ...]:
     """Points computed in one call: same configuration, n, run, device and threads."""
     return (cfg["config"].id, int(cfg["n"]), cfg["run"], cfg["device"], cfg["threads"])
-
-
-def _key(sweep: Sweep, point: Mapping[str, Any]) -> str:
-    return point_key(sweep.digest, point)

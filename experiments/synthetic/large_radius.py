@@ -18,7 +18,7 @@ import numpy as np
 
 from theory import bounds
 
-from ..engine import Round, Sweep
+from ..engine import Round, Sweep, torch_threads
 from .settings import (
     STEMS,
     SyntheticSettings,
@@ -77,8 +77,6 @@ def _f7_point(point: Mapping[str, Any], A, V, X, R: np.ndarray, device: str) -> 
 
 def f7_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """One F7 point as a top-level task (point, ``A``, ``V``, ``X``, ``R``, ``device``)."""
-    from ..engine import torch_threads
-
     with torch_threads(1):
         return _f7_point(cfg, cfg["A"], cfg["V"], cfg["X"], cfg["R"], cfg["device"])
 

@@ -28,7 +28,7 @@ from scipy import special
 
 from theory import bounds
 
-from ..engine import Round, Sweep
+from ..engine import Round, Sweep, torch_threads
 from .settings import (
     F6_SETTING,
     LR,
@@ -150,8 +150,6 @@ def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: st
 
 def off_axis_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """One off-axis point as a top-level task (point, ``cfg``: the stage settings, ``device``)."""
-    from ..engine import torch_threads
-
     with torch_threads(1):
         return _off_axis_point(cfg, cfg["cfg"], cfg["device"])
 
@@ -162,8 +160,6 @@ def worst_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``cfg``: the point, ``cfg`` (the stage settings), ``device`` and ``off_axis`` (the off-axis
     measures by ``(setting, R)``, the searches' extra start).
     """
-    from ..engine import torch_threads
-
     with torch_threads(1):
         start = cfg["off_axis"][(cfg["setting"], cfg["R"])]
         return _worst_point(cfg, cfg["cfg"], start, cfg["device"])
@@ -267,29 +263,22 @@ def run_mean_field(
             arr[f"curve_{k}"] = v
         for k, v in _mf_curves(A, V, radii).items():
             arr[f"at_radii_{k}"] = v
+        oa_rows = [oa[(setting, float(R))] for R in radii]
+        wc_rows = [[wc[(setting, float(R), k)] for R in radii] for k in atoms]
         for key in ("value", "lower", "upper", "construction_value"):
             arr[f"opt_{key}"] = np.asarray(
-                [[wc[(setting, float(R), k)][key] for R in radii] for k in atoms], dtype=np.float64
+                [[r[key] for r in row] for row in wc_rows], dtype=np.float64
             )
-        arr["off_axis_value"] = np.asarray(
-            [oa[(setting, float(R))]["value"] for R in radii], dtype=np.float64
-        )
-        arr["off_axis_axis_value"] = np.asarray(
-            [oa[(setting, float(R))]["axis_value"] for R in radii], dtype=np.float64
-        )
-        arr["off_axis_x"] = np.stack([np.asarray(oa[(setting, float(R))]["x"]) for R in radii])
-        arr["off_axis_y"] = np.stack([np.asarray(oa[(setting, float(R))]["y"]) for R in radii])
-        arr["off_axis_w"] = np.asarray([oa[(setting, float(R))]["w"] for R in radii])
-        arr["off_axis_gamma"] = np.asarray([oa[(setting, float(R))]["gamma"] for R in radii])
+        for key in ("value", "axis_value"):
+            arr[f"off_axis_{key}"] = np.asarray([r[key] for r in oa_rows], dtype=np.float64)
+        for key in ("x", "y"):
+            arr[f"off_axis_{key}"] = np.stack([np.asarray(r[key]) for r in oa_rows])
+        for key in ("w", "gamma"):
+            arr[f"off_axis_{key}"] = np.asarray([r[key] for r in oa_rows])
         arr["opt_two_dirac_bound"] = np.asarray(
             [
-                [
-                    np.nan
-                    if wc[(setting, float(R), k)]["two_dirac_bound"] is None
-                    else wc[(setting, float(R), k)]["two_dirac_bound"]
-                    for R in radii
-                ]
-                for k in atoms
+                [np.nan if r["two_dirac_bound"] is None else r["two_dirac_bound"] for r in row]
+                for row in wc_rows
             ],
             dtype=np.float64,
         )

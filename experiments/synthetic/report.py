@@ -20,9 +20,7 @@ def _load(results_dir: Path, part: str) -> dict[str, Any]:
 
 def summary(results_dir: Path) -> dict[str, Any]:
     """Key numbers of F5, F6, F7 and A, read from the saved results (JSON-able)."""
-    out: dict[str, Any] = {}
-    for part in ("f5", "f6", "f7", "a"):
-        out[part] = _load(results_dir, part)["findings"]
+    out: dict[str, Any] = {p: _load(results_dir, p)["findings"] for p in ("f5", "f6", "f7", "a")}
     run_doc = Path(results_dir) / NAME / "run.json"
     if run_doc.exists():
         r = load_json(run_doc)

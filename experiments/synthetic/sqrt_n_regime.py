@@ -50,7 +50,7 @@ from scipy import special
 
 from theory import bounds, regimes
 
-from ..engine import Round, Sweep
+from ..engine import Round, Sweep, torch_threads
 from .settings import (
     F5_TOL,
     STEMS,
@@ -176,8 +176,6 @@ def _f5_point(point: Mapping[str, Any], device: str) -> dict[str, Any]:
 
 def f5_task(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """One F5 point as a top-level task (point and ``device``), on one torch thread."""
-    from ..engine import torch_threads
-
     with torch_threads(1):
         return _f5_point(cfg, cfg["device"])
 
@@ -261,14 +259,12 @@ def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
         scal["A_norm"][gi], scal["V_norm"][gi] = a_norm, v_norm
         for j, n in enumerate(m_grid):
             r = by[(float(g), int(n), True)]
-            eng["masked_value"][gi, j] = r["value"]
-            eng["masked_lower"][gi, j] = r["lower"]
-            eng["masked_upper"][gi, j] = r["upper"]
+            for f in ("value", "lower", "upper"):
+                eng[f"masked_{f}"][gi, j] = r[f]
         for j, n in enumerate(c_grid):
             r = by[(float(g), int(n), False)]
-            chk["check_value"][gi, j] = r["value"]
-            chk["check_lower"][gi, j] = r["lower"]
-            chk["check_upper"][gi, j] = r["upper"]
+            for f in ("value", "lower", "upper"):
+                chk[f"check_{f}"][gi, j] = r[f]
             chk["check_closed"][gi, j] = construction_norm(A, V, r["a"], r["b"], int(n))
     arrays.update({k: np.stack(v) for k, v in out_arr.items()})
     arrays.update(eng)

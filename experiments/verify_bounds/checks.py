@@ -242,22 +242,19 @@ def _trivial(t: Target) -> float | None:
     return float(bounds.trivial_lower(t.ctx["V_eff_norm"]))
 
 
-def _sqrt_n_lower(t: Target) -> float | None:
-    if t.ctx.get("construction") != "one_token" or t.ctx["masked"]:
-        return None
-    from theory import bounds
+def _one_token_lower(masked: bool) -> Callable[[Target], float | None]:
+    """``sqrt_n_lower`` (unmasked) or ``masked_sqrt_n_lower`` at the one-token construction."""
 
-    c = t.ctx
-    return float(bounds.sqrt_n_lower(c["gamma"], c["n"], c["Vu_norm"]))
+    def ev(t: Target) -> float | None:
+        if t.ctx.get("construction") != "one_token" or bool(t.ctx["masked"]) != masked:
+            return None
+        from theory import bounds
 
+        c = t.ctx
+        lower = bounds.masked_sqrt_n_lower if masked else bounds.sqrt_n_lower
+        return float(lower(c["gamma"], c["n"], c["Vu_norm"]))
 
-def _masked_sqrt_n_lower(t: Target) -> float | None:
-    if t.ctx.get("construction") != "one_token" or not t.ctx["masked"]:
-        return None
-    from theory import bounds
-
-    c = t.ctx
-    return float(bounds.masked_sqrt_n_lower(c["gamma"], c["n"], c["Vu_norm"]))
+    return ev
 
 
 def _bound_fn(name: str, **kw: Any) -> Callable[[Target], float]:
@@ -303,8 +300,8 @@ EVALUATORS: dict[str, Callable[[Target], float | None]] = {
     "mean_field_upper[c'=1,masked]": _mean_field(1.0, True),
     "mean_field_upper[c'=1,masked,Hardy]": _mean_field_hardy,
     "trivial_lower": _trivial,
-    "sqrt_n_lower": _sqrt_n_lower,
-    "masked_sqrt_n_lower": _masked_sqrt_n_lower,
+    "sqrt_n_lower": _one_token_lower(False),
+    "masked_sqrt_n_lower": _one_token_lower(True),
     "sequence_lower": _at("k_copies", _bound_fn("sequence_lower")),
     "two_dirac_lower": _at("two_dirac_opt", _bound_fn("two_dirac_lower")),
     "two_dirac_g": _at("two_dirac_eps", _bound_fn("two_dirac_g")),

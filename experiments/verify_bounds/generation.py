@@ -18,21 +18,6 @@ import numpy as np
 from ..engine import torch_threads
 from ._engine import Target, as_tensor64, engine_of, measure_of, params_of
 
-#: Instance kinds, in the order of the schedule (see :data:`SCHEDULE`).
-KINDS = (
-    "random_sequence",
-    "weighted_measure",
-    "construction",
-    "k_copies",
-    "two_dirac",
-    "off_axis",
-    "equal_tokens",
-    "large_radius",
-    "kim_l2",
-    "off_axis_opt",
-    "worst_case",
-)
-
 #: Relative frequency of each kind (the optimisation-based kinds cost ~20 times more).
 KIND_WEIGHTS = {
     "random_sequence": 6,
@@ -47,6 +32,9 @@ KIND_WEIGHTS = {
     "off_axis_opt": 1,
     "worst_case": 1,
 }
+
+#: Instance kinds, in the order of the schedule (see :data:`SCHEDULE`).
+KINDS = tuple(KIND_WEIGHTS)
 
 
 def _interleave(weights: Mapping[str, int]) -> tuple[str, ...]:
@@ -136,6 +124,12 @@ def _seq_ctx(X: np.ndarray, heads, WO, masked: bool) -> dict[str, Any]:
     }
 
 
+def _seq_target(kind: str, X: np.ndarray, heads, WO, masked: bool, **extra: Any) -> list[Target]:
+    """The target of the sequence ``X`` (Euclidean geometry), its context completed by ``extra``."""
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
+    return [Target(kind, "euclidean", lo, val, up, {**_seq_ctx(X, heads, WO, masked), **extra})]
+
+
 def _kind_random_sequence(rng: np.random.Generator) -> list[Target]:
     d = int(rng.integers(1, 5))
     n = int(rng.integers(1, 9))
@@ -154,8 +148,7 @@ def _kind_random_sequence(rng: np.random.Generator) -> list[Target]:
         X = np.zeros((n, d))
         X[:, 1] = R * rng.uniform(-1.0, 1.0, n)
         X[0, 1] = R
-    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
-    return [Target("sequence", "euclidean", lo, val, up, _seq_ctx(X, heads, WO, masked))]
+    return _seq_target("sequence", X, heads, WO, masked)
 
 
 def _kind_weighted_measure(rng: np.random.Generator) -> list[Target]:
@@ -235,11 +228,8 @@ def _kind_construction(rng: np.random.Generator) -> list[Target]:
     masked = bool(rng.random() < 0.5)
     A, V = _single_head(rng, d, _log_uniform(rng, 0.05, 3.0))
     X = _construction_X(rng, A, R, n)
-    heads = [(A, V, None)]
-    ctx = _seq_ctx(X, heads, None, masked)
-    ctx.update(construction="one_token", **_construction_ctx(X, X[0], X[1], A, V))
-    lo, val, up = engine_of(as_tensor64(X), params_of(heads, None), masked=masked)
-    return [Target("one_token", "euclidean", lo, val, up, ctx)]
+    cc = _construction_ctx(X, X[0], X[1], A, V)
+    return _seq_target("one_token", X, [(A, V, None)], None, masked, construction="one_token", **cc)
 
 
 def _kind_k_copies(rng: np.random.Generator) -> list[Target]:
@@ -257,11 +247,9 @@ def _kind_k_copies(rng: np.random.Generator) -> list[Target]:
     vals = bounds.two_dirac_log_g(np.log(ks / n), cc["gamma"])
     k = int(ks[int(np.argmax(vals))])
     X = np.vstack([np.repeat(light[None], k, 0), np.repeat(heavy[None], n - k, 0)])
-    heads = [(A, V, None)]
-    ctx = _seq_ctx(X, heads, None, False)
-    ctx.update(construction="k_copies", k=k, **cc)
-    lo, val, up = engine_of(as_tensor64(X), params_of(heads, None))
-    return [Target("k_copies", "euclidean", lo, val, up, ctx)]
+    return _seq_target(
+        "k_copies", X, [(A, V, None)], None, False, construction="k_copies", k=k, **cc
+    )
 
 
 def _two_dirac_scale(A: np.ndarray, R: float, gamma_target: float) -> np.ndarray:
@@ -330,15 +318,8 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
             "wasserstein",
             *br,
             {
-                "what": "measure",
-                "masked": False,
-                "n": 1,
+                **_measure_ctx(x, np.zeros(1), heads),
                 "R": float(np.linalg.norm(x)),
-                "heads": heads,
-                "WO": None,
-                "points": x,
-                "log_weights": np.zeros(1),
-                "positions": None,
                 "construction": "dirac",
                 "V_eff_norm": float(np.linalg.norm(V, 2)),
             },
@@ -477,10 +458,10 @@ def _kind_equal_tokens(rng: np.random.Generator) -> list[Target]:
         if WO is not None
         else (np.vstack([V for _, V, _ in heads]))
     )
-    ctx = _seq_ctx(X, heads, WO, masked)
-    ctx.update(construction="equal_tokens", V_eff_norm=float(np.linalg.norm(V_eff, 2)))
-    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
-    return [Target("equal_tokens", "euclidean", lo, val, up, ctx)]
+    V_eff_norm = float(np.linalg.norm(V_eff, 2))
+    return _seq_target(
+        "equal_tokens", X, heads, WO, masked, construction="equal_tokens", V_eff_norm=V_eff_norm
+    )
 
 
 def _kind_large_radius(rng: np.random.Generator) -> list[Target]:
@@ -493,12 +474,15 @@ def _kind_large_radius(rng: np.random.Generator) -> list[Target]:
     A, V = _single_head(rng, d, _log_uniform(rng, 0.3, 2.0))
     X0 = _ball_points(rng, n, d, 1.0, sphere=False)
     X = R * X0 / np.max(np.linalg.norm(X0, axis=1))
-    heads = [(A, V, None)]
     V_norm = float(np.linalg.norm(V, 2))
     counts = bounds.large_radius_counts(X, A, masked=masked)
     gap = bounds.selection_gap(X, A, masked=masked)
-    ctx = _seq_ctx(X, heads, None, masked)
-    ctx.update(
+    return _seq_target(
+        "large_radius",
+        X,
+        [(A, V, None)],
+        None,
+        masked,
         construction="large_radius",
         limit=float(bounds.large_radius_limit(counts, V_norm)),
         deviation=float(
@@ -506,8 +490,6 @@ def _kind_large_radius(rng: np.random.Generator) -> list[Target]:
         ),
         margin=gap,
     )
-    lo, val, up = engine_of(as_tensor64(X), params_of(heads, None), masked=masked)
-    return [Target("large_radius", "euclidean", lo, val, up, ctx)]
 
 
 def _kind_kim_l2(rng: np.random.Generator) -> list[Target]:

@@ -16,6 +16,13 @@ from .checks import BOUND_RTOL, BoundSpec, bound_holds, bound_margin, theta_buck
 from .generation import make_targets
 from .settings import NAME
 
+#: Entries of a target's context copied into an instance's data (where present): the inputs and
+#: weights, then the parameters of the constructions.
+_INSTANCE_KEYS = (
+    *("X", "points", "log_weights", "positions", "WQ", "WV"),
+    *("gamma", "Vu_norm", "log_eps", "k", "x", "y", "h", "w", "limit", "deviation", "margin"),
+)
+
 
 def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[str, Any]:
     """Full data of one instance (regenerated deterministically) for the report."""
@@ -36,25 +43,7 @@ def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[s
         doc["d"] = int(c["heads"][0][0].shape[0])
         doc["heads"] = [{"A": A, "V": V} for A, V, _ in c["heads"]]
         doc["W_O"] = c.get("WO")
-    for key in (
-        "X",
-        "points",
-        "log_weights",
-        "positions",
-        "WQ",
-        "WV",
-        "gamma",
-        "Vu_norm",
-        "log_eps",
-        "k",
-        "x",
-        "y",
-        "h",
-        "w",
-        "limit",
-        "deviation",
-        "margin",
-    ):
+    for key in _INSTANCE_KEYS:
         if c.get(key) is not None:
             doc[key] = c[key]
     if c.get("what") == "kim":

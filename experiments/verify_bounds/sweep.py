@@ -128,10 +128,7 @@ def _report(
     seconds: float,
 ) -> dict[str, Any]:
     report = aggregate(records, specs, seed=int(seed))
-    report["seed"] = int(seed)
-    report["kinds"] = list(kinds)
-    report["seconds"] = seconds
-    return report
+    return {**report, "seed": int(seed), "kinds": list(kinds), "seconds": seconds}
 
 
 def execute(cfg: VerifyBoundsSettings, out: Path, run: StageRun) -> Steps:
