@@ -18,9 +18,9 @@ from .settings import NAME
 
 #: Entries of a target's context copied into an instance's data (where present): the inputs and
 #: weights, then the parameters of the constructions.
-_INSTANCE_KEYS = (
-    *("X", "points", "log_weights", "positions", "WQ", "WV"),
-    *("gamma", "Vu_norm", "log_eps", "k", "x", "y", "h", "w", "limit", "deviation", "margin"),
+_INSTANCE_KEYS = tuple(
+    "X points log_weights positions WQ WV "
+    "gamma Vu_norm log_eps k x y h w limit deviation margin".split()
 )
 
 
