@@ -302,7 +302,7 @@ def test_budget_is_one_named_constant(monkeypatch) -> None:
 # ---- meanfield profile: an honest first ETA -------------------------------------------------
 def test_profile_cost_model_matches_the_profile_and_the_built_in_shapes() -> None:
     transformers = pytest.importorskip("transformers")
-    from meanfield.profile import _cost
+    from meanfield.profile.walk import _cost
     from meanfield_cli.commands import profile as cmd
 
     for n, d, d_ff in [(16, 576, 1536), (7, 32, 48), (128, 768, 3072)]:
