@@ -30,6 +30,8 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from ._spectral import U64
+from ._spectral import gamma_k as gamma
 from ._typing import Params, ProductGeometry
 from .attention import admissible_keys, head_logits
 from .jacobian import AttentionLinearization, StreamingLinearization, jvp, vjp
@@ -56,18 +58,11 @@ __all__ = [
     "streaming_scale_exponent",
 ]
 
-U64 = 2.0**-53  # unit roundoff of float64
 F64_MAX = torch.finfo(torch.float64).max
 #: Largest binary exponent allowed for the scale (keeps 2**e and 2**-e normal numbers).
 _MAX_EXP = 1000
 #: Extra relative slack on the magnitude model covering second-order terms (docs/rounding.md §3).
 _SAFETY = 2.0
-
-
-def gamma(k: float, u: float = U64) -> float:
-    r"""Higham's :math:`\gamma_k = ku/(1-ku)`, float64's ``u`` by default (``inf`` when :math:`ku\ge1`)."""
-    ku = k * u
-    return ku / (1.0 - ku) if ku < 1.0 else math.inf
 
 
 def _abs_rope(rope: RotaryEmbedding, Z: Tensor, idx: Tensor) -> Tensor:
@@ -92,25 +87,24 @@ class _RotationMagnitude(RotaryEmbedding):
         return _abs_rope(self, Z, positions)
 
 
-def _rotation_rounding(top: float, ropes: list[RotaryEmbedding], u: float) -> float:
+def _rotation_rounding(
+    lin: AttentionLinearization | StreamingLinearization, ropes: list[RotaryEmbedding], u: float
+) -> float:
     r"""Relative error of one computed rotation, ``4u(2 + max|p\theta|) + 4u`` (0 without one).
 
     The cosines and sines of angles up to :math:`\max|p\theta|` (``top`` the largest token
-    position) and the scaling (docs/rounding.md §2.1), then the two products and the sum of a
-    rotated coordinate.
+    position: of ``lin.token_index``, else ``n - 1``) and the scaling (docs/rounding.md §2.1),
+    then the two products and the sum of a rotated coordinate.
     """
+    if lin.token_index is not None and lin.token_index.numel():
+        top = float(lin.token_index.abs().max())
+    else:
+        top = float(max(lin.n - 1, 0))
     worst = -1.0
     for rope in ropes:
         ang = top * float(rope.inv_freq.abs().max()) if rope.inv_freq.numel() else 0.0
         worst = max(worst, ang)
     return 0.0 if worst < 0 else 4 * u * (2 + worst) + 4 * u
-
-
-def _top_position(token_index: Tensor | None, n: int) -> float:
-    """The largest token position of a rotation: of ``token_index``, else ``n - 1``."""
-    if token_index is not None and token_index.numel():
-        return float(token_index.abs().max())
-    return float(max(n - 1, 0))
 
 
 def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tensor, Tensor]:
@@ -206,8 +200,7 @@ def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tenso
     if alw is not None:
         # logP + half_i - half_j: three roundings of numbers of size <= |log P| + |log a|
         eps_r = eps_r + 3 * u * (spread + logn + alw.amax(-1) + 4)
-    bad = torch.isnan(eps_s) | (eps_s >= 1)
-    eps_s = torch.where(bad, math.inf, eps_s)
+    eps_s = torch.where(torch.isnan(eps_s) | (eps_s >= 1), math.inf, eps_s)
     eps_r = torch.where(torch.isnan(eps_r) | (eps_r >= 1), math.inf, eps_r)
     return eps_s, eps_r
 
@@ -264,7 +257,7 @@ def error_model(lin: AttentionLinearization, unit: float = U64) -> ErrorModel:
     eta_s = _SAFETY * 2 * eps_s
     eta_r = _SAFETY * (3 * eps_r + gamma(depth, unit))
     ropes = [h.rope for h in lin.params.heads if h.rope is not None]
-    rot = _rotation_rounding(_top_position(lin.token_index, lin.n), ropes, unit)
+    rot = _rotation_rounding(lin, ropes, unit)
     if rot > 0:
         # rotary heads: a monomial of the products has at most two rotated factors, each within
         # rot of its magnitude row, and the magnitude operator dominates the exact monomials to
@@ -399,10 +392,9 @@ def _rope_magnitude_rows(
         None if r is None else _RotationMagnitude(r.inv_freq, r.attention_scaling) for r in rr.ropes
     )
     Q, K, V = rr.Q.abs(), rr.K.abs(), rr.V.abs()
-    index = rr.index
 
     def rot(Z: Tensor) -> Tensor:
-        return rotate_some(ropes, Z, index)
+        return rotate_some(ropes, Z, rr.index)
 
     q = rot(torch.einsum("...nd,hkd->...hnk", aX, Q))
     k = rot(torch.einsum("...nd,hkd->...hnk", aX, K))
@@ -543,15 +535,31 @@ def scale_exponent(lin: AttentionLinearization, threshold: int = 128) -> int:
     heads = lin.params.heads
     pairs = [(lin.W[h], lin.V[a]) for a, h in enumerate(lin.analytic_heads)]
     pairs += [(lin.W[h], heads[h].V) for h in lin.rope_heads]
+    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(n, 1))
+    log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))
+    return _exponent(lin, pairs, log_p, log_b, threshold)
+
+
+def _exponent(
+    lin: AttentionLinearization | StreamingLinearization,
+    pairs: list[tuple[Tensor, Tensor]],
+    log_p: float,
+    log_b: float,
+    threshold: int,
+) -> int:
+    r"""The exponent of :func:`scale_exponent` from the magnitudes in the log domain.
+
+    ``pairs`` are the heads' :math:`(W_h, V_h)`, ``log_p`` and ``log_b`` the binary logarithms
+    of :math:`\max\tilde P` (times :math:`n`) and of :math:`\max|b_i|`; :math:`\max|x|` is
+    read from ``lin.X``.
+    """
     logs = [
         _log2_absmax(W) + _log2_absmax(V)
         for W, V in pairs
         if bool(W.detach().abs().amax() > 0) and bool(V.detach().abs().amax() > 0)
     ]  # a head whose W_h or V_h is zero contributes nothing
-    log_wv = (max(logs) if logs else 0.0) + math.log2(max(d, 1))
-    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(n, 1))
+    log_wv = (max(logs) if logs else 0.0) + math.log2(max(lin.d, 1))
     log_x = _log2_absmax(lin.X) + 1
-    log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))
     geo = max(0.0, log_b + log_x)  # log2 of |b| |x - m|, the softmax term
     e = round(log_wv + log_p + geo)
     if abs(e) <= threshold:  # far from overflow and underflow: leave the operator as it is
@@ -574,7 +582,7 @@ def scaled(lin: AttentionLinearization, e: int) -> AttentionLinearization:
     """``lin`` with the output maps ``W_h`` multiplied by ``2**-e`` (exact), so ``J -> 2**-e J``."""
     if e == 0:
         return lin
-    return dataclasses.replace(lin, W=torch.ldexp(lin.W, torch.tensor(-e, device=lin.W.device)))
+    return dataclasses.replace(lin, W=unscale(lin.W, -e))
 
 
 def scaled_params(params: Params, e: int) -> Params:
@@ -585,16 +593,13 @@ def scaled_params(params: Params, e: int) -> Params:
     if e == 0:
         return params
 
-    def sc(t: Tensor) -> Tensor:
-        return torch.ldexp(t, torch.tensor(-e, device=t.device))
-
     def head(h: AttentionParams) -> AttentionParams:
-        return AttentionParams(h.A, sc(h.V), c=h.c, b=h.b, Q=h.Q, K=h.K, rope=h.rope)
+        return AttentionParams(h.A, unscale(h.V, -e), c=h.c, b=h.b, Q=h.Q, K=h.K, rope=h.rope)
 
     if isinstance(params, AttentionParams):
         return head(params)
     if params.W_O is not None:
-        return MultiHeadParams(params.heads, W_O=sc(params.W_O), b_O=params.b_O)
+        return MultiHeadParams(params.heads, W_O=unscale(params.W_O, -e), b_O=params.b_O)
     return MultiHeadParams(tuple(head(h) for h in params.heads))
 
 
@@ -611,7 +616,7 @@ def _rope_rounding(lin: StreamingLinearization, u: float = U64) -> float:
     ropes = []
     for g in lin.groups:
         ropes += list(g.ropes or ()) + [r for r in (g.var.ropes if g.var else ()) if r is not None]
-    return _rotation_rounding(_top_position(lin.token_index, lin.n), ropes, u)
+    return _rotation_rounding(lin, ropes, u)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -798,15 +803,12 @@ def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> Er
         r = rho / (1 - rho) + u * (big + 3 * logn + 4)
         worst = delta * coef_scale
         for vt in variants:  # the variant heads' logits (§11.4)
-            worst = torch.maximum(worst, vt.delta(u, d, rot_of(u)))
+            worst = torch.maximum(worst, vt.delta(u, d, rot64 if u == U64 else rot))
         t = 2 * worst + r + u * (spread + logn + r + 4) + 2 * u
         if alw is not None:  # P~ = exp(log P + half_i - half_l): three more roundings
             t = t + 3 * u * (spread + logn + alw.amax(-1) + 4)
         eps = torch.expm1(t * (1 + 4 * U64)) * (1 + 4 * U64)
         return torch.where(torch.isfinite(eps) & (eps < 0.5), eps, math.inf)
-
-    def rot_of(u: float) -> float:
-        return rot64 if u == U64 else rot
 
     eps64 = relative(U64, 1.0)
     # gamma_j(u) <= (u / u64) gamma_j(u64) (1 + 2 j u) for the logit coefficient at another unit
@@ -866,37 +868,48 @@ def streaming_magnitude_split(
     out = []
     for g, mg in zip(lin.groups, mlin.groups):
         if g.var is not None:
-            out.extend(_variant_split(lin, g, mg, mlin, models))
-            continue
-
-        coef = {"q": 0.0, "k": 0.0, "v": 0.0}
-        for unit, model in models:
-            finite = model.eta[torch.isfinite(model.eta)]
-            if finite.numel() == 0:
-                continue
-            eps = float(model.eps_s[torch.isfinite(model.eps_s)].amax())
-            scale = (1 + 16 * _streaming_gamma(mlin)) / ((1 - eps) ** 2 * float(finite.amin()))
-            for key, r in rho(unit, g.Q is not None).items():
-                coef[key] = max(coef[key], r * scale)
-        rho64 = rho(U64, g.Q is not None)
-        uq = g.q.abs() + rho64["q"] * mg.q
-        uk = g.kc.abs() + rho64["k"] * mg.kc
-        uv = g.vc.abs() + rho64["v"] * mg.vc
-        avm = torch.zeros_like(uv)
-        for sl, ks in lin.tiles(g):
-            P, _ = lin.tile_attention(g, sl, ks)
-            avm[..., sl, :] += P @ uv[..., ks, :]
-        tight = replace(mg, q=uq, kc=uk, km=uk, vc=uv, vm=-avm)
+            tight, loose, coef = _variant_split(lin, g, mg, mlin, models)
+        else:
+            coef = {"q": 0.0, "k": 0.0, "v": 0.0}
+            for unit, model in models:
+                finite = model.eta[torch.isfinite(model.eta)]
+                if finite.numel() == 0:
+                    continue
+                eps = float(model.eps_s[torch.isfinite(model.eps_s)].amax())
+                scale = (1 + 16 * _streaming_gamma(mlin)) / ((1 - eps) ** 2 * float(finite.amin()))
+                for key, r in rho(unit, g.Q is not None).items():
+                    coef[key] = max(coef[key], r * scale)
+            rho64 = rho(U64, g.Q is not None)
+            tight = _tight_group(lin, g, mg, rho64["q"], rho64["k"], rho64["v"])
+            loose = [
+                ("q", replace(tight, q=mg.q)),
+                ("k", replace(tight, kc=mg.kc, km=mg.km)),
+                ("v", replace(tight, vc=mg.vc, vm=mg.vm)),
+            ]
         out.append(tight)
-        for key, loose in (
-            ("q", replace(tight, q=mg.q)),
-            ("k", replace(tight, kc=mg.kc, km=mg.km)),
-            ("v", replace(tight, vc=mg.vc, vm=mg.vm)),
-        ):
+        for key, group in loose:
             c = coef[key]
             if c > 0:
-                out.append(replace(loose, W=loose.W * (c * (1 + 4 * U64))))
+                out.append(replace(group, W=group.W * (c * (1 + 4 * U64))))
     return replace(mlin, groups=tuple(out))
+
+
+def _tight_group(
+    lin: StreamingLinearization, g: HeadGroup, mg: HeadGroup, rq: float, rk: float, rv: float
+) -> HeadGroup:
+    r"""``mg`` with the computed rows' magnitudes :math:`|\hat f| + \rho_f\bar f` (§11.5).
+
+    ``rq``, ``rk``, ``rv`` are the float64 rows' errors :math:`\rho_f` of the queries, keys and
+    values of ``g``; the mean term, :math:`P` times the value rows over the tiles, is stored
+    negated as in ``mg``.
+    """
+    uk = g.kc.abs() + rk * mg.kc
+    uv = g.vc.abs() + rv * mg.vc
+    avm = torch.zeros_like(uv)
+    for sl, ks in lin.tiles(g):
+        P, _ = lin.tile_attention(g, sl, ks)
+        avm[..., sl, :] += P @ uv[..., ks, :]
+    return replace(mg, q=g.q.abs() + rq * mg.q, kc=uk, km=uk, vc=uv, vm=-avm)
 
 
 def _variant_split(
@@ -905,8 +918,10 @@ def _variant_split(
     mg: HeadGroup,
     mlin: StreamingLinearization,
     models: list[tuple[float, ErrorModel]],
-) -> list[HeadGroup]:
+) -> tuple[HeadGroup, list[tuple[str, HeadGroup]], dict[str, float]]:
     r"""The groups of :func:`streaming_magnitude_split` for a group of variant heads (§11.5).
+
+    Returned as the tight group, the loose groups with their keys, and each key's coefficient.
 
     The rows as for the other heads with :math:`\rho_v` of §11.4; the QK-norms' tangent maps at
     the computed pre-norm rows' bound :math:`\tilde u = |\hat u| + \gamma_{d+1}\bar u` in the
@@ -941,13 +956,6 @@ def _variant_split(
         coef["v"] = max(coef["v"], gamma(d + 3, unit) * scale)
         coef["norm"] = max(coef["norm"], gamma(d + 1, unit) * (1 + rel) ** 3 * scale)
     rho64 = rows_rho(U64)
-    uq = g.q.abs() + rho64 * mg.q
-    uk = g.kc.abs() + rho64 * mg.kc
-    uv = g.vc.abs() + gamma(d + 3) * mg.vc
-    avm = torch.zeros_like(uv)
-    for sl, ks in lin.tiles(g):
-        P, _ = lin.tile_attention(g, sl, ks)
-        avm[..., sl, :] += P @ uv[..., ks, :]
 
     def tight_norm(
         norm: NormRows | MixedNorm | None, stats: NormStats | None
@@ -967,8 +975,7 @@ def _variant_split(
         q_norm=var.q_norm if tq is None else tq,
         k_norm=var.k_norm if tk is None else tk,
     )
-    tight = replace(mg, q=uq, kc=uk, km=uk, vc=uv, vm=-avm, var=tvar)
-    out = [tight]
+    tight = replace(_tight_group(lin, g, mg, rho64, rho64, gamma(d + 3)), var=tvar)
     loose = [
         ("row", replace(tight, q=mg.q)),
         ("row", replace(tight, kc=mg.kc, km=mg.km)),
@@ -978,11 +985,7 @@ def _variant_split(
         loose.append(("norm", replace(tight, var=replace(tvar, q_norm=mq))))
     if mk is not None:
         loose.append(("norm", replace(tight, var=replace(tvar, k_norm=mk))))
-    for key, group in loose:
-        c = coef[key]
-        if c > 0:
-            out.append(replace(group, W=group.W * (c * (1 + 4 * U64))))
-    return out
+    return tight, loose, coef
 
 
 def _streaming_gamma(mlin: StreamingLinearization) -> float:
@@ -1020,19 +1023,13 @@ def streaming_scale_exponent(lin: StreamingLinearization, threshold: int = 128) 
     :math:`P\le1`), :math:`\max|x|` and :math:`|b_i|\le k\max|q_i|\max|K| + \max|c|d`.
     """
     n, d = lin.n, lin.d
-    logs = []
     log_b = 0.0
     for g in lin.groups:
-        for a in range(g.size):
-            W, V = g.W[a], g.V[a]
-            if bool(W.detach().abs().amax() > 0) and bool(V.detach().abs().amax() > 0):
-                logs.append(_log2_absmax(W) + _log2_absmax(V))
         k = g.q.shape[-1]
         lb = _log2_absmax(g.q) + _log2_absmax(g.K) + math.log2(max(k, 1))
         if g.C is not None:
             lb = max(lb, _log2_absmax(g.C) + math.log2(max(d, 1)))
         log_b = max(log_b, lb)
-    log_wv = (max(logs) if logs else 0.0) + math.log2(max(d, 1))
     log_p = math.log2(max(n, 1))
     lw = lin.log_weights
     if lw is not None and bool(torch.isfinite(lw).all()):
@@ -1043,9 +1040,5 @@ def streaming_scale_exponent(lin: StreamingLinearization, threshold: int = 128) 
                 _, Pw = lin.tile_attention(g, sl, ks, half)
                 top = max(top, float(Pw.detach().amax()))
         log_p += max(0.0, math.log2(top) if 0 < top < math.inf else 1024.0 * (top > 0))
-    log_x = _log2_absmax(lin.X) + 1
-    geo = max(0.0, log_b + log_x)
-    e = round(log_wv + log_p + geo)
-    if abs(e) <= threshold:
-        return 0
-    return int(max(-_MAX_EXP, min(_MAX_EXP, e)))
+    pairs = [(g.W[a], g.V[a]) for g in lin.groups for a in range(g.size)]
+    return _exponent(lin, pairs, log_p, log_b, threshold)

@@ -121,19 +121,17 @@ def _norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x, dim=-1)
 
 
-def _scaled_norm(x: Tensor) -> Tensor:
-    """``_norm(x)`` computed as ``m * ||x / m||`` with ``m = max|x|`` (no overflow of the squares)."""
-    m = x.abs().amax(-1, keepdim=True)
-    safe = torch.where(m > 0, m, torch.ones_like(m))
-    return _norm(x / safe) * m.squeeze(-1)
-
-
 def _finite_norm(x: Tensor) -> Tensor:
-    """``_norm(x)``, recomputed by :func:`_scaled_norm` where the sum of squares overflowed."""
+    """``_norm(x)``, recomputed where the sum of squares overflowed.
+
+    There as ``m * ||x / m||`` with ``m = max|x|`` (no overflow of the squares).
+    """
     nrm = _norm(x)
     if bool(torch.isfinite(nrm).all()):
         return nrm
-    return torch.where(torch.isfinite(nrm), nrm, _scaled_norm(x))
+    m = x.abs().amax(-1, keepdim=True)
+    safe = torch.where(m > 0, m, torch.ones_like(m))
+    return torch.where(torch.isfinite(nrm), nrm, _norm(x / safe) * m.squeeze(-1))
 
 
 def _safe_div(x: Tensor, s: Tensor) -> Tensor:
@@ -149,15 +147,6 @@ def _check_start(x0: Tensor) -> Tensor:
     if bool((nrm == 0).any()) or not bool(torch.isfinite(nrm).all()):
         raise ValueError("x0 must be finite and nonzero in every batch element")
     return x0 / nrm.unsqueeze(-1)
-
-
-def _final_check(matvec: Operator, rmatvec: Operator, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Explicit ``sigma = ||J v||`` and residual ``||J^T J v - sigma^2 v||`` for unit ``v``."""
-    w = matvec(v)
-    sigma = _norm(w)
-    z = rmatvec(w)
-    residual = _norm(z - sigma.square().unsqueeze(-1) * v)
-    return sigma, residual, z
 
 
 def power_iteration(
@@ -361,7 +350,10 @@ def lanczos_svd(
             alphas.append(alpha)
             Ub[..., k, :] = _safe_div(p, torch.where(alpha > tiny, alpha, torch.zeros_like(alpha)))
         v1 = out_v
-    sigma, residual, _ = _final_check(matvec, rmatvec, out_v)
+    # explicit sigma = ||J v|| and residual ||J^T J v - sigma^2 v|| for the unit vector returned
+    w = matvec(out_v)
+    sigma = _norm(w)
+    residual = _norm(rmatvec(w) - sigma.square().unsqueeze(-1) * out_v)
     n_mv = n_mv + 2
     converged = (residual <= tol * sigma.square()) | (sigma <= tiny)
     converged = converged & ~broken & torch.isfinite(sigma) & torch.isfinite(residual)
