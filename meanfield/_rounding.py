@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -137,14 +136,14 @@ def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tenso
     dev = X.device
     aX = X.abs()
     allowed = admissible_keys(lin.masked, n, n, lin.positions, None, dev)
-    lw = lin.log_weights
-    lw64 = None if lw is None else lw.to(torch.float64)
+    lw64 = None if lin.log_weights is None else lin.log_weights.to(torch.float64)
     keep = torch.ones(batch + (n, n), dtype=torch.bool, device=dev)
     if allowed is not None:
         keep = keep & allowed
     if lw64 is not None:
         keep = keep & torch.isfinite(lw64).unsqueeze(-2)
     alw = None if lw64 is None else torch.where(torch.isfinite(lw64), lw64.abs(), 0.0)
+    lw_logits = None if lw64 is None else torch.where(torch.isfinite(lw64), lw64, 0.0)
     logn = math.log(max(n, 1))
     eps_s = torch.zeros(batch, dtype=torch.float64, device=dev)
     spread = torch.zeros(batch, dtype=torch.float64, device=dev)
@@ -158,9 +157,7 @@ def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tenso
             if factors is None:
                 raise ValueError("a rotary embedding needs the factors Q and K")
             Q, K = factors
-            idx = lin.token_index
-            if idx is None:
-                idx = torch.arange(n, device=dev)
+            idx = torch.arange(n, device=dev) if lin.token_index is None else lin.token_index
             q = _abs_rope(head.rope, aX @ Q.abs().mT, idx)
             k = _abs_rope(head.rope, aX @ K.abs().mT, idx)
             sbar = q @ k.mT
@@ -179,14 +176,7 @@ def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tenso
         if alw is not None:
             sbar = sbar + alw.unsqueeze(-2)
         sbar = sbar * (1 + gamma(2 * d + 4))  # the magnitude itself is computed with rounding
-        logits = head_logits(
-            X,
-            X,
-            head,
-            None if lw64 is None else torch.where(torch.isfinite(lw64), lw64, 0.0),
-            query_index=idx,
-            key_index=idx,
-        )
+        logits = head_logits(X, X, head, lw_logits, query_index=idx, key_index=idx)
         hi = torch.where(keep, logits, -math.inf).amax(-1, keepdim=True)
         lo = torch.where(keep, logits, math.inf).amin(-1, keepdim=True)
         row_spread = torch.where(keep.any(-1, keepdim=True), hi - lo, zero).squeeze(-1)
@@ -415,21 +405,6 @@ def _rope_magnitude_rows(
     )  # fmt: skip
 
 
-def _mag_ops(
-    mlin: AttentionLinearization, geometry: ProductGeometry
-) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    shape_in = mlin.batch_shape + (mlin.n, mlin.d)
-    shape_out = mlin.batch_shape + (mlin.n, mlin.d_out)
-
-    def mv(v: Tensor) -> Tensor:
-        return jvp(mlin, v.reshape(shape_in), geometry=geometry).flatten(-2)
-
-    def rmv(u: Tensor) -> Tensor:
-        return vjp(mlin, u.reshape(shape_out), geometry=geometry).flatten(-2)
-
-    return mv, rmv
-
-
 def magnitude_norm_upper(mlin: AttentionLinearization, geometry: ProductGeometry) -> Tensor:
     r"""Upper bound on :math:`\||J|_{\rm mag}\|_2` (docs/rounding.md §4.2).
 
@@ -437,10 +412,9 @@ def magnitude_norm_upper(mlin: AttentionLinearization, geometry: ProductGeometry
     for a nonnegative :math:`M`; two products. Sums of nonnegative numbers are computed with
     relative error below :math:`\gamma_K`, covered by the factor returned.
     """
-    mv, rmv = _mag_ops(mlin, geometry)
-    ones = mlin.X.new_ones(mlin.batch_shape + (mlin.n * mlin.d,))
-    w = rmv(mv(ones))
-    bound = w.amax(-1).clamp_min(0).sqrt()
+    ones = mlin.X.new_ones(mlin.batch_shape + (mlin.n, mlin.d))
+    w = vjp(mlin, jvp(mlin, ones, geometry=geometry), geometry=geometry)
+    bound = w.flatten(-2).amax(-1).clamp_min(0).sqrt()
     return bound * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
 
 
@@ -453,8 +427,8 @@ def magnitude_vector_norm(
     computed sums carry a relative error below :math:`\gamma_K`, covered by the factor applied
     (docs/rounding.md §4.1).
     """
-    mv, _ = _mag_ops(mlin, geometry)
-    w = mv(v.abs().to(torch.float64))
+    shape = mlin.batch_shape + (mlin.n, mlin.d)
+    w = jvp(mlin, v.abs().to(torch.float64).reshape(shape), geometry=geometry).flatten(-2)
     return torch.linalg.vector_norm(w, dim=-1) * (1 + 2 * gamma(4 * (mlin.n + mlin.d) + 64))
 
 
@@ -748,11 +722,8 @@ def streaming_error_model(mlin: StreamingLinearization, unit: float = U64) -> Er
     batch = mlin.batch_shape
     dev = X.device
     aX = X.abs()
-    lw = mlin.log_weights
-    alw = None
-    if lw is not None:
-        lw64 = lw.to(torch.float64)
-        alw = torch.where(torch.isfinite(lw64), lw64.abs(), 0.0)
+    lw64 = None if mlin.log_weights is None else mlin.log_weights.to(torch.float64)
+    alw = None if lw64 is None else torch.where(torch.isfinite(lw64), lw64.abs(), 0.0)
     rot = _rope_rounding(mlin, unit)
     rot64 = _rope_rounding(mlin)
     k_top = max(g.q.shape[-1] for g in mlin.groups)
@@ -921,13 +892,12 @@ def _variant_split(
 ) -> tuple[HeadGroup, list[tuple[str, HeadGroup]], dict[str, float]]:
     r"""The groups of :func:`streaming_magnitude_split` for a group of variant heads (§11.5).
 
-    Returned as the tight group, the loose groups with their keys, and each key's coefficient.
-
     The rows as for the other heads with :math:`\rho_v` of §11.4; the QK-norms' tangent maps at
     the computed pre-norm rows' bound :math:`\tilde u = |\hat u| + \gamma_{d+1}\bar u` in the
     first group, and for each norm one group with its :class:`MixedNorm` (the pre-norm row's own
     error, :math:`\gamma_{d+1}`), so that a query or key whose pre-norm row cancels no longer
-    carries :math:`\bar\rho^3\bar u\bar u^\top` at the chain magnitude.
+    carries :math:`\bar\rho^3\bar u\bar u^\top` at the chain magnitude. Returned as the first
+    group, the others with the key of their coefficient, and the coefficients.
     """
     var = mg.var
     assert var is not None
