@@ -902,11 +902,10 @@ def _variant_split(
     var = mg.var
     assert var is not None
     d = lin.d
-    k = g.q.shape[-1]
     terms = _VariantTerms(
         S=torch.zeros(lin.batch_shape, dtype=torch.float64, device=lin.X.device),
-        pre=torch.zeros(()), logit=torch.zeros(()), alibi=torch.zeros(()),
-        spread=torch.zeros(()), big=torch.zeros(()), k=k, cap=math.inf, cap_max=math.inf,
+        pre=torch.zeros(()), logit=torch.zeros(()), alibi=torch.zeros(()), spread=torch.zeros(()),
+        big=torch.zeros(()), k=g.q.shape[-1], cap=math.inf, cap_max=math.inf,
         q_stats=var.q_stats, k_stats=var.k_stats,
     )  # fmt: skip
 
@@ -934,9 +933,8 @@ def _variant_split(
             return None, None
         has = stats.has.reshape(-1, 1, 1)
         ut = torch.where(has, (stats.u.abs() + gamma(d + 1) * stats.ubar) * (1 + 2 * U64), 0.0)
-        return NormRows(u=ut, rho=norm.rho, w=norm.w), MixedNorm(
-            u=norm.u, u2=ut, rho=norm.rho, w=norm.w
-        )
+        mixed = MixedNorm(u=norm.u, u2=ut, rho=norm.rho, w=norm.w)
+        return NormRows(u=ut, rho=norm.rho, w=norm.w), mixed
 
     tq, mq = tight_norm(var.q_norm, var.q_stats)
     tk, mk = tight_norm(var.k_norm, var.k_stats)
