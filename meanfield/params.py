@@ -94,9 +94,7 @@ def _matrix(
     return t
 
 
-def _vector(
-    x: object, name: str, size: int, like: Tensor, leading: str = "the leading matrix"
-) -> Tensor:
+def _vector(x: object, name: str, size: int, like: Tensor, leading: str) -> Tensor:
     t = _as_like(x, name, like, leading)
     if t.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {tuple(t.shape)}")
