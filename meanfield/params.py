@@ -145,14 +145,12 @@ class RotaryEmbedding:
         check_finite(inv_freq, "inv_freq")
         object.__setattr__(self, "inv_freq", inv_freq)
         if self.head_dim is not None:
-            hd = self.head_dim
+            hd, r = self.head_dim, 2 * inv_freq.shape[0]
             if isinstance(hd, bool) or not isinstance(hd, (int, np.integer)):
                 raise ValueError(f"head_dim must be an integer, got {hd!r}")
-            if hd < 2 * inv_freq.shape[0]:
-                raise ValueError(
-                    f"head_dim must be at least the rotary width {2 * inv_freq.shape[0]}, got {hd}"
-                )
-            object.__setattr__(self, "head_dim", None if hd == 2 * inv_freq.shape[0] else int(hd))
+            if hd < r:
+                raise ValueError(f"head_dim must be at least the rotary width {r}, got {hd}")
+            object.__setattr__(self, "head_dim", None if hd == r else int(hd))
 
     @property
     def rotary_dim(self) -> int:
@@ -537,7 +535,6 @@ class AttentionParams:
         def mv(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(*args, **kwargs)
 
-        rope = None if self.rope is None else self.rope.to(*args, **kwargs)
         # With factors, A is recomputed from the moved Q and K: a cast of A rounded in another
         # dtype would not reproduce Q^T K to the new dtype's precision.
         return AttentionParams(
@@ -547,7 +544,7 @@ class AttentionParams:
             b=mv(self.b),
             Q=mv(self.Q),
             K=mv(self.K),
-            rope=rope,
+            rope=None if self.rope is None else self.rope.to(*args, **kwargs),
             q_bias=mv(self.q_bias),
             k_bias=mv(self.k_bias),
             q_norm=None if self.q_norm is None else self.q_norm.to(*args, **kwargs),
