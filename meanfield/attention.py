@@ -41,18 +41,28 @@ __all__ = [
 
 
 def _points_and_params(
-    X: object, params: object, what: str, *, l2: bool = False
+    X: object, params: Params | L2AttentionParams, what: str, *, l2: bool = False
 ) -> tuple[Tensor, torch.dtype, torch.device]:
     """Check ``params`` and the points ``X`` by the input rule of docs/conventions.md §8."""
     allowed: tuple[type, ...] = (L2AttentionParams,) if l2 else (AttentionParams, MultiHeadParams)
     dtype, device = params_dtype_device(params, allowed, what)
-    if isinstance(params, L2AttentionParams):
-        d = params.D
-    elif isinstance(params, (AttentionParams, MultiHeadParams)):
-        d = params.d
-    else:  # excluded by params_dtype_device
-        raise TypeError(f"{what}: params must be attention parameters, got {type(params).__name__}")
+    d = params.D if isinstance(params, L2AttentionParams) else params.d
     return check_points(X, "X", d, dtype, device), dtype, device
+
+
+def _check_measure_call(mu: DiracMeasure, params: Params, masked: bool, what: str) -> None:
+    """Check ``params`` and ``mu`` by docs/conventions.md §8, and ``masked`` against ``mu``.
+
+    Masked mean-field attention needs a position-tagged measure.
+    """
+    check_measure(
+        mu,
+        *params_dtype_device(params, (AttentionParams, MultiHeadParams), what),
+        params.d,
+        what,
+    )
+    if check_flag(masked, "masked") and mu.positions is None:
+        raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
 
 
 def head_logits(
@@ -72,44 +82,6 @@ def head_logits(
     soft-capping, ALiBi) follows the order of :class:`~meanfield.params.AttentionParams`; the
     sliding window is a mask (:func:`head_mask`), not a logit.
     """
-    if head.variants:
-        return _variant_logits(Xq, Xk, head, log_weights, query_index, key_index)
-    factors = head.factors
-    if head.rope is not None:
-        if factors is None:
-            raise ValueError("a rotary embedding needs the factors Q and K")
-        Q, K = factors
-        if query_index is None:
-            query_index = torch.arange(Xq.shape[-2], device=Xq.device)
-        if key_index is None:
-            key_index = torch.arange(Xk.shape[-2], device=Xk.device)
-        q = head.rope.apply(Xq @ Q.mT, query_index)
-        logits = q @ head.rope.apply(Xk @ K.mT, key_index).mT
-    elif factors is not None:
-        Q, K = factors
-        logits = (Xq @ Q.mT) @ (Xk @ K.mT).mT
-    else:
-        logits = (Xq @ head.A) @ Xk.mT
-    if head.c is not None:
-        logits = logits + (Xk @ head.c).unsqueeze(-2)
-    if log_weights is not None:
-        logits = logits + log_weights.unsqueeze(-2)
-    return logits
-
-
-def _default_index(index: Tensor | None, n: int, device: torch.device) -> Tensor:
-    return torch.arange(n, device=device) if index is None else index
-
-
-def _variant_logits(
-    Xq: Tensor,
-    Xk: Tensor,
-    head: AttentionParams,
-    log_weights: Tensor | None,
-    query_index: Tensor | None,
-    key_index: Tensor | None,
-) -> Tensor:
-    r"""Logits of a head with variants (order of docs/theory.md §B6), shape (..., n_q, n_k)."""
     factors = head.factors
     if factors is not None:
         Q, K = factors
@@ -142,6 +114,10 @@ def _variant_logits(
     if log_weights is not None:
         logits = logits + log_weights.unsqueeze(-2)
     return logits
+
+
+def _default_index(index: Tensor | None, n: int, device: torch.device) -> Tensor:
+    return torch.arange(n, device=device) if index is None else index
 
 
 def head_mask(
@@ -262,12 +238,9 @@ def attention_points(
     token_index = check_index(token_index, "token_index", X, n)
     query_token_index = check_index(query_token_index, "query_token_index", Xq, m)
     Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
-    allowed = admissible_keys(
-        masked, Xq.shape[-2], X.shape[-2], positions, query_positions, X.device
-    )
+    allowed = admissible_keys(masked, m, n, positions, query_positions, X.device)
     if needs_token_index(params):
-        if token_index is None:
-            token_index = torch.arange(X.shape[-2], device=X.device)
+        token_index = _default_index(token_index, n, X.device)
         if query_token_index is None:
             if queries is not None:
                 raise ValueError(
@@ -283,13 +256,9 @@ def attention_points(
         outs = []
         for h, vals in zip(heads, Xk_vals):
             logits = head_logits(q, X, h, log_weights, query_index=q_index, key_index=token_index)
-            if h.window is not None:
-                P = masked_softmax(
-                    logits,
-                    head_mask(h, mask, q_index, token_index, q.shape[-2], n, X.device),
-                )
-            else:
-                P = masked_softmax(logits, mask)
+            P = masked_softmax(
+                logits, head_mask(h, mask, q_index, token_index, q.shape[-2], n, X.device)
+            )
             out = P @ vals
             outs.append(out if h.b is None else out + h.b)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -299,7 +268,7 @@ def attention_points(
                 out = out + params.b_O
         return out
 
-    parts = [block(sl) for sl in iter_chunks(Xq.shape[-2], chunk_size)]
+    parts = [block(sl) for sl in iter_chunks(m, chunk_size)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
@@ -353,14 +322,7 @@ def attention(
     DiracMeasure
         :math:`F(\mu)`, with the same weights and positions as ``mu``.
     """
-    check_measure(
-        mu,
-        *params_dtype_device(params, (AttentionParams, MultiHeadParams), "attention"),
-        params.d,
-        "attention",
-    )
-    if check_flag(masked, "masked") and mu.positions is None:
-        raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
+    _check_measure_call(mu, params, masked, "attention")
     Y = attention_points(
         mu.points,
         params,
@@ -399,14 +361,7 @@ def attention_map(
     -------
     Tensor, shape (..., m, d_out)
     """
-    check_measure(
-        mu,
-        *params_dtype_device(params, (AttentionParams, MultiHeadParams), "attention_map"),
-        params.d,
-        "attention_map",
-    )
-    if check_flag(masked, "masked") and mu.positions is None:
-        raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
+    _check_measure_call(mu, params, masked, "attention_map")
     return attention_points(
         mu.points,
         params,

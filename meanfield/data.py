@@ -109,13 +109,9 @@ def encode_text(tokenizer: Callable[..., object], text: str) -> list[int]:
 
 
 def _as_ids(token_ids: Sequence[int] | Tensor) -> Tensor:
-    ids = (
-        torch.as_tensor(token_ids, dtype=torch.long)
-        if not isinstance(token_ids, Tensor)
-        else token_ids
-    )
-    if ids.ndim == 2 and ids.shape[0] == 1:
-        ids = ids[0]
+    if not isinstance(token_ids, Tensor):
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long)
+    ids = token_ids[0] if token_ids.ndim == 2 and token_ids.shape[0] == 1 else token_ids
     if ids.ndim != 1:
         raise ValueError(f"token_ids must be a 1-D sequence of ids, got shape {tuple(ids.shape)}")
     if ids.is_floating_point() or ids.is_complex():

@@ -203,9 +203,7 @@ def dot_product_lipschitz_upper(params: AttentionParams, n: int, radius: float) 
     n = int(n)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
-    A = params.A
-    assert A is not None  # AttentionParams.__post_init__ always sets A (from Q, K if need be)
-    bound = sqrt_n_upper(_spec(A), _spec(params.V), R, n, form="triangle")
+    bound = sqrt_n_upper(_spec(params.A), _spec(params.V), R, n, form="triangle")
     return float(bound) * (1.0 + _NORM_MARGIN)
 
 
@@ -240,10 +238,9 @@ def certified_lipschitz(
     be omitted). Dot-product attention: :math:`s` times :func:`dot_product_lipschitz_upper` on the
     ball of radius ``radius`` (required).
     """
-    if block.l2:
+    if isinstance(block.params, L2AttentionParams):
         if radius is not None:
             raise ValueError("the L2 bound is global: give no radius")
-        assert isinstance(block.params, L2AttentionParams)  # what block.l2 means
         return LipschitzCertificate(
             block.scale * l2_lipschitz_upper(block.params, n), "global", None, int(n)
         )
@@ -581,7 +578,6 @@ def dot_product_tie_input(params: AttentionParams, R: float, n: int) -> TieInput
     if n < 2:
         raise ValueError(f"n must be an integer >= 2, got {n}")
     like = params.A
-    assert like is not None  # AttentionParams.__post_init__ always sets A
     A = like.detach().to(torch.float64)
     V = params.V.detach().to(torch.float64)
     M = A.mT @ V

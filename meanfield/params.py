@@ -70,6 +70,18 @@ def _as_like(x: object, name: str, like: Tensor, leading: str) -> Tensor:
     return as_float_tensor(x, name, like=like)
 
 
+def _finite_number(value: object, name: str, *, positive: bool) -> float:
+    """``value`` as a float; a one-line ``ValueError`` unless it is a finite (positive) number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    x = float(value)
+    if not (np.isfinite(x) and (x > 0 or not positive)):
+        raise ValueError(
+            f"{name} must be {'finite and positive' if positive else 'finite'}, got {value!r}"
+        )
+    return x
+
+
 def _matrix(
     x: object, name: str, like: Tensor | None = None, leading: str = "the leading matrix"
 ) -> Tensor:
@@ -82,9 +94,7 @@ def _matrix(
     return t
 
 
-def _vector(
-    x: object, name: str, size: int, like: Tensor, leading: str = "the leading matrix"
-) -> Tensor:
+def _vector(x: object, name: str, size: int, like: Tensor, leading: str) -> Tensor:
     t = _as_like(x, name, like, leading)
     if t.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {tuple(t.shape)}")
@@ -135,14 +145,12 @@ class RotaryEmbedding:
         check_finite(inv_freq, "inv_freq")
         object.__setattr__(self, "inv_freq", inv_freq)
         if self.head_dim is not None:
-            hd = self.head_dim
+            hd, r = self.head_dim, 2 * inv_freq.shape[0]
             if isinstance(hd, bool) or not isinstance(hd, (int, np.integer)):
                 raise ValueError(f"head_dim must be an integer, got {hd!r}")
-            if hd < 2 * inv_freq.shape[0]:
-                raise ValueError(
-                    f"head_dim must be at least the rotary width {2 * inv_freq.shape[0]}, got {hd}"
-                )
-            object.__setattr__(self, "head_dim", None if hd == 2 * inv_freq.shape[0] else int(hd))
+            if hd < r:
+                raise ValueError(f"head_dim must be at least the rotary width {r}, got {hd}")
+            object.__setattr__(self, "head_dim", None if hd == r else int(hd))
 
     @property
     def rotary_dim(self) -> int:
@@ -353,14 +361,10 @@ class AttentionParams:
                     f"Q and K must have the same shape, got {tuple(Q.shape)} and {tuple(K.shape)}"
                 )
         if self.logit_scale is not None:
-            ls = self.logit_scale
-            if isinstance(ls, bool) or not isinstance(ls, (int, float, np.floating, np.integer)):
-                raise ValueError(f"logit_scale must be a number, got {ls!r}")
-            if not (np.isfinite(float(ls)) and float(ls) > 0):
-                raise ValueError(f"logit_scale must be finite and positive, got {ls!r}")
+            ls = _finite_number(self.logit_scale, "logit_scale", positive=True)
             if Q is None:
                 raise ValueError("logit_scale needs the factors Q and K")
-            object.__setattr__(self, "logit_scale", float(ls))
+            object.__setattr__(self, "logit_scale", ls)
         if A_in is not None:
             A = _matrix(A_in, "A", like=Q, leading="Q")
         elif Q is not None and K is not None:
@@ -432,14 +436,10 @@ class AttentionParams:
                 raise ValueError(f"{name} with c is not exact: give q_bias, k_bias instead")
             object.__setattr__(self, name, val.to(dtype=A.dtype, device=A.device))
         if self.softcap is not None:
-            cap = self.softcap
-            if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating, np.integer)):
-                raise ValueError(f"softcap must be a number, got {cap!r}")
-            if not (np.isfinite(float(cap)) and float(cap) > 0):
-                raise ValueError(f"softcap must be finite and positive, got {cap!r}")
+            cap = _finite_number(self.softcap, "softcap", positive=True)
             if self.c is not None:
                 raise ValueError("softcap with c is not exact: give q_bias, k_bias instead")
-            object.__setattr__(self, "softcap", float(cap))
+            object.__setattr__(self, "softcap", cap)
         if self.window is not None:
             w = self.window
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
@@ -448,12 +448,8 @@ class AttentionParams:
                 raise ValueError(f"window must be at least 1, got {w}")
             object.__setattr__(self, "window", int(w))
         if self.alibi_slope is not None:
-            m = self.alibi_slope
-            if isinstance(m, bool) or not isinstance(m, (int, float, np.floating, np.integer)):
-                raise ValueError(f"alibi_slope must be a number, got {m!r}")
-            if not np.isfinite(float(m)):
-                raise ValueError(f"alibi_slope must be finite, got {m!r}")
-            object.__setattr__(self, "alibi_slope", float(m))
+            m = _finite_number(self.alibi_slope, "alibi_slope", positive=False)
+            object.__setattr__(self, "alibi_slope", m)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -531,8 +527,6 @@ class AttentionParams:
 
     def without_biases(self) -> AttentionParams:
         """Return the same head without ``c``, ``b``, ``q_bias``, ``k_bias`` (bias-free map)."""
-        if self.q_bias is None and self.k_bias is None:
-            return replace(self, c=None, b=None)
         return replace(self, c=None, b=None, q_bias=None, k_bias=None)
 
     def to(self, *args: Any, **kwargs: Any) -> AttentionParams:
@@ -541,7 +535,6 @@ class AttentionParams:
         def mv(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(*args, **kwargs)
 
-        rope = None if self.rope is None else self.rope.to(*args, **kwargs)
         # With factors, A is recomputed from the moved Q and K: a cast of A rounded in another
         # dtype would not reproduce Q^T K to the new dtype's precision.
         return AttentionParams(
@@ -551,7 +544,7 @@ class AttentionParams:
             b=mv(self.b),
             Q=mv(self.Q),
             K=mv(self.K),
-            rope=rope,
+            rope=None if self.rope is None else self.rope.to(*args, **kwargs),
             q_bias=mv(self.q_bias),
             k_bias=mv(self.k_bias),
             q_norm=None if self.q_norm is None else self.q_norm.to(*args, **kwargs),
@@ -791,8 +784,9 @@ class MultiHeadParams:
         s = 1.0 / k**0.5 if scale is None else float(scale)
         b_Qv = None if b_Q is None else _vector(b_Q, "b_Q", W_Q.shape[0], W_Q, "W_Q")
         b_Vv = None if b_V is None else _vector(b_V, "b_V", W_V.shape[0], W_Q, "W_Q")
-        if b_K is not None:
-            _vector(b_K, "b_K", W_K.shape[0], W_Q, "W_Q")  # validated; cancels in the softmax
+        # Plain heads reduce b_Q to the key logit term c and drop b_K, which cancels in the
+        # softmax; heads with variants keep both as head-space biases.
+        b_Kv = None if b_K is None else _vector(b_K, "b_K", W_K.shape[0], W_Q, "W_Q")
         if rope is not None:
             if not isinstance(rope, RotaryEmbedding) or rope.k != k:
                 raise ValueError(f"rope must be a RotaryEmbedding of width {k}")
@@ -805,67 +799,37 @@ class MultiHeadParams:
                     f"alibi_slopes must have {H} entries (one per head), got {len(slopes)}"
                 )
         normed = q_norm is not None or k_norm is not None
-        if rope is not None or normed or softcap is not None:
-            b_Kv = None if b_K is None else _vector(b_K, "b_K", W_K.shape[0], W_Q, "W_Q")
-            return cls._from_qkv_variants(
-                W_Q, W_K, W_V, W_O, b_O, b_Qv, b_Kv, b_Vv, H, H_kv, k, k_v, s, rope,
-                dict(q_norm=q_norm, k_norm=k_norm, softcap=softcap, window=window), slopes,
-            )  # fmt: skip
-        rep = H // H_kv
-        heads = []
-        for h in range(H):
-            g = h // rep
-            Qh = s * W_Q[h * k : (h + 1) * k]
-            Kh = W_K[g * k : (g + 1) * k]
-            c = None if b_Qv is None else Kh.mT @ b_Qv[h * k : (h + 1) * k] * s
-            b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
-            # Slices of matrices validated above: skip re-checking every head.
-            if window is None and slopes is None:
-                heads.append(
-                    AttentionParams._from_validated(
-                        A=Qh.mT @ Kh, V=W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh
-                    )
-                )
-            else:
-                heads.append(
-                    AttentionParams(
-                        None, W_V[g * k_v : (g + 1) * k_v], c=c, b=b, Q=Qh, K=Kh, window=window,
-                        alibi_slope=None if slopes is None else slopes[h],
-                    )
-                )  # fmt: skip
-        return cls(tuple(heads), W_O=W_O, b_O=b_O)
-
-    @classmethod
-    def _from_qkv_variants(
-        cls, W_Q, W_K, W_V, W_O, b_O, b_Q, b_K, b_V, H, H_kv, k, k_v, s, rope, opts, slopes
-    ) -> MultiHeadParams:
-        """Heads with head-space biases, QK-norm, soft-cap, ... (see :meth:`from_qkv`)."""
-        normed = opts["q_norm"] is not None or opts["k_norm"] is not None
+        variant = rope is not None or normed or softcap is not None
         rep = H // H_kv
         heads = []
         for h in range(H):
             g = h // rep
             Qh, Kh = W_Q[h * k : (h + 1) * k], W_K[g * k : (g + 1) * k]
-            qb = None if b_Q is None else b_Q[h * k : (h + 1) * k]
-            kb = None if b_K is None else b_K[g * k : (g + 1) * k]
+            Vh = W_V[g * k_v : (g + 1) * k_v]
+            b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
+            slope = None if slopes is None else slopes[h]
+            qb = None if b_Qv is None else b_Qv[h * k : (h + 1) * k]
+            kb = None if b_Kv is None else b_Kv[g * k : (g + 1) * k]
+            c = None
+            if not variant:  # b_Q becomes the key logit term c; b_K cancels
+                c = None if qb is None else Kh.mT @ qb * s
+                qb = kb = None
             if not normed:  # fold the scale into the query map and its bias
                 Qh = s * Qh
                 qb = None if qb is None else s * qb
-            heads.append(
-                AttentionParams(
-                    None,
-                    W_V[g * k_v : (g + 1) * k_v],
-                    b=None if b_V is None else b_V[g * k_v : (g + 1) * k_v],
-                    Q=Qh,
-                    K=Kh,
-                    rope=rope,
-                    q_bias=qb,
-                    k_bias=kb,
-                    logit_scale=s if normed else None,
-                    alibi_slope=None if slopes is None else slopes[h],
-                    **opts,
+            if not variant and window is None and slope is None:
+                # Slices of matrices validated above: skip re-checking every head.
+                heads.append(
+                    AttentionParams._from_validated(A=Qh.mT @ Kh, V=Vh, c=c, b=b, Q=Qh, K=Kh)
                 )
-            )
+            else:
+                heads.append(
+                    AttentionParams(
+                        None, Vh, c=c, b=b, Q=Qh, K=Kh, rope=rope, q_bias=qb, k_bias=kb,
+                        q_norm=q_norm, k_norm=k_norm, logit_scale=s if normed else None,
+                        softcap=softcap, window=window, alibi_slope=slope,
+                    )
+                )  # fmt: skip
         return cls(tuple(heads), W_O=W_O, b_O=b_O)
 
 
