@@ -253,10 +253,11 @@ def prepare(lin: Linearization, plan: Plan) -> Operators:
     # a power-of-two scale, and brought back at the end
     e = scale_exponent(lin64)
     lin64s = scaled(lin64, e)
+    # float64 inputs solve on lin64s, and so do calls stopped by the width rule: its
+    # probabilistic end is that of the solver's operator, and a float32 operator's certified
+    # distance to the exact one (docs/rounding.md §11.3) is far wider than the width on most
+    # layers, so these calls solve in float64
     lin_solve, e_solve = lin64s, e
-    # the width rule: its probabilistic end is that of the solver's operator, and a
-    # float32 operator's certified distance to the exact one (docs/rounding.md §11.3) is
-    # far wider than the width on most layers, so these calls solve in float64
     if plan.rtol is None and lin.X.dtype != torch.float64:
         # the other float32 calls: their own operator, scaled as _float32_scaled says with the
         # scale read from lin64, or lin64s when that leaves float32's range
