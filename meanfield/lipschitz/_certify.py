@@ -123,29 +123,18 @@ def float64_residual_ok(
     return r <= (tol + 8 * math.sqrt(N) * u32) * s2
 
 
-@dataclass(frozen=True)
-class _SelfBracket:
-    value: Tensor  # (...,) max_i estimate, float64
-    lower: Tensor  # (...,)
-    upper: Tensor  # (...,)
-    upper_atoms: Tensor | None  # (..., n) certified per-atom bounds, when explicit
-    converged: Tensor
-    n_matvec: Tensor
+def _self_bracket(
+    ops: Operators, sol: SelfSolution, em: float
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The self term's ends ``(lower, upper, upper_atoms)``, float64, of the batch shape.
 
-
-def _self_bracket(ops: Operators, sol: SelfSolution, em: float) -> _SelfBracket:
-    """The self term's bracket; ``em`` is a relative margin (first-order model, docs/rounding.md §6)."""
+    ``upper_atoms`` (..., n) are the certified per-atom bounds where the blocks were explicit,
+    else ``None``; ``em`` is a relative margin (first-order model, docs/rounding.md §6).
+    """
     if sol.explicit:
         assert sol.lower_atoms is not None and sol.upper_atoms is not None
         up_atoms = sol.upper_atoms * (1 + em)
-        return _SelfBracket(
-            value=sol.value,
-            lower=sol.lower_atoms.amax(-1) * (1 - em),
-            upper=up_atoms.amax(-1),
-            upper_atoms=up_atoms,
-            converged=sol.converged,
-            n_matvec=sol.n_matvec,
-        )
+        return sol.lower_atoms.amax(-1) * (1 - em), up_atoms.amax(-1), up_atoms
     res, lin64 = sol.result, ops.lin64
     assert res is not None
     assert isinstance(lin64, AttentionLinearization)  # the split geometry: stored path only
@@ -154,14 +143,7 @@ def _self_bracket(ops: Operators, sol: SelfSolution, em: float) -> _SelfBracket:
     else:
         low = torch.linalg.vector_norm(self_jvp(lin64, res.vector.to(torch.float64)), dim=-1)
     up_atoms = self_norm_trace_bound(lin64) * (1 + em)
-    return _SelfBracket(
-        value=sol.value,
-        lower=(low * (1 - em)).amax(-1),
-        upper=up_atoms.amax(-1),
-        upper_atoms=None,
-        converged=sol.converged,
-        n_matvec=sol.n_matvec,
-    )
+    return (low * (1 - em)).amax(-1), up_atoms.amax(-1), None
 
 
 @dataclass(frozen=True)
@@ -287,11 +269,11 @@ def certify_solution(
     ``margins`` is ``None`` exactly when ``plan.certify`` is false (the trivial bracket).
     """
     dtype, e, batch = ops.lin.X.dtype, ops.e, ops.batch
-    self_term = None
-    if solution.self_term is not None:
+    self_term, self_norms = solution.self_term, None
+    if self_term is not None:
         em = eval_margin(ops.lin.n, ops.lin.d)
         em = margins.self_margin(em) if margins is not None else em
-        self_term = _self_bracket(ops, solution.self_term, em)
+        self_lower, self_upper, self_norms = _self_bracket(ops, self_term, em)
     run = solution.run
     if isinstance(run, DenseSolution):
         ends = _dense_ends(ops, plan, margins, run)
@@ -302,10 +284,8 @@ def certify_solution(
     upper64 = ends.upper
     if plan.upper == "block":
         assert margins is not None
-        self_norms = None if self_term is None else self_term.upper_atoms
         if isinstance(ops.lin64, StreamingLinearization):
-            eps = margins.model.eps_s
-            bound = streaming_block_upper(ops.lin64, eps, plan.op_geometry, e)
+            bound = streaming_block_upper(ops.lin64, margins.model.eps_s, plan.op_geometry, e)
         else:
             bound = block_upper(ops.lin64, plan.op_geometry, self_norms, e)
         upper64 = margins.upper(bound)
@@ -329,10 +309,10 @@ def certify_solution(
     converged, n_matvec, self_value = ends.converged, ends.n_matvec, None
     if self_term is not None:
         if upper_prob64 is not None:
-            upper_prob64 = torch.maximum(upper_prob64, self_term.upper)
+            upper_prob64 = torch.maximum(upper_prob64, self_upper)
         value64 = torch.maximum(value64, self_term.value)
-        lower64 = torch.maximum(lower64, self_term.lower)
-        upper64 = torch.maximum(upper64, self_term.upper)
+        lower64 = torch.maximum(lower64, self_lower)
+        upper64 = torch.maximum(upper64, self_upper)
         converged = converged & self_term.converged
         n_matvec = n_matvec + self_term.n_matvec
         self_value = self_term.value.to(dtype)

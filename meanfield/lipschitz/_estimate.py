@@ -7,6 +7,8 @@ An estimate with its certified bracket, and its bit-exact ``.safetensors`` round
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,9 +134,6 @@ class LipschitzEstimate:
         -------
         pathlib.Path
         """
-        import dataclasses
-        import json
-
         from .. import __version__
 
         save_file = LipschitzEstimate._safetensors("save")[1]
@@ -181,9 +180,6 @@ class LipschitzEstimate:
         ValueError
             One line, when ``path`` is not a file written by :meth:`save`.
         """
-        import dataclasses
-        import json
-
         safe_open = LipschitzEstimate._safetensors("load")[0]
         device = torch.device(device)
         what = f"{path} is not a LipschitzEstimate written by LipschitzEstimate.save"

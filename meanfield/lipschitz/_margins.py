@@ -34,25 +34,12 @@ class Margins:
     probabilistic end of a float32 run adds (:meth:`upper_solve`). The magnitude norm :math:`\||J|_{\rm mag}\|` costs two
     magnitude products: :meth:`mag_norm` forms it once, for the ends that need it (the upper
     certificates, the width rule); the lower end uses :math:`\||J|_{\rm mag}|v|\|` from one
-    product when it can (:meth:`mag_norm_for_lower`).
+    product when it can (:meth:`lower`).
     """
 
     def __init__(self, ops: Operators, geometry: ProductGeometry) -> None:
         self.geometry = geometry
         lin64s = ops.lin64s
-        if not isinstance(lin64s, StreamingLinearization):
-            for head in ops.lin.params.heads:
-                if head.variants:  # the stored path's model: plain and rotary heads only
-                    raise ValueError(
-                        f"the stored path's certified bracket does not model "
-                        f"{', '.join(head.variants)}; use path='streaming' (docs/rounding.md "
-                        "§11.4) or certify=False"
-                    )
-            if lin64s.rope_heads and lin64s.rope_rows is None:
-                raise ValueError(
-                    "the stored path's certified bracket models rotary heads of one width only "
-                    "(these differ); use path='streaming' or certify=False"
-                )
         self._mag_norm: Tensor | None = None
         self.mlin: AttentionLinearization | None = None  # the stored path's magnitude operator
         self.smlin = None
@@ -71,6 +58,13 @@ class Margins:
             # where |Q||x| >> |Qx|)
             self.smlin = _rnd.streaming_magnitude_split(lin64s, mlin, models)
             return
+        # the stored path's model covers plain and rotary heads only: a certified call with
+        # attention variants runs on the streaming path (SolverOptions.choose_path)
+        if lin64s.rope_heads and lin64s.rope_rows is None:
+            raise ValueError(
+                "the stored path's certified bracket models rotary heads of one width only "
+                "(these differ); use path='streaming' or certify=False"
+            )
         assert not isinstance(ops.lin64, StreamingLinearization)
         # rotary heads included: their rows through the bound of a rotation (docs/rounding.md §3.1)
         self.model = _rnd.error_model(ops.lin64)
@@ -89,16 +83,6 @@ class Margins:
                 assert self.mlin is not None  # one of the two is always built
                 self._mag_norm = _rnd.magnitude_norm_upper(self.mlin, self.geometry)
         return self._mag_norm
-
-    def mag_norm_for_lower(self) -> Tensor:
-        """The magnitude norm the lower end uses beside the product with ``|v|``.
-
-        The norm where it is already formed, else ``inf`` (the lower end then uses that product
-        alone, one product instead of the norm's two).
-        """
-        if self._mag_norm is not None:
-            return self._mag_norm
-        return torch.full_like(self.model.eta, math.inf)
 
     def self_margin(self, em: float) -> float:
         """Relative margin of the self-Jacobian blocks: ``em`` plus the attention error."""
@@ -119,21 +103,23 @@ class Margins:
         else:
             assert self.mlin is not None
             mag_v = _rnd.magnitude_vector_norm(self.mlin, v, self.geometry)
-        mag = self.mag_norm_for_lower()
+        # the norm where it is already formed, else inf: the lower end then uses the product
+        # with |v| alone (one product instead of the norm's two)
+        mag = self._mag_norm
+        if mag is None:
+            mag = torch.full_like(self.model.eta, math.inf)
         return _rnd.lower_from_product(s_prod, v, mag, self.model, n_out, mag_v)
 
 
 def width_rule(
     width: float,
     margin: float,
-    mag_norm: Tensor,
-    model: _rnd.ErrorModel,
+    margins: Margins,
     n_out: int,
     n_in: int,
     shift: int,
     *,
     float32_solve: bool,
-    solve_model: _rnd.ErrorModel | None = None,
 ) -> tuple[
     Callable[[Tensor, Tensor], Tensor],
     Callable[[Tensor], Tensor],
@@ -144,19 +130,19 @@ def width_rule(
 
     They predict the certified ends exactly as the estimator forms them after the run
     (:func:`~meanfield._rounding.upper_margin`, :func:`~meanfield._rounding.lower_from_norm`),
-    from the magnitude norm and error model known before it, with the Ritz value for
-    :math:`\|Jv\|` (lowered by the Krylov margin for a float32 solve, whose vector is measured
-    again in float64). ``shift`` is ``e_solve - e`` (docs/rounding.md §5). ``solve_model``
-    (default ``model``) is the error model of the solver's operator, which the upper end adds
-    (float32's for a float32 solve, docs/rounding.md §11.3). Returns
+    from the magnitude norm and error model of ``margins``, known before it, with the Ritz value
+    for :math:`\|Jv\|` (lowered by the Krylov margin for a float32 solve, whose vector is
+    measured again in float64). ``shift`` is ``e_solve - e`` (docs/rounding.md §5). The upper
+    end adds the error model of the solver's operator, ``margins.solve_model`` (float32's for a
+    float32 solve, docs/rounding.md §11.3). Returns
     ``accept(sigma, bound)``, ``reachable(sigma)`` (whether a perfect Krylov bound, the Ritz
     value times ``1 + margin``, would be accepted), whether the relative margins alone leave
     room for the width (a tensor of the batch shape), and ``ratio(sigma, bound)``, the
     predicted ``upper_prob / lower`` that ``accept`` compares with the width (for progress
     lines).
     """
+    mag_norm, model, up_model = margins.mag_norm(), margins.model, margins.solve_model
     shrink = 1.0 - margin if float32_solve else 1.0
-    up_model = model if solve_model is None else solve_model
 
     def ends(sigma: Tensor, bound: Tensor, mag: Tensor) -> tuple[Tensor, Tensor]:
         s = _rnd.unscale(sigma.to(torch.float64), shift) * shrink

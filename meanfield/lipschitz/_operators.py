@@ -13,6 +13,7 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,16 +31,12 @@ from ..jacobian import (
     self_jvp,
     self_vjp,
     streaming_jvp,
-    streaming_self_jvp,
-    streaming_self_vjp,
     streaming_vjp,
     vjp,
 )
 from ..measures import DiracMeasure
 from ..params import AttentionParams, MultiHeadParams
 from ._options import Plan
-
-U64 = torch.finfo(torch.float64).eps / 2
 
 Operator = Callable[[Tensor], Tensor]
 #: A linearisation of either path: stored attention matrices or streamed tiles.
@@ -92,7 +89,7 @@ def round_up(x64: Tensor, dtype: torch.dtype) -> Tensor:
 
 def eval_margin(n: int, d: int) -> float:
     """Relative evaluation margin of J in float64 (first-order model, heuristic constant)."""
-    return 64 * (n + d) * U64
+    return 64 * (n + d) * _rnd.U64
 
 
 def parse_input(
@@ -115,7 +112,7 @@ def parse_input(
         uniform = bool((x.weights == x.weights[..., :1]).all())
         return x.points, None if uniform else lw, x.positions if is_masked else None, is_masked
     X = check_points(x, "x", params.d, dtype, device)
-    return X, None, None, bool(masked) if masked is not None else False
+    return X, None, None, bool(masked)  # unmasked when not given
 
 
 # ------------------------------------------------------------------- precisions and scales
@@ -182,47 +179,12 @@ def _float32_scaled(
     if isinstance(lin, StreamingLinearization):
         if lin.log_weights is not None:
             return None
-        e32 = scale_exponent(scale_from, threshold=4)
-        return None if abs(e32) > 100 else (lin.scaled(e32), e32)
-    if not bool(torch.isfinite(lin.P).all()):
+    elif not bool(torch.isfinite(lin.P).all()):
         return None
-    if lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all()):
+    elif lin.P_w is not None and not bool(torch.isfinite(lin.P_w).all()):
         return None
     e32 = scale_exponent(scale_from, threshold=4)
-    if abs(e32) > 100:
-        return None
-    return scaled(lin, e32), e32
-
-
-def _solver_lin(
-    lin: Linearization,
-    lin64: Linearization,
-    lin64s: Linearization,
-    e: int,
-) -> tuple[Linearization, int]:
-    """The linearisation the iterative solver runs on and its scale (docs/rounding.md §5).
-
-    Float64 inputs: ``lin64s`` (scale ``e``). Float32 inputs: their own, scaled as
-    :func:`_float32_scaled` says with the scale read from ``lin64``, or ``lin64s`` when that
-    leaves float32's range.
-    """
-    if lin is lin64s or lin.X.dtype == torch.float64:
-        return lin64s, e
-    out = _float32_scaled(lin, lin64)
-    return (lin64s, e) if out is None else out
-
-
-def _fast_lin(lin: Linearization) -> tuple[Linearization, int] | None:
-    """The solver's linearisation without a float64 copy (``certify=False``), or ``None``.
-
-    Float64 inputs: their own, with the scale of docs/rounding.md §5. Float32 inputs:
-    :func:`_float32_scaled` with the scale read from the float32 linearisation; ``None`` (the
-    caller then goes through float64) when that leaves float32's range.
-    """
-    if lin.X.dtype == torch.float64:
-        e = scale_exponent(lin)
-        return scaled(lin, e), e
-    return _float32_scaled(lin, lin)
+    return None if abs(e32) > 100 else (scaled(lin, e32), e32)
 
 
 @dataclass(frozen=True)
@@ -276,22 +238,32 @@ def prepare(lin: Linearization, plan: Plan) -> Operators:
     width rule solve on that float64 copy; the other certified calls on float32 inputs solve
     in float32 where its range allows, their probabilistic end then carrying float32's model.
     """
-    fast = None
     if not plan.certify and plan.method != "dense" and plan.geometry != "split":
-        fast = _fast_lin(lin)
-    if fast is not None:  # the estimate alone, in the working precision of the inputs
-        return Operators(lin, lin, lin, 0, fast[0], fast[1])
+        # the estimate alone, in the working precision of the inputs: float64 inputs their own
+        # operator with the scale of docs/rounding.md §5, float32 inputs their own scaled as
+        # _float32_scaled says with the scale read from it (else through float64, below)
+        if lin.X.dtype == torch.float64:
+            e = scale_exponent(lin)
+            return Operators(lin, lin, lin, 0, scaled(lin, e), e)
+        fast = _float32_scaled(lin, lin)
+        if fast is not None:
+            return Operators(lin, lin, lin, 0, *fast)
     lin64 = to_float64(lin)
     # scale safety (docs/rounding.md §5): every norm is computed on the operator 2**-e J, with e
     # a power-of-two scale, and brought back at the end
     e = scale_exponent(lin64)
     lin64s = scaled(lin64, e)
-    if plan.rtol is not None:
-        # the width rule: its probabilistic end is that of the solver's operator, and a
-        # float32 operator's certified distance to the exact one (docs/rounding.md §11.3) is
-        # far wider than the width on most layers, so these calls solve in float64
-        return Operators(lin, lin64, lin64s, e, lin64s, e)
-    lin_solve, e_solve = _solver_lin(lin, lin64, lin64s, e)
+    # float64 inputs solve on lin64s, and so do calls stopped by the width rule: its
+    # probabilistic end is that of the solver's operator, and a float32 operator's certified
+    # distance to the exact one (docs/rounding.md §11.3) is far wider than the width on most
+    # layers, so these calls solve in float64
+    lin_solve, e_solve = lin64s, e
+    if plan.rtol is None and lin.X.dtype != torch.float64:
+        # the other float32 calls: their own operator, scaled as _float32_scaled says with the
+        # scale read from lin64, or lin64s when that leaves float32's range
+        out = _float32_scaled(lin, lin64)
+        if out is not None:
+            lin_solve, e_solve = out
     return Operators(lin, lin64, lin64s, e, lin_solve, e_solve)
 
 
@@ -323,15 +295,6 @@ def flat_ops(lin: Linearization, geometry: ProductGeometry) -> tuple[Operator, O
 
 def self_ops(lin: Linearization) -> tuple[Operator, Operator]:
     """Batched products with the per-atom self-Jacobians :math:`S_i` and their transposes."""
-
-    def matvec(v: Tensor) -> Tensor:
-        if isinstance(lin, StreamingLinearization):
-            return streaming_self_jvp(lin, v)
-        return self_jvp(lin, v)
-
-    def rmatvec(u: Tensor) -> Tensor:
-        if isinstance(lin, StreamingLinearization):
-            return streaming_self_vjp(lin, u)
-        return self_vjp(lin, u)
-
-    return matvec, rmatvec
+    if isinstance(lin, StreamingLinearization):
+        return lin.self_jvp, lin.self_vjp
+    return partial(self_jvp, lin), partial(self_vjp, lin)

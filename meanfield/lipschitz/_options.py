@@ -240,11 +240,6 @@ class EstimateOptions:
             or self.certificate.upper == "gram"
         )
 
-    def at_input(self, X: Tensor) -> EstimateOptions:
-        """These options with a tensor start checked against the points (:class:`SolverOptions`)."""
-        solver = self.solver.at_input(X)
-        return self if solver is self.solver else dataclasses.replace(self, solver=solver)
-
     def resolve(self, lin: AttentionLinearization | StreamingLinearization) -> Plan:
         """The plan at the linearisation ``lin``: ``"auto"`` resolved, the stopping rule chosen.
 
@@ -260,10 +255,9 @@ class EstimateOptions:
                 "another attention variant (QK-norm, soft-cap, window, ALiBi, head biases)"
             )
         solver, cert = self.solver, self.certificate
-        n, d = lin.n, lin.d
         method = solver.method
         if method == "auto":
-            method = "dense" if n * d <= DENSE_AUTO_MAX and not streaming else "lanczos"
+            method = "dense" if lin.n * lin.d <= DENSE_AUTO_MAX and not streaming else "lanczos"
         upper = cert.upper
         if upper == "auto":
             upper = "gram" if method == "dense" else "none" if streaming else "block"

@@ -193,19 +193,11 @@ class _Progress:
             str(ops.lin_solve.X.dtype).removeprefix("torch."),
             plan.method,
             plan.geometry,
-            getattr(plan, "path", None) or "-",
+            plan.path,
             rule,
             self.cap if self.cap else "-",
         )
         logger.debug(_START, *self.header)
-
-    @classmethod
-    def start(cls, ops: Operators, plan: Plan) -> _Progress | None:
-        """A tracker, or ``None`` (nothing watched) where the logger would drop INFO lines."""
-        return cls(ops, plan) if logger.isEnabledFor(logging.INFO) else None
-
-    def elapsed(self) -> float:
-        return _clock() - self.t0
 
     def _promote(self) -> None:
         """The start line again at INFO, once: the run is no longer a short one."""
@@ -235,6 +227,14 @@ class _Progress:
         """The largest Ritz value of the batch, in the units of J."""
         return _top(_rnd.unscale(sigma.detach().to(torch.float64), self.shift))
 
+    def _step(
+        self, template: str, sigma: Tensor, metric: float, target: float, elapsed: float
+    ) -> None:
+        """A progress line: products, Ritz value, ``metric`` (width or residual) and its target."""
+        logger.info(
+            template, self.phase, self.products, self.cap, self.ritz(sigma), metric, target, elapsed
+        )
+
     def observe(self, sigma: Tensor, residual: Tensor, done: Tensor) -> None:
         """A step of :func:`lanczos_svd` or :func:`power_iteration`: the residual line when due.
 
@@ -249,16 +249,7 @@ class _Progress:
         running = ~done
         if bool(running.any()):
             rel = rel[running]
-        logger.info(
-            _STEP_RESIDUAL,
-            self.phase,
-            self.products,
-            self.cap,
-            self.ritz(sigma),
-            _top(rel),
-            self.tol,
-            elapsed,
-        )
+        self._step(_STEP_RESIDUAL, sigma, _top(rel), self.tol, elapsed)
 
     def watch_accept(
         self,
@@ -271,16 +262,7 @@ class _Progress:
             out = accept(sigma, bound)
             elapsed = self._due()
             if elapsed is not None:
-                logger.info(
-                    _STEP_WIDTH,
-                    self.phase,
-                    self.products,
-                    self.cap,
-                    self.ritz(sigma),
-                    _top(width_of(sigma, bound)),
-                    self.target,
-                    elapsed,
-                )
+                self._step(_STEP_WIDTH, sigma, _top(width_of(sigma, bound)), self.target, elapsed)
             return out
 
         return watched
@@ -290,52 +272,35 @@ class _Progress:
 
         ``width`` is the predicted ``upper_prob / lower`` of a run stopped on the width rule.
         """
-        elapsed = self.elapsed()
+        elapsed = _clock() - self.t0
         if elapsed >= self.interval:
             self._promote()
         level = logging.INFO if self.loud else logging.DEBUG
         run, self_term = solution.run, solution.self_term
         self_value = math.nan if self_term is None else _top(self_term.value)
+        # without a self term self_value is NaN, against which max keeps its first argument
         if isinstance(run, DenseSolution):
-            value = max(_top(run.value), self_value) if self_term is not None else _top(run.value)
-            logger.log(level, _END_DENSE, value, elapsed)
+            logger.log(level, _END_DENSE, max(_top(run.value), self_value), elapsed)
             return
         res = run.result
-        value = self.ritz(res.sigma)
+        value = max(self.ritz(res.sigma), self_value)
         products = int(res.n_matvec.max())
         if self_term is not None:
-            value = max(value, self_value)
             products += int(self_term.n_matvec.max())
         converged = bool(res.converged.all())
         if width is not None and run.stop_rule == "width":
             # the estimate's own rule: the width met (and the residual too where tol was given)
             converged = width <= self.target and (converged or not self.tol_given)
         if width is not None:
-            logger.log(
-                level,
-                _END_WIDTH,
-                run.stop_rule,
-                products,
-                value,
-                width,
-                self.target,
-                converged,
-                elapsed,
+            template, metric, target = _END_WIDTH, width, self.target
+        else:
+            rel = (
+                res.residual.detach().to(torch.float64)
+                / res.sigma.detach().to(torch.float64).square()
             )
-            return
-        rel = (
-            res.residual.detach().to(torch.float64) / res.sigma.detach().to(torch.float64).square()
-        )
+            template, metric, target = _END_RESIDUAL, _top(rel), self.tol
         logger.log(
-            level,
-            _END_RESIDUAL,
-            run.stop_rule,
-            products,
-            value,
-            _top(rel),
-            self.tol,
-            converged,
-            elapsed,
+            level, template, run.stop_rule, products, value, metric, target, converged, elapsed
         )
 
 
@@ -356,25 +321,22 @@ def solve(ops: Operators, plan: Plan, margins: Margins | None) -> Solution:
     ``margins`` (certified calls only) is read by the width rule. The run logs its progress
     (module docstring, "Progress").
     """
-    progress = _Progress.start(ops, plan)
-    self_term = None
-    if plan.geometry == "split":
-        self_term = solve_self_term(ops, plan, progress=progress)
+    # a tracker, or None (nothing watched) where the logger would drop INFO lines
+    progress = _Progress(ops, plan) if logger.isEnabledFor(logging.INFO) else None
+    self_term = solve_self_term(ops, plan, progress) if plan.geometry == "split" else None
     run: DenseSolution | KrylovSolution
     width: float | None = None
     if plan.method == "dense":
         run = solve_dense(ops, plan)
     else:
-        run, width = _solve_krylov(ops, plan, margins, progress)
+        run, width = solve_krylov(ops, plan, margins, progress)
     solution = Solution(run, self_term)
     if progress is not None:
         progress.finish(solution, width)
     return solution
 
 
-def solve_self_term(
-    ops: Operators, plan: Plan, *, progress: _Progress | None = None
-) -> SelfSolution:
+def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> SelfSolution:
     r""":math:`\max_i\|S_i\|_2`: explicit blocks and their SVDs, or batched per-atom Lanczos.
 
     ``progress`` (:func:`solve`'s tracker) is told the per-atom run's steps.
@@ -435,13 +397,12 @@ def solve_self_term(
     )
 
 
-def solve_dense(ops: Operators, plan: Plan) -> DenseSolution:
-    """Assemble the Jacobian of ``lin64s`` and take its SVD."""
-    lin = ops.lin64s
-    assert isinstance(lin, AttentionLinearization)  # the dense method: stored path only
-    J = dense_from_linearization(lin, plan.op_geometry)
-    finite = torch.isfinite(J).flatten(-2).all(-1)
-    J = torch.where(finite[..., None, None], J, torch.zeros_like(J))
+def dense_top(J: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The top singular value of ``J`` (..., m, N) by SVD, with its right singular vector ``v``.
+
+    Returns the singular value, ``v``, :math:`\|Jv\|` from one explicit product and the residual
+    :math:`\|J^\top Jv-\|Jv\|^2v\|`.
+    """
     _, S, Vh = torch.linalg.svd(J, full_matrices=False)
     v = Vh[..., 0, :]
     Jv = (J @ v.unsqueeze(-1)).squeeze(-1)
@@ -449,9 +410,20 @@ def solve_dense(ops: Operators, plan: Plan) -> DenseSolution:
     residual = torch.linalg.vector_norm(
         (J.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
     )
+    return S[..., 0], v, sigma, residual
+
+
+def solve_dense(ops: Operators, plan: Plan) -> DenseSolution:
+    """Assemble the Jacobian of ``lin64s`` and take its SVD."""
+    lin = ops.lin64s
+    assert isinstance(lin, AttentionLinearization)  # the dense method: stored path only
+    J = dense_from_linearization(lin, plan.op_geometry)
+    finite = torch.isfinite(J).flatten(-2).all(-1)
+    J = torch.where(finite[..., None, None], J, torch.zeros_like(J))
+    value, v, _, residual = dense_top(J)
     vector = v.reshape(ops.batch + (lin.n, lin.d)).to(ops.lin.X.dtype)
     return DenseSolution(
-        jacobian=J, finite=finite, v=v, value=S[..., 0], residual=residual, vector=vector
+        jacobian=J, finite=finite, v=v, value=value, residual=residual, vector=vector
     )
 
 
@@ -471,20 +443,16 @@ def _start_vector(ops: Operators, plan: Plan) -> Tensor:
     return start.reshape(shape).to(lin.X)
 
 
-def solve_krylov(ops: Operators, plan: Plan, margins: Margins | None) -> KrylovSolution:
+def solve_krylov(
+    ops: Operators, plan: Plan, margins: Margins | None, progress: _Progress | None
+) -> tuple[KrylovSolution, float | None]:
     """Lanczos or power iteration on ``lin_solve``, stopped by the width or the residual rule.
 
     Where the width rule applies (``plan.rtol``), one certified Golub–Kahan–Lanczos cycle runs
     until the certified ends predicted from ``margins`` are within the width; where the margins
-    alone leave no room for it, the run stops on the residual rule instead.
+    alone leave no room for it, the run stops on the residual rule instead. The run reports to
+    ``progress``; the predicted width of a width stop is returned beside the solution.
     """
-    return _solve_krylov(ops, plan, margins, None)[0]
-
-
-def _solve_krylov(
-    ops: Operators, plan: Plan, margins: Margins | None, progress: _Progress | None
-) -> tuple[KrylovSolution, float | None]:
-    """:func:`solve_krylov` reporting to ``progress``; with the predicted width of a width stop."""
     lin, opts = ops.lin_solve, plan.solver
     n, d = lin.n, lin.d
     mv, rmv = flat_ops(lin, plan.op_geometry)
@@ -500,13 +468,11 @@ def _solve_krylov(
         accept, reachable, possible, ratio = width_rule(
             1.0 + rtol,
             margin,
-            margins.mag_norm(),
-            margins.model,
+            margins,
             n * lin.d_out,
             n * d,
             ops.e_solve - ops.e,
             float32_solve=ops.float32_solve,
-            solve_model=margins.solve_model,
         )
         if not bool(possible.any()):  # the relative margins alone are wider than the width
             rtol, width_reachable = None, possible

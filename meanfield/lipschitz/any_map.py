@@ -24,7 +24,8 @@ from .._typing import Method
 from ._certify import DENSE_GRAM_STEPS
 from ._estimate import LipschitzEstimate
 from ._operators import random_start, round_down, round_up
-from ._options import DEFAULT_TOL, DENSE_AUTO_MAX
+from ._options import DEFAULT_TOL, DENSE_AUTO_MAX, check_one_of
+from ._solve import dense_top
 
 # ------------------------------------------------------------------ arbitrary differentiable maps
 
@@ -74,13 +75,6 @@ def _products(
         return pullback2(v.reshape(X.shape))[0].reshape(batch + (-1,))
 
     return matvec_rr, rmatvec
-
-
-def _sample_fn(fn: Callable[[Tensor], Tensor], batch_dims: int, sample_shape: torch.Size):
-    def f(x: Tensor) -> Tensor:
-        return fn(x.reshape((1,) * batch_dims + tuple(sample_shape))).reshape(-1)
-
-    return f
 
 
 @torch.no_grad()
@@ -156,39 +150,33 @@ def local_lipschitz_fn(
         ``torch.func`` transforms still differentiate ``fn`` inside it), so parameters of
         ``fn`` that require gradients (an ``nn.Module``'s) are constants.
     """
-    if method not in ("auto", "dense", "lanczos", "power"):
-        raise ValueError(f"method must be 'auto', 'dense', 'lanczos' or 'power', got {method!r}")
-    if upper not in ("auto", "gram", "none"):
-        raise ValueError(f"upper must be 'auto', 'gram' or 'none', got {upper!r}")
-    if products not in ("forward", "reverse"):
-        raise ValueError(f"products must be 'forward' or 'reverse', got {products!r}")
+    check_one_of("method", method, ("auto", "dense", "lanczos", "power"))
+    check_one_of("upper", upper, ("auto", "gram", "none"))
+    check_one_of("products", products, ("forward", "reverse"))
     batch = X.shape[:batch_dims]
     sample = X.shape[batch_dims:]
     N = math.prod(sample)
     dtype, dev = X.dtype, X.device
     resolved = method if method != "auto" else ("dense" if N <= DENSE_AUTO_MAX else "lanczos")
     if resolved == "dense":
-        f = _sample_fn(fn, batch_dims, sample)
+
+        def f(x: Tensor) -> Tensor:  # one sample, flattened
+            return fn(x.reshape((1,) * batch_dims + tuple(sample))).reshape(-1)
+
         Xf = X.reshape((-1, N))
         J = torch.stack([tfunc.jacrev(f)(Xf[k]) for k in range(Xf.shape[0])])
         J = J.reshape(batch + J.shape[1:])
         J64 = J.to(torch.float64)
-        _, S, Vh = torch.linalg.svd(J64, full_matrices=False)
-        v = Vh[..., 0, :]
-        Jv = (J64 @ v.unsqueeze(-1)).squeeze(-1)
-        sigma = torch.linalg.vector_norm(Jv, dim=-1)
-        residual = torch.linalg.vector_norm(
-            (J64.mT @ Jv.unsqueeze(-1)).squeeze(-1) - sigma.square().unsqueeze(-1) * v, dim=-1
-        )
+        top, v, sigma, residual = dense_top(J64)
         em = 64 * math.sqrt(N) * torch.finfo(dtype).eps
         if upper == "none":
             up64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
         else:
-            up64 = spectral_norm_upper(J64, candidate=S[..., 0], max_iter=DENSE_GRAM_STEPS)
+            up64 = spectral_norm_upper(J64, candidate=top, max_iter=DENSE_GRAM_STEPS)
             up64 = up64 * (1 + em)
         zeros = torch.zeros(batch, dtype=torch.int64, device=dev)
         return LipschitzEstimate(
-            value=S[..., 0].to(dtype),
+            value=top.to(dtype),
             lower=round_down(sigma * (1 - em), dtype),
             upper=round_up(up64, dtype),
             converged=torch.ones(batch, dtype=torch.bool, device=dev),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -202,7 +202,8 @@ def local_lipschitz(
         ),
     )
     X, log_weights, positions, is_masked = parse_input(x, masked, params)
-    options = options.at_input(X)  # a tensor start, checked against the points
+    # a tensor start, checked against the points
+    options = dataclasses.replace(options, solver=options.solver.at_input(X))
     aux = [t.shape[:-1] for t in (log_weights, positions) if t is not None]
     chosen = options.solver.choose_path(
         X.shape[-2],
@@ -243,29 +244,16 @@ def _estimate_on(
     """Linearise on the path ``chosen``, resolve the options there, solve, then certify."""
     X, params, log_weights, positions, is_masked, token_index, chunk_size = inputs
     lin: AttentionLinearization | StreamingLinearization
+    common: dict[str, Any] = dict(
+        log_weights=log_weights, masked=is_masked, positions=positions, token_index=token_index
+    )
     if chosen == "streaming":
         block = None
         if chunk_size is not None:  # the query-block size keeps its meaning
             block = (int(chunk_size), default_block_sizes(X.shape[-2], len(params.heads))[1])
-        lin = linearize_streaming(
-            X,
-            params,
-            log_weights=log_weights,
-            masked=is_masked,
-            positions=positions,
-            token_index=token_index,
-            block_size=block,
-        )
+        lin = linearize_streaming(X, params, block_size=block, **common)
     else:
-        lin = linearize(
-            X,
-            params,
-            log_weights=log_weights,
-            masked=is_masked,
-            positions=positions,
-            token_index=token_index,
-            chunk_size=chunk_size,
-        )
+        lin = linearize(X, params, chunk_size=chunk_size, **common)
     plan = options.resolve(lin)  # "auto" resolved at this size, the stopping rule chosen
     ops = prepare(lin, plan)  # float64 copy, power-of-two scales, the solver's operator
     margins = Margins(ops, plan.op_geometry) if plan.certify else None

@@ -34,12 +34,12 @@ __all__ = ["kronecker_start"]
 _LANCZOS_STEPS = 40
 
 
-def _top_right_vector(M: Tensor, steps: int = _LANCZOS_STEPS) -> Tensor:
+def _top_right_vector(M: Tensor) -> Tensor:
     """Unit top right singular vector of ``M`` (..., r, c): Lanczos on M^T M from the ones vector.
 
-    Full reorthogonalisation, ``min(steps, c)`` steps; the gap between the top two singular
-    values of the matrices here can be a few percent, where power iteration would need hundreds
-    of steps.
+    Full reorthogonalisation, ``min(_LANCZOS_STEPS, c)`` steps; the gap between the top two
+    singular values of the matrices here can be a few percent, where power iteration would need
+    hundreds of steps.
     """
     # direction only: divide by the largest entry (constants near float64's range would
     # overflow M^T M); where that fails, no vector (zeros), and the start is the Gaussian alone
@@ -47,7 +47,7 @@ def _top_right_vector(M: Tensor, steps: int = _LANCZOS_STEPS) -> Tensor:
     ok = torch.isfinite(scale) & (scale > 0)
     M = torch.where(ok, M / torch.where(ok, scale, 1.0), 0.0)
     c = M.shape[-1]
-    k = max(1, min(steps, c))
+    k = max(1, min(_LANCZOS_STEPS, c))
     q = torch.ones(M.shape[:-2] + (c,), dtype=M.dtype, device=M.device) / c**0.5
     basis = [q]
     alphas: list[Tensor] = []
