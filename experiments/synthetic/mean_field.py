@@ -259,10 +259,8 @@ def run_mean_field(
     def block(setting: str, atoms: Sequence[int]) -> dict[str, np.ndarray]:
         A, V = catalog[setting]["A"], catalog[setting]["V"]
         arr: dict[str, np.ndarray] = {"A": A, "V": V, "atoms": np.asarray(atoms, dtype=np.int64)}
-        for k, v in _mf_curves(A, V, curve_R).items():
-            arr[f"curve_{k}"] = v
-        for k, v in _mf_curves(A, V, radii).items():
-            arr[f"at_radii_{k}"] = v
+        arr.update({f"curve_{k}": v for k, v in _mf_curves(A, V, curve_R).items()})
+        arr.update({f"at_radii_{k}": v for k, v in _mf_curves(A, V, radii).items()})
         oa_rows = [oa[(setting, float(R))] for R in radii]
         wc_rows = [[wc[(setting, float(R), k)] for R in radii] for k in atoms]
         for key in ("value", "lower", "upper", "construction_value"):
