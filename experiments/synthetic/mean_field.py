@@ -223,21 +223,15 @@ def run_mean_field(
     yield [off.job(off_points, off_axis_task, {"cfg": cfg, "device": device})]
     orecs = off.collect(off_points)  # the worst-measure searches start from these
     oa = {(r["point"]["setting"], r["point"]["R"]): r for r in orecs}
-    sweep = Sweep(
-        out,
-        "worst_measures",
-        {
-            "restarts": cfg.mf.restarts,
-            "steps": cfg.mf.steps,
-            "lr": LR,
-            "seed": seed,
-            "catalog": catalog,
-            "init": {"off_axis": off_cfg},
-        },
-        seed=seed,
-        device=device,
-        dtype="float64",
-    )
+    worst_cfg = {
+        "restarts": cfg.mf.restarts,
+        "steps": cfg.mf.steps,
+        "lr": LR,
+        "seed": seed,
+        "catalog": catalog,
+        "init": {"off_axis": off_cfg},
+    }
+    sweep = Sweep(out, "worst_measures", worst_cfg, seed=seed, device=device, dtype="float64")
     a_atoms = sorted(set(int(k) for k in cfg.mf.a_atoms))
     f6_atoms = sorted(set(int(k) for k in cfg.mf.f6_atoms))
     pts = []
