@@ -304,37 +304,25 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     dirac = measure_of(x, np.zeros(1))
     br = engine_of(dirac, params, geometry="wasserstein")
     brackets.append(br)
-    out.append(
-        Target(
-            "dirac",
-            "wasserstein",
-            *br,
-            {
-                **_measure_ctx(x, np.zeros(1), heads),
-                "R": float(np.linalg.norm(x)),
-                "construction": "dirac",
-                "V_eff_norm": float(np.linalg.norm(V, 2)),
-            },
-        )
-    )
+    dirac_ctx = {
+        **_measure_ctx(x, np.zeros(1), heads),
+        "R": float(np.linalg.norm(x)),
+        "construction": "dirac",
+        "V_eff_norm": float(np.linalg.norm(V, 2)),
+    }
+    out.append(Target("dirac", "wasserstein", *br, dirac_ctx))
     # max over the constructions: a bracket of the best value, for mean_field_lower
     best_lower, best_value, best_upper = (max(b[i] for b in brackets) for i in range(3))
+    best_ctx = {
+        "what": "best",
+        "masked": False,
+        "R": R,
+        "heads": heads,
+        "WO": None,
+        "construction": "two_dirac_best",
+    }
     out.append(
-        Target(
-            "two_dirac_best",
-            "wasserstein",
-            best_lower,
-            best_value,
-            best_upper,
-            {
-                "what": "best",
-                "masked": False,
-                "R": R,
-                "heads": heads,
-                "WO": None,
-                "construction": "two_dirac_best",
-            },
-        )
+        Target("two_dirac_best", "wasserstein", best_lower, best_value, best_upper, best_ctx)
     )
     # a random mass and the w = 1/2 mass, in the case chosen by the -8 rule
     td0 = two_dirac(as_tensor64(A), R, V=as_tensor64(V))
@@ -525,16 +513,8 @@ def _kind_kim_l2(rng: np.random.Generator) -> list[Target]:
         T = np.sum((Z[:, None, :] - Z[None, :, :]) ** 2, axis=-1) / math.sqrt(k)
         Pm = _softmax_rows(-T)
         worst = max(worst, float(np.max(np.sum(Pm * T, axis=1))))
-    out.append(
-        Target(
-            "softmax_cost",
-            "softmax_cost",
-            worst,
-            worst,
-            worst,
-            {"what": "softmax_cost", "n": N, "masked": False},
-        )
-    )
+    cost_ctx = {"what": "softmax_cost", "n": N, "masked": False}
+    out.append(Target("softmax_cost", "softmax_cost", worst, worst, worst, cost_ctx))
     return out
 
 
