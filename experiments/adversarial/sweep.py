@@ -81,8 +81,8 @@ def load_model_cached(key: str, seed: int) -> Any:
     return load_model(key, seed=seed)
 
 
-def _is_standin(key: str) -> bool:
-    return key in ("minilm", "smollm2", "gpt2-random", "bert-random") or key in TINY_MODEL_KEYS
+#: Model keys of the offline stand-ins and the tests' tiny models (not a user checkpoint).
+_STANDINS = ("minilm", "smollm2", "gpt2-random", "bert-random", *TINY_MODEL_KEYS)
 
 
 def _f(x: Any) -> float | None:
@@ -285,7 +285,7 @@ def _config_job(
             "config_hash": sweep.digest,
             "settings": settings,
             **facts,
-            "standin": _is_standin(settings["model"]),
+            "standin": settings["model"] in _STANDINS,
         },
     )
     d = int(facts["layer_info"]["d"])
@@ -410,15 +410,12 @@ def execute(cfg: AdversarialSettings, out: Path, run: StageRun) -> Steps:
         yield jobs  # one round: every configuration's points and the worst-case search
     finally:
         forget_worker_cache(("adversarial", run_id))
-    write_json(
-        out / "run.json",
-        {
-            "preset": run.preset,
-            "configs": list(cfg.configs),
-            "worst_case": cfg.worst_case is not None,
-        },
-    )
-    return files + [out / "run.json"] + export_csv(out.parent)
+    run_doc = {
+        "preset": run.preset,
+        "configs": list(cfg.configs),
+        "worst_case": cfg.worst_case is not None,
+    }
+    return [*files, write_json(out / "run.json", run_doc), *export_csv(out.parent)]
 
 
 def export_csv(results_dir: Path) -> list[Path]:
