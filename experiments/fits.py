@@ -224,6 +224,7 @@ class PaperCurve:
 
 
 _Y = "y-axis is the released metric sqrt(||J^T f||), not ||J||_2 (D1)"
+_RANDOM_GPT2 = f"points <= 0.1 dropped; dropout on (D4); {_Y}"
 _CURVES = (
     PaperCurve("BERT-enc L0", "Alice", 14.3, 0.24, "cn^{1/4}", _Y),
     PaperCurve("BERT-dec L6", "Alice", 6.44, 0.25, "cn^{1/4}", f"map not masked (D3); {_Y}"),
@@ -236,12 +237,8 @@ _CURVES = (
         "",
         f"related by the paper to a radius drift with n (F3), unverified; {_Y}",
     ),
-    PaperCurve(
-        "GPT-2-rand L6", "Alice", 0.445, 0.25, "", f"points <= 0.1 dropped; dropout on (D4); {_Y}"
-    ),
-    PaperCurve(
-        "GPT-2-rand L6", "AG NEWS", 0.445, 0.25, "", f"points <= 0.1 dropped; dropout on (D4); {_Y}"
-    ),
+    PaperCurve("GPT-2-rand L6", "Alice", 0.445, 0.25, "", _RANDOM_GPT2),
+    PaperCurve("GPT-2-rand L6", "AG NEWS", 0.445, 0.25, "", _RANDOM_GPT2),
     PaperCurve("BERT-enc L0", "adversarial", 4.39, 0.5, "Cn^{1/2}", "head 0, R = 15.5"),
     PaperCurve("BERT-dec L6", "adversarial", 5.73, 0.5, "Cn^{1/2}", "head 7, R = 21.5"),
     PaperCurve("GPT-2-rand L6", "adversarial", 0.92, 0.5, "Cn^{1/2}", "head 0, R = 100"),

@@ -218,13 +218,8 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> AdversarialSettings:
         raise ValueError(
             f"configs must be a non-empty subset of {', '.join(CONFIGS)}, got {configs}"
         )
-    for key, table in (
-        ("models", cfg.models),
-        ("layers", cfg.layers),
-        ("heads", cfg.heads),
-        ("radii", cfg.radii),
-    ):
-        extra = sorted(set(table) - set(CONFIGS))
+    for key in ("models", "layers", "heads", "radii"):  # the per-configuration settings
+        extra = sorted(set(getattr(cfg, key)) - set(CONFIGS))
         if extra:
             raise ValueError(f"{key} names unknown configuration(s) {', '.join(extra)}")
     grid = [int(n) for n in cfg.n_grid]

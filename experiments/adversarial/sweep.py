@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..engine import (
     StageRun,
@@ -81,8 +81,8 @@ def load_model_cached(key: str, seed: int) -> Any:
     return load_model(key, seed=seed)
 
 
-def _is_standin(key: str) -> bool:
-    return key in ("minilm", "smollm2", "gpt2-random", "bert-random") or key in TINY_MODEL_KEYS
+#: Model keys of the offline stand-ins and the tests' tiny models (not a user checkpoint).
+_STANDINS = ("minilm", "smollm2", "gpt2-random", "bert-random", *TINY_MODEL_KEYS)
 
 
 def _f(x: Any) -> float | None:
@@ -149,7 +149,7 @@ def adv_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"])
         head = ws.head(cfg["config"], cfg["settings"], cfg["device"])
-        return _adv_compute(cfg["config"], cfg["settings"], head, cfg, cfg["device"])
+        return _adv_compute(cfg, head)
 
 
 def adv_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,34 +169,25 @@ def adv_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
         }
 
 
-def _adv_compute(
-    c: AdvConfig,
-    settings: Mapping[str, Any],
-    head: Mapping[str, Any],
-    point: Mapping[str, Any],
-    device: str,
-) -> dict[str, Any]:
+def _adv_compute(point: Mapping[str, Any], head: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of one point (with its context, as :func:`adv_point` gets it) on ``head``."""
     import torch
 
     from meanfield.attacks import adversarial_sequence
     from meanfield.lipschitz import certified_local_upper, local_lipschitz
 
+    c, settings, device = point["config"], point["settings"], point["device"]
     loaded, params, facts, rope = head["loaded"], head["params"], head["facts"], head["rope"]
     constructions = head["constructions"]
     R = settings["R"]
-    n_max = max(settings["n_grid"])
-
-    def construction(variant: Literal["released", "symmetric"]) -> Any:
-        if variant not in constructions:
-            try:
-                constructions[variant] = adversarial_sequence(
-                    params.heads[settings["head"]].A, R, n_max, variant=variant
-                )
-            except ValueError as err:  # released variant: no real eigenvalue
-                constructions[variant] = err
-        return constructions[variant]
-
     n, variant = int(point["n"]), point["variant"]
+    if variant not in constructions:  # the longest sequence, once per variant and process
+        try:
+            constructions[variant] = adversarial_sequence(
+                params.heads[settings["head"]].A, R, max(settings["n_grid"]), variant=variant
+            )
+        except ValueError as err:  # released variant: no real eigenvalue
+            constructions[variant] = err
     rec: dict[str, Any] = {
         "config": c.id,
         "n": n,
@@ -212,7 +203,7 @@ def _adv_compute(
         "rope": rope,
         "construction_exact": not rope,
     }
-    seq = construction(variant)
+    seq = constructions[variant]
     if isinstance(seq, Exception):
         return {**rec, "status": "skipped", "reason": str(seq)}
     X = seq.X[:n].to(device)
@@ -294,15 +285,18 @@ def _config_job(
             "config_hash": sweep.digest,
             "settings": settings,
             **facts,
-            "standin": _is_standin(settings["model"]),
+            "standin": settings["model"] in _STANDINS,
         },
     )
     d = int(facts["layer_info"]["d"])
     return sweep.job(points, adv_point, context, cost=lambda p: float(p["n"]) ** 2 * d), files
 
 
-def _synthetic_head(wc: Mapping[str, Any]) -> Any:
-    """Single head of the worst-case search: non-symmetric A with ||A||_2 = A_norm, V = I."""
+def _synthetic_head(wc: Mapping[str, Any]) -> tuple[Any, float, float]:
+    """Single head of the worst-case search: non-symmetric A with ||A||_2 = A_norm, V = I.
+
+    Returns the head and the spectral norms of its A and V as computed (float64).
+    """
     import torch
 
     from meanfield import AttentionParams
@@ -311,7 +305,9 @@ def _synthetic_head(wc: Mapping[str, Any]) -> Any:
     d = int(wc["d"])
     A = torch.randn(d, d, generator=g, dtype=torch.float64)
     A = float(wc["A_norm"]) * A / torch.linalg.matrix_norm(A, ord=2)
-    return AttentionParams(A, torch.eye(d, dtype=torch.float64))
+    head = AttentionParams(A, torch.eye(d, dtype=torch.float64))
+    A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
+    return head, A_norm, float(torch.linalg.matrix_norm(head.V, ord=2))
 
 
 def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -323,10 +319,8 @@ def worst_case_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     wc = cfg["wc"]
     with torch_threads(cfg["threads"]):
-        head = _synthetic_head(wc)
+        head, A_norm, V_norm = _synthetic_head(wc)
         R = float(wc["R"])
-        A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
-        V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
         n = int(cfg["n"])
         res = worst_case_sequence(
             head,
@@ -359,13 +353,9 @@ def _worst_case_job(
     out: Path, wc: Mapping[str, Any], *, threads: int
 ) -> tuple[SweepJob, list[Path]]:
     """The round's job of the worst-case search, and its files (``worst_case.json`` written)."""
-    import torch
-
     settings = {"kind": "worst_case_sequence", **dict(wc)}
     sweep = Sweep(out, "worst_case", settings, seed=int(wc["seed"]), device="cpu", dtype="float64")
-    head = _synthetic_head(wc)
-    A_norm = float(torch.linalg.matrix_norm(head.A, ord=2))
-    V_norm = float(torch.linalg.matrix_norm(head.V, ord=2))
+    head, A_norm, V_norm = _synthetic_head(wc)
     job = sweep.job(
         [{"n": int(n)} for n in sorted(set(wc["n_grid"]))],
         worst_case_point,
@@ -420,15 +410,12 @@ def execute(cfg: AdversarialSettings, out: Path, run: StageRun) -> Steps:
         yield jobs  # one round: every configuration's points and the worst-case search
     finally:
         forget_worker_cache(("adversarial", run_id))
-    write_json(
-        out / "run.json",
-        {
-            "preset": run.preset,
-            "configs": list(cfg.configs),
-            "worst_case": cfg.worst_case is not None,
-        },
-    )
-    return files + [out / "run.json"] + export_csv(out.parent)
+    run_doc = {
+        "preset": run.preset,
+        "configs": list(cfg.configs),
+        "worst_case": cfg.worst_case is not None,
+    }
+    return [*files, write_json(out / "run.json", run_doc), *export_csv(out.parent)]
 
 
 def export_csv(results_dir: Path) -> list[Path]:

@@ -332,7 +332,7 @@ def export_csv(results_dir: Path) -> list[Path]:
             rows.append({**ident, **{k: a[k][i].item() for k in _WINDOW_COLUMNS}})
     fit_rows = []
     for row in _summary_rows(sweeps):
-        curve = row["paper_curve"] or {}
+        paper = row["paper_curve"] or {}
         fits = {
             "true": row["fit_true"],
             "released": row["fit_released"],
@@ -342,6 +342,7 @@ def export_csv(results_dir: Path) -> list[Path]:
         for quantity, fit in fits.items():
             if fit is None:
                 continue
+            curve = paper if quantity in ("true", "released") else {}
             fit_rows.append(
                 {
                     "sweep": row["name"],
@@ -359,10 +360,8 @@ def export_csv(results_dir: Path) -> list[Path]:
                     "n_points": fit["n_points"],
                     "complete": row["complete"],
                     "paper_configuration": row["paper_configuration"] or "",
-                    "paper_c": curve.get("c", "") if quantity in ("true", "released") else "",
-                    "paper_alpha": (
-                        curve.get("alpha", "") if quantity in ("true", "released") else ""
-                    ),
+                    "paper_c": curve.get("c", ""),
+                    "paper_alpha": curve.get("alpha", ""),
                 }
             )
     return [write_csv(root / "windows.csv", rows), write_csv(root / "fits.csv", fit_rows)]
@@ -371,12 +370,8 @@ def export_csv(results_dir: Path) -> list[Path]:
 def _fmt_fit(fit: Mapping[str, Any] | None) -> str:
     if not fit:
         return "–"
-    lo, hi = fit["alpha_ci"]
-
-    def f(x: float) -> str:
-        return f"{x + 0.0:.3f}".replace("-0.000", "0.000")  # no negative zero in the table
-
-    return f"{f(fit['alpha'])} [{f(lo)}, {f(hi)}]"
+    lo, hi = (plain(x, ".3f") for x in fit["alpha_ci"])  # no negative zero in the table
+    return f"{plain(fit['alpha'], '.3f')} [{lo}, {hi}]"
 
 
 def _fmt_c(fit: Mapping[str, Any] | None) -> str:

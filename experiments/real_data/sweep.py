@@ -45,9 +45,9 @@ log = logging.getLogger("experiments.real_data")
 class _Workspace:
     """Models, tokenized corpora and attention maps, each built once per process, lazily."""
 
-    def __init__(self, seed: int, dtype: Any, device: str, cache: dict) -> None:
+    def __init__(self, seed: int, dtype: Any, device: str) -> None:
         self.seed, self.dtype, self.device = seed, dtype, device
-        self.models = cache
+        self.models: dict[str, Any] = {}
         self.ids: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.maps: dict[str, Any] = {}
         self.need: dict[tuple[str, str], int] = {}
@@ -100,7 +100,7 @@ def _workspace(run: str, seed: int, dtype: str, device: str) -> _Workspace:
 
     return worker_cache(
         ("real_data", run, int(seed), dtype, device),
-        lambda: _Workspace(int(seed), getattr(torch, dtype), device, {}),
+        lambda: _Workspace(int(seed), getattr(torch, dtype), device),
     )
 
 

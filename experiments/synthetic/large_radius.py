@@ -92,12 +92,7 @@ def run_f7(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
     A, V, X = _f7_problem(cfg)
     R = np.geomspace(cfg.f7.R_min, cfg.f7.R_max, cfg.f7.R_points)
     sweep = Sweep(
-        out,
-        "f7",
-        {"A": A, "V": V, "X": X, "R": R},
-        seed=cfg.seed,
-        device=device,
-        dtype="float64",
+        out, "f7", {"A": A, "V": V, "X": X, "R": R}, seed=cfg.seed, device=device, dtype="float64"
     )
     pts = [{"input": k, "masked": m} for m in (False, True) for k in range(len(X))]
     context = {"A": A, "V": V, "X": X, "R": R, "device": device}
@@ -118,9 +113,10 @@ def run_f7(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
     }
     find: dict[str, Any] = {}
     for m, tag in ((False, "unmasked"), (True, "masked")):
-        vals = np.stack([np.asarray(by[(k, m)]["value"]) for k in range(len(X))])
-        low = np.stack([np.asarray(by[(k, m)]["lower"]) for k in range(len(X))])
-        up = np.stack([np.asarray(by[(k, m)]["upper"]) for k in range(len(X))])
+        vals, low, up = (
+            np.stack([np.asarray(by[(k, m)][f]) for k in range(len(X))])
+            for f in ("value", "lower", "upper")
+        )
         counts = np.stack([bounds.large_radius_counts(x, A, masked=m) for x in X])
         limit = np.asarray(bounds.large_radius_limit(counts, v_norm))
         gaps = np.asarray([bounds.selection_gap(x, A, masked=m) for x in X])

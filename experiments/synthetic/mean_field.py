@@ -223,21 +223,15 @@ def run_mean_field(
     yield [off.job(off_points, off_axis_task, {"cfg": cfg, "device": device})]
     orecs = off.collect(off_points)  # the worst-measure searches start from these
     oa = {(r["point"]["setting"], r["point"]["R"]): r for r in orecs}
-    sweep = Sweep(
-        out,
-        "worst_measures",
-        {
-            "restarts": cfg.mf.restarts,
-            "steps": cfg.mf.steps,
-            "lr": LR,
-            "seed": seed,
-            "catalog": catalog,
-            "init": {"off_axis": off_cfg},
-        },
-        seed=seed,
-        device=device,
-        dtype="float64",
-    )
+    worst_cfg = {
+        "restarts": cfg.mf.restarts,
+        "steps": cfg.mf.steps,
+        "lr": LR,
+        "seed": seed,
+        "catalog": catalog,
+        "init": {"off_axis": off_cfg},
+    }
+    sweep = Sweep(out, "worst_measures", worst_cfg, seed=seed, device=device, dtype="float64")
     a_atoms = sorted(set(int(k) for k in cfg.mf.a_atoms))
     f6_atoms = sorted(set(int(k) for k in cfg.mf.f6_atoms))
     pts = []
@@ -259,10 +253,8 @@ def run_mean_field(
     def block(setting: str, atoms: Sequence[int]) -> dict[str, np.ndarray]:
         A, V = catalog[setting]["A"], catalog[setting]["V"]
         arr: dict[str, np.ndarray] = {"A": A, "V": V, "atoms": np.asarray(atoms, dtype=np.int64)}
-        for k, v in _mf_curves(A, V, curve_R).items():
-            arr[f"curve_{k}"] = v
-        for k, v in _mf_curves(A, V, radii).items():
-            arr[f"at_radii_{k}"] = v
+        arr.update({f"curve_{k}": v for k, v in _mf_curves(A, V, curve_R).items()})
+        arr.update({f"at_radii_{k}": v for k, v in _mf_curves(A, V, radii).items()})
         oa_rows = [oa[(setting, float(R))] for R in radii]
         wc_rows = [[wc[(setting, float(R), k)] for R in radii] for k in atoms]
         for key in ("value", "lower", "upper", "construction_value"):

@@ -167,11 +167,7 @@ def report_section(results_dir: Path, figures_dir: Path) -> str:
             "factor gives a gain that grows like exp(c·R²); the reference is a weak lower bound "
             "for a non-symmetric A, and the off-axis and optimized values are the ones to read.",
         ]
-    lines += [
-        "",
-        link("a"),
-        "",
-    ]
+    lines += ["", link("a"), ""]
     return "\n".join(lines)
 
 

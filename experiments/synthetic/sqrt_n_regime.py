@@ -41,6 +41,7 @@ and on the second (present for :math:`n \ge 3`) it is :math:`I_{n-2}\otimes VC_b
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -213,16 +214,7 @@ def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
         "check_n": c_grid,
         "R": np.float64(R),
     }
-    keys = (
-        "closed_all",
-        "closed_grid",
-        "lower_formula",
-        "masked_lower_formula",
-        "k_copy_lower",
-        "upper_triangle",
-        "upper_sqrt3",
-    )
-    out_arr: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    out_arr: dict[str, list[np.ndarray]] = defaultdict(list)  # a row per gamma, keys as appended
     eng = {
         k: np.full((G, len(m_grid)), np.nan)
         for k in ("masked_value", "masked_lower", "masked_upper")
@@ -267,9 +259,7 @@ def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
                 chk[f"check_{f}"][gi, j] = r[f]
             chk["check_closed"][gi, j] = construction_norm(A, V, r["a"], r["b"], int(n))
     arrays.update({k: np.stack(v) for k, v in out_arr.items()})
-    arrays.update(eng)
-    arrays.update(chk)
-    arrays.update(scal)
+    arrays.update({**eng, **chk, **scal})
     findings = _f5_findings(arrays)
     doc = {
         "kind": "synthetic/f5",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,18 +99,13 @@ def _is_mean_field(t: Target) -> bool:
 
 
 # ------------------------------------------------------------------ upper bounds
-def _sqrt_n(form: SqrtNForm) -> Callable[[Target], float | None]:
-    def ev(t: Target) -> float | None:
-        if not _is_sequence(t):
-            return None
-        from theory import bounds
+def _sqrt_n(t: Target, form: SqrtNForm) -> float | None:
+    if not _is_sequence(t):
+        return None
+    from theory import bounds
 
-        R, n = t.ctx["R"], t.ctx["n"]
-        return _per_head_sum(
-            t, lambda h: float(bounds.sqrt_n_upper(h["A"], h["V"], R, n, form=form))
-        )
-
-    return ev
+    R, n = t.ctx["R"], t.ctx["n"]
+    return _per_head_sum(t, lambda h: float(bounds.sqrt_n_upper(h["A"], h["V"], R, n, form=form)))
 
 
 def _multihead_l2(t: Target) -> float | None:
@@ -133,37 +129,31 @@ def _certified_local(t: Target) -> float | None:
     return certified_local_upper(t.ctx["X"], t.ctx["heads"], masked=t.ctx["masked"])
 
 
-def _released(fixed: bool) -> Callable[[Target], float | None]:
-    def ev(t: Target) -> float | None:
-        if not _is_sequence(t) or t.ctx["masked"] or t.ctx["WO"] is not None:
-            return None
-        from theory import bounds
+def _released(t: Target, fixed: bool) -> float | None:
+    if not _is_sequence(t) or t.ctx["masked"] or t.ctx["WO"] is not None:
+        return None
+    from theory import bounds
 
-        X = t.ctx["X"]
-        n = X.shape[0]
-        r = float(np.max(np.linalg.norm(X[:, None, :] - X[None, :, :], axis=-1)))
-        V_norms, R_h = [], []
-        for A, V, _ in t.ctx["heads"]:
-            rh = float(np.max(np.linalg.norm(X @ A, axis=1)))  # ||A_code x_i||, A_code = A^T
-            if fixed:
-                rh += float(np.max(np.linalg.norm(X @ A.T, axis=1)))  # + max ||A x_i||
-            V_norms.append(float(np.linalg.norm(V, 2)))
-            R_h.append(rh)
-        return float(bounds.released_data_dependent(np.array(V_norms), np.array(R_h), r, n))
-
-    return ev
+    X = t.ctx["X"]
+    n = X.shape[0]
+    r = float(np.max(np.linalg.norm(X[:, None, :] - X[None, :, :], axis=-1)))
+    V_norms, R_h = [], []
+    for A, V, _ in t.ctx["heads"]:
+        rh = float(np.max(np.linalg.norm(X @ A, axis=1)))  # ||A_code x_i||, A_code = A^T
+        if fixed:
+            rh += float(np.max(np.linalg.norm(X @ A.T, axis=1)))  # + max ||A x_i||
+        V_norms.append(float(np.linalg.norm(V, 2)))
+        R_h.append(rh)
+    return float(bounds.released_data_dependent(np.array(V_norms), np.array(R_h), r, n))
 
 
-def _mean_field(c: float, masked: bool) -> Callable[[Target], float | None]:
-    def ev(t: Target) -> float | None:
-        if not _is_mean_field(t) or bool(t.ctx["masked"]) != masked:
-            return None
-        from theory import bounds
+def _mean_field(t: Target, c: float, masked: bool) -> float | None:
+    if not _is_mean_field(t) or bool(t.ctx["masked"]) != masked:
+        return None
+    from theory import bounds
 
-        R = t.ctx["R"]
-        return _per_head_sum(t, lambda h: float(bounds.mean_field_upper(h["A"], h["V"], R, c=c)))
-
-    return ev
+    R = t.ctx["R"]
+    return _per_head_sum(t, lambda h: float(bounds.mean_field_upper(h["A"], h["V"], R, c=c)))
 
 
 def _mean_field_hardy(t: Target) -> float | None:
@@ -177,31 +167,28 @@ def _mean_field_hardy(t: Target) -> float | None:
     return _per_head_sum(t, lambda h: hardy(h["A"], h["V"], R))
 
 
-def _kim(p: Any, squared: bool = False) -> Callable[[Target], float | None]:
-    def ev(t: Target) -> float | None:
-        want = "euclidean" if p == 2 else "l2_inf"
-        if t.ctx.get("what") != "kim" or t.geometry != want:
-            return None
-        from theory import bounds
+def _kim(t: Target, p: Any, squared: bool = False) -> float | None:
+    want = "euclidean" if p == 2 else "l2_inf"
+    if t.ctx.get("what") != "kim" or t.geometry != want:
+        return None
+    from theory import bounds
 
-        WQ, WV, WO = t.ctx["WQ"], t.ctx["WV"], t.ctx["WO"]
-        H, D = WQ.shape[0], WQ.shape[1]
-        norms = bounds.kim_l2_norms(WQ, WV, WO, p=p)
-        # wq_power=2: ||W^{Q,h}||_2^2, degree 2 in W^Q like the map itself (1: the default)
-        return float(
-            bounds.kim_l2_upper(
-                t.ctx["n"],
-                D=D,
-                H=H,
-                p=p,
-                WQ_norms=norms["WQ_norms"],
-                WV_norms=norms["WV_norms"],
-                WO_norm=norms["WO_norm"],
-                wq_power=2 if squared else 1,
-            )
+    WQ, WV, WO = t.ctx["WQ"], t.ctx["WV"], t.ctx["WO"]
+    H, D = WQ.shape[0], WQ.shape[1]
+    norms = bounds.kim_l2_norms(WQ, WV, WO, p=p)
+    # wq_power=2: ||W^{Q,h}||_2^2, degree 2 in W^Q like the map itself (1: the default)
+    return float(
+        bounds.kim_l2_upper(
+            t.ctx["n"],
+            D=D,
+            H=H,
+            p=p,
+            WQ_norms=norms["WQ_norms"],
+            WV_norms=norms["WV_norms"],
+            WO_norm=norms["WO_norm"],
+            wq_power=2 if squared else 1,
         )
-
-    return ev
+    )
 
 
 def _kim_lemma(t: Target) -> float | None:
@@ -212,14 +199,11 @@ def _kim_lemma(t: Target) -> float | None:
     return float(bounds.kim_softmax_lemma(t.ctx["n"]))
 
 
-def _large_radius(sign: int) -> Callable[[Target], float | None]:
-    def ev(t: Target) -> float | None:
-        if t.ctx.get("construction") != "large_radius":
-            return None
-        lim, dev = t.ctx["limit"], t.ctx["deviation"]
-        return lim + dev if sign > 0 else lim - dev
-
-    return ev
+def _large_radius(t: Target, sign: int) -> float | None:
+    if t.ctx.get("construction") != "large_radius":
+        return None
+    lim, dev = t.ctx["limit"], t.ctx["deviation"]
+    return lim + dev if sign > 0 else lim - dev
 
 
 def _large_radius_limit(t: Target) -> float | None:
@@ -227,13 +211,6 @@ def _large_radius_limit(t: Target) -> float | None:
 
 
 # ------------------------------------------------------------------ lower bounds
-def _at(construction: str, fn: Callable[[Target], float]) -> Callable[[Target], float | None]:
-    def ev(t: Target) -> float | None:
-        return fn(t) if t.ctx.get("construction") == construction else None
-
-    return ev
-
-
 def _trivial(t: Target) -> float | None:
     if t.ctx.get("construction") not in ("equal_tokens", "dirac"):
         return None
@@ -242,79 +219,75 @@ def _trivial(t: Target) -> float | None:
     return float(bounds.trivial_lower(t.ctx["V_eff_norm"]))
 
 
-def _one_token_lower(masked: bool) -> Callable[[Target], float | None]:
+def _one_token_lower(t: Target, masked: bool) -> float | None:
     """``sqrt_n_lower`` (unmasked) or ``masked_sqrt_n_lower`` at the one-token construction."""
+    if t.ctx.get("construction") != "one_token" or bool(t.ctx["masked"]) != masked:
+        return None
+    from theory import bounds
 
-    def ev(t: Target) -> float | None:
-        if t.ctx.get("construction") != "one_token" or bool(t.ctx["masked"]) != masked:
-            return None
-        from theory import bounds
-
-        c = t.ctx
-        lower = bounds.masked_sqrt_n_lower if masked else bounds.sqrt_n_lower
-        return float(lower(c["gamma"], c["n"], c["Vu_norm"]))
-
-    return ev
+    c = t.ctx
+    lower = bounds.masked_sqrt_n_lower if masked else bounds.sqrt_n_lower
+    return float(lower(c["gamma"], c["n"], c["Vu_norm"]))
 
 
-def _bound_fn(name: str, **kw: Any) -> Callable[[Target], float]:
-    def fn(t: Target) -> float:
-        from theory import bounds
+def _at(t: Target, construction: str, name: str) -> float | None:
+    """The lower bound ``name`` at a target built by ``construction`` (``None`` at any other)."""
+    if t.ctx.get("construction") != construction:
+        return None
+    from theory import bounds
 
-        c = t.ctx
-        if name == "sequence_lower":
-            return float(bounds.sequence_lower(c["gamma"], c["n"], c["Vu_norm"]))
-        if name == "two_dirac_lower":
-            return float(bounds.two_dirac_lower(c["gamma"], c["Vu_norm"]))
-        if name == "two_dirac_asymptote":
-            return float(bounds.two_dirac_asymptote(c["gamma"], c["Vu_norm"]))
-        if name == "two_dirac_g":
-            return float(np.exp(bounds.two_dirac_log_g(c["log_eps"], c["gamma"], c["Vu_norm"])))
-        if name == "two_dirac_half":
-            return float(bounds.two_dirac_half(c["gamma"], c["Vu_norm"]))
-        if name == "mean_field_lower":
-            A, V, _ = c["heads"][0]
-            return float(bounds.mean_field_lower(A, V, c["R"]))
-        if name == "off_axis_two_atom":
-            A, V, _ = c["heads"][0]
-            return float(bounds.off_axis_two_atom(c["x"], c["y"], c["h"], c["w"], A, V))
-        raise KeyError(name)  # pragma: no cover
-
-    return fn
+    c = t.ctx
+    if name == "sequence_lower":
+        return float(bounds.sequence_lower(c["gamma"], c["n"], c["Vu_norm"]))
+    if name == "two_dirac_lower":
+        return float(bounds.two_dirac_lower(c["gamma"], c["Vu_norm"]))
+    if name == "two_dirac_asymptote":
+        return float(bounds.two_dirac_asymptote(c["gamma"], c["Vu_norm"]))
+    if name == "two_dirac_g":
+        return float(np.exp(bounds.two_dirac_log_g(c["log_eps"], c["gamma"], c["Vu_norm"])))
+    if name == "two_dirac_half":
+        return float(bounds.two_dirac_half(c["gamma"], c["Vu_norm"]))
+    if name == "mean_field_lower":
+        A, V, _ = c["heads"][0]
+        return float(bounds.mean_field_lower(A, V, c["R"]))
+    if name == "off_axis_two_atom":
+        A, V, _ = c["heads"][0]
+        return float(bounds.off_axis_two_atom(c["x"], c["y"], c["h"], c["w"], A, V))
+    raise KeyError(name)  # pragma: no cover
 
 
 #: How the harness evaluates each verified record of :mod:`theory.bounds.registry` on a target
 #: (``None`` when the bound does not apply). Keys are the registry names.
 EVALUATORS: dict[str, Callable[[Target], float | None]] = {
-    "sqrt_n_upper[sqrt3]": _sqrt_n("sqrt3"),
-    "sqrt_n_upper[sharp]": _sqrt_n("sharp"),
-    "sqrt_n_upper[triangle]": _sqrt_n("triangle"),
+    "sqrt_n_upper[sqrt3]": partial(_sqrt_n, form="sqrt3"),
+    "sqrt_n_upper[sharp]": partial(_sqrt_n, form="sharp"),
+    "sqrt_n_upper[triangle]": partial(_sqrt_n, form="triangle"),
     "multihead_upper[l2,triangle]": _multihead_l2,
     "certified_local": _certified_local,
-    "released_data_dependent": _released(False),
-    "released_data_dependent+max_Ax": _released(True),
-    "mean_field_upper[c'=2]": _mean_field(2.0, False),
-    "mean_field_upper[c'=1]": _mean_field(1.0, False),
-    "mean_field_upper[c'=1/2]": _mean_field(0.5, False),
-    "mean_field_upper[c'=2,masked]": _mean_field(2.0, True),
-    "mean_field_upper[c'=1,masked]": _mean_field(1.0, True),
+    "released_data_dependent": partial(_released, fixed=False),
+    "released_data_dependent+max_Ax": partial(_released, fixed=True),
+    "mean_field_upper[c'=2]": partial(_mean_field, c=2.0, masked=False),
+    "mean_field_upper[c'=1]": partial(_mean_field, c=1.0, masked=False),
+    "mean_field_upper[c'=1/2]": partial(_mean_field, c=0.5, masked=False),
+    "mean_field_upper[c'=2,masked]": partial(_mean_field, c=2.0, masked=True),
+    "mean_field_upper[c'=1,masked]": partial(_mean_field, c=1.0, masked=True),
     "mean_field_upper[c'=1,masked,Hardy]": _mean_field_hardy,
     "trivial_lower": _trivial,
-    "sqrt_n_lower": _one_token_lower(False),
-    "masked_sqrt_n_lower": _one_token_lower(True),
-    "sequence_lower": _at("k_copies", _bound_fn("sequence_lower")),
-    "two_dirac_lower": _at("two_dirac_opt", _bound_fn("two_dirac_lower")),
-    "two_dirac_g": _at("two_dirac_eps", _bound_fn("two_dirac_g")),
-    "two_dirac_half": _at("two_dirac_half", _bound_fn("two_dirac_half")),
-    "two_dirac_asymptote": _at("two_dirac_opt", _bound_fn("two_dirac_asymptote")),
-    "mean_field_lower": _at("two_dirac_best", _bound_fn("mean_field_lower")),
-    "off_axis_two_atom": _at("off_axis", _bound_fn("off_axis_two_atom")),
-    "large_radius[limit+deviation]": _large_radius(+1),
-    "large_radius[limit-deviation]": _large_radius(-1),
+    "sqrt_n_lower": partial(_one_token_lower, masked=False),
+    "masked_sqrt_n_lower": partial(_one_token_lower, masked=True),
+    "sequence_lower": partial(_at, construction="k_copies", name="sequence_lower"),
+    "two_dirac_lower": partial(_at, construction="two_dirac_opt", name="two_dirac_lower"),
+    "two_dirac_g": partial(_at, construction="two_dirac_eps", name="two_dirac_g"),
+    "two_dirac_half": partial(_at, construction="two_dirac_half", name="two_dirac_half"),
+    "two_dirac_asymptote": partial(_at, construction="two_dirac_opt", name="two_dirac_asymptote"),
+    "mean_field_lower": partial(_at, construction="two_dirac_best", name="mean_field_lower"),
+    "off_axis_two_atom": partial(_at, construction="off_axis", name="off_axis_two_atom"),
+    "large_radius[limit+deviation]": partial(_large_radius, sign=+1),
+    "large_radius[limit-deviation]": partial(_large_radius, sign=-1),
     "large_radius_limit": _large_radius_limit,
-    "kim_l2_upper[p=2]": _kim(2),
-    "kim_l2_upper[p=2,WQ^2]": _kim(2, squared=True),
-    "kim_l2_upper[p=inf]": _kim("inf"),
+    "kim_l2_upper[p=2]": partial(_kim, p=2),
+    "kim_l2_upper[p=2,WQ^2]": partial(_kim, p=2, squared=True),
+    "kim_l2_upper[p=inf]": partial(_kim, p="inf"),
     "kim_softmax_lemma": _kim_lemma,
 }
 

@@ -105,15 +105,17 @@ def _heads(rng: np.random.Generator, d: int, *, multi: bool = True):
     WO = None
     if H > 1 and rng.random() < 0.7:
         WO = rng.standard_normal((d, H * d)) / math.sqrt(H * d)
-    heads = []
-    for h, (A, V) in enumerate(heads_AV):
-        W = None if WO is None else WO[:, h * d : (h + 1) * d]
-        heads.append((A, V, W))
+    heads = [
+        (A, V, None if WO is None else WO[:, h * d : (h + 1) * d])
+        for h, (A, V) in enumerate(heads_AV)
+    ]
     return heads, WO
 
 
-def _seq_ctx(X: np.ndarray, heads, WO, masked: bool) -> dict[str, Any]:
-    return {
+def _seq_target(kind: str, X: np.ndarray, heads, WO, masked: bool, **extra: Any) -> list[Target]:
+    """The target of the sequence ``X`` (Euclidean geometry), its context completed by ``extra``."""
+    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
+    ctx = {
         "what": "sequence",
         "masked": masked,
         "n": X.shape[0],
@@ -121,13 +123,9 @@ def _seq_ctx(X: np.ndarray, heads, WO, masked: bool) -> dict[str, Any]:
         "heads": heads,
         "WO": WO,
         "X": X,
+        **extra,
     }
-
-
-def _seq_target(kind: str, X: np.ndarray, heads, WO, masked: bool, **extra: Any) -> list[Target]:
-    """The target of the sequence ``X`` (Euclidean geometry), its context completed by ``extra``."""
-    lo, val, up = engine_of(as_tensor64(X), params_of(heads, WO), masked=masked)
-    return [Target(kind, "euclidean", lo, val, up, {**_seq_ctx(X, heads, WO, masked), **extra})]
+    return [Target(kind, "euclidean", lo, val, up, ctx)]
 
 
 def _kind_random_sequence(rng: np.random.Generator) -> list[Target]:
@@ -167,9 +165,9 @@ def _kind_weighted_measure(rng: np.random.Generator) -> list[Target]:
     mu = measure_of(X, lw, pos)
     params = params_of(heads, WO)
     ctx = _measure_ctx(X, lw, heads, WO, masked=masked, positions=pos)
-    out = [_w2_target("measure", mu, params, ctx)]
+    out = [_measure_target("measure", mu, params, ctx)]
     if not masked:
-        out.append(Target("measure", "split", *engine_of(mu, params, geometry="split"), dict(ctx)))
+        out.append(_measure_target("measure", mu, params, dict(ctx), "split"))
     return out
 
 
@@ -298,51 +296,33 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         c["construction"] = "two_dirac_opt"
         br = engine_of(td.measure, params, geometry="wasserstein")
         brackets.append(br)
-        out.append(Target(f"two_dirac_opt[{case}]", "wasserstein", *br, c))
-        out.append(
-            Target(
-                f"two_dirac_opt[{case}]",
-                "split",
-                *engine_of(td.measure, params, geometry="split"),
-                dict(c, construction=None),
-            )
-        )
+        kind = f"two_dirac_opt[{case}]"
+        out.append(Target(kind, "wasserstein", *br, c))
+        out.append(_measure_target(kind, td.measure, params, dict(c, construction=None), "split"))
     # single Dirac: the trivial bound ||V|| (F(delta_x) = delta_{Vx})
     x = _ball_points(rng, 1, d, R, sphere=False)
     dirac = measure_of(x, np.zeros(1))
     br = engine_of(dirac, params, geometry="wasserstein")
     brackets.append(br)
-    out.append(
-        Target(
-            "dirac",
-            "wasserstein",
-            *br,
-            {
-                **_measure_ctx(x, np.zeros(1), heads),
-                "R": float(np.linalg.norm(x)),
-                "construction": "dirac",
-                "V_eff_norm": float(np.linalg.norm(V, 2)),
-            },
-        )
-    )
+    dirac_ctx = {
+        **_measure_ctx(x, np.zeros(1), heads),
+        "R": float(np.linalg.norm(x)),
+        "construction": "dirac",
+        "V_eff_norm": float(np.linalg.norm(V, 2)),
+    }
+    out.append(Target("dirac", "wasserstein", *br, dirac_ctx))
     # max over the constructions: a bracket of the best value, for mean_field_lower
     best_lower, best_value, best_upper = (max(b[i] for b in brackets) for i in range(3))
+    best_ctx = {
+        "what": "best",
+        "masked": False,
+        "R": R,
+        "heads": heads,
+        "WO": None,
+        "construction": "two_dirac_best",
+    }
     out.append(
-        Target(
-            "two_dirac_best",
-            "wasserstein",
-            best_lower,
-            best_value,
-            best_upper,
-            {
-                "what": "best",
-                "masked": False,
-                "R": R,
-                "heads": heads,
-                "WO": None,
-                "construction": "two_dirac_best",
-            },
-        )
+        Target("two_dirac_best", "wasserstein", best_lower, best_value, best_upper, best_ctx)
     )
     # a random mass and the w = 1/2 mass, in the case chosen by the -8 rule
     td0 = two_dirac(as_tensor64(A), R, V=as_tensor64(V))
@@ -360,13 +340,19 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         td = two_dirac(as_tensor64(A), R, log_eps=log_eps, case=case0, V=as_tensor64(V))
         c = ctx_of(td)
         c["construction"] = label
-        out.append(_w2_target(label, td.measure, params, c))
+        out.append(_measure_target(label, td.measure, params, c))
     return out
 
 
-def _w2_target(kind: str, mu: Any, params: Any, ctx: dict[str, Any]) -> Target:
-    """The target of a measure in the W2 geometry: its bracket from the engine, with ``ctx``."""
-    return Target(kind, "wasserstein", *engine_of(mu, params, geometry="wasserstein"), ctx)
+def _measure_target(
+    kind: str,
+    mu: Any,
+    params: Any,
+    ctx: dict[str, Any],
+    geometry: Literal["wasserstein", "split"] = "wasserstein",
+) -> Target:
+    """The target of a measure in ``geometry`` (W2 by default): its engine bracket, with ``ctx``."""
+    return Target(kind, geometry, *engine_of(mu, params, geometry=geometry), ctx)
 
 
 def _search_head(
@@ -403,7 +389,7 @@ def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
         "h": h,
         "w": w,
     }
-    return [_w2_target("off_axis", mu, params_of(heads, None), ctx)]
+    return [_measure_target("off_axis", mu, params_of(heads, None), ctx)]
 
 
 def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:
@@ -421,7 +407,7 @@ def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:
     }
     if not 0.0 < res.w < 1.0:
         return []
-    return [_w2_target("off_axis_opt", res.measure, params, ctx)]
+    return [_measure_target("off_axis_opt", res.measure, params, ctx)]
 
 
 def _kind_worst_case(rng: np.random.Generator) -> list[Target]:
@@ -439,10 +425,8 @@ def _kind_worst_case(rng: np.random.Generator) -> list[Target]:
         seed=int(rng.integers(2**31)),
         certify=False,
     )
-    pts = res.measure.points.numpy()
-    lw = res.measure.log_weights.numpy()
-    ctx = _measure_ctx(pts, lw, heads)
-    return [Target("worst_case", geometry, *engine_of(res.measure, params, geometry=geometry), ctx)]
+    ctx = _measure_ctx(res.measure.points.numpy(), res.measure.log_weights.numpy(), heads)
+    return [_measure_target("worst_case", res.measure, params, ctx, geometry)]
 
 
 def _kind_equal_tokens(rng: np.random.Generator) -> list[Target]:
@@ -529,16 +513,8 @@ def _kind_kim_l2(rng: np.random.Generator) -> list[Target]:
         T = np.sum((Z[:, None, :] - Z[None, :, :]) ** 2, axis=-1) / math.sqrt(k)
         Pm = _softmax_rows(-T)
         worst = max(worst, float(np.max(np.sum(Pm * T, axis=1))))
-    out.append(
-        Target(
-            "softmax_cost",
-            "softmax_cost",
-            worst,
-            worst,
-            worst,
-            {"what": "softmax_cost", "n": N, "masked": False},
-        )
-    )
+    cost_ctx = {"what": "softmax_cost", "n": N, "masked": False}
+    out.append(Target("softmax_cost", "softmax_cost", worst, worst, worst, cost_ctx))
     return out
 
 

@@ -24,10 +24,13 @@ _INSTANCE_KEYS = tuple(
 )
 
 
-def _instance_doc(seed: int, index: int, kind: str, target_index: int) -> dict[str, Any]:
-    """Full data of one instance (regenerated deterministically) for the report."""
-    targets = make_targets(seed, index, kind)
-    t = targets[target_index]
+def _instance_doc(seed: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    """Full data of the instance of a check ``item`` (regenerated deterministically) for the report.
+
+    ``item`` names the instance by its ``index``, ``kind`` and ``target_index``.
+    """
+    index, kind = item["index"], item["kind"]
+    t = make_targets(seed, index, kind)[item["target_index"]]
     c = t.ctx
     doc: dict[str, Any] = {
         "seed": seed,
@@ -166,9 +169,7 @@ def aggregate(
         worst = p["worst"]
         if worst is not None:
             worst = {k: v for k, v in worst.items() if k != "_key"}
-            worst["instance"] = _instance_doc(
-                seed, worst["index"], worst["kind"], worst["target_index"]
-            )
+            worst["instance"] = _instance_doc(seed, worst)
         entry = {
             "side": s.side,
             "status": s.status,
@@ -190,11 +191,10 @@ def aggregate(
             "worst": worst,
         }
         bounds_doc[s.name] = entry
-        examples = []
-        for item in p["fails"][:max_examples]:
-            ex = dict(item, name=s.name, side=s.side)
-            ex["instance"] = _instance_doc(seed, item["index"], item["kind"], item["target_index"])
-            examples.append(ex)
+        examples = [
+            dict(item, name=s.name, side=s.side, instance=_instance_doc(seed, item))
+            for item in p["fails"][:max_examples]
+        ]
         if s.status == "theorem":
             violations.extend(examples)
             entry["n_violations_listed"] = len(examples)

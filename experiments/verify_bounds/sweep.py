@@ -154,5 +154,4 @@ def execute(cfg: VerifyBoundsSettings, out: Path, run: StageRun) -> Steps:
         ),
         **report,
     }
-    path = write_json(out / "report.json", doc)
-    return [path, out / "instances.jsonl"]
+    return [write_json(out / "report.json", doc), out / "instances.jsonl"]
