@@ -468,9 +468,7 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     ]
     out = runs[0]
     times = [r["seconds"] for r in runs]
-    out["seconds_all"] = times
-    out["seconds"] = min(times)
-    out["setup_seconds"] = t_setup
+    out.update(seconds_all=times, seconds=min(times), setup_seconds=t_setup)
     fwd_chunk = forward_chunk(n, dt, spec["memory_budget"])
     out["forward_chunk"] = fwd_chunk
     out["forward_seconds"] = _forward_time(functools.partial(f, chunk_size=fwd_chunk), X, dev)
@@ -851,11 +849,8 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
             vectors=vectors,
             maxiter=spec.get("arpack_maxiter"),
         )
-        res["seconds"] = sec
-        res["rel_error"] = rel(res["value"])
-        res["tol"] = tol
-        res["vectors"] = vectors
-        return res["seconds"], res
+        res.update(seconds=sec, rel_error=rel(res["value"]), tol=tol, vectors=vectors)
+        return sec, res
 
     for dt in dtypes:  # warm-up on a short input (kernel selection, cached weight norms)
         local_lipschitz(X[dt][:8], params[dt], masked=True, method="lanczos")

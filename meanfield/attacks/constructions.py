@@ -384,16 +384,15 @@ def adversarial_sequence(
             Vu = float(torch.linalg.vector_norm(as_float64(V_mat) @ u))
             lower = math.sqrt(n - 1) * p * (1.0 + (1.0 - p) * gamma) * Vu
     X = torch.cat([x1.unsqueeze(0), y.unsqueeze(0).expand(n - 1, d)]) if n > 1 else x1.unsqueeze(0)
-    like = A_mat
     return AdversarialSequence(
-        X=X.to(dtype=like.dtype, device=like.device),
+        X=X.to(A_mat),
         gamma=float(gamma),
         case=case_out,
-        u=u.to(dtype=like.dtype, device=like.device),
+        u=u.to(A_mat),
         lam=lam,
         p=p,
         lower_bound=lower,
-        direction=direction.to(dtype=like.dtype, device=like.device),
+        direction=direction.to(A_mat),
         variant="sphere" if sphere else variant,
         R=R,
         n=n,
