@@ -232,6 +232,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _progress(message: str) -> None:
+    """A progress line on stderr, flushed at once (the result goes to stdout)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def _timed(device: str, fn, *args, **kwargs) -> tuple[float, Any]:
     """Seconds of ``fn(*args, **kwargs)`` between two device syncs, and its result."""
     _sync(device)
@@ -661,7 +666,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         for name, key in ratio_keys.items():
             row[key] = row["power"]["seconds"] / row[name]["seconds"]
         per[dt]["rounds"].append(row)
-        print(
+        _progress(
             f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
             f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
             f"estimate alone {row['estimate']['seconds']:.3f} s, from the Kronecker start "
@@ -670,8 +675,6 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
             f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
             f"err {row['power']['rel_error']:.1e}), ratios {row['ratio']:.2f}, "
             f"{row['ratio_estimate']:.2f}, {row['ratio_estimate_kron']:.2f}",
-            file=sys.stderr,
-            flush=True,
         )
     for dt in dtypes:
         rounds, fw, doc = per[dt]["rounds"], per[dt]["forward_seconds"], per[dt]
@@ -864,11 +867,9 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         for tol in spec.get("arpack_tols", ARPACK_TOLS):
             _, res = arp(dt, tol)
             sweep.append(res)
-            print(
+            _progress(
                 f"  n={n} {dt} arpack tol {tol:g}: {res['seconds']:.3f} s, {res['n_products']} "
                 f"products, err {res['rel_error']:.1e} (default call: {target:.1e})",
-                file=sys.stderr,
-                flush=True,
             )
             if res["converged"] and res["rel_error"] <= target:
                 chosen = tol
@@ -896,15 +897,13 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         tol = per[dt]["arpack_tol"]
         row["ratio"] = row["arpack"]["seconds"] / row["default"]["seconds"]
         per[dt]["rounds"].append(row)
-        print(
+        _progress(
             f"  n={n} {dt} round {r}: default {row['default']['seconds']:.3f} s "
             f"({row['default']['n_products']} products, err {row['default']['rel_error']:.1e}, "
             f"upper_prob/lower {row['default']['ratio_prob']:.3f}), arpack tol {tol:g} "
             f"{row['arpack']['seconds']:.3f} s ({row['arpack']['n_products']} products, err "
             f"{row['arpack']['rel_error']:.1e}), vh {row['arpack_vh']['seconds']:.3f} s, "
             f"ratio {row['ratio']:.2f}",
-            file=sys.stderr,
-            flush=True,
         )
     for dt in dtypes:
         rounds = per[dt]["rounds"]
@@ -1490,12 +1489,10 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             res = run_job(spec, args.job_timeout)
             res["load_average_after"] = os.getloadavg()
-            print(
+            _progress(
                 f"[{time.strftime('%H:%M:%S')}] n={n} {method}: "
                 f"{res.get('seconds', float('nan')):.2f} s (job {time.perf_counter() - t:.0f} s) "
                 f"value={res.get('value')} {res.get('error', '')}",
-                file=sys.stderr,
-                flush=True,
             )
             doc["results"].append(res)
             save()
@@ -1535,11 +1532,9 @@ def main(argv: list[str] | None = None) -> int:
                         "remaining lengths scaled by the batched run's per-n "
                         "times, calibrated on the completed lengths"
                     )
-            print(
+            _progress(
                 f"[{time.strftime('%H:%M:%S')}] workload {method}: {res.get('seconds')} s "
                 f"{res.get('error', '')}",
-                file=sys.stderr,
-                flush=True,
             )
             wl["methods"][method] = res
             doc["workload"] = wl
