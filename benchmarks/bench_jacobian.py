@@ -163,9 +163,8 @@ def load_layer(path: str | Path, dtype: str, device: str):
 
     with np.load(path, allow_pickle=False) as z:
         w = {k: torch.from_numpy(z[k]).to(dtype=_dtype(dtype), device=device) for k in z.files}
-    d = D_MODEL
-    W_q, W_k, W_v = w["c_attn_w"].split(d, dim=1)
-    b_q, b_k, b_v = w["c_attn_b"].split(d)
+    W_q, W_k, W_v = w["c_attn_w"].split(D_MODEL, dim=1)
+    b_q, b_k, b_v = w["c_attn_b"].split(D_MODEL)
     return MultiHeadParams.from_qkv(
         W_q,
         W_k,
