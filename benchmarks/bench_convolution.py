@@ -86,17 +86,17 @@ def _one_kernel(K, seed, args, dev, dtype) -> list[dict]:
     n = args.size
     rows = []
 
-    def new_row(name, value, reference, seconds, **extra):
-        """One output row; ``reference=None`` marks the reference itself (ratio 1)."""
+    def add_row(name, value, reference, seconds, **extra):
+        """Append one output row; ``reference=None`` marks the reference itself (ratio 1)."""
         ratio = 1.0 if reference is None else value / reference
-        return dict(seed=seed, name=name, value=value, ratio=ratio, time=seconds, **extra)
+        rows.append(dict(seed=seed, name=name, value=value, ratio=ratio, time=seconds, **extra))
 
     def svd_circ():
         blocks, _ = conv2d_frequency_blocks(K, n)
         return float(torch.linalg.matrix_norm(blocks, ord=2).max())
 
     exact_circ, t_svd = _best(svd_circ, args.repeat, dev)
-    rows.append(new_row("svd-circ", exact_circ, None, t_svd))
+    add_row("svd-circ", exact_circ, None, t_svd)
 
     for T in args.n_iter:
 
@@ -108,16 +108,14 @@ def _one_kernel(K, seed, args, dev, dtype) -> list[dict]:
         _, t_gram = _best(gram_only, args.repeat, dev)
         full = partial(conv2d_spectral_upper, K, n, padding="circular", n_iter=T)
         r, t_full = _best(full, args.repeat, dev)
-        rows.append(
-            new_row(
-                f"gram-circ-{T}",
-                float(r.upper),
-                exact_circ,
-                t_full,
-                time_gram=t_gram,
-                time_cert=t_full - t_gram,
-                certified=r.certified,
-            )
+        add_row(
+            f"gram-circ-{T}",
+            float(r.upper),
+            exact_circ,
+            t_full,
+            time_gram=t_gram,
+            time_cert=t_full - t_gram,
+            certified=r.certified,
         )
 
     mv, rmv, n_in, _ = conv2d_operator(K, n, padding="zeros")
@@ -129,40 +127,36 @@ def _one_kernel(K, seed, args, dev, dtype) -> list[dict]:
     )
     ref, t_lan = _best(lanczos, 1, dev)
     ref_val = float(ref.sigma)
-    rows.append(
-        new_row(
-            "lanczos-zeros",
-            ref_val,
-            None,
-            t_lan,
-            n_matvec=int(ref.n_matvec),
-            converged=bool(ref.converged),
-            residual_rel=float(ref.residual) / ref_val**2,
-        )
+    add_row(
+        "lanczos-zeros",
+        ref_val,
+        None,
+        t_lan,
+        n_matvec=int(ref.n_matvec),
+        converged=bool(ref.converged),
+        residual_rel=float(ref.residual) / ref_val**2,
     )
     for N in args.power_iters:
         power = partial(power_iteration, mv, rmv, x0, tol=0.0, max_iter=N)
         p, t_pow = _best(power, 1, dev)
-        rows.append(new_row(f"power-zeros-{N}", float(p.sigma), ref_val, t_pow))
+        add_row(f"power-zeros-{N}", float(p.sigma), ref_val, t_pow)
     for T in args.n_iter:
         fullz = partial(conv2d_spectral_upper, K, n, padding="zeros", n_iter=T)
         r, t_z = _best(fullz, args.repeat, dev)
-        rows.append(
-            new_row(
-                f"gram-zeros-{T}",
-                float(r.upper),
-                ref_val,
-                t_z,
-                certified=r.certified,
-                grid=list(r.grid),
-            )
+        add_row(
+            f"gram-zeros-{T}",
+            float(r.upper),
+            ref_val,
+            t_z,
+            certified=r.certified,
+            grid=list(r.grid),
         )
 
     def reshaped():
         return float(conv2d_reshaped_upper(K))
 
     v_r, t_r = _best(reshaped, args.repeat, dev)
-    rows.append(new_row("reshaped", v_r, ref_val, t_r))
+    add_row("reshaped", v_r, ref_val, t_r)
     for row in rows:
         row["time_vs_svd"] = row["time"] / t_svd
         print(

@@ -107,6 +107,8 @@ DENSE_MAX_ND = 6144
 #: blocks of 64 for causal sequences, which bound the intermediates to O(64 n) per head; the
 #: first measurements used 512 above n = 512).
 CHUNK = None
+#: The environment variables that size the BLAS/OpenMP pools of numpy and scipy (``--arpack``).
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 # =============================================================================== worker side
@@ -161,9 +163,8 @@ def load_layer(path: str | Path, dtype: str, device: str):
 
     with np.load(path, allow_pickle=False) as z:
         w = {k: torch.from_numpy(z[k]).to(dtype=_dtype(dtype), device=device) for k in z.files}
-    d = D_MODEL
-    W_q, W_k, W_v = w["c_attn_w"].split(d, dim=1)
-    b_q, b_k, b_v = w["c_attn_b"].split(d)
+    W_q, W_k, W_v = w["c_attn_w"].split(D_MODEL, dim=1)
+    b_q, b_k, b_v = w["c_attn_b"].split(D_MODEL)
     return MultiHeadParams.from_qkv(
         W_q,
         W_k,
@@ -230,6 +231,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _progress(message: str) -> None:
+    """A progress line on stderr, flushed at once (the result goes to stdout)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def _timed(device: str, fn, *args, **kwargs) -> tuple[float, Any]:
     """Seconds of ``fn(*args, **kwargs)`` between two device syncs, and its result."""
     _sync(device)
@@ -285,9 +291,7 @@ def power_baseline(
     hist: list[float] = []
     converged = capped = False
     t0 = time.perf_counter()
-    k = 0
-    while k < max_iter:
-        k += 1
+    for _ in range(max_iter):
         Ju = tfunc.jvp(f, (X,), (u,))[1]  # the tangent (defect D1: the released code took [0])
         w = pullback(Ju)[0]
         s2 = float(torch.linalg.vector_norm(w))
@@ -302,8 +306,8 @@ def power_baseline(
         u = w / s2
     return {
         "value": hist[-1],
-        "n_iter": k,
-        "n_products": 2 * k,
+        "n_iter": len(hist),
+        "n_products": 2 * len(hist),
         "converged": converged,
         "stopped_by_time_cap": capped,
         "history": hist,
@@ -319,14 +323,7 @@ def _forward_time(f, X, device: str, repeats: int = 7) -> float:
 
     with torch.no_grad():
         f(X)
-        _sync(device)
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            f(X)
-            _sync(device)
-            times.append(time.perf_counter() - t)
-    return min(times)
+        return min(_timed(device, f, X)[0] for _ in range(repeats))
 
 
 def _estimate_doc(est) -> dict[str, Any]:
@@ -349,18 +346,12 @@ def _probe(lin, jvp, vjp, spec, n, dt, dev, t0) -> dict[str, Any]:
     _sync(dev)
     out: dict[str, Any] = {"linearize_seconds": time.perf_counter() - t0}
     V = make_inputs(n, None, spec["seed"] + 1, dt, dev)
-    t = time.perf_counter()
-    U = jvp(lin, V)
-    _sync(dev)
-    out["jvp_seconds"] = time.perf_counter() - t
-    t = time.perf_counter()
-    vjp(lin, U)
-    _sync(dev)
-    out["vjp_seconds"] = time.perf_counter() - t
+    out["jvp_seconds"], U = _timed(dev, jvp, lin, V)
+    out["vjp_seconds"], _ = _timed(dev, vjp, lin, U)
     return {**out, "value": math.nan, "n_products": 2}
 
 
-def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
+def _measure(spec, method, params, X, f, dev, dt, n, *, measure_memory):
     """One timed call of ``method``; peak memory over the call when ``measure_memory``."""
     import torch
     import torch.func as tfunc
@@ -385,7 +376,7 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
             max_iter=spec.get("max_iter", 300) if method != "ref" else 2000,
             krylov_dim=spec.get("krylov_dim", 32) if method != "ref" else 64,
             upper="block" if method == "ours" else "none",
-            chunk_size=chunk,
+            chunk_size=CHUNK,
             seed=spec["seed"],
         )
         _sync(dev)
@@ -399,17 +390,20 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
 
         lin = linearize_streaming(X, params, masked=True)
         out.update(_probe(lin, streaming_jvp, streaming_vjp, spec, n, dt, dev, t0))
-    elif method in ("power", "power-acc"):
+    elif method in ("power", "power-acc", "probe-power"):
+        # probe-power: the cost of one baseline iteration (one jvp and one vjp through autograd)
         res = power_baseline(
             f,
             X,
-            tol=spec["power_tol"] if method == "power" else spec["power_acc_tol"],
-            max_iter=1000,
+            tol=spec["power_acc_tol"] if method == "power-acc" else spec["power_tol"],
+            max_iter=1 if method == "probe-power" else 1000,
             seed=spec["seed"],
-            time_cap=spec.get("time_cap"),
+            time_cap=None if method == "probe-power" else spec.get("time_cap"),
         )
         _sync(dev)
         out.update(res)
+        if method == "probe-power":
+            out["value"] = math.nan
     elif method == "dense":
         Xf = X.reshape(-1)
 
@@ -425,14 +419,8 @@ def _measure(spec, method, params, X, f, chunk, dev, dt, n, *, measure_memory):
         # cost model of ours at large n: one linearization plus one J and one J^T product
         from meanfield.jacobian import jvp, linearize, vjp
 
-        lin = linearize(X, params, masked=True, chunk_size=chunk)
+        lin = linearize(X, params, masked=True, chunk_size=CHUNK)
         out.update(_probe(lin, jvp, vjp, spec, n, dt, dev, t0))
-    elif method == "probe-power":
-        # cost of one baseline iteration (one jvp and one vjp through autograd)
-        res = power_baseline(f, X, tol=spec["power_tol"], max_iter=1, seed=spec["seed"])
-        _sync(dev)
-        out.update(res)
-        out["value"] = math.nan
     else:
         raise ValueError(f"unknown method {method!r}")
     out["seconds"] = time.perf_counter() - t0
@@ -464,7 +452,6 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
     params = load_layer(spec["layer"], dt, dev)
     X = make_inputs(n, None, spec["seed"], dt, dev)
     f = functools.partial(self_attention, params=params, masked=True)
-    chunk = CHUNK
     # warm-up on a tiny input (kernel selection, lazy imports) outside the measurement
     # (for "ours" this includes the one-off, cached certification of the weight norms)
     Xw = make_inputs(4, None, spec["seed"], dt, dev)
@@ -477,14 +464,13 @@ def _run_single(spec: dict[str, Any]) -> dict[str, Any]:
         power_baseline(f, Xw, max_iter=3)
     t_setup = time.perf_counter() - t_setup
     repeats = max(1, int(spec.get("repeats", 1)))
-    runs = []
-    for r in range(repeats):
-        runs.append(_measure(spec, method, params, X, f, chunk, dev, dt, n, measure_memory=r == 0))
+    runs = [
+        _measure(spec, method, params, X, f, dev, dt, n, measure_memory=r == 0)
+        for r in range(repeats)
+    ]
     out = runs[0]
     times = [r["seconds"] for r in runs]
-    out["seconds_all"] = times
-    out["seconds"] = min(times)
-    out["setup_seconds"] = t_setup
+    out.update(seconds_all=times, seconds=min(times), setup_seconds=t_setup)
     fwd_chunk = forward_chunk(n, dt, spec["memory_budget"])
     out["forward_chunk"] = fwd_chunk
     out["forward_seconds"] = _forward_time(functools.partial(f, chunk_size=fwd_chunk), X, dev)
@@ -654,9 +640,9 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
     for dt in dtypes:  # warm-up (kernel selection, cached weight norms) on a short input
         local_lipschitz(X[dt][:8], params[dt], masked=True, method="lanczos", tol=1e-2)
         power_baseline(fns[dt], X[dt][:8], max_iter=3)
-    per: dict[str, Any] = {}
-    for dt in dtypes:
-        per[dt] = {"forward_seconds": _forward_time(fns[dt], X[dt], dev), "rounds": []}
+    per: dict[str, Any] = {
+        dt: {"forward_seconds": _forward_time(fns[dt], X[dt], dev), "rounds": []} for dt in dtypes
+    }
     # ours with its certified lower end, the estimate alone (certify=False) from the
     # random and from the Kronecker start, the baseline; the order rotates by round
     methods = [
@@ -677,7 +663,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         for name, key in ratio_keys.items():
             row[key] = row["power"]["seconds"] / row[name]["seconds"]
         per[dt]["rounds"].append(row)
-        print(
+        _progress(
             f"  n={n} {dt} round {r}: ours {row['ours']['seconds']:.3f} s "
             f"({row['ours']['n_products']} products, err {row['ours']['rel_error']:.1e}), "
             f"estimate alone {row['estimate']['seconds']:.3f} s, from the Kronecker start "
@@ -686,8 +672,6 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
             f"power {row['power']['seconds']:.3f} s ({row['power']['n_products']} products, "
             f"err {row['power']['rel_error']:.1e}), ratios {row['ratio']:.2f}, "
             f"{row['ratio_estimate']:.2f}, {row['ratio_estimate_kron']:.2f}",
-            file=sys.stderr,
-            flush=True,
         )
     for dt in dtypes:
         rounds, fw, doc = per[dt]["rounds"], per[dt]["forward_seconds"], per[dt]
@@ -831,10 +815,7 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         "n": n,
         "threads": {
             "torch": torch.get_num_threads(),
-            **{
-                k: os.environ.get(k)
-                for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-            },
+            **{k: os.environ.get(k) for k in BLAS_THREAD_VARS},
         },
         "reference": {"tol": spec["ref_tol"], **reference},
     }
@@ -868,11 +849,8 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
             vectors=vectors,
             maxiter=spec.get("arpack_maxiter"),
         )
-        res["seconds"] = sec
-        res["rel_error"] = rel(res["value"])
-        res["tol"] = tol
-        res["vectors"] = vectors
-        return res["seconds"], res
+        res.update(seconds=sec, rel_error=rel(res["value"]), tol=tol, vectors=vectors)
+        return sec, res
 
     for dt in dtypes:  # warm-up on a short input (kernel selection, cached weight norms)
         local_lipschitz(X[dt][:8], params[dt], masked=True, method="lanczos")
@@ -886,11 +864,9 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         for tol in spec.get("arpack_tols", ARPACK_TOLS):
             _, res = arp(dt, tol)
             sweep.append(res)
-            print(
+            _progress(
                 f"  n={n} {dt} arpack tol {tol:g}: {res['seconds']:.3f} s, {res['n_products']} "
                 f"products, err {res['rel_error']:.1e} (default call: {target:.1e})",
-                file=sys.stderr,
-                flush=True,
             )
             if res["converged"] and res["rel_error"] <= target:
                 chosen = tol
@@ -918,15 +894,13 @@ def _run_arpack(spec: dict[str, Any]) -> dict[str, Any]:
         tol = per[dt]["arpack_tol"]
         row["ratio"] = row["arpack"]["seconds"] / row["default"]["seconds"]
         per[dt]["rounds"].append(row)
-        print(
+        _progress(
             f"  n={n} {dt} round {r}: default {row['default']['seconds']:.3f} s "
             f"({row['default']['n_products']} products, err {row['default']['rel_error']:.1e}, "
             f"upper_prob/lower {row['default']['ratio_prob']:.3f}), arpack tol {tol:g} "
             f"{row['arpack']['seconds']:.3f} s ({row['arpack']['n_products']} products, err "
             f"{row['arpack']['rel_error']:.1e}), vh {row['arpack_vh']['seconds']:.3f} s, "
             f"ratio {row['ratio']:.2f}",
-            file=sys.stderr,
-            flush=True,
         )
     for dt in dtypes:
         rounds = per[dt]["rounds"]
@@ -1048,7 +1022,7 @@ def run_job(
     env = None
     if spec.get("blas_threads"):
         env = dict(os.environ)
-        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        for k in BLAS_THREAD_VARS:
             env[k] = str(spec["blas_threads"])
     try:
         proc = subprocess.run(
@@ -1216,11 +1190,10 @@ def print_table(doc: dict[str, Any]) -> None:
         f"# {doc['machine']['cpu_model']}, {doc['machine']['torch_threads']} threads, "
         f"{doc['config']['dtype']}, device {doc['config']['device']}"
     )
-    hdr = (
+    print(
         f"{'n':>5} {'method':<12} {'seconds':>9} {'fwd-eq':>8} {'products':>8} {'peak mem':>10} "
         f"{'value':>12} {'rel err':>9} {'upper/lower':>11}"
     )
-    print(hdr)
     for r in doc["results"]:
         if "error" in r:
             print(f"{r['n']:>5} {r['method']:<12} error: {r['error']}")
@@ -1513,12 +1486,10 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             res = run_job(spec, args.job_timeout)
             res["load_average_after"] = os.getloadavg()
-            print(
+            _progress(
                 f"[{time.strftime('%H:%M:%S')}] n={n} {method}: "
                 f"{res.get('seconds', float('nan')):.2f} s (job {time.perf_counter() - t:.0f} s) "
                 f"value={res.get('value')} {res.get('error', '')}",
-                file=sys.stderr,
-                flush=True,
             )
             doc["results"].append(res)
             save()
@@ -1526,9 +1497,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
 
     if args.workload:
-        wl_ns = wl_list
         wl: dict[str, Any] = {
-            "ns": wl_ns,
+            "ns": wl_list,
             "sequences": wl_seq,
             "d": D_MODEL,
             "tol": args.tol,
@@ -1540,7 +1510,7 @@ def main(argv: list[str] | None = None) -> int:
                 **common,
                 "kind": "workload",
                 "method": method,
-                "ns": wl_ns,
+                "ns": wl_list,
                 "sequences": wl_seq,
                 "upper": "none",
                 "time_cap": None if method == "ours-batched" else args.workload_cap,
@@ -1549,7 +1519,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" not in res and not res["complete"]:
                 # one-by-one cost grows with n: extrapolate with the measured cost per n^2-weight
                 done = res["ns"]
-                rest = [n for n in wl_ns if n not in done]
+                rest = [n for n in wl_list if n not in done]
                 base = wl["methods"].get("ours-batched")
                 if base is not None and base.get("complete"):
                     per = dict(zip(base["ns"], base["seconds_per_n"]))
@@ -1559,11 +1529,9 @@ def main(argv: list[str] | None = None) -> int:
                         "remaining lengths scaled by the batched run's per-n "
                         "times, calibrated on the completed lengths"
                     )
-            print(
+            _progress(
                 f"[{time.strftime('%H:%M:%S')}] workload {method}: {res.get('seconds')} s "
                 f"{res.get('error', '')}",
-                file=sys.stderr,
-                flush=True,
             )
             wl["methods"][method] = res
             doc["workload"] = wl
@@ -1599,7 +1567,6 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 wl[key] = max(diffs)
         wl["speedups"] = sp
-        doc["workload"] = wl
     save()
     if args.json:
         json.dump(json.loads(out.read_text()), sys.stdout)

@@ -38,11 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from experiments.engine import (  # noqa: E402
-    load_json,
-    load_jsonl,
-    predict_wall_time,  # noqa: E402
-)
+from experiments.engine import load_json, load_jsonl, predict_wall_time  # noqa: E402
 
 
 def _records(results: Path, stages: list[str]) -> dict[str, dict[str, dict[str, Any]]]:

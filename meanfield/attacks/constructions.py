@@ -384,16 +384,15 @@ def adversarial_sequence(
             Vu = float(torch.linalg.vector_norm(as_float64(V_mat) @ u))
             lower = math.sqrt(n - 1) * p * (1.0 + (1.0 - p) * gamma) * Vu
     X = torch.cat([x1.unsqueeze(0), y.unsqueeze(0).expand(n - 1, d)]) if n > 1 else x1.unsqueeze(0)
-    like = A_mat
     return AdversarialSequence(
-        X=X.to(dtype=like.dtype, device=like.device),
+        X=X.to(A_mat),
         gamma=float(gamma),
         case=case_out,
-        u=u.to(dtype=like.dtype, device=like.device),
+        u=u.to(A_mat),
         lam=lam,
         p=p,
         lower_bound=lower,
-        direction=direction.to(dtype=like.dtype, device=like.device),
+        direction=direction.to(A_mat),
         variant="sphere" if sphere else variant,
         R=R,
         n=n,
@@ -700,7 +699,8 @@ def off_axis_two_atoms(
     Zx = torch.cat([from_ball(torch.stack(starts_x), R), Xr[:, 0]]) if starts_x else Xr[:, 0]
     Zy = torch.cat([from_ball(torch.stack(starts_y), R), Xr[:, 1]]) if starts_y else Xr[:, 1]
     Hz = torch.cat([torch.stack(starts_h), Hr]) if starts_h else Hr
-    Tz = torch.cat([torch.tensor(starts_t, dtype=torch.float64, device=dev), Tr])
+    T0 = torch.tensor(starts_t, dtype=torch.float64, device=dev)
+    Tz = torch.cat([T0, Tr])
 
     def log_bound(x: Tensor, y: Tensor, hz: Tensor, t: Tensor) -> Tensor:
         h = hz / torch.linalg.vector_norm(hz, dim=-1, keepdim=True)
@@ -726,17 +726,12 @@ def off_axis_two_atoms(
     x, y = to_ball(best_p[0][k], R), to_ball(best_p[1][k], R)
     hz, t = best_p[2][k], best_p[3][k]
     if starts_x:
-        ex = log_bound(
-            torch.stack(starts_x),
-            torch.stack(starts_y),
-            torch.stack(starts_h),
-            torch.tensor(starts_t, dtype=torch.float64, device=dev),
-        )
+        ex = log_bound(torch.stack(starts_x), torch.stack(starts_y), torch.stack(starts_h), T0)
         j = int(ex.argmax())
         if float(ex[j]) > lv:
             lv = float(ex[j])
             x, y, hz = starts_x[j], starts_y[j], starts_h[j]
-            t = torch.tensor(starts_t[j], dtype=torch.float64, device=dev)
+            t = T0[j]
     h = hz / torch.linalg.vector_norm(hz)
     gap = float((y @ A) @ (x - y))
     tt = float(t) - gap  # logit of eps

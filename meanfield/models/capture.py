@@ -525,16 +525,14 @@ def pixel_values(
                 "and image_std (a preprocessor_config.json beside the checkpoint); or give "
                 "float pixel values already normalised"
             )
-        mean = np.asarray(image_mean, dtype=np.float64).reshape(-1)
-        std = np.asarray(image_std, dtype=np.float64).reshape(-1)
+        mean = np.asarray(image_mean, dtype=np.float64).reshape(1, -1, 1, 1)
+        std = np.asarray(image_std, dtype=np.float64).reshape(1, -1, 1, 1)
         if mean.size not in (1, c) or std.size not in (1, c) or not (std > 0).all():
             raise ValueError(
                 f"{name}: image_mean and image_std need 1 or {c} values (std > 0), got "
                 f"{mean.size} and {std.size}"
             )
-        out = (arr.astype(np.float64) / 255.0 - mean.reshape(1, -1, 1, 1)) / std.reshape(
-            1, -1, 1, 1
-        )
+        out = (arr.astype(np.float64) / 255.0 - mean) / std
     elif np.issubdtype(arr.dtype, np.floating):
         out = arr.astype(np.float64)
     else:

@@ -651,9 +651,8 @@ def hf_attention_fn(
         Differentiable in ``X`` (shape (..., n, d)); holds no reference to the model.
     """
     att = hf_attention(model, layer, map=map, dtype=dtype, n=n)
-    m = att.causal if masked is None else bool(masked)
 
     def f(X: Tensor) -> Tensor:
-        return att(X, masked=m)
+        return att(X, masked=masked)
 
     return f

@@ -160,8 +160,7 @@ def _facts(model: Any) -> dict[str, Any]:
 
 
 def _provenance(hf_model: Any, /, **extra: Any) -> Mapping[str, Any]:
-    prov = {**extra, **_facts(hf_model)}
-    return types.MappingProxyType(prov)
+    return types.MappingProxyType({**extra, **_facts(hf_model)})
 
 
 def _missing(dist: str) -> str:
