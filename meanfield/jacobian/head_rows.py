@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from .._spectral import gamma_k
+from .._spectral import U64, gamma_k, spectral_norm_upper
 from .._typing import Params
 from ..params import HEAD_FIELDS, AttentionParams, MultiHeadParams
 from .linearization import (
@@ -29,8 +29,6 @@ from .linearization import (
     score_matrix,
     stack_qkv,
 )
-
-U64 = torch.finfo(torch.float64).eps / 2
 
 #: Relative inflation of the head-space bounds for the rounding of their own elementwise
 #: arithmetic (a few dozen operations on nonnegative numbers; docs/certificates.md §5.1).
@@ -53,6 +51,17 @@ def _fro_upper(M: Tensor) -> Tensor:
     """
     M = M.to(torch.float64)
     return M.square().sum((-2, -1)).sqrt() * (1 + gamma_k(M.shape[-1] * M.shape[-2] + 2))
+
+
+def norm2_upper(M: Tensor | None) -> Tensor:
+    """Certified float64 upper bound on ``||M||_2`` from its SVD value (1 for ``M = None``).
+
+    :func:`~meanfield._spectral.spectral_norm_upper` certifies the SVD value (no Gram steps).
+    """
+    if M is None:
+        return torch.ones((), dtype=torch.float64)
+    M = M.to(torch.float64)
+    return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._spectral import spectral_norm_upper
+from .._spectral import U64, collatz_wielandt_bound
 from .._typing import Params
 from ..attention import head_logits
 from ..params import MultiHeadParams
-from .head_rows import rebalanced
+from .head_rows import norm2_upper, rebalanced
 from .linearization import (
     AttentionLinearization,
     admissible_mask,
@@ -29,8 +29,6 @@ from .linearization import (
     require_factors,
     require_rope,
 )
-
-U64 = torch.finfo(torch.float64).eps / 2
 
 
 def _variance(P: Tensor, F: Tensor) -> Tensor:
@@ -115,13 +113,6 @@ def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     return out
 
 
-def _norm2_upper(M: Tensor | None) -> Tensor:
-    if M is None:
-        return torch.ones((), dtype=torch.float64)
-    M = M.to(torch.float64)
-    return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
-
-
 _HEAD_NORM_CACHE: weakref.WeakKeyDictionary[Params, dict[int, dict[str, Tensor]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -140,10 +131,10 @@ def _per_head_norms(
     W, _ = head_output_matrices(params)
     out = {
         f.h: {
-            "V": _norm2_upper(params.heads[f.h].V),
-            "Q": _norm2_upper(f.Q),
-            "K": _norm2_upper(f.K),
-            "W": _norm2_upper(W[f.h]),
+            "V": norm2_upper(params.heads[f.h].V),
+            "Q": norm2_upper(f.Q),
+            "K": norm2_upper(f.K),
+            "W": norm2_upper(W[f.h]),
         }
         for f in feats
     }
@@ -176,14 +167,10 @@ def _stacked_norms(params: Params, feats: Sequence[_HeadFeatures | HeadTerms]) -
         Ks.append(K)
         Qs.append(torch.eye(d, dtype=f64, device=K.device) if f.Q is None else f.Q.to(f64))
     out = {
-        "V": _norm2_upper(torch.cat(Vs)),
-        "K": _norm2_upper(torch.cat(Ks)),
-        "Q": _norm2_upper(torch.cat(Qs)),
-        "W": (
-            torch.ones((), dtype=f64)
-            if not isinstance(params, MultiHeadParams) or params.W_O is None
-            else _norm2_upper(params.W_O)
-        ),
+        "V": norm2_upper(torch.cat(Vs)),
+        "K": norm2_upper(torch.cat(Ks)),
+        "Q": norm2_upper(torch.cat(Qs)),
+        "W": norm2_upper(params.W_O if isinstance(params, MultiHeadParams) else None),
     }
     _STACK_CACHE[params] = out
     return out
@@ -209,8 +196,6 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     -------
     Tensor, float64, shape lin.batch_shape
     """
-    from .._spectral import collatz_wielandt_bound
-
     lin = rebalanced(lin)  # V_h, W_h of extreme but balanced product (docs/rounding.md §5)
     terms = []
     for f in _head_features(lin):
@@ -341,5 +326,5 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     if W_O is None:  # concatenated heads
         out = stacked
     else:
-        out = torch.minimum(total, _norm2_upper(W_O) * stacked)
+        out = torch.minimum(total, norm2_upper(W_O) * stacked)
     return out * (1 + 16 * len(feats) * U64)
