@@ -365,9 +365,7 @@ def rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
         V = torch.stack([params.heads[h].V for h in lin.analytic_heads]).to(lin.V)
         VXc = torch.einsum("...nd,hvd->...hnv", Xc, V)
         VMc = attend(lin.P, VXc, block)
-        if lin.QKV is not None:
-            if lin.QK is None:
-                raise ValueError("the stacked rows QKV need the factors QK")
+        if lin.QKV is not None and lin.QK is not None:  # both or neither (factored heads)
             QKV = stack_qkv(lin.QK, V)
     rr = lin.rope_rows
     if rr is not None:

@@ -30,16 +30,9 @@ def score_matrix(head: AttentionParams) -> Tensor:
     return head.A
 
 
-def qk_factors(head: AttentionParams) -> tuple[Tensor, Tensor] | None:
-    """The factors ``(Q, K)`` of a head, or ``None`` when it is given by ``A`` only."""
-    if head.Q is None or head.K is None:
-        return None
-    return head.Q, head.K
-
-
 def require_factors(head: AttentionParams) -> tuple[Tensor, Tensor]:
     """The factors ``(Q, K)`` of a head that must have them (rotary heads do)."""
-    factors = qk_factors(head)
+    factors = head.factors
     if factors is None:
         raise ValueError("the head has no factors Q and K")
     return factors
@@ -231,19 +224,11 @@ def head_output_matrices(params: Params) -> tuple[Tensor, bool]:
     """Stack the per-head output matrices W_h (H, d_out, d_v) and tell whether heads concatenate."""
     heads = params.heads
     H, d_v = len(heads), heads[0].d_v
-    ref = score_matrix(heads[0])
     if isinstance(params, MultiHeadParams) and params.W_O is not None:
         W = params.W_O.reshape(params.W_O.shape[0], H, d_v).permute(1, 0, 2)
         return W.contiguous(), False
-    eye = torch.eye(H * d_v, dtype=ref.dtype, device=ref.device)
+    eye = torch.eye(H * d_v, dtype=heads[0].dtype, device=heads[0].device)
     return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous(), True
-
-
-def admissible_mask(
-    masked: bool, n: int, positions: Tensor | None, device: torch.device
-) -> Tensor | None:
-    """The causal admissibility mask of ``n`` tokens (by ``positions`` when given), or ``None``."""
-    return admissible_keys(masked, n, n, positions, None, device)
 
 
 def log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
@@ -471,26 +456,27 @@ def rotate_rows(
 
     The adjoint of a rotation is the rotation by the opposite angles (with the same scaling).
     """
-    idx = -index if adjoint else index
-    first = ropes[0]
-    if all(
-        r.attention_scaling == first.attention_scaling and torch.equal(r.inv_freq, first.inv_freq)
-        for r in ropes[1:]
-    ):
-        return first.apply(Z, idx)
-    per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
-    return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
+    return rotate_some(ropes, Z, index, adjoint=adjoint)
 
 
 def rotate_some(
     ropes: tuple[RotaryEmbedding | None, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
 ) -> Tensor:
-    """:func:`rotate_rows` where some heads may have no embedding (``None``: rows kept)."""
-    if all(r is not None for r in ropes):
-        return rotate_rows(cast(tuple[RotaryEmbedding, ...], ropes), Z, index, adjoint=adjoint)
+    """:func:`rotate_rows` where some heads may have no embedding (``None``: rows kept).
+
+    Heads whose embeddings are all equal are rotated at once.
+    """
     if all(r is None for r in ropes):
         return Z
     idx = -index if adjoint else index
+    first = ropes[0]
+    if first is not None and all(
+        r is not None
+        and r.attention_scaling == first.attention_scaling
+        and torch.equal(r.inv_freq, first.inv_freq)
+        for r in ropes[1:]
+    ):
+        return first.apply(Z, idx)
     per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
     return torch.stack(
         [Z[..., a, :, :] if r is None else r.apply(Z[..., a, :, :], per_head)
@@ -528,7 +514,7 @@ def head_space_factors(
     that :math:`s\langle q_i, k_l\rangle = s\langle Qx_i, Kx_l\rangle + c^\top x_l` (exact
     up to the rounding of :math:`s\cdot(1/s)`).
     """
-    factors = qk_factors(head)
+    factors = head.factors
     if factors is None:
         A = score_matrix(head)
         return A.mT, torch.eye(d, dtype=A.dtype, device=A.device), head.c, None
@@ -736,7 +722,7 @@ def linearize(
     # the stacked closed form below covers the plain bilinear heads.
     analytic = tuple(h for h, head in enumerate(heads) if not _fallback_head(head))
     rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
-    allowed = admissible_mask(masked, n, positions, X.device)
+    allowed = admissible_keys(masked, n, n, positions, None, X.device)
     W, concat = head_output_matrices(params)
     batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
@@ -758,7 +744,7 @@ def linearize(
             dim=-3,
         )
         P, P_w = attention_pair(logP, log_weights)
-        pairs = [f for f in (qk_factors(heads[h]) for h in analytic) if f is not None]
+        pairs = [f for f in (heads[h].factors for h in analytic) if f is not None]
         if len(pairs) == len(analytic) and len({tuple(Qh.shape) for Qh, _ in pairs}) == 1:
             QK = (torch.stack([Qh for Qh, _ in pairs]), torch.stack([Kh for _, Kh in pairs]))
         cs = [heads[h].c for h in analytic]

@@ -16,12 +16,11 @@ from torch import Tensor
 
 from .._spectral import U64, collatz_wielandt_bound
 from .._typing import Params
-from ..attention import head_logits
+from ..attention import admissible_keys, head_logits
 from ..params import MultiHeadParams
 from .head_rows import norm2_upper, rebalanced
 from .linearization import (
     AttentionLinearization,
-    admissible_mask,
     as_float64,
     head_output_matrices,
     log_attention,
@@ -62,12 +61,11 @@ class _HeadFeatures:
 def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     """Per head (all heads, rotary included): P, query rows, centred key rows, value spreads."""
     lin = as_float64(lin)
-    params = lin.params
-    heads = params.heads
+    heads = lin.params.heads
     X = lin.X
     n = lin.n
     out = []
-    allowed = admissible_mask(lin.masked, n, lin.positions, X.device)
+    allowed = admissible_keys(lin.masked, n, n, lin.positions, None, X.device)
     idx = lin.token_index
     if idx is None:
         idx = torch.arange(n, device=X.device)
