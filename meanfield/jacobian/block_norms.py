@@ -31,7 +31,7 @@ from .head_rows import (
     row_families,
     subnormal_floor,
 )
-from .linearization import AttentionLinearization, head_output_matrices, score_matrix
+from .linearization import AttentionLinearization, head_output_matrices
 from .products import check_geometry, interaction, key_blocks, require_analytic
 
 
@@ -74,7 +74,7 @@ def weight_norms(params: Params) -> WeightNorms:
     W, concat = head_output_matrices(params)
     dev = heads[0].device
     if analytic:
-        A = torch.stack([score_matrix(heads[h]) for h in analytic]).to(torch.float64)
+        A = torch.stack([heads[h].A for h in analytic]).to(torch.float64)
         V = torch.stack([heads[h].V for h in analytic]).to(torch.float64)
         O = W[analytic].to(torch.float64) @ V
         nA, nV, nO = norm2_upper(A), norm2_upper(V), norm2_upper(O)

@@ -26,7 +26,6 @@ from .linearization import (
     attend,
     need,
     project_heads,
-    score_matrix,
     stack_qkv,
 )
 
@@ -125,7 +124,7 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
         Q, K = (t.to(f64) for t in lin.QK)
         nu_Q, Qf = _fro_upper(Q), _gram_factor(Q.mT)
     else:
-        K = torch.stack([score_matrix(h) for h in heads]).to(f64)
+        K = torch.stack([h.A for h in heads]).to(f64)
     c_norm = (
         torch.zeros(len(heads), dtype=f64, device=V.device)
         if lin.C is None

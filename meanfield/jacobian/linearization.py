@@ -151,8 +151,7 @@ class AttentionLinearization:
         if A is None:
             if self.analytic_heads:
                 heads = self.params.heads
-                A = torch.stack([score_matrix(heads[h]) for h in self.analytic_heads])
-                A = A.to(self.X.dtype)
+                A = torch.stack([heads[h].A for h in self.analytic_heads]).to(self.X.dtype)
             else:
                 A = self.X.new_zeros(0, self.d, self.d)
             object.__setattr__(self, "_A", A)
@@ -516,7 +515,7 @@ def head_space_factors(
     """
     factors = head.factors
     if factors is None:
-        A = score_matrix(head)
+        A = head.A
         return A.mT, torch.eye(d, dtype=A.dtype, device=A.device), head.c, None
     Q, K = factors
     if head.c is None:
@@ -755,7 +754,7 @@ def linearize(
         if QK is not None:
             QKV = stack_qkv(QK, V)
         else:
-            A = torch.stack([score_matrix(heads[h]) for h in analytic])
+            A = torch.stack([heads[h].A for h in analytic])
         _, KXc, VXc = project_heads(QK, A, V, QKV, X - x_bar)
         Qx = query_rows(QK, len(analytic), X)
         # K_h(m_i - x_bar) and V_h(m_i - x_bar) in head space: rows of P sum to one, so they are
