@@ -439,11 +439,9 @@ def b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Ten
     B_norm = lin.B.square().sum(-1).sqrt() * (1 + gamma_k(d + 2))
     x_norm = (lin.X.square().sum(-1).sqrt() * (1 + gamma_k(d + 2))).unsqueeze(-2)
     nu_K, c = fac.nu_K.unsqueeze(-1), fac.c_norm.unsqueeze(-1)
-    if fac.nu_Q is None:
+    if fac.nu_Q is None or lin.QK is None:  # both or neither (heads without factors)
         err = gamma_k(d + 3) * (nu_K * x_norm + c)
     else:
-        if lin.QK is None:
-            raise ValueError("the factor norms nu_Q need the factors QK")
         k = lin.QK[0].shape[-2]
         err = gamma_k(d + k + 3) * (2 * nu_K * fac.nu_Q.unsqueeze(-1) * x_norm + c)
     return (B_norm + err) * (1 + 4 * U64), B_norm, err

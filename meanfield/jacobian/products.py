@@ -454,8 +454,7 @@ def self_blocks(lin: AttentionLinearization, sl: slice) -> Tensor:
     """Explicit S_i (..., |sl|, d_out, d) for the atoms in ``sl``."""
     Xc = lin.X.unsqueeze(-3) - lin.x_bar.unsqueeze(-3)
     Mc = lin.m[..., sl, :] - lin.x_bar.unsqueeze(-3)
-    Wa = lin.W[list(lin.analytic_heads)]
-    O = Wa @ lin.V  # (H_a, d_out, d): W_h V_h
+    O = lin.W[list(lin.analytic_heads)] @ lin.V  # (H_a, d_out, d): W_h V_h
     OX = Xc @ O.mT  # (..., H_a, n, d_out)
     AX = Xc @ lin.A.mT  # rows A (x_l - x_bar)
     P = lin.P[..., sl, :]
@@ -507,8 +506,7 @@ def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
     """Blocks (..., n, d_out, n, d) of the analytic heads."""
     Pi = interaction(lin, weighted)
     Xh = lin.X.unsqueeze(-3)
-    Wa = lin.W[list(lin.analytic_heads)]
-    O = Wa @ lin.V  # (H_a, d_out, d)
+    O = lin.W[list(lin.analytic_heads)] @ lin.V  # (H_a, d_out, d)
     OX = Xh @ O.mT  # (..., H_a, n, d_out)   O x_j
     OM = lin.m @ O.mT  # (..., H_a, n, d_out)   O m_i
     Oa = OX.unsqueeze(-3) - OM.unsqueeze(-2)  # (..., H_a, i, j, d_out)  O (x_j - m_i)
