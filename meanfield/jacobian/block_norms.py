@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._spectral import gamma_k, rank_one_sigma_max_from_stats, spectral_norm_upper
+from .._spectral import U64, gamma_k, rank_one_sigma_max_from_stats
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
 from ..params import MultiHeadParams
@@ -25,18 +25,17 @@ from .head_rows import (
     Rows,
     b_norms,
     float64_rows,
+    norm2_upper,
     pair_dist,
     rebalanced,
     row_families,
     subnormal_floor,
 )
-from .linearization import AttentionLinearization, head_output_matrices, score_matrix
+from .linearization import AttentionLinearization, head_output_matrices
 from .products import check_geometry, interaction, key_blocks, require_analytic
 
+
 # ------------------------------------------------------------------------ block-norm bounds
-U64 = torch.finfo(torch.float64).eps / 2
-
-
 @dataclass(frozen=True, eq=False)
 class WeightNorms:
     r"""Certified float64 upper bounds on the operator norms entering the block bounds.
@@ -75,22 +74,17 @@ def weight_norms(params: Params) -> WeightNorms:
     W, concat = head_output_matrices(params)
     dev = heads[0].device
     if analytic:
-        A = torch.stack([score_matrix(heads[h]) for h in analytic]).to(torch.float64)
+        A = torch.stack([heads[h].A for h in analytic]).to(torch.float64)
         V = torch.stack([heads[h].V for h in analytic]).to(torch.float64)
         O = W[analytic].to(torch.float64) @ V
-
-        def upper(M: Tensor) -> Tensor:
-            return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
-
-        nA, nV, nO = upper(A), upper(V), upper(O)
+        nA, nV, nO = norm2_upper(A), norm2_upper(V), norm2_upper(O)
     else:
         nA = nV = nO = torch.zeros(0, dtype=torch.float64, device=dev)
     nW = None
     if not concat:
         if not isinstance(params, MultiHeadParams) or params.W_O is None:
             raise ValueError("heads that do not concatenate need the output projection W_O")
-        W_O = params.W_O.to(torch.float64)
-        nW = spectral_norm_upper(W_O, candidate=torch.linalg.matrix_norm(W_O, ord=2), max_iter=0)
+        nW = norm2_upper(params.W_O)
     out = WeightNorms(A=nA, V=nV, O=nO, W_O=nW)
     _NORM_CACHE[params] = out
     return out

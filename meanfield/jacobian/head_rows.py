@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from .._spectral import gamma_k
+from .._spectral import U64, gamma_k, spectral_norm_upper
 from .._typing import Params
 from ..params import HEAD_FIELDS, AttentionParams, MultiHeadParams
 from .linearization import (
@@ -26,11 +26,8 @@ from .linearization import (
     attend,
     need,
     project_heads,
-    score_matrix,
     stack_qkv,
 )
-
-U64 = torch.finfo(torch.float64).eps / 2
 
 #: Relative inflation of the head-space bounds for the rounding of their own elementwise
 #: arithmetic (a few dozen operations on nonnegative numbers; docs/certificates.md §5.1).
@@ -53,6 +50,17 @@ def _fro_upper(M: Tensor) -> Tensor:
     """
     M = M.to(torch.float64)
     return M.square().sum((-2, -1)).sqrt() * (1 + gamma_k(M.shape[-1] * M.shape[-2] + 2))
+
+
+def norm2_upper(M: Tensor | None) -> Tensor:
+    """Certified float64 upper bound on ``||M||_2`` from its SVD value (1 for ``M = None``).
+
+    :func:`~meanfield._spectral.spectral_norm_upper` certifies the SVD value (no Gram steps).
+    """
+    if M is None:
+        return torch.ones((), dtype=torch.float64)
+    M = M.to(torch.float64)
+    return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +124,7 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
         Q, K = (t.to(f64) for t in lin.QK)
         nu_Q, Qf = _fro_upper(Q), _gram_factor(Q.mT)
     else:
-        K = torch.stack([score_matrix(h) for h in heads]).to(f64)
+        K = torch.stack([h.A for h in heads]).to(f64)
     c_norm = (
         torch.zeros(len(heads), dtype=f64, device=V.device)
         if lin.C is None
@@ -356,9 +364,7 @@ def rebalanced(lin: AttentionLinearization) -> AttentionLinearization:
         V = torch.stack([params.heads[h].V for h in lin.analytic_heads]).to(lin.V)
         VXc = torch.einsum("...nd,hvd->...hnv", Xc, V)
         VMc = attend(lin.P, VXc, block)
-        if lin.QKV is not None:
-            if lin.QK is None:
-                raise ValueError("the stacked rows QKV need the factors QK")
+        if lin.QKV is not None and lin.QK is not None:  # both or neither (factored heads)
             QKV = stack_qkv(lin.QK, V)
     rr = lin.rope_rows
     if rr is not None:
@@ -433,11 +439,9 @@ def b_norms(lin: AttentionLinearization, fac: _HeadFactors) -> tuple[Tensor, Ten
     B_norm = lin.B.square().sum(-1).sqrt() * (1 + gamma_k(d + 2))
     x_norm = (lin.X.square().sum(-1).sqrt() * (1 + gamma_k(d + 2))).unsqueeze(-2)
     nu_K, c = fac.nu_K.unsqueeze(-1), fac.c_norm.unsqueeze(-1)
-    if fac.nu_Q is None:
+    if fac.nu_Q is None or lin.QK is None:  # both or neither (heads without factors)
         err = gamma_k(d + 3) * (nu_K * x_norm + c)
     else:
-        if lin.QK is None:
-            raise ValueError("the factor norms nu_Q need the factors QK")
         k = lin.QK[0].shape[-2]
         err = gamma_k(d + k + 3) * (2 * nu_K * fac.nu_Q.unsqueeze(-1) * x_norm + c)
     return (B_norm + err) * (1 + 4 * U64), B_norm, err

@@ -30,16 +30,9 @@ def score_matrix(head: AttentionParams) -> Tensor:
     return head.A
 
 
-def qk_factors(head: AttentionParams) -> tuple[Tensor, Tensor] | None:
-    """The factors ``(Q, K)`` of a head, or ``None`` when it is given by ``A`` only."""
-    if head.Q is None or head.K is None:
-        return None
-    return head.Q, head.K
-
-
 def require_factors(head: AttentionParams) -> tuple[Tensor, Tensor]:
     """The factors ``(Q, K)`` of a head that must have them (rotary heads do)."""
-    factors = qk_factors(head)
+    factors = head.factors
     if factors is None:
         raise ValueError("the head has no factors Q and K")
     return factors
@@ -158,8 +151,7 @@ class AttentionLinearization:
         if A is None:
             if self.analytic_heads:
                 heads = self.params.heads
-                A = torch.stack([score_matrix(heads[h]) for h in self.analytic_heads])
-                A = A.to(self.X.dtype)
+                A = torch.stack([heads[h].A for h in self.analytic_heads]).to(self.X.dtype)
             else:
                 A = self.X.new_zeros(0, self.d, self.d)
             object.__setattr__(self, "_A", A)
@@ -184,7 +176,11 @@ class AttentionLinearization:
         r"""Rows :math:`b^h_i = A_h^\top x_i + c_h`, computed on first use."""
         B = self._B
         if B is None:
-            B = _right_A(self.A, self.QK, self.X)
+            if self.QK is None:
+                B = torch.einsum("...nd,hde->...hne", self.X, self.A)
+            else:
+                Qx = torch.einsum("...nd,hkd->...hnk", self.X, self.QK[0])
+                B = torch.einsum("...hnk,hke->...hne", Qx, self.QK[1])
             if self.C is not None:
                 B = B + self.C.unsqueeze(-2)
             object.__setattr__(self, "_B", B)
@@ -227,24 +223,29 @@ def head_output_matrices(params: Params) -> tuple[Tensor, bool]:
     """Stack the per-head output matrices W_h (H, d_out, d_v) and tell whether heads concatenate."""
     heads = params.heads
     H, d_v = len(heads), heads[0].d_v
-    ref = score_matrix(heads[0])
     if isinstance(params, MultiHeadParams) and params.W_O is not None:
         W = params.W_O.reshape(params.W_O.shape[0], H, d_v).permute(1, 0, 2)
         return W.contiguous(), False
-    eye = torch.eye(H * d_v, dtype=ref.dtype, device=ref.device)
+    eye = torch.eye(H * d_v, dtype=heads[0].dtype, device=heads[0].device)
     return eye.reshape(H, d_v, H * d_v).permute(0, 2, 1).contiguous(), True
-
-
-def admissible_mask(
-    masked: bool, n: int, positions: Tensor | None, device: torch.device
-) -> Tensor | None:
-    """The causal admissibility mask of ``n`` tokens (by ``positions`` when given), or ``None``."""
-    return admissible_keys(masked, n, n, positions, None, device)
 
 
 def log_attention(logits: Tensor, allowed: Tensor | None) -> Tensor:
     """Row log-softmax with the empty-row policy of :func:`meanfield._numerics.masked_softmax`."""
     return torch.log_softmax(admissible_logits(logits, allowed), dim=-1)
+
+
+def attention_pair(logP: Tensor, log_weights: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    r"""Attention matrices ``exp(logP)`` and their Wasserstein form :math:`\tilde P` (or ``None``).
+
+    :math:`\tilde P_{ij} = \sqrt{a_i/a_j}\,P_{ij}` is formed in the log domain, when log-weights
+    are given and all finite.
+    """
+    P_w = None
+    if log_weights is not None and bool(torch.isfinite(log_weights).all()):
+        half = 0.5 * log_weights.unsqueeze(-2)  # (..., 1, n)
+        P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
+    return logP.exp(), P_w
 
 
 #: Query-block size of the products when ``chunk_size=None``: blocks of this size keep the
@@ -261,15 +262,11 @@ def attend(P: Tensor, F: Tensor, block: int | None) -> Tensor:
     return torch.cat(parts, dim=-2)
 
 
-def _right_A(
-    A: Tensor, QK: tuple[Tensor, Tensor] | None, Y: Tensor, *, per_head: bool = False
-) -> Tensor:
-    """Rows ``y^T A_h`` for every head: ``Y`` (..., n, d), or (..., H, n, d) when ``per_head``."""
-    lhs = "...hnd" if per_head else "...nd"
+def query_rows(QK: tuple[Tensor, Tensor] | None, H: int, Y: Tensor) -> Tensor:
+    """Per-head rows ``Q_h y`` (..., H, n, k) of ``Y`` (..., n, d): ``y`` itself without factors."""
     if QK is None:
-        return torch.einsum(f"{lhs},hde->...hne", Y, A)
-    Q, K = QK
-    return torch.einsum("...hnk,hke->...hne", torch.einsum(f"{lhs},hkd->...hnk", Y, Q), K)
+        return Y.unsqueeze(-3).expand(Y.shape[:-2] + (H,) + Y.shape[-2:])
+    return torch.einsum("...nd,hkd->...hnk", Y, QK[0])
 
 
 def stack_qkv(QK: tuple[Tensor, Tensor], V: Tensor) -> Tensor:
@@ -458,26 +455,27 @@ def rotate_rows(
 
     The adjoint of a rotation is the rotation by the opposite angles (with the same scaling).
     """
-    idx = -index if adjoint else index
-    first = ropes[0]
-    if all(
-        r.attention_scaling == first.attention_scaling and torch.equal(r.inv_freq, first.inv_freq)
-        for r in ropes[1:]
-    ):
-        return first.apply(Z, idx)
-    per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
-    return torch.stack([r.apply(Z[..., a, :, :], per_head) for a, r in enumerate(ropes)], dim=-3)
+    return rotate_some(ropes, Z, index, adjoint=adjoint)
 
 
 def rotate_some(
     ropes: tuple[RotaryEmbedding | None, ...], Z: Tensor, index: Tensor, *, adjoint: bool = False
 ) -> Tensor:
-    """:func:`rotate_rows` where some heads may have no embedding (``None``: rows kept)."""
-    if all(r is not None for r in ropes):
-        return rotate_rows(cast(tuple[RotaryEmbedding, ...], ropes), Z, index, adjoint=adjoint)
+    """:func:`rotate_rows` where some heads may have no embedding (``None``: rows kept).
+
+    Heads whose embeddings are all equal are rotated at once.
+    """
     if all(r is None for r in ropes):
         return Z
     idx = -index if adjoint else index
+    first = ropes[0]
+    if first is not None and all(
+        r is not None
+        and r.attention_scaling == first.attention_scaling
+        and torch.equal(r.inv_freq, first.inv_freq)
+        for r in ropes[1:]
+    ):
+        return first.apply(Z, idx)
     per_head = idx.squeeze(-2) if idx.ndim > 1 else idx
     return torch.stack(
         [Z[..., a, :, :] if r is None else r.apply(Z[..., a, :, :], per_head)
@@ -503,52 +501,6 @@ def _fallback_head(head: object) -> bool:
     return getattr(head, "rope", None) is not None or bool(getattr(head, "variants", ()))
 
 
-def _rope_rows(
-    X: Tensor,
-    params: Params,
-    rope: tuple[int, ...],
-    log_weights: Tensor | None,
-    allowed: Tensor | None,
-    token_index: Tensor | None,
-    x_bar: Tensor,
-    block: int | None,
-) -> RopeRows | None:
-    """The :class:`RopeRows` of the rotary heads ``rope`` (``None`` if their widths differ)."""
-    heads = [params.heads[h] for h in rope]
-    factors = [require_factors(h) for h in heads]
-    if len({(tuple(Qh.shape), h.d_v) for (Qh, _), h in zip(factors, heads)}) != 1:
-        return None
-    n = X.shape[-2]
-    idx = torch.arange(n, device=X.device) if token_index is None else token_index
-    idx = idx.to(X.device)
-    logP = torch.stack(
-        [
-            log_attention(
-                head_logits(X, X, h, log_weights, query_index=idx, key_index=idx), allowed
-            )
-            for h in heads
-        ],
-        dim=-3,
-    )
-    P = logP.exp()
-    P_w = None
-    if log_weights is not None and bool(torch.isfinite(log_weights).all()):
-        half = 0.5 * log_weights.unsqueeze(-2)
-        P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
-    Q = torch.stack([Qh for Qh, _ in factors])
-    K = torch.stack([Kh for _, Kh in factors])
-    V = torch.stack([h.V for h in heads])
-    index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
-    ropes = tuple(require_rope(h) for h in heads)
-    q = rotate_rows(ropes, torch.einsum("...nd,hkd->...hnk", X, Q), index)
-    k = rotate_rows(ropes, torch.einsum("...nd,hkd->...hnk", X, K), index)
-    VXc = torch.einsum("...nd,hvd->...hnv", X - x_bar, V)
-    return RopeRows(
-        heads=rope, P=P, P_w=P_w, q=q, kc=k - k.mean(-2, keepdim=True), VXc=VXc,
-        VMc=attend(P, VXc, block), Q=Q, K=K, V=V, index=index, ropes=ropes,
-    )  # fmt: skip
-
-
 def head_space_factors(
     head: AttentionParams, d: int
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
@@ -561,9 +513,9 @@ def head_space_factors(
     that :math:`s\langle q_i, k_l\rangle = s\langle Qx_i, Kx_l\rangle + c^\top x_l` (exact
     up to the rounding of :math:`s\cdot(1/s)`).
     """
-    factors = qk_factors(head)
+    factors = head.factors
     if factors is None:
-        A = score_matrix(head)
+        A = head.A
         return A.mT, torch.eye(d, dtype=A.dtype, device=A.device), head.c, None
     Q, K = factors
     if head.c is None:
@@ -657,7 +609,7 @@ def variant_head_rows(
     return Q, K, q, kr, q_norm, k_norm, ropes, scale
 
 
-def _variant_rows(
+def _rope_rows(
     X: Tensor,
     params: Params,
     heads_idx: tuple[int, ...],
@@ -667,10 +619,11 @@ def _variant_rows(
     x_bar: Tensor,
     block: int | None,
 ) -> RopeRows | None:
-    """The :class:`RopeRows` of heads with variants (docs/derivations/jacobian_products.md §3c).
+    """The :class:`RopeRows` of the rotary and variant heads ``heads_idx``.
 
-    ``None`` when the heads' head-space widths or value widths differ (the products then go
-    through autograd).
+    Plain rotary heads run the operations of docs/derivations/jacobian_products.md §3b (the
+    variant fields stay ``None``), heads with variants those of §3c. ``None`` when the heads'
+    head-space widths or value widths differ (the products then go through autograd).
     """
     heads = [params.heads[h] for h in heads_idx]
     n, d = X.shape[-2], X.shape[-1]
@@ -689,11 +642,7 @@ def _variant_rows(
         ],
         dim=-3,
     )
-    P = logP.exp()
-    P_w = None
-    if log_weights is not None and bool(torch.isfinite(log_weights).all()):
-        half = 0.5 * log_weights.unsqueeze(-2)
-        P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
+    P, P_w = attention_pair(logP, log_weights)
     dtype = X.dtype
     V = torch.stack([h.V for h in heads])
     index = idx.unsqueeze(-2) if idx.ndim > 1 else idx
@@ -772,10 +721,12 @@ def linearize(
     # the stacked closed form below covers the plain bilinear heads.
     analytic = tuple(h for h, head in enumerate(heads) if not _fallback_head(head))
     rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
-    allowed = admissible_mask(masked, n, positions, X.device)
+    allowed = admissible_keys(masked, n, n, positions, None, X.device)
     W, concat = head_output_matrices(params)
     batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
+    # causal sequences: products with P skip its zero upper blocks (as in _causal_block)
+    block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
     A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
     QK: tuple[Tensor, Tensor] | None = None
     C: Tensor | None = None
@@ -785,15 +736,14 @@ def linearize(
     KMc: Tensor | None = None
     VXc: Tensor | None = None
     VMc: Tensor | None = None
-    P_w: Tensor | None = None
     if analytic:
         V = torch.stack([heads[h].V for h in analytic])
         logP = torch.stack(
             [log_attention(head_logits(X, X, heads[h], log_weights), allowed) for h in analytic],
             dim=-3,
         )
-        P = logP.exp()
-        pairs = [f for f in (qk_factors(heads[h]) for h in analytic) if f is not None]
+        P, P_w = attention_pair(logP, log_weights)
+        pairs = [f for f in (heads[h].factors for h in analytic) if f is not None]
         if len(pairs) == len(analytic) and len({tuple(Qh.shape) for Qh, _ in pairs}) == 1:
             QK = (torch.stack([Qh for Qh, _ in pairs]), torch.stack([Kh for _, Kh in pairs]))
         cs = [heads[h].c for h in analytic]
@@ -801,38 +751,23 @@ def linearize(
             zero = X.new_zeros(d)
             C = torch.stack([zero if c is None else c for c in cs])
         # head-space features (factors Q_h, K_h of width k; A_h and the identity without them)
-        Xc = X - x_bar
         if QK is not None:
             QKV = stack_qkv(QK, V)
         else:
-            A = torch.stack([score_matrix(heads[h]) for h in analytic])
-        _, KXc, VXc = project_heads(QK, A, V, QKV, Xc)
-        if QK is None:
-            Qx = X.unsqueeze(-3).expand(batch + (len(analytic), n, d))
-        else:
-            Qx = torch.einsum("...nd,hkd->...hnk", X, QK[0])
+            A = torch.stack([heads[h].A for h in analytic])
+        _, KXc, VXc = project_heads(QK, A, V, QKV, X - x_bar)
+        Qx = query_rows(QK, len(analytic), X)
         # K_h(m_i - x_bar) and V_h(m_i - x_bar) in head space: rows of P sum to one, so they are
         # P K_h(X - x_bar) and P V_h(X - x_bar); the means m_i themselves are formed lazily
-        block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
         KVMc = attend(P, torch.cat([KXc, VXc], dim=-1), block)
         KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
-        if log_weights is not None and bool(torch.isfinite(log_weights).all()):
-            half = 0.5 * log_weights.unsqueeze(-2)  # (..., 1, n)
-            P_w = (logP + (half.mT - half).unsqueeze(-3)).exp()
     else:
         V = X.new_zeros(0, heads[0].d_v, d)
         P = X.new_zeros(batch + (0, n, n))
-        if log_weights is not None and bool(torch.isfinite(log_weights).all()):
-            P_w = P
+        P_w = P if log_weights is not None and bool(torch.isfinite(log_weights).all()) else None
     rope_rows = None
-    if rope:
-        block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
-        if not any(heads[h].variants for h in rope):  # plain rotary heads (§3b)
-            rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
-        else:  # rotary and variant heads (§3c)
-            rope_rows = _variant_rows(
-                X, params, rope, log_weights, allowed, token_index, x_bar, block
-            )
+    if rope:  # rotary and variant heads (§3b-§3c)
+        rope_rows = _rope_rows(X, params, rope, log_weights, allowed, token_index, x_bar, block)
     return AttentionLinearization(
         X=X,
         P=P,

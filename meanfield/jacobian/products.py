@@ -25,6 +25,7 @@ from .linearization import (
     linearize,
     need,
     project_heads,
+    query_rows,
 )
 
 
@@ -47,7 +48,10 @@ def interaction(lin: AttentionLinearization, weighted: bool) -> Tensor:
     return lin.P_w if (weighted and lin.P_w is not None) else lin.P
 
 
-def _rope_fn(lin: AttentionLinearization, h: int) -> Callable[[Tensor], Tensor]:
+def _rope_fn(
+    lin: AttentionLinearization, h: int, log_weights: Tensor | None, positions: Tensor | None
+) -> Callable[[Tensor], Tensor]:
+    """The map ``Y -> W_h f_h(Y)`` of head ``h`` for torch.func, with these weights and positions."""
     head = lin.params.heads[h]
     W_h = lin.W[h]
 
@@ -55,9 +59,9 @@ def _rope_fn(lin: AttentionLinearization, h: int) -> Callable[[Tensor], Tensor]:
         out = attention_points(
             Y,
             head,
-            log_weights=lin.log_weights,
+            log_weights=log_weights,
             masked=lin.masked,
-            positions=lin.positions,
+            positions=positions,
             token_index=lin.token_index,
         )
         return out @ W_h.mT
@@ -89,26 +93,15 @@ def key_blocks(lin: AttentionLinearization) -> Iterator[tuple[slice, slice]]:
     twice as fast as with one block). Otherwise every key, in blocks of ``chunk_size`` or 64
     (1.5 times faster than one block at :math:`n = 1024`, the same at :math:`n = 256`).
     """
-    block = lin._causal_block()
-    if block is None:
-        size = lin.chunk_size if lin.chunk_size is not None else PRODUCT_BLOCK
-        for sl in iter_chunks(lin.n, size):
-            yield sl, slice(0, lin.n)
-        return
-    for sl in iter_chunks(lin.n, block):
-        yield sl, slice(0, sl.stop)
+    causal = lin._causal_block() is not None
+    size = lin.chunk_size if lin.chunk_size is not None else PRODUCT_BLOCK
+    for sl in iter_chunks(lin.n, size):
+        yield sl, slice(0, sl.stop if causal else lin.n)
 
 
-def _output_rows(lin: AttentionLinearization, G: Tensor) -> Tensor:
-    """Per-head rows ``W_h^T g_i`` for outputs ``G`` (..., n, d_out) -> (..., H_a, n, d_v)."""
-    return torch.einsum("...no,hov->...hnv", G, lin.W[list(lin.analytic_heads)])
-
-
-def _query_rows(lin: AttentionLinearization, Y: Tensor) -> Tensor:
-    """Per-head rows ``Q_h y`` (``y`` itself, broadcast over the heads, without factors)."""
-    if lin.QK is None:
-        return Y.unsqueeze(-3).expand(Y.shape[:-2] + (len(lin.analytic_heads),) + Y.shape[-2:])
-    return torch.einsum("...nd,hkd->...hnk", Y, lin.QK[0])
+def _output_rows(lin: AttentionLinearization, G: Tensor, heads: tuple[int, ...]) -> Tensor:
+    """Per-head rows ``W_h^T g_i`` for outputs ``G`` (..., n, d_out) -> (..., H, n, d_v)."""
+    return torch.einsum("...no,hov->...hnv", G, lin.W[list(heads)])
 
 
 def _head_rows_adjoint(
@@ -212,7 +205,8 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
         scale = _sqrt_weights(lin) if weighted else None
         Hs = H if scale is None else H / scale
         for h in lin.rope_heads:
-            tangent = tfunc.jvp(_rope_fn(lin, h), (lin.X,), (Hs,))[1]
+            fn = _rope_fn(lin, h, lin.log_weights, lin.positions)
+            tangent = tfunc.jvp(fn, (lin.X,), (Hs,))[1]
             tangent = tangent if scale is None else scale * tangent
             out = tangent if out is None else out + tangent
     if out is None:
@@ -259,7 +253,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
         VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
         C = lin.C
         Pi_all = interaction(lin, weighted)
-        gv = _output_rows(lin, G)  # (..., H_a, n, d_v): W_h^T g_i
+        gv = _output_rows(lin, G, lin.analytic_heads)  # (..., H_a, n, d_v): W_h^T g_i
         acc_v = G.new_zeros(VXc.shape)  # sum_i Pi_il W_h^T g_i
         acc_k = G.new_zeros(Qx.shape)  # sum_i Pi_il Z_il Q x_i
         acc_c = None if C is None else G.new_zeros(VXc.shape[:-1])  # sum_i Pi_il Z_il
@@ -288,7 +282,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
         scale = _sqrt_weights(lin) if weighted else None
         Gs = G if scale is None else G * scale
         for h in lin.rope_heads:
-            pullback = tfunc.vjp(_rope_fn(lin, h), lin.X)[1]
+            pullback = tfunc.vjp(_rope_fn(lin, h, lin.log_weights, lin.positions), lin.X)[1]
             cot = pullback(Gs)[0]
             cot = cot if scale is None else cot / scale
             out = cot if out is None else out + cot
@@ -352,7 +346,7 @@ def _rope_vjp(lin: AttentionLinearization, rr: RopeRows, G: Tensor, weighted: bo
     logit terms (not the value term). ``rr`` are the rows ``lin.rope_rows``.
     """
     Pi_all = rr.P_w if (weighted and rr.P_w is not None) else rr.P
-    gv = torch.einsum("...no,hov->...hnv", G, lin.W[list(rr.heads)])
+    gv = _output_rows(lin, G, rr.heads)
     acc_v = G.new_zeros(rr.VXc.shape)
     acc_k = G.new_zeros(rr.q.shape)
     gate = rr.gate
@@ -410,7 +404,7 @@ def self_jvp(lin: AttentionLinearization, U: Tensor) -> Tensor:
     U = check_rows(U, lin.X, lin.d, "U")
     KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
     VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
-    vals = _cov_apply(lin, _query_rows(lin, U), KXc, KMc, VXc, VMc)
+    vals = _cov_apply(lin, query_rows(lin.QK, len(lin.analytic_heads), U), KXc, KMc, VXc, VMc)
     return _combine(lin, vals, lin.analytic_heads)
 
 
@@ -433,7 +427,7 @@ def self_vjp(lin: AttentionLinearization, G: Tensor) -> Tensor:
     G = check_rows(G, lin.X, lin.d_out, "G")
     KXc, KMc = need(lin.KXc, "KXc"), need(lin.KMc, "KMc")
     VXc, VMc = need(lin.VXc, "VXc"), need(lin.VMc, "VMc")
-    rows = _cov_apply(lin, _output_rows(lin, G), VXc, VMc, KXc, KMc)
+    rows = _cov_apply(lin, _output_rows(lin, G, lin.analytic_heads), VXc, VMc, KXc, KMc)
     return _head_rows_adjoint(lin, rows)
 
 
@@ -460,8 +454,7 @@ def self_blocks(lin: AttentionLinearization, sl: slice) -> Tensor:
     """Explicit S_i (..., |sl|, d_out, d) for the atoms in ``sl``."""
     Xc = lin.X.unsqueeze(-3) - lin.x_bar.unsqueeze(-3)
     Mc = lin.m[..., sl, :] - lin.x_bar.unsqueeze(-3)
-    Wa = lin.W[list(lin.analytic_heads)]
-    O = Wa @ lin.V  # (H_a, d_out, d): W_h V_h
+    O = lin.W[list(lin.analytic_heads)] @ lin.V  # (H_a, d_out, d): W_h V_h
     OX = Xc @ O.mT  # (..., H_a, n, d_out)
     AX = Xc @ lin.A.mT  # rows A (x_l - x_bar)
     P = lin.P[..., sl, :]
@@ -513,8 +506,7 @@ def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
     """Blocks (..., n, d_out, n, d) of the analytic heads."""
     Pi = interaction(lin, weighted)
     Xh = lin.X.unsqueeze(-3)
-    Wa = lin.W[list(lin.analytic_heads)]
-    O = Wa @ lin.V  # (H_a, d_out, d)
+    O = lin.W[list(lin.analytic_heads)] @ lin.V  # (H_a, d_out, d)
     OX = Xh @ O.mT  # (..., H_a, n, d_out)   O x_j
     OM = lin.m @ O.mT  # (..., H_a, n, d_out)   O m_i
     Oa = OX.unsqueeze(-3) - OM.unsqueeze(-2)  # (..., H_a, i, j, d_out)  O (x_j - m_i)
@@ -530,8 +522,6 @@ def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
 
 def _dense_rope(lin: AttentionLinearization, h: int) -> Tensor:
     """Blocks (..., n, d_out, n, d) of a rotary or variant head via torch.func.jacrev, per sample."""
-    head = lin.params.heads[h]
-    W_h = lin.W[h]
     batch = lin.batch_shape
     n, d = lin.n, lin.d
 
@@ -542,20 +532,7 @@ def _dense_rope(lin: AttentionLinearization, h: int) -> Tensor:
     lw, pos = per_sample(lin.log_weights), per_sample(lin.positions)
     blocks = []
     for k in range(Xf.shape[0]):
-        lw_k = None if lw is None else lw[k]
-        pos_k = None if pos is None else pos[k]
-
-        def fn(Y: Tensor, lw_k: Tensor | None = lw_k, pos_k: Tensor | None = pos_k) -> Tensor:
-            out = attention_points(
-                Y,
-                head,
-                log_weights=lw_k,
-                masked=lin.masked,
-                positions=pos_k,
-                token_index=lin.token_index,
-            )
-            return out @ W_h.mT
-
+        fn = _rope_fn(lin, h, None if lw is None else lw[k], None if pos is None else pos[k])
         blocks.append(tfunc.jacrev(fn)(Xf[k]))
     return torch.stack(blocks).reshape(batch + (n, lin.d_out, n, d))
 

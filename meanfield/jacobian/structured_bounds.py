@@ -14,14 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._spectral import spectral_norm_upper
+from .._spectral import U64, collatz_wielandt_bound
 from .._typing import Params
-from ..attention import head_logits
+from ..attention import admissible_keys, head_logits
 from ..params import MultiHeadParams
-from .head_rows import rebalanced
+from .head_rows import norm2_upper, rebalanced
 from .linearization import (
     AttentionLinearization,
-    admissible_mask,
     as_float64,
     head_output_matrices,
     log_attention,
@@ -29,8 +28,6 @@ from .linearization import (
     require_factors,
     require_rope,
 )
-
-U64 = torch.finfo(torch.float64).eps / 2
 
 
 def _variance(P: Tensor, F: Tensor) -> Tensor:
@@ -64,12 +61,11 @@ class _HeadFeatures:
 def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     """Per head (all heads, rotary included): P, query rows, centred key rows, value spreads."""
     lin = as_float64(lin)
-    params = lin.params
-    heads = params.heads
+    heads = lin.params.heads
     X = lin.X
     n = lin.n
     out = []
-    allowed = admissible_mask(lin.masked, n, lin.positions, X.device)
+    allowed = admissible_keys(lin.masked, n, n, lin.positions, None, X.device)
     idx = lin.token_index
     if idx is None:
         idx = torch.arange(n, device=X.device)
@@ -115,13 +111,6 @@ def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     return out
 
 
-def _norm2_upper(M: Tensor | None) -> Tensor:
-    if M is None:
-        return torch.ones((), dtype=torch.float64)
-    M = M.to(torch.float64)
-    return spectral_norm_upper(M, candidate=torch.linalg.matrix_norm(M, ord=2), max_iter=0)
-
-
 _HEAD_NORM_CACHE: weakref.WeakKeyDictionary[Params, dict[int, dict[str, Tensor]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -140,10 +129,10 @@ def _per_head_norms(
     W, _ = head_output_matrices(params)
     out = {
         f.h: {
-            "V": _norm2_upper(params.heads[f.h].V),
-            "Q": _norm2_upper(f.Q),
-            "K": _norm2_upper(f.K),
-            "W": _norm2_upper(W[f.h]),
+            "V": norm2_upper(params.heads[f.h].V),
+            "Q": norm2_upper(f.Q),
+            "K": norm2_upper(f.K),
+            "W": norm2_upper(W[f.h]),
         }
         for f in feats
     }
@@ -176,14 +165,10 @@ def _stacked_norms(params: Params, feats: Sequence[_HeadFeatures | HeadTerms]) -
         Ks.append(K)
         Qs.append(torch.eye(d, dtype=f64, device=K.device) if f.Q is None else f.Q.to(f64))
     out = {
-        "V": _norm2_upper(torch.cat(Vs)),
-        "K": _norm2_upper(torch.cat(Ks)),
-        "Q": _norm2_upper(torch.cat(Qs)),
-        "W": (
-            torch.ones((), dtype=f64)
-            if not isinstance(params, MultiHeadParams) or params.W_O is None
-            else _norm2_upper(params.W_O)
-        ),
+        "V": norm2_upper(torch.cat(Vs)),
+        "K": norm2_upper(torch.cat(Ks)),
+        "Q": norm2_upper(torch.cat(Qs)),
+        "W": norm2_upper(params.W_O if isinstance(params, MultiHeadParams) else None),
     }
     _STACK_CACHE[params] = out
     return out
@@ -209,8 +194,6 @@ def head_structured_upper(lin: AttentionLinearization) -> Tensor:
     -------
     Tensor, float64, shape lin.batch_shape
     """
-    from .._spectral import collatz_wielandt_bound
-
     lin = rebalanced(lin)  # V_h, W_h of extreme but balanced product (docs/rounding.md §5)
     terms = []
     for f in _head_features(lin):
@@ -341,5 +324,5 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     if W_O is None:  # concatenated heads
         out = stacked
     else:
-        out = torch.minimum(total, _norm2_upper(W_O) * stacked)
+        out = torch.minimum(total, norm2_upper(W_O) * stacked)
     return out * (1 + 16 * len(feats) * U64)
