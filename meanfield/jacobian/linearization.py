@@ -23,13 +23,6 @@ from ..attention import admissible_keys, head_logits, head_mask
 from ..params import AttentionParams, MultiHeadParams, RotaryEmbedding
 
 
-def score_matrix(head: AttentionParams) -> Tensor:
-    """The score matrix ``A`` of a head (set by its constructor, from ``Q^T K`` if need be)."""
-    if head.A is None:
-        raise ValueError("the head has no score matrix A")
-    return head.A
-
-
 def require_factors(head: AttentionParams) -> tuple[Tensor, Tensor]:
     """The factors ``(Q, K)`` of a head that must have them (rotary heads do)."""
     factors = head.factors

@@ -374,7 +374,7 @@ def require_analytic(lin: AttentionLinearization, what: str) -> None:
             f"{what} uses the closed form, which does not apply to heads with a rotary embedding"
             + "".join(
                 f" or {', '.join(v)}"
-                for v in {lin.params.heads[h].variants for h in lin.rope_heads}
+                for v in dict.fromkeys(lin.params.heads[h].variants for h in lin.rope_heads)
                 if v
             )
         )

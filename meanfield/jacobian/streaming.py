@@ -38,7 +38,6 @@ from .linearization import (
     require_factors,
     require_rope,
     rotate_rows,
-    score_matrix,
 )
 from .streaming_variants import (
     VariantData,
@@ -516,7 +515,7 @@ def linearize_streaming(
             groups.append(replace(g, vm=vm, km=km))
             continue
         if kind == "plain":
-            K = torch.stack([score_matrix(h) for h in hs])
+            K = torch.stack([h.A for h in hs])
             q = X.unsqueeze(-3).expand(X.shape[:-2] + (len(idx), n, d))
         else:
             factors = [require_factors(h) for h in hs]

@@ -393,3 +393,28 @@ def test_hf_layers_closed_form_equals_fallback(case: str) -> None:
     H, G = _rand(2, n, 32, gen=g), _rand(2, n, lin.d_out, gen=g)
     assert _rel(jvp(lin, H), jvp(auto, H)) <= F64_REDUCTION
     assert _rel(vjp(lin, G), vjp(auto, G)) <= F64_REDUCTION
+
+
+def test_closed_form_refusal_names_the_variants_in_head_order(gen):
+    """The closed-form refusal lists each distinct variant combination once, in head order, so
+    its text is the same in every interpreter (a set made it depend on the string hash seed)."""
+    d, k = 6, 4
+    heads = [
+        AttentionParams(
+            None,
+            _rand(k, d, gen=gen),
+            Q=_rand(k, d, gen=gen),
+            K=_rand(k, d, gen=gen),
+            rope=RotaryEmbedding(_freqs(k)),
+            **variant,
+        )
+        for variant in (dict(window=3), dict(softcap=2.0), dict(window=2), {})
+    ]
+    params = MultiHeadParams(tuple(heads), W_O=_rand(d, 4 * k, gen=gen))
+    lin = linearize(_rand(5, d, gen=gen), params)
+    with pytest.raises(NotImplementedError) as err:
+        products_mod.self_jvp(lin, _rand(5, d, gen=gen))
+    assert str(err.value) == (
+        "self_jvp uses the closed form, which does not apply to heads with a rotary embedding"
+        " or a sliding-window mask or soft-capped logits"
+    )
