@@ -323,7 +323,7 @@ def hidden_states(
             "meanfield.models.image_hidden_states (images or synthetic images)"
         )
     ids = _token_ids(tokenizer, text)
-    max_pos = max_positions(model, arch)
+    max_pos = max_positions(model)
     if max_pos is not None and int(n) > max_pos:
         raise ValueError(
             f"n = {n} exceeds the model's {max_pos} positions (a hard limit; only the random "

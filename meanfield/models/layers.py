@@ -134,7 +134,8 @@ def _check_map(arch: Arch, map: str) -> None:
         )
 
 
-def max_positions(model: Any, arch: Arch) -> int | None:
+def max_positions(model: Any) -> int | None:
+    """The longest sequence the model's positions cover (its config's limit), or ``None``."""
     cfg = model.config
     for name in ("max_position_embeddings", "n_positions"):
         v = getattr(cfg, name, None)
@@ -343,7 +344,7 @@ def _build_params(
     # A window at least as long as every input the model takes masks nothing: the plain map
     # (which the certificates model) is then the same map.
     window = spec.window
-    max_pos = max_positions(model, fam.name)
+    max_pos = max_positions(model)
     if window is not None and max_pos is not None and max_pos <= window:
         window = None
     params = MultiHeadParams.from_qkv(

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .layers import arch_of, import_transformers, layer_info, max_positions, require_gguf
+from .layers import import_transformers, layer_info, max_positions, require_gguf
 
 __all__ = [
     "BERT_RANDOM_LABEL",
@@ -152,7 +152,7 @@ def _facts(model: Any) -> dict[str, Any]:
         "norm": info.norm,
         "ln_placement": info.ln_placement,
         "causal": info.causal,
-        "max_positions": max_positions(model, arch_of(model)),
+        "max_positions": max_positions(model),
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "transformers_version": import_transformers().__version__,
@@ -637,7 +637,7 @@ def _check_positions(loaded: LoadedModel, n_positions: int | None) -> LoadedMode
     """``loaded``, or a one-line ValueError when it has fewer than ``n_positions`` positions."""
     if n_positions is None:
         return loaded
-    limit = max_positions(loaded.model, arch_of(loaded.model))
+    limit = max_positions(loaded.model)
     if limit is not None and int(n_positions) > limit:
         raise ValueError(
             f"n = {n_positions} exceeds the {limit} positions of {loaded.label}, a hard limit "

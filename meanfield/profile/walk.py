@@ -316,7 +316,7 @@ def profile_model(
         dt = dtype if dtype is not None else torch.float64
         dev = torch.device(device) if device is not None else model_device(model)
         length = int(src.numel()) - int(start)
-    max_pos = max_positions(model, arch)
+    max_pos = max_positions(model)
     for v in ns:
         if max_pos is not None and v > max_pos and not hidden:
             raise ValueError(f"n = {v} exceeds the model's {max_pos} positions")
