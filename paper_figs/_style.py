@@ -163,6 +163,19 @@ def figure_main(
         print(p)
 
 
+def attack_paths(
+    results_path: str | os.PathLike, name: str, out_dir: str | os.PathLike | None
+) -> tuple[Path, Path]:
+    """The ``.npz`` an attack figure reads and the directory its files go to.
+
+    ``results_path`` is that ``.npz`` (any other suffix is replaced by ``.npz``) or the directory
+    holding the file ``name``; ``out_dir`` defaults to the directory of the ``.npz``.
+    """
+    p = Path(results_path)
+    npz = p / name if p.is_dir() else p.with_suffix(".npz")
+    return npz, npz.parent if out_dir is None else Path(out_dir)
+
+
 def attack_figure_main(draw: Callable[..., list[Path]], doc: str | None, what: str) -> None:
     """The command line of the attack figures: ``RESULTS [--out DIR]``.
 
