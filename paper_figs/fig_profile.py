@@ -22,16 +22,14 @@ from matplotlib.ticker import MaxNLocator
 
 from experiments.engine import load_json
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
 __all__ = ["draw"]
 
 
 def _num(x: float | str | None) -> float:
     """A JSON number, ``"inf"`` / ``None`` included, as a float."""
-    if x is None:
-        return math.nan
-    return float(x)
+    return math.nan if x is None else float(x)
 
 
 def _grid(doc: dict, key: str) -> np.ndarray:
@@ -131,9 +129,8 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
                     dict(fmt=":", color=PALETTE["bound"]),
                 )
             )
-        for y, label, kw in curves:
-            kw = dict(kw)
-            ax.semilogy(x, y, kw.pop("fmt"), label=label, **kw)
+        ax.set_yscale("log")
+        plot_curves(ax, x, curves)
         finite = [v for y, _, _ in curves for v in y if math.isfinite(v) and v > 0]
         if finite:  # room below the curves for the legend
             ax.set_ylim(min(finite) / 60, max(finite) * 2)
