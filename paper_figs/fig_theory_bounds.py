@@ -50,7 +50,7 @@ STEM = "fig_theory_bounds"
 A_NORM, V_NORM, R_N_PANEL, N_R_PANEL, L_TARGET = 1.0, 1.0, 1.5, 16, 10.0
 
 #: The legend labels of the three forms of the √n upper bound (docs/theory.md §1).
-SQRT_N_FORMS = {
+SQRT_N_FORMS: dict[Literal["sqrt3", "sharp", "triangle"], str] = {
     "sqrt3": r"$\sqrt{n}$ upper bound, constant $\sqrt{3}$",
     "sharp": r"$\sqrt{n}$ upper bound, constant $\sqrt{3}$, sharpened",
     "triangle": r"$\sqrt{n}$ upper bound, triangle inequality",
@@ -63,12 +63,7 @@ def _panel_n(ax) -> None:
     n = np.unique(np.round(np.logspace(math.log10(2.0), 5, 400)))
     theta = A_NORM * R_N_PANEL**2
     gamma_w = 2.0 * theta  # worst case lambda = -||A||
-    forms: tuple[tuple[Literal["sqrt3", "sharp", "triangle"], str], ...] = (
-        ("sqrt3", ":"),
-        ("sharp", "--"),
-        ("triangle", "-"),
-    )
-    for form, ls in forms:
+    for form, ls in zip(SQRT_N_FORMS, (":", "--", "-")):
         ax.plot(
             n,
             bounds.sqrt_n_upper(A_NORM, V_NORM, R_N_PANEL, n, form=form),
