@@ -116,15 +116,13 @@ def style() -> Iterator[None]:
         yield
 
 
-def save(
-    fig: plt.Figure, stem: str | os.PathLike, *, formats: tuple[str, ...] = ("pdf", "png")
-) -> list[Path]:
+def save(fig: plt.Figure, stem: str | os.PathLike) -> list[Path]:
     """Save ``fig`` as ``stem.pdf`` and ``stem.png`` atomically, then close it."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
     try:
-        for ext in formats:
+        for ext in ("pdf", "png"):
             target = stem.with_suffix(f".{ext}")
             fd, tmp = tempfile.mkstemp(
                 prefix=f".{target.name}.", suffix=f".{ext}", dir=target.parent
@@ -222,10 +220,11 @@ def sweeps_or_raise(results_dir: Path) -> list[dict[str, Any]]:
     return sweeps
 
 
-def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 2.3):
+def panel_grid(n_panels: int, *, height: float = 2.3):
     """A figure with ``n_panels`` axes on a grid of at most 3 columns (unused axes removed).
 
-    One panel gets a one-column figure (3.2 in wide), more the ``width`` given.
+    One panel gets a one-column figure (3.2 in wide), more a figure two columns wide
+    (:data:`TWO_COLUMNS`).
 
     Returns
     -------
@@ -237,7 +236,7 @@ def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 2.3
 
     ncols = min(3, n_panels)
     nrows = math.ceil(n_panels / ncols)
-    w = width if ncols > 1 else 3.2
+    w = TWO_COLUMNS if ncols > 1 else 3.2
     fig, axes = plt.subplots(nrows, ncols, figsize=(w, height * nrows + 0.4), squeeze=False)
     flat = list(axes.ravel())
     for ax in flat[n_panels:]:
