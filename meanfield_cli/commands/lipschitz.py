@@ -420,10 +420,8 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
         return _vision_inputs(args, loaded, dtype)
     refuse_image_options(args, loaded.label)
     _check_text_options(args)
-    if args.corpus is None:
-        args.corpus = "kjv"
-    if args.start is None:
-        args.start = 0
+    args.corpus = "kjv" if args.corpus is None else args.corpus
+    args.start = 0 if args.start is None else args.start
     info = layer_info(model, args.layer, map=args.map)
     if tok is None:
         from meanfield.models.standins import no_tokenizer_message
