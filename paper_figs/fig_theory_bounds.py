@@ -429,7 +429,6 @@ def _panel_tightness(ax, report: dict) -> None:
         fontsize=6.5,
         loc="upper right",
         bbox_to_anchor=(1.0, -0.14),
-        ncol=1,
         frameon=False,
         handlelength=2.0,
     )
@@ -488,7 +487,6 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 fontsize=6.5,
                 loc="upper center",
                 bbox_to_anchor=(0.5, -0.2),
-                ncol=1,
                 frameon=False,
                 handlelength=2.0,
             )
