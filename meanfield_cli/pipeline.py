@@ -342,13 +342,14 @@ def _history_of(doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         return [dict(e) for e in doc["history"] if isinstance(e, Mapping)]
     if "total_seconds" not in doc:
         return []
-    entry = _history_entry(doc, started=(doc.get("metadata") or {}).get("created"))
-    entry["status"] = "finished"
-    return [entry]
+    return [_history_entry(doc, started=(doc.get("metadata") or {}).get("created"))]
 
 
 def _history_entry(doc: Mapping[str, Any], *, started: str | None) -> dict[str, Any]:
-    """One invocation of the history: when, what, how long, each stage's status and seconds."""
+    """One finished invocation of the history.
+
+    When, what, how long, each stage's status and seconds; its status is ``"finished"``.
+    """
     entry: dict[str, Any] = {
         "started": started,
         "preset": doc.get("preset"),
@@ -362,6 +363,7 @@ def _history_entry(doc: Mapping[str, Any], *, started: str | None) -> dict[str, 
         name: {"status": e.get("status"), "seconds": e.get("seconds")}
         for name, e in (doc.get("stages") or {}).items()
     }
+    entry["status"] = "finished"
     return entry
 
 
@@ -524,9 +526,7 @@ def reproduce(
         doc["metadata"] = run_metadata(
             device=device, config={"preset": preset, "only": only, "seed": seed}
         )
-        entry = _history_entry(doc, started=started)
-        entry["status"] = "finished"
-        _with_history(doc, history + [entry])
+        _with_history(doc, history + [_history_entry(doc, started=started)])
         if figures:
             report = out / "report.md"
             atomic_write_text(report, render_report(out, doc))

@@ -74,16 +74,13 @@ def select_stages(only: Iterable[str] | None, *, preset: str | None = None) -> l
     ``long_context`` stage has no ``quick`` or ``paper`` preset, the others no ``long``) is
     skipped when ``only`` is ``None``, and a UsageError when ``only`` names it.
     """
-    known = list(STAGES)
     if only is None:
-        return [s for s in known if preset is None or preset in s.presets]
+        return [s for s in STAGES if preset is None or preset in s.presets]
     wanted = [s.strip() for s in only if s.strip()]
-    names = {s.name: s for s in known}
+    names = {s.name: s for s in STAGES}
     unknown = [w for w in wanted if w not in names]
     if unknown:
-        raise UsageError(
-            f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(s.name for s in known)}"
-        )
+        raise UsageError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(names)}")
     lacking = [w for w in wanted if preset is not None and preset not in names[w].presets]
     if lacking:
         raise UsageError(
@@ -161,14 +158,13 @@ FIGURES: tuple[Figure, ...] = (
 
 def select_figures(only: Iterable[str] | None) -> list[Figure]:
     """The figures with the ids in ``only`` (all when ``None``); UsageError on an unknown id."""
-    known = list(FIGURES)
     if only is None:
-        return known
+        return list(FIGURES)
     wanted = [s.strip() for s in only if s.strip()]
-    by_id = {f.id.lower(): f for f in known}
+    by_id = {f.id.lower(): f for f in FIGURES}
     unknown = [w for w in wanted if w.lower() not in by_id]
     if unknown:
         raise UsageError(
-            f"unknown figure id(s) {', '.join(unknown)}; known: {', '.join(f.id for f in known)}"
+            f"unknown figure id(s) {', '.join(unknown)}; known: {', '.join(f.id for f in FIGURES)}"
         )
     return [by_id[w.lower()] for w in wanted]

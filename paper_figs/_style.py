@@ -116,15 +116,13 @@ def style() -> Iterator[None]:
         yield
 
 
-def save(
-    fig: plt.Figure, stem: str | os.PathLike, *, formats: tuple[str, ...] = ("pdf", "png")
-) -> list[Path]:
+def save(fig: plt.Figure, stem: str | os.PathLike) -> list[Path]:
     """Save ``fig`` as ``stem.pdf`` and ``stem.png`` atomically, then close it."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
     try:
-        for ext in formats:
+        for ext in ("pdf", "png"):
             target = stem.with_suffix(f".{ext}")
             fd, tmp = tempfile.mkstemp(
                 prefix=f".{target.name}.", suffix=f".{ext}", dir=target.parent
@@ -161,6 +159,19 @@ def figure_main(
     args = parser.parse_args(argv)
     for p in draw(args.results, args.out):
         print(p)
+
+
+def attack_paths(
+    results_path: str | os.PathLike, name: str, out_dir: str | os.PathLike | None
+) -> tuple[Path, Path]:
+    """The ``.npz`` an attack figure reads and the directory its files go to.
+
+    ``results_path`` is that ``.npz`` (any other suffix is replaced by ``.npz``) or the directory
+    holding the file ``name``; ``out_dir`` defaults to the directory of the ``.npz``.
+    """
+    p = Path(results_path)
+    npz = p / name if p.is_dir() else p.with_suffix(".npz")
+    return npz, npz.parent if out_dir is None else Path(out_dir)
 
 
 def attack_figure_main(draw: Callable[..., list[Path]], doc: str | None, what: str) -> None:
@@ -209,10 +220,11 @@ def sweeps_or_raise(results_dir: Path) -> list[dict[str, Any]]:
     return sweeps
 
 
-def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 2.3):
+def panel_grid(n_panels: int, *, height: float = 2.3):
     """A figure with ``n_panels`` axes on a grid of at most 3 columns (unused axes removed).
 
-    One panel gets a one-column figure (3.2 in wide), more the ``width`` given.
+    One panel gets a one-column figure (3.2 in wide), more a figure two columns wide
+    (:data:`TWO_COLUMNS`).
 
     Returns
     -------
@@ -224,7 +236,7 @@ def panel_grid(n_panels: int, *, width: float = TWO_COLUMNS, height: float = 2.3
 
     ncols = min(3, n_panels)
     nrows = math.ceil(n_panels / ncols)
-    w = width if ncols > 1 else 3.2
+    w = TWO_COLUMNS if ncols > 1 else 3.2
     fig, axes = plt.subplots(nrows, ncols, figsize=(w, height * nrows + 0.4), squeeze=False)
     flat = list(axes.ravel())
     for ax in flat[n_panels:]:

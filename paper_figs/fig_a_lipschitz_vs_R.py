@@ -41,16 +41,12 @@ __all__ = ["STEM", "draw", "main"]
 STEM = "fig_a_lipschitz_vs_R"
 
 
-def _load(results_dir: str | Path) -> tuple[dict[str, np.ndarray], dict]:
-    arrays = load_npz(stage_result(results_dir, "synthetic", "a.npz"))
-    return arrays, load_json(stage_result(results_dir, "synthetic", "a.json"))
-
-
 def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw ``fig_a_lipschitz_vs_R.{pdf,png}`` into ``out_dir`` from the saved A results."""
     import matplotlib.pyplot as plt
 
-    d, meta = _load(results_dir)
+    d = load_npz(stage_result(results_dir, "synthetic", "a.npz"))
+    meta = load_json(stage_result(results_dir, "synthetic", "a.json"))
     settings = [str(s) for s in d["settings"]]
     Rc, radii = d["curve_R"], d["radii"]
     ncol = 2 if len(settings) > 1 else 1

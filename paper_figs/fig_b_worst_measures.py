@@ -22,18 +22,11 @@ import numpy as np
 
 from experiments.engine import load_json, load_npz
 
-from ._style import TWO_COLUMNS, attack_figure_main, save, style
+from ._style import TWO_COLUMNS, attack_figure_main, attack_paths, save, style
 
 __all__ = ["draw"]
 
 STEM = "fig_b_worst_measures"
-
-
-def _paths(results_path: str | Path) -> tuple[Path, Path]:
-    p = Path(results_path)
-    if p.is_dir():
-        p = p / "worst_measures.npz"
-    return p.with_suffix(".npz"), p.with_suffix(".json")
 
 
 #: Atoms closer than this (in x/R) count as one cluster: in the d = 1 row they are drawn above and
@@ -198,10 +191,9 @@ def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Pa
     from matplotlib.colors import Normalize
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    npz, js = _paths(results_path)
+    npz, out_dir = attack_paths(results_path, "worst_measures.npz", out_dir)
     data = load_npz(npz)
-    meta = load_json(js)
-    out_dir = npz.parent if out_dir is None else Path(out_dir)
+    meta = load_json(npz.with_suffix(".json"))
     radii = data["radii"]
     nR = len(radii)
     lw_all = np.concatenate([data[k].ravel() for k in data if k.endswith("_log_weights")])

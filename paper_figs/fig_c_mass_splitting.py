@@ -16,25 +16,19 @@ import numpy as np
 
 from experiments.engine import load_npz
 
-from ._style import PALETTE, TWO_COLUMNS, attack_figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, attack_figure_main, attack_paths, save, style
 
 __all__ = ["draw"]
 
 STEM = "fig_c_mass_splitting"
 
 
-def _path(results_path: str | Path) -> Path:
-    p = Path(results_path)
-    return p / "mass_splitting.npz" if p.is_dir() else p.with_suffix(".npz")
-
-
 def draw(results_path: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw ``fig_c_mass_splitting.{pdf,png}`` from a saved results file (or its directory)."""
     import matplotlib.pyplot as plt
 
-    npz = _path(results_path)
+    npz, out_dir = attack_paths(results_path, "mass_splitting.npz", out_dir)
     data = load_npz(npz)
-    out_dir = npz.parent if out_dir is None else Path(out_dir)
     k, G, s, radii = data["k"], data["G"], data["s"], data["radii"]
     with style():
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(TWO_COLUMNS, 0.42 * TWO_COLUMNS))

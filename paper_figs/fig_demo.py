@@ -14,11 +14,6 @@ from ._style import PALETTE, TWO_COLUMNS, save, style
 __all__ = ["draw"]
 
 
-def _sizes(weights: np.ndarray) -> np.ndarray:
-    """Marker areas proportional to mass, the largest atom at 120 pt^2."""
-    return 120.0 * weights / weights.max()
-
-
 def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw ``demo.pdf``/``demo.png`` from ``demo.npz`` and ``demo.json`` in ``results_dir``."""
     import matplotlib.pyplot as plt
@@ -30,6 +25,7 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     dist = doc["distances"]
     lip = doc.get("local_lipschitz", {})
     X, a = data["points"], data["weights"]
+    sizes = 120.0 * a / a.max()  # marker areas proportional to mass, the largest atom at 120 pt^2
     with style():
         fig, axes = plt.subplots(1, 2, figsize=(TWO_COLUMNS, 0.5 * TWO_COLUMNS + 0.3))
         every = np.concatenate([X, data["unmasked"], data["masked"]])
@@ -53,14 +49,14 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             ax.scatter(
                 X[:, 0],
                 X[:, 1],
-                s=_sizes(a),
+                s=sizes,
                 c=PALETTE["input"],
                 alpha=0.6,
                 label=r"input $\mu$",
                 zorder=3,
             )
             ax.scatter(
-                Y[:, 0], Y[:, 1], s=_sizes(a), c=PALETTE[key], alpha=0.85, label="output", zorder=4
+                Y[:, 0], Y[:, 1], s=sizes, c=PALETTE[key], alpha=0.85, label="output", zorder=4
             )
             if key == "masked" and "positions" in data:
                 # causal rank of each input atom: it attends to atoms of rank <= its own

@@ -70,13 +70,10 @@ def _distinct_inputs(sweeps: Sequence[dict]) -> list[dict]:
     The radius depends on the model, layer, corpus and grid only, not on the map differentiated
     or the mask (a sweep of the residual block sees the same windows as one of the heads).
     """
-    seen, out = set(), []
+    first: dict[tuple, dict] = {}
     for s in sweeps:
-        key = _input_key(s)
-        if key not in seen:
-            seen.add(key)
-            out.append(s)
-    return out
+        first.setdefault(_input_key(s), s)
+    return list(first.values())
 
 
 #: A power law "misses" at n when its value is more than this many standard errors of the mean
@@ -115,12 +112,8 @@ def fit_misses(n: np.ndarray, R: np.ndarray, fit: Any) -> tuple[np.ndarray, np.n
 
 def _paper_configurations(s: dict, sweeps: Sequence[dict]) -> list[str]:
     """The paper configurations of every sweep that sees the same windows as ``s``."""
-    out: list[str] = []
-    for other in sweeps:
-        if _input_key(other) == _input_key(s) and other.get("paper_configuration"):
-            if other["paper_configuration"] not in out:
-                out.append(other["paper_configuration"])
-    return out
+    same = [o.get("paper_configuration") for o in sweeps if _input_key(o) == _input_key(s)]
+    return list(dict.fromkeys(c for c in same if c))
 
 
 LABEL_POINTS = "mean radius $R(X)$, one window of text"

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.engine import record_float
+
 from ._style import (
     PALETTE,
     TWO_COLUMNS,
@@ -58,14 +60,8 @@ _SHORT = {
 }
 
 
-def _num(x: float | str | None) -> float:
-    if x is None:
-        return math.nan
-    return float(x)  # also parses "inf"
-
-
 def _column(records: list[dict], key: str) -> np.ndarray:
-    return np.array([_num(r.get(key)) for r in records], dtype=float)
+    return np.array([record_float(r.get(key)) for r in records], dtype=float)
 
 
 def _log_axes(ax) -> None:

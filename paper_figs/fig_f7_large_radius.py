@@ -40,16 +40,13 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     n = int(d["n"])
     with style():
         fig, axes = plt.subplots(1, 3, figsize=(TWO_COLUMNS, 0.36 * TWO_COLUMNS + 0.45))
-        for ax, tag, title in ((axes[0], "unmasked", "unmasked"), (axes[1], "masked", "masked")):
+        for ax, tag in zip(axes, ("unmasked", "masked")):
             for k in range(n_in):
                 ax.plot(R, d[f"{tag}_value"][k], color=colors[k], lw=1.0)
                 ax.axhline(d[f"{tag}_limit"][k], color=colors[k], ls="--", lw=0.7)
             ax.axhline(d["sqrt_n_ref"], color="k", ls=":", lw=0.9)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlim(R.min(), R.max())
             ax.set_xlabel("radius $R$ ($\\max_i\\|Rx_i\\| = R$)")
-            ax.set_title(title, loc="left")
+            ax.set_title(tag, loc="left")
         axes[0].set_ylabel("$\\|Df(RX)\\|_2$ (certified, dense)")
         ax = axes[2]
         for tag, ls in (("unmasked", "-"), ("masked", "-.")):
@@ -60,9 +57,10 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 ax.plot(R, np.maximum(err[k], _FLOOR), color=colors[k], ls=ls, lw=0.9)
                 if tag == "unmasked":
                     ax.plot(R, np.maximum(dev[k], _FLOOR), color=colors[k], ls=":", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(R.min(), R.max())
+        for panel in axes:
+            panel.set_xscale("log")
+            panel.set_yscale("log")
+            panel.set_xlim(R.min(), R.max())
         ax.set_ylim(_FLOOR / 2, 1e3)  # the deviation bound is loose at small R
         ax.set_xlabel("radius $R$")
         ax.set_ylabel("relative distance to the limit")

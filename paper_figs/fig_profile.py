@@ -20,18 +20,11 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from experiments.engine import load_json
+from experiments.engine import load_json, record_float
 
-from ._style import PALETTE, TWO_COLUMNS, figure_main, save, style
+from ._style import PALETTE, TWO_COLUMNS, figure_main, plot_curves, save, style
 
 __all__ = ["draw"]
-
-
-def _num(x: float | str | None) -> float:
-    """A JSON number, ``"inf"`` / ``None`` included, as a float."""
-    if x is None:
-        return math.nan
-    return float(x)
 
 
 def _grid(doc: dict, key: str) -> np.ndarray:
@@ -39,7 +32,7 @@ def _grid(doc: dict, key: str) -> np.ndarray:
     layers, ns = doc["layers"], doc["ns"]
     out = np.full((len(layers), len(ns)), np.nan)
     for r in doc["records"]:
-        out[layers.index(r["layer"]), ns.index(r["n"])] = _num(r[key]["value"])
+        out[layers.index(r["layer"]), ns.index(r["n"])] = record_float(r[key]["value"])
     return out
 
 
@@ -85,7 +78,7 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         )
         axes[0].set_title("whole block")
         if heads:
-            H = np.array([[_num(v) for v in r["attention"]["head_values"]] for r in last])
+            H = np.array([[record_float(v) for v in r["attention"]["head_values"]] for r in last])
             _heatmap(
                 fig,
                 axes[1],
@@ -104,12 +97,12 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         x = [r["layer"] for r in last]
         curves: list[tuple[list[float], str, dict[str, Any]]] = [
             (
-                [_num(r["block"]["value"]) for r in last],
+                [record_float(r["block"]["value"]) for r in last],
                 "block",
                 dict(fmt="o-", ms=2.5, color=PALETTE["fit"]),
             ),
             (
-                [_num(r["attention"]["value"]) for r in last],
+                [record_float(r["attention"]["value"]) for r in last],
                 "attention",
                 dict(fmt="s-", ms=2.5, color=PALETTE["masked"]),
             ),
@@ -117,8 +110,8 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         # the deterministic upper end where it is finite; on the streaming path (attention
         # variants, long windows) there is none, and the certified probabilistic end is drawn,
         # dotted and named as such
-        det = [_num(r["attention"]["upper"]) for r in last]
-        prob = [_num(r["attention"].get("upper_prob", math.inf)) for r in last]
+        det = [record_float(r["attention"]["upper"]) for r in last]
+        prob = [record_float(r["attention"].get("upper_prob", math.inf)) for r in last]
         if any(math.isfinite(v) for v in det):
             curves.append(
                 (det, "attention upper (certified)", dict(fmt="--", color=PALETTE["bound"]))
@@ -131,9 +124,8 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
                     dict(fmt=":", color=PALETTE["bound"]),
                 )
             )
-        for y, label, kw in curves:
-            kw = dict(kw)
-            ax.semilogy(x, y, kw.pop("fmt"), label=label, **kw)
+        ax.set_yscale("log")
+        plot_curves(ax, x, curves)
         finite = [v for y, _, _ in curves for v in y if math.isfinite(v) and v > 0]
         if finite:  # room below the curves for the legend
             ax.set_ylim(min(finite) / 60, max(finite) * 2)
@@ -146,8 +138,8 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         if chain:
             c = chain[0]
             title += (
-                f"\nproduct of blocks {_num(c['product_value']):.3g}, "
-                f"end-to-end {_num(c['end_to_end']['value']):.3g}"
+                f"\nproduct of blocks {record_float(c['product_value']):.3g}, "
+                f"end-to-end {record_float(c['end_to_end']['value']):.3g}"
             )
         ax.set_title(title)
         fig.suptitle(f"{doc['model']}", fontsize=8.5)

@@ -50,7 +50,7 @@ STEM = "fig_theory_bounds"
 A_NORM, V_NORM, R_N_PANEL, N_R_PANEL, L_TARGET = 1.0, 1.0, 1.5, 16, 10.0
 
 #: The legend labels of the three forms of the √n upper bound (docs/theory.md §1).
-SQRT_N_FORMS = {
+SQRT_N_FORMS: dict[Literal["sqrt3", "sharp", "triangle"], str] = {
     "sqrt3": r"$\sqrt{n}$ upper bound, constant $\sqrt{3}$",
     "sharp": r"$\sqrt{n}$ upper bound, constant $\sqrt{3}$, sharpened",
     "triangle": r"$\sqrt{n}$ upper bound, triangle inequality",
@@ -63,12 +63,7 @@ def _panel_n(ax) -> None:
     n = np.unique(np.round(np.logspace(math.log10(2.0), 5, 400)))
     theta = A_NORM * R_N_PANEL**2
     gamma_w = 2.0 * theta  # worst case lambda = -||A||
-    forms: tuple[tuple[Literal["sqrt3", "sharp", "triangle"], str], ...] = (
-        ("sqrt3", ":"),
-        ("sharp", "--"),
-        ("triangle", "-"),
-    )
-    for form, ls in forms:
+    for form, ls in zip(SQRT_N_FORMS, (":", "--", "-")):
         ax.plot(
             n,
             bounds.sqrt_n_upper(A_NORM, V_NORM, R_N_PANEL, n, form=form),
@@ -175,26 +170,16 @@ def _panel_R(ax) -> None:
             color=PALETTE["fit"],
             label=f"mean-field upper bound, $c'={c:g}$",
         )
-    ax.plot(
-        R,
-        bounds.two_dirac_lower(gamma, V_NORM),
-        color=PALETTE["masked"],
-        label=r"two-Dirac optimum $\mathrm{sup}_\varepsilon\,g$",
-    )
-    ax.plot(
-        R,
-        bounds.two_dirac_half(gamma, V_NORM),
-        "--",
-        color=PALETTE["masked"],
-        label=r"two Diracs at $w=1/2$",
-    )
-    ax.plot(
-        R,
-        bounds.two_dirac_asymptote(gamma, V_NORM),
-        ":",
-        color=PALETTE["masked"],
-        label=r"two-Dirac asymptote $\frac{3\sqrt{3}}{16}\gamma e^{\gamma/2}$",
-    )
+    for two_dirac, ls, label in (
+        (bounds.two_dirac_lower, "-", r"two-Dirac optimum $\mathrm{sup}_\varepsilon\,g$"),
+        (bounds.two_dirac_half, "--", r"two Diracs at $w=1/2$"),
+        (
+            bounds.two_dirac_asymptote,
+            ":",
+            r"two-Dirac asymptote $\frac{3\sqrt{3}}{16}\gamma e^{\gamma/2}$",
+        ),
+    ):
+        ax.plot(R, two_dirac(gamma, V_NORM), ls, color=PALETTE["masked"], label=label)
     ax.plot(
         R,
         np.full_like(R, float(bounds.trivial_lower(V_NORM))),
@@ -252,15 +237,12 @@ def _panel_regimes(ax) -> None:
     from theory import regimes
 
     R = np.linspace(0.15, 3.0, 200)
+    log10_n = {
+        c: np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=c, log=True)) / math.log(10)
+        for c in (1.0, 2.0)
+    }
     for c, ls in ((1.0, "-"), (2.0, "--")):
-        log10_n = np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=c, log=True)) / math.log(10)
-        ax.plot(
-            R,
-            log10_n,
-            ls,
-            color=PALETTE["fit"],
-            label=f"crossover $n^*$, $c'={c:g}$",
-        )
+        ax.plot(R, log10_n[c], ls, color=PALETTE["fit"], label=f"crossover $n^*$, $c'={c:g}$")
     gamma = 2.0 * A_NORM * R**2
     t_star = (3 * gamma + np.sqrt(9 * gamma**2 + 4 * gamma + 4)) / (2 * (1 + gamma))
     ax.plot(
@@ -269,7 +251,7 @@ def _panel_regimes(ax) -> None:
         color=PALETTE["unmasked"],
         label=r"peak of the construction, $1+t^*e^\gamma$",
     )
-    n1 = np.asarray(regimes.crossover_n(A_NORM, V_NORM, R, c=1.0, log=True)) / math.log(10)
+    n1 = log10_n[1.0]
     top = max(float(n1.max()), 1.0) * 1.05
     ax.fill_between(R, 0, np.clip(n1, 0, None), color=PALETTE["bound"], alpha=0.12, lw=0)
     ax.fill_between(R, np.clip(n1, 0, None), top, color=PALETTE["fit"], alpha=0.08, lw=0)
@@ -447,7 +429,6 @@ def _panel_tightness(ax, report: dict) -> None:
         fontsize=6.5,
         loc="upper right",
         bbox_to_anchor=(1.0, -0.14),
-        ncol=1,
         frameon=False,
         handlelength=2.0,
     )
@@ -506,7 +487,6 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 fontsize=6.5,
                 loc="upper center",
                 bbox_to_anchor=(0.5, -0.2),
-                ncol=1,
                 frameon=False,
                 handlelength=2.0,
             )

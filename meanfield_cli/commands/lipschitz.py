@@ -98,10 +98,9 @@ log = logging.getLogger("meanfield_cli.lipschitz")
 
 # --------------------------------------------------------------------------- handler
 def _check_common(args: argparse.Namespace) -> None:
-    if args.tol is not None and not (math.isfinite(args.tol) and args.tol > 0):
-        raise UsageError(f"--tol must be a positive number, got {args.tol}")
-    if args.prob_rtol is not None and not (math.isfinite(args.prob_rtol) and args.prob_rtol > 0):
-        raise UsageError(f"--prob-rtol must be a positive number, got {args.prob_rtol}")
+    for option, value in (("--tol", args.tol), ("--prob-rtol", args.prob_rtol)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{option} must be a positive number, got {value}")
     check_device(args.device)
     if args.out:
         check_out_file(args.out)
@@ -421,10 +420,8 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
         return _vision_inputs(args, loaded, dtype)
     refuse_image_options(args, loaded.label)
     _check_text_options(args)
-    if args.corpus is None:
-        args.corpus = "kjv"
-    if args.start is None:
-        args.start = 0
+    args.corpus = "kjv" if args.corpus is None else args.corpus
+    args.start = 0 if args.start is None else args.start
     info = layer_info(model, args.layer, map=args.map)
     if tok is None:
         from meanfield.models.standins import no_tokenizer_message
@@ -502,10 +499,9 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--n must be a positive integer, got {args.n}")
         if not (math.isfinite(args.R) and args.R > 0):
             raise ValueError(f"--R must be a positive number, got {args.R}")
-        if args.random_d < 1:
-            raise UsageError(f"--random-d must be a positive integer, got {args.random_d}")
-        if args.heads < 1:
-            raise UsageError(f"--heads must be a positive integer, got {args.heads}")
+        for option, count in (("--random-d", args.random_d), ("--heads", args.heads)):
+            if count < 1:
+                raise UsageError(f"{option} must be a positive integer, got {count}")
         params, source = random_layer(args.random_d, args.heads, args.seed, dtype, args.device)
         X = torch.tensor(
             random_tokens(args.n, args.random_d, args.R, args.seed), dtype=dtype, device=args.device
@@ -627,20 +623,14 @@ def _image_word(indices: list[int]) -> str:
 def show(doc: dict[str, Any]) -> None:
     """Human-readable summary of ``meanfield lipschitz``."""
     src = doc["source"]
-    what = {
-        "model": lambda: (
-            f"{src['model']}, layer {src['layer']}, map {src['map']}"
-            + (
-                f", {src['images']} ({_image_word(src['image_indices'])})"
-                if "images" in src
-                else ""
-            )
-        ),
-        "random": lambda: (
-            f"random layer d = {src['random_d']}, {src['heads']} head(s), R = {src['R']}"
-        ),
-        "input": lambda: f"{src['input']} with {src['params']}",
-    }[doc["mode"]]()
+    if doc["mode"] == "model":
+        what = f"{src['model']}, layer {src['layer']}, map {src['map']}"
+        if "images" in src:
+            what += f", {src['images']} ({_image_word(src['image_indices'])})"
+    elif doc["mode"] == "random":
+        what = f"random layer d = {src['random_d']}, {src['heads']} head(s), R = {src['R']}"
+    else:
+        what = f"{src['input']} with {src['params']}"
     print(
         f"local Lipschitz constant ({doc['geometry']}, {'masked' if doc['masked'] else 'unmasked'}), "
         f"{what}, n = {doc['n']}, d = {doc['d']}"
