@@ -169,8 +169,7 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
         raise ValueError("lambertw: z contains NaN")
     if (z_arr == -np.inf).any():
         raise ValueError("lambertw: z = -inf is below the branch point -1/e")
-    q = _one_plus_ez(z_arr)
-    q = np.where(np.isfinite(z_arr), q, np.inf)
+    q = np.where(np.isfinite(z_arr), _one_plus_ez(z_arr), np.inf)
     if (q < -BRANCH_POINT_TOLERANCE).any():
         bad = z_arr[q < -BRANCH_POINT_TOLERANCE].flat[0]
         raise ValueError(f"lambertw: z = {float(bad)!r} is below the branch point -1/e")
@@ -231,10 +230,9 @@ def _lambertw_mp(z: Any, branch: int, precision: int) -> Any:
             if branch == -1 and zi >= 0:
                 raise ValueError(f"lambertw: branch -1 needs -1/e <= z < 0, got z = {value!r}")
             if q <= 0 or zi == minus_inv_e:
-                wi = mpmath.mpf(-1)
+                out[idx] = mpmath.mpf(-1)
             else:
-                wi = mpmath.re(mpmath.lambertw(zi, branch))
-            out[idx] = wi
+                out[idx] = mpmath.re(mpmath.lambertw(zi, branch))
     with mpmath.workdps(int(precision)):
         result = np.array([+v for v in out], dtype=object).reshape(np.shape(z_obj))
     return result[()] if scalar else result

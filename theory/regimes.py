@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from theory import bounds
-from theory.bounds._common import as_result, exp_or_log, norm_theta
+from theory.bounds._common import as_result, exp_or_log, norm_theta, quiet_log
 
 __all__ = [
     "RadiusBracket",
@@ -98,8 +98,7 @@ def crossover_n(
         raise ValueError(f"mf_form must be 'sharp' or 'simple', got {mf_form!r}")
     log_M = np.asarray(bounds.mean_field_upper(A_norm, 1.0, R, c=c, form=mf_form, log=True))
     _, theta = norm_theta(A_norm, V_norm, R)  # validates V_norm too
-    with np.errstate(divide="ignore"):
-        log_theta = np.log(theta)
+    log_theta = quiet_log(theta)
     if form == "triangle":
         # M - theta, computed from log M without cancellation issues for large M.
         log_M_minus = log_M + np.log1p(-np.exp(np.minimum(log_theta - log_M, 0.0)))

@@ -72,8 +72,7 @@ def checked_choice(value: str, name: str, options: tuple[str, ...]) -> str:
 
 def as_result(arr: Any) -> Any:
     """Return numpy scalars for 0-d results and arrays otherwise."""
-    arr = np.asarray(arr)
-    return arr[()]
+    return np.asarray(arr)[()]
 
 
 def exp_or_log(log_value: NDArray[np.float64], log: bool) -> Any:

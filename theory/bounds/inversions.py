@@ -200,8 +200,7 @@ def radius_for_upper(
     if gen.any():
         bb, cc, lr = b_[gen], c_[gen], log_ratio[gen]
         u = np.log(cc / bb) + lr + cc / bb
-        t = np.asarray(lambertw_exp(u)) / cc - 1.0 / bb
-        t = np.maximum(t, 0.0)
+        t = np.maximum(np.asarray(lambertw_exp(u)) / cc - 1.0 / bb, 0.0)
         for _ in range(3):
             F = np.log1p(bb * t) + cc * t - lr
             t = np.maximum(t - F / (bb / (1.0 + bb * t) + cc), 0.0)

@@ -137,9 +137,8 @@ def kim_l2_norms(
             "WV_norms": np.linalg.norm(Vw, 2, axis=(-2, -1)),
             "WO_norm": np.float64(np.linalg.norm(O_, 2)),
         }
-    Qt = np.swapaxes(Q, -1, -2)
     return {
-        "WQ_norms": inf_norm(Q) * inf_norm(Qt),
+        "WQ_norms": inf_norm(Q) * inf_norm(np.swapaxes(Q, -1, -2)),
         "WV_norms": inf_norm(np.swapaxes(Vw, -1, -2)),
         "WO_norm": np.float64(inf_norm(O_.T)),
     }

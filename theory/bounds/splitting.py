@@ -16,6 +16,7 @@ from theory.bounds._common import (
     checked_float,
     checked_norm,
     log_expit,
+    quiet_log,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -25,8 +26,7 @@ from theory.bounds._common import (
 
 def _split_log_g2(k: NDArray[np.float64], s_y: NDArray, s_z: NDArray) -> NDArray[np.float64]:
     """Return log G_k^2 with exponents s_y (query y) and s_z (query z)."""
-    with np.errstate(divide="ignore"):
-        log_m = np.log(k - 1.0)
+    log_m = quiet_log(k - 1.0)
     log_wy = log_expit(s_y - log_m)
     log_wz = log_expit(s_z - log_m)
     return np.logaddexp(log_m + 2.0 * log_wy, 2.0 * log_wz)

@@ -23,6 +23,7 @@ from theory.bounds._common import (
     checked_norm,
     log_expit,
     norm_theta,
+    quiet_log,
 )
 from theory.bounds.two_dirac import two_dirac_log_g, two_dirac_optimal_mass
 
@@ -355,9 +356,7 @@ def construction_gap(
 
 def _p_log(gamma: NDArray[np.float64], m: NDArray[np.float64]) -> tuple[NDArray, NDArray]:
     """Return ``(log p, log(1 - p))`` with ``p = e^gamma / (e^gamma + m)``, ``m >= 0``."""
-    with np.errstate(divide="ignore"):
-        log_m = np.log(m)
-    x = gamma - log_m  # +inf when m == 0
+    x = gamma - quiet_log(m)  # +inf when m == 0
     return log_expit(x), log_expit(-x)
 
 
@@ -444,18 +443,16 @@ def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> 
     n_ = checked_count(n, "n")
     Vu = checked_norm(Vu_norm, "Vu_norm")
     g, n_, Vu = np.broadcast_arrays(g, n_, Vu)
-    opt = two_dirac_optimal_mass(g)
-    log_k_star = np.asarray(opt.log_eps) + np.log(n_)
-    k_star = np.exp(log_k_star)
+    k_star = np.exp(np.asarray(two_dirac_optimal_mass(g).log_eps) + np.log(n_))
+    valid = n_ >= 2
     best = np.full(g.shape, -np.inf)
     for k in (np.floor(k_star), np.ceil(k_star)):
         k = np.clip(k, 1.0, np.maximum(n_ - 1.0, 1.0))
-        valid = n_ >= 2
         eps = np.where(valid, k / n_, 0.5)
         val = np.where(valid, two_dirac_log_g(np.log(eps), g), -np.inf)
         best = np.maximum(best, val)
     with np.errstate(over="ignore"):
-        out = np.where(n_ >= 2, np.exp(best), 0.0) * Vu
+        out = np.where(valid, np.exp(best), 0.0) * Vu
     return as_result(out)
 
 

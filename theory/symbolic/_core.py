@@ -94,8 +94,7 @@ def make_derivation(
 
 def check_equal(derived: sp.Expr, stated: sp.Expr, what: str) -> None:
     """Raise if the derived expression differs from the stated closed form."""
-    diff = sp.simplify(derived - stated)
-    if diff != 0:
+    if sp.simplify(derived - stated) != 0:
         raise RuntimeError(f"{what}: derived {derived} differs from stated {stated}")
 
 

@@ -35,8 +35,7 @@ def two_dirac_g() -> Derivation:
     # Compare squares (both sides positive for 0 < eps < 1).
     ratio = sp.simplify(sp.powsimp(sp.expand((first / second) ** 2), force=True))
     if ratio != 1:
-        eps_check = sp.Rational(1, 7)
-        val = sp.N((first / second).subs({S.eps: eps_check, S.gamma: 3}), 30)
+        val = sp.N((first / second).subs({S.eps: sp.Rational(1, 7), S.gamma: 3}), 30)
         if abs(val - 1) > sp.Float(1e-25):
             raise RuntimeError(f"two_dirac_g: forms disagree ({ratio})")
     steps = (
@@ -73,8 +72,7 @@ def two_dirac_optimal_mass() -> Derivation:
     objective = sp.exp(g) * v * (1 - v) * (1 + g * v) ** 2
     log_obj = sp.expand_log(sp.log(objective), force=True)
     num, roots = stationary_points(log_obj, v)
-    poly = sp.Poly(sp.expand(num), v)
-    lead = poly.LC()
+    lead = sp.Poly(sp.expand(num), v).LC()
     quadratic = sp.expand(num * sp.sign(lead.subs(g, 1)))
     check_equal(quadratic, 4 * g * v**2 - (3 * g - 2) * v - 1, "two-Dirac quadratic")
     inside = [
@@ -143,8 +141,7 @@ def two_dirac_asymptotic() -> Derivation:
     a lower bound for every :math:`\gamma`.
     """
     g = S.gamma
-    opt = two_dirac_optimal_mass()
-    sup_g = opt.extras["sup_g"]
+    sup_g = two_dirac_optimal_mass().extras["sup_g"]
     coeff = sp.limit(sup_g / (g * sp.exp(g / 2) * S.Vu_norm), g, sp.oo)
     check_equal(coeff, 3 * sp.sqrt(3) / 16, "two-Dirac asymptote coefficient")
     asym = coeff * g * sp.exp(g / 2) * S.Vu_norm
