@@ -142,10 +142,7 @@ def score_gap_constant(A: ArrayLike) -> np.float64:
     a = float(np.linalg.norm(A_, 2))
     lmin = float(lam[0])
     # max over t in [0, 1] of a t - lmin t^2 (concave when lmin > 0)
-    if lmin > 0.0 and a < 2.0 * lmin:
-        k2 = a * a / (4.0 * lmin)
-    else:
-        k2 = a - lmin
+    k2 = a * a / (4.0 * lmin) if lmin > 0.0 and a < 2.0 * lmin else a - lmin
     return np.float64(min(k1, k2, 2.0 * a))
 
 

@@ -399,8 +399,7 @@ def sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> An
     n_ = checked_float(n, "n", min_value=1.0)
     Vu = checked_norm(Vu_norm, "Vu_norm")
     log_p, log_q = _p_log(g, n_ - 1.0)
-    out = np.sqrt(n_ - 1.0) * np.exp(log_p) * (1.0 + np.exp(log_q) * g) * Vu
-    return as_result(out)
+    return as_result(np.sqrt(n_ - 1.0) * np.exp(log_p) * (1.0 + np.exp(log_q) * g) * Vu)
 
 
 def sequence_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0) -> Any:

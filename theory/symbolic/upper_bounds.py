@@ -135,10 +135,9 @@ def sqrt_n_mean_field_crossover(
     equation = sq - mf
     expr, num_func, how = solve_or_numeric(equation, S.n, (S.theta, S.V_norm, S.c), (1.0, 1e300))
     steps = (f"Solve {sq} = {mf} for n.", f"Result by {how}: {expr}.")
-    if expr is None:
-        expr_out = sp.Symbol("n_star")
-    else:
-        expr_out = sp.simplify(expr.subs(S.theta, S.A_norm * S.R**2))
+    expr_out = (
+        sp.Symbol("n_star") if expr is None else sp.simplify(expr.subs(S.theta, S.A_norm * S.R**2))
+    )
     d = make_derivation(
         f"sqrt(n) / mean-field crossover ({form}, {mf_form})",
         expr_out,
