@@ -190,16 +190,10 @@ def _large_radius_band(sign: int) -> Callable[..., float]:
         A_ = np.asarray(A, dtype=np.float64)
         V_norm = float(np.linalg.norm(np.asarray(V, dtype=np.float64), 2))
         R = float(np.max(np.linalg.norm(X_, axis=1)))
+        A_norm = float(np.linalg.norm(A_, 2))
         lim = float(large_radius_limit(large_radius_counts(X_, A_, masked=masked), V_norm))
-        dev = float(
-            large_radius_deviation(
-                selection_gap(X_, A_, masked=masked),
-                X_.shape[0],
-                float(np.linalg.norm(A_, 2)),
-                V_norm,
-                R,
-            )
-        )
+        gap = selection_gap(X_, A_, masked=masked)
+        dev = float(large_radius_deviation(gap, X_.shape[0], A_norm, V_norm, R))
         return lim + dev if sign > 0 else lim - dev
 
     return band

@@ -508,10 +508,9 @@ def masked_sqrt_n_lower(gamma: ArrayLike, n: ArrayLike, Vu_norm: ArrayLike = 1.0
         terms = (np.exp(log_p) * (1.0 + np.exp(log_q) * gv)) ** 2
         csum = np.concatenate(([0.0], np.cumsum(terms)))
         out[sel] = np.sqrt(csum[n_[sel].astype(np.int64) - 1])
-    inf_sel = ~finite
-    if inf_sel.any():
+    if not finite.all():
         with np.errstate(over="ignore"):
-            out[inf_sel] = np.exp(0.5 * _masked_log_limit_sq(g[inf_sel]))
+            out[~finite] = np.exp(0.5 * _masked_log_limit_sq(g[~finite]))
     return as_result(out * Vu)
 
 
