@@ -43,10 +43,6 @@ def gap_for_target(L: ArrayLike) -> Any:
         return as_result(2.0 * np.asarray(lambertw_exp(np.log(L_ / 2.0))))
 
 
-def _gap_per_r2(lam: NDArray[np.float64]) -> NDArray[np.float64]:
-    return np.where(lam > 0, lam / 4.0, -2.0 * lam)
-
-
 def radius_for_target(
     L: ArrayLike,
     lam: ArrayLike,
@@ -112,7 +108,8 @@ def radius_for_target(
         gamma = np.where(ratio >= 1.0, 2.0 * np.maximum(x, 0.0), 0.0)
     else:
         gamma = _exact_gap(np.log(L_ / Vu))
-    return as_result(np.sqrt(gamma / _gap_per_r2(lam_)))
+    # gamma / R^2 is lam / 4 in case + and 2 |lam| in case -
+    return as_result(np.sqrt(gamma / np.where(lam_ > 0, lam_ / 4.0, -2.0 * lam_)))
 
 
 def _exact_gap(log_target: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -38,15 +38,6 @@ _MASKED_N_MAX = 10**8
 SqrtNForm = Literal["sqrt3", "sharp", "triangle"]
 
 
-def _resolve_sqrt_n_form(sharp: bool, form: str | None) -> str:
-    if form is None:
-        return "sharp" if sharp else "sqrt3"
-    checked_choice(form, "form", ("sqrt3", "sharp", "triangle"))
-    if sharp and form != "sharp":
-        raise ValueError(f"sharp=True conflicts with form={form!r}")
-    return form
-
-
 def sqrt_n_upper(
     A_norm: ArrayLike,
     V_norm: ArrayLike,
@@ -98,12 +89,16 @@ def sqrt_n_upper(
     by our derivation; as a bound it is *derived and checked numerically*. The ``"sharp"`` and
     ``"triangle"`` forms are our own, *derived and checked numerically*; they are not the paper's.
     """
-    f = _resolve_sqrt_n_form(sharp, form)
+    if form is None:
+        form = "sharp" if sharp else "sqrt3"
+    checked_choice(form, "form", ("sqrt3", "sharp", "triangle"))
+    if sharp and form != "sharp":
+        raise ValueError(f"sharp=True conflicts with form={form!r}")
     V, theta = norm_theta(A_norm, V_norm, R)
     n_ = checked_float(n, "n", min_value=1.0, allow_inf=True)
-    if f == "sqrt3":
+    if form == "sqrt3":
         out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (4.0 * n_ + 1.0) + n_)
-    elif f == "sharp":
+    elif form == "sharp":
         out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (n_ + 1.0) + n_)
     else:
         out = V * (np.sqrt(n_) * (1.0 + theta) + theta)
