@@ -53,22 +53,13 @@ def head_params(name: str) -> tuple[Any, dict[str, np.ndarray]]:
 def _uppers(n: np.ndarray, D: int, H: int, W: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     from theory.bounds import kim_l2_norms, kim_l2_upper
 
-    ninf = kim_l2_norms(W["WQ"], W["WV"], W["WO"], p="inf")
-    n2 = kim_l2_norms(W["WQ"], W["WV"], W["WO"], p=2)
+    ninf = kim_l2_norms(**W, p="inf")
+    n2 = kim_l2_norms(**W, p=2)
 
     def upper(
-        norms: dict[str, np.ndarray], p: Literal[2, "inf"], wq_power: Literal[1, 2] = 1
+        norms: Mapping[str, Any], p: Literal[2, "inf"], wq_power: Literal[1, 2] = 1
     ) -> np.ndarray:
-        bound = kim_l2_upper(
-            n,
-            D=D,
-            H=H,
-            WQ_norms=norms["WQ_norms"],
-            WV_norms=norms["WV_norms"],
-            WO_norm=norms["WO_norm"],
-            p=p,
-            wq_power=wq_power,
-        )
+        bound = kim_l2_upper(n, D=D, H=H, **norms, p=p, wq_power=wq_power)
         return np.asarray(bound, dtype=float)
 
     return {
