@@ -18,13 +18,8 @@ __all__ = ["claims", "load_heads", "report_section", "summary"]
 
 def load_heads(results_dir: str | Path) -> dict[str, dict[str, Any]]:
     """The saved heads, ``name -> JSON document``, in the order of :data:`HEADS`."""
-    out = Path(results_dir) / NAME
-    docs = {}
-    for name in HEADS:
-        path = out / f"head_{name}.json"
-        if path.exists():
-            docs[name] = load_json(path)
-    return docs
+    paths = {name: Path(results_dir) / NAME / f"head_{name}.json" for name in HEADS}
+    return {name: load_json(path) for name, path in paths.items() if path.exists()}
 
 
 def summary(results_dir: str | Path) -> dict[str, Any]:
