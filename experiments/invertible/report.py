@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,11 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
         per_r = []
         for R in cfg["radii"]:
             sel = [r for r in rows if r["map"] == m and r["R"] == float(R)]
-            counts: dict[str, int] = {}
-            for r in sel:
-                counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
             ratios = [r["max_ratio"] for r in sel if r["max_ratio"] == r["max_ratio"]]
             per_r.append(
                 {
                     "R": float(R),
-                    "outcomes": counts,
+                    "outcomes": dict(Counter(r["outcome"] for r in sel)),
                     "max_ratio": max(ratios) if ratios else None,
                     "banach_holds": all(r["banach_holds"] for r in sel),
                     "max_local_lipschitz": max(r["local_lipschitz"] for r in sel),

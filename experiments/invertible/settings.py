@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypedDict
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from ..engine import StageConfig, preset_settings
 
@@ -36,26 +36,24 @@ class InvertibleSettings(StageConfig):
     tol: float
 
 
-class _Common(TypedDict):
-    """The settings that every preset shares."""
-
-    d: int
-    heads: int
-    n: int
-    target: float
-    ref_radius: float
-    tol: float
-
-
-_COMMON: _Common = {"d": 4, "heads": 2, "n": 4, "target": 0.5, "ref_radius": 1.0, "tol": 1e-12}
-
+_TINY = InvertibleSettings(
+    d=4,
+    heads=2,
+    n=4,
+    target=0.5,
+    ref_radius=1.0,
+    radii=(1.0, 16.0),
+    seeds=(0,),
+    max_iter=100,
+    tol=1e-12,
+)
+_QUICK = replace(_TINY, radii=(0.5, 1.0, 2.0, 4.0, 8.0, 16.0), seeds=(0, 1, 2), max_iter=300)
+#: Each preset is written as what it changes in the one before it.
 PRESETS: Mapping[str, InvertibleSettings] = {
-    "tiny": InvertibleSettings(**_COMMON, radii=(1.0, 16.0), seeds=(0,), max_iter=100),
-    "quick": InvertibleSettings(
-        **_COMMON, radii=(0.5, 1.0, 2.0, 4.0, 8.0, 16.0), seeds=(0, 1, 2), max_iter=300
-    ),
-    "paper": InvertibleSettings(
-        **_COMMON,
+    "tiny": _TINY,
+    "quick": _QUICK,
+    "paper": replace(
+        _QUICK,
         radii=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0),
         seeds=tuple(range(8)),
         max_iter=1000,

@@ -18,13 +18,8 @@ __all__ = ["claims", "load_heads", "report_section", "summary"]
 
 def load_heads(results_dir: str | Path) -> dict[str, dict[str, Any]]:
     """The saved heads, ``name -> JSON document``, in the order of :data:`HEADS`."""
-    out = Path(results_dir) / NAME
-    docs = {}
-    for name in HEADS:
-        path = out / f"head_{name}.json"
-        if path.exists():
-            docs[name] = load_json(path)
-    return docs
+    paths = {name: Path(results_dir) / NAME / f"head_{name}.json" for name in HEADS}
+    return {name: load_json(path) for name, path in paths.items() if path.exists()}
 
 
 def summary(results_dir: str | Path) -> dict[str, Any]:
@@ -58,6 +53,19 @@ def _signed(x: Any) -> str:
     return f"{'−' if x < 0 else '+'} {abs(x):.3g}"
 
 
+#: The columns of a head's table after N.
+_COLUMNS = (
+    "lower_inf",
+    "upper_inf",
+    "ratio_inf",
+    "lower_2",
+    "upper_2",
+    "ratio_2",
+    "upper_2_wq2",
+    "ratio_2_wq2",
+)
+
+
 def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
     """Markdown for ``report.md``: per head, the table bound / lower bound / ratio at every N."""
     heads = load_heads(results_dir)
@@ -88,20 +96,7 @@ def report_section(results_dir: str | Path, figures_dir: str | Path) -> str:
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for i, N in enumerate(r["n"]):
-            cells = [
-                r[k][i]
-                for k in (
-                    "lower_inf",
-                    "upper_inf",
-                    "ratio_inf",
-                    "lower_2",
-                    "upper_2",
-                    "ratio_2",
-                    "upper_2_wq2",
-                    "ratio_2_wq2",
-                )
-            ]
-            lines.append(f"| {N} | " + " | ".join(_fmt(c) for c in cells) + " |")
+            lines.append(f"| {N} | " + " | ".join(_fmt(r[k][i]) for k in _COLUMNS) + " |")
         f = d["fits"]
         lines += [
             "",

@@ -39,11 +39,9 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
         data = load_json(ms)
         best: dict[str, Any] = {}
         for name, rows in data.get("attacks", {}).items():
-            split = [r["split"]["ratio_w2"] for r in rows]
-            move = [r["move"]["ratio_w2"] for r in rows]
             best[name] = {
-                "max_split_ratio_w2": max(split),
-                "max_move_ratio_w2": max(move),
+                "max_split_ratio_w2": max(r["split"]["ratio_w2"] for r in rows),
+                "max_move_ratio_w2": max(r["move"]["ratio_w2"] for r in rows),
                 "max_split_ratio_winf": max(r["split"]["ratio_winf"] for r in rows),
                 "max_move_ratio_winf": max(r["move"]["ratio_winf"] for r in rows),
             }

@@ -21,7 +21,7 @@ from ..engine import (
     torch_threads,
     write_json,
 )
-from .settings import FigureBSettings, FigureCSettings, MassSplittingSettings
+from .settings import MassSplittingSettings
 
 __all__ = [
     "ATTACK_INPUTS",
@@ -110,13 +110,11 @@ def _write_b(
     summary: dict[str, Any] = {"radii": list(radii), "n_atoms": n_atoms, "settings": {}}
     for key, (A_list, label) in FIG_B_SETTINGS.items():
         got = [rows[(key, R)] for R in radii]
-        pts = [np.asarray(_num(r["points"]), dtype=np.float64) for r in got]
-        lws = [np.asarray(_num(r["log_weights"]), dtype=np.float64) for r in got]
+        for f in ("points", "log_weights"):
+            arrays[f"{key}_{f}"] = np.stack([np.asarray(_num(r[f]), dtype=np.float64) for r in got])
         vals = [_num(r["value"]) for r in got]
         tds = [_num(r["two_dirac_bound"]) for r in got]
         cons = [_num(r["construction_value"]) for r in got]
-        arrays[f"{key}_points"] = np.stack(pts)
-        arrays[f"{key}_log_weights"] = np.stack(lws)
         arrays[f"{key}_value"] = np.asarray(vals)
         arrays[f"{key}_two_dirac"] = np.asarray(tds)
         arrays[f"{key}_construction"] = np.asarray(cons)
@@ -362,14 +360,13 @@ def execute(cfg: MassSplittingSettings, out: Path, run: StageRun) -> Steps:
     seed = int(cfg.seed)
     files: list[Path] = []
     todo = []
-    for key in ("figure_b", "figure_c"):
-        stem = out / _FILES[key]
-        group = getattr(cfg, key)
-        kwargs = group.options()
+    for key, name in _FILES.items():
+        stem = out / name
+        kwargs = getattr(cfg, key).options()
         if _same_config(stem.with_suffix(".json"), kwargs):
             files += [stem.with_suffix(".npz"), stem.with_suffix(".json")]
             continue
-        sweep, points, task, context = _sweep(out, group, seed)
+        sweep, points, task, context = _sweep(out, key, kwargs, seed)
         work = float(context["n_restarts"] * context["steps"])  # optimizer steps of a point
 
         def _cost(point: Mapping[str, Any], work: float = work) -> float:
@@ -392,20 +389,18 @@ def execute(cfg: MassSplittingSettings, out: Path, run: StageRun) -> Steps:
     return files
 
 
-def _sweep(out: Path, group: FigureBSettings | FigureCSettings, seed: int) -> tuple[Any, ...]:
-    """The sweep of figure B or C (by its settings group): its points, task function and context."""
-    context: dict[str, Any]
-    if isinstance(group, FigureBSettings):
-        key = "figure_b"
-        context = {"n_atoms": group.n_atoms, "n_restarts": group.n_restarts, "steps": group.steps}
-        points = [{"setting": s, "R": float(R)} for s in FIG_B_SETTINGS for R in group.radii]
+def _sweep(out: Path, key: str, settings: Mapping[str, Any], seed: int) -> tuple[Any, ...]:
+    """The sweep of figure ``key`` (its ``settings`` group): its points, task function and context."""
+    if key == "figure_b":
+        shared: tuple[str, ...] = ("n_atoms", "n_restarts", "steps")
+        points = [{"setting": s, "R": float(R)} for s in FIG_B_SETTINGS for R in settings["radii"]]
         task = worst_measure_point
     else:
-        key = "figure_c"
-        context = {k: getattr(group, k) for k in ("R_attack", "k_max", "n_restarts", "steps")}
-        points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in group.budgets]
+        shared = ("R_attack", "k_max", "n_restarts", "steps")
+        budgets = settings["budgets"]
+        points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in budgets]
         task = mass_splitting_point
-    context["seed"] = seed
+    context = {**{k: settings[k] for k in shared}, "seed": seed}
     sweep = Sweep(
         out,
         f"{_FILES[key]}_points",
