@@ -94,7 +94,6 @@ def call_task(
         old = torch.get_num_threads()
         torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
     t0, loads = time.perf_counter(), LOADS["seconds"]
-    result: dict[str, Any]
     try:
         result = {"status": "ok", "value": dict(fn(dict(config)))}
     except Exception as err:  # noqa: BLE001 - any failure of the point is reported to the driver
@@ -161,11 +160,9 @@ class Executor(Protocol):
 
     def map_unordered(self, tasks: Sequence[Task]) -> Generator[Outcome, None, None]:
         """Run ``tasks`` (largest cost first) and yield one :class:`Outcome` per task."""
-        ...
 
     def close(self) -> None:
         """Release the executor's resources."""
-        ...
 
 
 class SerialExecutor:

@@ -257,11 +257,10 @@ class OutDirLock:
             return  # another run is taking over right now; the caller tries again
         try:
             current = _read(self.path)
-            same = (
-                current is None and stale is None
-                if stale is None
-                else current is not None and current.get("token") == stale.get("token")
-            )
+            if stale is None:
+                same = current is None
+            else:
+                same = current is not None and current.get("token") == stale.get("token")
             if same:
                 self.path.unlink(missing_ok=True)
         finally:
