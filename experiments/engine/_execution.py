@@ -94,7 +94,6 @@ def call_task(
         old = torch.get_num_threads()
         torch.set_num_threads(int(threads) if cap is None else min(int(threads), cap))
     t0, loads = time.perf_counter(), LOADS["seconds"]
-    result: dict[str, Any]
     try:
         result = {"status": "ok", "value": dict(fn(dict(config)))}
     except Exception as err:  # noqa: BLE001 - any failure of the point is reported to the driver
@@ -161,11 +160,9 @@ class Executor(Protocol):
 
     def map_unordered(self, tasks: Sequence[Task]) -> Generator[Outcome, None, None]:
         """Run ``tasks`` (largest cost first) and yield one :class:`Outcome` per task."""
-        ...
 
     def close(self) -> None:
         """Release the executor's resources."""
-        ...
 
 
 class SerialExecutor:
@@ -348,15 +345,8 @@ class DaskExecutor:
         pending = set(futures)
         try:
             for fut in as_completed([f for f, _ in futures.values()]):
-                task = futures[fut.key][1]
                 pending.discard(fut.key)
-                try:
-                    raw = fut.result()
-                except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
-                    yield Outcome(task=task, status="lost", error=_one_line(err))
-                else:
-                    yield _outcome(task, raw, self.times)
-                fut.release()
+                yield self._result(fut, futures[fut.key][1])
         finally:
             if pending:  # the driver stopped early: do not leave work running for nobody
                 self.client.cancel([futures[k][0] for k in pending])
@@ -372,11 +362,10 @@ class DaskExecutor:
             log.warning("could not time the imports on the workers: %s", _one_line(err))
             return
         self._imported.update(names)
+        seconds = self.times.import_seconds
         for info in done.values():
             key = f"pid {info['pid']}"
-            self.times.import_seconds[key] = self.times.import_seconds.get(key, 0.0) + float(
-                info["seconds"]
-            )
+            seconds[key] = seconds.get(key, 0.0) + float(info["seconds"])
 
     def call(
         self, fn: Callable[[Mapping[str, Any]], Mapping[str, Any]], config: Mapping[str, Any]
@@ -390,7 +379,14 @@ class DaskExecutor:
         names = sorted(self.client.scheduler_info()["workers"])
         where = {"workers": names[:1], "allow_other_workers": True} if names else {}
         fut = self.client.submit(call_task, fn, dict(config), self.threads, pure=False, **where)
-        task = Task("remote", fn, dict(config), cost=0.0)
+        return self._result(fut, Task("remote", fn, dict(config), cost=0.0))
+
+    def _result(self, fut: Any, task: Task) -> Outcome:
+        """The outcome of ``task`` from its finished future ``fut``, which is then released.
+
+        ``"lost"`` when the future failed rather than the task (its worker died, the cluster
+        went away); the task's own failure comes back as data (:func:`call_task`).
+        """
         try:
             raw = fut.result()
         except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection, ...
@@ -504,10 +500,6 @@ def run_jobs(
         raise ValueError(f"sweeps must be distinct, got {paths}")
     names = [job.sweep.name for job in jobs]
     stage_too = len(set(names)) != len(names)  # the same name in two stages: tell them apart
-    labels = {
-        id(job): f"{job.sweep.out_dir.name}/{job.sweep.name}" if stage_too else job.sweep.name
-        for job in jobs
-    }
     executor = executor if executor is not None else SerialExecutor()
     summary = RunSummary()
     t_start = time.perf_counter()
@@ -518,7 +510,7 @@ def run_jobs(
         if (job.batch_fn is None) != (job.batch_key is None):
             raise ValueError(f"{job.sweep.name}: give both batch_fn and batch_key, or neither")
         sweep = job.sweep
-        label = labels[id(job)]
+        label = f"{sweep.out_dir.name}/{sweep.name}" if stage_too else sweep.name
         records = sweep.records()
         done = {r["key"] for r in records}
         points = [dict(p) for p in job.points]
@@ -543,7 +535,7 @@ def run_jobs(
                 )
             tkey = f"{label}/{pkey}"
             config = {**job.context, **p}
-            member = _Member(job, p, pkey, tkey, config, c, label)
+            member = _Member(job, p, pkey, config, c, label)
             if job.batch_fn is not None and job.batch_key is not None:  # both or neither (above)
                 gkey = (job.batch_fn, job.batch_key(config))
                 if gkey not in groups:  # the group's task takes the place of its first point
@@ -590,12 +582,11 @@ def calibrate(
 
 @dataclass(frozen=True)
 class _Member:
-    """One unfinished point in the driver's queue: its job, point, keys, task config and cost."""
+    """One unfinished point in the driver's queue: its job, point, key, task config and cost."""
 
     job: SweepJob
     point: dict[str, Any]
     pkey: str
-    tkey: str
     config: dict[str, Any]
     cost: float
     label: str

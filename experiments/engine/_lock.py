@@ -32,6 +32,7 @@ import contextlib
 import datetime as _dt
 import errno
 import json
+import logging
 import os
 import shlex
 import signal
@@ -53,6 +54,8 @@ __all__ = [
     "lock_owner",
     "sigterm_as_exit",
 ]
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".meanfield.lock"
 _TAKEOVER_SUFFIX = ".takeover"
@@ -254,11 +257,10 @@ class OutDirLock:
             return  # another run is taking over right now; the caller tries again
         try:
             current = _read(self.path)
-            same = (
-                current is None and stale is None
-                if stale is None
-                else current is not None and current.get("token") == stale.get("token")
-            )
+            if stale is None:
+                same = current is None
+            else:
+                same = current is not None and current.get("token") == stale.get("token")
             if same:
                 self.path.unlink(missing_ok=True)
         finally:
@@ -269,9 +271,6 @@ class OutDirLock:
         """Take the lock or raise :class:`LockHeldError` (``timeout`` bounds races, not waiting)."""
         if self.held:
             return self
-        import logging
-
-        log = logging.getLogger(__name__)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         info = _owner_info(self.command)
         deadline = time.monotonic() + timeout
@@ -304,12 +303,11 @@ class OutDirLock:
                     self.took_over = current
                     self._take_over(current)
                     continue
-                where = "is in use by" if stale is False else "is locked by a run on another host,"
-                hint = (
-                    "wait for it to finish or stop it"
-                    if stale is False
-                    else f"if that run is over, remove {self.path}"
-                )
+                if stale is False:
+                    where, hint = "is in use by", "wait for it to finish or stop it"
+                else:
+                    where = "is locked by a run on another host,"
+                    hint = f"if that run is over, remove {self.path}"
                 raise LockHeldError(f"{self.out_dir} {where} {describe(current)}; {hint}")
             if time.monotonic() > deadline:
                 raise LockHeldError(

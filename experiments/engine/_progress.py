@@ -65,7 +65,7 @@ class _Stage:
     skipped_points: int = 0
     started: float | None = None
     finished: bool = False
-    seconds: float = field(default=0.0)
+    seconds: float = 0.0
     # the phase the stage's work was declared in (see CostProgress.plan), and the seconds its
     # points were predicted to take by the caller's cost model (0: no prediction)
     phase: str | None = None
@@ -278,7 +278,7 @@ class CostProgress:
         st.done_points += int(points)
         st.skipped_cost += float(cost)
         st.skipped_points += int(points)
-        self._after_update(st, float(cost))
+        self._after_update(st)
 
     def advance(
         self, stage: str, cost: float, points: int = 1, seconds: float | None = None
@@ -298,7 +298,7 @@ class CostProgress:
             st.run_points += int(points)
             st.add_timing(int(points), float(cost), float(seconds))
             self._computed_seconds += float(seconds)
-        self._after_update(st, float(cost))
+        self._after_update(st)
 
     def start_stage(self, stage: str) -> None:
         """Note that work on ``stage`` begins now (for its elapsed time; optional)."""
@@ -553,8 +553,7 @@ class CostProgress:
         if self.tty:
             self._refresh()
             return
-        now = self.clock()
-        self._last_line_t = now
+        self._last_line_t = self.clock()
         self._last_line_pct = math.floor(100 * self.fraction())
         self._write(self.status_line())
 
@@ -567,18 +566,17 @@ class CostProgress:
         self._maybe_line(self.clock() if now is None else now)
 
     def _maybe_line(self, now: float) -> None:
-        if self._to_come > 0 and not self.phases:  # no meaningful percent: one line per interval
-            if now - self._last_line_t >= self.min_interval:
-                self._last_line_t = now
-                self._write(self.status_line())
+        if now - self._last_line_t < self.min_interval:
             return
-        pct = math.floor(100 * self.fraction())
-        if pct > self._last_line_pct and now - self._last_line_t >= self.min_interval:
+        if self._to_come == 0 or self.phases:  # else no meaningful percent: one line per interval
+            pct = math.floor(100 * self.fraction())
+            if pct <= self._last_line_pct:
+                return
             self._last_line_pct = pct
-            self._last_line_t = now
-            self._write(self.status_line())
+        self._last_line_t = now
+        self._write(self.status_line())
 
-    def _after_update(self, st: _Stage, cost: float) -> None:
+    def _after_update(self, st: _Stage) -> None:
         now = self.clock()
         self._label = st.name
         if st.done_points >= st.points and not st.finished:

@@ -74,9 +74,8 @@ def blas_threads(n: int | None = 1) -> Iterator[None]:
         yield
         return
     cap = thread_cap()
-    with _blas_controller().limit(
-        limits=int(n) if cap is None else min(int(n), cap), user_api="blas"
-    ):
+    k = int(n) if cap is None else min(int(n), cap)
+    with _blas_controller().limit(limits=k, user_api="blas"):
         yield
 
 
