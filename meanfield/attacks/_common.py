@@ -178,6 +178,16 @@ def single_head_matrices(params: Params, what: str) -> tuple[Tensor, Tensor]:
 # =============================================================================================
 # generic multi-start ascent
 # =============================================================================================
+def _adam_step(opt: torch.optim.Optimizer, params: list[Tensor], loss: Tensor) -> None:
+    """One step of ``opt`` down ``loss``, non-finite gradient entries set to zero."""
+    opt.zero_grad()
+    loss.backward()
+    for p in params:
+        if p.grad is not None:
+            torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+    opt.step()
+
+
 def ascend_restarts(
     objective: Callable[..., Tensor],
     init: list[Tensor],
@@ -225,13 +235,8 @@ def ascend_restarts(
             rec.append(step)
         if step == steps:
             break
-        opt.zero_grad()
         loss = -torch.where(torch.isfinite(score), score, torch.zeros_like(score)).sum()
-        loss.backward()
-        for p in params:
-            if p.grad is not None:
-                torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
+        _adam_step(opt, params, loss)
     history = torch.stack(hist, dim=1)
     return best, best_p, history, torch.tensor(rec)
 
@@ -341,10 +346,5 @@ def run_single(
             best, best_p = v, [p.detach().clone() for p in params]
         if step == steps or not (math.isfinite(v) and v > 0):
             break
-        opt.zero_grad()
-        (-torch.log(val)).backward()
-        for p in params:
-            if p.grad is not None:
-                torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
+        _adam_step(opt, params, -torch.log(val))
     return best, best_p

@@ -375,9 +375,8 @@ def worst_case_measure(
             vc = constant(Xc, Lc)
         j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
         cons_value = float(vc[j])
+        improve = vc >= best_vals[:n_cons]
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
-        Xb, Lb = Xb.clone(), Lb.clone()
-        improve = vc >= best.exp()[:n_cons]
         Xb[:n_cons][improve] = Xc[improve]
         Lb[:n_cons][improve] = Lc[improve]
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
@@ -577,7 +576,7 @@ def worst_case_sequence(
         objective, [Z0], [lr], int(steps), progress=progress, desc="worst_case_sequence"
     )
     best_vals = best.exp()
-    Xb = _to_points(best_p[0], R, sphere).detach().clone()
+    Xb = _to_points(best_p[0], R, sphere)
     cons_value = -math.inf
     if n_cons:
         with torch.no_grad():
