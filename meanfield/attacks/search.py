@@ -143,7 +143,11 @@ def _construction_starts(
       docs/theory.md §A4: :math:`-Ru`, :math:`cRu`, :math:`Ru` (:math:`c=0.5`) with log-masses
       :math:`0`, :math:`-\lambda R^2c(1+c)`, :math:`-2\lambda R^2c`, which balance the middle atom's
       attention across all three (the shape found by random multi-start searches).
+
+    No start (and gap 0) for a single atom: every construction has two atoms or more.
     """
+    if n < 2:
+        return [], [], [], 0.0
     pts, lws, labels = [], [], []
     best_gap = 0.0
     dev = params.device
@@ -324,12 +328,7 @@ def worst_case_measure(
     d, dev = p64.d, p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
 
-    pts: list[Tensor] = []
-    lws: list[Tensor] = []
-    labels: list[str] = []
-    gap = 0.0
-    if n >= 2:
-        pts, lws, labels, gap = _construction_starts(p64, R, n, sphere)
+    pts, lws, labels, gap = _construction_starts(p64, R, n, sphere)
     n_cons = len(pts)
     for m in _as_init_list(init):
         if not isinstance(m, DiracMeasure) or m.points.shape != (n, d):
@@ -373,8 +372,7 @@ def worst_case_measure(
             Xc = torch.stack(pts[:n_cons])
             Lc = log_masses(torch.stack(lws[:n_cons]))
             vc = constant(Xc, Lc)
-        j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
-        cons_value = float(vc[j])
+        cons_value = float(vc[int(torch.nan_to_num(vc, nan=-math.inf).argmax())])
         improve = vc >= best_vals[:n_cons]
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
         Xb[:n_cons][improve] = Xc[improve]

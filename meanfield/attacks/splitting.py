@@ -455,17 +455,8 @@ def mass_splitting_attack(
         _, f, g, i_s = best_by_k[k]
         frac, lan = _split_log_weights(la, i_s, f)
         Xs = _budget_move(as_float64(mu64.split(i_s, k).points), g, lan, budget, R_)
-        split_by_k.append(
-            emit(
-                "split",
-                Xs.detach(),
-                lan.detach(),
-                budget,
-                k=k,
-                atom=i_s,
-                fractions=frac.detach().exp().to(like),
-            )
-        )
+        fractions = frac.detach().exp().to(like)
+        split_by_k.append(emit("split", Xs, lan, budget, k=k, atom=i_s, fractions=fractions))
     split = max(split_by_k, key=lambda q: q.ratio_w2)
 
     # ------------------------------------------------------------------ token count changes
