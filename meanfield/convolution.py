@@ -416,9 +416,8 @@ def conv2d_spectral_upper(
     # tiny kernels, falls into the subnormals
     upper = _ldexp_up(r.upper, e) if r.ok else math.inf
     ok = r.ok and math.isfinite(upper)
-    dev = kernel.device
     return ConvSpectralResult(
-        upper=torch.tensor(upper if ok else math.inf, dtype=torch.float64, device=dev),
+        upper=torch.tensor(upper, dtype=torch.float64, device=kernel.device),
         gram=_pow2_scale(r.gram, e),
         circular_exact=None if r.circ is None else _pow2_scale(r.circ, e),
         per_frequency=_pow2_scale(r.per_freq.to(torch.float64), e).to(kernel.dtype),

@@ -547,12 +547,12 @@ def l2_lipschitz_lower(
         cons_vals = [l2_jacobian_spectral_norm(cs.X, p64) for cs in cons]
         cons_value = max(cons_vals)
         objective = _spectral_objective(f, Z0.shape, gen, power_iters)
-
-    if p == 2:
         Z = Z0.clone().requires_grad_(True)
         for _ in range(_WARMUP):  # converge the power iteration at the starts first
             objective(Z)
+
     lr = float(opts.lr or _DEFAULTS.lr or 0.03) * scale
+    # log_objective=True: the ascent maximises the norm itself, not its logarithm
     best, (best_Z,), _, _ = ascend_restarts(objective, [Z0], [lr], opts.steps, log_objective=True)
     k = int(best.argmax())
     X = best_Z[k]
