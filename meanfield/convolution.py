@@ -192,13 +192,9 @@ def zero_padding_grid(
     tuple of int
         ``(N_h, N_w)``.
     """
-    ks, ns, ps = (
-        _pair(kernel_size, "kernel_size"),
-        _pair(input_size, "input_size"),
-        _pair(pad, "pad"),
-    )
+    ks, ns = _pair(kernel_size, "kernel_size"), _pair(input_size, "input_size")
     out = []
-    for k, n, p in zip(ks, ns, ps):
+    for k, n, p in zip(ks, ns, _pair(pad, "pad")):
         if p < 0 or n < 1 or k < 1:
             raise ValueError(f"need k >= 1, n >= 1, p >= 0, got k={k}, n={n}, p={p}")
         if n + 2 * p - k + 1 < 1:
