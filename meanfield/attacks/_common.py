@@ -195,7 +195,6 @@ def ascend_restarts(
     steps: int,
     *,
     log_objective: bool = False,
-    record_every: int | None = None,
     progress: bool = False,
     desc: str = "search",
 ) -> tuple[Tensor, list[Tensor], Tensor, Tensor]:
@@ -203,7 +202,8 @@ def ascend_restarts(
 
     ``objective(*params)`` returns one value per start (first dimension). Maximises the value
     (``log_objective=True``) or its logarithm. Returns (best values (S,), best parameters, history
-    (S, T) of the values at the recorded steps, recorded step indices (T,)). Values are on the
+    (S, T) of the values at the recorded steps, recorded step indices (T,): every
+    ``max(1, steps // 60)``-th step and the last). Values are on the
     objective's scale (log when ``log_objective``).
     """
     params = [p.detach().clone().requires_grad_(True) for p in init]
@@ -211,7 +211,7 @@ def ascend_restarts(
     S = params[0].shape[0]
     best = torch.full((S,), -math.inf, dtype=torch.float64, device=params[0].device)
     best_p = [p.detach().clone() for p in params]
-    every = record_every or max(1, steps // 60)
+    every = max(1, steps // 60)
     hist, rec = [], []
     it = range(steps + 1)
     if progress:
@@ -237,8 +237,7 @@ def ascend_restarts(
             break
         loss = -torch.where(torch.isfinite(score), score, torch.zeros_like(score)).sum()
         _adam_step(opt, params, loss)
-    history = torch.stack(hist, dim=1)
-    return best, best_p, history, torch.tensor(rec)
+    return best, best_p, torch.stack(hist, dim=1), torch.tensor(rec)
 
 
 # =============================================================================================
