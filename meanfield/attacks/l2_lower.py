@@ -280,19 +280,6 @@ def l2_construction_value(
     return out.reshape(c_shape)
 
 
-def _construction_points(N: int, c: float, u: Tensor, layout: Layout, lam: Tensor) -> Tensor:
-    n0, n1, parked = _split(N, layout, lam)
-    X = torch.zeros(N, u.shape[0], dtype=torch.float64, device=u.device)
-    if layout == "common":
-        X[n0:] = c * u
-    else:
-        X[n0 : n0 + n1 // 2] = c * u
-        X[n0 + n1 // 2 : n0 + n1] = -c * u
-    if parked:
-        X[n0 + n1 :] = math.sqrt(_PARK_COST / float(lam.min())) * u
-    return X
-
-
 def l2_construction(
     params: L2AttentionParams, N: int, *, layout: Layout = "symmetric"
 ) -> L2Construction:
@@ -346,8 +333,15 @@ def l2_construction(
     value, c, iu, b = best
     u = U[iu]
     lam_u = A @ u @ u
-    n0, _, parked = _split(N, layout, lam_u)
-    X = _construction_points(N, c, u, layout, lam_u)
+    n0, n1, parked = _split(N, layout, lam_u)
+    X = torch.zeros(N, D, dtype=torch.float64, device=u.device)
+    if layout == "common":
+        X[n0:] = c * u
+    else:
+        X[n0 : n0 + n1 // 2] = c * u
+        X[n0 + n1 // 2 : n0 + n1] = -c * u
+    if parked:
+        X[n0 + n1 :] = math.sqrt(_PARK_COST / float(lam_u.min())) * u
     dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2Construction(
         X=X.to(dtype=dtype, device=dev),
