@@ -352,7 +352,7 @@ def l2_construction(
         b=b,
         n_zero=n0,
         n_parked=parked,
-        costs=(c**2 * (A @ u @ u)).to(dtype=dtype, device=dev),
+        costs=(c**2 * lam_u).to(dtype=dtype, device=dev),
     )
 
 
