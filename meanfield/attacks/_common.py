@@ -112,8 +112,7 @@ def resolve_options(
     resolved = ResolvedOptions(
         int(opts.n_restarts), int(opts.steps), float(opts.lr), int(opts.seed)
     )
-    gen = torch.Generator(device="cpu").manual_seed(resolved.seed)
-    return resolved, gen
+    return resolved, torch.Generator(device="cpu").manual_seed(resolved.seed)
 
 
 # =============================================================================================

@@ -355,8 +355,9 @@ def mass_splitting_attack(
     la = as_float64(mu.log_weights).to(dev)
     a = la.exp()
     n, d = X.shape
-    R_ = float(torch.linalg.vector_norm(X, dim=-1).max()) if R is None else check_radius(R)
-    if R is not None and float(torch.linalg.vector_norm(X, dim=-1).max()) > R_ * (1 + 1e-12):
+    r_max = float(torch.linalg.vector_norm(X, dim=-1).max())
+    R_ = r_max if R is None else check_radius(R)
+    if r_max > R_ * (1 + 1e-12):
         raise ValueError("mu must lie in the ball of radius R")
     if not R_ > 0:
         raise ValueError("mu is a Dirac at the origin: pass the radius R of the ball")
