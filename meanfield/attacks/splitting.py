@@ -246,7 +246,10 @@ def _budget_move(X: Tensor, g: Tensor, la: Tensor, budget: float, R: float) -> T
 def _best_start(
     objective: Callable[[Tensor], Tensor], inits: list[Tensor], lr: float, steps: int, what: str
 ) -> Tensor:
-    """Best parameter of :func:`run_single` ascents from every start in ``inits``."""
+    """Best parameter of :func:`run_single` ascents from every start in ``inits``.
+
+    A ValueError naming the ``what`` starts when none reaches a finite ratio.
+    """
     best_v, best = -math.inf, None
     for x0 in inits:
         v, (x,) = run_single(objective, [x0], [lr], steps)
