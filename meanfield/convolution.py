@@ -192,13 +192,9 @@ def zero_padding_grid(
     tuple of int
         ``(N_h, N_w)``.
     """
-    ks, ns, ps = (
-        _pair(kernel_size, "kernel_size"),
-        _pair(input_size, "input_size"),
-        _pair(pad, "pad"),
-    )
+    ks, ns = _pair(kernel_size, "kernel_size"), _pair(input_size, "input_size")
     out = []
-    for k, n, p in zip(ks, ns, ps):
+    for k, n, p in zip(ks, ns, _pair(pad, "pad")):
         if p < 0 or n < 1 or k < 1:
             raise ValueError(f"need k >= 1, n >= 1, p >= 0, got k={k}, n={n}, p={p}")
         if n + 2 * p - k + 1 < 1:
@@ -416,9 +412,8 @@ def conv2d_spectral_upper(
     # tiny kernels, falls into the subnormals
     upper = _ldexp_up(r.upper, e) if r.ok else math.inf
     ok = r.ok and math.isfinite(upper)
-    dev = kernel.device
     return ConvSpectralResult(
-        upper=torch.tensor(upper if ok else math.inf, dtype=torch.float64, device=dev),
+        upper=torch.tensor(upper, dtype=torch.float64, device=kernel.device),
         gram=_pow2_scale(r.gram, e),
         circular_exact=None if r.circ is None else _pow2_scale(r.circ, e),
         per_frequency=_pow2_scale(r.per_freq.to(torch.float64), e).to(kernel.dtype),

@@ -599,12 +599,10 @@ def _sinkhorn_log(
             u, v, k = run(e, 1, 0.0, u, v)
             n_iter += k
             e_next = max(e * scaling, eps)
-            u = rescale(u, log_a, live_a, e, e_next)
-            v = rescale(v, log_b, live_b, e, e_next)
+            u, v = rescale(u, log_a, live_a, e, e_next), rescale(v, log_b, live_b, e, e_next)
             e = e_next
     if e != eps:  # scaling stopped by max_iter above eps
-        u = rescale(u, log_a, live_a, e, eps)
-        v = rescale(v, log_b, live_b, e, eps)
+        u, v = rescale(u, log_a, live_a, e, eps), rescale(v, log_b, live_b, e, eps)
     u, v, k = run(eps, max_iter - n_iter, tol / math.sqrt(C.shape[1]), u, v)
     n_iter += k
     log_plan = u[:, None] + v[None, :] - C / eps

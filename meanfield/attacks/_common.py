@@ -112,8 +112,7 @@ def resolve_options(
     resolved = ResolvedOptions(
         int(opts.n_restarts), int(opts.steps), float(opts.lr), int(opts.seed)
     )
-    gen = torch.Generator(device="cpu").manual_seed(resolved.seed)
-    return resolved, gen
+    return resolved, torch.Generator(device="cpu").manual_seed(resolved.seed)
 
 
 # =============================================================================================
@@ -178,6 +177,16 @@ def single_head_matrices(params: Params, what: str) -> tuple[Tensor, Tensor]:
 # =============================================================================================
 # generic multi-start ascent
 # =============================================================================================
+def _adam_step(opt: torch.optim.Optimizer, params: list[Tensor], loss: Tensor) -> None:
+    """One step of ``opt`` down ``loss``, non-finite gradient entries set to zero."""
+    opt.zero_grad()
+    loss.backward()
+    for p in params:
+        if p.grad is not None:
+            torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+    opt.step()
+
+
 def ascend_restarts(
     objective: Callable[..., Tensor],
     init: list[Tensor],
@@ -185,7 +194,6 @@ def ascend_restarts(
     steps: int,
     *,
     log_objective: bool = False,
-    record_every: int | None = None,
     progress: bool = False,
     desc: str = "search",
 ) -> tuple[Tensor, list[Tensor], Tensor, Tensor]:
@@ -193,7 +201,8 @@ def ascend_restarts(
 
     ``objective(*params)`` returns one value per start (first dimension). Maximises the value
     (``log_objective=True``) or its logarithm. Returns (best values (S,), best parameters, history
-    (S, T) of the values at the recorded steps, recorded step indices (T,)). Values are on the
+    (S, T) of the values at the recorded steps, recorded step indices (T,): every
+    ``max(1, steps // 60)``-th step and the last). Values are on the
     objective's scale (log when ``log_objective``).
     """
     params = [p.detach().clone().requires_grad_(True) for p in init]
@@ -201,7 +210,7 @@ def ascend_restarts(
     S = params[0].shape[0]
     best = torch.full((S,), -math.inf, dtype=torch.float64, device=params[0].device)
     best_p = [p.detach().clone() for p in params]
-    every = record_every or max(1, steps // 60)
+    every = max(1, steps // 60)
     hist, rec = [], []
     it = range(steps + 1)
     if progress:
@@ -225,15 +234,9 @@ def ascend_restarts(
             rec.append(step)
         if step == steps:
             break
-        opt.zero_grad()
         loss = -torch.where(torch.isfinite(score), score, torch.zeros_like(score)).sum()
-        loss.backward()
-        for p in params:
-            if p.grad is not None:
-                torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
-    history = torch.stack(hist, dim=1)
-    return best, best_p, history, torch.tensor(rec)
+        _adam_step(opt, params, loss)
+    return best, best_p, torch.stack(hist, dim=1), torch.tensor(rec)
 
 
 # =============================================================================================
@@ -341,10 +344,5 @@ def run_single(
             best, best_p = v, [p.detach().clone() for p in params]
         if step == steps or not (math.isfinite(v) and v > 0):
             break
-        opt.zero_grad()
-        (-torch.log(val)).backward()
-        for p in params:
-            if p.grad is not None:
-                torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
+        _adam_step(opt, params, -torch.log(val))
     return best, best_p

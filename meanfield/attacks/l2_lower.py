@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..attention import l2_self_attention
 from ..params import L2AttentionParams
-from ._common import SearchOptions, resolve_options
+from ._common import SearchOptions, ascend_restarts, resolve_options
 
 __all__ = [
     "L2Construction",
@@ -79,10 +79,7 @@ def _head_maps(params: L2AttentionParams) -> tuple[Tensor, Tensor]:
     H, D, k = p.W_Q.shape
     A = p.W_Q @ p.W_Q.mT / math.sqrt(k)
     dv = p.W_V.shape[2]
-    if p.W_O is None:
-        WO = torch.eye(H * dv, dtype=torch.float64, device=p.W_Q.device)
-    else:
-        WO = p.W_O
+    WO = torch.eye(H * dv, dtype=torch.float64, device=p.W_Q.device) if p.W_O is None else p.W_O
     B = p.W_V @ WO.reshape(H, dv, -1)
     return A, B
 
@@ -265,8 +262,7 @@ def l2_construction_value(
     c = torch.as_tensor(c, dtype=torch.float64).reshape(-1, 1, 1)  # (C, 1, 1)
     Au = A @ u  # (H, D)
     lam = Au @ u  # (H,)
-    alpha = A @ B[:, :, b : b + 1]  # (H, D, 1)
-    alpha = alpha.squeeze(-1)  # (H, D)
+    alpha = (A @ B[:, :, b : b + 1]).squeeze(-1)  # (H, D)
     t = c.squeeze(-1) ** 2 * lam  # (C, H)
     if n1 == 0:
         q = torch.ones_like(t)
@@ -282,19 +278,6 @@ def l2_construction_value(
     far = ((1 - q).unsqueeze(-1) * (alpha - corr)).sum(1).abs().sum(-1)
     out = own + zeros + far
     return out.reshape(c_shape)
-
-
-def _construction_points(N: int, c: float, u: Tensor, layout: Layout, lam: Tensor) -> Tensor:
-    n0, n1, parked = _split(N, layout, lam)
-    X = torch.zeros(N, u.shape[0], dtype=torch.float64, device=u.device)
-    if layout == "common":
-        X[n0:] = c * u
-    else:
-        X[n0 : n0 + n1 // 2] = c * u
-        X[n0 + n1 // 2 : n0 + n1] = -c * u
-    if parked:
-        X[n0 + n1 :] = math.sqrt(_PARK_COST / float(lam.min())) * u
-    return X
 
 
 def l2_construction(
@@ -327,10 +310,8 @@ def l2_construction(
     A, B = _head_maps(params)
     H, D, _ = A.shape
     d_out = B.shape[2]
-    dirs = [torch.eye(D, dtype=torch.float64, device=A.device)]
-    for h in range(H):
-        dirs.append(torch.linalg.eigh(A[h])[1].mT)
-    U = torch.cat(dirs)
+    eigvecs = [torch.linalg.eigh(A[h])[1].mT for h in range(H)]
+    U = torch.cat([torch.eye(D, dtype=torch.float64, device=A.device), *eigvecs])
     best: tuple[float, float, int, int] = (-math.inf, 1.0, 0, 0)
     logN = math.log(N)
     for iu in range(U.shape[0]):
@@ -352,8 +333,15 @@ def l2_construction(
     value, c, iu, b = best
     u = U[iu]
     lam_u = A @ u @ u
-    n0, _, parked = _split(N, layout, lam_u)
-    X = _construction_points(N, c, u, layout, lam_u)
+    n0, n1, parked = _split(N, layout, lam_u)
+    X = torch.zeros(N, D, dtype=torch.float64, device=u.device)
+    if layout == "common":
+        X[n0:] = c * u
+    else:
+        X[n0 : n0 + n1 // 2] = c * u
+        X[n0 + n1 // 2 : n0 + n1] = -c * u
+    if parked:
+        X[n0 + n1 :] = math.sqrt(_PARK_COST / float(lam_u.min())) * u
     dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2Construction(
         X=X.to(dtype=dtype, device=dev),
@@ -364,7 +352,7 @@ def l2_construction(
         b=b,
         n_zero=n0,
         n_parked=parked,
-        costs=(c**2 * (A @ u @ u)).to(dtype=dtype, device=dev),
+        costs=(c**2 * lam_u).to(dtype=dtype, device=dev),
     )
 
 
@@ -537,7 +525,7 @@ def l2_lipschitz_lower(
         cons.append(l2_construction(p64, N, layout="symmetric"))
     scale = max(cs.c for cs in cons)
     starts = [cs.X.to(torch.float64) for cs in cons]
-    for _ in range(int(opts.n_restarts or 0)):
+    for _ in range(opts.n_restarts):
         starts.append(scale * torch.randn(N, p64.D, generator=gen, dtype=torch.float64))
     Z0 = torch.stack(starts).to(p64.W_Q.device)
 
@@ -553,29 +541,13 @@ def l2_lipschitz_lower(
         cons_vals = [l2_jacobian_spectral_norm(cs.X, p64) for cs in cons]
         cons_value = max(cons_vals)
         objective = _spectral_objective(f, Z0.shape, gen, power_iters)
-
-    steps = int(opts.steps or 0)
-    Z = Z0.clone().requires_grad_(True)
-    if p == 2:
+        Z = Z0.clone().requires_grad_(True)
         for _ in range(_WARMUP):  # converge the power iteration at the starts first
             objective(Z)
-    opt = torch.optim.Adam([Z], lr=float(opts.lr or _DEFAULTS.lr or 0.03) * scale)
-    best = torch.full((Z.shape[0],), -math.inf, dtype=torch.float64)
-    best_Z = Z0.clone()
-    for step in range(steps + 1):
-        vals = objective(Z)
-        v = torch.nan_to_num(vals.detach(), nan=-math.inf).cpu()
-        better = v > best
-        if bool(better.any()):
-            best = torch.where(better, v, best)
-            best_Z[better.to(best_Z.device)] = Z.detach()[better.to(best_Z.device)]
-        if step == steps:
-            break
-        opt.zero_grad()
-        (-torch.where(torch.isfinite(vals), vals, torch.zeros_like(vals)).sum()).backward()
-        if Z.grad is not None:
-            torch.nan_to_num_(Z.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
+
+    lr = float(opts.lr or _DEFAULTS.lr or 0.03) * scale
+    # log_objective=True: the ascent maximises the norm itself, not its logarithm
+    best, (best_Z,), _, _ = ascend_restarts(objective, [Z0], [lr], opts.steps, log_objective=True)
     k = int(best.argmax())
     X = best_Z[k]
     if p == "inf":

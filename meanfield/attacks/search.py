@@ -143,7 +143,11 @@ def _construction_starts(
       docs/theory.md §A4: :math:`-Ru`, :math:`cRu`, :math:`Ru` (:math:`c=0.5`) with log-masses
       :math:`0`, :math:`-\lambda R^2c(1+c)`, :math:`-2\lambda R^2c`, which balance the middle atom's
       attention across all three (the shape found by random multi-start searches).
+
+    No start (and gap 0) for a single atom: every construction has two atoms or more.
     """
+    if n < 2:
+        return [], [], [], 0.0
     pts, lws, labels = [], [], []
     best_gap = 0.0
     dev = params.device
@@ -324,12 +328,7 @@ def worst_case_measure(
     d, dev = p64.d, p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
 
-    pts: list[Tensor] = []
-    lws: list[Tensor] = []
-    labels: list[str] = []
-    gap = 0.0
-    if n >= 2:
-        pts, lws, labels, gap = _construction_starts(p64, R, n, sphere)
+    pts, lws, labels, gap = _construction_starts(p64, R, n, sphere)
     n_cons = len(pts)
     for m in _as_init_list(init):
         if not isinstance(m, DiracMeasure) or m.points.shape != (n, d):
@@ -373,11 +372,9 @@ def worst_case_measure(
             Xc = torch.stack(pts[:n_cons])
             Lc = log_masses(torch.stack(lws[:n_cons]))
             vc = constant(Xc, Lc)
-        j = int(torch.nan_to_num(vc, nan=-math.inf).argmax())
-        cons_value = float(vc[j])
+        cons_value = float(vc[int(torch.nan_to_num(vc, nan=-math.inf).argmax())])
+        improve = vc >= best_vals[:n_cons]
         best_vals[:n_cons] = torch.maximum(best_vals[:n_cons], vc)
-        Xb, Lb = Xb.clone(), Lb.clone()
-        improve = vc >= best.exp()[:n_cons]
         Xb[:n_cons][improve] = Xc[improve]
         Lb[:n_cons][improve] = Lc[improve]
     k = int(torch.nan_to_num(best_vals, nan=-math.inf).argmax())
@@ -577,7 +574,7 @@ def worst_case_sequence(
         objective, [Z0], [lr], int(steps), progress=progress, desc="worst_case_sequence"
     )
     best_vals = best.exp()
-    Xb = _to_points(best_p[0], R, sphere).detach().clone()
+    Xb = _to_points(best_p[0], R, sphere)
     cons_value = -math.inf
     if n_cons:
         with torch.no_grad():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,20 +227,37 @@ class MassSplittingAttack:
     gain_winf: float
 
 
-def _project_ball(X: Tensor, R: float) -> Tensor:
-    r = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
-    return X * torch.where(r > R, R / r.clamp_min(1e-300), torch.ones_like(r))
-
-
 def _split_log_weights(la: Tensor, i: int, f: Tensor) -> tuple[Tensor, Tensor]:
     """Log-fractions ``log_softmax(f)`` (floored) of atom ``i``'s copies, and the split log-masses."""
     frac = torch.log_softmax(f, 0).clamp_min(LOG_MASS_FLOOR)
     return frac, torch.cat([la[:i], la[i] + frac, la[i + 1 :]])
 
 
-def _budget_moves(g: Tensor, la: Tensor, budget: float) -> Tensor:
-    r"""Displacements :math:`\delta_i=\varepsilon g_i/(\sqrt{a_i}\|g\|)`: :math:`\sum a_i\|\delta_i\|^2=\varepsilon^2`."""
-    return budget * g * torch.exp(-0.5 * la).unsqueeze(-1) / torch.linalg.vector_norm(g)
+def _budget_move(X: Tensor, g: Tensor, la: Tensor, budget: float, R: float) -> Tensor:
+    r"""Points :math:`x_i+\delta_i` projected back into :math:`B_R`.
+
+    Displacements :math:`\delta_i=\varepsilon g_i/(\sqrt{a_i}\|g\|)`: :math:`\sum a_i\|\delta_i\|^2=\varepsilon^2`.
+    """
+    Xn = X + budget * g * torch.exp(-0.5 * la).unsqueeze(-1) / torch.linalg.vector_norm(g)
+    r = torch.linalg.vector_norm(Xn, dim=-1, keepdim=True)
+    return Xn * torch.where(r > R, R / r.clamp_min(1e-300), torch.ones_like(r))
+
+
+def _best_start(
+    objective: Callable[[Tensor], Tensor], inits: list[Tensor], lr: float, steps: int, what: str
+) -> Tensor:
+    """Best parameter of :func:`run_single` ascents from every start in ``inits``.
+
+    A ValueError naming the ``what`` starts when none reaches a finite ratio.
+    """
+    best_v, best = -math.inf, None
+    for x0 in inits:
+        v, (x,) = run_single(objective, [x0], [lr], steps)
+        if v > best_v:
+            best_v, best = v, x
+    if best is None:
+        raise ValueError(f"mass_splitting_attack: no {what} start reached a finite ratio")
+    return best
 
 
 def mass_splitting_attack(
@@ -341,8 +358,9 @@ def mass_splitting_attack(
     la = as_float64(mu.log_weights).to(dev)
     a = la.exp()
     n, d = X.shape
-    R_ = float(torch.linalg.vector_norm(X, dim=-1).max()) if R is None else check_radius(R)
-    if R is not None and float(torch.linalg.vector_norm(X, dim=-1).max()) > R_ * (1 + 1e-12):
+    r_max = float(torch.linalg.vector_norm(X, dim=-1).max())
+    R_ = r_max if R is None else check_radius(R)
+    if r_max > R_ * (1 + 1e-12):
         raise ValueError("mu must lie in the ball of radius R")
     if not R_ > 0:
         raise ValueError("mu is a Dirac at the origin: pass the radius R of the ball")
@@ -391,17 +409,10 @@ def mass_splitting_attack(
     move_inits = move_inits[: max(1, n_restarts)]
 
     def move_obj(g: Tensor) -> Tensor:
-        Xn = _project_ball(X + _budget_moves(g, la, budget), R_)
-        return out_w2(Xn, la) / budget
+        return out_w2(_budget_move(X, g, la, budget, R_), la) / budget
 
-    best_move_v, best_move_g = -math.inf, None
-    for g0 in move_inits:
-        v, (g,) = run_single(move_obj, [g0], [lr], steps)
-        if v > best_move_v:
-            best_move_v, best_move_g = v, g
-    if best_move_g is None:
-        raise ValueError("mass_splitting_attack: no move start reached a finite ratio")
-    Xm = _project_ball(X + _budget_moves(best_move_g, la, budget), R_).detach()
+    best_move_g = _best_start(move_obj, move_inits, lr, steps, "move")
+    Xm = _budget_move(X, best_move_g, la, budget, R_).detach()
     move = emit("move", Xm, la, budget)
 
     # ------------------------------------------------------------------ split-then-move
@@ -422,8 +433,7 @@ def mass_splitting_attack(
 
             def split_obj(f: Tensor, g: Tensor, Xk: Tensor = Xk, i: int = i) -> Tensor:
                 lan = _split_log_weights(la, i, f)[1]
-                Xn = _project_ball(Xk + _budget_moves(g, lan, budget), R_)
-                return out_w2(Xn, lan) / budget
+                return out_w2(_budget_move(Xk, g, lan, budget, R_), lan) / budget
 
             for r in range(max(1, n_restarts)):
                 g0 = torch.zeros(n + k - 1, d, dtype=torch.float64, device=dev)
@@ -448,20 +458,9 @@ def mass_splitting_attack(
     for k in ks:
         _, f, g, i_s = best_by_k[k]
         frac, lan = _split_log_weights(la, i_s, f)
-        Xs = _project_ball(
-            as_float64(mu64.split(i_s, k).points) + _budget_moves(g, lan, budget), R_
-        )
-        split_by_k.append(
-            emit(
-                "split",
-                Xs.detach(),
-                lan.detach(),
-                budget,
-                k=k,
-                atom=i_s,
-                fractions=frac.detach().exp().to(like),
-            )
-        )
+        Xs = _budget_move(as_float64(mu64.split(i_s, k).points), g, lan, budget, R_)
+        fractions = frac.detach().exp().to(like)
+        split_by_k.append(emit("split", Xs, lan, budget, k=k, atom=i_s, fractions=fractions))
     split = max(split_by_k, key=lambda q: q.ratio_w2)
 
     # ------------------------------------------------------------------ token count changes
@@ -475,27 +474,16 @@ def mass_splitting_attack(
         dup.append(emit("duplicate", Xd, lwi, bound, atom=i))
 
     def ins_obj(zz: Tensor) -> Tensor:
-        z = to_ball(zz, R_)
-        Xi = torch.cat([X, z.unsqueeze(0)])
-        Yi = attention_points(Xi, p64, log_weights=lwi)
-        out = _w2sq(Yi, lwi.exp(), Y0, a)
-        inp = _w2sq(Xi, lwi.exp(), X, a)
-        return torch.sqrt(out.clamp_min(0.0)) / torch.sqrt(inp.clamp_min(1e-300))
+        Xi = torch.cat([X, to_ball(zz, R_).unsqueeze(0)])
+        return out_w2(Xi, lwi) / torch.sqrt(_w2sq(Xi, lwi.exp(), X, a).clamp_min(1e-300))
 
     zs = [R_ * dv for dv in _candidate_directions(p64, X)]
     zs += [
         R_ * torch.randn(d, generator=gen, dtype=torch.float64).to(dev) / math.sqrt(d)
         for _ in range(max(0, n_restarts - 1))
     ]
-    best_ins_v, best_ins_z = -math.inf, None
-    for z0 in zs:
-        zz0 = from_ball(z0.unsqueeze(0), R_)[0]
-        v, (zz,) = run_single(ins_obj, [zz0], [lr * 4], insert_steps)
-        if v > best_ins_v:
-            best_ins_v, best_ins_z = v, zz
-    if best_ins_z is None:
-        raise ValueError("mass_splitting_attack: no insertion start reached a finite ratio")
-    zb = to_ball(best_ins_z, R_).detach()
+    zz0 = [from_ball(z0.unsqueeze(0), R_)[0] for z0 in zs]
+    zb = to_ball(_best_start(ins_obj, zz0, lr * 4, insert_steps, "insertion"), R_).detach()
     Xi = torch.cat([X, zb.unsqueeze(0)])
     bound_i = math.sqrt(t * float((a * (X - zb).square().sum(-1)).sum()))
     insert = emit("insert", Xi, lwi, bound_i, z=zb.to(like))
