@@ -59,7 +59,7 @@ class SearchOptions:
     steps : int
         Adam steps per start.
     lr : float
-        Adam step size.
+        Adam step size, a positive number.
     seed : int
         Seed of the CPU generator drawing the random starts.
 
@@ -79,6 +79,8 @@ class SearchOptions:
             v = getattr(self, name)
             if v is not None and int(v) < 0:
                 raise ValueError(f"{name} must be non-negative, got {v}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
 
 
 @dataclass(frozen=True)

@@ -545,7 +545,7 @@ def l2_lipschitz_lower(
         for _ in range(_WARMUP):  # converge the power iteration at the starts first
             objective(Z)
 
-    lr = float(opts.lr or _DEFAULTS.lr or 0.03) * scale
+    lr = opts.lr * scale
     # log_objective=True: the ascent maximises the norm itself, not its logarithm
     best, (best_Z,), _, _ = ascend_restarts(objective, [Z0], [lr], opts.steps, log_objective=True)
     k = int(best.argmax())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -202,3 +203,18 @@ def test_sequence_objective_equals_the_engine(rng, masked):
     ours = float(sequence_constant(X[None], mh, masked=masked)[0])
     est = local_lipschitz(X, mh, masked=masked, method="dense")
     assert ours == pytest.approx(float(est.value), rel=F64_TWO_JACOBIANS)
+
+
+@pytest.mark.parametrize("lr", [0.0, -0.05, math.nan, math.inf])
+def test_a_step_size_that_is_not_positive_is_refused_in_one_line(lr):
+    """``lr = 0`` used to run the searches without moving (and the L2 search silently took its
+    default instead); a step size must be a positive number, checked when the options are made."""
+    A, V = random_head(np.random.default_rng(0), 2)
+    params = AttentionParams(A, V)
+    for call in (
+        lambda: worst_case_measure(params, 1.0, 3, n_restarts=0, steps=1, lr=lr),
+        lambda: worst_case_sequence(params, 1.0, 3, n_restarts=0, steps=1, lr=lr),
+    ):
+        with pytest.raises(ValueError, match="lr must be a positive number") as err:
+            call()
+        assert "\n" not in str(err.value)
