@@ -470,8 +470,8 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
         if type(value) is tp:
             return value
     elif origin is tuple and isinstance(value, list):
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[T, ...]: one T per item
+            args = (args[0],) * len(value)
         if len(args) == len(value):
             return tuple(
                 _decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value))

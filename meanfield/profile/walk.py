@@ -90,11 +90,7 @@ def _attention(
     if heads:
         p = att.params
         ests = [
-            local_lipschitz(
-                X,
-                MultiHeadParams((p.heads[h],), W_O=p.head_projection(h)),
-                **kw,
-            )
+            local_lipschitz(X, MultiHeadParams((p.heads[h],), W_O=p.head_projection(h)), **kw)
             for h in range(p.n_heads)
         ]
         hv = tuple(_f(e.value) for e in ests)
@@ -341,12 +337,9 @@ def profile_model(
     bar = None
     callback = progress if callable(progress) else None
     if progress is True:
-        try:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(plan), desc="profile", leave=False)
-        except ImportError:  # pragma: no cover
-            bar = None
+        bar = tqdm(total=len(plan), desc="profile", leave=False)
     step = 0
 
     def tick(label_: str, cost: float) -> None:
