@@ -87,8 +87,7 @@ def _copy_opt(t: Tensor | None, dtype: torch.dtype, device: Any) -> Tensor | Non
 
 
 def _lin(module: Any, dtype: torch.dtype, device: Any, *, conv1d: bool = False) -> _Linear:
-    W = module.weight.detach()
-    W = W.mT if conv1d else W  # Conv1D stores (in, out)
+    W = module.weight.mT if conv1d else module.weight  # Conv1D stores (in, out)
     return _Linear(_copy(W, dtype, device), _copy_opt(module.bias, dtype, device))
 
 
