@@ -288,12 +288,8 @@ class ModelProfile:
                 return [conv(v) for v in obj]
             return obj
 
-        out = conv(self)
-        out["linear"] = [
-            {"layer": layer, "maps": [conv(m) for m in maps]} for layer, maps in self.linear
-        ]
-        out["kind"] = "profile"
-        return out
+        linear = [{"layer": layer, "maps": [conv(m) for m in maps]} for layer, maps in self.linear]
+        return {**conv(self), "linear": linear, "kind": "profile"}
 
     def to_json(self, *, indent: int | None = None) -> str:
         """The profile as a JSON document, which :meth:`from_json` reads back exactly.
