@@ -87,8 +87,7 @@ def _copy_opt(t: Tensor | None, dtype: torch.dtype, device: Any) -> Tensor | Non
 
 
 def _lin(module: Any, dtype: torch.dtype, device: Any, *, conv1d: bool = False) -> _Linear:
-    W = module.weight.detach()
-    W = W.mT if conv1d else W  # Conv1D stores (in, out)
+    W = module.weight.mT if conv1d else module.weight  # Conv1D stores (in, out)
     return _Linear(_copy(W, dtype, device), _copy_opt(module.bias, dtype, device))
 
 
@@ -267,11 +266,8 @@ def _bloom_gelu(x: Tensor) -> Tensor:
 
 def _split_rows(lin: _Linear, parts: int) -> tuple[_Linear, ...]:
     """``lin`` cut into ``parts`` equal blocks of output rows (a fused ``[A; B; ...]`` map)."""
-    Ws = lin.W.chunk(parts, dim=0)
     bs: tuple[Tensor | None, ...] = (None,) * parts if lin.b is None else lin.b.chunk(parts)
-    return tuple(
-        _Linear(W.contiguous(), None if b is None else b.contiguous()) for W, b in zip(Ws, bs)
-    )
+    return tuple(_Linear(W, b) for W, b in zip(lin.W.chunk(parts, dim=0), bs))
 
 
 def _qkvo_linears(attn: Any, dtype: torch.dtype, device: Any) -> dict[str, _Linear]:
@@ -371,16 +367,8 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         act = _activation(str(cfg.hidden_act))
         form["post_ln"] = True
     elif arch == "gpt2":
-        d = att.info.d
-        c = L(blk.attn.c_attn, conv1d=True)  # (3d, d)
-        Wq, Wk, Wv = c.W.split(d, dim=0)
-        bq, bk, bv = (None, None, None) if c.b is None else c.b.split(d)
-        lin = {
-            "q": _Linear(Wq, bq),
-            "k": _Linear(Wk, bk),
-            "v": _Linear(Wv, bv),
-            "o": L(blk.attn.c_proj, conv1d=True),
-        }
+        q, k, v = _split_rows(L(blk.attn.c_attn, conv1d=True), 3)  # c_attn = [q; k; v]
+        lin = {"q": q, "k": k, "v": v, "o": L(blk.attn.c_proj, conv1d=True)}
         mlp = up_down(blk.mlp.c_fc, blk.mlp.c_proj, conv1d=True)
         n1, n2 = ln(blk.ln_1), ln(blk.ln_2)
         act = _activation(str(cfg.activation_function))

@@ -288,12 +288,8 @@ class ModelProfile:
                 return [conv(v) for v in obj]
             return obj
 
-        out = conv(self)
-        out["linear"] = [
-            {"layer": layer, "maps": [conv(m) for m in maps]} for layer, maps in self.linear
-        ]
-        out["kind"] = "profile"
-        return out
+        linear = [{"layer": layer, "maps": [conv(m) for m in maps]} for layer, maps in self.linear]
+        return {**conv(self), "linear": linear, "kind": "profile"}
 
     def to_json(self, *, indent: int | None = None) -> str:
         """The profile as a JSON document, which :meth:`from_json` reads back exactly.
@@ -470,8 +466,8 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
         if type(value) is tp:
             return value
     elif origin is tuple and isinstance(value, list):
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[T, ...]: one T per item
+            args = (args[0],) * len(value)
         if len(args) == len(value):
             return tuple(
                 _decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value))

@@ -90,11 +90,7 @@ def _attention(
     if heads:
         p = att.params
         ests = [
-            local_lipschitz(
-                X,
-                MultiHeadParams((p.heads[h],), W_O=p.head_projection(h)),
-                **kw,
-            )
+            local_lipschitz(X, MultiHeadParams((p.heads[h],), W_O=p.head_projection(h)), **kw)
             for h in range(p.n_heads)
         ]
         hv = tuple(_f(e.value) for e in ests)
@@ -117,13 +113,7 @@ def _attention(
 
 
 def _jacobian(
-    fn: Callable[[Tensor], Tensor],
-    X: Tensor,
-    *,
-    tol: float,
-    seed: int,
-    delta: float,
-    krylov: int,
+    fn: Callable[[Tensor], Tensor], X: Tensor, *, tol: float, seed: int, delta: float, krylov: int
 ) -> BlockRecord:
     t0 = time.perf_counter()
     # A fixed number of Lanczos steps (one cycle; tol = 0 never stops early, except at an exact
@@ -308,6 +298,7 @@ def profile_model(
         dt = dtype if dtype is not None else src.dtype
         dev = torch.device(device) if device is not None else src.device
         length = int(src.shape[0])
+        what = f"the hidden states have {length} tokens"
     else:
         if src.ndim != 1:
             raise ValueError(f"token ids must have shape (N,), got {tuple(src.shape)}")
@@ -316,21 +307,16 @@ def profile_model(
         dt = dtype if dtype is not None else torch.float64
         dev = torch.device(device) if device is not None else model_device(model)
         length = int(src.numel()) - int(start)
+        what = f"the text has {length} tokens from token {start}"
     max_pos = max_positions(model)
     for v in ns:
         if max_pos is not None and v > max_pos and not hidden:
             raise ValueError(f"n = {v} exceeds the model's {max_pos} positions")
         if v > length:
-            what = (
-                f"the hidden states have {length} tokens"
-                if hidden
-                else f"the text has {length} tokens from token {start}"
-            )
             raise ValueError(f"n = {v} is larger than the input: {what}")
     span = tuple(range(idx[0], idx[-1] + 1))
     blocks = model_blocks(model, span, dtype=dt, device=dev)  # skipped layers still run
-    consecutive = idx == span
-    run_e2e = bool(end_to_end) and consecutive
+    run_e2e = bool(end_to_end) and idx == span  # the chain rule needs consecutive layers
 
     d_ff = blocks[0].linears["up"][0].shape[0]
     costs = [_cost(v, info.d, d_ff, heads) for v in ns]
@@ -341,12 +327,9 @@ def profile_model(
     bar = None
     callback = progress if callable(progress) else None
     if progress is True:
-        try:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(plan), desc="profile", leave=False)
-        except ImportError:  # pragma: no cover
-            bar = None
+        bar = tqdm(total=len(plan), desc="profile", leave=False)
     step = 0
 
     def tick(label_: str, cost: float) -> None:

@@ -103,23 +103,21 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
 
     spec = BOUNDS[args.name]
     fn = getattr(bounds, spec.function)
-    sig = inspect.signature(fn)
     values: dict[str, np.ndarray] = {}
-    for name in spec.args:
+    # the grids are the function's leading parameters, in order (theory.bounds.registry)
+    for name, param in zip(spec.args, inspect.signature(fn).parameters.values()):
+        flag = f"--{name.replace('_', '-')}"
         raw = getattr(args, name)
-        if raw is None:
-            param = list(sig.parameters.values())[spec.args.index(name)]
-            if param.default is inspect.Parameter.empty:
-                raise UsageError(f"bound {args.name!r} needs --{name.replace('_', '-')}")
-            continue
-        values[name] = parse_grid(raw, f"--{name.replace('_', '-')}")
+        if raw is not None:
+            values[name] = parse_grid(raw, flag)
+        elif param.default is inspect.Parameter.empty:
+            raise UsageError(f"bound {args.name!r} needs {flag}")
     # one axis per given grid: the output is the outer product over the given options
-    names = list(values)
     total = math.prod(len(v) for v in values.values())
     if total > MAX_GRID_POINTS:
-        sizes = " x ".join(f"{len(values[k])} ({'--' + k.replace('_', '-')})" for k in names)
+        sizes = " x ".join(f"{len(v)} ({'--' + k.replace('_', '-')})" for k, v in values.items())
         raise _too_large(f"the grid {sizes}", total)
-    grids = np.meshgrid(*(values[k] for k in names), indexing="ij") if names else []
+    grids = np.meshgrid(*values.values(), indexing="ij") if values else []
     kwargs = {o: getattr(args, o) for o in spec.options if getattr(args, o) is not None}
     with np.errstate(over="ignore"):
         result = np.asarray(fn(*grids, **kwargs), dtype=float)
@@ -135,7 +133,7 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         "bound": args.name,
         "function": f"theory.bounds.{spec.function}",
         "summary": plain_math((inspect.getdoc(fn) or "").split("\n")[0]),
-        "inputs": {k: values[k].tolist() for k in names},
+        "inputs": {k: v.tolist() for k, v in values.items()},
         "options": kwargs,
         "value": result.tolist(),
         "overflow": int(overflow.sum()),
