@@ -231,8 +231,7 @@ def golub_kahan_certified(
     dev, dt = v1.device, v1.dtype
     N = v1.shape[-1]
     half = delta / 2
-    k_kw = kw_steps(N, half, rtol, margin)
-    cap = max(k_kw, int(krylov_dim), 2)
+    cap = max(kw_steps(N, half, rtol, margin), int(krylov_dim), 2)
     cap = min(cap, max(int(max_iter), 2), N)
     tiny = torch.finfo(dt).tiny
     f64 = torch.float64
@@ -254,7 +253,8 @@ def golub_kahan_certified(
     k1 = torch.zeros(batch, dtype=torch.int64, device=dev)
     n_mv = torch.ones(batch, dtype=torch.int64, device=dev)
     best = torch.zeros(batch, dtype=dt, device=dev)
-    bound = torch.full(batch, math.inf, dtype=f64, device=dev)
+    inf = torch.full(batch, math.inf, dtype=f64, device=dev)
+    bound = inf
     out_v = v1.clone()
     history = []
     for k in range(1, cap + 1):
@@ -267,9 +267,7 @@ def golub_kahan_certified(
         k1 = k1 + active.to(torch.int64)
         A_ = torch.stack(alphas, dim=-1)
         B_ = torch.stack(betas, dim=-1)
-        Bk = torch.diag_embed(A_)
-        if k > 1:
-            Bk = Bk + torch.diag_embed(B_[..., :-1], offset=1)
+        Bk = torch.diag_embed(A_) + torch.diag_embed(B_[..., :-1], offset=1)
         Wl, S, Yh = torch.linalg.svd(Bk)
         sigma = S[..., 0]
         est = sigma * beta * Wl[..., -1, 0].abs()
@@ -278,14 +276,9 @@ def golub_kahan_certified(
         best = torch.where(active, sigma, best)
         history.append(best.clone())
         out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
-        if N >= 3:
-            poly = lanczos_polynomial_upper(A_, B_, S, N, half)
-        else:
-            poly = torch.full(batch, math.inf, dtype=f64, device=dev)
+        poly = lanczos_polynomial_upper(A_, B_, S, N, half) if N >= 3 else inf
         factor = kw_union_factor(N, k, half)
-        kw = torch.full(batch, math.inf, dtype=f64, device=dev)
-        if math.isfinite(factor):
-            kw = sigma.to(f64) * factor
+        kw = sigma.to(f64) * factor if math.isfinite(factor) else inf
         cand = torch.minimum(poly, kw) * (1 + margin)
         bound = torch.where(active, cand, bound)
         conv = (est <= tol * sigma.square()) | (sigma <= tiny)
@@ -313,8 +306,7 @@ def golub_kahan_certified(
         res = lanczos_svd(
             matvec, rmatvec, out_v, tol=tol, max_iter=remaining, krylov_dim=krylov_dim
         )
-        keep = done.unsqueeze(-1)
-        vec = torch.where(keep, out_v, res.vector)
+        vec = torch.where(done.unsqueeze(-1), out_v, res.vector)
         cont = torch.maximum(res.history[-1], res.sigma)
         ritz_val = torch.where(done, best, torch.maximum(best, cont))
         kw_final = probabilistic_upper(ritz_val, k1, N, half, margin)
@@ -326,8 +318,7 @@ def golub_kahan_certified(
         vec, n_iter = out_v, k1
     w = matvec(vec)
     sig = torch.linalg.vector_norm(w, dim=-1)
-    z = rmatvec(w)
-    residual = torch.linalg.vector_norm(z - sig.square().unsqueeze(-1) * vec, dim=-1)
+    residual = torch.linalg.vector_norm(rmatvec(w) - sig.square().unsqueeze(-1) * vec, dim=-1)
     converged = (residual <= tol * sig.square()) | (sig <= tiny)
     result = SpectralResult(
         sigma=sig,

@@ -204,8 +204,7 @@ def power_iteration(
         out_sigma = torch.where(active, sigma, out_sigma)
         out_res = torch.where(active, res, out_res)
         # residual rule (docs/rounding.md §7): the same test as lanczos_svd, not a relative change
-        newly = active & ((res <= tol * sigma.square()) | (sigma <= tiny))
-        done = done | newly
+        done = done | (active & ((res <= tol * sigma.square()) | (sigma <= tiny)))
         if observer is not None:
             observer(out_sigma, out_res, done)
         if bool(done.all()):
@@ -293,9 +292,8 @@ def lanczos_svd(
     tiny = torch.finfo(dt).tiny
     broken = torch.zeros(batch, dtype=torch.bool, device=dev)
     steps = 0
-    N = v1.shape[-1]
     observer = _observer.get()
-    Vb = v1.new_zeros(batch + (krylov_dim + 1, N))  # right basis, rows v_1, v_2, ...
+    Vb = v1.new_zeros(batch + (krylov_dim + 1, v1.shape[-1]))  # right basis, rows v_1, v_2, ...
     Ub: Tensor | None = None  # left basis, allocated after the first product
     while steps < max_iter and not bool(done.all()):
         Vb[..., 0, :] = v1
@@ -316,8 +314,7 @@ def lanczos_svd(
             n_iter = n_iter + (~done).to(torch.int64)
             # bidiagonal B_k: alpha on the diagonal, beta_1..beta_{k-1} above it
             Bk = torch.diag_embed(torch.stack(alphas, dim=-1))
-            if k > 1:
-                Bk = Bk + torch.diag_embed(torch.stack(betas[:-1], dim=-1), offset=1)
+            Bk = Bk + torch.diag_embed(torch.stack(betas, dim=-1)[..., :-1], offset=1)
             # a non-finite product (overflow in the operator) must not reach LAPACK: such batch
             # elements stop here, unconverged (docs/rounding.md §5)
             bad = ~torch.isfinite(Bk).flatten(-2).all(-1) | ~torch.isfinite(beta)
@@ -327,17 +324,14 @@ def lanczos_svd(
                 beta = torch.where(bad, torch.zeros_like(beta), beta)
             Wl, S, Yh = torch.linalg.svd(Bk)
             sigma = S[..., 0]
-            w_last = Wl[..., -1, 0]
-            y = Yh[..., 0, :]
-            est = sigma * beta * w_last.abs()
-            ritz = (y.unsqueeze(-2) @ Vb[..., :k, :]).squeeze(-2)
+            est = sigma * beta * Wl[..., -1, 0].abs()
+            ritz = (Yh[..., 0, :].unsqueeze(-2) @ Vb[..., :k, :]).squeeze(-2)
             ritz = _safe_div(ritz, _norm(ritz))
             active = ~done
             best = torch.where(active, sigma, best)
             history.append(best.clone())
             out_v = torch.where(active.unsqueeze(-1), ritz, out_v)
-            newly = active & ((est <= tol * sigma.square()) | (sigma <= tiny) | broken)
-            done = done | newly
+            done = done | (active & ((est <= tol * sigma.square()) | (sigma <= tiny) | broken))
             if observer is not None:
                 observer(best, est, done)
             if bool(done.all()) or steps >= max_iter or k == krylov_dim:
@@ -382,19 +376,11 @@ def top_singular_value(
 
     See :func:`lanczos_svd` and :func:`power_iteration`; ``max_iter`` defaults to 300 and 1000.
     """
+    cap = {} if max_iter is None else {"max_iter": max_iter}  # else the solver's own default
     if method == "lanczos":
-        return lanczos_svd(
-            matvec,
-            rmatvec,
-            x0,
-            tol=tol,
-            max_iter=300 if max_iter is None else max_iter,
-            krylov_dim=krylov_dim,
-        )
+        return lanczos_svd(matvec, rmatvec, x0, tol=tol, krylov_dim=krylov_dim, **cap)
     if method == "power":
-        return power_iteration(
-            matvec, rmatvec, x0, tol=tol, max_iter=1000 if max_iter is None else max_iter
-        )
+        return power_iteration(matvec, rmatvec, x0, tol=tol, **cap)
     raise ValueError(f"method must be 'lanczos' or 'power', got {method!r}")
 
 
@@ -592,17 +578,15 @@ def spectral_norm_upper(
     infl = 8 * gamma_k(m + 1) * m + 16 * U64
     out = torch.full_like(base, torch.inf)
     pending = torch.ones_like(base, dtype=torch.bool)
-    for _ in range(12):
-        s = base * (1 + infl)
+    for value in [base] * 12 + [gram]:  # the last try: the Gram value alone
+        s = value * (1 + infl)
         ok = certify_upper(W64, s) & pending
         out = torch.where(ok, s, out)
         pending = pending & ~ok
         if not bool(pending.any()):
-            return out
+            break
         infl *= 8
-    s = gram * (1 + infl)
-    ok = certify_upper(W64, s) & pending
-    return torch.where(ok, s, out)
+    return out
 
 
 # ------------------------------------------------------------------- Collatz–Wielandt bound
