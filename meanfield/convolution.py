@@ -563,16 +563,13 @@ def conv2d_operator(
 
 def _fold_circular(z: Tensor, ph: int, pw: int) -> Tensor:
     """Adjoint of circular padding: add the halo back onto the opposite edges."""
-    if ph:
-        core = z[..., ph:-ph, :].clone()
-        core[..., :ph, :] += z[..., -ph:, :]
-        core[..., -ph:, :] += z[..., :ph, :]
-        z = core
-    if pw:
-        core = z[..., :, pw:-pw].clone()
-        core[..., :, :pw] += z[..., :, -pw:]
-        core[..., :, -pw:] += z[..., :, :pw]
-        z = core
+    for dim, p in ((-2, ph), (-1, pw)):
+        if p:
+            t = z.transpose(dim, -1)  # the axis to fold, last
+            core = t[..., p:-p].clone()
+            core[..., :p] += t[..., -p:]
+            core[..., -p:] += t[..., :p]
+            z = core.transpose(dim, -1)
     return z
 
 
@@ -604,15 +601,13 @@ def module_spectral_upper(
             raise NotImplementedError("string paddings ('same', 'valid'): pass explicit integers")
         kh, kw = module.kernel_size
         ph, pw = module.padding
-        if module.padding_mode == "circular":
-            if (2 * ph, 2 * pw) != (kh - 1, kw - 1):
-                raise NotImplementedError("circular padding must be (k - 1) / 2 (output = input)")
-            return conv2d_spectral_upper(
-                module.weight.detach(), input_size, padding="circular", **kwargs
-            ).upper
-        if module.padding_mode == "zeros":
-            return conv2d_spectral_upper(
-                module.weight.detach(), input_size, padding="zeros", pad=(ph, pw), **kwargs
-            ).upper
-        raise NotImplementedError(f"padding_mode {module.padding_mode!r} is not supported")
+        mode = module.padding_mode
+        if mode not in ("circular", "zeros"):
+            raise NotImplementedError(f"padding_mode {mode!r} is not supported")
+        if mode == "circular" and (2 * ph, 2 * pw) != (kh - 1, kw - 1):
+            raise NotImplementedError("circular padding must be (k - 1) / 2 (output = input)")
+        pad = (ph, pw) if mode == "zeros" else None
+        return conv2d_spectral_upper(
+            module.weight.detach(), input_size, padding=mode, pad=pad, **kwargs
+        ).upper
     raise TypeError(f"expected nn.Linear or nn.Conv2d, got {type(module).__name__}")

@@ -31,6 +31,7 @@ theorem, the plan held fixed), never in the weights. Positions of causal measure
 
 from __future__ import annotations
 
+import bisect
 import math
 import warnings
 from dataclasses import dataclass
@@ -424,8 +425,8 @@ def wasserstein_inf(mu: DiracMeasure, nu: DiracMeasure, *, max_iter: int = 1_000
     tol = 4.0 * (mu.n + nu.n) * max(torch.finfo(mu.dtype).eps, torch.finfo(nu.dtype).eps)
     matching = len(a) == len(b) and _is_uniform(a) and _is_uniform(b)
 
-    def feasible(t: float) -> bool:
-        support = D <= t
+    def feasible(k: int) -> bool:
+        support = D <= float(candidates[k])
         if matching:
             from scipy.sparse import csr_matrix
             from scipy.sparse.csgraph import maximum_bipartite_matching
@@ -440,14 +441,8 @@ def wasserstein_inf(mu: DiracMeasure, nu: DiracMeasure, *, max_iter: int = 1_000
             )
         return float(plan[~support].sum()) <= tol
 
-    lo, hi = 0, len(candidates) - 1  # candidates[hi] = max distance is always feasible
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if feasible(float(candidates[mid])):
-            hi = mid
-        else:
-            lo = mid + 1
-    t = candidates[lo]
+    # binary search for the first feasible candidate; the last (the max distance) always is
+    t = candidates[bisect.bisect_left(range(len(candidates) - 1), True, key=feasible)]
     i, j = np.argwhere(D == t)[0]
     x64 = mu.points[int(rows[i])].to(torch.float64)
     y64 = nu.points[int(cols[j])].to(torch.float64)

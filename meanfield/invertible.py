@@ -577,8 +577,7 @@ def dot_product_tie_input(params: AttentionParams, R: float, n: int) -> TieInput
     n = int(n)
     if n < 2:
         raise ValueError(f"n must be an integer >= 2, got {n}")
-    like = params.A
-    A = like.detach().to(torch.float64)
+    A = params.A.detach().to(torch.float64)
     V = params.V.detach().to(torch.float64)
     M = A.mT @ V
     evals, evecs = torch.linalg.eigh((M + M.mT) / 2)
@@ -591,8 +590,8 @@ def dot_product_tie_input(params: AttentionParams, R: float, n: int) -> TieInput
     X = torch.cat([torch.zeros(1, A.shape[0], dtype=torch.float64), R * signs[:, None] * w])
     kappa = (n - 1) / n - ((n_plus - n_minus) / n) ** 2
     return TieInput(
-        X=X.to(dtype=like.dtype, device=like.device),
-        w=w.to(dtype=like.dtype, device=like.device),
+        X=X.to(params.A),
+        w=w.to(params.A),
         lam=lam,
         kappa=kappa,
         growth=kappa * R * R * lam,

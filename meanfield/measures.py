@@ -85,9 +85,7 @@ class DiracMeasure:
         check_finite(points, "points")
 
         if self.weights is None:
-            weights = torch.full(
-                points.shape[:-1], 1.0 / n, dtype=points.dtype, device=points.device
-            )
+            weights = points.new_full(points.shape[:-1], 1.0 / n)
         else:
             weights = _per_atom(self.weights, "weights", points)
             if bool((weights < 0).any()):
@@ -249,9 +247,8 @@ class DiracMeasure:
             if shares.shape != (k,):
                 raise ValueError(f"fractions must have shape ({k},), got {tuple(shares.shape)}")
             check_finite(shares, "fractions")
-            if bool((shares < 0).any()) or abs(shares.sum().item() - 1) > _sum_tolerance(
-                k, self.dtype
-            ):
+            off = abs(shares.sum().item() - 1)
+            if bool((shares < 0).any()) or off > _sum_tolerance(k, self.dtype):
                 raise ValueError("fractions must be non-negative and sum to 1")
         reps = torch.ones(n, dtype=torch.long, device=self.device)
         reps[i] = k
