@@ -518,13 +518,8 @@ def certify_upper(W: Tensor, s: Tensor | float) -> Tensor:
     _, info = torch.linalg.cholesky_ex(M)
     ok = (info == 0) & (delta < 1) & torch.isfinite(fro2)
     zero_W = W.abs().amax((-2, -1)) == 0
-    return torch.where(
-        torch.isnan(s),
-        torch.zeros_like(ok),
-        torch.where(
-            s == torch.inf, torch.ones_like(ok), torch.where(finite_pos, ok, zero_W & (s >= 0))
-        ),
-    )
+    ok = torch.where(finite_pos, ok, zero_W & (s >= 0)) | (s == torch.inf)
+    return ok & ~torch.isnan(s)
 
 
 def spectral_norm_upper(

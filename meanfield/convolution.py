@@ -210,10 +210,7 @@ def _twiddles(kh: int, kw: int, H: int, W: int) -> tuple[Tensor, Tensor]:
     in the angle (three operations) and in ``cos``/``sin`` (derivation §4.1).
     """
     Wf = W // 2 + 1
-    a = torch.arange(kh, dtype=torch.int64)
-    b = torch.arange(kw, dtype=torch.int64)
-    w1 = torch.arange(H, dtype=torch.int64)
-    w2 = torch.arange(Wf, dtype=torch.int64)
+    a, b, w1, w2 = (torch.arange(k, dtype=torch.int64) for k in (kh, kw, H, Wf))
     L = H * W
     idx = (
         (a[:, None, None, None] * w1[None, None, :, None] % H) * W

@@ -224,12 +224,9 @@ def windows(
             f"{need} tokens (n_windows * sum(n) = {tokens_needed(grid, n_windows)} from token "
             f"{int(start)}), the text has {ids.numel()}; use a longer corpus (e.g. more KJV books)"
         )
-    out = []
-    pointer = int(start)
-    for n in grid:
-        w = cut_windows(ids, n, n_windows, start=pointer)
-        out.append(w)
-        pointer = w.next_start
+    out = [cut_windows(ids, grid[0], n_windows, start=int(start))]
+    for n in grid[1:]:
+        out.append(cut_windows(ids, n, n_windows, start=out[-1].next_start))
     return tuple(out)
 
 

@@ -635,13 +635,11 @@ def _entropic(
     p64 = plan.to(torch.float64)
     err = float((p64.sum(1) - log_a.exp().to(torch.float64)).abs().sum())
     err += float((p64.sum(0) - log_b.exp().to(torch.float64)).abs().sum())
-    converged = err <= tol
     cost = (plan * C).sum()
     # <pi, C> + eps KL(pi | a x b) = sum_ij pi_ij (f_i + g_j) + eps (1 - sum pi); log(pi/ab) is
     # (f + g - C)/eps on the support of a x b
-    mass = plan.sum()
-    objective = (plan.sum(1) * f).sum() + (plan.sum(0) * g).sum() + eps * (1 - mass)
-    return plan, cost, objective, n_iter, converged, err
+    objective = (plan.sum(1) * f).sum() + (plan.sum(0) * g).sum() + eps * (1 - plan.sum())
+    return plan, cost, objective, n_iter, err <= tol, err
 
 
 def sinkhorn_wasserstein(

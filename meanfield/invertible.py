@@ -581,8 +581,7 @@ def dot_product_tie_input(params: AttentionParams, R: float, n: int) -> TieInput
     V = params.V.detach().to(torch.float64)
     M = A.mT @ V
     evals, evecs = torch.linalg.eigh((M + M.mT) / 2)
-    i = int(evals.abs().argmax())
-    w = evecs[:, i]
+    w = evecs[:, int(evals.abs().argmax())]
     lam = float(w @ M @ w)
     n_plus = (n - 1) // 2 + 1
     n_minus = n - 1 - n_plus
