@@ -348,7 +348,6 @@ def lanczos_svd(
     w = matvec(out_v)
     sigma = _norm(w)
     residual = _norm(rmatvec(w) - sigma.square().unsqueeze(-1) * out_v)
-    n_mv = n_mv + 2
     converged = (residual <= tol * sigma.square()) | (sigma <= tiny)
     converged = converged & ~broken & torch.isfinite(sigma) & torch.isfinite(residual)
     return SpectralResult(
@@ -357,7 +356,7 @@ def lanczos_svd(
         residual=residual,
         converged=converged,
         n_iter=n_iter,
-        n_matvec=n_mv,
+        n_matvec=n_mv + 2,
         history=torch.stack(history) if history else sigma.unsqueeze(0),
     )
 

@@ -537,23 +537,21 @@ def conv2d_operator(
         raise ValueError(f"padding must be 'circular' or 'zeros', got {padding!r}")
 
     def matvec(v: Tensor) -> Tensor:
-        batch = v.shape[:-1]
         x = v.reshape(-1, ci, h, w)
         if padding == "circular":
             y = F.conv2d(F.pad(x, (pw, pw, ph, ph), mode="circular"), kernel)
         else:
             y = F.conv2d(x, kernel, padding=(ph, pw))
-        return y.reshape(*batch, co * ho * wo)
+        return y.reshape(*v.shape[:-1], co * ho * wo)
 
     def rmatvec(u: Tensor) -> Tensor:
-        batch = u.shape[:-1]
         y = u.reshape(-1, co, ho, wo)
         if padding == "circular":
             z = F.conv_transpose2d(y, kernel)  # (h + 2ph, w + 2pw): adjoint of the valid conv
             z = _fold_circular(z, ph, pw)
         else:
             z = F.conv_transpose2d(y, kernel, padding=(ph, pw))
-        return z.reshape(*batch, ci * h * w)
+        return z.reshape(*u.shape[:-1], ci * h * w)
 
     return matvec, rmatvec, ci * h * w, co * ho * wo
 

@@ -296,9 +296,7 @@ class DiracMeasure:
             group[close] = g
         group = group.to(self.device)
         rep_idx = torch.tensor(reps, dtype=torch.long, device=self.device)
-        weights = torch.zeros(len(reps), dtype=self.dtype, device=self.device).index_add(
-            0, group, self.weights
-        )
+        weights = self.weights.new_zeros(len(reps)).index_add(0, group, self.weights)
         positions = None if self.positions is None else self.positions[rep_idx]
         return DiracMeasure(self.points[rep_idx], weights, positions, normalize=True)
 
