@@ -49,7 +49,6 @@ __all__ = [
     "Stage",
     "StageConfig",
     "StageRun",
-    "check_setting",
     "preset_settings",
 ]
 
@@ -66,16 +65,14 @@ def _plain(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false"}
+
+
 def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
     if isinstance(tp, type):
-        return {
-            "int": "an integer",
-            "float": "a number",
-            "str": "a string",
-            "bool": "true/false",
-        }.get(tp.__name__, tp.__name__)
+        return _TYPE_NAMES.get(tp.__name__, tp.__name__)
     return str(tp).replace("typing.", "").replace("collections.abc.", "")
 
 
@@ -116,15 +113,6 @@ def _matches(value: Any, tp: Any) -> bool:
     if isinstance(tp, type):
         return isinstance(value, tp)
     return True
-
-
-def check_setting(stage: str, field: str, value: Any, tp: Any) -> None:
-    """Raise a one-line ValueError naming ``stage`` and ``field`` unless ``value`` fits ``tp``."""
-    if not _matches(value, tp):
-        raise ValueError(
-            f"{stage}: setting {field} must be {_type_name(tp)}, got {value!r} "
-            f"({type(value).__name__})"
-        )
 
 
 _Config = TypeVar("_Config", bound="StageConfig")
@@ -198,7 +186,11 @@ class StageConfig:
                 f"known: {known}"
             )
         for key, value in own.items():
-            check_setting(stage, prefix + key, value, hints[key])
+            if not _matches(value, hints[key]):
+                raise ValueError(
+                    f"{stage}: setting {prefix}{key} must be {_type_name(hints[key])}, "
+                    f"got {value!r} ({type(value).__name__})"
+                )
         for group, entries in nested.items():
             hints[group].check(entries, within=(stage, f"{prefix}{group}."))
 
@@ -336,9 +328,8 @@ class ModuleStage:
         cfg = self.resolve_fn(preset, settings)
         out = Path(results_dir) / self.name
         out.mkdir(parents=True, exist_ok=True)
-        return self.execute_fn(
-            cfg, out, StageRun(preset, dict(settings), device, progress, executor)
-        )
+        run = StageRun(preset, dict(settings), device, progress, executor)
+        return self.execute_fn(cfg, out, run)
 
     def run(
         self,
