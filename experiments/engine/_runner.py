@@ -169,15 +169,12 @@ def drive(steps: Steps, executor: Any = None, *, progress: Any = None) -> list[P
     return rounds.files
 
 
-@contextlib.contextmanager
-def _tracking(tracker: Any, desc: str, enabled: bool) -> Iterator[Any]:
+def _tracking(tracker: Any, desc: str, enabled: bool) -> contextlib.AbstractContextManager[Any]:
     """``tracker``, else the one of :func:`reporting`, else a new one, closed at the end."""
     tracker = tracker if tracker is not None else _PROGRESS.get()
     if tracker is not None:
-        yield tracker
-        return
-    with CostProgress(desc=desc, enabled=enabled) as own:
-        yield own
+        return contextlib.nullcontext(tracker)
+    return CostProgress(desc=desc, enabled=enabled)
 
 
 def remote(
