@@ -221,12 +221,8 @@ def random_layer(
         W_O = randn(d, heads * d) / math.sqrt(heads * d)
         params = MultiHeadParams(tuple(hs), W_O=W_O)
         desc = {"A": "N(0, 1/d), non-symmetric", "V": "N(0, 1/d)", "W_O": "N(0, 1/(H d))"}
-    return params.to(dtype=dtype, device=device), {
-        "random_d": d,
-        "heads": heads,
-        "seed": seed,
-        **desc,
-    }
+    info = {"random_d": d, "heads": heads, "seed": seed, **desc}
+    return params.to(dtype=dtype, device=device), info
 
 
 def random_tokens(n: int, d: int, R: float, seed: int) -> np.ndarray:
