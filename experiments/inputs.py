@@ -143,8 +143,7 @@ def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dic
         raise ValueError(
             f"V in {path.name} must have shape (d_v, {d}) or ({H}, d_v, {d}), got {V.shape}"
         )
-    c = arrs.get("c")
-    b = arrs.get("b")
+    c, b = arrs.get("c"), arrs.get("b")
     if c is not None:
         c = c.reshape(1, -1) if c.ndim == 1 else c
         if c.shape != (H, d):

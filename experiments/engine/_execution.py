@@ -133,8 +133,7 @@ def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
         CACHE_STATS["hits"] += 1
         return _CACHE[key]
     CACHE_STATS["misses"] += 1
-    value = factory()
-    _CACHE[key] = value
+    value = _CACHE[key] = factory()
     while len(_CACHE) > _CACHE_MAX:
         _CACHE.popitem(last=False)
     return value

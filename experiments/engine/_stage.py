@@ -99,9 +99,7 @@ def _matches(value: Any, tp: Any) -> bool:
     if origin in (tuple, list, typing.Sequence, cabc.Sequence):
         if not _is_sequence(value):
             return False
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            return all(_matches(v, args[0]) for v in value)
-        if origin is tuple and args:
+        if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length
             return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
         return all(_matches(v, args[0]) for v in value) if args else True
     if origin in (dict, typing.Mapping, cabc.Mapping):
@@ -177,8 +175,7 @@ class StageConfig:
         stage, prefix = within or (cls.stage, "")
         hints = typing.get_type_hints(cls)
         own, nested = cls._split(settings)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(own) - fields)
+        unknown = sorted(set(own) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             known = ", ".join(prefix + k for k in cls.field_types())
             raise ValueError(
@@ -295,17 +292,8 @@ class ModuleStage:
         (``from_module(__name__, ...)``).
         """
         m = sys.modules[module]
-        return cls(
-            m.NAME,
-            title,
-            m.PRESETS,
-            m.resolve,
-            m.execute,
-            m.summary,
-            m.report_section,
-            m.claims,
-            uses_device,
-        )
+        functions = m.resolve, m.execute, m.summary, m.report_section, m.claims  # fields' order
+        return cls(m.NAME, title, m.PRESETS, *functions, uses_device=uses_device)
 
     def start(
         self,
