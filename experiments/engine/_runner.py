@@ -251,7 +251,11 @@ class Sweep:
         self.meta_path = self.out_dir / f"{name}.meta.json"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         _repair_torn_tail(self.path)
-        if self._stored_digest() != self.digest:  # new file, or a run with another configuration
+        try:
+            stored = load_json(self.meta_path).get("config_hash")
+        except (OSError, ValueError):
+            stored = None
+        if stored != self.digest:  # new file, or a run with another configuration
             write_json(
                 self.meta_path,
                 {
@@ -260,12 +264,6 @@ class Sweep:
                     **run_metadata(seed=seed, device=device, dtype=dtype, config=self.config),
                 },
             )
-
-    def _stored_digest(self) -> str | None:
-        try:
-            return load_json(self.meta_path).get("config_hash")
-        except (OSError, ValueError):
-            return None
 
     def records(self) -> list[dict[str, Any]]:
         """Finished records of this configuration."""
