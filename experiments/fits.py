@@ -141,12 +141,9 @@ def fit_power_law(
     n_boot = int(n_boot)
     if n_boot < 0:
         raise ValueError(f"n_boot must be >= 0, got {n_boot}")
-    if groups is None:
-        g_arr = n_arr
-    else:
-        g_arr = np.asarray(groups).ravel()
-        if g_arr.shape != n_arr.shape:
-            raise ValueError(f"groups must have length {n_arr.size}, got {g_arr.size}")
+    g_arr = n_arr if groups is None else np.asarray(groups).ravel()
+    if g_arr.shape != n_arr.shape:
+        raise ValueError(f"groups must have length {n_arr.size}, got {g_arr.size}")
 
     x, ly = np.log(n_arr), np.log(y_arr)
     slope, intercept = _ols(x, ly)

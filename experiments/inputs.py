@@ -143,8 +143,7 @@ def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dic
         raise ValueError(
             f"V in {path.name} must have shape (d_v, {d}) or ({H}, d_v, {d}), got {V.shape}"
         )
-    c = arrs.get("c")
-    b = arrs.get("b")
+    c, b = arrs.get("c"), arrs.get("b")
     if c is not None:
         c = c.reshape(1, -1) if c.ndim == 1 else c
         if c.shape != (H, d):
@@ -221,12 +220,8 @@ def random_layer(
         W_O = randn(d, heads * d) / math.sqrt(heads * d)
         params = MultiHeadParams(tuple(hs), W_O=W_O)
         desc = {"A": "N(0, 1/d), non-symmetric", "V": "N(0, 1/d)", "W_O": "N(0, 1/(H d))"}
-    return params.to(dtype=dtype, device=device), {
-        "random_d": d,
-        "heads": heads,
-        "seed": seed,
-        **desc,
-    }
+    info = {"random_d": d, "heads": heads, "seed": seed, **desc}
+    return params.to(dtype=dtype, device=device), info
 
 
 def random_tokens(n: int, d: int, R: float, seed: int) -> np.ndarray:

@@ -133,8 +133,7 @@ def worker_cache(key: Hashable, factory: Callable[[], Any]) -> Any:
         CACHE_STATS["hits"] += 1
         return _CACHE[key]
     CACHE_STATS["misses"] += 1
-    value = factory()
-    _CACHE[key] = value
+    value = _CACHE[key] = factory()
     while len(_CACHE) > _CACHE_MAX:
         _CACHE.popitem(last=False)
     return value
@@ -342,14 +341,12 @@ class DaskExecutor:
                 pure=False,
             )
             futures[fut.key] = (fut, task)
-        pending = set(futures)
         try:
             for fut in as_completed([f for f, _ in futures.values()]):
-                pending.discard(fut.key)
-                yield self._result(fut, futures[fut.key][1])
+                yield self._result(fut, futures.pop(fut.key)[1])
         finally:
-            if pending:  # the driver stopped early: do not leave work running for nobody
-                self.client.cancel([futures[k][0] for k in pending])
+            if futures:  # the driver stopped early: do not leave work running for nobody
+                self.client.cancel([f for f, _ in futures.values()])
 
     def _import_on_workers(self, fns: Iterable[Callable[..., Any]]) -> None:
         """Import the modules of ``fns`` (not imported yet) on every worker, timed: warm-up."""

@@ -28,6 +28,7 @@ Examples
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import errno
@@ -277,7 +278,7 @@ class OutDirLock:
         while True:
             if self._try_create(info):
                 self.info = info
-                _register_atexit(self)
+                _OBJECTS[id(self)] = self  # released at exit, if still held
                 self._start_heartbeat()
                 return self
             current = _read(self.path)
@@ -361,19 +362,9 @@ class OutDirLock:
 
 
 _OBJECTS: dict[int, OutDirLock] = {}
-_ATEXIT_ON = False
 
 
-def _register_atexit(lock: OutDirLock) -> None:
-    global _ATEXIT_ON
-    _OBJECTS[id(lock)] = lock
-    if not _ATEXIT_ON:
-        import atexit
-
-        atexit.register(_release_all)
-        _ATEXIT_ON = True
-
-
+@atexit.register
 def _release_all() -> None:
     for lock in list(_OBJECTS.values()):
         if lock.info is not None and lock.info.get("pid") == os.getpid():  # not in a forked child

@@ -169,15 +169,12 @@ def drive(steps: Steps, executor: Any = None, *, progress: Any = None) -> list[P
     return rounds.files
 
 
-@contextlib.contextmanager
-def _tracking(tracker: Any, desc: str, enabled: bool) -> Iterator[Any]:
+def _tracking(tracker: Any, desc: str, enabled: bool) -> contextlib.AbstractContextManager[Any]:
     """``tracker``, else the one of :func:`reporting`, else a new one, closed at the end."""
     tracker = tracker if tracker is not None else _PROGRESS.get()
     if tracker is not None:
-        yield tracker
-        return
-    with CostProgress(desc=desc, enabled=enabled) as own:
-        yield own
+        return contextlib.nullcontext(tracker)
+    return CostProgress(desc=desc, enabled=enabled)
 
 
 def remote(
@@ -254,7 +251,11 @@ class Sweep:
         self.meta_path = self.out_dir / f"{name}.meta.json"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         _repair_torn_tail(self.path)
-        if self._stored_digest() != self.digest:  # new file, or a run with another configuration
+        try:
+            stored = load_json(self.meta_path).get("config_hash")
+        except (OSError, ValueError):
+            stored = None
+        if stored != self.digest:  # new file, or a run with another configuration
             write_json(
                 self.meta_path,
                 {
@@ -263,12 +264,6 @@ class Sweep:
                     **run_metadata(seed=seed, device=device, dtype=dtype, config=self.config),
                 },
             )
-
-    def _stored_digest(self) -> str | None:
-        try:
-            return load_json(self.meta_path).get("config_hash")
-        except (OSError, ValueError):
-            return None
 
     def records(self) -> list[dict[str, Any]]:
         """Finished records of this configuration."""

@@ -49,7 +49,6 @@ __all__ = [
     "Stage",
     "StageConfig",
     "StageRun",
-    "check_setting",
     "preset_settings",
 ]
 
@@ -66,16 +65,14 @@ def _plain(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true/false"}
+
+
 def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
     if isinstance(tp, type):
-        return {
-            "int": "an integer",
-            "float": "a number",
-            "str": "a string",
-            "bool": "true/false",
-        }.get(tp.__name__, tp.__name__)
+        return _TYPE_NAMES.get(tp.__name__, tp.__name__)
     return str(tp).replace("typing.", "").replace("collections.abc.", "")
 
 
@@ -102,9 +99,7 @@ def _matches(value: Any, tp: Any) -> bool:
     if origin in (tuple, list, typing.Sequence, cabc.Sequence):
         if not _is_sequence(value):
             return False
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            return all(_matches(v, args[0]) for v in value)
-        if origin is tuple and args:
+        if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length
             return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
         return all(_matches(v, args[0]) for v in value) if args else True
     if origin in (dict, typing.Mapping, cabc.Mapping):
@@ -116,15 +111,6 @@ def _matches(value: Any, tp: Any) -> bool:
     if isinstance(tp, type):
         return isinstance(value, tp)
     return True
-
-
-def check_setting(stage: str, field: str, value: Any, tp: Any) -> None:
-    """Raise a one-line ValueError naming ``stage`` and ``field`` unless ``value`` fits ``tp``."""
-    if not _matches(value, tp):
-        raise ValueError(
-            f"{stage}: setting {field} must be {_type_name(tp)}, got {value!r} "
-            f"({type(value).__name__})"
-        )
 
 
 _Config = TypeVar("_Config", bound="StageConfig")
@@ -189,8 +175,7 @@ class StageConfig:
         stage, prefix = within or (cls.stage, "")
         hints = typing.get_type_hints(cls)
         own, nested = cls._split(settings)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(own) - fields)
+        unknown = sorted(set(own) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             known = ", ".join(prefix + k for k in cls.field_types())
             raise ValueError(
@@ -198,7 +183,11 @@ class StageConfig:
                 f"known: {known}"
             )
         for key, value in own.items():
-            check_setting(stage, prefix + key, value, hints[key])
+            if not _matches(value, hints[key]):
+                raise ValueError(
+                    f"{stage}: setting {prefix}{key} must be {_type_name(hints[key])}, "
+                    f"got {value!r} ({type(value).__name__})"
+                )
         for group, entries in nested.items():
             hints[group].check(entries, within=(stage, f"{prefix}{group}."))
 
@@ -303,17 +292,8 @@ class ModuleStage:
         (``from_module(__name__, ...)``).
         """
         m = sys.modules[module]
-        return cls(
-            m.NAME,
-            title,
-            m.PRESETS,
-            m.resolve,
-            m.execute,
-            m.summary,
-            m.report_section,
-            m.claims,
-            uses_device,
-        )
+        functions = m.resolve, m.execute, m.summary, m.report_section, m.claims  # fields' order
+        return cls(m.NAME, title, m.PRESETS, *functions, uses_device=uses_device)
 
     def start(
         self,
@@ -336,9 +316,8 @@ class ModuleStage:
         cfg = self.resolve_fn(preset, settings)
         out = Path(results_dir) / self.name
         out.mkdir(parents=True, exist_ok=True)
-        return self.execute_fn(
-            cfg, out, StageRun(preset, dict(settings), device, progress, executor)
-        )
+        run = StageRun(preset, dict(settings), device, progress, executor)
+        return self.execute_fn(cfg, out, run)
 
     def run(
         self,
