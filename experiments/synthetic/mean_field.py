@@ -104,13 +104,9 @@ def _worst_point(
         init=init,
     )
     k = int(np.nanargmax(res.restart_values.cpu().numpy()))
+    fields = ("value", "lower", "upper", "bracket", "construction_value", "two_dirac_bound")
     return {
-        "value": res.value,
-        "lower": res.lower,
-        "upper": res.upper,
-        "bracket": res.bracket,
-        "construction_value": res.construction_value,
-        "two_dirac_bound": res.two_dirac_bound,
+        **{f: getattr(res, f) for f in fields},
         "best_start": res.labels[k],
         "points": res.measure.points.cpu().numpy(),
         "log_weights": res.measure.log_weights.cpu().numpy(),
@@ -135,12 +131,8 @@ def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: st
         seed=cfg.seed,
     )
     return {
-        "value": res.value,
-        "log_value": res.log_value,
-        "axis_value": res.axis_value,
-        "x": res.x.cpu().numpy(),
-        "y": res.y.cpu().numpy(),
-        "h": res.h.cpu().numpy(),
+        **{f: getattr(res, f) for f in ("value", "log_value", "axis_value")},
+        **{f: getattr(res, f).cpu().numpy() for f in ("x", "y", "h")},
         "w": res.w,
         "gamma": res.gamma,
         "measure_points": res.measure.points.cpu().numpy(),
@@ -276,19 +268,17 @@ def run_mean_field(
         )
         return arr
 
-    files: list[Path] = []
     # ---- F6: setting d2, atoms f6_atoms, off-axis
     f6 = {"radii": radii, "curve_R": curve_R, **block(F6_SETTING, f6_atoms)}
-    f6_find = _mf_findings(f6, radii)
     meta = part_metadata(cfg, device, "mf")
     f6_doc = {
         "kind": "synthetic/f6",
         "figure": STEMS["f6"],
         "setting": MF_SETTINGS[F6_SETTING],
         "provenance": _MF_PROVENANCE,
-        "findings": f6_find,
+        "findings": _mf_findings(f6, radii),
     }
-    files += save_part(out, "f6", f6, f6_doc, meta)
+    files = save_part(out, "f6", f6, f6_doc, meta)
     # ---- A: every setting, atoms a_atoms
     a_arr: dict[str, Any] = {
         "radii": radii,
@@ -309,8 +299,7 @@ def run_mean_field(
         "provenance": _MF_PROVENANCE,
         "findings": a_find,
     }
-    files += save_part(out, "a", a_arr, a_doc, meta)
-    return files
+    return files + save_part(out, "a", a_arr, a_doc, meta)
 
 
 _MF_PROVENANCE = {

@@ -162,9 +162,7 @@ def _f5_point(point: Mapping[str, Any], device: str) -> dict[str, Any]:
     seq = adversarial_sequence(params, point["R"], int(point["n"]), variant="released")
     est = local_lipschitz(seq.X, params, masked=bool(point["masked"]), tol=F5_TOL)
     return {
-        "value": float(est.value),
-        "lower": float(est.lower),
-        "upper": float(est.upper),
+        **{k: float(getattr(est, k)) for k in ("value", "lower", "upper")},
         "method": est.method,
         "upper_method": est.upper_method,
         "converged": bool(est.converged),
