@@ -137,9 +137,7 @@ def construction_norm(A: Any, V: Any, a: Any, b: Any, n: Any) -> np.ndarray:
     B12 = c12[s] * (eye - pi[s] * o_a)
     B21 = (sm * p)[s] * (eye + p_c[s] * o_b)
     B22 = p_c[s] * (eye - p[s] * o_b) + (p * p_c)[s] * o_d
-    top = np.concatenate([V_ @ B11, V_ @ B12], axis=2)
-    bottom = np.concatenate([V_ @ B21, V_ @ B22], axis=2)
-    M = np.concatenate([top, bottom], axis=1)
+    M = np.block([[V_ @ B11, V_ @ B12], [V_ @ B21, V_ @ B22]])
     sig = np.linalg.svd(M, compute_uv=False)[:, 0]
     comp = p * p_c * np.linalg.norm(V_ @ delta) * np.linalg.norm(Ad)
     comp = np.where(m >= 2, comp, 0.0)
@@ -283,9 +281,8 @@ def _f5_findings(d: Mapping[str, np.ndarray]) -> dict[str, Any]:
     per = []
     for gi, g in enumerate(d["gammas"]):
         closed = d["closed_all"][gi]
-        n_all = d["n_all"]
         k = int(np.argmax(closed))
-        n_peak = int(n_all[k])
+        n_peak = int(d["n_all"][k])
         peak = float(closed[k])
         grid_ratio = d["closed_grid"][gi] / d["lower_formula"][gi]
         mv = d["masked_value"][gi]
