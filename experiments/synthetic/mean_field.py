@@ -259,12 +259,9 @@ def run_mean_field(
             arr[f"off_axis_{key}"] = np.stack([np.asarray(r[key]) for r in oa_rows])
         for key in ("w", "gamma"):
             arr[f"off_axis_{key}"] = np.asarray([r[key] for r in oa_rows])
+        # no two-Dirac bound (None) becomes nan
         arr["opt_two_dirac_bound"] = np.asarray(
-            [
-                [np.nan if r["two_dirac_bound"] is None else r["two_dirac_bound"] for r in row]
-                for row in wc_rows
-            ],
-            dtype=np.float64,
+            [[r["two_dirac_bound"] for r in row] for row in wc_rows], dtype=np.float64
         )
         return arr
 

@@ -227,10 +227,8 @@ def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
         A, V = _f5_head(float(g), R)
         a_norm, v_norm = spectral_norm_np(A), spectral_norm_np(V)
         # construction positions: the same as the engine's (released variant, case -)
-        a, b = -R * np.ones(1), R * np.ones(1)
-        rec0 = by.get((float(g), int(c_grid[0]), False))
-        if rec0 is not None:
-            a, b = np.asarray(rec0["a"], dtype=np.float64), np.asarray(rec0["b"], dtype=np.float64)
+        rec0 = by[(float(g), int(c_grid[0]), False)]
+        a, b = np.asarray(rec0["a"], dtype=np.float64), np.asarray(rec0["b"], dtype=np.float64)
         out_arr["closed_all"].append(construction_norm(A, V, a, b, n_all))
         out_arr["closed_grid"].append(construction_norm(A, V, a, b, n_grid))
         out_arr["lower_formula"].append(bounds.sqrt_n_lower(g, n_grid, 1.0))
