@@ -283,16 +283,14 @@ def run_mean_field(
         "settings": np.asarray(cfg.mf.settings, dtype=str),
     }
     a_find = {}
-    labels = {}
     for s in cfg.mf.settings:
         blk = block(s, a_atoms)
         a_arr.update({f"{s}__{k}": v for k, v in blk.items()})
         a_find[s] = _mf_findings(blk, radii)
-        labels[s] = MF_SETTINGS[s].format(seed=seed)
     a_doc = {
         "kind": "synthetic/a",
         "figure": STEMS["a"],
-        "settings": labels,
+        "settings": {s: MF_SETTINGS[s].format(seed=seed) for s in cfg.mf.settings},
         "provenance": _MF_PROVENANCE,
         "findings": a_find,
     }
