@@ -219,8 +219,7 @@ def _summary_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for s in sweeps:
         a = s["arrays"]
         fits = {k: (f.as_dict() if f is not None else None) for k, f in sweep_fits(s).items()}
-        up = a["upper"]
-        ratio = up / a["lower"]
+        ratio = a["upper"] / a["lower"]
         finite = np.isfinite(ratio)
         prob_ratio = a["upper_prob"] / a["lower"]
         prob_finite = np.isfinite(prob_ratio)
@@ -511,12 +510,10 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
         f"Across {len(fitted)} sweeps, α of the released metric exceeds α of the true ‖J‖₂ by "
         f"{min(gaps):+.2f} to {max(gaps):+.2f} (median {sorted(gaps)[len(gaps) // 2]:+.2f}); "
         f"the gap is within 0.1 of the +1/4 that D1 predicts when output tokens have roughly "
-        f"constant norm (‖f(X)‖ ∝ √n) in {len(near)} of them."
-    ]
-    parts.append(
+        f"constant norm (‖f(X)‖ ∝ √n) in {len(near)} of them.",
         f"The true constant's exponent has a 95 % interval reaching down to ≤ 0.1 in {len(flat)} "
-        f"of {len(fitted)} sweeps (growth much slower than the published n^(1/4) there)."
-    )
+        f"of {len(fitted)} sweeps (growth much slower than the published n^(1/4) there).",
+    ]
     compared = [r for r in fitted if r["paper_curve"]]
     for r in compared:
         pc = r["paper_curve"]

@@ -347,12 +347,10 @@ def user_config_list(models: Sequence[str], layers: Sequence[int] | None, cache:
         causal = is_causal(lm.model)
         stem = Path(str(key)).name or str(key)
         for layer in chosen:
-            if info.arch == "bert":
-                paper = f"BERT-{'dec' if causal else 'enc'} L{layer}"
-            elif info.arch == "gpt2":
-                paper = f"GPT-2 L{layer}"
-            else:
-                paper = None
+            paper = {
+                "bert": f"BERT-{'dec' if causal else 'enc'} L{layer}",
+                "gpt2": f"GPT-2 L{layer}",
+            }.get(info.arch)
             maps: list[Literal["heads+WO", "block"]] = (
                 ["heads+WO", "block"] if info.arch == "bert" else ["heads+WO"]
             )

@@ -120,7 +120,7 @@ def real_point(cfg: Mapping[str, Any]) -> dict[str, Any]:
     with torch_threads(cfg["threads"]):
         ws = _workspace(cfg["run"], opts["seed"], opts["dtype"], cfg["device"])
         ws.require(config.model, corpus, cfg["need"])
-        return _estimate(config, ws, corpus, cfg, opts)
+        return _estimate(ws, cfg)
 
 
 def real_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,45 +174,35 @@ def real_points(cfg: Mapping[str, Any]) -> dict[str, Any]:
         windows = []
         for m in members:
             ws.require(config.model, m["corpus"], m["need"])
-            windows.append(_windows(config, ws, m["corpus"], m, opts))
+            windows.append(_windows(ws, m))
         X = torch.cat([hs.X for hs, _ in windows])
         br = _bracket(config, ws.attention(config), X, opts, per_call=X.shape[0])
         out, i = [], 0
         for m, (hs, t_hidden) in zip(members, windows):
             k = hs.X.shape[0]
-            rec = _values(config, int(m["n"]), hs, t_hidden, br, slice(i, i + k), opts)
+            rec = _values(m, hs, t_hidden, br, slice(i, i + k))
             rec.update(batch_windows=True, points_per_call=len(members))
             out.append(rec)
             i += k
     return {"members": out}
 
 
-def _estimate(
-    config: RealConfig,
-    ws: _Workspace,
-    corpus: str,
-    point: Mapping[str, Any],
-    opts: Mapping[str, Any],
-) -> dict[str, Any]:
+def _estimate(ws: _Workspace, point: Mapping[str, Any]) -> dict[str, Any]:
     """One record: every window of one n, in calls of at most ``batch_tokens // n`` windows."""
-    hs, t_hidden = _windows(config, ws, corpus, point, opts)
+    config, opts = point["config"], point["opts"]
+    hs, t_hidden = _windows(ws, point)
     per_call = max(1, int(opts["batch_tokens"]) // int(point["n"]))
     br = _bracket(config, ws.attention(config), hs.X, opts, per_call=per_call)
-    return _values(config, int(point["n"]), hs, t_hidden, br, slice(None), opts)
+    return _values(point, hs, t_hidden, br, slice(None))
 
 
-def _windows(
-    config: RealConfig,
-    ws: _Workspace,
-    corpus: str,
-    point: Mapping[str, Any],
-    opts: Mapping[str, Any],
-) -> tuple[Any, float]:
+def _windows(ws: _Workspace, point: Mapping[str, Any]) -> tuple[Any, float]:
     """The hidden states of the point's windows (at the layer's input), and their time."""
     from meanfield.models import hidden_states
 
+    config = point["config"]
     lm = ws.model(config.model)
-    ids, _ = ws.token_ids(config.model, corpus)
+    ids, _ = ws.token_ids(config.model, point["corpus"])
     ws.attention(config)
     t0 = time.perf_counter()
     hs = hidden_states(
@@ -221,7 +211,7 @@ def _windows(
         ids,
         config.layer,
         int(point["n"]),
-        n_windows=opts["n_windows"],
+        n_windows=point["opts"]["n_windows"],
         start=int(point["start"]),
         dtype=ws.dtype,
         device=ws.device,
@@ -284,21 +274,16 @@ def _bracket(
 
 
 def _values(
-    config: RealConfig,
-    n: int,
-    hs: Any,
-    t_hidden: float,
-    br: Mapping[str, Any],
-    rows: slice,
-    opts: Mapping[str, Any],
+    point: Mapping[str, Any], hs: Any, t_hidden: float, br: Mapping[str, Any], rows: slice
 ) -> dict[str, Any]:
     """The record of one point from its windows and its rows of the bracket ``br``."""
+    config, opts = point["config"], point["opts"]
 
     def lst(t):
         return t.detach().cpu().tolist()
 
     return {
-        "n": n,
+        "n": int(point["n"]),
         "n_windows": hs.n_windows,
         "starts": list(hs.starts),
         "next_start": hs.next_start,

@@ -68,11 +68,7 @@ def _f7_point(point: Mapping[str, Any], A, V, X, R: np.ndarray, device: str) -> 
         masked=bool(point["masked"]),
         method="dense",
     )
-    return {
-        "value": est.value.cpu().numpy(),
-        "lower": est.lower.cpu().numpy(),
-        "upper": est.upper.cpu().numpy(),
-    }
+    return {k: getattr(est, k).cpu().numpy() for k in ("value", "lower", "upper")}
 
 
 def f7_task(cfg: Mapping[str, Any]) -> dict[str, Any]:

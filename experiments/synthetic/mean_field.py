@@ -104,13 +104,9 @@ def _worst_point(
         init=init,
     )
     k = int(np.nanargmax(res.restart_values.cpu().numpy()))
+    fields = ("value", "lower", "upper", "bracket", "construction_value", "two_dirac_bound")
     return {
-        "value": res.value,
-        "lower": res.lower,
-        "upper": res.upper,
-        "bracket": res.bracket,
-        "construction_value": res.construction_value,
-        "two_dirac_bound": res.two_dirac_bound,
+        **{f: getattr(res, f) for f in fields},
         "best_start": res.labels[k],
         "points": res.measure.points.cpu().numpy(),
         "log_weights": res.measure.log_weights.cpu().numpy(),
@@ -135,12 +131,8 @@ def _off_axis_point(point: Mapping[str, Any], cfg: SyntheticSettings, device: st
         seed=cfg.seed,
     )
     return {
-        "value": res.value,
-        "log_value": res.log_value,
-        "axis_value": res.axis_value,
-        "x": res.x.cpu().numpy(),
-        "y": res.y.cpu().numpy(),
-        "h": res.h.cpu().numpy(),
+        **{f: getattr(res, f) for f in ("value", "log_value", "axis_value")},
+        **{f: getattr(res, f).cpu().numpy() for f in ("x", "y", "h")},
         "w": res.w,
         "gamma": res.gamma,
         "measure_points": res.measure.points.cpu().numpy(),
@@ -267,28 +259,23 @@ def run_mean_field(
             arr[f"off_axis_{key}"] = np.stack([np.asarray(r[key]) for r in oa_rows])
         for key in ("w", "gamma"):
             arr[f"off_axis_{key}"] = np.asarray([r[key] for r in oa_rows])
+        # no two-Dirac bound (None) becomes nan
         arr["opt_two_dirac_bound"] = np.asarray(
-            [
-                [np.nan if r["two_dirac_bound"] is None else r["two_dirac_bound"] for r in row]
-                for row in wc_rows
-            ],
-            dtype=np.float64,
+            [[r["two_dirac_bound"] for r in row] for row in wc_rows], dtype=np.float64
         )
         return arr
 
-    files: list[Path] = []
     # ---- F6: setting d2, atoms f6_atoms, off-axis
     f6 = {"radii": radii, "curve_R": curve_R, **block(F6_SETTING, f6_atoms)}
-    f6_find = _mf_findings(f6, radii)
     meta = part_metadata(cfg, device, "mf")
     f6_doc = {
         "kind": "synthetic/f6",
         "figure": STEMS["f6"],
         "setting": MF_SETTINGS[F6_SETTING],
         "provenance": _MF_PROVENANCE,
-        "findings": f6_find,
+        "findings": _mf_findings(f6, radii),
     }
-    files += save_part(out, "f6", f6, f6_doc, meta)
+    files = save_part(out, "f6", f6, f6_doc, meta)
     # ---- A: every setting, atoms a_atoms
     a_arr: dict[str, Any] = {
         "radii": radii,
@@ -296,21 +283,18 @@ def run_mean_field(
         "settings": np.asarray(cfg.mf.settings, dtype=str),
     }
     a_find = {}
-    labels = {}
     for s in cfg.mf.settings:
         blk = block(s, a_atoms)
         a_arr.update({f"{s}__{k}": v for k, v in blk.items()})
         a_find[s] = _mf_findings(blk, radii)
-        labels[s] = MF_SETTINGS[s].format(seed=seed)
     a_doc = {
         "kind": "synthetic/a",
         "figure": STEMS["a"],
-        "settings": labels,
+        "settings": {s: MF_SETTINGS[s].format(seed=seed) for s in cfg.mf.settings},
         "provenance": _MF_PROVENANCE,
         "findings": a_find,
     }
-    files += save_part(out, "a", a_arr, a_doc, meta)
-    return files
+    return files + save_part(out, "a", a_arr, a_doc, meta)
 
 
 _MF_PROVENANCE = {

@@ -137,9 +137,7 @@ def construction_norm(A: Any, V: Any, a: Any, b: Any, n: Any) -> np.ndarray:
     B12 = c12[s] * (eye - pi[s] * o_a)
     B21 = (sm * p)[s] * (eye + p_c[s] * o_b)
     B22 = p_c[s] * (eye - p[s] * o_b) + (p * p_c)[s] * o_d
-    top = np.concatenate([V_ @ B11, V_ @ B12], axis=2)
-    bottom = np.concatenate([V_ @ B21, V_ @ B22], axis=2)
-    M = np.concatenate([top, bottom], axis=1)
+    M = np.block([[V_ @ B11, V_ @ B12], [V_ @ B21, V_ @ B22]])
     sig = np.linalg.svd(M, compute_uv=False)[:, 0]
     comp = p * p_c * np.linalg.norm(V_ @ delta) * np.linalg.norm(Ad)
     comp = np.where(m >= 2, comp, 0.0)
@@ -162,9 +160,7 @@ def _f5_point(point: Mapping[str, Any], device: str) -> dict[str, Any]:
     seq = adversarial_sequence(params, point["R"], int(point["n"]), variant="released")
     est = local_lipschitz(seq.X, params, masked=bool(point["masked"]), tol=F5_TOL)
     return {
-        "value": float(est.value),
-        "lower": float(est.lower),
-        "upper": float(est.upper),
+        **{k: float(getattr(est, k)) for k in ("value", "lower", "upper")},
         "method": est.method,
         "upper_method": est.upper_method,
         "converged": bool(est.converged),
@@ -231,10 +227,8 @@ def run_f5(cfg: SyntheticSettings, out: Path, device: str) -> Generator[Round, N
         A, V = _f5_head(float(g), R)
         a_norm, v_norm = spectral_norm_np(A), spectral_norm_np(V)
         # construction positions: the same as the engine's (released variant, case -)
-        a, b = -R * np.ones(1), R * np.ones(1)
-        rec0 = by.get((float(g), int(c_grid[0]), False))
-        if rec0 is not None:
-            a, b = np.asarray(rec0["a"], dtype=np.float64), np.asarray(rec0["b"], dtype=np.float64)
+        rec0 = by[(float(g), int(c_grid[0]), False)]
+        a, b = np.asarray(rec0["a"], dtype=np.float64), np.asarray(rec0["b"], dtype=np.float64)
         out_arr["closed_all"].append(construction_norm(A, V, a, b, n_all))
         out_arr["closed_grid"].append(construction_norm(A, V, a, b, n_grid))
         out_arr["lower_formula"].append(bounds.sqrt_n_lower(g, n_grid, 1.0))
@@ -285,9 +279,8 @@ def _f5_findings(d: Mapping[str, np.ndarray]) -> dict[str, Any]:
     per = []
     for gi, g in enumerate(d["gammas"]):
         closed = d["closed_all"][gi]
-        n_all = d["n_all"]
         k = int(np.argmax(closed))
-        n_peak = int(n_all[k])
+        n_peak = int(d["n_all"][k])
         peak = float(closed[k])
         grid_ratio = d["closed_grid"][gi] / d["lower_formula"][gi]
         mv = d["masked_value"][gi]

@@ -27,11 +27,7 @@ def execute(cfg: SyntheticSettings, out: Path, run: StageRun) -> Steps:
     """
     preset, overrides, device = run.preset, run.settings, run.device
     t0 = time.perf_counter()
-    parts = (
-        run_f5(cfg, out, device),
-        run_f7(cfg, out, device),
-        run_mean_field(cfg, out, device),
-    )
+    parts = [part(cfg, out, device) for part in (run_f5, run_f7, run_mean_field)]
     written = yield from threaded_rounds(joint_rounds(*parts), 1)
     files: list[Path] = [p for part in written for p in part]
     sweeps = [
