@@ -91,11 +91,8 @@ def _is_sequence(t: Target) -> bool:
 
 
 def _is_mean_field(t: Target) -> bool:
-    return t.ctx.get("what") in ("sequence", "measure") and t.geometry in (
-        "euclidean",
-        "wasserstein",
-        "split",
-    )
+    geometries = ("euclidean", "wasserstein", "split")
+    return t.ctx.get("what") in ("sequence", "measure") and t.geometry in geometries
 
 
 # ------------------------------------------------------------------ upper bounds
