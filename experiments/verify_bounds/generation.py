@@ -312,7 +312,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     }
     out.append(Target("dirac", "wasserstein", *br, dirac_ctx))
     # max over the constructions: a bracket of the best value, for mean_field_lower
-    best_lower, best_value, best_upper = (max(b[i] for b in brackets) for i in range(3))
+    lo, val, up = (max(ends) for ends in zip(*brackets, strict=True))
     best_ctx = {
         "what": "best",
         "masked": False,
@@ -321,9 +321,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         "WO": None,
         "construction": "two_dirac_best",
     }
-    out.append(
-        Target("two_dirac_best", "wasserstein", best_lower, best_value, best_upper, best_ctx)
-    )
+    out.append(Target("two_dirac_best", "wasserstein", lo, val, up, best_ctx))
     # a random mass and the w = 1/2 mass, in the case chosen by the -8 rule
     td0 = two_dirac(as_tensor64(A), R, V=as_tensor64(V))
     gamma = td0.gamma
