@@ -115,8 +115,7 @@ class _Workspace:
             with loading():  # the layer's setup: once per process, like the model's load
                 att = hf_attention(
                     loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64
-                )
-                att = att.to(device)
+                ).to(device)
                 params = att.params
                 if not 0 <= settings["head"] < params.n_heads:
                     raise ValueError(
