@@ -115,8 +115,7 @@ class _Workspace:
             with loading():  # the layer's setup: once per process, like the model's load
                 att = hf_attention(
                     loaded.model, settings["layer"], map=settings["map"], dtype=torch.float64
-                )
-                att = att.to(device)
+                ).to(device)
                 params = att.params
                 if not 0 <= settings["head"] < params.n_heads:
                     raise ValueError(
@@ -194,11 +193,7 @@ def _adv_compute(point: Mapping[str, Any], head: Mapping[str, Any]) -> dict[str,
         "variant": variant,
         "model": loaded.label,
         "model_key": settings["model"],
-        "layer": settings["layer"],
-        "head": settings["head"],
-        "R": R,
-        "map": settings["map"],
-        "masked": settings["masked"],
+        **{k: settings[k] for k in ("layer", "head", "R", "map", "masked")},
         "seed": c.seed,
         "rope": rope,
         "construction_exact": not rope,

@@ -31,9 +31,7 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
     rows = doc["rows"]
     cfg = doc["metadata"]["config"]
     out: dict[str, Any] = {
-        "n": cfg["n"],
-        "target": cfg["target"],
-        "ref_radius": cfg["ref_radius"],
+        **{k: cfg[k] for k in ("n", "target", "ref_radius")},
         "seeds": len(cfg["seeds"]),
         "maps": {},
     }

@@ -182,12 +182,9 @@ def invert_case(
 
 def _sweep(cfg: InvertibleSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     radii = [float(r) for r in cfg.radii]
-    all_rows: list[dict[str, Any]] = []
-    res: dict[str, list[np.ndarray]] = {m: [] for m in MAPS}
-    scales: dict[str, list[float]] = {m: [] for m in MAPS}
     with torch_threads(1):
-        for seed in cfg.seeds:
-            case = invert_case(
+        cases = [
+            invert_case(
                 int(seed),
                 radii,
                 d=cfg.d,
@@ -198,18 +195,18 @@ def _sweep(cfg: InvertibleSettings) -> tuple[dict[str, np.ndarray], dict[str, An
                 max_iter=cfg.max_iter,
                 tol=cfg.tol,
             )
-            all_rows += case["rows"]
-            for m in MAPS:
-                res[m].append(case["residuals"][m])
-                scales[m].append(case["scale"][m])
+            for seed in cfg.seeds
+        ]
+    all_rows = [row for case in cases for row in case["rows"]]
     arrays: dict[str, np.ndarray] = {
         "radii": np.asarray(radii, dtype=np.float64),
         "seeds": np.asarray(cfg.seeds, dtype=np.int64),
     }
     shape = (len(cfg.seeds), len(radii))
     for m in MAPS:
-        arrays[f"{m}_residuals"] = np.stack(res[m])  # (seeds, radii, max_iter)
-        arrays[f"{m}_scale"] = np.asarray(scales[m])
+        residuals = [c["residuals"][m] for c in cases]
+        arrays[f"{m}_residuals"] = np.stack(residuals)  # (seeds, radii, max_iter)
+        arrays[f"{m}_scale"] = np.asarray([c["scale"][m] for c in cases])
         fields = ("local_lipschitz", "spectral_radius", "preimage_error", "rate", "max_ratio")
         for f in (*fields, "y_norm"):
             vals = [r[f] for r in all_rows if r["map"] == m]

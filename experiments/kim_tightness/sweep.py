@@ -265,14 +265,8 @@ def execute(cfg: KimTightnessSettings, out: Path, run: StageRun) -> Steps:
             files += [p for p in points_files if p.exists()]
             continue
         context = _point_context(name, seed, **search)
-        sweep = Sweep(
-            out,
-            f"head_{name}_points",
-            {"kind": "kim_tightness_points", **context},
-            seed=seed,
-            device="cpu",
-            dtype="float64",
-        )
+        config = {"kind": "kim_tightness_points", **context}
+        sweep = Sweep(out, f"head_{name}_points", config, seed=seed, device="cpu", dtype="float64")
         points = [{"N": N} for N in n_values]
         cost = functools.partial(_point_cost, context=context)
         todo.append((name, sweep, points, sweep.job(points, kim_point, context, cost=cost)))

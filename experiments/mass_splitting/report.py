@@ -40,10 +40,9 @@ def summary(results_dir: str | Path) -> dict[str, Any]:
         best: dict[str, Any] = {}
         for name, rows in data.get("attacks", {}).items():
             best[name] = {
-                "max_split_ratio_w2": max(r["split"]["ratio_w2"] for r in rows),
-                "max_move_ratio_w2": max(r["move"]["ratio_w2"] for r in rows),
-                "max_split_ratio_winf": max(r["split"]["ratio_winf"] for r in rows),
-                "max_move_ratio_winf": max(r["move"]["ratio_winf"] for r in rows),
+                f"max_{part}_ratio_{w}": max(r[part][f"ratio_{w}"] for r in rows)
+                for w in ("w2", "winf")
+                for part in ("split", "move")
             }
         doc["mass_splitting"] = best
     return doc

@@ -332,12 +332,9 @@ def _same_config(json_path: Path, config: dict[str, Any]) -> bool:
     does not count against it.
     """
     recorded = finished_config(json_path)
-    if recorded is None:
-        return False
-    for key, value in config.items():
-        if key in recorded and _norm(recorded[key]) != _norm(value):
-            return False
-    return True
+    return recorded is not None and all(
+        _norm(recorded[key]) == _norm(value) for key, value in config.items() if key in recorded
+    )
 
 
 def _norm(v: Any) -> Any:
@@ -378,8 +375,7 @@ def execute(cfg: MassSplittingSettings, out: Path, run: StageRun) -> Steps:
         recs = sweep.collect(points)
         if key == "figure_b":
             rows = {(r["point"]["setting"], r["point"]["R"]): r for r in recs}
-            meta = {k: kwargs[k] for k in ("radii", "n_atoms", "n_restarts", "steps")}
-            files += _write_b(out, meta, rows, seed)
+            files += _write_b(out, kwargs, rows, seed)  # every setting of figure B is recorded
         else:
             rows = {(r["point"]["input"], r["point"]["budget"]): r for r in recs}
             keys = ("radii", "budgets", "R_attack", "k_max", "n_restarts", "steps")
@@ -401,12 +397,6 @@ def _sweep(out: Path, key: str, settings: Mapping[str, Any], seed: int) -> tuple
         points = [{"input": i, "budget": float(b)} for i in ATTACK_INPUTS for b in budgets]
         task = mass_splitting_point
     context = {**{k: settings[k] for k in shared}, "seed": seed}
-    sweep = Sweep(
-        out,
-        f"{_FILES[key]}_points",
-        {"kind": _FILES[key], **context},
-        seed=seed,
-        device="cpu",
-        dtype="float64",
-    )
+    config = {"kind": _FILES[key], **context}
+    sweep = Sweep(out, f"{_FILES[key]}_points", config, seed=seed, device="cpu", dtype="float64")
     return sweep, points, task, context

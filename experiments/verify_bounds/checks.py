@@ -91,11 +91,8 @@ def _is_sequence(t: Target) -> bool:
 
 
 def _is_mean_field(t: Target) -> bool:
-    return t.ctx.get("what") in ("sequence", "measure") and t.geometry in (
-        "euclidean",
-        "wasserstein",
-        "split",
-    )
+    geometries = ("euclidean", "wasserstein", "split")
+    return t.ctx.get("what") in ("sequence", "measure") and t.geometry in geometries
 
 
 # ------------------------------------------------------------------ upper bounds
@@ -175,20 +172,10 @@ def _kim(t: Target, p: Any, squared: bool = False) -> float | None:
 
     WQ, WV, WO = t.ctx["WQ"], t.ctx["WV"], t.ctx["WO"]
     H, D = WQ.shape[0], WQ.shape[1]
-    norms = bounds.kim_l2_norms(WQ, WV, WO, p=p)
+    norms: dict[str, Any] = bounds.kim_l2_norms(WQ, WV, WO, p=p)  # WQ_norms, WV_norms, WO_norm
     # wq_power=2: ||W^{Q,h}||_2^2, degree 2 in W^Q like the map itself (1: the default)
-    return float(
-        bounds.kim_l2_upper(
-            t.ctx["n"],
-            D=D,
-            H=H,
-            p=p,
-            WQ_norms=norms["WQ_norms"],
-            WV_norms=norms["WV_norms"],
-            WO_norm=norms["WO_norm"],
-            wq_power=2 if squared else 1,
-        )
-    )
+    bound = bounds.kim_l2_upper(t.ctx["n"], D=D, H=H, p=p, wq_power=2 if squared else 1, **norms)
+    return float(bound)
 
 
 def _kim_lemma(t: Target) -> float | None:

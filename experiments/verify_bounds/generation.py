@@ -273,12 +273,13 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     out: list[Target] = []
     brackets = []
 
-    def ctx_of(td: Any) -> dict[str, Any]:
+    def ctx_of(td: Any, construction: str) -> dict[str, Any]:
         pts = td.measure.points.numpy()
         lw = td.measure.log_weights.numpy()
         c = _measure_ctx(pts, lw, heads)
         c.update(_construction_ctx(pts, pts[1], pts[0], A, V))  # light atom 1, heavy atom 0
         c["log_eps"] = float(lw[1])
+        c["construction"] = construction
         return c
 
     from theory import bounds
@@ -292,8 +293,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         if not ok:
             continue
         td = two_dirac(as_tensor64(A), R, case=case, V=as_tensor64(V))
-        c = ctx_of(td)
-        c["construction"] = "two_dirac_opt"
+        c = ctx_of(td, "two_dirac_opt")
         br = engine_of(td.measure, params, geometry="wasserstein")
         brackets.append(br)
         kind = f"two_dirac_opt[{case}]"
@@ -312,7 +312,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
     }
     out.append(Target("dirac", "wasserstein", *br, dirac_ctx))
     # max over the constructions: a bracket of the best value, for mean_field_lower
-    best_lower, best_value, best_upper = (max(b[i] for b in brackets) for i in range(3))
+    lo, val, up = (max(ends) for ends in zip(*brackets, strict=True))
     best_ctx = {
         "what": "best",
         "masked": False,
@@ -321,9 +321,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         "WO": None,
         "construction": "two_dirac_best",
     }
-    out.append(
-        Target("two_dirac_best", "wasserstein", best_lower, best_value, best_upper, best_ctx)
-    )
+    out.append(Target("two_dirac_best", "wasserstein", lo, val, up, best_ctx))
     # a random mass and the w = 1/2 mass, in the case chosen by the -8 rule
     td0 = two_dirac(as_tensor64(A), R, V=as_tensor64(V))
     gamma = td0.gamma
@@ -338,9 +336,7 @@ def _kind_two_dirac(rng: np.random.Generator) -> list[Target]:
         # TwoDirac.case is typed str but is always the case two_dirac chose, "+" or "-"
         case0 = cast(Literal["+", "-"], td0.case)
         td = two_dirac(as_tensor64(A), R, log_eps=log_eps, case=case0, V=as_tensor64(V))
-        c = ctx_of(td)
-        c["construction"] = label
-        out.append(_measure_target(label, td.measure, params, c))
+        out.append(_measure_target(label, td.measure, params, ctx_of(td, label)))
     return out
 
 
@@ -380,16 +376,16 @@ def _kind_off_axis(rng: np.random.Generator) -> list[Target]:
     t_eps = math.log(w / (1.0 - w)) - s  # logit of the light mass
     lw = np.array([-np.logaddexp(0.0, t_eps), -np.logaddexp(0.0, -t_eps)])  # (1-eps, eps)
     heads = [(A, V, None)]
-    mu = measure_of(np.stack([y, x]), lw)
+    points = np.stack([y, x])
     ctx = {
-        **_measure_ctx(np.stack([y, x]), lw, heads),
+        **_measure_ctx(points, lw, heads),
         "construction": "off_axis",
         "x": x,
         "y": y,
         "h": h,
         "w": w,
     }
-    return [_measure_target("off_axis", mu, params_of(heads, None), ctx)]
+    return [_measure_target("off_axis", measure_of(points, lw), params_of(heads, None), ctx)]
 
 
 def _kind_off_axis_opt(rng: np.random.Generator) -> list[Target]:

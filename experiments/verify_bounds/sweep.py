@@ -101,12 +101,8 @@ def verify(
     else:
         from tqdm.auto import tqdm
 
-        records = [
-            compute(p)
-            for p in tqdm(
-                points, desc="verify-bounds", leave=False, disable=None if progress else True
-            )
-        ]
+        bar = tqdm(points, desc="verify-bounds", leave=False, disable=None if progress else True)
+        records = [compute(p) for p in bar]
     return _report(records, specs, seed, kinds, time.perf_counter() - t0)
 
 
