@@ -124,10 +124,6 @@ def as_float64(t: Tensor) -> Tensor:
     return t.detach().to(torch.float64)
 
 
-def params_float64(params: Params) -> Params:
-    return params.to(dtype=torch.float64)
-
-
 def check_radius(R: float) -> float:
     R = float(R)
     if not (math.isfinite(R) and R > 0):
@@ -216,12 +212,9 @@ def ascend_restarts(
     hist, rec = [], []
     it = range(steps + 1)
     if progress:
-        try:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            it = tqdm(it, desc=desc, leave=False)
-        except ImportError:  # pragma: no cover
-            pass
+        it = tqdm(it, desc=desc, leave=False)
     for step in it:
         vals = objective(*params)
         score = vals if log_objective else torch.log(vals)

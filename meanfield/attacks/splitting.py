@@ -38,7 +38,6 @@ from ._common import (
     check_radius,
     from_ball,
     measure_constant,
-    params_float64,
     resolve_options,
     run_single,
     to_ball,
@@ -97,9 +96,8 @@ def split_constant(
     if method not in ("auto", "engine", "jacrev"):
         raise ValueError(f"method must be 'auto', 'engine' or 'jacrev', got {method!r}")
     if method in ("auto", "engine"):
-        est = local_lipschitz(mu, params, geometry="split", masked=masked, method="dense")
-        return est.value
-    p64 = params_float64(params)
+        return local_lipschitz(mu, params, geometry="split", masked=masked, method="dense").value
+    p64 = params.to(dtype=torch.float64)
     positions = None
     if masked:
         if mu.positions is None:
@@ -352,7 +350,7 @@ def mass_splitting_attack(
     k_max = int(k_max)
     if k_max < 2:
         raise ValueError(f"k_max must be >= 2, got {k_max}")
-    p64 = params_float64(params)
+    p64 = params.to(dtype=torch.float64)
     dev = p64.device
     X = as_float64(mu.points).to(dev)
     la = as_float64(mu.log_weights).to(dev)
