@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -107,8 +107,7 @@ def resolve_options(
     and the generator of the random starts (a CPU generator seeded with ``seed``).
     """
     given: dict[str, Any] = {"n_restarts": n_restarts, "steps": steps, "lr": lr, "seed": seed}
-    merged = {k: getattr(defaults, k) if v is None else v for k, v in given.items()}
-    opts = SearchOptions(**merged)
+    opts = replace(defaults, **{k: v for k, v in given.items() if v is not None})
     if opts.n_restarts is None or opts.steps is None or opts.lr is None or opts.seed is None:
         raise ValueError(f"{what}: the defaults {defaults} leave an option unset")
     resolved = ResolvedOptions(

@@ -101,10 +101,7 @@ def symmetric_directions(A: Tensor) -> tuple[_Direction, _Direction]:
     A64 = as_float64(A)
     evals, evecs = torch.linalg.eigh(0.5 * (A64 + A64.mT))
     lo, hi = fix_sign(evecs[:, 0]), fix_sign(evecs[:, -1])
-    return (
-        _Direction(float(hi @ A64 @ hi), hi),
-        _Direction(float(lo @ A64 @ lo), lo),
-    )
+    return _Direction(float(hi @ A64 @ hi), hi), _Direction(float(lo @ A64 @ lo), lo)
 
 
 def extreme_directions(

@@ -43,12 +43,7 @@ from ._common import (
     to_ball,
 )
 
-__all__ = [
-    "MassSplittingAttack",
-    "Perturbation",
-    "mass_splitting_attack",
-    "split_constant",
-]
+__all__ = ["MassSplittingAttack", "Perturbation", "mass_splitting_attack", "split_constant"]
 
 #: Defaults of :func:`mass_splitting_attack` (``meanfield.attacks._common.SearchOptions``).
 SPLITTING_DEFAULTS = SearchOptions(n_restarts=3, steps=150, lr=0.05, seed=0)
@@ -410,8 +405,7 @@ def mass_splitting_attack(
         return out_w2(_budget_move(X, g, la, budget, R_), la) / budget
 
     best_move_g = _best_start(move_obj, move_inits, lr, steps, "move")
-    Xm = _budget_move(X, best_move_g, la, budget, R_).detach()
-    move = emit("move", Xm, la, budget)
+    move = emit("move", _budget_move(X, best_move_g, la, budget, R_), la, budget)
 
     # ------------------------------------------------------------------ split-then-move
     S = 0.5 * sum((as_float64(h.A) + as_float64(h.A).mT) for h in p64.heads)
