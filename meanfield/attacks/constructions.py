@@ -63,9 +63,8 @@ def _head(A_or_params: Tensor | Params, head: int | None) -> tuple[Tensor, Tenso
         h = 0 if head is None else int(head)
         if not 0 <= h < A_or_params.n_heads:
             raise IndexError(f"head {h} out of range for a layer with {A_or_params.n_heads} heads")
-        A = A_or_params.heads[h].A
         V = A_or_params.head_output_matrix(0) if A_or_params.n_heads == 1 else None
-        return A, V
+        return A_or_params.heads[h].A, V
     if isinstance(A_or_params, AttentionParams):
         if head not in (None, 0):
             raise IndexError(f"head {head} out of range for a single head")
@@ -379,7 +378,7 @@ def adversarial_sequence(
         if V_mat is not None:
             Vu = float(torch.linalg.vector_norm(as_float64(V_mat) @ u))
             lower = math.sqrt(n - 1) * p * (1.0 + (1.0 - p) * gamma) * Vu
-    X = torch.cat([x1.unsqueeze(0), y.unsqueeze(0).expand(n - 1, d)]) if n > 1 else x1.unsqueeze(0)
+    X = torch.cat([x1.unsqueeze(0), y.expand(n - 1, d)])
     return AdversarialSequence(
         X=X.to(A_mat),
         gamma=float(gamma),

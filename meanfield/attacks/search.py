@@ -175,12 +175,11 @@ def _construction_starts(
                 u, lr2 = hi.u, hi.lam * R * R
                 cb = 0.7
                 cands.append(("balanced +", 0.0, [-R * u, cb * R * u], [0.0, -lr2 * cb * (1 + cb)]))
-                if n >= 3:
-                    cc = 0.5
-                    chain_lw = [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc]
-                    cands.append(("chain +", 0.0, [-R * u, cc * R * u, R * u], chain_lw))
+                cc = 0.5
+                chain_lw = [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc]
+                cands.append(("chain +", 0.0, [-R * u, cc * R * u, R * u], chain_lw))
         for name, gamma, xs, ls in cands:
-            if len(xs) > n:
+            if len(xs) > n:  # the three-atom chain when n = 2
                 continue
             best_gap = max(best_gap, gamma)
             lw = torch.tensor(ls, dtype=torch.float64, device=params.device)
@@ -453,9 +452,8 @@ def _sequence_starts(
         A = params.heads[h].A
         suffix = f" (head {h})" if not single else ""
         tries: list[tuple[str, dict]] = []
-        if sphere:
-            if A.shape[0] >= 2:
-                tries.append(("sphere", dict(sphere=True)))
+        if sphere:  # d = 1 raises below: the sphere is two points
+            tries.append(("sphere", dict(sphere=True)))
         else:
             for variant in ("released", "symmetric"):
                 for c in ("+", "-"):
