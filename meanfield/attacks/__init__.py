@@ -64,12 +64,7 @@ from .l2_lower import (
     l2_lipschitz_lower,
 )
 from .search import WorstCaseMeasure, WorstCaseSequence, worst_case_measure, worst_case_sequence
-from .splitting import (
-    MassSplittingAttack,
-    Perturbation,
-    mass_splitting_attack,
-    split_constant,
-)
+from .splitting import MassSplittingAttack, Perturbation, mass_splitting_attack, split_constant
 
 __all__ = [
     "LOG_MASS_FLOOR",

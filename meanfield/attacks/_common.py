@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -107,8 +107,7 @@ def resolve_options(
     and the generator of the random starts (a CPU generator seeded with ``seed``).
     """
     given: dict[str, Any] = {"n_restarts": n_restarts, "steps": steps, "lr": lr, "seed": seed}
-    merged = {k: getattr(defaults, k) if v is None else v for k, v in given.items()}
-    opts = SearchOptions(**merged)
+    opts = replace(defaults, **{k: v for k, v in given.items() if v is not None})
     if opts.n_restarts is None or opts.steps is None or opts.lr is None or opts.seed is None:
         raise ValueError(f"{what}: the defaults {defaults} leave an option unset")
     resolved = ResolvedOptions(
@@ -122,10 +121,6 @@ def resolve_options(
 # =============================================================================================
 def as_float64(t: Tensor) -> Tensor:
     return t.detach().to(torch.float64)
-
-
-def params_float64(params: Params) -> Params:
-    return params.to(dtype=torch.float64)
 
 
 def check_radius(R: float) -> float:
@@ -216,12 +211,9 @@ def ascend_restarts(
     hist, rec = [], []
     it = range(steps + 1)
     if progress:
-        try:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            it = tqdm(it, desc=desc, leave=False)
-        except ImportError:  # pragma: no cover
-            pass
+        it = tqdm(it, desc=desc, leave=False)
     for step in it:
         vals = objective(*params)
         score = vals if log_objective else torch.log(vals)

@@ -63,9 +63,8 @@ def _head(A_or_params: Tensor | Params, head: int | None) -> tuple[Tensor, Tenso
         h = 0 if head is None else int(head)
         if not 0 <= h < A_or_params.n_heads:
             raise IndexError(f"head {h} out of range for a layer with {A_or_params.n_heads} heads")
-        A = A_or_params.heads[h].A
         V = A_or_params.head_output_matrix(0) if A_or_params.n_heads == 1 else None
-        return A, V
+        return A_or_params.heads[h].A, V
     if isinstance(A_or_params, AttentionParams):
         if head not in (None, 0):
             raise IndexError(f"head {head} out of range for a single head")
@@ -101,10 +100,7 @@ def symmetric_directions(A: Tensor) -> tuple[_Direction, _Direction]:
     A64 = as_float64(A)
     evals, evecs = torch.linalg.eigh(0.5 * (A64 + A64.mT))
     lo, hi = fix_sign(evecs[:, 0]), fix_sign(evecs[:, -1])
-    return (
-        _Direction(float(hi @ A64 @ hi), hi),
-        _Direction(float(lo @ A64 @ lo), lo),
-    )
+    return _Direction(float(hi @ A64 @ hi), hi), _Direction(float(lo @ A64 @ lo), lo)
 
 
 def extreme_directions(
@@ -172,12 +168,11 @@ def two_positions(case: str, u: Tensor, R: float) -> tuple[Tensor, Tensor]:
 def sphere_direction(A: Tensor, *, n_random: int = 8, seed: int = 0) -> tuple[Tensor, float]:
     r"""Maximise :math:`\varphi(b)=\|A^\top b\|-b^\top Ab` over unit :math:`b` (multi-start L-BFGS)."""
     A64 = as_float64(A)
-    d = A64.shape[0]
-    S = 0.5 * (A64 + A64.mT)
-    starts = [torch.linalg.eigh(S)[1].mT, torch.linalg.svd(A64)[0].mT]
+    E = torch.linalg.eigh(0.5 * (A64 + A64.mT))[1].mT
+    U = torch.linalg.svd(A64)[0].mT
     g = torch.Generator(device="cpu").manual_seed(seed)
-    starts.append(torch.randn(n_random, d, generator=g, dtype=torch.float64).to(A64.device))
-    Z0 = torch.cat([torch.cat([s, -s]) for s in starts[:2]] + [starts[2]])
+    Zr = torch.randn(n_random, A64.shape[0], generator=g, dtype=torch.float64).to(A64.device)
+    Z0 = torch.cat([E, -E, U, -U, Zr])
 
     def phi(Z: Tensor) -> Tensor:
         B = Z / torch.linalg.vector_norm(Z, dim=-1, keepdim=True)
@@ -383,7 +378,7 @@ def adversarial_sequence(
         if V_mat is not None:
             Vu = float(torch.linalg.vector_norm(as_float64(V_mat) @ u))
             lower = math.sqrt(n - 1) * p * (1.0 + (1.0 - p) * gamma) * Vu
-    X = torch.cat([x1.unsqueeze(0), y.unsqueeze(0).expand(n - 1, d)]) if n > 1 else x1.unsqueeze(0)
+    X = torch.cat([x1.unsqueeze(0), y.expand(n - 1, d)])
     return AdversarialSequence(
         X=X.to(A_mat),
         gamma=float(gamma),
@@ -669,7 +664,6 @@ def off_axis_two_atoms(
     opts, gen = resolve_options(
         OFF_AXIS_DEFAULTS, "off_axis_two_atoms", n_restarts, steps, lr, seed
     )
-    steps, lr = opts.steps, opts.lr
     R = check_radius(R)
     A, V = (as_float64(t) for t in single_head_matrices(params, "off_axis_two_atoms"))
     d, dev = A.shape[0], A.device
@@ -718,7 +712,7 @@ def off_axis_two_atoms(
         return log_bound(to_ball(zx, R), to_ball(zy, R), hz, t)
 
     best, best_p, hist, _ = ascend_restarts(
-        objective, [Zx, Zy, Hz, Tz], [lr, lr, lr, lr], steps, log_objective=True
+        objective, [Zx, Zy, Hz, Tz], [opts.lr] * 4, opts.steps, log_objective=True
     )
     # exact (unshrunk) on-axis candidates
     k = int(best.argmax())
@@ -730,8 +724,7 @@ def off_axis_two_atoms(
         j = int(ex.argmax())
         if float(ex[j]) > lv:
             lv = float(ex[j])
-            x, y, hz = starts_x[j], starts_y[j], starts_h[j]
-            t = T0[j]
+            x, y, hz, t = starts_x[j], starts_y[j], starts_h[j], T0[j]
     h = hz / torch.linalg.vector_norm(hz)
     gap = float((y @ A) @ (x - y))
     tt = float(t) - gap  # logit of eps

@@ -264,10 +264,8 @@ def l2_construction_value(
     lam = Au @ u  # (H,)
     alpha = (A @ B[:, :, b : b + 1]).squeeze(-1)  # (H, D)
     t = c.squeeze(-1) ** 2 * lam  # (C, H)
-    if n1 == 0:
-        q = torch.ones_like(t)
-    else:
-        q = torch.sigmoid(t + math.log(n0 / n1))  # n0 / (n0 + n1 e^-t)
+    # n0 / (n0 + n1 e^-t)
+    q = torch.sigmoid(t + math.log(n0 / n1)) if n1 else torch.ones_like(t)
     kappa = torch.ones_like(q) if layout == "symmetric" else q
     au = alpha @ u  # (H,)
     coef = 2 * kappa * c.squeeze(-1) ** 2 * au  # (C, H)
@@ -276,8 +274,7 @@ def l2_construction_value(
     own = (qa + (1 - q).unsqueeze(-1) * corr).sum(1).abs().sum(-1)
     zeros = (n0 - 1) * qa.sum(1).abs().sum(-1)
     far = ((1 - q).unsqueeze(-1) * (alpha - corr)).sum(1).abs().sum(-1)
-    out = own + zeros + far
-    return out.reshape(c_shape)
+    return (own + zeros + far).reshape(c_shape)
 
 
 def l2_construction(
@@ -314,8 +311,7 @@ def l2_construction(
     U = torch.cat([torch.eye(D, dtype=torch.float64, device=A.device), *eigvecs])
     best: tuple[float, float, int, int] = (-math.inf, 1.0, 0, 0)
     logN = math.log(N)
-    for iu in range(U.shape[0]):
-        u = U[iu]
+    for iu, u in enumerate(U):
         lam = float((A @ u @ u).abs().max())
         if lam <= 0:
             continue
@@ -342,17 +338,16 @@ def l2_construction(
         X[n0 + n1 // 2 : n0 + n1] = -c * u
     if parked:
         X[n0 + n1 :] = math.sqrt(_PARK_COST / float(lam_u.min())) * u
-    dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2Construction(
-        X=X.to(dtype=dtype, device=dev),
+        X=X.to(params.W_Q),
         value=value,
         layout=layout,
         c=c,
-        u=u.to(dtype=dtype, device=dev),
+        u=u.to(params.W_Q),
         b=b,
         n_zero=n0,
         n_parked=parked,
-        costs=(c**2 * lam_u).to(dtype=dtype, device=dev),
+        costs=(c**2 * lam_u).to(params.W_Q),
     )
 
 
@@ -444,7 +439,9 @@ def _unit(x: Tensor) -> Tensor:
     return x / torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True).clamp_min(1e-300)
 
 
-def _spectral_objective(f, shape: torch.Size, gen: torch.Generator, iters: int):
+def _spectral_objective(
+    maps: tuple[Tensor, Tensor, float], shape: torch.Size, gen: torch.Generator, iters: int
+):
     r"""Surrogate :math:`\langle w, DF(X)v\rangle` of the spectral norm, for a batch of inputs.
 
     Warm-started power iteration on reverse-mode products only: with :math:`g = DF^\top w`
@@ -458,7 +455,7 @@ def _spectral_objective(f, shape: torch.Size, gen: torch.Generator, iters: int):
     }
 
     def obj(Z: Tensor) -> Tensor:
-        F = f(Z)
+        F = _fast_attention(Z, maps)
         w = state["u"].to(Z.device).requires_grad_(True)
         (g,) = torch.autograd.grad(F, Z, w, create_graph=True)
         v = state["v"].to(Z.device)
@@ -528,19 +525,14 @@ def l2_lipschitz_lower(
     for _ in range(opts.n_restarts):
         starts.append(scale * torch.randn(N, p64.D, generator=gen, dtype=torch.float64))
     Z0 = torch.stack(starts).to(p64.W_Q.device)
-
     maps = _search_maps(p64)
-
-    def f(Y: Tensor) -> Tensor:
-        return _fast_attention(Y, maps)
-
     if p == "inf":
         cons_value = max(cs.value for cs in cons)
         objective = _inf_objective(maps)
     else:
         cons_vals = [l2_jacobian_spectral_norm(cs.X, p64) for cs in cons]
         cons_value = max(cons_vals)
-        objective = _spectral_objective(f, Z0.shape, gen, power_iters)
+        objective = _spectral_objective(maps, Z0.shape, gen, power_iters)
         Z = Z0.clone().requires_grad_(True)
         for _ in range(_WARMUP):  # converge the power iteration at the starts first
             objective(Z)
@@ -557,10 +549,9 @@ def l2_lipschitz_lower(
         j = max(range(len(cons)), key=lambda i: cons_vals[i])
         if cons_vals[j] > value:  # an unconverged surrogate may pick a worse start
             value, X = cons_vals[j], cons[j].X.to(X)
-    dtype, dev = params.W_Q.dtype, params.W_Q.device
     return L2LowerBound(
         value=float(value),
-        X=X.to(dtype=dtype, device=dev),
+        X=X.to(params.W_Q),
         p=p,
         construction_value=float(cons_value),
         search_value=float(best[k]),

@@ -36,10 +36,8 @@ from ._common import (
     engine_bracket,
     from_ball,
     measure_constant,
-    params_float64,
     resolve_options,
     sequence_constant,
-    single_head_matrices,
     to_ball,
     to_sphere,
 )
@@ -150,7 +148,6 @@ def _construction_starts(
         return [], [], [], 0.0
     pts, lws, labels = [], [], []
     best_gap = 0.0
-    dev = params.device
     for h, head in enumerate(params.heads):
         A = as_float64(head.A)
         suffix = f" (head {h})" if len(params.heads) > 1 else ""
@@ -178,15 +175,14 @@ def _construction_starts(
                 u, lr2 = hi.u, hi.lam * R * R
                 cb = 0.7
                 cands.append(("balanced +", 0.0, [-R * u, cb * R * u], [0.0, -lr2 * cb * (1 + cb)]))
-                if n >= 3:
-                    cc = 0.5
-                    chain_lw = [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc]
-                    cands.append(("chain +", 0.0, [-R * u, cc * R * u, R * u], chain_lw))
+                cc = 0.5
+                chain_lw = [0.0, -lr2 * cc * (1 + cc), -2.0 * lr2 * cc]
+                cands.append(("chain +", 0.0, [-R * u, cc * R * u, R * u], chain_lw))
         for name, gamma, xs, ls in cands:
-            if len(xs) > n:
+            if len(xs) > n:  # the three-atom chain when n = 2
                 continue
             best_gap = max(best_gap, gamma)
-            lw = torch.tensor(ls, dtype=torch.float64, device=dev)
+            lw = torch.tensor(ls, dtype=torch.float64, device=params.device)
             p, lw = _pad(torch.stack(xs), lw - torch.logsumexp(lw, 0), n)
             pts.append(p)
             lws.append(lw)
@@ -317,14 +313,13 @@ def worst_case_measure(
     """
     n = int(n)
     opts, gen = resolve_options(MEASURE_DEFAULTS, "worst_case_measure", n_restarts, steps, lr, seed)
-    n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
     masked = bool(masked)  # None: unmasked
     R = check_radius(R)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
     if geometry not in ("wasserstein", "split"):
         raise ValueError(f"geometry must be 'wasserstein' or 'split', got {geometry!r}")
-    p64 = params_float64(params)
+    p64 = params.to(dtype=torch.float64)
     d, dev = p64.d, p64.device
     positions = torch.arange(1, n + 1, dtype=torch.float64, device=dev) / n if masked else None
 
@@ -342,8 +337,8 @@ def worst_case_measure(
         lws.append(as_float64(m.log_weights).to(dev))
         labels.append("init")
     spread = max(3.0, min(-LOG_MASS_FLOOR, 1.5 * gap))
-    Xr, Lr = _random_starts(n_restarts, n, d, R, sphere, spread, gen, dev)
-    labels += ["random"] * n_restarts
+    Xr, Lr = _random_starts(opts.n_restarts, n, d, R, sphere, spread, gen, dev)
+    labels += ["random"] * opts.n_restarts
     X0 = torch.cat([torch.stack(pts), Xr]) if pts else Xr
     L0 = torch.cat([torch.stack(lws), Lr]) if lws else Lr
     if X0.shape[0] == 0:
@@ -359,9 +354,9 @@ def worst_case_measure(
     def objective(Z: Tensor, Lg: Tensor) -> Tensor:
         return constant(_to_points(Z, R, sphere), log_masses(Lg))
 
-    lr_m = lr * max(1.0, gap / 4.0) if lr_mass is None else float(lr_mass)
+    lrs = [opts.lr, opts.lr * max(1.0, gap / 4.0) if lr_mass is None else float(lr_mass)]
     best, best_p, hist, rec = ascend_restarts(
-        objective, [Z0, L0], [lr, lr_m], int(steps), progress=progress, desc="worst_case_measure"
+        objective, [Z0, L0], lrs, opts.steps, progress=progress, desc="worst_case_measure"
     )
     best_vals = best.exp()
     Xb, Lb = _to_points(best_p[0], R, sphere), log_masses(best_p[1])
@@ -390,9 +385,8 @@ def worst_case_measure(
     lower, upper, how = engine_bracket(mu, params, geometry, masked, value, certify)
     bound = None
     if not masked and not sphere and len(params.heads) == 1 and n >= 2:
-        A1, V1 = single_head_matrices(p64, "two_dirac")
         try:
-            bound = two_dirac(A1, R, V=V1).g
+            bound = two_dirac(p64, R).g
         except ValueError:
             pass
     return WorstCaseMeasure(
@@ -458,9 +452,8 @@ def _sequence_starts(
         A = params.heads[h].A
         suffix = f" (head {h})" if not single else ""
         tries: list[tuple[str, dict]] = []
-        if sphere:
-            if A.shape[0] >= 2:
-                tries.append(("sphere", dict(sphere=True)))
+        if sphere:  # d = 1 raises below: the sphere is two points
+            tries.append(("sphere", dict(sphere=True)))
         else:
             for variant in ("released", "symmetric"):
                 for c in ("+", "-"):
@@ -544,13 +537,12 @@ def worst_case_sequence(
     opts, gen = resolve_options(
         SEQUENCE_DEFAULTS, "worst_case_sequence", n_restarts, steps, lr, seed
     )
-    n_restarts, steps, lr = opts.n_restarts, opts.steps, opts.lr
     masked = bool(masked)  # None: unmasked
     R = check_radius(R)
     n = int(n)
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n}")
-    p64 = params_float64(params)
+    p64 = params.to(dtype=torch.float64)
     d, dev = p64.d, p64.device
     pts, labels, bound = _sequence_starts(p64, R, n, sphere)
     n_cons = len(pts)
@@ -560,8 +552,8 @@ def worst_case_sequence(
             raise ValueError(f"init sequences must have shape ({n}, {d}), got {tuple(X.shape)}")
         pts.append(X)
         labels.append("init")
-    Xr, _ = _random_starts(n_restarts, n, d, R, sphere, 1.0, gen, dev)
-    labels += ["random"] * n_restarts
+    Xr, _ = _random_starts(opts.n_restarts, n, d, R, sphere, 1.0, gen, dev)
+    labels += ["random"] * opts.n_restarts
     X0 = torch.cat([torch.stack(pts), Xr]) if pts else Xr
     if X0.shape[0] == 0:
         raise ValueError("no start: use n_restarts >= 1 or an init sequence")
@@ -571,7 +563,7 @@ def worst_case_sequence(
         return sequence_constant(_to_points(Z, R, sphere), p64, masked=masked)
 
     best, best_p, hist, rec = ascend_restarts(
-        objective, [Z0], [lr], int(steps), progress=progress, desc="worst_case_sequence"
+        objective, [Z0], [opts.lr], opts.steps, progress=progress, desc="worst_case_sequence"
     )
     best_vals = best.exp()
     Xb = _to_points(best_p[0], R, sphere)

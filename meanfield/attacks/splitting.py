@@ -38,18 +38,12 @@ from ._common import (
     check_radius,
     from_ball,
     measure_constant,
-    params_float64,
     resolve_options,
     run_single,
     to_ball,
 )
 
-__all__ = [
-    "MassSplittingAttack",
-    "Perturbation",
-    "mass_splitting_attack",
-    "split_constant",
-]
+__all__ = ["MassSplittingAttack", "Perturbation", "mass_splitting_attack", "split_constant"]
 
 #: Defaults of :func:`mass_splitting_attack` (``meanfield.attacks._common.SearchOptions``).
 SPLITTING_DEFAULTS = SearchOptions(n_restarts=3, steps=150, lr=0.05, seed=0)
@@ -97,9 +91,8 @@ def split_constant(
     if method not in ("auto", "engine", "jacrev"):
         raise ValueError(f"method must be 'auto', 'engine' or 'jacrev', got {method!r}")
     if method in ("auto", "engine"):
-        est = local_lipschitz(mu, params, geometry="split", masked=masked, method="dense")
-        return est.value
-    p64 = params_float64(params)
+        return local_lipschitz(mu, params, geometry="split", masked=masked, method="dense").value
+    p64 = params.to(dtype=torch.float64)
     positions = None
     if masked:
         if mu.positions is None:
@@ -352,7 +345,7 @@ def mass_splitting_attack(
     k_max = int(k_max)
     if k_max < 2:
         raise ValueError(f"k_max must be >= 2, got {k_max}")
-    p64 = params_float64(params)
+    p64 = params.to(dtype=torch.float64)
     dev = p64.device
     X = as_float64(mu.points).to(dev)
     la = as_float64(mu.log_weights).to(dev)
@@ -412,8 +405,7 @@ def mass_splitting_attack(
         return out_w2(_budget_move(X, g, la, budget, R_), la) / budget
 
     best_move_g = _best_start(move_obj, move_inits, lr, steps, "move")
-    Xm = _budget_move(X, best_move_g, la, budget, R_).detach()
-    move = emit("move", Xm, la, budget)
+    move = emit("move", _budget_move(X, best_move_g, la, budget, R_), la, budget)
 
     # ------------------------------------------------------------------ split-then-move
     S = 0.5 * sum((as_float64(h.A) + as_float64(h.A).mT) for h in p64.heads)
