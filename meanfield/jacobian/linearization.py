@@ -268,11 +268,7 @@ def stack_qkv(QK: tuple[Tensor, Tensor], V: Tensor) -> Tensor:
 
 
 def project_heads(
-    QK: tuple[Tensor, Tensor] | None,
-    A: Tensor | None,
-    V: Tensor,
-    QKV: Tensor | None,
-    Y: Tensor,
+    QK: tuple[Tensor, Tensor] | None, A: Tensor | None, V: Tensor, QKV: Tensor | None, Y: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Head-space rows ``(Q_h y, K_h y, V_h y)`` of ``Y`` (..., n, d), each (..., H_a, n, .).
 
@@ -722,13 +718,7 @@ def linearize(
     block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
     A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
     QK: tuple[Tensor, Tensor] | None = None
-    C: Tensor | None = None
-    QKV: Tensor | None = None
-    Qx: Tensor | None = None
-    KXc: Tensor | None = None
-    KMc: Tensor | None = None
-    VXc: Tensor | None = None
-    VMc: Tensor | None = None
+    C = QKV = Qx = KXc = KMc = VXc = VMc = None
     if analytic:
         V = torch.stack([heads[h].V for h in analytic])
         logP = torch.stack(

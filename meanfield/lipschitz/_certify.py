@@ -54,10 +54,7 @@ _BLOCK_RTOL = 1e-6
 
 
 def block_upper(
-    lin64: AttentionLinearization,
-    geometry: ProductGeometry,
-    self_norms: Tensor | None,
-    e: int = 0,
+    lin64: AttentionLinearization, geometry: ProductGeometry, self_norms: Tensor | None, e: int = 0
 ) -> Tensor:
     """Block-norm bound on ``2**-e ||J||`` (the norm matrix is scaled before Collatz–Wielandt)."""
     if lin64.rope_heads:

@@ -16,10 +16,7 @@ import torch.func as tfunc
 from torch import Tensor
 
 from .._certificates import probabilistic_upper
-from .._spectral import (
-    spectral_norm_upper,
-    top_singular_value,
-)
+from .._spectral import spectral_norm_upper, top_singular_value
 from .._typing import Method
 from ._certify import DENSE_GRAM_STEPS
 from ._estimate import LipschitzEstimate
