@@ -123,10 +123,8 @@ def _rank_one_sigma(
     """
     bn, B_norm, err = (t[..., sl].unsqueeze(-1) for t in bnorms)
     Bb = lin.B[..., sl, :]
-    Xc = fam.z[..., :kend, :]
-    Mb = fam.zm[..., sl, :]
     dist = pair_dist(fam, sl, kend)
-    t = Bb @ Xc.mT - (Bb * Mb).sum(-1, keepdim=True)
+    t = Bb @ fam.z[..., :kend, :].mT - (Bb * fam.zm[..., sl, :]).sum(-1, keepdim=True)
     xn = fam.zn2[..., :kend].sqrt().unsqueeze(-2)
     mn = fam.zmn2[..., sl].sqrt().unsqueeze(-1)
     gd = gamma_k(lin.d + 2)

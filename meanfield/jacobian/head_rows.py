@@ -163,12 +163,6 @@ class _RowSums:
     sigma: Tensor  # (..., H, n) >= |1 - exact row sum|
 
 
-def _row_sums(P: Tensor) -> _RowSums:
-    s = P.sum(-1)
-    n = P.shape[-1]
-    return _RowSums(s=s, sigma=(s - 1).abs() + gamma_k(n + 1) * s)
-
-
 def _rows(
     P: Tensor, sums: _RowSums, z: Tensor, zm: Tensor, eps: Tensor, g: Tensor | None = None
 ) -> Rows:
@@ -403,7 +397,8 @@ def row_families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool
     P = lin.P
     d = lin.d
     fac = _head_factors(lin)
-    sums = _row_sums(P)
+    s = P.sum(-1)
+    sums = _RowSums(s=s, sigma=(s - 1).abs() + gamma_k(P.shape[-1] + 1) * s)
     Xc = lin.X - lin.x_bar
     # ||x_l - x_bar|| <= rho_l: the stored centred rows are within 2u of the exact ones
     rho = (Xc.square().sum(-1).sqrt() * (1 + gamma_k(d + 4))).unsqueeze(-2)  # (..., 1, n)
