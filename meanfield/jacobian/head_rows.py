@@ -118,8 +118,7 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
     heads = [lin.params.heads[h] for h in lin.analytic_heads]
     f64 = torch.float64
     V = torch.stack([h.V for h in heads]).to(f64)
-    nu_Q: Tensor | None = None
-    Qf: _GramFactor | None = None
+    nu_Q = Qf = None
     if lin.QK is not None:
         Q, K = (t.to(f64) for t in lin.QK)
         nu_Q, Qf = _fro_upper(Q), _gram_factor(Q.mT)

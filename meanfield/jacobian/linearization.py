@@ -712,7 +712,6 @@ def linearize(
     rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
     allowed = admissible_keys(masked, n, n, positions, None, X.device)
     W, concat = head_output_matrices(params)
-    batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
     # causal sequences: products with P skip its zero upper blocks (as in _causal_block)
     block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
@@ -746,7 +745,7 @@ def linearize(
         KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
     else:
         V = X.new_zeros(0, heads[0].d_v, d)
-        P = X.new_zeros(batch + (0, n, n))
+        P = X.new_zeros(X.shape[:-2] + (0, n, n))
         P_w = P if log_weights is not None and bool(torch.isfinite(log_weights).all()) else None
     rope_rows = None
     if rope:  # rotary and variant heads (§3b-§3c)
