@@ -162,8 +162,7 @@ def local_lipschitz_fn(
 
         Xf = X.reshape((-1, N))
         J = torch.stack([tfunc.jacrev(f)(Xf[k]) for k in range(Xf.shape[0])])
-        J = J.reshape(batch + J.shape[1:])
-        J64 = J.to(torch.float64)
+        J64 = J.reshape(batch + J.shape[1:]).to(torch.float64)
         top, v, sigma, residual = dense_top(J64)
         em = 64 * math.sqrt(N) * torch.finfo(dtype).eps
         if upper == "none":
