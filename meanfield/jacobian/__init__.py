@@ -54,14 +54,7 @@ from ``meanfield.jacobian``; the helpers its modules share are public names of t
 
 from .block_norms import WeightNorms, block_norm_bounds, self_norm_trace_bound, weight_norms
 from .linearization import AttentionLinearization, RopeRows, linearize
-from .products import (
-    dense_jacobian,
-    jvp,
-    self_jacobian_blocks,
-    self_jvp,
-    self_vjp,
-    vjp,
-)
+from .products import dense_jacobian, jvp, self_jacobian_blocks, self_jvp, self_vjp, vjp
 from .streaming import (
     StreamingLinearization,
     linearize_streaming,

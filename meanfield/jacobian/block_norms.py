@@ -71,7 +71,7 @@ def weight_norms(params: Params) -> WeightNorms:
         if getattr(head, "variants", ()):
             raise ValueError(f"the block certificate does not model {', '.join(head.variants)} yet")
     analytic = [h for h, head in enumerate(heads) if getattr(head, "rope", None) is None]
-    W, concat = head_output_matrices(params)
+    W, _ = head_output_matrices(params)
     dev = heads[0].device
     if analytic:
         A = torch.stack([heads[h].A for h in analytic]).to(torch.float64)
@@ -80,12 +80,8 @@ def weight_norms(params: Params) -> WeightNorms:
         nA, nV, nO = norm2_upper(A), norm2_upper(V), norm2_upper(O)
     else:
         nA = nV = nO = torch.zeros(0, dtype=torch.float64, device=dev)
-    nW = None
-    if not concat:
-        if not isinstance(params, MultiHeadParams) or params.W_O is None:
-            raise ValueError("heads that do not concatenate need the output projection W_O")
-        nW = norm2_upper(params.W_O)
-    out = WeightNorms(A=nA, V=nV, O=nO, W_O=nW)
+    W_O = params.W_O if isinstance(params, MultiHeadParams) else None  # None: concatenated heads
+    out = WeightNorms(A=nA, V=nV, O=nO, W_O=None if W_O is None else norm2_upper(W_O))
     _NORM_CACHE[params] = out
     return out
 
@@ -127,10 +123,8 @@ def _rank_one_sigma(
     """
     bn, B_norm, err = (t[..., sl].unsqueeze(-1) for t in bnorms)
     Bb = lin.B[..., sl, :]
-    Xc = fam.z[..., :kend, :]
-    Mb = fam.zm[..., sl, :]
     dist = pair_dist(fam, sl, kend)
-    t = Bb @ Xc.mT - (Bb * Mb).sum(-1, keepdim=True)
+    t = Bb @ fam.z[..., :kend, :].mT - (Bb * fam.zm[..., sl, :]).sum(-1, keepdim=True)
     xn = fam.zn2[..., :kend].sqrt().unsqueeze(-2)
     mn = fam.zmn2[..., sl].sqrt().unsqueeze(-1)
     gd = gamma_k(lin.d + 2)

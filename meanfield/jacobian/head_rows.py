@@ -118,8 +118,7 @@ def _head_factors(lin: AttentionLinearization) -> _HeadFactors:
     heads = [lin.params.heads[h] for h in lin.analytic_heads]
     f64 = torch.float64
     V = torch.stack([h.V for h in heads]).to(f64)
-    nu_Q: Tensor | None = None
-    Qf: _GramFactor | None = None
+    nu_Q = Qf = None
     if lin.QK is not None:
         Q, K = (t.to(f64) for t in lin.QK)
         nu_Q, Qf = _fro_upper(Q), _gram_factor(Q.mT)
@@ -161,12 +160,6 @@ class _RowSums:
 
     s: Tensor  # (..., H, n) computed row sums
     sigma: Tensor  # (..., H, n) >= |1 - exact row sum|
-
-
-def _row_sums(P: Tensor) -> _RowSums:
-    s = P.sum(-1)
-    n = P.shape[-1]
-    return _RowSums(s=s, sigma=(s - 1).abs() + gamma_k(n + 1) * s)
 
 
 def _rows(
@@ -403,7 +396,8 @@ def row_families(lin: AttentionLinearization, *, ambient: bool, self_terms: bool
     P = lin.P
     d = lin.d
     fac = _head_factors(lin)
-    sums = _row_sums(P)
+    s = P.sum(-1)
+    sums = _RowSums(s=s, sigma=(s - 1).abs() + gamma_k(P.shape[-1] + 1) * s)
     Xc = lin.X - lin.x_bar
     # ||x_l - x_bar|| <= rho_l: the stored centred rows are within 2u of the exact ones
     rho = (Xc.square().sum(-1).sqrt() * (1 + gamma_k(d + 4))).unsqueeze(-2)  # (..., 1, n)

@@ -268,11 +268,7 @@ def stack_qkv(QK: tuple[Tensor, Tensor], V: Tensor) -> Tensor:
 
 
 def project_heads(
-    QK: tuple[Tensor, Tensor] | None,
-    A: Tensor | None,
-    V: Tensor,
-    QKV: Tensor | None,
-    Y: Tensor,
+    QK: tuple[Tensor, Tensor] | None, A: Tensor | None, V: Tensor, QKV: Tensor | None, Y: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Head-space rows ``(Q_h y, K_h y, V_h y)`` of ``Y`` (..., n, d), each (..., H_a, n, .).
 
@@ -716,19 +712,12 @@ def linearize(
     rope = tuple(h for h, head in enumerate(heads) if _fallback_head(head))
     allowed = admissible_keys(masked, n, n, positions, None, X.device)
     W, concat = head_output_matrices(params)
-    batch = X.shape[:-2]
     x_bar = X.mean(-2, keepdim=True)
     # causal sequences: products with P skip its zero upper blocks (as in _causal_block)
     block = None if (not masked or positions is not None) else (chunk_size or PRODUCT_BLOCK)
     A = None  # stacked on first use (AttentionLinearization.A); only unfactored heads need it
     QK: tuple[Tensor, Tensor] | None = None
-    C: Tensor | None = None
-    QKV: Tensor | None = None
-    Qx: Tensor | None = None
-    KXc: Tensor | None = None
-    KMc: Tensor | None = None
-    VXc: Tensor | None = None
-    VMc: Tensor | None = None
+    C = QKV = Qx = KXc = KMc = VXc = VMc = None
     if analytic:
         V = torch.stack([heads[h].V for h in analytic])
         logP = torch.stack(
@@ -756,7 +745,7 @@ def linearize(
         KMc, VMc = KVMc[..., : KXc.shape[-1]], KVMc[..., KXc.shape[-1] :]
     else:
         V = X.new_zeros(0, heads[0].d_v, d)
-        P = X.new_zeros(batch + (0, n, n))
+        P = X.new_zeros(X.shape[:-2] + (0, n, n))
         P_w = P if log_weights is not None and bool(torch.isfinite(log_weights).all()) else None
     rope_rows = None
     if rope:  # rotary and variant heads (§3b-§3c)

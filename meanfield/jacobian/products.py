@@ -209,8 +209,7 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
             tangent = tfunc.jvp(fn, (lin.X,), (Hs,))[1]
             tangent = tangent if scale is None else scale * tangent
             out = tangent if out is None else out + tangent
-    if out is None:
-        raise ValueError("the layer has no heads")
+    assert out is not None  # every layer has a head (MultiHeadParams checks it)
     return out
 
 
@@ -286,8 +285,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
             cot = pullback(Gs)[0]
             cot = cot if scale is None else cot / scale
             out = cot if out is None else out + cot
-    if out is None:
-        raise ValueError("the layer has no heads")
+    assert out is not None  # every layer has a head (MultiHeadParams checks it)
     return out
 
 

@@ -66,9 +66,7 @@ def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     n = lin.n
     out = []
     allowed = admissible_keys(lin.masked, n, n, lin.positions, None, X.device)
-    idx = lin.token_index
-    if idx is None:
-        idx = torch.arange(n, device=X.device)
+    idx = torch.arange(n, device=X.device) if lin.token_index is None else lin.token_index
     if lin.analytic_heads:
         Qx, KXc, VXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc"), need(lin.VXc, "VXc")
     for a, h in enumerate(lin.analytic_heads):
@@ -321,8 +319,6 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
         total = total + hn[f.h]["W"] * N_h
         squares = squares + N_h.square()
     stacked = squares.sqrt()
-    if W_O is None:  # concatenated heads
-        out = stacked
-    else:
-        out = torch.minimum(total, norm2_upper(W_O) * stacked)
+    # W_O is None: concatenated heads
+    out = stacked if W_O is None else torch.minimum(total, norm2_upper(W_O) * stacked)
     return out * (1 + 16 * len(feats) * U64)

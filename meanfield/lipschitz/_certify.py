@@ -54,10 +54,7 @@ _BLOCK_RTOL = 1e-6
 
 
 def block_upper(
-    lin64: AttentionLinearization,
-    geometry: ProductGeometry,
-    self_norms: Tensor | None,
-    e: int = 0,
+    lin64: AttentionLinearization, geometry: ProductGeometry, self_norms: Tensor | None, e: int = 0
 ) -> Tensor:
     """Block-norm bound on ``2**-e ||J||`` (the norm matrix is scaled before Collatz–Wielandt)."""
     if lin64.rope_heads:
@@ -220,7 +217,7 @@ def _krylov_ends(ops: Operators, plan: Plan, margins: Margins | None, run: Krylo
         prob = margins.upper_solve(_rnd.unscale(prob.to(torch.float64), shift))
     v64 = res.vector.to(torch.float64)
     checked = None  # float32 solves: whether the float64 residual confirms convergence
-    if ops.solves_certified_operator or margins is None:
+    if ops.lin_solve is ops.lin64s or margins is None:  # the solver's operator is the certificate's
         s_prod = res.sigma.to(torch.float64)
     else:
         Jv = lin_jvp(ops.lin64s, v64.reshape(ops.batch + (n, d)), geometry)

@@ -223,11 +223,6 @@ class Operators:
         """Whether the iterative solver runs below float64."""
         return self.lin_solve.X.dtype != torch.float64
 
-    @property
-    def solves_certified_operator(self) -> bool:
-        """Whether the solver's operator is the certificate's (``lin_solve is lin64s``)."""
-        return self.lin_solve is self.lin64s
-
 
 def prepare(lin: Linearization, plan: Plan) -> Operators:
     """The operators of the estimate at ``lin``.

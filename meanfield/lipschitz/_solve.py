@@ -353,8 +353,7 @@ def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> S
         per_atom = max(1, math.prod(batch)) * lin64.d_out * lin64.d
         assert isinstance(lin, AttentionLinearization)  # the split geometry: stored path only
         assert isinstance(lin64, AttentionLinearization)
-        chunk_size = lin.chunk_size
-        block = chunk_size if chunk_size is not None else max(1, _EXPLICIT_SELF_ENTRIES // per_atom)
+        block = lin.chunk_size or max(1, _EXPLICIT_SELF_ENTRIES // per_atom)
         for sl in iter_chunks(lin64.n, block):
             S = self_blocks(lin64, sl)  # (..., c, d_out, d)
             _, s, Vh = torch.linalg.svd(S, full_matrices=False)

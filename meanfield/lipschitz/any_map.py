@@ -16,10 +16,7 @@ import torch.func as tfunc
 from torch import Tensor
 
 from .._certificates import probabilistic_upper
-from .._spectral import (
-    spectral_norm_upper,
-    top_singular_value,
-)
+from .._spectral import spectral_norm_upper, top_singular_value
 from .._typing import Method
 from ._certify import DENSE_GRAM_STEPS
 from ._estimate import LipschitzEstimate
@@ -165,8 +162,7 @@ def local_lipschitz_fn(
 
         Xf = X.reshape((-1, N))
         J = torch.stack([tfunc.jacrev(f)(Xf[k]) for k in range(Xf.shape[0])])
-        J = J.reshape(batch + J.shape[1:])
-        J64 = J.to(torch.float64)
+        J64 = J.reshape(batch + J.shape[1:]).to(torch.float64)
         top, v, sigma, residual = dense_top(J64)
         em = 64 * math.sqrt(N) * torch.finfo(dtype).eps
         if upper == "none":

@@ -177,11 +177,7 @@ def certified_local_upper(
             WV = params.head_output_matrix(h) if isinstance(params, MultiHeadParams) else head.V
             WV = WV.detach().to(torch.float64)
             # a given norm is taken as exact (a 1 x 1 matrix carries it to the margin below)
-            w = (
-                float(torch.linalg.matrix_norm(WV, ord=2))
-                if WV_norms is None
-                else float(WV_norms[h])
-            )
+            w = float(torch.linalg.matrix_norm(WV, ord=2) if WV_norms is None else WV_norms[h])
             h64 = head if head.dtype == torch.float64 else head.to(dtype=torch.float64)
             t1, t2, t3, (S, kappa2, beta2) = _head_local_terms(X64, h64, masked)
             for k, t in enumerate((t1, t2, t3)):

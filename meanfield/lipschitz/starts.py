@@ -149,8 +149,7 @@ def kronecker_start(
     """
     if geometry not in ("euclidean", "wasserstein"):
         raise ValueError(f"geometry must be 'euclidean' or 'wasserstein', got {geometry!r}")
-    X = lin.X
-    vM = _value_vector(lin).to(X)
+    vM = _value_vector(lin).to(lin.X)
     vP = _top_right_vector(_mean_attention(lin, geometry == "wasserstein"))
     s = vP.unsqueeze(-1) * vM  # (..., n, d), unit norm (zero where a matrix was not finite)
     gdev = generator.device if generator is not None else torch.device("cpu")
