@@ -70,12 +70,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 [], [], color="0.3", lw=1.0, label="measured $\\|Df(RX)\\|_2$, one colour per $X$"
             ),
             Line2D(
-                [],
-                [],
-                color="0.3",
-                ls="--",
-                lw=0.7,
-                label="limit $\\|V\\|_2\\sqrt{\\max_j N_j}$ ",
+                [], [], color="0.3", ls="--", lw=0.7, label="limit $\\|V\\|_2\\sqrt{\\max_j N_j}$ "
             ),
             Line2D(
                 [],
