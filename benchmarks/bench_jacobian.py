@@ -379,11 +379,9 @@ def _measure(spec, method, params, X, f, dev, dt, n, *, measure_memory):
             chunk_size=CHUNK,
             seed=spec["seed"],
         )
-        _sync(dev)
         out.update(_estimate_doc(est))
     elif method == "streaming":
         est = local_lipschitz(X, params, masked=True, path="streaming", seed=spec["seed"])
-        _sync(dev)
         out.update(_estimate_doc(est))
     elif method == "streaming-probe":
         from meanfield.jacobian import linearize_streaming, streaming_jvp, streaming_vjp
@@ -400,7 +398,6 @@ def _measure(spec, method, params, X, f, dev, dt, n, *, measure_memory):
             seed=spec["seed"],
             time_cap=None if method == "probe-power" else spec.get("time_cap"),
         )
-        _sync(dev)
         out.update(res)
         if method == "probe-power":
             out["value"] = math.nan
@@ -412,7 +409,6 @@ def _measure(spec, method, params, X, f, dev, dt, n, *, measure_memory):
 
         J = tfunc.jacrev(flat)(Xf)
         value = torch.linalg.matrix_norm(J.double(), ord=2)
-        _sync(dev)
         out.update(value=float(value), n_products=0, converged=True, jacobian_shape=list(J.shape))
         del J
     elif method == "probe-ours":
@@ -423,6 +419,7 @@ def _measure(spec, method, params, X, f, dev, dt, n, *, measure_memory):
         out.update(_probe(lin, jvp, vjp, spec, n, dt, dev, t0))
     else:
         raise ValueError(f"unknown method {method!r}")
+    _sync(dev)
     out["seconds"] = time.perf_counter() - t0
     if not measure_memory:
         return out
@@ -652,11 +649,7 @@ def _run_side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         ("power", base),
     ]
     # each estimate's key in a round's row for the baseline's time over its own
-    ratio_keys = {
-        "ours": "ratio",
-        "estimate": "ratio_estimate",
-        "estimate_kron": "ratio_estimate_kron",
-    }
+    ratio_keys = {m: "ratio" if m == "ours" else f"ratio_{m}" for m, _ in methods if m != "power"}
     for r, dt, row in _rounds(dtypes, int(spec.get("repeats", 3)), methods):
         for res in row.values():
             res["rel_error"] = (res["value"] - ref_value) / ref_value
@@ -1051,10 +1044,6 @@ def _ints(text: str) -> list[int]:
         ) from err
 
 
-def _fmt_mem(b: float | None) -> str:
-    return "-" if b is None else f"{b / 2**20:.0f} MiB"
-
-
 def _bracket(
     r: dict[str, Any], ref: dict[str, Any] | None, up: str, ratio: str, holds: str
 ) -> None:
@@ -1139,20 +1128,18 @@ def print_side_by_side(res: dict[str, Any]) -> None:
             f"err {r['power_max_abs_rel_error']:.1e} | ratio median {r['ratio_median']:.2f} "
             f"(min {r['ratio_min']:.2f}, of minima {r['ratio_of_minima']:.2f}); ref {ref:.8f}"
         )
-        if "estimate_seconds_min" in r:
-            print(
-                f"n={res['n']} {dt}: estimate alone (certify=False) {r['estimate_seconds_min']:.3f} s, "
-                f"{r['estimate_forward_equivalents']:.1f} fwd-eq | ratio median "
-                f"{r['estimate_ratio_median']:.2f} (min {r['estimate_ratio_min']:.2f})"
-            )
-        if "estimate_kron_seconds_min" in r:
-            print(
-                f"n={res['n']} {dt}: estimate alone from the Kronecker start "
-                f"{r['estimate_kron_seconds_min']:.3f} s, products {r['estimate_kron_products']}, "
-                f"{r['estimate_kron_forward_equivalents']:.1f} fwd-eq, "
-                f"err {r['estimate_kron_max_abs_rel_error']:.1e} | ratio median "
-                f"{r['estimate_kron_ratio_median']:.2f} (min {r['estimate_kron_ratio_min']:.2f})"
-            )
+        print(
+            f"n={res['n']} {dt}: estimate alone (certify=False) {r['estimate_seconds_min']:.3f} s, "
+            f"{r['estimate_forward_equivalents']:.1f} fwd-eq | ratio median "
+            f"{r['estimate_ratio_median']:.2f} (min {r['estimate_ratio_min']:.2f})"
+        )
+        print(
+            f"n={res['n']} {dt}: estimate alone from the Kronecker start "
+            f"{r['estimate_kron_seconds_min']:.3f} s, products {r['estimate_kron_products']}, "
+            f"{r['estimate_kron_forward_equivalents']:.1f} fwd-eq, "
+            f"err {r['estimate_kron_max_abs_rel_error']:.1e} | ratio median "
+            f"{r['estimate_kron_ratio_median']:.2f} (min {r['estimate_kron_ratio_min']:.2f})"
+        )
 
 
 def print_arpack(res: dict[str, Any]) -> None:
@@ -1199,6 +1186,7 @@ def print_table(doc: dict[str, Any]) -> None:
             print(f"{r['n']:>5} {r['method']:<12} error: {r['error']}")
             continue
         err = r.get("rel_error")
+        mem = "-" if r.get("peak_mem_bytes") is None else f"{r['peak_mem_bytes'] / 2**20:.0f} MiB"
         ratio = r.get("ratio_upper_lower") or r.get("ratio_upper_prob_lower")
         cap = " (cap)" if r.get("stopped_by_time_cap") else ""
         if "upper_prob" in r and r.get("ratio_upper_lower") is None and ratio is not None:
@@ -1210,7 +1198,7 @@ def print_table(doc: dict[str, Any]) -> None:
             )
         print(
             f"{r['n']:>5} {r['method']:<12} {r['seconds']:>9.2f} {r['forward_equivalents']:>8.0f} "
-            f"{r['n_products']:>8} {_fmt_mem(r.get('peak_mem_bytes')):>10} {r['value']:>12.8f} "
+            f"{r['n_products']:>8} {mem:>10} {r['value']:>12.8f} "
             f"{'-' if err is None else f'{err:.1e}':>9} {'-' if ratio is None else f'{ratio:.2f}':>11}{cap}"
         )
     for s in doc.get("skipped", []):

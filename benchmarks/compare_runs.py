@@ -81,8 +81,6 @@ def _installed(text: str) -> str:
 def _same_number(a: float, b: float, rtol: float) -> bool:
     if math.isnan(a) and math.isnan(b):
         return True
-    if rtol == 0.0:
-        return a == b
     return a == b or abs(a - b) <= rtol * max(abs(a), abs(b))
 
 
@@ -123,10 +121,7 @@ def _identity(rec: dict[str, Any]) -> str:
     ident = {
         k: v
         for k, v in rec.items()
-        if not _skipped(k)
-        and k not in ("key", "config_hash")
-        and not k.startswith(_RESULT_HINTS)
-        and not isinstance(v, list)
+        if not _skipped(k) and not k.startswith(_RESULT_HINTS) and not isinstance(v, list)
     }
     return json.dumps(ident, sort_keys=True, default=str)
 
@@ -164,11 +159,7 @@ def compare_npz(a: Path, b: Path, name: str, rtol: float) -> Iterator[str]:
             if x.dtype != y.dtype or x.shape != y.shape:
                 yield f"{name}:{k}: {x.dtype}{x.shape} != {y.dtype}{y.shape}"
             elif x.dtype.kind in "fc":
-                same = (
-                    np.isclose(x, y, rtol=rtol, atol=0.0, equal_nan=True)
-                    if rtol
-                    else ((x == y) | (np.isnan(x) & np.isnan(y)))
-                )
+                same = np.isclose(x, y, rtol=rtol, atol=0.0, equal_nan=True)
                 if not np.all(same):
                     yield f"{name}:{k}: {int((~same).sum())} of {x.size} entries differ"
             elif not np.array_equal(x, y):

@@ -50,11 +50,9 @@ def _records(results: Path, stages: list[str]) -> dict[str, dict[str, dict[str, 
     return out
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def strip(r: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in r.items() if not k.startswith("seconds")}
-
-    return strip(a) == strip(b)
+def _results(r: dict[str, Any]) -> dict[str, Any]:
+    """The record ``r`` without its times (the keys that start with ``seconds``)."""
+    return {k: v for k, v in r.items() if not k.startswith("seconds")}
 
 
 def analyse(serial: Path, parallel: Path, stages: list[str], serial_loads: float) -> dict:
@@ -70,7 +68,7 @@ def analyse(serial: Path, parallel: Path, stages: list[str], serial_loads: float
     p_rec = _records(parallel / "results", stages)
     identical = s_rec.keys() == p_rec.keys() and all(
         s_rec[f].keys() == p_rec[f].keys()
-        and all(_same(s_rec[f][k], p_rec[f][k]) for k in s_rec[f])
+        and all(_results(s_rec[f][k]) == _results(p_rec[f][k]) for k in s_rec[f])
         for f in s_rec
     )
     s_points = [float(r["seconds"]) for f in s_rec.values() for r in f.values()]

@@ -165,15 +165,7 @@ def _draw_panel(ax, s: dict[str, Any], *, log: bool = True, confidence: float | 
             notes.append((fit_label(name, fit), color))
     curve = paper_curve_for(s)
     if curve is not None:
-        ax.plot(
-            grid,
-            curve(grid),
-            color="k",
-            lw=0.8,
-            ls="--",
-            zorder=4,
-            label=LABEL_PAPER,
-        )
+        ax.plot(grid, curve(grid), color="k", lw=0.8, ls="--", zorder=4, label=LABEL_PAPER)
         notes.append((rf"paper: ${curve.c:g}\,n^{{{curve.alpha:g}}}$", "k"))
     train_len = TRAINING_LENGTH.get(s["config"]["model"])
     if train_len is not None and n.max() > train_len:

@@ -118,8 +118,7 @@ def _panel(ax, entry: dict) -> None:
     grid = np.geomspace(all_n.min(), all_n.max(), 200)
 
     main = rel if rel else sym
-    n = _column(main, "n")
-    y = _column(main, "value")
+    n, y = _column(main, "n"), _column(main, "value")
     lo, up = _column(main, "lower"), _column(main, "upper")
     fin = np.isfinite(up)
     yerr = np.vstack([np.clip(y - lo, 0, None), np.where(fin, np.clip(up - y, 0, None), 0.0)])
@@ -214,8 +213,7 @@ def _worst_panel(ax, entry: dict) -> None:
         mew=0.7,
         label="best construction start",
     )
-    text = _fit_curve(ax, n, y, grid)
-    _fit_text(ax, text)
+    _fit_text(ax, _fit_curve(ax, n, y, grid))
     plot_curves(ax, n, [_global_bound(recs)])
     _log_axes(ax)
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter

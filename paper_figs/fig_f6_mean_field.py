@@ -116,13 +116,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 r"asymptote $\frac{3\sqrt{3}}{16}\gamma e^{\gamma/2}$ (lower bound)",
             ),
             ("curve_trivial", "0.5", "-", 0.8, r"trivial lower bound $\|V\|_2$"),
-            (
-                "curve_upper_c1",
-                PALETTE["bound"],
-                "-.",
-                1.0,
-                r"upper bound $c'=1$ (proved, ours)",
-            ),
+            ("curve_upper_c1", PALETTE["bound"], "-.", 1.0, r"upper bound $c'=1$ (proved, ours)"),
             (
                 "curve_upper_c2",
                 "#8aa61c",
@@ -143,10 +137,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             ax1.plot(x, d["opt_value"][i] / sup_r, **kw)
         kw = dict(ls="none", marker="x", ms=4.5, color=PALETTE["masked"], mew=0.9)
         ax0.plot(
-            radii,
-            d["off_axis_value"],
-            label="off-axis two atoms, maximised (lower bound)",
-            **kw,
+            radii, d["off_axis_value"], label="off-axis two atoms, maximised (lower bound)", **kw
         )
         ax1.plot(radii, d["off_axis_value"] / sup_r, **kw)
         for ax in (ax0, ax1):

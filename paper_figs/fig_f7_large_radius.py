@@ -65,26 +65,15 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         ax.set_xlabel("radius $R$")
         ax.set_ylabel("relative distance to the limit")
         ax.set_title("convergence", loc="left")
+        reference = f"reference $\\sqrt{{n}}\\,\\|V\\|_2$ ($n = {n}$)"
         handles = [
             Line2D(
                 [], [], color="0.3", lw=1.0, label="measured $\\|Df(RX)\\|_2$, one colour per $X$"
             ),
             Line2D(
-                [],
-                [],
-                color="0.3",
-                ls="--",
-                lw=0.7,
-                label="limit $\\|V\\|_2\\sqrt{\\max_j N_j}$ ",
+                [], [], color="0.3", ls="--", lw=0.7, label="limit $\\|V\\|_2\\sqrt{\\max_j N_j}$ "
             ),
-            Line2D(
-                [],
-                [],
-                color="k",
-                ls=":",
-                lw=0.9,
-                label=f"reference $\\sqrt{{n}}\\,\\|V\\|_2$ ($n = {n}$)",
-            ),
+            Line2D([], [], color="k", ls=":", lw=0.9, label=reference),
             Line2D([], [], color="0.3", ls="-.", lw=0.9, label="masked, relative distance"),
             Line2D(
                 [], [], color="0.3", ls=":", lw=0.8, label="deviation bound (ours; unmasked inputs)"

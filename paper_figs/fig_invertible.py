@@ -122,20 +122,14 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
             cb = fig.colorbar(sm, ax=axes[:2], location="right", pad=0.01, aspect=30)
             cb.ax.set_title("$R$", fontsize=7.5)
+        certified = f"certified $c = {c:g}$ (left: rate $c^k$)"
         handles = [
             Line2D([], [], color="k", ls=":", lw=0.8, label="tolerance"),
             Line2D([], [], color="0.3", ls="--", lw=0.8, label="residual, wrong preimage"),
             Line2D([], [], color="0.3", ls=":", lw=0.8, label="residual, no convergence"),
             Line2D([], [], color="#1f4e9c", lw=1.0, label="L2"),
             Line2D([], [], color="#c0392b", lw=1.0, label="dot product"),
-            Line2D(
-                [],
-                [],
-                color="#2c7d3f",
-                ls="--",
-                lw=0.9,
-                label=f"certified $c = {c:g}$ (left: rate $c^k$)",
-            ),
+            Line2D([], [], color="#2c7d3f", ls="--", lw=0.9, label=certified),
             Line2D([], [], color="0.55", ls="-", lw=0.8, label="$\\|Dg\\|_2 = 1$"),
             Line2D([], [], color="0.5", ls="-.", lw=0.7, label="radius of the DP certificate"),
         ] + [

@@ -118,18 +118,7 @@ def _panel_n(ax) -> None:
         label=rf"causal (masked) construction, $\gamma={gamma_w:g}$",
     )
     n_star = float(regimes.crossover_n(A_NORM, V_NORM, R_N_PANEL, c=1.0))
-    ax.axvline(n_star, color="0.4", lw=0.7, ls="--")
-    ax.annotate(
-        rf"$n^*={n_star:.0f}$",
-        (n_star, 0.98),
-        xycoords=("data", "axes fraction"),
-        xytext=(2, 0),
-        textcoords="offset points",
-        fontsize=6.5,
-        ha="left",
-        va="top",
-        bbox=_LABEL_BOX,
-    )
+    _labelled_vline(ax, n_star, rf"$n^*={n_star:.0f}$", y=0.98, right=True)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(0.3, 1e4)
@@ -140,6 +129,26 @@ def _panel_n(ax) -> None:
 
 #: Background of the labels placed beside a vertical line, so that no curve runs through them.
 _LABEL_BOX = {"boxstyle": "square,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}
+
+
+def _labelled_vline(ax, x: float, text: str, *, y: float, right: bool) -> None:
+    """A dashed vertical line at ``x`` with ``text`` beside it, on its right or left side.
+
+    ``y`` is the label's height as a fraction of the axes: in the upper half the label hangs
+    from it, in the lower half it stands on it.
+    """
+    ax.axvline(x, color="0.4", lw=0.7, ls="--")
+    ax.annotate(
+        text,
+        (x, y),
+        xycoords=("data", "axes fraction"),
+        xytext=(2 if right else -2, 0),
+        textcoords="offset points",
+        fontsize=6.5,
+        ha="left" if right else "right",
+        va="top" if y > 0.5 else "bottom",
+        bbox=_LABEL_BOX,
+    )
 
 
 def _radius_for_n(n: float, c: float) -> float:
@@ -202,18 +211,7 @@ def _panel_R(ax) -> None:
         label=rf"large-$R$ limit, between $\|V\|$ and $\sqrt{{n}}\|V\|$, $n={N_R_PANEL}$",
     )
     r_star = _radius_for_n(N_R_PANEL, 1.0)
-    ax.axvline(r_star, color="0.4", lw=0.7, ls="--")
-    ax.annotate(
-        rf"$n^*(R)={N_R_PANEL}$",
-        (r_star, 0.02),
-        xycoords=("data", "axes fraction"),
-        xytext=(-2, 0),
-        textcoords="offset points",
-        fontsize=6.5,
-        ha="right",
-        va="bottom",
-        bbox=_LABEL_BOX,
-    )
+    _labelled_vline(ax, r_star, rf"$n^*(R)={N_R_PANEL}$", y=0.02, right=False)
     br = regimes.radius_bracket(L_TARGET, A_NORM, V_NORM, c=1.0)
     ax.axhline(L_TARGET, color="0.6", lw=0.5)
     for r, mk in ((br.R_certified, "o"), (br.R_violated, "x")):
