@@ -187,6 +187,7 @@ def run_stages(
 
     def start(stage: Any, on: Any) -> Any:
         """The stage's run as rounds, whose points run on ``on`` (None: this process)."""
+        t_first.setdefault(stage.name, time.perf_counter())  # the stage's clock starts here
         return stage.start(
             results_dir,
             preset,
@@ -217,7 +218,6 @@ def run_stages(
                     phase = stage.name if stage.name in tracker.phases else None
                     if phase is not None:
                         tracker.begin(phase)
-                    t_first.setdefault(stage.name, time.perf_counter())
                     try:
                         files = drive(start(stage, None), progress=tracker)
                     except Exception as err:  # noqa: BLE001 - one failing stage must not stop the others
@@ -239,7 +239,6 @@ def run_stages(
                 """Run ``stage`` to its next round (started when ``steps`` is None)."""
                 try:
                     if steps is None:
-                        t_first.setdefault(stage.name, time.perf_counter())
                         steps = rounds[stage.name] = Rounds(start(stage, executor))
                     more = steps.advance()
                 except Exception as err:  # noqa: BLE001 - as above

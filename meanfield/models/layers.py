@@ -44,6 +44,7 @@ naming the extra to install (``pip install meanfield[hf]``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -467,11 +468,10 @@ def released_head_A(
     arch = arch_of(model)
     if arch not in ("bert", "gpt2"):
         raise NotImplementedError("the released code handles BERT and GPT-2 only")
-    layer = check_layer(model, arch, layer)
-    info = layer_info(model, layer, map="heads")
+    info = layer_info(model, layer, map="heads")  # checks the layer
     if not 0 <= head < info.n_heads:
         raise ValueError(f"head must be in [0, {info.n_heads}), got {head}")
-    attn = attention_module(model, arch, layer)
+    attn = attention_module(model, arch, info.layer)
     k = info.head_dim
     rows = slice(head * k, (head + 1) * k)
     if arch == "bert":
@@ -652,8 +652,4 @@ def hf_attention_fn(
         Differentiable in ``X`` (shape (..., n, d)); holds no reference to the model.
     """
     att = hf_attention(model, layer, map=map, dtype=dtype, n=n)
-
-    def f(X: Tensor) -> Tensor:
-        return att(X, masked=masked)
-
-    return f
+    return functools.partial(att, masked=masked)

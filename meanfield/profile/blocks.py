@@ -270,11 +270,6 @@ def _split_rows(lin: _Linear, parts: int) -> tuple[_Linear, ...]:
     return tuple(_Linear(W, b) for W, b in zip(lin.W.chunk(parts, dim=0), bs))
 
 
-def _qkvo_linears(attn: Any, dtype: torch.dtype, device: Any) -> dict[str, _Linear]:
-    """``q``, ``k``, ``v``, ``o`` of an attention module with separate ``q_proj`` … ``o_proj``."""
-    return {key: _lin(getattr(attn, f"{key}_proj"), dtype, device) for key in ("q", "k", "v", "o")}
-
-
 def _attention_linears(
     model: Any, arch: Arch, blk: Any, layer: int, dtype: torch.dtype, device: Any
 ) -> dict[str, _Linear]:
@@ -358,10 +353,9 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
     def up_down(up: Any, down: Any, conv1d: bool = False) -> dict[str, _Linear]:
         return {"up": L(up, conv1d), "down": L(down, conv1d)}
 
+    if arch != "gpt2":  # GPT-2's Conv1D c_attn is split in its branch below
+        lin = _attention_linears(model, arch, blk, layer, dtype, device)
     if arch == "bert":
-        s = blk.attention.self
-        qkvo = (s.query, s.key, s.value, blk.attention.output.dense)
-        lin = {key: L(m) for key, m in zip("qkvo", qkvo)}
         mlp = up_down(blk.intermediate.dense, blk.output.dense)
         n1, n2 = ln(blk.attention.output.LayerNorm), ln(blk.output.LayerNorm)
         act = _activation(str(cfg.hidden_act))
@@ -373,14 +367,12 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
         n1, n2 = ln(blk.ln_1), ln(blk.ln_2)
         act = _activation(str(cfg.activation_function))
     elif arch == "vit":
-        lin = _qkvo_linears(blk.attention, dtype, device)
         mlp = up_down(blk.mlp.fc1, blk.mlp.fc2)
         n1, n2 = ln(blk.layernorm_before), ln(blk.layernorm_after)
         act = _activation(str(cfg.hidden_act))
     elif arch == "llama":
         gemma = model_type in _GEMMA_BLOCKS or model_type in _SANDWICH_BLOCKS
         sandwich = model_type in _SANDWICH_BLOCKS
-        lin = _qkvo_linears(blk.self_attn, dtype, device)
         m = blk.mlp
         mlp = {"gate": L(m.gate_proj), **up_down(m.up_proj, m.down_proj)}
         n1 = rms(blk.input_layernorm, unit_offset=gemma)
@@ -393,7 +385,6 @@ def _block(model: Any, arch: Arch, layer: int, dtype: torch.dtype, device: Any) 
             n2 = rms(blk.post_attention_layernorm, unit_offset=gemma)
             act = _activation(str(getattr(cfg, "hidden_act", "silu")))
     else:
-        lin = _attention_linears(model, arch, blk, layer, dtype, device)
         if arch == "distilbert":  # Post-LN, BERT's block
             mlp = up_down(blk.ffn.lin1, blk.ffn.lin2)
             n1, n2 = ln(blk.sa_layer_norm), ln(blk.output_layer_norm)

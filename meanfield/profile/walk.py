@@ -394,9 +394,8 @@ def profile_model(
     finally:
         if bar is not None:
             bar.close()
-    name = label or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     return ModelProfile(
-        model=name,
+        model=label or str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
         arch=arch,
         n_layers=n_layers,
         d=info.d,

@@ -70,19 +70,6 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return params, {"random_d": d, "seed": args.seed, "A": desc["A"], "V": desc["V"]}
 
 
-def _exact_norm(X: Any, params: Any, *, masked: bool) -> dict[str, Any]:
-    """||Df(X)||_2 with its bracket: :func:`meanfield.local_lipschitz` with the dense method."""
-    from meanfield import local_lipschitz
-
-    est = local_lipschitz(X, params, masked=masked, method="dense")
-    return {
-        "value": float(est.value),
-        "lower": float(est.lower),
-        "upper": float(est.upper),
-        "method": f"local_lipschitz ({est.method}, {est.upper_method})",
-    }
-
-
 def _positives(text: str, name: str) -> list[float]:
     try:
         vals = [float(t) for t in text.split(",") if t.strip()]
@@ -111,6 +98,7 @@ def _sweep(args: argparse.Namespace, kind: str, run: Any, **settings: Any) -> di
 # --------------------------------------------------------------------------- construct
 def cmd_construct(args: argparse.Namespace) -> dict[str, Any]:
     """``attack construct``: the eigenvector construction and its exact local constant."""
+    from meanfield import local_lipschitz
     from meanfield.attacks import adversarial_sequence
 
     _positive(args.R, "--R")
@@ -129,7 +117,8 @@ def cmd_construct(args: argparse.Namespace) -> dict[str, Any]:
             sphere=args.sphere,
             seed=args.seed,
         )
-        exact = _exact_norm(con.X, params, masked=args.masked)
+        # ||Df(X)||_2 with its bracket, by the dense method
+        exact = local_lipschitz(con.X, params, masked=args.masked, method="dense")
     doc: dict[str, Any] = {
         "kind": "attack construct",
         "source": source,
@@ -149,7 +138,12 @@ def cmd_construct(args: argparse.Namespace) -> dict[str, Any]:
             if args.sphere
             else "sqrt(n-1) p (1 + (1-p) gamma) ||V u||_2"
         ),
-        "exact": exact,
+        "exact": {
+            "value": float(exact.value),
+            "lower": float(exact.lower),
+            "upper": float(exact.upper),
+            "method": f"local_lipschitz ({exact.method}, {exact.upper_method})",
+        },
     }
     if args.out:
         _save_outputs(

@@ -140,11 +140,10 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
             catch=False,
             times=times,
         )
-    files = status[stage.name]["files"]
     doc.update(
         results=str(results / stage.name),
         seconds=time.perf_counter() - t0,
-        files=[str(p) for p in files],
+        files=[str(p) for p in status[stage.name]["files"]],
         summary=stage.summary(results),
     )
     if times:

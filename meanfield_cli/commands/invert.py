@@ -37,10 +37,9 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--heads must divide --d, got d = {args.d}, heads = {args.heads}")
     if not 0 < args.target < 1:
         raise UsageError(f"--target must lie in (0, 1), got {args.target}")
-    if not (math.isfinite(args.ref_radius) and args.ref_radius > 0):
-        raise UsageError(f"--ref-radius must be a positive number, got {args.ref_radius}")
-    if not (math.isfinite(args.tol) and args.tol > 0):
-        raise UsageError(f"--tol must be a positive number, got {args.tol}")
+    for option, value in (("--ref-radius", args.ref_radius), ("--tol", args.tol)):
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{option} must be a positive number, got {value}")
     # the block's settings, passed to invert_case and echoed in the result
     block = {k: getattr(args, k) for k in ("d", "heads", "n", "target", "ref_radius")}
     case = invert_case(args.seed, radii, **block, max_iter=args.iters, tol=args.tol)

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -465,13 +466,10 @@ def _model_inputs(args: argparse.Namespace, dtype: Any) -> tuple[Any, Any, dict[
     }
     if "positions" in loaded.provenance:  # gpt2-random's extended position table
         source["position_extension"] = loaded.provenance["positions"]
+    source["masked"] = masked
     if args.map == "block":
-
-        def fn(X: Any) -> Any:
-            return att(X, masked=masked)
-
-        return hs.X, None, {**source, "masked": masked}, fn
-    return hs.X, att.params, {**source, "masked": masked}, None
+        return hs.X, None, source, functools.partial(att, masked=masked)
+    return hs.X, att.params, source, None
 
 
 def handle(args: argparse.Namespace) -> dict[str, Any]:
@@ -528,10 +526,7 @@ def _handle(args: argparse.Namespace) -> dict[str, Any]:
             "--map block supports --geometry euclidean only (the map is not attention on a measure)"
         )
     if fn is None:
-
-        def fn(Y: Any) -> Any:
-            return self_attention(Y, params, masked=masked)
-
+        fn = functools.partial(self_attention, params=params, masked=masked)
     rows = []
     for i in range(batch.shape[0]):
         Xi = batch[i]

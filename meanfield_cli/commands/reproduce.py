@@ -49,12 +49,11 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
 
     check_execution(args)
     check_out_dir(args.out, subdirs=("results", "figures"))
-    only = args.only.split(",") if args.only else None
     doc = reproduce(
         args.out,
         args.preset,
         device=args.device,
-        only=only,
+        only=args.only.split(",") if args.only else None,
         figures=not args.no_figures,
         progress=not args.no_progress,
         seed=args.seed,
