@@ -7,12 +7,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.bounds._common import (
-    as_result,
-    checked_choice,
-    checked_float,
-    checked_norm,
-)
+from theory.bounds._common import as_result, checked_choice, checked_float, checked_norm
 from theory.bounds.two_dirac import log_sup_g
 from theory.lambert import lambertw_exp
 

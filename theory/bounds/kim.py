@@ -10,12 +10,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.bounds._common import (
-    as_result,
-    checked_choice,
-    checked_float,
-    checked_norm,
-)
+from theory.bounds._common import as_result, checked_choice, checked_float, checked_norm
 from theory.lambert import lambertw, lambertw_exp
 
 # ---------------------------------------------------------------------------------------------

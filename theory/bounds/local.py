@@ -13,11 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from theory.bounds._common import (
-    as_result,
-    checked_float,
-    checked_norm,
-)
+from theory.bounds._common import as_result, checked_float, checked_norm
 from theory.rounding import head_upper  # rounding margin, docs/rounding.md §8
 
 # ---------------------------------------------------------------------------------------------

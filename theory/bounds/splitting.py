@@ -11,13 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.bounds._common import (
-    as_result,
-    checked_float,
-    checked_norm,
-    log_expit,
-    quiet_log,
-)
+from theory.bounds._common import as_result, checked_float, checked_norm, log_expit, quiet_log
 
 # ---------------------------------------------------------------------------------------------
 # mass splitting
