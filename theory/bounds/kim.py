@@ -223,8 +223,6 @@ def kim_l2_upper(
     if wq_power not in (1, 2):
         raise ValueError(f"wq_power must be 1 or 2, got {wq_power!r}")
     if p == 2:
-        qq = q ** (2 * wq_power)
-        out = np.sqrt(N_ / head_dim) * (4.0 * lam + 1.0) * np.sqrt(np.sum(qq * v**2, axis=-1)) * o
-    else:
-        out = (4.0 * lam + 1.0 / np.sqrt(head_dim)) * o * q.max(axis=-1) * v.max(axis=-1)
-    return as_result(out)
+        qv = np.sqrt(np.sum(q ** (2 * wq_power) * v**2, axis=-1))
+        return as_result(np.sqrt(N_ / head_dim) * (4.0 * lam + 1.0) * qv * o)
+    return as_result((4.0 * lam + 1.0 / np.sqrt(head_dim)) * o * q.max(axis=-1) * v.max(axis=-1))

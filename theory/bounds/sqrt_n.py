@@ -97,12 +97,10 @@ def sqrt_n_upper(
     V, theta = norm_theta(A_norm, V_norm, R)
     n_ = checked_float(n, "n", min_value=1.0, allow_inf=True)
     if form == "sqrt3":
-        out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (4.0 * n_ + 1.0) + n_)
-    elif form == "sharp":
-        out = np.sqrt(3.0) * V * np.sqrt(theta**2 * (n_ + 1.0) + n_)
-    else:
-        out = V * (np.sqrt(n_) * (1.0 + theta) + theta)
-    return as_result(out)
+        return as_result(np.sqrt(3.0) * V * np.sqrt(theta**2 * (4.0 * n_ + 1.0) + n_))
+    if form == "sharp":
+        return as_result(np.sqrt(3.0) * V * np.sqrt(theta**2 * (n_ + 1.0) + n_))
+    return as_result(V * (np.sqrt(n_) * (1.0 + theta) + theta))
 
 
 def sqrt_n_constant(
@@ -146,12 +144,10 @@ def sqrt_n_constant(
     V, theta = norm_theta(A_norm, V_norm, R)
     n_ = checked_float(n, "n", min_value=1.0, allow_inf=True)
     if form == "sqrt3":
-        out = np.sqrt(3.0) * V * np.sqrt(4.0 * theta**2 + 1.0 + theta**2 / n_)
-    elif form == "sharp":
-        out = np.sqrt(3.0) * V * np.sqrt(theta**2 + 1.0 + theta**2 / n_)
-    else:
-        out = V * (1.0 + theta + theta / np.sqrt(n_))
-    return as_result(out)
+        return as_result(np.sqrt(3.0) * V * np.sqrt(4.0 * theta**2 + 1.0 + theta**2 / n_))
+    if form == "sharp":
+        return as_result(np.sqrt(3.0) * V * np.sqrt(theta**2 + 1.0 + theta**2 / n_))
+    return as_result(V * (1.0 + theta + theta / np.sqrt(n_)))
 
 
 def multihead_upper(
