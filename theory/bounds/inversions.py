@@ -182,8 +182,7 @@ def radius_for_upper(
         return as_result(np.where(t * b_ >= 1.0, np.sqrt(t), np.nan))
     out = np.full(L_.shape, np.nan)
     ok = log_ratio >= 0
-    both0 = ok & (b_ == 0) & (c_ == 0)
-    out[both0] = np.inf
+    out[ok & (b_ == 0) & (c_ == 0)] = np.inf
     only_b = ok & (c_ == 0) & (b_ > 0)
     out[only_b] = np.sqrt(np.expm1(log_ratio[only_b]) / b_[only_b])
     only_c = ok & (b_ == 0) & (c_ > 0)

@@ -187,8 +187,7 @@ def large_radius_deviation(
     D = checked_float(gap, "gap", min_value=0.0, allow_inf=True)
     n_ = checked_float(n, "n", min_value=1.0)
     V, theta = norm_theta(A_norm, V_norm, R)
-    log_eta = quiet_log(n_ - 1.0) - D
-    eta = np.exp(np.minimum(log_eta, 0.0))
+    eta = np.exp(np.minimum(quiet_log(n_ - 1.0) - D, 0.0))
     return as_result(
         V * (2.0 * np.sqrt(n_) * eta + 2.0 * theta * np.sqrt(n_ * eta) + 4.0 * theta * eta)
     )

@@ -133,12 +133,10 @@ def score_gap_constant(A: ArrayLike) -> np.float64:
     A_ = checked_float(A, "A")
     if A_.ndim != 2 or A_.shape[0] != A_.shape[1]:
         raise ValueError(f"A must be a square matrix, got shape {A_.shape}")
-    As = 0.5 * (A_ + A_.T)
-    Ak = 0.5 * (A_ - A_.T)
-    lam = np.linalg.eigvalsh(As)
+    lam = np.linalg.eigvalsh(0.5 * (A_ + A_.T))
     plus = max(float(lam[-1]), 0.0)
     minus = max(-float(lam[0]), 0.0)
-    k1 = plus / 4.0 + 2.0 * minus + float(np.linalg.norm(Ak, 2))
+    k1 = plus / 4.0 + 2.0 * minus + float(np.linalg.norm(0.5 * (A_ - A_.T), 2))
     a = float(np.linalg.norm(A_, 2))
     lmin = float(lam[0])
     # max over t in [0, 1] of a t - lmin t^2 (concave when lmin > 0)
@@ -198,10 +196,8 @@ def mean_field_upper_cells(A: ArrayLike, V: ArrayLike, R: ArrayLike, *, log: boo
     )
     log_col = np.minimum(2.0 * theta, best)
     log_k = 0.5 * (np.log1p(theta) + np.log1p(2.0 * theta) + log_col)
-    log_val = quiet_log(np.asarray(np.linalg.norm(V_, 2))) + np.logaddexp(
-        quiet_log(np.asarray(theta)), log_k
-    )
-    return exp_or_log(log_val, log)
+    log_V = quiet_log(np.asarray(np.linalg.norm(V_, 2)))
+    return exp_or_log(log_V + np.logaddexp(quiet_log(np.asarray(theta)), log_k), log)
 
 
 # ---------------------------------------------------------------------------------------------

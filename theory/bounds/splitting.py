@@ -135,7 +135,6 @@ def optimal_split_k(s: ArrayLike) -> Any:
     Provenance: *derived and checked numerically* (ours; brute force in the tests).
     """
     s_ = checked_float(s, "s")
-    shape = s_.shape
     s1 = np.atleast_1d(s_).ravel()
     out = np.ones_like(s1)
     act = s1 > 0.5 * np.log(2.0)
@@ -171,4 +170,4 @@ def optimal_split_k(s: ArrayLike) -> Any:
             best_k = np.where(better, cand, best_k)
             best_val = np.where(better, val, best_val)
         out[act] = best_k
-    return as_result(out.reshape(shape))
+    return as_result(out.reshape(s_.shape))

@@ -66,8 +66,7 @@ def two_dirac_log_g(log_eps: ArrayLike, gamma: ArrayLike, Vu_norm: ArrayLike = 1
     lse = np.logaddexp(a, log_1m)
     log_w = a - lse
     log_v = log_1m - lse
-    out = 0.5 * (log_1m - le) + log_w + np.log1p(np.exp(log_v) * g) + quiet_log(Vu)
-    return as_result(out)
+    return as_result(0.5 * (log_1m - le) + log_w + np.log1p(np.exp(log_v) * g) + quiet_log(Vu))
 
 
 def two_dirac_g(
@@ -187,8 +186,7 @@ def log_sup_g(g: NDArray[np.float64]) -> NDArray[np.float64]:
     The log of :func:`two_dirac_lower` without its ``Vu_norm`` factor (docs/theory.md §5); shared
     with :mod:`theory.bounds.mean_field` and :mod:`theory.bounds.inversions`.
     """
-    opt = two_dirac_optimal_mass(g)
-    v = np.asarray(opt.v)
+    v = np.asarray(two_dirac_optimal_mass(g).v)
     return g / 2.0 + 0.5 * (np.log(v) + np.log1p(-v)) + np.log1p(g * v)
 
 
