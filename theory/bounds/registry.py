@@ -602,10 +602,7 @@ def cli_bounds() -> dict[str, Bound]:
 
 def markdown_table() -> str:
     """The registry as the markdown table of docs/theory.md §15."""
-    rows = [
-        "| name | function | side | status | section |",
-        "|---|---|---|---|---|",
-    ]
+    rows = ["| name | function | side | status | section |", "|---|---|---|---|---|"]
     for b in BOUNDS:
         sec = b.section.replace("docs/theory.md ", "")
         rows.append(f"| `{b.name}` | `{b.function}` | {b.side} | {b.status} | {sec} |")
