@@ -10,34 +10,6 @@ from __future__ import annotations
 
 import sympy as sp
 
-__all__ = [
-    "A_norm",
-    "C",
-    "L",
-    "LATEX_NAMES",
-    "N",
-    "R",
-    "V_norm",
-    "Vu_norm",
-    "a",
-    "b",
-    "c",
-    "eps",
-    "gamma",
-    "k",
-    "lam",
-    "m",
-    "n",
-    "q",
-    "s",
-    "t",
-    "theta",
-    "v",
-    "w",
-    "x",
-    "y",
-]
-
 # Counts.
 n = sp.Symbol("n", positive=True, integer=True)  # tokens
 N = sp.Symbol("N", positive=True, integer=True)  # tokens, Kim et al. notation (docs/theory.md §8)

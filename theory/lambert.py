@@ -99,9 +99,7 @@ def _phi_over_u2(u: NDArray[np.float64]) -> NDArray[np.float64]:
 
 def _branch_point_solve(q: NDArray[np.float64], branch: int) -> NDArray[np.float64]:
     """Solve for ``W`` near the branch point given ``q = 1 + e*z >= 0`` (small)."""
-    p = np.sqrt(2.0 * q)
-    if branch == -1:
-        p = -p
+    p = -np.sqrt(2.0 * q) if branch == -1 else np.sqrt(2.0 * q)
     # Series start (Corless et al. 1996, eq. 4.22): W + 1 = p - p^2/3 + 11/72 p^3 - 43/540 p^4.
     u = p * (1.0 + p * (-1.0 / 3.0 + p * (11.0 / 72.0 - p * 43.0 / 540.0)))
     for _ in range(4):
@@ -179,14 +177,11 @@ def lambertw(z: ArrayLike, branch: int = 0, *, precision: int | None = None) -> 
     q = np.maximum(q, 0.0)
     near = q < _Q_SERIES
     out = np.empty_like(z_arr)
-    if near.any():
-        out[near] = _branch_point_solve(q[near], branch)
+    out[near] = _branch_point_solve(q[near], branch)
     tiny = (branch == -1) & ~near & (z_arr > -_Z_TINY)
-    if tiny.any():
-        out[tiny] = _lambertw_m1_tiny(z_arr[tiny])
+    out[tiny] = _lambertw_m1_tiny(z_arr[tiny])
     far = ~near & ~tiny
-    if far.any():
-        out[far] = special.lambertw(z_arr[far], branch).real
+    out[far] = special.lambertw(z_arr[far], branch).real
     return _finish(out, scalar)
 
 
@@ -265,8 +260,7 @@ def lambertw_derivative(z: ArrayLike, branch: int = 0) -> Any:
     denom = 1.0 + w
     with np.errstate(divide="ignore", over="ignore"):
         out = np.exp(-w) / denom
-    at_branch_point = denom == 0.0
-    out[at_branch_point] = np.inf if branch == 0 else -np.inf
+    out[denom == 0.0] = np.inf if branch == 0 else -np.inf
     return _finish(out, scalar)
 
 
@@ -352,8 +346,6 @@ def lambertw_exp(u: ArrayLike) -> Any:
         raise ValueError("lambertw_exp: u contains NaN")
     out = np.empty_like(u_arr)
     low = u_arr < _U_WRIGHTOMEGA
-    if low.any():
-        out[low] = lambertw(np.exp(u_arr[low]))
-    if not low.all():
-        out[~low] = special.wrightomega(u_arr[~low])
+    out[low] = lambertw(np.exp(u_arr[low]))
+    out[~low] = special.wrightomega(u_arr[~low])
     return _finish(out, scalar)

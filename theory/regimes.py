@@ -35,14 +35,7 @@ from numpy.typing import ArrayLike
 from theory import bounds
 from theory.bounds._common import as_result, exp_or_log, norm_theta, quiet_log
 
-__all__ = [
-    "RadiusBracket",
-    "Regime",
-    "classify",
-    "crossover_n",
-    "peak_n",
-    "radius_bracket",
-]
+__all__ = ["RadiusBracket", "Regime", "classify", "crossover_n", "peak_n", "radius_bracket"]
 
 
 def crossover_n(
@@ -291,8 +284,7 @@ def classify(
     vu = float(V_norm if Vu_norm is None else Vu_norm)
     sq = float(bounds.sqrt_n_upper(A_norm, V_norm, R, n, form="triangle"))
     mf = float(bounds.mean_field_upper(A_norm, V_norm, R, c=c))
-    n_int = float(np.floor(n))
-    lower = max(float(V_norm), float(bounds.sequence_lower(g, n_int, vu)))
+    lower = max(float(V_norm), float(bounds.sequence_lower(g, np.floor(n), vu)))
     mf_lower = max(float(V_norm), float(bounds.two_dirac_lower(g, vu)))
     n_star = float(crossover_n(A_norm, V_norm, R, c=c))
     deviation = None

@@ -149,17 +149,15 @@ def solve_or_numeric(
 
     f = sp.lambdify((var, *params), equation, modules=["scipy", "numpy"])
 
+    def residual(z: float, *vals: Any) -> float:
+        return float(np.real(f(z, *vals)))
+
     def root(*values: Any) -> Any:
         arrays = np.broadcast_arrays(*[np.asarray(v, dtype=float) for v in values])
         shape = arrays[0].shape if arrays else ()
         out = np.empty(shape)
         for idx in np.ndindex(shape):
-            vals = [arr[idx] for arr in arrays]
-
-            def residual(z: float, vals: list[Any] = vals) -> float:
-                return float(np.real(f(z, *vals)))
-
-            out[idx] = brentq(residual, *bracket, xtol=1e-14)
+            out[idx] = brentq(residual, *bracket, args=tuple(a[idx] for a in arrays), xtol=1e-14)
         return out[()]
 
     return None, root, "numeric root"

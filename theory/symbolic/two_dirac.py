@@ -75,11 +75,8 @@ def two_dirac_optimal_mass() -> Derivation:
     lead = sp.Poly(sp.expand(num), v).LC()
     quadratic = sp.expand(num * sp.sign(lead.subs(g, 1)))
     check_equal(quadratic, 4 * g * v**2 - (3 * g - 2) * v - 1, "two-Dirac quadratic")
-    inside = [
-        r
-        for r in roots
-        if all(0 < float(r.subs(g, gv)) < 1 for gv in (sp.Rational(1, 10), 1, 10, 1000))
-    ]
+    gammas = (sp.Rational(1, 10), 1, 10, 1000)
+    inside = [r for r in roots if all(0 < float(r.subs(g, gv)) < 1 for gv in gammas)]
     if len(inside) != 1:
         raise RuntimeError(f"two_dirac_optimal_mass: roots in (0, 1): {inside}")
     v_star = inside[0]

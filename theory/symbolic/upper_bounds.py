@@ -176,9 +176,5 @@ def sqrt_n_asymptotic(form: Literal["sqrt3", "sharp", "triangle"] = "sqrt3") -> 
     series = sp.series(sp.simplify(ratio.subs(S.n, 1 / u)), u, 0, 2).removeO()
     steps = (f"lim_(n->oo) bound / sqrt(n) = {lim}.", f"Expansion in u = 1/n: {series}.")
     return make_derivation(
-        f"large-n constant ({form})",
-        lim,
-        (S.A_norm, S.V_norm, S.R),
-        steps,
-        {"series": series},
+        f"large-n constant ({form})", lim, (S.A_norm, S.V_norm, S.R), steps, {"series": series}
     )
