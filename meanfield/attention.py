@@ -55,12 +55,8 @@ def _check_measure_call(mu: DiracMeasure, params: Params, masked: bool, what: st
 
     Masked mean-field attention needs a position-tagged measure.
     """
-    check_measure(
-        mu,
-        *params_dtype_device(params, (AttentionParams, MultiHeadParams), what),
-        params.d,
-        what,
-    )
+    dtype, device = params_dtype_device(params, (AttentionParams, MultiHeadParams), what)
+    check_measure(mu, dtype, device, params.d, what)
     if check_flag(masked, "masked") and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
 
@@ -392,7 +388,6 @@ def attention_weights(
         :class:`MultiHeadParams`.
     """
     X, _, _ = _points_and_params(X, params, "attention_weights")
-    heads = params.heads
     n = X.shape[-2]
     log_weights = check_aux(log_weights, "log_weights", X, n, finite=False)
     positions = check_aux(positions, "positions", X, n)
@@ -403,7 +398,7 @@ def attention_weights(
             head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index),
             head_mask(h, allowed, token_index, token_index, n, n, X.device),
         )
-        for h in heads
+        for h in params.heads
     ]
     return Ps[0] if isinstance(params, AttentionParams) else torch.stack(Ps, dim=-3)
 
