@@ -153,9 +153,7 @@ def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tenso
         extra = 0.0
         idx = None
         factors = head.factors
-        if factors is None:
-            if head.rope is not None:
-                raise ValueError("a rotary embedding needs the factors Q and K")
+        if factors is None:  # no rotary embedding either (AttentionParams checks it)
             sbar = (aX @ head.A.abs()) @ aX.mT
             kdim = d
         else:

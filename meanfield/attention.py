@@ -81,8 +81,7 @@ def head_logits(
     factors = head.factors
     if factors is not None:
         Q, K = factors
-        q = Xq @ Q.mT
-        k = Xk @ K.mT
+        q, k = Xq @ Q.mT, Xk @ K.mT
         if head.q_bias is not None:
             q = q + head.q_bias
         if head.k_bias is not None:
@@ -224,7 +223,6 @@ def attention_points(
     Tensor, shape (..., m, d_out)
     """
     X, dtype, device = _points_and_params(X, params, "attention_points")
-    heads = params.heads
     n = X.shape[-2]
     Xq = X if queries is None else check_points(queries, "queries", params.d, dtype, device)
     m = Xq.shape[-2]
@@ -233,7 +231,7 @@ def attention_points(
     query_positions = check_aux(query_positions, "query_positions", Xq, m)
     token_index = check_index(token_index, "token_index", X, n)
     query_token_index = check_index(query_token_index, "query_token_index", Xq, m)
-    Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
+    Xk_vals = [X @ h.V.mT for h in params.heads]  # V x_j once per head, shape (..., n, d_v)
     allowed = admissible_keys(masked, m, n, positions, query_positions, X.device)
     if needs_token_index(params):
         token_index = _default_index(token_index, n, X.device)
@@ -250,7 +248,7 @@ def attention_points(
         mask = None if allowed is None else allowed[..., sl, :]
         q_index = None if query_token_index is None else query_token_index[..., sl]
         outs = []
-        for h, vals in zip(heads, Xk_vals):
+        for h, vals in zip(params.heads, Xk_vals):
             logits = head_logits(q, X, h, log_weights, query_index=q_index, key_index=token_index)
             P = masked_softmax(
                 logits, head_mask(h, mask, q_index, token_index, q.shape[-2], n, X.device)
