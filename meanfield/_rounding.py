@@ -460,9 +460,8 @@ def lower_from_norm(
     The solver's width rule predicts the certified lower end with it before a vector is chosen.
     """
     gN = gamma(n_out + n_in + 8)
-    eta = model.eta
     m_v = mag_norm * nv if mag_v is None else torch.minimum(mag_v, mag_norm * nv)
-    err = eta * m_v * (1 + gN)
+    err = model.eta * m_v * (1 + gN)
     low = (s * (1 - gN) - err) / (nv * (1 + gN)) * (1 - 4 * U64)
     low = torch.where(torch.isfinite(low), low, torch.zeros_like(low))
     return low.clamp_min(0.0)
@@ -498,12 +497,11 @@ def scale_exponent(lin: AttentionLinearization, threshold: int = 128) -> int:
     right within a few hundred binary orders of magnitude. Estimates within
     :math:`2^{\pm\mathrm{threshold}}` give :math:`e = 0` (nothing to protect against).
     """
-    n, d = lin.n, lin.d
     heads = lin.params.heads
     pairs = [(lin.W[h], lin.V[a]) for a, h in enumerate(lin.analytic_heads)]
     pairs += [(lin.W[h], heads[h].V) for h in lin.rope_heads]
-    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(n, 1))
-    log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))
+    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(lin.n, 1))
+    log_b = _log2_absmax(lin.B) + math.log2(max(lin.d, 1))
     return _exponent(lin, pairs, log_p, log_b, threshold)
 
 
