@@ -14,6 +14,8 @@ Raw scores are never exponentiated, so inputs of radius 100 give finite outputs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -50,15 +52,17 @@ def _points_and_params(
     return check_points(X, "X", d, dtype, device), dtype, device
 
 
-def _check_measure_call(mu: DiracMeasure, params: Params, masked: bool, what: str) -> None:
+def _measure_kwargs(mu: DiracMeasure, params: Params, masked: bool, what: str) -> dict[str, Any]:
     """Check ``params`` and ``mu`` by docs/conventions.md §8, and ``masked`` against ``mu``.
 
-    Masked mean-field attention needs a position-tagged measure.
+    Masked mean-field attention needs a position-tagged measure. Returns the keyword arguments
+    of :func:`attention_points` that ``mu`` and ``masked`` give.
     """
     dtype, device = params_dtype_device(params, (AttentionParams, MultiHeadParams), what)
     check_measure(mu, dtype, device, params.d, what)
     if check_flag(masked, "masked") and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
+    return {"log_weights": mu.log_weights, "masked": masked, "positions": mu.positions}
 
 
 def head_logits(
@@ -316,15 +320,8 @@ def attention(
     DiracMeasure
         :math:`F(\mu)`, with the same weights and positions as ``mu``.
     """
-    _check_measure_call(mu, params, masked, "attention")
-    Y = attention_points(
-        mu.points,
-        params,
-        log_weights=mu.log_weights,
-        masked=masked,
-        positions=mu.positions,
-        chunk_size=chunk_size,
-    )
+    kwargs = _measure_kwargs(mu, params, masked, "attention")
+    Y = attention_points(mu.points, params, chunk_size=chunk_size, **kwargs)
     return DiracMeasure(Y, mu.weights, mu.positions)
 
 
@@ -355,16 +352,14 @@ def attention_map(
     -------
     Tensor, shape (..., m, d_out)
     """
-    _check_measure_call(mu, params, masked, "attention_map")
+    kwargs = _measure_kwargs(mu, params, masked, "attention_map")
     return attention_points(
         mu.points,
         params,
-        log_weights=mu.log_weights,
-        masked=masked,
-        positions=mu.positions,
         queries=queries,
         query_positions=query_positions,
         chunk_size=chunk_size,
+        **kwargs,
     )
 
 
