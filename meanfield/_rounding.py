@@ -153,24 +153,19 @@ def softmax_error(lin: AttentionLinearization, unit: float = U64) -> tuple[Tenso
         extra = 0.0
         idx = None
         factors = head.factors
-        if head.rope is not None:
-            if factors is None:
-                raise ValueError("a rotary embedding needs the factors Q and K")
-            Q, K = factors
-            idx = torch.arange(n, device=dev) if lin.token_index is None else lin.token_index
-            q = _abs_rope(head.rope, aX @ Q.abs().mT, idx)
-            k = _abs_rope(head.rope, aX @ K.abs().mT, idx)
-            sbar = q @ k.mT
-            kdim = Q.shape[0]
-            ang = float(idx.abs().max()) * float(head.rope.inv_freq.abs().max()) if n else 0.0
-            extra = 4 * u * (2 + ang)  # cos/sin of p*theta and the scaling
-        elif factors is not None:
-            Q, K = factors
-            sbar = (aX @ Q.abs().mT) @ (aX @ K.abs().mT).mT
-            kdim = Q.shape[0]
-        else:
+        if factors is None:  # no rotary embedding either (AttentionParams checks it)
             sbar = (aX @ head.A.abs()) @ aX.mT
             kdim = d
+        else:
+            Q, K = factors
+            q, k = aX @ Q.abs().mT, aX @ K.abs().mT
+            if head.rope is not None:
+                idx = torch.arange(n, device=dev) if lin.token_index is None else lin.token_index
+                q, k = _abs_rope(head.rope, q, idx), _abs_rope(head.rope, k, idx)
+                ang = float(idx.abs().max()) * float(head.rope.inv_freq.abs().max()) if n else 0.0
+                extra = 4 * u * (2 + ang)  # cos/sin of p*theta and the scaling
+            sbar = q @ k.mT
+            kdim = Q.shape[0]
         if head.c is not None:
             sbar = sbar + (aX @ head.c.abs()).unsqueeze(-2)
         if alw is not None:
@@ -318,11 +313,10 @@ def magnitude_linearization(
     ab = lin.x_bar.abs()  # (..., 1, d)
     V = lin.V.abs()
     xc = (X - lin.x_bar).abs() * (1 + 2 * U64)  # >= |x_l - x_bar|
-    A: Tensor | None  # |A_h| of heads without factors
-    QK: tuple[Tensor, Tensor] | None
-    QKV: Tensor | None
+    A: Tensor | None = None  # |A_h| of heads without factors
+    QK: tuple[Tensor, Tensor] | None = None
+    QKV: Tensor | None = None
     if lin.QK is not None:
-        A = None
         Q, K = lin.QK[0].abs(), lin.QK[1].abs()
         QK = (Q, K)
         QKV = torch.cat([Q, K, V], dim=-2).reshape(-1, lin.d)
@@ -330,7 +324,6 @@ def magnitude_linearization(
         KV = torch.cat([K, V], dim=-2)  # (H_a, k + d_v, d): the rows the means enter
     else:
         A = lin.A.abs()
-        QK = QKV = None
         Qx = aX.unsqueeze(-3).expand(lin.batch_shape + (len(lin.analytic_heads), lin.n, lin.d))
         KV = torch.cat([A, V], dim=-2)
     k = KV.shape[-2] - V.shape[-2]
@@ -467,9 +460,8 @@ def lower_from_norm(
     The solver's width rule predicts the certified lower end with it before a vector is chosen.
     """
     gN = gamma(n_out + n_in + 8)
-    eta = model.eta
     m_v = mag_norm * nv if mag_v is None else torch.minimum(mag_v, mag_norm * nv)
-    err = eta * m_v * (1 + gN)
+    err = model.eta * m_v * (1 + gN)
     low = (s * (1 - gN) - err) / (nv * (1 + gN)) * (1 - 4 * U64)
     low = torch.where(torch.isfinite(low), low, torch.zeros_like(low))
     return low.clamp_min(0.0)
@@ -505,12 +497,11 @@ def scale_exponent(lin: AttentionLinearization, threshold: int = 128) -> int:
     right within a few hundred binary orders of magnitude. Estimates within
     :math:`2^{\pm\mathrm{threshold}}` give :math:`e = 0` (nothing to protect against).
     """
-    n, d = lin.n, lin.d
     heads = lin.params.heads
     pairs = [(lin.W[h], lin.V[a]) for a, h in enumerate(lin.analytic_heads)]
     pairs += [(lin.W[h], heads[h].V) for h in lin.rope_heads]
-    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(n, 1))
-    log_b = _log2_absmax(lin.B) + math.log2(max(d, 1))
+    log_p = max(0.0, _log2_absmax(lin.P_w)) + math.log2(max(lin.n, 1))
+    log_b = _log2_absmax(lin.B) + math.log2(max(lin.d, 1))
     return _exponent(lin, pairs, log_p, log_b, threshold)
 
 

@@ -14,6 +14,8 @@ Raw scores are never exponentiated, so inputs of radius 100 give finite outputs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -50,19 +52,17 @@ def _points_and_params(
     return check_points(X, "X", d, dtype, device), dtype, device
 
 
-def _check_measure_call(mu: DiracMeasure, params: Params, masked: bool, what: str) -> None:
+def _measure_kwargs(mu: DiracMeasure, params: Params, masked: bool, what: str) -> dict[str, Any]:
     """Check ``params`` and ``mu`` by docs/conventions.md §8, and ``masked`` against ``mu``.
 
-    Masked mean-field attention needs a position-tagged measure.
+    Masked mean-field attention needs a position-tagged measure. Returns the keyword arguments
+    of :func:`attention_points` that ``mu`` and ``masked`` give.
     """
-    check_measure(
-        mu,
-        *params_dtype_device(params, (AttentionParams, MultiHeadParams), what),
-        params.d,
-        what,
-    )
+    dtype, device = params_dtype_device(params, (AttentionParams, MultiHeadParams), what)
+    check_measure(mu, dtype, device, params.d, what)
     if check_flag(masked, "masked") and mu.positions is None:
         raise ValueError("masked mean-field attention needs a position-tagged (causal) measure")
+    return {"log_weights": mu.log_weights, "masked": masked, "positions": mu.positions}
 
 
 def head_logits(
@@ -85,8 +85,7 @@ def head_logits(
     factors = head.factors
     if factors is not None:
         Q, K = factors
-        q = Xq @ Q.mT
-        k = Xk @ K.mT
+        q, k = Xq @ Q.mT, Xk @ K.mT
         if head.q_bias is not None:
             q = q + head.q_bias
         if head.k_bias is not None:
@@ -228,7 +227,6 @@ def attention_points(
     Tensor, shape (..., m, d_out)
     """
     X, dtype, device = _points_and_params(X, params, "attention_points")
-    heads = params.heads
     n = X.shape[-2]
     Xq = X if queries is None else check_points(queries, "queries", params.d, dtype, device)
     m = Xq.shape[-2]
@@ -237,7 +235,7 @@ def attention_points(
     query_positions = check_aux(query_positions, "query_positions", Xq, m)
     token_index = check_index(token_index, "token_index", X, n)
     query_token_index = check_index(query_token_index, "query_token_index", Xq, m)
-    Xk_vals = [X @ h.V.mT for h in heads]  # V x_j once per head, shape (..., n, d_v)
+    Xk_vals = [X @ h.V.mT for h in params.heads]  # V x_j once per head, shape (..., n, d_v)
     allowed = admissible_keys(masked, m, n, positions, query_positions, X.device)
     if needs_token_index(params):
         token_index = _default_index(token_index, n, X.device)
@@ -254,7 +252,7 @@ def attention_points(
         mask = None if allowed is None else allowed[..., sl, :]
         q_index = None if query_token_index is None else query_token_index[..., sl]
         outs = []
-        for h, vals in zip(heads, Xk_vals):
+        for h, vals in zip(params.heads, Xk_vals):
             logits = head_logits(q, X, h, log_weights, query_index=q_index, key_index=token_index)
             P = masked_softmax(
                 logits, head_mask(h, mask, q_index, token_index, q.shape[-2], n, X.device)
@@ -322,15 +320,8 @@ def attention(
     DiracMeasure
         :math:`F(\mu)`, with the same weights and positions as ``mu``.
     """
-    _check_measure_call(mu, params, masked, "attention")
-    Y = attention_points(
-        mu.points,
-        params,
-        log_weights=mu.log_weights,
-        masked=masked,
-        positions=mu.positions,
-        chunk_size=chunk_size,
-    )
+    kwargs = _measure_kwargs(mu, params, masked, "attention")
+    Y = attention_points(mu.points, params, chunk_size=chunk_size, **kwargs)
     return DiracMeasure(Y, mu.weights, mu.positions)
 
 
@@ -361,16 +352,14 @@ def attention_map(
     -------
     Tensor, shape (..., m, d_out)
     """
-    _check_measure_call(mu, params, masked, "attention_map")
+    kwargs = _measure_kwargs(mu, params, masked, "attention_map")
     return attention_points(
         mu.points,
         params,
-        log_weights=mu.log_weights,
-        masked=masked,
-        positions=mu.positions,
         queries=queries,
         query_positions=query_positions,
         chunk_size=chunk_size,
+        **kwargs,
     )
 
 
@@ -392,7 +381,6 @@ def attention_weights(
         :class:`MultiHeadParams`.
     """
     X, _, _ = _points_and_params(X, params, "attention_weights")
-    heads = params.heads
     n = X.shape[-2]
     log_weights = check_aux(log_weights, "log_weights", X, n, finite=False)
     positions = check_aux(positions, "positions", X, n)
@@ -403,7 +391,7 @@ def attention_weights(
             head_logits(X, X, h, log_weights, query_index=token_index, key_index=token_index),
             head_mask(h, allowed, token_index, token_index, n, n, X.device),
         )
-        for h in heads
+        for h in params.heads
     ]
     return Ps[0] if isinstance(params, AttentionParams) else torch.stack(Ps, dim=-3)
 

@@ -387,10 +387,8 @@ class AttentionParams:
             QK = Q.mT @ K if self.logit_scale is None else self.logit_scale * (Q.mT @ K)
             if float((QK - A).abs().max()) > tol:
                 raise ValueError("Q and K do not reproduce A (A must equal Q^T K)")
-        object.__setattr__(self, "A", A)
-        object.__setattr__(self, "V", V)
-        object.__setattr__(self, "Q", Q)
-        object.__setattr__(self, "K", K)
+        for name, value in (("A", A), ("V", V), ("Q", Q), ("K", K)):
+            object.__setattr__(self, name, value)
         if self.rope is not None:
             if Q is None:
                 raise ValueError("a rotary embedding needs the factors Q and K")
@@ -800,19 +798,17 @@ class MultiHeadParams:
                 )
         normed = q_norm is not None or k_norm is not None
         variant = rope is not None or normed or softcap is not None
-        rep = H // H_kv
         heads = []
         for h in range(H):
-            g = h // rep
+            g = h // (H // H_kv)  # the key/value head of query head h
             Qh, Kh = W_Q[h * k : (h + 1) * k], W_K[g * k : (g + 1) * k]
             Vh = W_V[g * k_v : (g + 1) * k_v]
             b = None if b_Vv is None else b_Vv[g * k_v : (g + 1) * k_v]
             slope = None if slopes is None else slopes[h]
             qb = None if b_Qv is None else b_Qv[h * k : (h + 1) * k]
             kb = None if b_Kv is None else b_Kv[g * k : (g + 1) * k]
-            c = None
+            c = None if variant or qb is None else Kh.mT @ qb * s
             if not variant:  # b_Q becomes the key logit term c; b_K cancels
-                c = None if qb is None else Kh.mT @ qb * s
                 qb = kb = None
             if not normed:  # fold the scale into the query map and its bias
                 Qh = s * Qh
