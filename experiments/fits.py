@@ -222,18 +222,12 @@ class PaperCurve:
 
 _Y = "y-axis is the released metric sqrt(||J^T f||), not ||J||_2 (D1)"
 _RANDOM_GPT2 = f"points <= 0.1 dropped; dropout on (D4); {_Y}"
+_RADIUS_DRIFT = f"related by the paper to a radius drift with n (F3), unverified; {_Y}"
 _CURVES = (
     PaperCurve("BERT-enc L0", "Alice", 14.3, 0.24, "cn^{1/4}", _Y),
     PaperCurve("BERT-dec L6", "Alice", 6.44, 0.25, "cn^{1/4}", f"map not masked (D3); {_Y}"),
     PaperCurve("GPT-2 L0", "Alice", 35.3, 0.26, "", _Y),
-    PaperCurve(
-        "GPT-2 L6",
-        "Alice",
-        25.0,
-        0.51,
-        "",
-        f"related by the paper to a radius drift with n (F3), unverified; {_Y}",
-    ),
+    PaperCurve("GPT-2 L6", "Alice", 25.0, 0.51, "", _RADIUS_DRIFT),
     PaperCurve("GPT-2-rand L6", "Alice", 0.445, 0.25, "", _RANDOM_GPT2),
     PaperCurve("GPT-2-rand L6", "AG NEWS", 0.445, 0.25, "", _RANDOM_GPT2),
     PaperCurve("BERT-enc L0", "adversarial", 4.39, 0.5, "Cn^{1/2}", "head 0, R = 15.5"),
