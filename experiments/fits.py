@@ -78,8 +78,7 @@ def _ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xm = x.mean(-1, keepdims=True)
     ym = y.mean(-1, keepdims=True)
     dx = x - xm
-    sxx = (dx * dx).sum(-1)
-    slope = (dx * (y - ym)).sum(-1) / sxx
+    slope = (dx * (y - ym)).sum(-1) / (dx * dx).sum(-1)
     intercept = ym[..., 0] - slope * xm[..., 0]
     return slope, intercept
 
