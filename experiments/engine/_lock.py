@@ -97,11 +97,7 @@ def _pid_exists(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    except OSError as err:  # pragma: no cover - other platforms
+    except OSError as err:  # ESRCH: no such process; EPERM: exists, owned by another user
         return err.errno != errno.ESRCH
     return True
 
