@@ -78,8 +78,7 @@ def _ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xm = x.mean(-1, keepdims=True)
     ym = y.mean(-1, keepdims=True)
     dx = x - xm
-    sxx = (dx * dx).sum(-1)
-    slope = (dx * (y - ym)).sum(-1) / sxx
+    slope = (dx * (y - ym)).sum(-1) / (dx * dx).sum(-1)
     intercept = ym[..., 0] - slope * xm[..., 0]
     return slope, intercept
 
@@ -222,18 +221,12 @@ class PaperCurve:
 
 _Y = "y-axis is the released metric sqrt(||J^T f||), not ||J||_2 (D1)"
 _RANDOM_GPT2 = f"points <= 0.1 dropped; dropout on (D4); {_Y}"
+_RADIUS_DRIFT = f"related by the paper to a radius drift with n (F3), unverified; {_Y}"
 _CURVES = (
     PaperCurve("BERT-enc L0", "Alice", 14.3, 0.24, "cn^{1/4}", _Y),
     PaperCurve("BERT-dec L6", "Alice", 6.44, 0.25, "cn^{1/4}", f"map not masked (D3); {_Y}"),
     PaperCurve("GPT-2 L0", "Alice", 35.3, 0.26, "", _Y),
-    PaperCurve(
-        "GPT-2 L6",
-        "Alice",
-        25.0,
-        0.51,
-        "",
-        f"related by the paper to a radius drift with n (F3), unverified; {_Y}",
-    ),
+    PaperCurve("GPT-2 L6", "Alice", 25.0, 0.51, "", _RADIUS_DRIFT),
     PaperCurve("GPT-2-rand L6", "Alice", 0.445, 0.25, "", _RANDOM_GPT2),
     PaperCurve("GPT-2-rand L6", "AG NEWS", 0.445, 0.25, "", _RANDOM_GPT2),
     PaperCurve("BERT-enc L0", "adversarial", 4.39, 0.5, "Cn^{1/2}", "head 0, R = 15.5"),

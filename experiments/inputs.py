@@ -58,10 +58,9 @@ def _np_load(path: Path) -> Any:
         data = np.load(path, allow_pickle=False)
     except NPY_READ_ERRORS as err:
         raise unreadable_array_file(path, err) from err
-    want = "npz" if path.suffix == ".npz" else "npy"
-    if want == "npz" and not isinstance(data, np.lib.npyio.NpzFile):
+    if path.suffix == ".npz" and not isinstance(data, np.lib.npyio.NpzFile):
         raise ValueError(f"cannot read {path}: it holds one .npy array, not an .npz archive")
-    if want == "npy" and isinstance(data, np.lib.npyio.NpzFile):
+    if path.suffix != ".npz" and isinstance(data, np.lib.npyio.NpzFile):
         data.close()
         raise ValueError(f"cannot read {path}: it is an .npz archive, not an .npy array")
     return data
@@ -143,17 +142,15 @@ def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dic
         raise ValueError(
             f"V in {path.name} must have shape (d_v, {d}) or ({H}, d_v, {d}), got {V.shape}"
         )
-    c, b = arrs.get("c"), arrs.get("b")
-    if c is not None:
-        c = c.reshape(1, -1) if c.ndim == 1 else c
-        if c.shape != (H, d):
-            raise ValueError(f"c in {path.name} must have shape ({H}, {d}), got {arrs['c'].shape}")
-    if b is not None:
-        b = b.reshape(1, -1) if b.ndim == 1 else b
-        if b.shape != (H, V3.shape[1]):
-            raise ValueError(
-                f"b in {path.name} must have shape ({H}, {V3.shape[1]}), got {arrs['b'].shape}"
-            )
+    biases = {}  # c and b, one row per head
+    for key, width in (("c", d), ("b", V3.shape[1])):
+        if key in arrs:
+            bias = arrs[key].reshape(1, -1) if arrs[key].ndim == 1 else arrs[key]
+            if bias.shape != (H, width):
+                raise ValueError(
+                    f"{key} in {path.name} must have shape ({H}, {width}), got {arrs[key].shape}"
+                )
+            biases[key] = bias
 
     def t(a: np.ndarray | None) -> Any:
         return (
@@ -161,9 +158,7 @@ def load_params_npz(path: str | Path, dtype: Any, device: str) -> tuple[Any, dic
         )
 
     heads = [
-        AttentionParams(
-            t(A3[h]), t(V3[h]), c=t(None if c is None else c[h]), b=t(None if b is None else b[h])
-        )
+        AttentionParams(t(A3[h]), t(V3[h]), **{k: t(v[h]) for k, v in biases.items()})
         for h in range(H)
     ]
     W_O, b_O = arrs.get("W_O"), arrs.get("b_O")

@@ -97,11 +97,7 @@ def _pid_exists(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    except OSError as err:  # pragma: no cover - other platforms
+    except OSError as err:  # ESRCH: no such process; EPERM: exists, owned by another user
         return err.errno != errno.ESRCH
     return True
 
@@ -155,11 +151,8 @@ def _is_stale(
     if not _pid_exists(pid):
         return True
     recorded = info.get("proc_start")
-    if recorded is not None:
-        now = _process_start_ticks(pid)
-        if now is not None and now != recorded:
-            return True  # the id was reused by a process started later
-    return False
+    # the id was reused by a process started later
+    return recorded is not None and _process_start_ticks(pid) not in (None, recorded)
 
 
 def describe(info: dict[str, Any]) -> str:

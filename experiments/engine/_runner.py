@@ -256,14 +256,8 @@ class Sweep:
         except (OSError, ValueError):
             stored = None
         if stored != self.digest:  # new file, or a run with another configuration
-            write_json(
-                self.meta_path,
-                {
-                    "name": name,
-                    "config_hash": self.digest,
-                    **run_metadata(seed=seed, device=device, dtype=dtype, config=self.config),
-                },
-            )
+            meta = run_metadata(seed=seed, device=device, dtype=dtype, config=self.config)
+            write_json(self.meta_path, {"name": name, "config_hash": self.digest, **meta})
 
     def records(self) -> list[dict[str, Any]]:
         """Finished records of this configuration."""
