@@ -125,8 +125,8 @@ def invert_case(
             res = invert_fixed_point(y, block, max_iter=max_iter, tol=tol, lipschitz=c)
             residuals[m][i, : res.n_iter] = res.residuals.numpy()
             err = float(torch.linalg.vector_norm(res.x - xs) / torch.linalg.vector_norm(xs))
-            y_norm = max(1.0, float(torch.linalg.vector_norm(y)))
-            fwd = float(torch.linalg.vector_norm(block(res.x) - y)) / y_norm
+            y_norm = float(torch.linalg.vector_norm(y))
+            fwd = float(torch.linalg.vector_norm(block(res.x) - y)) / max(1.0, y_norm)
             J = torch.func.jacrev(
                 lambda z, b=block, shape=xs.shape: b.residual(z.reshape(shape)).reshape(-1)
             )(xs.reshape(-1))
@@ -149,7 +149,7 @@ def invert_case(
                     "outcome": _outcome(res.converged, err, fwd),
                     "preimage_error": err,
                     "forward_residual": fwd,
-                    "y_norm": float(torch.linalg.vector_norm(y)),
+                    "y_norm": y_norm,
                     "rate": res.rate,
                     "max_ratio": check.max_ratio,
                     "banach_holds": check.holds,
@@ -213,9 +213,8 @@ def _sweep(cfg: InvertibleSettings) -> tuple[dict[str, np.ndarray], dict[str, An
             arrays[f"{m}_{f}"] = np.asarray(vals, dtype=np.float64).reshape(shape)
         codes = [OUTCOMES.index(r["outcome"]) for r in all_rows if r["map"] == m]
         arrays[f"{m}_outcome"] = np.asarray(codes, dtype=np.int64).reshape(shape)
-    arrays["target"] = np.float64(cfg.target)
-    arrays["ref_radius"] = np.float64(cfg.ref_radius)
-    arrays["tol"] = np.float64(cfg.tol)
+    for key in ("target", "ref_radius", "tol"):
+        arrays[key] = np.float64(getattr(cfg, key))
     return arrays, {"rows": all_rows}
 
 

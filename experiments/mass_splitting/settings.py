@@ -69,11 +69,7 @@ PRESETS: Mapping[str, MassSplittingSettings] = {
     "tiny": MassSplittingSettings(
         figure_b=FigureBSettings(radii=(1.0, 4.0), n_atoms=3, n_restarts=2, steps=25),
         figure_c=FigureCSettings(
-            radii=(2.0, 4.0),
-            k_curve_max=1000,
-            budgets=(0.1, 0.5),
-            n_restarts=1,
-            steps=15,
+            radii=(2.0, 4.0), k_curve_max=1000, budgets=(0.1, 0.5), n_restarts=1, steps=15
         ),
         seed=0,
     ),
@@ -90,10 +86,7 @@ PRESETS: Mapping[str, MassSplittingSettings] = {
     ),
     "paper": MassSplittingSettings(
         figure_b=FigureBSettings(
-            radii=(0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0),
-            n_atoms=5,
-            n_restarts=32,
-            steps=400,
+            radii=(0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0), n_atoms=5, n_restarts=32, steps=400
         ),
         figure_c=FigureCSettings(
             radii=(2.0, 3.0, 4.0, 5.0, 6.0),

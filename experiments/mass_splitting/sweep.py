@@ -98,6 +98,10 @@ def _num(x: Any) -> Any:
     return record_float(x) if x is None or isinstance(x, str) else x
 
 
+#: The per-radius values of a figure-B point, with the name of their ``.npz`` array.
+_B_FIELDS = {"value": "value", "two_dirac_bound": "two_dirac", "construction_value": "construction"}
+
+
 def _write_b(
     out: Path,
     config: Mapping[str, Any],
@@ -112,19 +116,11 @@ def _write_b(
         got = [rows[(key, R)] for R in radii]
         for f in ("points", "log_weights"):
             arrays[f"{key}_{f}"] = np.stack([np.asarray(_num(r[f]), dtype=np.float64) for r in got])
-        vals = [_num(r["value"]) for r in got]
-        tds = [_num(r["two_dirac_bound"]) for r in got]
-        cons = [_num(r["construction_value"]) for r in got]
-        arrays[f"{key}_value"] = np.asarray(vals)
-        arrays[f"{key}_two_dirac"] = np.asarray(tds)
-        arrays[f"{key}_construction"] = np.asarray(cons)
-        summary["settings"][key] = {
-            "label": label,
-            "A": A_list,
-            "value": vals,
-            "two_dirac_bound": tds,
-            "construction_value": cons,
-        }
+        entry: dict[str, Any] = {"label": label, "A": A_list}
+        for field, name in _B_FIELDS.items():
+            entry[field] = [_num(r[field]) for r in got]
+            arrays[f"{key}_{name}"] = np.asarray(entry[field])
+        summary["settings"][key] = entry
     doc = {
         "kind": "worst_measures",
         **summary,

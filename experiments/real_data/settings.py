@@ -65,21 +65,14 @@ class RealConfig:
 
 
 _BLOCK = "residual + LayerNorm included: the map of the released BERT folders (D2)"
+_RANDOM = "random init, seed 0"
+_MIDDLE = "L3 of 6 plays the middle layer"
 _CONFIGS = (
     RealConfig("minilm-L0", "minilm", 0, "heads+WO", False, "BERT-enc L0", long=True),
     RealConfig(
         "minilm-L0-block", "minilm", 0, "block", False, "BERT-enc L0", long=True, note=_BLOCK
     ),
-    RealConfig(
-        "minilm-L3",
-        "minilm",
-        3,
-        "heads+WO",
-        False,
-        "BERT-enc L6",
-        long=True,
-        note="L3 of 6 plays the middle layer",
-    ),
+    RealConfig("minilm-L3", "minilm", 3, "heads+WO", False, "BERT-enc L6", long=True, note=_MIDDLE),
     RealConfig(
         "minilm-L3-block",
         "minilm",
@@ -88,7 +81,7 @@ _CONFIGS = (
         False,
         "BERT-enc L6",
         long=True,
-        note=f"L3 of 6 plays the middle layer; {_BLOCK}",
+        note=f"{_MIDDLE}; {_BLOCK}",
     ),
     RealConfig(
         "minilm-L3-causal",
@@ -135,24 +128,8 @@ _CONFIGS = (
         "GPT-2 L6",
         note="middle of 30 layers; causal, RoPE, GQA; no upper certificate",
     ),
-    RealConfig(
-        "bertrand-L0",
-        "bert-random",
-        0,
-        "heads+WO",
-        False,
-        "BERT-enc L0",
-        note="random init, seed 0",
-    ),
-    RealConfig(
-        "bertrand-L6",
-        "bert-random",
-        6,
-        "heads+WO",
-        False,
-        "BERT-enc L6",
-        note="random init, seed 0",
-    ),
+    RealConfig("bertrand-L0", "bert-random", 0, "heads+WO", False, "BERT-enc L0", note=_RANDOM),
+    RealConfig("bertrand-L6", "bert-random", 6, "heads+WO", False, "BERT-enc L6", note=_RANDOM),
     RealConfig(
         "gpt2rand2L-L1",
         "gpt2-random-2L",

@@ -427,9 +427,7 @@ def execute(cfg: RealDataSettings, out: Path, run: StageRun) -> Steps:
                 jobs.append(job)
             files += [sweep.path, sweep.meta_path]
         yield jobs  # one round: every sweep's points
-        files.append(manifest_path)
-        files += export_csv(out.parent)
-        return files
+        return [*files, manifest_path, *export_csv(out.parent)]
     finally:
         forget_worker_cache(("real_data", run_id, int(cfg.seed), cfg.dtype, device))
 

@@ -45,11 +45,8 @@ from .settings import (
 
 # ============================================================================ F6 and A
 def _catalog(seed: int) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name in MF_SETTINGS:
-        A, V = mf_setting(name, seed=seed)
-        out[name] = {"A": A, "V": V}
-    return out
+    heads = {name: mf_setting(name, seed=seed) for name in MF_SETTINGS}
+    return {name: {"A": A, "V": V} for name, (A, V) in heads.items()}
 
 
 def _padded_measure(points: np.ndarray, log_weights: np.ndarray, n_atoms: int, device: str):

@@ -129,9 +129,7 @@ def construction_norm(A: Any, V: Any, a: Any, b: Any, n: Any) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         c12 = np.where(m > 0, pi_c / np.where(m > 0, sm, 1.0), 0.0)
     eye = np.eye(d)
-    o_a = np.outer(delta, ua)
-    o_b = np.outer(delta, ub)
-    o_d = np.outer(delta, Ad)
+    o_a, o_b, o_d = (np.outer(delta, u) for u in (ua, ub, Ad))
     s = (slice(None), None, None)
     B11 = pi[s] * eye + (pi * pi_c)[s] * (o_a + o_d)
     B12 = c12[s] * (eye - pi[s] * o_a)

@@ -58,18 +58,15 @@ class BoundSpec:
 def _head_norms(t: Target) -> list[dict[str, float]]:
     """Spectral norms per head: ||A_h||, ||V_h||, ||W_h|| (1 without W^O), ||W_h V_h||."""
     if "_norms" not in t.ctx:
-        out = []
-        for A, V, W in t.ctx["heads"]:
-            WV = V if W is None else W @ V
-            out.append(
-                {
-                    "A": float(np.linalg.norm(A, 2)),
-                    "V": float(np.linalg.norm(V, 2)),
-                    "W": 1.0 if W is None else float(np.linalg.norm(W, 2)),
-                    "WV": float(np.linalg.norm(WV, 2)),
-                }
-            )
-        t.ctx["_norms"] = out
+        t.ctx["_norms"] = [
+            {
+                "A": float(np.linalg.norm(A, 2)),
+                "V": float(np.linalg.norm(V, 2)),
+                "W": 1.0 if W is None else float(np.linalg.norm(W, 2)),
+                "WV": float(np.linalg.norm(V if W is None else W @ V, 2)),
+            }
+            for A, V, W in t.ctx["heads"]
+        ]
     return t.ctx["_norms"]
 
 
