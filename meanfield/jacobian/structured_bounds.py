@@ -70,10 +70,8 @@ def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     if lin.analytic_heads:
         Qx, KXc, VXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc"), need(lin.VXc, "VXc")
     for a, h in enumerate(lin.analytic_heads):
-        if lin.QK is None:
-            Q, K = None, lin.A[a]  # the identity for Q
-        else:
-            Q, K = lin.QK[0][a], lin.QK[1][a]
+        # the identity for Q without factors
+        Q, K = (None, lin.A[a]) if lin.QK is None else (lin.QK[0][a], lin.QK[1][a])
         out.append(
             _HeadFeatures(
                 h=h, P=lin.P[..., a, :, :], q=Qx[..., a, :, :], k=KXc[..., a, :, :],

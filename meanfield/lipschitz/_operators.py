@@ -81,10 +81,7 @@ def round_down(x64: Tensor, dtype: torch.dtype) -> Tensor:
 
 def round_up(x64: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast ``x64`` to ``dtype`` rounding towards ``+inf``."""
-    y = x64.to(dtype)
-    if dtype == torch.float64:
-        return y
-    return torch.where(y.to(torch.float64) < x64, torch.nextafter(y, y.new_tensor(math.inf)), y)
+    return -round_down(-x64, dtype)  # the cast and nextafter are symmetric about zero
 
 
 def eval_margin(n: int, d: int) -> float:
