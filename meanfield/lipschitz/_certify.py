@@ -269,7 +269,8 @@ def certify_solution(
     self_term, self_norms = solution.self_term, None
     if self_term is not None:
         em = eval_margin(ops.lin.n, ops.lin.d)
-        em = margins.self_margin(em) if margins is not None else em
+        if margins is not None:  # the self blocks' margin: plus the attention error
+            em = em + 4 * float(margins.model.eps_P.amax())
         self_lower, self_upper, self_norms = _self_bracket(ops, self_term, em)
     run = solution.run
     if isinstance(run, DenseSolution):
