@@ -115,10 +115,14 @@ def _head_rows_adjoint(
     if lin.QKV is not None and Yk is not None and Yv is not None:
         Z = torch.cat([Yq, Yk, Yv], dim=-1)  # (..., H_a, n, 2k + d_v), rows of QKV per head
         return Z.movedim(-3, -2).flatten(-2) @ lin.QKV
-    Q, K = (None, lin.A) if lin.QK is None else lin.QK
-    out = Yq.sum(-3) if Q is None else torch.einsum("...hnk,hkd->...nd", Yq, Q)
-    if Yk is not None:
-        out = out + torch.einsum("...hnk,hkd->...nd", Yk, K)
+    if lin.QK is None:
+        out = Yq.sum(-3)
+        if Yk is not None:
+            out = out + torch.einsum("...hne,hed->...nd", Yk, lin.A)
+    else:
+        out = torch.einsum("...hnk,hkd->...nd", Yq, lin.QK[0])
+        if Yk is not None:
+            out = out + torch.einsum("...hnk,hkd->...nd", Yk, lin.QK[1])
     if Yv is not None:
         out = out + torch.einsum("...hnv,hvd->...nd", Yv, lin.V)
     return out
