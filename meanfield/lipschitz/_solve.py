@@ -343,8 +343,7 @@ def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> S
     """
     lin, lin64 = ops.lin, ops.lin64
     n, d, d_out = lin.n, lin.d, lin.d_out
-    batch = lin64.batch_shape
-    dev = lin64.X.device
+    batch, dev = lin64.batch_shape, lin64.X.device
     explicit = plan.method == "dense" or (
         n * d_out * d * min(d_out, d) * max(1, math.prod(batch)) <= _EXPLICIT_SELF_FLOPS
     )
