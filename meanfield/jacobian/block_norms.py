@@ -72,14 +72,13 @@ def weight_norms(params: Params) -> WeightNorms:
             raise ValueError(f"the block certificate does not model {', '.join(head.variants)} yet")
     analytic = [h for h, head in enumerate(heads) if getattr(head, "rope", None) is None]
     W, _ = head_output_matrices(params)
-    dev = heads[0].device
     if analytic:
         A = torch.stack([heads[h].A for h in analytic]).to(torch.float64)
         V = torch.stack([heads[h].V for h in analytic]).to(torch.float64)
         O = W[analytic].to(torch.float64) @ V
         nA, nV, nO = norm2_upper(A), norm2_upper(V), norm2_upper(O)
     else:
-        nA = nV = nO = torch.zeros(0, dtype=torch.float64, device=dev)
+        nA = nV = nO = torch.zeros(0, dtype=torch.float64, device=heads[0].device)
     W_O = params.W_O if isinstance(params, MultiHeadParams) else None  # None: concatenated heads
     out = WeightNorms(A=nA, V=nV, O=nO, W_O=None if W_O is None else norm2_upper(W_O))
     _NORM_CACHE[params] = out

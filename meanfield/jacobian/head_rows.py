@@ -226,9 +226,8 @@ def float64_rows(lin: AttentionLinearization) -> AttentionLinearization:
     if lin.X.dtype == torch.float64:
         return lin
     lin = as_float64(lin)
-    Xc = lin.X - lin.x_bar
     A = lin.A if lin.QK is None else None
-    _, KXc, VXc = project_heads(lin.QK, A, lin.V, lin.QKV, Xc)
+    _, KXc, VXc = project_heads(lin.QK, A, lin.V, lin.QKV, lin.X - lin.x_bar)
     KVMc = attend(lin.P, torch.cat([KXc, VXc], dim=-1), lin._causal_block())
     k = KXc.shape[-1]
     return replace(

@@ -730,8 +730,7 @@ def linearize(
             QK = (torch.stack([Qh for Qh, _ in pairs]), torch.stack([Kh for _, Kh in pairs]))
         cs = [heads[h].c for h in analytic]
         if any(c is not None for c in cs):
-            zero = X.new_zeros(d)
-            C = torch.stack([zero if c is None else c for c in cs])
+            C = torch.stack([X.new_zeros(d) if c is None else c for c in cs])
         # head-space features (factors Q_h, K_h of width k; A_h and the identity without them)
         if QK is not None:
             QKV = stack_qkv(QK, V)

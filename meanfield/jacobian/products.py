@@ -196,8 +196,7 @@ def jvp(lin: AttentionLinearization, H: Tensor, *, geometry: Geometry = "euclide
                 T = Pi * S + P * R
             vals = Pi @ vH[..., ks, :] + T @ VXc[..., ks, :]  # V(Pi h + T (x - x_bar))
             parts.append(vals - T.sum(-1, keepdim=True) * VMc[..., sl, :])
-        vals = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
-        out = _combine(lin, vals, lin.analytic_heads)
+        out = _combine(lin, torch.cat(parts, dim=-2), lin.analytic_heads)
     if lin.rope_rows is not None:
         tangent = _rope_jvp(lin, lin.rope_rows, H, weighted)
         out = tangent if out is None else out + tangent
@@ -270,8 +269,7 @@ def vjp(lin: AttentionLinearization, G: Tensor, *, geometry: Geometry = "euclide
                 acc_c[..., ks] += PiZ.sum(-2)
             PZ = PiZ if Pi_all is lin.P else P * Z  # Euclidean geometry: Pi = P
             rows.append(PZ @ KXc[..., ks, :])  # K sum_l P_il Z_il (x_l - x_bar)
-        acc_q = rows[0] if len(rows) == 1 else torch.cat(rows, dim=-2)
-        out = _head_rows_adjoint(lin, acc_q, acc_k, acc_v)
+        out = _head_rows_adjoint(lin, torch.cat(rows, dim=-2), acc_k, acc_v)
         if acc_c is not None and C is not None:  # both or neither
             out = out + acc_c.mT @ C
     if lin.rope_rows is not None:
@@ -496,8 +494,7 @@ def self_jacobian_blocks(
         chunk_size=chunk_size,
     )
     require_analytic(lin, "self_jacobian_blocks")
-    parts = [self_blocks(lin, sl) for sl in iter_chunks(lin.n, chunk_size)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-3)
+    return torch.cat([self_blocks(lin, sl) for sl in iter_chunks(lin.n, chunk_size)], dim=-3)
 
 
 def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
@@ -510,9 +507,8 @@ def _dense_analytic(lin: AttentionLinearization, weighted: bool) -> Tensor:
     Oa = OX.unsqueeze(-3) - OM.unsqueeze(-2)  # (..., H_a, i, j, d_out)  O (x_j - m_i)
     J = torch.einsum("...hij,hab->...iajb", Pi, O)
     J = J + torch.einsum("...hij,...hija,...hib->...iajb", Pi, Oa, lin.B)
-    n = lin.n
-    S = self_blocks(lin, slice(0, n))  # (..., n, d_out, d)
-    idx = torch.arange(n, device=J.device)
+    S = self_blocks(lin, slice(0, lin.n))  # (..., n, d_out, d)
+    idx = torch.arange(lin.n, device=J.device)
     # advanced indices separated by a slice put the atom axis first: (n, ..., d_out, d)
     J[..., idx, :, idx, :] += S.movedim(-3, 0)
     return J

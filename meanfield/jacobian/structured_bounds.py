@@ -70,10 +70,8 @@ def _head_features(lin: AttentionLinearization) -> list[_HeadFeatures]:
     if lin.analytic_heads:
         Qx, KXc, VXc = need(lin.Qx, "Qx"), need(lin.KXc, "KXc"), need(lin.VXc, "VXc")
     for a, h in enumerate(lin.analytic_heads):
-        if lin.QK is None:
-            Q, K = None, lin.A[a]  # the identity for Q
-        else:
-            Q, K = lin.QK[0][a], lin.QK[1][a]
+        # the identity for Q without factors
+        Q, K = (None, lin.A[a]) if lin.QK is None else (lin.QK[0][a], lin.QK[1][a])
         out.append(
             _HeadFeatures(
                 h=h, P=lin.P[..., a, :, :], q=Qx[..., a, :, :], k=KXc[..., a, :, :],
@@ -263,8 +261,7 @@ def combine_head_terms(params: Params, terms: list[HeadTerms], device: torch.dev
     wn = torch.stack(w_norms).to(device)
     scale = {"1": stack["V"], "2": stack["K"] * rho_max, "3": stack["Q"] * rho_max}
     # zero tensors where the sums started from the integer 0: the same additions, bit for bit
-    total = torch.zeros((), dtype=torch.float64)
-    per_head_total = torch.zeros((), dtype=torch.float64)
+    total = per_head_total = torch.zeros((), dtype=torch.float64)
     for t in ("1", "2", "3"):
         b = torch.stack(full[t], dim=-1)  # (..., H)
         per_head = (b * wn).sum(-1)
@@ -297,8 +294,7 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
     feats = _head_features(lin)
     W_O = params.W_O if isinstance(params, MultiHeadParams) else None
     # zero tensors where the sums started from the integer 0: the same additions, bit for bit
-    total = torch.zeros((), dtype=torch.float64)
-    squares = torch.zeros((), dtype=torch.float64)
+    total = squares = torch.zeros((), dtype=torch.float64)
     hn = _per_head_norms(params, feats)
     for f in feats:
         P, v = f.P, f.v
@@ -308,9 +304,7 @@ def structured_block_norms(lin: AttentionLinearization) -> Tensor:
         slack = 4 * (v.shape[-1] + 4) * U64
         d2 = (vn2 - 2 * vbar @ v.mT + vb2).clamp_min(0) + slack * (vn2 + vb2)
         qn = f.q.square().sum(-1).sqrt() * (1 + slack)
-        nV = hn[f.h]["V"]
-        nK = hn[f.h]["K"] * f.rho
-        nQ = hn[f.h]["Q"] * f.rho
+        nV, nK, nQ = hn[f.h]["V"], hn[f.h]["K"] * f.rho, hn[f.h]["Q"] * f.rho
         bn = qn * nK
         if f.c is not None:
             bn = bn + f.c.to(torch.float64).square().sum().sqrt()

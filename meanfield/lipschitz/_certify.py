@@ -149,14 +149,14 @@ class _Ends:
 
     value: Tensor
     lower: Tensor
-    upper: Tensor | None
-    prob: Tensor | None
     residual: Tensor
     converged: Tensor
     n_iter: Tensor
     n_matvec: Tensor
     vector: Tensor
-    history: Tensor | None
+    upper: Tensor | None = None
+    prob: Tensor | None = None
+    history: Tensor | None = None
 
 
 def _dense_ends(ops: Operators, plan: Plan, margins: Margins | None, run: DenseSolution) -> _Ends:
@@ -178,13 +178,11 @@ def _dense_ends(ops: Operators, plan: Plan, margins: Margins | None, run: DenseS
         value=run.value,
         lower=torch.where(run.finite, lower, 0.0),
         upper=upper,
-        prob=None,
         residual=run.residual,
         converged=run.finite,
         n_iter=torch.zeros(batch, dtype=torch.int64, device=dev),
         n_matvec=torch.zeros(batch, dtype=torch.int64, device=dev),
         vector=run.vector,
-        history=None,
     )
 
 
@@ -247,7 +245,6 @@ def _krylov_ends(ops: Operators, plan: Plan, margins: Margins | None, run: Krylo
     return _Ends(
         value=value,
         lower=lower,
-        upper=None,
         prob=prob,
         residual=_rnd.unscale(residual, shift, 2),
         converged=converged,
@@ -269,7 +266,8 @@ def certify_solution(
     self_term, self_norms = solution.self_term, None
     if self_term is not None:
         em = eval_margin(ops.lin.n, ops.lin.d)
-        em = margins.self_margin(em) if margins is not None else em
+        if margins is not None:  # the self blocks' margin: plus the attention error
+            em = em + 4 * float(margins.model.eps_P.amax())
         self_lower, self_upper, self_norms = _self_bracket(ops, self_term, em)
     run = solution.run
     if isinstance(run, DenseSolution):

@@ -84,10 +84,6 @@ class Margins:
                 self._mag_norm = _rnd.magnitude_norm_upper(self.mlin, self.geometry)
         return self._mag_norm
 
-    def self_margin(self, em: float) -> float:
-        """Relative margin of the self-Jacobian blocks: ``em`` plus the attention error."""
-        return em + 4 * float(self.model.eps_P.amax())
-
     def upper(self, bound: Tensor) -> Tensor:
         """A bound on the computed operator made a bound on the exact one (docs/rounding.md §4.2)."""
         return _rnd.upper_margin(self.mag_norm(), self.model, bound)

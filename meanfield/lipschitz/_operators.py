@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor
@@ -81,10 +81,7 @@ def round_down(x64: Tensor, dtype: torch.dtype) -> Tensor:
 
 def round_up(x64: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast ``x64`` to ``dtype`` rounding towards ``+inf``."""
-    y = x64.to(dtype)
-    if dtype == torch.float64:
-        return y
-    return torch.where(y.to(torch.float64) < x64, torch.nextafter(y, y.new_tensor(math.inf)), y)
+    return -round_down(-x64, dtype)  # the cast and nextafter are symmetric about zero
 
 
 def eval_margin(n: int, d: int) -> float:
@@ -136,11 +133,20 @@ def to_float64(lin: Linearization) -> Linearization:
     """The linearisation at the same input in float64 (``lin`` itself when it is float64)."""
     if lin.X.dtype == torch.float64:
         return lin
+    return relinearize(lin, params_to_float64(lin.params))
+
+
+@overload
+def relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinearization: ...
+@overload
+def relinearize(lin: StreamingLinearization, params: Params) -> StreamingLinearization: ...
+def relinearize(lin: Linearization, params: Params) -> Linearization:
+    """The linearisation at the input of ``lin`` with other parameters (the input in their dtype)."""
 
     def f(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(torch.float64)
+        return None if t is None else t.to(params.dtype)
 
-    X64, params64 = lin.X.to(torch.float64), params_to_float64(lin.params)
+    X = lin.X.to(params.dtype)
     common: dict[str, Any] = dict(
         log_weights=f(lin.log_weights),
         masked=lin.masked,
@@ -148,21 +154,8 @@ def to_float64(lin: Linearization) -> Linearization:
         token_index=lin.token_index,
     )
     if isinstance(lin, StreamingLinearization):
-        return linearize_streaming(X64, params64, block_size=lin.block_size, **common)
-    return linearize(X64, params64, chunk_size=lin.chunk_size, **common)
-
-
-def relinearize(lin: AttentionLinearization, params: Params) -> AttentionLinearization:
-    """The linearisation at the input of ``lin`` with other parameters."""
-    return linearize(
-        lin.X,
-        params,
-        log_weights=lin.log_weights,
-        masked=lin.masked,
-        positions=lin.positions,
-        token_index=lin.token_index,
-        chunk_size=lin.chunk_size,
-    )
+        return linearize_streaming(X, params, block_size=lin.block_size, **common)
+    return linearize(X, params, chunk_size=lin.chunk_size, **common)
 
 
 def _float32_scaled(

@@ -48,7 +48,7 @@ from .._spectral import (
 from ..jacobian import AttentionLinearization
 from ..jacobian.products import dense_from_linearization, self_blocks
 from ._margins import Margins, width_rule
-from ._operators import Operators, eval_margin, flat_ops, random_start, self_ops
+from ._operators import Operator, Operators, eval_margin, flat_ops, random_start, self_ops
 from ._options import Plan
 from .starts import kronecker_start
 
@@ -343,8 +343,7 @@ def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> S
     """
     lin, lin64 = ops.lin, ops.lin64
     n, d, d_out = lin.n, lin.d, lin.d_out
-    batch = lin64.batch_shape
-    dev = lin64.X.device
+    batch, dev = lin64.batch_shape, lin64.X.device
     explicit = plan.method == "dense" or (
         n * d_out * d * min(d_out, d) * max(1, math.prod(batch)) <= _EXPLICIT_SELF_FLOPS
     )
@@ -356,11 +355,10 @@ def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> S
         block = lin.chunk_size or max(1, _EXPLICIT_SELF_ENTRIES // per_atom)
         for sl in iter_chunks(lin64.n, block):
             S = self_blocks(lin64, sl)  # (..., c, d_out, d)
-            _, s, Vh = torch.linalg.svd(S, full_matrices=False)
-            v = Vh[..., 0, :]
-            low.append(torch.linalg.vector_norm((S @ v.unsqueeze(-1)).squeeze(-1), dim=-1))
-            sv.append(s[..., 0])
-            up.append(spectral_norm_upper(S, candidate=s[..., 0], max_iter=0))
+            s, _, s_prod, _ = dense_top(S)
+            low.append(s_prod)
+            sv.append(s)
+            up.append(spectral_norm_upper(S, candidate=s, max_iter=0))
         return SelfSolution(
             value=torch.cat(sv, -1).amax(-1),
             converged=torch.ones(batch, dtype=torch.bool, device=dev),
@@ -369,22 +367,13 @@ def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> S
             lower_atoms=torch.cat(low, -1),
             upper_atoms=torch.cat(up, -1),
         )
-    opts = plan.solver
     mv, rmv = self_ops(lin)
-    x0 = random_start(lin.batch_shape + (n, d), lin.X, opts.seed)
+    x0 = random_start(lin.batch_shape + (n, d), lin.X, plan.solver.seed)
     if progress is not None:
         mv, rmv = progress.count(mv), progress.count(rmv)
         progress.shift = 0  # the self blocks of lin, in the units of J
     with _watching(progress, "self term"):
-        res = top_singular_value(
-            mv,
-            rmv,
-            x0,
-            method="lanczos" if plan.method == "dense" else plan.method,
-            tol=plan.tol,
-            max_iter=opts.max_iter,
-            krylov_dim=opts.krylov_dim,
-        )
+        res = _residual_run(mv, rmv, x0, "lanczos" if plan.method == "dense" else plan.method, plan)
     if progress is not None:  # the main run: its own count, in the solver's units
         progress.products, progress.shift = 0, ops.e_solve
     return SelfSolution(
@@ -393,6 +382,16 @@ def solve_self_term(ops: Operators, plan: Plan, progress: _Progress | None) -> S
         n_matvec=res.n_matvec.amax(-1),
         explicit=False,
         result=res,
+    )
+
+
+def _residual_run(
+    mv: Operator, rmv: Operator, x0: Tensor, method: str, plan: Plan
+) -> SpectralResult:
+    """:func:`top_singular_value` on the residual rule, with the plan's tolerance and caps."""
+    opts = plan.solver
+    return top_singular_value(
+        mv, rmv, x0, method=method, tol=plan.tol, max_iter=opts.max_iter, krylov_dim=opts.krylov_dim
     )
 
 
@@ -477,15 +476,7 @@ def solve_krylov(
             rtol, width_reachable = None, possible
     if rtol is None:
         with _watching(progress, plan.method):
-            res = top_singular_value(
-                mv,
-                rmv,
-                x0,
-                method=plan.method,
-                tol=plan.tol,
-                max_iter=opts.max_iter,
-                krylov_dim=opts.krylov_dim,
-            )
+            res = _residual_run(mv, rmv, x0, plan.method, plan)
         return KrylovSolution(res, "residual", margin, width_reachable=width_reachable), None
     assert plan.delta is not None  # the width rule applies only with a probabilistic end
     assert margins is not None

@@ -168,8 +168,7 @@ def local_lipschitz_fn(
         if upper == "none":
             up64 = torch.full(batch, math.inf, dtype=torch.float64, device=dev)
         else:
-            up64 = spectral_norm_upper(J64, candidate=top, max_iter=DENSE_GRAM_STEPS)
-            up64 = up64 * (1 + em)
+            up64 = spectral_norm_upper(J64, candidate=top, max_iter=DENSE_GRAM_STEPS) * (1 + em)
         zeros = torch.zeros(batch, dtype=torch.int64, device=dev)
         return LipschitzEstimate(
             value=top.to(dtype),
