@@ -112,12 +112,6 @@ BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 # =============================================================================== worker side
-def _dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "float64": torch.float64}[name]
-
-
 def _rss_bytes() -> int:
     """Current resident set size (Linux ``/proc``; falls back to ``ru_maxrss``)."""
     try:
@@ -162,7 +156,7 @@ def load_layer(path: str | Path, dtype: str, device: str):
     from meanfield.params import MultiHeadParams
 
     with np.load(path, allow_pickle=False) as z:
-        w = {k: torch.from_numpy(z[k]).to(dtype=_dtype(dtype), device=device) for k in z.files}
+        w = {k: torch.from_numpy(z[k]).to(device, getattr(torch, dtype)) for k in z.files}
     W_q, W_k, W_v = w["c_attn_w"].split(D_MODEL, dim=1)
     b_q, b_k, b_v = w["c_attn_b"].split(D_MODEL)
     return MultiHeadParams.from_qkv(
@@ -188,7 +182,7 @@ def make_inputs(n: int, batch: int | None, seed: int, dtype: str, device: str):
     shape = (n, D_MODEL) if batch is None else (batch, n, D_MODEL)
     Z = torch.randn(shape, generator=g, dtype=torch.float64)
     X = torch.nn.functional.layer_norm(Z, (D_MODEL,))
-    return X.to(dtype=_dtype(dtype), device=device)
+    return X.to(dtype=getattr(torch, dtype), device=device)
 
 
 #: Methods that keep every head's n x n matrices (the stored linearisation, autograd, dense).
@@ -497,7 +491,6 @@ def _run_workload(spec: dict[str, Any]) -> dict[str, Any]:
     per_n, values, products = [], [], []
     cap = spec.get("time_cap")
     t_start = time.perf_counter()
-    done_ns = []
     for n in spec["ns"]:
         X = inputs[n]
         t = time.perf_counter()
@@ -520,13 +513,12 @@ def _run_workload(spec: dict[str, Any]) -> dict[str, Any]:
         per_n.append(time.perf_counter() - t)
         values.append(vals)
         products.append(prods)
-        done_ns.append(n)
         if cap is not None and time.perf_counter() - t_start > cap:
             break
     return {
         "method": method,
-        "ns": done_ns,
-        "complete": len(done_ns) == len(spec["ns"]),
+        "ns": spec["ns"][: len(per_n)],
+        "complete": len(per_n) == len(spec["ns"]),
         "seconds_per_n": per_n,
         "seconds": sum(per_n),
         "values": values,
@@ -551,7 +543,7 @@ def _layer_inputs_and_reference(spec: dict[str, Any]):
     dtypes = spec.get("dtypes", ["float32", "float64"])
     params = {dt: load_layer(spec["layer"], dt, dev) for dt in dtypes}
     X64 = make_inputs(n, None, spec["seed"], "float64", dev)
-    X = {dt: X64.to(_dtype(dt)) for dt in dtypes}
+    X = {dt: X64.to(getattr(torch, dt)) for dt in dtypes}
     fns = {dt: functools.partial(self_attention, params=params[dt], masked=True) for dt in dtypes}
     p64 = params.get("float64") or load_layer(spec["layer"], "float64", dev)
     t = time.perf_counter()
@@ -1224,11 +1216,10 @@ def print_table(doc: dict[str, Any]) -> None:
     w = doc.get("workload")
     if w:
         for m, r in w["methods"].items():
-            extra = (
-                ""
-                if r.get("complete")
-                else f" (partial: {len(r['ns'])} lengths; extrapolated {r.get('extrapolated_seconds', float('nan')):.0f} s)"
-            )
+            extra = ""
+            if not r.get("complete"):
+                extrapolated = r.get("extrapolated_seconds", float("nan"))
+                extra = f" (partial: {len(r['ns'])} lengths; extrapolated {extrapolated:.0f} s)"
             print(f"workload {m:<14} {r.get('seconds', float('nan')):>9.2f} s{extra}")
         for k, v in w.get("speedups", {}).items():
             print(f"workload speed-up {k}: {v:.2f}x")
@@ -1367,11 +1358,7 @@ def main(argv: list[str] | None = None) -> int:
         wl_seq = args.workload_sequences
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT / "benchmarks" / "results" / f"bench_jacobian-{stamp}.json"
-    )
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"bench_jacobian-{stamp}.json")
     tmp = Path(tempfile.mkdtemp(prefix="bench_jacobian-"))
     layer_path = tmp / "layer.npz"
     layer = save_layer(layer_path, args.seed)

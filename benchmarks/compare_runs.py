@@ -40,29 +40,11 @@ import numpy as np
 
 #: Keys skipped at any depth: they describe the run, not its results.
 SKIPPED_KEYS = frozenset(
-    {
-        "metadata",
-        "execution",
-        "created",
-        "started",
-        "finished",
-        "host",
-        "hostname",
-        "versions",
-        "git_commit",
-        "git_dirty",
-        "python",
-        "platform",
-        "path",
-        "paths",
-        "records",
-        "history",
-        "pid",
-        # hashes of a point's or a sweep's settings: the issue allows them to change with the
-        # settings' hashing; the parameters they hash are compared themselves
-        "key",
-        "config_hash",
-    }
+    "metadata execution created started finished host hostname versions git_commit git_dirty "
+    "python platform path paths records history pid".split()
+    # hashes of a point's or a sweep's settings: the issue allows them to change with the
+    # settings' hashing; the parameters they hash are compared themselves
+    + ["key", "config_hash"]
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -97,15 +98,8 @@ def atom_markers(count: int) -> list[dict[str, Any]]:
     """
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, count))
     return [
-        dict(
-            ls="none",
-            marker=ATOM_MARKERS[i % len(ATOM_MARKERS)],
-            ms=3.8,
-            mfc="none",
-            mec=colors[i],
-            mew=0.9,
-        )
-        for i in range(count)
+        dict(ls="none", marker=marker, ms=3.8, mfc="none", mec=color, mew=0.9)
+        for marker, color in zip(itertools.cycle(ATOM_MARKERS), colors)
     ]
 
 

@@ -57,8 +57,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
         )
         for ax in axes.ravel()[len(settings) :]:
             ax.set_visible(False)
-        for i, s in enumerate(settings):
-            ax = axes.ravel()[i]
+        for ax, s in zip(axes.ravel(), settings):
 
             def g(key: str, s: str = s) -> np.ndarray:
                 return d[f"{s}__{key}"]

@@ -34,10 +34,9 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
     d = load_npz(stage_result(results_dir, "synthetic", "f5.npz"))
     gammas = d["gammas"]
-    G = len(gammas)
     with style():
         fig, axes = plt.subplots(
-            1, G, figsize=(TWO_COLUMNS, 0.40 * TWO_COLUMNS + 0.45), squeeze=False, sharey=False
+            1, len(gammas), figsize=(TWO_COLUMNS, 0.40 * TWO_COLUMNS + 0.45), squeeze=False
         )
         for gi, g in enumerate(gammas):
             ax = axes[0, gi]
@@ -121,8 +120,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
             ax.set_xlabel("sequence length $n$")
             if gi == 0:
                 ax.set_ylabel("local Lipschitz constant $\\|Df(X)\\|_2$")
-        handles, labels = axes[0, 0].get_legend_handles_labels()
-        legend_below(fig, handles, labels, ncol=3, fontsize=6.5)
+        legend_below(fig, *axes[0, 0].get_legend_handles_labels(), ncol=3, fontsize=6.5)
         fig.suptitle(
             "√n regime: construction of docs/theory.md §3, $d = 1$, $A = -\\gamma/(2R^2)$, "
             "$V = 1$, $R = 1$",

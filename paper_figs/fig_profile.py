@@ -62,10 +62,9 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     last = sorted((r for r in doc["records"] if r["n"] == n_max), key=lambda r: r["layer"])
     heads = last[0]["attention"].get("head_values") is not None
     with style():
-        ncols = 3 if heads else 2
         widths = [1.0 + 0.15 * len(ns), 1.5, 2.5] if heads else [1.0 + 0.15 * len(ns), 2.5]
         fig, axes = plt.subplots(
-            1, ncols, figsize=(TWO_COLUMNS, 2.9), gridspec_kw={"width_ratios": widths}
+            1, len(widths), figsize=(TWO_COLUMNS, 2.9), gridspec_kw={"width_ratios": widths}
         )
         _heatmap(
             fig,
@@ -89,9 +88,8 @@ def draw(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
                 r"$\log_{10}$ head constant",
             )
             step = max(1, math.ceil(H.shape[1] / 8))
-            axes[1].set_xticks(
-                range(0, H.shape[1], step), [str(h) for h in range(0, H.shape[1], step)]
-            )
+            ticks = list(range(0, H.shape[1], step))
+            axes[1].set_xticks(ticks, [str(h) for h in ticks])
             axes[1].set_title(f"attention heads, n = {n_max}")
         ax = axes[-1]
         x = [r["layer"] for r in last]

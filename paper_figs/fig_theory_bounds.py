@@ -95,14 +95,8 @@ def _panel_n(ax) -> None:
             label=rf"eigenvector construction, $\gamma={gamma:g}$",
         )
         pk = float(regimes.peak_n(gamma))
-        ax.plot(
-            [pk],
-            [float(bounds.sqrt_n_lower(gamma, pk, V_NORM))],
-            "v",
-            ms=3.5,
-            color=PALETTE["unmasked"],
-            alpha=alpha,
-        )
+        peak = float(bounds.sqrt_n_lower(gamma, pk, V_NORM))
+        ax.plot([pk], [peak], "v", ms=3.5, color=PALETTE["unmasked"], alpha=alpha)
     ax.plot(
         n,
         bounds.sequence_lower(gamma_w, n, V_NORM),
@@ -468,8 +462,7 @@ def draw(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     report = load_json(report_path) if report_path.exists() else None
     with style():
         if report is None:
-            fig, axes = plt.subplots(1, 3, figsize=(TWO_COLUMNS, 0.8 * TWO_COLUMNS))
-            ax_n, ax_R, ax_reg = axes
+            fig, (ax_n, ax_R, ax_reg) = plt.subplots(1, 3, figsize=(TWO_COLUMNS, 0.8 * TWO_COLUMNS))
         else:
             # (d) needs the width of its worded rows: the bottom row has its own width ratios
             fig = plt.figure(figsize=(TWO_COLUMNS, 1.5 * TWO_COLUMNS))
