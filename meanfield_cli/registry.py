@@ -44,13 +44,7 @@ from paper_figs import (
 
 from .options import UsageError
 
-__all__ = [
-    "FIGURES",
-    "STAGES",
-    "Figure",
-    "select_figures",
-    "select_stages",
-]
+__all__ = ["FIGURES", "STAGES", "Figure", "select_figures", "select_stages"]
 
 
 #: Every stage, in the order ``reproduce`` runs them.

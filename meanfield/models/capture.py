@@ -30,14 +30,7 @@ from torch import Tensor
 from .._typing import Arch
 from ..data import cut_windows, encode_text, tokens_needed
 from ._families import FAMILIES, base_model
-from .layers import (
-    arch_of,
-    attention_module,
-    check_layer,
-    layer_info,
-    layer_modules,
-    max_positions,
-)
+from .layers import arch_of, attention_module, check_layer, layer_info, layer_modules, max_positions
 
 __all__ = [
     "EAGER_MAX_N",

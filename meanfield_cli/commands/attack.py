@@ -242,14 +242,9 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
                 "log_weights": wc.measure.log_weights,
                 "positions": wc.measure.positions,
             }
-        doc.update(
-            value=res.value,
-            lower=res.lower,
-            upper=res.upper,
-            bracket=res.bracket,
-            construction_value=res.construction_value,
-            **found,
-        )
+        for key in ("value", "lower", "upper", "bracket", "construction_value"):
+            doc[key] = getattr(res, key)
+        doc.update(found)
         doc["restarts"] = [
             {"start": lab, "value": float(v)} for lab, v in zip(res.labels, res.restart_values)
         ]
@@ -363,12 +358,7 @@ def cmd_split(args: argparse.Namespace) -> dict[str, Any]:
                 steps=args.steps,
                 seed=args.seed,
             )
-        doc["attack"] = {
-            "source": source,
-            "R": args.R,
-            "input": measure_doc(mu),
-            **attack_doc(res),
-        }
+        doc["attack"] = {"source": source, "R": args.R, "input": measure_doc(mu), **attack_doc(res)}
     if args.s is None and args.budget is None:
         raise ValueError("give --s S (closed-form gain), --budget EPS (attack) or --figure-c")
     if args.out:

@@ -29,10 +29,9 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     radii = [float(r) for r in args.radius]
     if not all(math.isfinite(r) and r > 0 for r in radii):
         raise UsageError(f"--radius must be positive numbers, got {args.radius}")
-    if args.n < 2:
-        raise UsageError(f"--n must be at least 2, got {args.n}")
-    if args.iters < 2:
-        raise UsageError(f"--iters must be at least 2, got {args.iters}")
+    for option, count in (("--n", args.n), ("--iters", args.iters)):
+        if count < 2:
+            raise UsageError(f"{option} must be at least 2, got {count}")
     if args.d < 1 or args.heads < 1 or args.d % args.heads:
         raise UsageError(f"--heads must divide --d, got d = {args.d}, heads = {args.heads}")
     if not 0 < args.target < 1:
@@ -43,10 +42,6 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
     # the block's settings, passed to invert_case and echoed in the result
     block = {k: getattr(args, k) for k in ("d", "heads", "n", "target", "ref_radius")}
     case = invert_case(args.seed, radii, **block, max_iter=args.iters, tol=args.tol)
-    residuals = {
-        m: [[float(x) for x in row if x == x] for row in arr]
-        for m, arr in case["residuals"].items()
-    }
     return {
         "kind": "invert",
         "seed": args.seed,
@@ -56,7 +51,10 @@ def handle(args: argparse.Namespace) -> dict[str, Any]:
         "scale": case["scale"],
         "certified": case["certified"],
         "rows": case["rows"],
-        "residuals": residuals,
+        "residuals": {
+            m: [[float(x) for x in row if x == x] for row in arr]
+            for m, arr in case["residuals"].items()
+        },
     }
 
 
