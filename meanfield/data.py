@@ -26,28 +26,6 @@ __all__ = [
     "windows",
 ]
 
-#: Names that moved to :mod:`experiments.corpora` (the library cannot import the application).
-_MOVED = frozenset(
-    {
-        "Corpus",
-        "corpus",
-        "corpus_token_ids",
-        "kjv_books",
-        "kjv_text",
-        "pydoc_topics_text",
-        "read_text",
-    }
-)
-
-
-def __getattr__(name: str) -> object:
-    if name in _MOVED:
-        raise AttributeError(
-            f"meanfield.data.{name} moved to experiments.corpora.{name} "
-            "(the corpora are experiment data, not library code)"
-        )
-    raise AttributeError(f"module 'meanfield.data' has no attribute {name!r}")
-
 
 @dataclass(frozen=True, eq=False)
 class TokenWindows:
