@@ -16,6 +16,7 @@ __all__ = [
     "as_float_tensor",
     "causal_mask",
     "check_finite",
+    "check_row_max",
     "iter_chunks",
     "masked_softmax",
     "safe_log",
@@ -105,7 +106,16 @@ def admissible_logits(logits: Tensor, allowed: Tensor | None = None, *, dim: int
     """
     if allowed is not None:
         logits = logits.masked_fill(~allowed, -torch.inf)
-    row_max = logits.amax(dim=dim)
+    check_row_max(logits.amax(dim=dim))
+    return logits
+
+
+def check_row_max(row_max: Tensor) -> None:
+    """Raise :func:`admissible_logits`' one-line ``ValueError`` unless every row maximum is finite.
+
+    A NaN maximum means a NaN logit, ``+inf`` an overflow, ``-inf`` a row with no admissible key.
+    The streaming path passes the maximum it keeps online over the key tiles.
+    """
     if not bool(torch.isfinite(row_max).all()):
         if bool(torch.isnan(row_max).any()):
             raise ValueError("attention logits contain NaN")
@@ -114,7 +124,6 @@ def admissible_logits(logits: Tensor, allowed: Tensor | None = None, *, dim: int
                 "attention logits overflowed to +inf; inputs are too large for this dtype"
             )
         raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
-    return logits
 
 
 def iter_chunks(n: int, chunk_size: int | None) -> Iterator[slice]:

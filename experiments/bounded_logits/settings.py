@@ -9,7 +9,7 @@ document is refused by the loader.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -168,6 +168,17 @@ PRESETS: Mapping[str, BoundedLogitsSettings] = {
 }
 
 
+def _names(noun: str, value: str | Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
+    """A selection (one name or several) as a tuple; one-line error for unknown or repeated names."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    unknown = [f for f in names if f not in known]
+    if unknown:
+        raise ValueError(f"unknown {noun}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"{noun}s must name distinct {noun}s of {', '.join(known)}, got {names}")
+    return names
+
+
 def resolve(preset: str, overrides: Mapping[str, Any]) -> BoundedLogitsSettings:
     """The settings of ``preset`` with ``overrides`` applied and checked (the stage contract).
 
@@ -177,18 +188,8 @@ def resolve(preset: str, overrides: Mapping[str, Any]) -> BoundedLogitsSettings:
     ``rms_eps``, ``method`` (``"dense"`` with a form other than plain) or ``threads``.
     """
     cfg = preset_settings(PRESETS, preset, overrides)
-    forms = (cfg.forms,) if isinstance(cfg.forms, str) else tuple(cfg.forms)
-    unknown = [f for f in forms if f not in FORMS]
-    if unknown:
-        raise ValueError(f"unknown form(s) {', '.join(unknown)}; known: {', '.join(FORMS)}")
-    if not forms or len(set(forms)) != len(forms):
-        raise ValueError(f"forms must name distinct forms of {', '.join(FORMS)}, got {forms}")
-    inputs = (cfg.inputs,) if isinstance(cfg.inputs, str) else tuple(cfg.inputs)
-    unknown = [f for f in inputs if f not in INPUTS]
-    if unknown:
-        raise ValueError(f"unknown input(s) {', '.join(unknown)}; known: {', '.join(INPUTS)}")
-    if not inputs or len(set(inputs)) != len(inputs):
-        raise ValueError(f"inputs must name distinct inputs of {', '.join(INPUTS)}, got {inputs}")
+    forms = _names("form", cfg.forms, FORMS)
+    inputs = _names("input", cfg.inputs, INPUTS)
     shape = cfg.layer
     if min(shape.d, shape.n_heads, shape.n_kv_heads, shape.head_dim) < 1:
         raise ValueError(f"layer sizes must be >= 1, got {shape.options()}")

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .._numerics import iter_chunks
+from .._numerics import check_row_max, iter_chunks
 from .._typing import Params
 from .._typing import ProductGeometry as Geometry
 from .._validation import check_aux, check_index, check_points, params_dtype_device
@@ -348,14 +348,7 @@ def _log_normalisers(lin: StreamingLinearization, g: HeadGroup) -> Tensor:
         safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
         S[..., sl] = S[..., sl] * (m_old - safe).exp() + (L - safe.unsqueeze(-1)).exp().sum(-1)
         M[..., sl] = m_new
-    if not bool(torch.isfinite(M).all()):
-        if bool(torch.isnan(M).any()):
-            raise ValueError("attention logits contain NaN")
-        if bool((M == torch.inf).any()):
-            raise ValueError(
-                "attention logits overflowed to +inf; inputs are too large for this dtype"
-            )
-        raise ValueError("an attention row has no admissible key (all keys masked or of zero mass)")
+    check_row_max(M)
     return M + S.log()
 
 
