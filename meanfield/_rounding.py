@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -833,12 +834,7 @@ def streaming_magnitude_split(
             tight, loose, coef = _variant_split(lin, g, mg, mlin, models)
         else:
             coef = {"q": 0.0, "k": 0.0, "v": 0.0}
-            for unit, model in models:
-                finite = model.eta[torch.isfinite(model.eta)]
-                if finite.numel() == 0:
-                    continue
-                eps = float(model.eps_s[torch.isfinite(model.eps_s)].amax())
-                scale = (1 + 16 * _streaming_gamma(mlin)) / ((1 - eps) ** 2 * float(finite.amin()))
+            for unit, scale in _model_scales(models, mlin, gated=False):
                 for key, r in rho(unit, g.Q is not None).items():
                     coef[key] = max(coef[key], r * scale)
             rho64 = rho(U64, g.Q is not None)
@@ -854,6 +850,27 @@ def streaming_magnitude_split(
             if c > 0:
                 out.append(replace(group, W=group.W * (c * (1 + 4 * U64))))
     return replace(mlin, groups=tuple(out))
+
+
+def _model_scales(
+    models: list[tuple[float, ErrorModel]], mlin: StreamingLinearization, *, gated: bool
+) -> Iterator[tuple[float, float]]:
+    r"""``(unit, scale)`` of each rounding model in force (some finite :math:`\eta`), §11.5.
+
+    The scale :math:`(1 + 16\gamma)/((1 - \epsilon_s)^2\min\eta)` turns a row's relative error
+    into its coefficient in the split magnitude operator; ``gated`` multiplies it by 4/3, the bound
+    on the variant heads' gate :math:`1/(1 - \epsilon_g)` wherever the model is in force
+    (:math:`\eta \le 1/4`).
+    """
+    for unit, model in models:
+        finite = model.eta[torch.isfinite(model.eta)]
+        if finite.numel() == 0:
+            continue
+        eps = float(model.eps_s[torch.isfinite(model.eps_s)].amax())
+        num = 1 + 16 * _streaming_gamma(mlin)
+        if gated:
+            num = num * 4 / 3
+        yield unit, num / ((1 - eps) ** 2 * float(finite.amin()))
 
 
 def _tight_group(
@@ -904,13 +921,7 @@ def _variant_split(
         return float(terms.rho_v(unit, d).amax())
 
     coef = {"row": 0.0, "v": 0.0, "norm": 0.0}
-    for unit, model in models:
-        finite = model.eta[torch.isfinite(model.eta)]
-        if finite.numel() == 0:
-            continue
-        eps = float(model.eps_s[torch.isfinite(model.eps_s)].amax())
-        # the gate's 1 / (1 - eps_g) <= 4/3 wherever the model is in force (eta <= 1/4)
-        scale = (1 + 16 * _streaming_gamma(mlin)) * 4 / 3 / ((1 - eps) ** 2 * float(finite.amin()))
+    for unit, scale in _model_scales(models, mlin, gated=True):
         rel = float(terms.rel(unit, d).amax())
         coef["row"] = max(coef["row"], rows_rho(unit) * scale)
         coef["v"] = max(coef["v"], gamma(d + 3, unit) * scale)
